@@ -1,0 +1,5 @@
+import sys
+
+from elastic_dew.cli import main
+
+sys.exit(main())

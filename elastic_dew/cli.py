@@ -1,0 +1,59 @@
+"""The ``elastic-dew`` command line.
+
+Each subcommand lives in its own module, imported only when that subcommand runs, so
+``elastic-dew launch`` and ``elastic-dew k8s render`` never start JAX. A subcommand module
+exposes ``configure(parser)`` to declare its arguments and ``run(args) -> int`` to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+__all__ = ["main", "SUBCOMMANDS"]
+
+#: name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "launch": ("elastic_dew.launch", "start N local ranks of a JAX process pool"),
+    "train": ("elastic_dew.commands.train", "train a recipe on (simulated) slices"),
+    "demo": ("elastic_dew.commands.demo", "the main job: a simulated elastic run that survives faults"),
+    "report": ("elastic_dew.commands.report", "print a run's summary and redraw its timeline"),
+    "k8s": ("elastic_dew.k8s.cli", "render JobSet manifests for Pathways on GKE"),
+}
+
+
+def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
+    parser = argparse.ArgumentParser(
+        prog="elastic-dew",
+        description="Elastic JAX training on Pathways, and its CPU simulator.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
+    module = None
+    for name, (modname, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == chosen:
+            module = importlib.import_module(modname)
+            module.configure(p)
+    return parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, module = _parser(argv)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if module is None:  # argparse already refused an unknown command
+        parser.error(f"unknown command {args.command!r}")
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

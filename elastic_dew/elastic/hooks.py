@@ -1,0 +1,70 @@
+"""Phase hooks: the seam where fault injection meets the elastic layer.
+
+The elastic layer announces each phase of its work (a step's computation, a snapshot
+save, a checkpoint restore, ...) with :func:`phase`. Nothing listens in production, so a
+phase costs one empty-list check. The simulator (:mod:`elastic_dew.simulate`) registers a
+listener that fires scheduled faults at the first announcement of a phase whose step is at
+or after the fault's step. The elastic layer never imports the simulator; the simulator
+imports this module.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["PHASES", "phase", "add_listener", "remove_listener", "Listener"]
+
+#: Every phase the elastic layer announces, with the step it belongs to:
+#: ``step``            during step S's computation (after dispatch, before its result is read)
+#: ``snapshot``        while the in-memory snapshot of step S is being saved
+#: ``snapshot_load``   while an attempt that resumes at step S loads a snapshot
+#: ``checkpoint``      while the persistent checkpoint of step S is being saved
+#: ``checkpoint_restore`` while an attempt that resumes at step S restores a checkpoint
+#: ``compile``         while an attempt that resumes at step S builds its mesh and compiles
+#: ``scale_up``        while slices are being added after step S
+#: ``stop``            while the preemption stop at step S is being written
+PHASES: tuple[str, ...] = (
+    "step",
+    "snapshot",
+    "snapshot_load",
+    "checkpoint",
+    "checkpoint_restore",
+    "compile",
+    "scale_up",
+    "stop",
+)
+
+Listener = Callable[[str, int], None]
+
+_listeners: list[Listener] = []
+_lock = threading.Lock()
+
+
+def add_listener(listener: Listener) -> None:
+    """Call ``listener(phase, step)`` at every phase announcement until removed."""
+    with _lock:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    """Stop calling ``listener``; removing one that is not registered is a no-op."""
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
+def phase(name: str, step: int) -> None:
+    """Announce that phase ``name`` of step ``step`` is under way.
+
+    A listener may raise (a simulated fault surfacing) or send a signal to this process;
+    either propagates to the caller exactly as a real fault at that point would.
+    """
+    if not _listeners:
+        return
+    if name not in PHASES:
+        raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+    with _lock:
+        listeners = list(_listeners)
+    for listener in listeners:
+        listener(name, step)
