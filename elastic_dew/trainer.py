@@ -1,0 +1,238 @@
+"""``Trainer.fit``: a model, an optimizer and a dataset, run through the elastic protocol.
+
+The trainer is thin on purpose: it turns ordinary JAX pytree functions (``init(key) ->
+params`` and ``loss(params, batch, key) -> scalar``; a Flax model works through the same
+two functions) and an Optax optimizer into the :class:`~elastic_dew.elastic.protocol.Program`
+the protocol runs, and writes the protocol's events to the run record
+(:mod:`elastic_dew.record`). Everything about surviving faults is the protocol's.
+
+The training state is ``{"params", "opt_state", "rng"}``, replicated over the mesh (data
+parallel), which is what the in-memory snapshots need: every slice holds a whole copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.slices import batch_sharding, replicated
+from elastic_dew.runtime import Layout, PreemptionNotice
+
+__all__ = ["Trainer", "FitResult", "HOST_PARTS"]
+
+logger = logging.getLogger(__name__)
+
+#: The state parts a :class:`~elastic_dew.runtime.Layout` may place in host memory.
+HOST_PARTS = frozenset({"params", "opt_state"})
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What ``fit`` ended with: the last completed step, the parameters (as numpy), the summary."""
+
+    final_step: int
+    params: Any
+    summary: dict
+    run_dir: Path
+
+
+def _process_start() -> float:
+    """Wall-clock time this process started (program start-up counts as badput)."""
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:  # psutil missing or /proc unreadable: start-up is then not measured
+        return time.time()
+
+
+class _Program:
+    """The protocol's view of one model: state shapes, fresh state, compiled steps."""
+
+    def __init__(self, init, loss, optimizer, example, seed: int, host_parts: frozenset[str]):
+        self._init_params = init
+        self._loss = loss
+        self._optimizer = optimizer
+        self._example = example
+        self._seed = seed
+        self._host_parts = host_parts
+
+    def _init(self, key: jax.Array) -> dict:
+        params_key, rng = jax.random.split(key)
+        params = self._init_params(params_key)
+        return {"params": params, "opt_state": self._optimizer.init(params), "rng": rng}
+
+    def _key(self) -> jax.Array:
+        return jax.random.PRNGKey(self._seed)
+
+    def abstract_state(self, mesh: jax.sharding.Mesh) -> Any:
+        sharding = replicated(mesh)
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+            jax.eval_shape(self._init, self._key()),
+        )
+
+    def init_state(self, mesh: jax.sharding.Mesh) -> Any:
+        return jax.jit(self._init, out_shardings=replicated(mesh))(self._key())
+
+    def _train_step(self, state: dict, batch: Any) -> tuple[dict, dict]:
+        rng, key = jax.random.split(state["rng"])
+        loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
+        updates, opt_state = self._optimizer.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt_state": opt_state, "rng": rng}, {"loss": loss}
+
+    def compile(self, mesh: jax.sharding.Mesh, global_batch: int):
+        state_sharding = replicated(mesh)
+        in_batch = batch_sharding(mesh)
+        abstract_batch = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((global_batch, *np.shape(x)), np.asarray(x).dtype, sharding=in_batch),
+            self._example,
+        )
+        compiled = (
+            jax.jit(self._train_step, out_shardings=(state_sharding, state_sharding))
+            .lower(self.abstract_state(mesh), abstract_batch)
+            .compile()
+        )
+        if not self._host_parts:
+            return compiled
+        host = state_sharding.with_memory_kind("pinned_host")
+        parts = self._host_parts
+
+        def step(state: dict, batch: Any) -> tuple[dict, dict]:
+            # The parts the Layout names live in host memory between steps.
+            on_device = {k: jax.device_put(v, state_sharding) if k in parts else v for k, v in state.items()}
+            new_state, metrics = compiled(on_device, batch)
+            return {k: jax.device_put(v, host) if k in parts else v for k, v in new_state.items()}, metrics
+
+        return step
+
+
+class Trainer:
+    """Train a model elastically: ``Trainer(...).fit(steps)``.
+
+    Arguments:
+      init: ``init(key) -> params``, any pytree of arrays.
+      loss: ``loss(params, batch, key) -> scalar``; ``batch`` is the dataset's example
+        structure with a leading global-batch axis.
+      optimizer: an ``optax.GradientTransformation``.
+      dataset: a ``grain.MapDataset`` of examples (pytrees of numpy arrays), finite and
+        deterministic; the elastic layer batches it and keeps its position.
+      config: the :class:`~elastic_dew.elastic.config.ElasticConfig`. Its
+        ``checkpoint_dir`` defaults to ``RUN_DIR/checkpoints``.
+      run_dir: the run directory: run record, checkpoints, final parameters.
+      layout: the same :class:`~elastic_dew.runtime.Layout` given to ``prepare_process``.
+        Host-owned parts live in pinned host memory between steps; in-memory snapshots need
+        the state replicated on the slices' mesh, so ``Layout(host=...)`` requires
+        ``snapshot_every=0`` (persistent checkpoints still protect the run).
+      log_every: steps between progress log lines.
+      seed: the seed of parameters and of the per-step keys.
+      progress: a callable that receives every event (for a progress bar), or ``None``.
+      notice: a ``PreemptionNotice``; by default one is created for the duration of ``fit``.
+      manager: a pathwaysutils ``Manager`` to use instead of creating one.
+    """
+
+    def __init__(
+        self,
+        *,
+        init: Callable[[jax.Array], Any],
+        loss: Callable[[Any, Any, jax.Array], jax.Array],
+        optimizer: optax.GradientTransformation,
+        dataset: Any,
+        config: ElasticConfig,
+        run_dir: str | os.PathLike,
+        layout: Layout | None = None,
+        log_every: int = 10,
+        seed: int = 0,
+        progress: Callable[[dict], None] | None = None,
+        notice: PreemptionNotice | None = None,
+        manager: Any = None,
+    ) -> None:
+        if not isinstance(config, ElasticConfig):
+            raise TypeError(f"config must be an ElasticConfig, not {type(config).__name__}")
+        if log_every < 1:
+            raise ValueError(f"log_every={log_every} must be >= 1 step")
+        host = frozenset(layout.host) if layout is not None else frozenset()
+        if host - HOST_PARTS:
+            raise ValueError(
+                f"Layout(host={sorted(host)}) names {sorted(host - HOST_PARTS)}; "
+                f"the trainer's state parts are {sorted(HOST_PARTS)}"
+            )
+        if host and config.snapshot_every:
+            raise ValueError(
+                f"Layout(host={sorted(host)}) keeps those state parts in host memory, but the "
+                "in-memory snapshots need the whole state replicated on the slices' mesh; set "
+                "snapshot_every=0 (persistent checkpoints still protect the run) or drop Layout.host"
+            )
+        if len(dataset) < 1:
+            raise ValueError("the dataset is empty; give a MapDataset with at least one example")
+        self.run_dir = Path(run_dir)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ValueError(f"run_dir {self.run_dir} exists and is not a directory; choose another path")
+        if config.checkpoint_dir is None:
+            config = dataclasses.replace(config, checkpoint_dir=str(self.run_dir.resolve() / "checkpoints"))
+        self.config = config
+        self.dataset = dataset
+        self.log_every = log_every
+        self.progress = progress
+        self.notice = notice
+        self.manager = manager
+        self._program = _Program(init, loss, optimizer, dataset[0], seed, host)
+
+    def _emit(self, record, event: dict) -> None:
+        record.append(event)
+        if self.progress is not None:
+            self.progress(event)
+        kind = event["event"]
+        if kind == "step":
+            if event["step"] % self.log_every == 0:
+                logger.info(
+                    "step %d loss %.4f on %d slices", event["step"], event["loss"], event["slices"]
+                )
+        elif kind in ("stop", "resume"):
+            logger.info("%s", {k: v for k, v in event.items() if k != "wall"})
+
+    def fit(self, steps: int) -> FitResult:
+        """Train until ``steps`` steps are complete, resuming the run directory's newest state.
+
+        Raises ``Preempted(step)`` (exit 143 when uncaught) once a preemption notice has been
+        honoured: the checkpoint and data position of ``step`` are committed, and the same
+        command run again resumes there.
+        """
+        if steps < 1:
+            raise ValueError(f"steps={steps} must be >= 1")
+        from elastic_dew.record import RunRecord, write_summary
+
+        record = RunRecord(self.run_dir)
+        record.append({"event": "start", "wall": time.time(), "process_start": _process_start(), "pid": os.getpid()})
+        notice = self.notice if self.notice is not None else PreemptionNotice()
+        try:
+            run = ElasticRun(
+                self._program,
+                ElasticData(self.dataset),
+                self.config,
+                emit=lambda event: self._emit(record, event),
+                notice=notice,
+                manager=self.manager,
+                run_name=self.run_dir.name,
+            )
+            state, step = run.run(steps)
+            params = jax.device_get(state["params"])
+            del state
+        finally:
+            if self.notice is None:
+                notice.close()
+        summary = write_summary(self.run_dir, record.events(), params)
+        return FitResult(final_step=step, params=params, summary=summary, run_dir=self.run_dir)
