@@ -1,0 +1,404 @@
+"""Tier 2: persistent checkpoints, over Orbax's ``CheckpointManager`` or the multi-tier replicator.
+
+Two kinds, chosen by configuration:
+
+``orbax``
+    An ``ocp.CheckpointManager`` on a local directory or a ``gs://`` path. Each step is
+    saved as two items, ``state`` (the arrays, ``StandardSave``) and ``meta`` (the step, the
+    data position and other small values, ``JsonSave``): nothing is pickled. Orbax writes a
+    step into ``<step>.orbax-checkpoint-tmp-<n>`` and renames it to ``<step>`` when it
+    commits (on ``gs://`` it writes ``commit_success.txt`` instead), and only then deletes
+    the checkpoints beyond ``max_to_keep``. A save cut short (the process SIGKILLed
+    mid-write) therefore leaves only a temporary directory, which is never listed and never
+    costs the previous checkpoint. This module additionally treats a step directory as
+    committed only when Orbax's step metadata carries its commit timestamp and both items
+    are present, so a partial or corrupt ``<step>`` directory is skipped too.
+
+``multi_tier``
+    The Pathways guide's multi-tier checkpointing: ``initialize_multi_tier_checkpointing``
+    and a ``ReplicatorCheckpointManager``, both with ``use_colocated_python=True``. They
+    need TPUs with colocated-Python sidecars and the GKE replicator service, so on any
+    other backend (CPU included) construction is refused before anything is touched. The
+    guide's rules are kept: steps start at 1 (the replicator reserves 0), and multi-tier
+    checkpointing is initialised again with the active devices whenever the active slice
+    count changes (:meth:`Checkpoints.on_active_slices_changed`). Colocated mode accepts
+    only a ``state`` item (plus a ``dataset`` item that needs a separate persistent
+    directory), so ``meta`` travels inside the state as a fixed-size ``uint8`` array of
+    JSON, saved and replicated exactly like the arrays it describes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = ["Checkpoints", "KINDS", "META_CAPACITY"]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("orbax", "multi_tier")
+
+#: Bytes of JSON the multi-tier kind can carry as ``meta``.
+META_CAPACITY = 1 << 16
+
+_STATE = "state"
+_META = "meta"
+_ARRAYS = "arrays"
+
+
+def _meta_json(meta: dict) -> str:
+    if not isinstance(meta, dict):
+        raise ValueError(f"checkpoint meta must be a dict, got {type(meta).__name__}")
+    try:
+        return json.dumps(meta, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"checkpoint meta must be JSON-serialisable (ints, floats, strings, lists, dicts): "
+            f"{error}; convert such values before saving"
+        ) from error
+
+
+def _check_step(step: int) -> None:
+    if not isinstance(step, (int, np.integer)) or step < 1:
+        raise ValueError(
+            f"checkpoint step={step!r} must be an int >= 1: the state after `step` updates "
+            "(step 0 is the untrained state, and the multi-tier replicator reserves it)"
+        )
+
+
+def _is_key(x: Any) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _unwrap_keys(state: Any) -> Any:
+    """Typed PRNG keys are saved as their key data (Orbax's array handlers need plain dtypes)."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, state)
+
+
+def _abstract_key_data(abstract: Any) -> Any:
+    def convert(x: Any) -> Any:
+        if not _is_key(x):
+            return x
+        shape = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=x.sharding)
+
+    return jax.tree.map(convert, abstract)
+
+
+def _rewrap_keys(restored: Any, abstract: Any) -> Any:
+    # A typed key's dtype carries its implementation (threefry, rbg, ...).
+    return jax.tree.map(
+        lambda x, a: jax.random.wrap_key_data(x, impl=a.dtype._impl) if _is_key(a) else x,
+        restored,
+        abstract,
+    )
+
+
+class _OrbaxKind:
+    """``ocp.CheckpointManager`` with ``state`` + ``meta`` items and a strict commit check."""
+
+    def __init__(self, directory: str, max_to_keep: int) -> None:
+        self.directory = epath.Path(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=(_STATE, _META)
+        )
+
+    def committed(self, step: int) -> bool:
+        path = self.directory / str(step)
+        try:
+            metadata = json.loads((path / "_CHECKPOINT_METADATA").read_text())
+        except (OSError, ValueError):
+            return False
+        if not metadata.get("commit_timestamp_nsecs"):
+            return False
+        return (path / _STATE).exists() and (path / _META).exists()
+
+    def steps_on_disk(self) -> list[int]:
+        if not self.directory.exists():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+
+    def latest_step(self) -> int | None:
+        for step in reversed(self.steps_on_disk()):
+            if self.committed(step):
+                return step
+        return None
+
+    def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
+        latest = self.latest_step()
+        if latest is not None and step <= latest:
+            logger.info("checkpoint of step %d skipped: step %d is already committed", step, latest)
+            return
+        if step in self.steps_on_disk():
+            # A partial <step> directory (never committed): clear it so the step can be written.
+            self.manager.wait_until_finished()
+            logger.warning("removing uncommitted checkpoint directory %s", self.directory / str(step))
+            (self.directory / str(step)).rmtree()
+            self.manager.reload()
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    _STATE: ocp.args.StandardSave(_unwrap_keys(state)),
+                    _META: ocp.args.JsonSave(json.loads(meta_json)),
+                }
+            ),
+            force=force,
+        )
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.check_for_errors()
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    _STATE: ocp.args.StandardRestore(_abstract_key_data(abstract_state)),
+                    _META: ocp.args.JsonRestore(),
+                }
+            ),
+        )
+        return _rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])
+
+    def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
+        return None
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def _require_colocated_python() -> None:
+    """Refuse multi-tier checkpointing where no Pathways backend (and so no sidecar) exists."""
+    from orbax.checkpoint._src.multihost import multihost
+
+    if not multihost.is_pathways_backend():
+        platform = jax.devices()[0].platform
+        raise RuntimeError(
+            f"checkpoint kind 'multi_tier' uses colocated Python on a Pathways backend with TPU "
+            f"sidecars, but this process runs JAX on {platform!r} without Pathways; use "
+            "checkpoint_kind='orbax' (a local directory or gs:// path) here"
+        )
+
+
+def _multi_tier_modules() -> tuple[Any, Any]:
+    from orbax.checkpoint.experimental.emergency.multi_tier_checkpointing import (
+        initialization,
+        replicator_checkpoint_manager,
+    )
+
+    return initialization, replicator_checkpoint_manager
+
+
+class _MultiTierKind:
+    """The guide's ``ReplicatorCheckpointManager`` with colocated Python (Pathways + TPU only).
+
+    The manager is bound to a mesh, so it is (re)created by :meth:`on_active_slices_changed`,
+    which the elastic layer calls on every attempt and scale-up; before the first call there
+    is no manager and ``latest_step`` is ``None``.
+    """
+
+    def __init__(
+        self, directory: str, *, run_name: str | None, backup_interval_minutes: int
+    ) -> None:
+        self.directory = epath.Path(directory)
+        self.run_name = run_name
+        self.backup_interval_minutes = backup_interval_minutes
+        self.initialization, self.replicator = _multi_tier_modules()
+        self.manager: Any = None
+        self.mesh: Mesh | None = None
+        self.slices: int | None = None
+        self.initializations = 0
+
+    def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
+        slices = int(mesh.devices.shape[0])
+        if slices != self.slices:
+            if self.manager is not None:
+                self.manager.wait_until_finished()
+            logger.info("initialising multi-tier checkpointing on %d slices", slices)
+            self.initialization.initialize_multi_tier_checkpointing(
+                self.directory,
+                backup_interval_minutes=self.backup_interval_minutes,
+                num_slices=slices,
+                run_name=self.run_name,
+                use_colocated_python=True,
+                devices=list(devices),
+            )
+            self.initializations += 1
+            self.slices = slices
+        if self.manager is None or mesh != self.mesh:
+            if self.manager is not None:
+                self.manager.wait_until_finished()
+                self.manager.close()
+            options = self.replicator.ReplicatorCheckpointManagerOptions(
+                save_interval_steps=1, use_colocated_python=True
+            )
+            self.manager = self.replicator.ReplicatorCheckpointManager(
+                self.directory, options=options, global_mesh=mesh
+            )
+            self.mesh = mesh
+
+    def _require_manager(self) -> Any:
+        if self.manager is None:
+            raise RuntimeError(
+                "multi-tier checkpointing is not initialised yet: call "
+                "on_active_slices_changed(devices, mesh) with the active slices first"
+            )
+        return self.manager
+
+    def latest_step(self) -> int | None:
+        return None if self.manager is None else self.manager.latest_step()
+
+    def _meta_array(self, meta_json: str) -> jax.Array:
+        raw = meta_json.encode()
+        if len(raw) > META_CAPACITY:
+            raise ValueError(
+                f"checkpoint meta is {len(raw)} bytes of JSON; the multi-tier kind carries at most "
+                f"{META_CAPACITY}: keep large values out of meta"
+            )
+        padded = np.full(META_CAPACITY, ord(" "), dtype=np.uint8)
+        padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        return jax.device_put(padded, NamedSharding(self.mesh, PartitionSpec()))
+
+    def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
+        manager = self._require_manager()
+        item = {_ARRAYS: _unwrap_keys(state), _META: self._meta_array(meta_json)}
+        manager.save(
+            step,
+            args=ocp.args.Composite(**{_STATE: ocp.args.PyTreeSave(item=item)}),
+            force=force,
+        )
+
+    def wait(self) -> None:
+        if self.manager is not None:
+            self.manager.wait_until_finished()
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+        manager = self._require_manager()
+        abstract = {
+            _ARRAYS: _abstract_key_data(abstract_state),
+            _META: jax.ShapeDtypeStruct(
+                (META_CAPACITY,), np.uint8, sharding=NamedSharding(self.mesh, PartitionSpec())
+            ),
+        }
+        restore_args = jax.tree.map(
+            lambda x: ocp.type_handlers.ArrayRestoreArgs(sharding=x.sharding), abstract
+        )
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{_STATE: ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args)}
+            ),
+        )[_STATE]
+        meta = json.loads(np.asarray(restored[_META]).tobytes().decode())
+        return _rewrap_keys(restored[_ARRAYS], abstract_state), meta
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.wait_until_finished()
+            self.manager.close()
+            self.manager = None
+
+
+class Checkpoints:
+    """Persistent checkpoints of the training state and its meta (tier 2).
+
+    ``directory`` is a local path or ``gs://`` URL (``orbax``), or the local RAM-disk
+    directory of the multi-tier volume (``multi_tier``). ``mesh`` (optional) initialises a
+    multi-tier setup at once; otherwise :meth:`on_active_slices_changed` does, on the first
+    attempt. ``num_slices`` is informational (the multi-tier kind counts the replica axis of
+    each mesh it is given). ``run_name`` names the multi-tier run (default: ``$JOBSET_NAME``).
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        kind: str = "orbax",
+        max_to_keep: int = 3,
+        mesh: Mesh | None = None,
+        num_slices: int | None = None,
+        run_name: str | None = None,
+        backup_interval_minutes: int = 10,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"checkpoint kind={kind!r} must be one of {', '.join(KINDS)}")
+        if not directory:
+            raise ValueError("checkpoint directory is empty; give a local path or a gs:// URL")
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep={max_to_keep} must be >= 1")
+        if num_slices is not None and num_slices < 1:
+            raise ValueError(f"num_slices={num_slices} must be >= 1")
+        self.kind = kind
+        self.directory = str(directory)
+        self.num_slices = num_slices
+        if kind == "multi_tier":
+            _require_colocated_python()
+            run_name = run_name or os.environ.get("JOBSET_NAME")
+            if not run_name:
+                raise ValueError(
+                    "checkpoint kind 'multi_tier' needs a run name: pass run_name or set JOBSET_NAME"
+                )
+            if backup_interval_minutes < 1:
+                raise ValueError(f"backup_interval_minutes={backup_interval_minutes} must be >= 1")
+            self._kind: Any = _MultiTierKind(
+                self.directory, run_name=run_name, backup_interval_minutes=backup_interval_minutes
+            )
+            if mesh is not None:
+                self.on_active_slices_changed(list(mesh.devices.flat), mesh)
+        else:
+            self._kind = _OrbaxKind(self.directory, max_to_keep)
+
+    def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> None:
+        """Start saving the state after ``step`` updates (asynchronous); ``wait`` commits it.
+
+        A step at or below the newest committed one is skipped (logged): Orbax would
+        otherwise garbage-collect the newer checkpoints in favour of the older step.
+        """
+        _check_step(step)
+        meta_json = _meta_json(meta)
+        self._kind.save(int(step), state, meta_json, force)
+
+    def wait(self) -> None:
+        """Block until the last save is committed; raise if it failed."""
+        self._kind.wait()
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or ``None``; saves still in flight do not count."""
+        return self._kind.latest_step()
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+        """Return ``(state, meta)`` of committed ``step``, on ``abstract_state``'s shardings."""
+        _check_step(step)
+        if self.kind == "orbax" and not self._kind.committed(step):
+            raise ValueError(
+                f"checkpoint step {step} is not committed in {self.directory}; "
+                f"the newest committed step is {self.latest_step()}"
+            )
+        return self._kind.restore(int(step), abstract_state)
+
+    def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
+        """Re-initialise multi-tier checkpointing for a new set of active slices.
+
+        Call it on every attempt and scale-up: it initialises again only when the active
+        slice count changed, and rebinds the manager when the mesh changed. A no-op for
+        ``orbax``.
+        """
+        self._kind.on_active_slices_changed(devices, mesh)
+
+    def close(self) -> None:
+        """Wait for the last save and release the manager."""
+        self._kind.close()
