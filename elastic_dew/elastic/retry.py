@@ -1,0 +1,113 @@
+"""pathwaysutils' ``Manager`` and ``elastic_retry``, configured from an :class:`ElasticConfig`.
+
+Both recovery modes of the guide come from one setting, ``minimum_slice_count``: ``None``
+is pause-resume (wait for every slice), a smaller number is replica-resize (carry on with
+at least that many). The one change to pathwaysutils' behaviour is the retry policy:
+pathwaysutils calls the policy after a ``ScaleUpSignalError`` too, so a plain
+``ElasticRetryLimit`` would let a slice that keeps leaving and returning exhaust the
+attempts meant for slice loss. :class:`SliceLossRetryLimit` counts slice losses only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import jax
+from pathwaysutils.elastic import manager as pw_manager
+
+from elastic_dew.elastic.config import ElasticConfig
+
+__all__ = ["make_manager", "elastic_retry", "SliceLossRetryLimit"]
+
+logger = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def make_manager(devices: Sequence[jax.Device] | None = None) -> pw_manager.Manager:
+    """The process's pathwaysutils ``Manager``: create it once, outside the retry.
+
+    ``devices=None`` takes ``jax.devices()`` grouped by ``slice_index`` (or the simulator's
+    slices inside :class:`elastic_dew.simulate.SimulatedSlices`). Slice tracking lives in
+    the Manager, so creating it inside the retried function would forget it every attempt.
+    """
+    return pw_manager.Manager(devices=devices)
+
+
+class SliceLossRetryLimit:
+    """A retry policy that allows ``max_attempts`` slice-loss attempts and every scale-up.
+
+    pathwaysutils passes the overall attempt number, which counts scale-ups; this policy
+    keeps its own count of slice-loss failures instead. A new call of the decorated
+    function (pathwaysutils' attempt number starting again) starts the count again.
+    ``max_attempts=None`` retries slice loss for ever.
+    """
+
+    def __init__(self, max_attempts: int | None) -> None:
+        self._limit = None if max_attempts is None else pw_manager.ElasticRetryLimit(max_attempts)
+        self._lock = threading.Lock()
+        self._last_attempt = 0
+        self.slice_losses = 0
+
+    def __call__(self, attempt: int, error: Exception) -> bool:
+        with self._lock:
+            if attempt <= self._last_attempt:
+                self.slice_losses = 0
+            self._last_attempt = attempt
+            if isinstance(error, pw_manager.ScaleUpSignalError):
+                logger.info("scale-up at attempt %d: not counted against the retry policy", attempt)
+                return True
+            self.slice_losses += 1
+            if self._limit is None:
+                return True
+            allowed = self._limit(self.slice_losses, error)
+        if not allowed:
+            logger.error(
+                "slice loss %d reached max_attempts=%d; giving up",
+                self.slice_losses,
+                self._limit.max_attempts,
+            )
+        return allowed
+
+
+def _chain(*callbacks: Callable[[], Any] | None) -> Callable[[], None] | None:
+    present = [callback for callback in callbacks if callback is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+
+    def chained() -> None:
+        for callback in present:
+            callback()
+
+    return chained
+
+
+def elastic_retry(
+    manager: pw_manager.Manager,
+    config: ElasticConfig,
+    *,
+    pre_callback: Callable[[], Any] | None = None,
+    on_elastic_event_callback: Callable[[], Any] | None = None,
+) -> Callable[[_F], _F]:
+    """``manager.elastic_retry`` with the config's mode, polling, timeout and retry policy.
+
+    ``config.pre_callback`` runs before ``pre_callback`` at the start of every attempt;
+    ``config.on_elastic_event_callback`` before ``on_elastic_event_callback`` after every
+    elastic event. The retry policy is :class:`SliceLossRetryLimit` of
+    ``config.max_attempts``. A ``minimum_slice_count`` above the allocation is refused here,
+    before anything runs.
+    """
+    config.check_slices(manager.total_slice_count)
+    return manager.elastic_retry(
+        minimum_slice_count=config.minimum_slice_count,
+        poll_interval=config.poll_interval,
+        timeout=config.timeout,
+        pre_callback=_chain(config.pre_callback, pre_callback),
+        on_elastic_event_callback=_chain(config.on_elastic_event_callback, on_elastic_event_callback),
+        retry_policy=SliceLossRetryLimit(config.max_attempts),
+    )

@@ -1,0 +1,150 @@
+"""Slices and meshes: the device mesh over the active slices, and the batch that fits it.
+
+On Pathways, ``jax.devices()`` keeps every device of the initial allocation for the life of
+the client, lost slices included. Everything here therefore starts from the Manager's
+*active* slices. The mesh has three axes:
+
+``replica``
+    one entry per active slice (axis 0). Snapshots are replicated along it, so the
+    surviving slices hold a whole copy of the state (Orbax ``Snapshotter(replica_axis_index=0)``).
+``data``
+    data parallelism inside a slice.
+``model``
+    model parallelism inside a slice (``model_axis`` devices).
+
+The batch is sharded over ``("replica", "data")``; state is replicated or sharded over
+``model`` only, never over ``replica``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from elastic_dew.elastic.config import BATCH_POLICIES
+
+__all__ = [
+    "AXES",
+    "active_devices",
+    "build_mesh",
+    "global_batch_for",
+    "check_batch",
+    "batch_sharding",
+    "replicated",
+]
+
+#: Mesh axis names; the replica axis (slices) is index 0.
+AXES: tuple[str, str, str] = ("replica", "data", "model")
+
+
+def active_devices(manager: Any) -> list[jax.Device]:
+    """The devices of the Manager's active slices, ordered by ``slice_index``.
+
+    The guide's ``Manager`` has an ``active_devices`` property; the pathwaysutils release on
+    the package index does not, so this is the one documented change a user makes to the
+    guide's code (``active_devices(manager)`` for ``manager.active_devices``). Where the
+    installed Manager has the property, its answer is returned unchanged.
+    """
+    own = getattr(type(manager), "active_devices", None)
+    if own is not None:
+        return list(manager.active_devices)
+    return [
+        device
+        for index in sorted(manager.active_slice_indices)
+        for device in manager.slice_to_devices[index]
+    ]
+
+
+def _devices_per_active_slice(manager: Any) -> int:
+    sizes = {
+        index: len(manager.slice_to_devices[index]) for index in sorted(manager.active_slice_indices)
+    }
+    if not sizes:
+        raise ValueError("the Manager has no active slices; wait for slices before building a mesh")
+    if len(set(sizes.values())) != 1:
+        raise ValueError(
+            f"active slices have unequal device counts {sizes} (slice: devices); an elastic "
+            "mesh needs slices of one shape, so allocate equal slices"
+        )
+    return next(iter(sizes.values()))
+
+
+def build_mesh(manager: Any, model_axis: int | None = None) -> Mesh:
+    """A mesh over the active slices only: ``(active slices, devices_per_slice // model_axis, model_axis)``.
+
+    The axes are :data:`AXES`; ``model_axis=None`` means 1 (pure data parallelism inside a
+    slice). Build it again on every attempt: the active slices change between attempts.
+    """
+    if model_axis is not None and model_axis < 1:
+        raise ValueError(f"model_axis={model_axis} must be >= 1, or None for 1")
+    model = 1 if model_axis is None else model_axis
+    per_slice = _devices_per_active_slice(manager)
+    if per_slice % model:
+        raise ValueError(
+            f"model_axis={model} does not divide the {per_slice} devices of a slice; "
+            f"use a divisor of {per_slice} "
+            f"({', '.join(str(d) for d in range(1, per_slice + 1) if per_slice % d == 0)})"
+        )
+    devices = active_devices(manager)
+    slices = manager.active_slice_count
+    grid = np.asarray(devices, dtype=object).reshape(slices, per_slice // model, model)
+    return Mesh(grid, AXES)
+
+
+def global_batch_for(global_batch: int, policy: str, active_slices: int, total_slices: int) -> int:
+    """The global batch of an attempt on ``active_slices`` of ``total_slices``.
+
+    ``constant`` keeps ``global_batch`` (each slice takes more when slices are lost);
+    ``scale_by_active_slices`` scales it by ``active_slices / total_slices``, exactly.
+    """
+    if policy not in BATCH_POLICIES:
+        raise ValueError(f"batch policy {policy!r} must be one of {', '.join(BATCH_POLICIES)}")
+    if global_batch < 1:
+        raise ValueError(f"global_batch={global_batch} must be >= 1")
+    if not 1 <= active_slices <= total_slices:
+        raise ValueError(
+            f"active_slices={active_slices} must be between 1 and total_slices={total_slices}"
+        )
+    if policy == "constant":
+        return global_batch
+    scaled, remainder = divmod(global_batch * active_slices, total_slices)
+    if remainder:
+        step = total_slices // math.gcd(active_slices, total_slices)
+        raise ValueError(
+            f"global_batch={global_batch} cannot be scaled to {active_slices} of {total_slices} "
+            f"slices: {global_batch} * {active_slices} / {total_slices} is not a whole number. "
+            f"Use a global_batch that is a multiple of {total_slices} (exact for every active "
+            f"slice count; a multiple of {step} suffices for {active_slices}), or "
+            "batch_policy='constant'"
+        )
+    return scaled
+
+
+def check_batch(global_batch: int, mesh: Mesh) -> None:
+    """Refuse a global batch the mesh's batch-parallel devices (replica x data) cannot divide."""
+    replicas = mesh.shape[AXES[0]]
+    data = mesh.shape[AXES[1]]
+    shards = replicas * data
+    if global_batch < 1 or global_batch % shards:
+        lower = (global_batch // shards) * shards
+        upper = lower + shards
+        nearest = f"{upper}" if lower < 1 else f"{lower} or {upper}"
+        raise ValueError(
+            f"global_batch={global_batch} does not divide over the {shards} batch-parallel "
+            f"devices of the mesh (replica={replicas} x data={data}); use a multiple of "
+            f"{shards}, e.g. {nearest}, or a larger model_axis"
+        )
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """The batch's sharding: leading dimension split over ``("replica", "data")``."""
+    return NamedSharding(mesh, PartitionSpec(AXES[:2]))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Fully replicated over the mesh (along the replica axis too, as snapshots need)."""
+    return NamedSharding(mesh, PartitionSpec())
