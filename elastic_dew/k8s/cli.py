@@ -1,0 +1,228 @@
+"""``elastic-dew k8s``: render and check the Kubernetes manifests of an elastic Pathways run.
+
+Subcommands:
+
+* ``render``: the elastic training JobSet (``--mtc`` for the multi-tier checkpointing variant).
+* ``priority-class``: a PriorityClass for hot swap (the guide's ``high-prior-job``).
+* ``checkpoint-config``: GKE's CheckpointConfiguration for multi-tier checkpointing.
+* ``validate``: check manifest files against the JobSet CRD, Kubernetes' schemas and the
+  semantics of an elastic run (needs the ``test`` extras: jsonschema, kubernetes-validate).
+
+Every rendered file starts with the exact command that re-creates it. A bad parameter exits
+with status 2 and a message naming the flag and the fix, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from elastic_dew.k8s import render as R
+from elastic_dew.k8s.params import (
+    KNOWN_RECIPES,
+    PROXY_FLAG_SPELLINGS,
+    JobSetParams,
+    ParameterError,
+    check_quantity,
+    check_subdomain,
+)
+from elastic_dew.k8s.tpus import TPU_TYPES, lookup_tpu_type
+
+__all__ = ["configure", "run"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULTS = JobSetParams(name="", tpu_type="", topology="", slices=0, elastic_slices=0,
+                         image="", recipe="", bucket="")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Declare ``elastic-dew k8s`` and its subcommands."""
+    sub = parser.add_subparsers(dest="k8s_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    r = sub.add_parser("render", help="render the elastic training JobSet",
+                       description="Render the elastic Pathways training JobSet as YAML.")
+    r.add_argument("--name", required=True, help="JobSet name (an RFC 1123 label); also names the run directory")
+    r.add_argument("--tpu-type", required=True, help=f"TPU type: {', '.join(TPU_TYPES)} (v5litepod = v5e)")
+    r.add_argument("--topology", required=True, help="slice topology, e.g. 4x4 (v5e/v6e) or 2x2x2 (v4/v5p)")
+    r.add_argument("--slices", type=int, required=True, help="TPU slices (pathways-worker replicas)")
+    r.add_argument("--elastic-slices", type=int, required=True,
+                   help="slices the run may lose and regain (the proxy's elastic count); 0 turns elasticity off")
+    r.add_argument("--image", required=True, help="controller image (built from k8s/Dockerfile.controller)")
+    r.add_argument("--recipe", required=True, help=f"recipe the controller trains: {', '.join(KNOWN_RECIPES)}")
+    r.add_argument("--bucket", required=True,
+                   help="gs://BUCKET for Pathways scratch files and the run directory gs://BUCKET/runs/NAME")
+    r.add_argument("--mtc", action="store_true", help="multi-tier checkpointing variant (needs --sidecar-image)")
+    r.add_argument("--sidecar-image", help="colocated-Python sidecar image (built from k8s/Dockerfile.sidecar)")
+    r.add_argument("--priority", help="PriorityClass name for the head and worker pods (hot swap)")
+    r.add_argument("--proxy-flag-spelling", default=_DEFAULTS.proxy_flag_spelling,
+                   help="instances: --num_elastic_instances (the resilience guide); "
+                        "slices: --num_elastic_slices (pathwaysutils)")
+    r.add_argument("--namespace", default=_DEFAULTS.namespace)
+    r.add_argument("--pathways-version", default=_DEFAULTS.pathways_version, help="Pathways image tag")
+    r.add_argument("--head-node-pool", default=_DEFAULTS.head_node_pool, help="CPU node pool of the head pod")
+    r.add_argument("--grace-seconds", type=int, default=_DEFAULTS.grace_seconds,
+                   help="terminationGracePeriodSeconds: time for the final checkpoint write")
+    r.add_argument("--max-restarts", type=int, default=_DEFAULTS.max_restarts,
+                   help="whole-JobSet restarts before it fails")
+    r.add_argument("--slice-restarts", type=int, default=_DEFAULTS.slice_restarts,
+                   help="restarts allowed per TPU host before its slice's Job fails")
+    r.add_argument("--mtc-ramdisk-dir", default=_DEFAULTS.mtc_ramdisk_dir,
+                   help="where the multi-tier checkpoint volume is mounted on workers")
+    r.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
+    r.set_defaults(k8s_run=_render)
+
+    p = sub.add_parser("priority-class", help="render a PriorityClass for hot swap")
+    p.add_argument("--name", required=True)
+    p.add_argument("--value", type=int, required=True, help="higher wins; the guide's high-prior-job uses 2000")
+    p.add_argument("--description", default="")
+    p.add_argument("--out")
+    p.set_defaults(k8s_run=_priority_class)
+
+    c = sub.add_parser("checkpoint-config", help="render GKE's CheckpointConfiguration (multi-tier checkpointing)")
+    c.add_argument("--name", required=True)
+    c.add_argument("--bucket", required=True, help="gs://BUCKET with hierarchical namespace enabled")
+    c.add_argument("--tpu-type", required=True, help=f"TPU type of the node pool: {', '.join(TPU_TYPES)}")
+    c.add_argument("--in-memory-size", required=True, help="RAM disk per node, e.g. 50Gi")
+    c.add_argument("--out")
+    c.set_defaults(k8s_run=_checkpoint_config)
+
+    v = sub.add_parser("validate", help="check manifest files (schemas and elastic-run semantics)")
+    v.add_argument("files", nargs="+", type=Path)
+    v.add_argument("--crd", help="JobSet CRD YAML (default: $ELASTIC_DEW_JOBSET_CRD or ../shared/schemas)")
+    v.set_defaults(k8s_run=_validate)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen ``k8s`` subcommand; 2 for a bad parameter, 1 for invalid manifests."""
+    try:
+        return args.k8s_run(args)
+    except ParameterError as e:
+        sys.stderr.write(f"elastic-dew k8s {args.k8s_command}: error: {e}\n")
+        return 2
+
+
+def _command(args: argparse.Namespace, fields: list[tuple[str, str]], flags: list[str] = ()) -> str:
+    """The canonical command line that renders this output (written at the top of the file)."""
+    argv = ["elastic-dew", "k8s", args.k8s_command]
+    for opt, attr in fields:
+        value = getattr(args, attr)
+        if value is not None:
+            argv += [opt, str(value)]
+    argv += [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_"))]
+    return shlex.join(argv)
+
+
+def _emit(args: argparse.Namespace, build: Callable[[], tuple[list[dict[str, Any]], list[str], dict]]) -> int:
+    docs, header, comments = build()  # raises ParameterError before any output
+    text = R.dump(docs, header, comments)
+    if not args.out:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out)
+    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    log.info("wrote %s", out)
+    return 0
+
+
+def _header(title: str, command: str) -> list[str]:
+    return [title, "Rendered by elastic-dew; re-render instead of editing (tests check for drift):",
+            f"  {command}", ""]
+
+
+_RENDER_FIELDS = [
+    ("--name", "name"), ("--tpu-type", "tpu_type"), ("--topology", "topology"), ("--slices", "slices"),
+    ("--elastic-slices", "elastic_slices"), ("--image", "image"), ("--recipe", "recipe"),
+    ("--bucket", "bucket"), ("--sidecar-image", "sidecar_image"), ("--priority", "priority"),
+    ("--proxy-flag-spelling", "proxy_flag_spelling"),
+]
+_RENDER_OPTIONAL = [
+    ("--namespace", "namespace"), ("--pathways-version", "pathways_version"),
+    ("--head-node-pool", "head_node_pool"), ("--grace-seconds", "grace_seconds"),
+    ("--max-restarts", "max_restarts"), ("--slice-restarts", "slice_restarts"),
+    ("--mtc-ramdisk-dir", "mtc_ramdisk_dir"),
+]
+
+
+def _render(args: argparse.Namespace) -> int:
+    if args.proxy_flag_spelling not in PROXY_FLAG_SPELLINGS:
+        raise ParameterError("--proxy-flag-spelling", f"unknown spelling {args.proxy_flag_spelling!r}",
+                             f"use one of {', '.join(PROXY_FLAG_SPELLINGS)}")
+    params = JobSetParams(**{attr: getattr(args, attr) for _, attr in _RENDER_FIELDS + _RENDER_OPTIONAL},
+                          mtc=args.mtc)
+    changed = [(o, a) for o, a in _RENDER_OPTIONAL if getattr(args, a) != getattr(_DEFAULTS, a)]
+
+    def build():
+        js = R.jobset(params)
+        from elastic_dew.k8s.validate import semantic_errors
+
+        problems = semantic_errors(js)
+        if problems:  # a renderer bug, not a user error
+            raise RuntimeError("rendered JobSet fails its own checks: " + "; ".join(problems))
+        title = (f"Elastic Pathways training JobSet: recipe {params.recipe} on {params.slices} x "
+                 f"{params.tpu.name} {params.topology}" + (", multi-tier checkpointing" if params.mtc else ""))
+        return [js], _header(title, _command(args, _RENDER_FIELDS + changed, ["--mtc"])), R.JOBSET_COMMENTS
+
+    return _emit(args, build)
+
+
+def _priority_class(args: argparse.Namespace) -> int:
+    def build():
+        check_subdomain("--name", args.name)
+        if not -(10**9) <= args.value <= 10**9:
+            raise ParameterError("--value", f"{args.value} is outside user priorities",
+                                 "use -1000000000..1000000000 (higher values are reserved for system classes)")
+        command = _command(args, [("--name", "name"), ("--value", "value"), ("--description", "description")])
+        return ([R.priority_class(args.name, args.value, args.description)],
+                _header(f"PriorityClass {args.name} for hot swap (apply once per cluster)", command), {})
+
+    return _emit(args, build)
+
+
+def _checkpoint_config(args: argparse.Namespace) -> int:
+    def build():
+        check_subdomain("--name", args.name)
+        tpu = lookup_tpu_type(args.tpu_type)
+        if tpu is None:
+            raise ParameterError("--tpu-type", f"unknown TPU type {args.tpu_type!r}",
+                                 f"use one of {', '.join(TPU_TYPES)}")
+        check_quantity("--in-memory-size", args.in_memory_size)
+        doc = R.checkpoint_configuration(args.name, args.bucket, tpu.machine_type, args.in_memory_size)
+        command = _command(args, [("--name", "name"), ("--bucket", "bucket"), ("--tpu-type", "tpu_type"),
+                                  ("--in-memory-size", "in_memory_size")])
+        title = f"CheckpointConfiguration for multi-tier checkpointing on {tpu.machine_type} nodes (apply once)"
+        return [doc], _header(title, command), {}
+
+    return _emit(args, build)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from elastic_dew.k8s.validate import document_errors
+
+    failed = 0
+    for path in args.files:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        problems = document_errors(docs, crd_path=args.crd)
+        for p in problems:
+            sys.stderr.write(f"{path}: {p}\n")
+        if problems:
+            failed += 1
+        else:
+            sys.stdout.write(f"{path}: ok ({', '.join(d['kind'] for d in docs)})\n")
+    return 1 if failed else 0

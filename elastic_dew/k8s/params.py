@@ -1,0 +1,215 @@
+"""What a rendered Pathways JobSet is made of, checked before anything is rendered.
+
+``JobSetParams`` holds the renderer's inputs; ``check()`` refuses any combination that
+would give a manifest Kubernetes rejects or a run that cannot work, with a
+``ParameterError`` naming the command-line field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type
+
+__all__ = [
+    "KNOWN_RECIPES",
+    "PROXY_FLAG_SPELLINGS",
+    "JobSetParams",
+    "ParameterError",
+    "parse_bucket",
+    "check_rfc1123_label",
+    "check_quantity",
+    "check_subdomain",
+]
+
+#: The recipes ``elastic-dew train RECIPE`` knows; the controller container runs one of them.
+KNOWN_RECIPES: tuple[str, ...] = ("lm", "mlp")
+
+#: ``--proxy-flag-spelling`` -> the pathways-proxy flag that sets the number of elastic slices.
+#: The resilience guide writes ``--num_elastic_instances``; pathwaysutils' ``PathwaysJobSet``
+#: writes ``--num_elastic_slices``.
+PROXY_FLAG_SPELLINGS: dict[str, str] = {
+    "instances": "--num_elastic_instances",
+    "slices": "--num_elastic_slices",
+}
+
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_INT32_MAX = 2**31 - 1
+
+
+class ParameterError(ValueError):
+    """A renderer parameter that cannot work: which field, what is wrong, how to fix it."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}; {fix}")
+
+
+def check_rfc1123_label(field: str, value: str, max_len: int = 63) -> None:
+    """Refuse ``value`` unless it is an RFC 1123 label of at most ``max_len`` characters."""
+    if not value or len(value) > max_len or not _LABEL.match(value):
+        raise ParameterError(
+            field,
+            f"{value!r} is not an RFC 1123 label",
+            f"use at most {max_len} lowercase letters, digits and '-', starting and ending "
+            "with a letter or digit (for example 'dew-lm-1')",
+        )
+
+
+def parse_bucket(field: str, value: str) -> tuple[str, str]:
+    """Split ``gs://BUCKET[/PREFIX]`` into (bucket name, prefix without slashes)."""
+    if not value.startswith("gs://"):
+        raise ParameterError(
+            field, f"{value!r} is not a Cloud Storage URL",
+            "pass gs://BUCKET_NAME (the bucket that holds Pathways scratch files and the run directory)",
+        )
+    name, _, prefix = value[len("gs://"):].partition("/")
+    if not _BUCKET.match(name) or ".." in name:
+        raise ParameterError(
+            field, f"{name!r} is not a valid bucket name",
+            "bucket names are 3-63 lowercase letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit",
+        )
+    return name, prefix.strip("/")
+
+
+@dataclass(frozen=True)
+class JobSetParams:
+    """Inputs of one elastic Pathways JobSet (field names follow the CLI flags)."""
+
+    name: str
+    tpu_type: str
+    topology: str
+    slices: int
+    elastic_slices: int
+    image: str
+    recipe: str
+    bucket: str
+    mtc: bool = False
+    sidecar_image: str | None = None
+    priority: str | None = None
+    proxy_flag_spelling: str = "instances"
+    namespace: str = "default"
+    pathways_version: str = "latest"
+    head_node_pool: str = "cpu-np"
+    grace_seconds: int = 300
+    max_restarts: int = 5
+    slice_restarts: int = 1_000_000
+    mtc_ramdisk_dir: str = "/tmp/mtc_checkpoints"
+
+    # -- derived values -------------------------------------------------------------
+    @property
+    def tpu(self) -> TpuType:
+        t = lookup_tpu_type(self.tpu_type)
+        assert t is not None, "call check() first"
+        return t
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return self.tpu.hosts(self.topology)
+
+    @property
+    def bucket_url(self) -> str:
+        return self.bucket.rstrip("/")
+
+    @property
+    def scratch_location(self) -> str:
+        """Where Pathways writes its temporary files (``--gcs_scratch_location``)."""
+        return f"{self.bucket_url}/pathways-scratch"
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory: stable across restarts, so a restarted controller resumes."""
+        return f"{self.bucket_url}/runs/{self.name}"
+
+    @property
+    def min_slices(self) -> int:
+        """Slices the run needs to keep training: all but the elastic ones, at least one."""
+        return max(1, self.slices - self.elastic_slices)
+
+    # -- validation -----------------------------------------------------------------
+    def check(self) -> "JobSetParams":
+        """Raise ``ParameterError`` for the first parameter that cannot work; return self."""
+        check_rfc1123_label("--name", self.name)
+        check_rfc1123_label("--namespace", self.namespace)
+        tpu = lookup_tpu_type(self.tpu_type)
+        if tpu is None:
+            raise ParameterError(
+                "--tpu-type", f"unknown TPU type {self.tpu_type!r}",
+                f"use one of {', '.join(TPU_TYPES)}",
+            )
+        if self.topology not in tpu.topologies:
+            raise ParameterError(
+                "--topology", f"TPU type {tpu.name} has no topology {self.topology!r}",
+                f"use one of {', '.join(tpu.topologies)}",
+            )
+        if self.slices < 1:
+            raise ParameterError("--slices", f"{self.slices} slices", "use at least 1")
+        if not 0 <= self.elastic_slices <= self.slices:
+            raise ParameterError(
+                "--elastic-slices",
+                f"{self.elastic_slices} is outside 0..--slices ({self.slices})",
+                f"use at most {self.slices} (the number of slices), or raise --slices",
+            )
+        # The longest pod hostname JobSet makes is NAME-pathways-worker-<job>-<pod>.
+        longest = f"{self.name}-pathways-worker-{self.slices - 1}-{tpu.hosts(self.topology) - 1}"
+        if len(longest) > 63:
+            room = 63 - (len(longest) - len(self.name))
+            raise ParameterError(
+                "--name", f"pod hostname {longest!r} would be longer than 63 characters",
+                f"shorten --name to at most {room} characters",
+            )
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ParameterError("--image", f"{self.image!r} is not an image reference",
+                                 "pass REGISTRY/REPOSITORY:TAG of the controller image")
+        if self.recipe not in KNOWN_RECIPES:
+            raise ParameterError("--recipe", f"unknown recipe {self.recipe!r}",
+                                 f"use one of {', '.join(KNOWN_RECIPES)}")
+        parse_bucket("--bucket", self.bucket)
+        if self.mtc and not self.sidecar_image:
+            raise ParameterError("--sidecar-image", "--mtc needs the colocated-Python sidecar image",
+                                 "build k8s/Dockerfile.sidecar and pass its URI with --sidecar-image")
+        if self.sidecar_image is not None and (
+                not self.sidecar_image or any(c.isspace() for c in self.sidecar_image)):
+            raise ParameterError("--sidecar-image", f"{self.sidecar_image!r} is not an image reference",
+                                 "pass REGISTRY/REPOSITORY:TAG of the sidecar image")
+        if self.priority is not None and (len(self.priority) > 253 or not _SUBDOMAIN.match(self.priority)):
+            raise ParameterError("--priority", f"{self.priority!r} is not a PriorityClass name",
+                                 "use a lowercase DNS subdomain name such as 'high-prior-job'")
+        if self.proxy_flag_spelling not in PROXY_FLAG_SPELLINGS:
+            raise ParameterError("--proxy-flag-spelling", f"unknown spelling {self.proxy_flag_spelling!r}",
+                                 f"use one of {', '.join(PROXY_FLAG_SPELLINGS)}")
+        check_rfc1123_label("--head-node-pool", self.head_node_pool)
+        if self.grace_seconds < 30:
+            raise ParameterError("--grace-seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
+                                 "use at least 30 (the default, 300, suits a multi-GB Orbax write)")
+        if self.max_restarts < 0:
+            raise ParameterError("--max-restarts", f"{self.max_restarts} is negative", "use 0 or more")
+        if self.slice_restarts < 1 or self.slice_restarts * tpu.hosts(self.topology) > _INT32_MAX:
+            raise ParameterError(
+                "--slice-restarts", f"{self.slice_restarts} restarts x {tpu.hosts(self.topology)} hosts "
+                "does not fit the Job's backoffLimit (1..2^31-1)",
+                f"use 1..{_INT32_MAX // tpu.hosts(self.topology)}",
+            )
+        if not self.mtc_ramdisk_dir.startswith("/"):
+            raise ParameterError("--mtc-ramdisk-dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
+                                 "use an absolute path such as /tmp/mtc_checkpoints")
+        return self
+
+
+def check_quantity(field: str, value: str) -> None:
+    """Refuse ``value`` unless it is a Kubernetes resource quantity such as ``50Gi``."""
+    if not _QUANTITY.match(value):
+        raise ParameterError(field, f"{value!r} is not a Kubernetes quantity",
+                             "use a size such as 50Gi or 200G")
+
+
+def check_subdomain(field: str, value: str) -> None:
+    """Refuse ``value`` unless it is a DNS subdomain name (the rule for most object names)."""
+    if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
+        raise ParameterError(field, f"{value!r} is not a valid object name",
+                             "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")

@@ -1,0 +1,300 @@
+"""Check rendered manifests: schemas first, then what a schema cannot say.
+
+* JobSets: against the JobSet CRD's ``openAPIV3Schema`` with ``jsonschema``, made strict the
+  way the API server's field validation is (an object schema that lists its properties and
+  does not preserve unknown fields refuses any other field, so a misspelt key fails here
+  rather than being pruned in the cluster); each replicated Job template also against
+  Kubernetes' own ``batch/v1`` Job schema.
+* Core kinds (PriorityClass): Kubernetes' published schemas, shipped offline in the
+  ``kubernetes-validate`` package.
+* CheckpointConfiguration: a GKE CRD with no published schema here, so semantic checks only.
+* Every JobSet: the semantics of an elastic Pathways run (``semantic_errors``).
+
+``jsonschema`` and ``kubernetes-validate`` are the project's test extras; they are imported
+only when a schema check runs. Every function returns a list of messages, empty when valid.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from elastic_dew.k8s import render as R
+from elastic_dew.k8s.params import PROXY_FLAG_SPELLINGS
+from elastic_dew.k8s.tpus import by_accelerator
+
+__all__ = [
+    "KUBERNETES_VERSION",
+    "default_crd_path",
+    "load_jobset_schema",
+    "jobset_schema_errors",
+    "core_schema_errors",
+    "semantic_errors",
+    "checkpoint_configuration_errors",
+    "document_errors",
+]
+
+#: The Kubernetes minor version core kinds are checked against (a current GKE release).
+KUBERNETES_VERSION = "1.32"
+_CRD_FILE = "jobset.x-k8s.io_jobsets.yaml"
+_INT32_MAX = 2**31 - 1
+
+
+def default_crd_path() -> Path:
+    """The JobSet CRD: ``$ELASTIC_DEW_JOBSET_CRD``, else ``../shared/schemas/`` beside the repo."""
+    env = os.environ.get("ELASTIC_DEW_JOBSET_CRD")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "shared" / "schemas" / _CRD_FILE
+
+
+def _strict(schema: Any) -> Any:
+    """A copy of ``schema`` whose closed objects refuse unknown fields."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if ("properties" in schema and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@functools.lru_cache(maxsize=4)
+def load_jobset_schema(path: str | None = None) -> dict[str, Any]:
+    """The strict JSON Schema of a ``v1alpha2`` JobSet, read from the CRD at ``path``."""
+    crd_path = Path(path) if path else default_crd_path()
+    if not crd_path.is_file():
+        raise FileNotFoundError(
+            f"JobSet CRD not found at {crd_path}; pass --crd PATH or set ELASTIC_DEW_JOBSET_CRD")
+    crd = yaml.safe_load(crd_path.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2")
+    return _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+
+
+def _path(error: Any) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "<root>"
+
+
+def jobset_schema_errors(jobset: dict[str, Any], crd_path: str | None = None) -> list[str]:
+    """Schema violations of a JobSet (CRD schema) and of its Job templates (batch/v1 schema)."""
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(load_jobset_schema(crd_path))
+    errors = [f"JobSet {_path(e)}: {e.message}" for e in validator.iter_errors(jobset)]
+    for rjob in jobset.get("spec", {}).get("replicatedJobs", []):
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": f"{jobset.get('metadata', {}).get('name', 'x')}-{rjob.get('name')}"},
+               "spec": rjob.get("template", {}).get("spec", {})}
+        errors += [f"replicatedJobs[{rjob.get('name')}] as a Job: {m}" for m in core_schema_errors(job)]
+    return errors
+
+
+def core_schema_errors(obj: dict[str, Any], version: str = KUBERNETES_VERSION) -> list[str]:
+    """Violations of Kubernetes' published (strict) schema for a core kind."""
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"{obj.get('kind')} {_path(e)}: {e.message}"]
+    except kubernetes_validate.SchemaNotFoundError as e:
+        return [e.message]
+    return []
+
+
+# -- semantics ------------------------------------------------------------------------
+
+def _rjob(jobset: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((j for j in jobset.get("spec", {}).get("replicatedJobs", []) if j.get("name") == name), None)
+
+
+def _pod(rjob: dict[str, Any]) -> dict[str, Any]:
+    return rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+
+
+def _container(pod: dict[str, Any], name: str, init: bool | None = None) -> dict[str, Any] | None:
+    pools = {None: ("initContainers", "containers"), True: ("initContainers",), False: ("containers",)}[init]
+    for pool in pools:
+        for c in pod.get(pool, []) or []:
+            if c.get("name") == name:
+                return c
+    return None
+
+
+def _env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", []) or []}
+
+
+def _flags(c: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for a in c.get("args", []) or []:
+        k, _, v = a.partition("=")
+        out[k] = v
+    return out
+
+
+def _mounts(c: dict[str, Any] | None) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in (c or {}).get("volumeMounts", []) or []}
+
+
+def semantic_errors(jobset: dict[str, Any]) -> list[str]:
+    """What an elastic Pathways JobSet must get right beyond its schema."""
+    errs: list[str] = []
+    spec = jobset.get("spec", {})
+    head, worker = _rjob(jobset, R.HEAD_JOB), _rjob(jobset, R.WORKER_JOB)
+    if head is None or worker is None:
+        return [f"replicatedJobs must include {R.HEAD_JOB!r} and {R.WORKER_JOB!r}"]
+    if spec.get("coordinator", {}).get("replicatedJob") != R.HEAD_JOB:
+        errs.append(f"spec.coordinator.replicatedJob must be {R.HEAD_JOB!r} (PATHWAYS_HEAD comes from it)")
+    if spec.get("successPolicy", {}).get("targetReplicatedJobs") != [R.HEAD_JOB]:
+        errs.append(f"spec.successPolicy must target only {R.HEAD_JOB!r}: workers run until the head is done")
+
+    hpod, wpod = _pod(head), _pod(worker)
+    # Head: resource manager and proxy as native sidecars, controller as the main container.
+    for name in (R.RESOURCE_MANAGER, R.PROXY):
+        c = _container(hpod, name, init=True)
+        if c is None or c.get("restartPolicy") != "Always":
+            errs.append(f"{R.HEAD_JOB}: {name} must be an initContainer with restartPolicy: Always (native sidecar)")
+    controller = _container(hpod, R.CONTROLLER, init=False)
+    if controller is None:
+        errs.append(f"{R.HEAD_JOB}: no {R.CONTROLLER!r} container")
+    else:
+        env = _env_of(controller)
+        if env.get("JAX_PLATFORMS") != "proxy":
+            errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: JAX_PLATFORMS must be 'proxy'")
+        if not str(env.get("JAX_BACKEND_TARGET", "")).startswith("grpc://"):
+            errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: JAX_BACKEND_TARGET must be grpc://HOST:{R.PROXY_PORT}")
+        cmd = controller.get("command", [])
+        if "--run-dir" not in cmd or cmd.index("--run-dir") + 1 >= len(cmd):
+            errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: the command must pass --run-dir on persistent storage")
+        elif not re.match(r"^(gs://|/)", cmd[cmd.index("--run-dir") + 1]):
+            errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: --run-dir must be gs://... or a mounted absolute path")
+    if hpod.get("restartPolicy") != "Never":
+        errs.append(f"{R.HEAD_JOB}: restartPolicy must be Never (podFailurePolicy requires it)")
+    rules = head.get("template", {}).get("spec", {}).get("podFailurePolicy", {}).get("rules", [])
+    if not any(r.get("action") == "Ignore"
+               and R.PREEMPTED_EXIT_CODE in r.get("onExitCodes", {}).get("values", [])
+               and r["onExitCodes"].get("operator") == "In" for r in rules):
+        errs.append(f"{R.HEAD_JOB}: podFailurePolicy needs an Ignore rule for exit code {R.PREEMPTED_EXIT_CODE} "
+                    "(a preempted run that wrote its checkpoint must restart without using the failure budget)")
+    grace = hpod.get("terminationGracePeriodSeconds", 30)
+    if grace < 30:
+        errs.append(f"{R.HEAD_JOB}: terminationGracePeriodSeconds {grace} leaves no time for the checkpoint write")
+
+    # Proxy flags.
+    proxy = _container(hpod, R.PROXY) or {}
+    pflags = _flags(proxy)
+    for flag in ("--resource_manager_address", "--server_port", "--gcs_scratch_location"):
+        if flag not in pflags:
+            errs.append(f"{R.PROXY}: missing {flag}")
+    if not pflags.get("--gcs_scratch_location", "gs://").startswith("gs://"):
+        errs.append(f"{R.PROXY}: --gcs_scratch_location must be a gs:// URL")
+    elastic = [f for f in PROXY_FLAG_SPELLINGS.values() if f in pflags]
+    slices = worker.get("replicas", 0)
+    if len(elastic) > 1:
+        errs.append(f"{R.PROXY}: give the number of elastic slices once, not as {' and '.join(elastic)}")
+    for f in elastic:
+        if not pflags[f].isdigit() or not 0 < int(pflags[f]) <= slices:
+            errs.append(f"{R.PROXY}: {f}={pflags[f]} must be 1..{slices} (the worker replicas)")
+    rm_flags = _flags(_container(hpod, R.RESOURCE_MANAGER) or {})
+    if rm_flags.get("--instance_count") != str(slices):
+        errs.append(f"{R.RESOURCE_MANAGER}: --instance_count must equal the {slices} worker replicas")
+
+    # Workers: TPU placement and a failure budget large enough for repeated slice loss.
+    selector = wpod.get("nodeSelector", {})
+    tpu = by_accelerator(selector.get(R.ACCELERATOR_LABEL, ""))
+    topology = selector.get(R.TOPOLOGY_LABEL, "")
+    if tpu is None:
+        errs.append(f"{R.WORKER_JOB}: nodeSelector {R.ACCELERATOR_LABEL} names no known TPU accelerator")
+    elif topology not in tpu.topologies:
+        errs.append(f"{R.WORKER_JOB}: {tpu.name} has no topology {topology!r}")
+    else:
+        jspec = worker.get("template", {}).get("spec", {})
+        hosts = tpu.hosts(topology)
+        if jspec.get("completions") != hosts or jspec.get("parallelism") != hosts:
+            errs.append(f"{R.WORKER_JOB}: completions and parallelism must be {hosts} (hosts in a {topology} slice)")
+        if not hosts * 100 <= jspec.get("backoffLimit", 0) <= _INT32_MAX:
+            errs.append(f"{R.WORKER_JOB}: backoffLimit must allow at least 100 restarts per host "
+                        f"({hosts * 100}) so a slice can fail repeatedly without failing the JobSet")
+        wc = _container(wpod, R.WORKER_JOB, init=False) or {}
+        if wc.get("resources", {}).get("limits", {}).get("google.com/tpu") != str(tpu.chips_per_host):
+            errs.append(f"{R.WORKER_JOB}: each pod must request google.com/tpu: {tpu.chips_per_host}")
+        if rm_flags.get("--instance_type") != tpu.instance_type(topology):
+            errs.append(f"{R.RESOURCE_MANAGER}: --instance_type must be {tpu.instance_type(topology)}")
+    if worker.get("template", {}).get("metadata", {}).get("annotations", {}).get(R.EXCLUSIVE_TOPOLOGY) \
+            != R.NODE_POOL_LABEL:
+        errs.append(f"{R.WORKER_JOB}: annotate {R.EXCLUSIVE_TOPOLOGY}: {R.NODE_POOL_LABEL} (one slice per node pool)")
+    if hpod.get("priorityClassName") != wpod.get("priorityClassName"):
+        errs.append("priorityClassName must be the same on the head and worker pods (hot swap)")
+
+    # Multi-tier checkpointing: sidecar, shared memory and CSI volume on workers, not the head.
+    if pflags.get("--sidecar_name") == "external":
+        sidecar = _container(wpod, R.SIDECAR)
+        wc = _container(wpod, R.WORKER_JOB, init=False)
+        volumes = {v["name"]: v for v in wpod.get("volumes", []) or []}
+        csi = [n for n, v in volumes.items() if v.get("csi", {}).get("driver") == R.MTC_CSI_DRIVER]
+        shm = [n for n, v in volumes.items() if v.get("emptyDir", {}).get("medium") == "Memory"]
+        if sidecar is None:
+            errs.append(f"{R.WORKER_JOB}: --sidecar_name=external needs the {R.SIDECAR} container")
+        if not csi or not shm:
+            errs.append(f"{R.WORKER_JOB}: needs a {R.MTC_CSI_DRIVER} CSI volume and a Memory emptyDir")
+        shm_dir = _flags(wc or {}).get("--cloud_pathways_sidecar_shm_directory")
+        for c in (sidecar, wc):
+            if c is None or not csi or not shm:
+                continue
+            mounts = _mounts(c)
+            if csi[0] not in mounts or shm[0] not in mounts:
+                errs.append(f"{R.WORKER_JOB}/{c['name']}: must mount both the CSI volume and the shared memory")
+            elif mounts[shm[0]] != shm_dir:
+                errs.append(f"{R.WORKER_JOB}/{c['name']}: shared memory must be mounted at "
+                            f"--cloud_pathways_sidecar_shm_directory ({shm_dir})")
+        if any(v.get("csi", {}).get("driver") == R.MTC_CSI_DRIVER for v in hpod.get("volumes", []) or []):
+            errs.append(f"{R.HEAD_JOB}: must not mount the multi-tier checkpoint volume (workers only)")
+    elif _container(wpod, R.SIDECAR) is not None:
+        errs.append(f"{R.PROXY}: the {R.SIDECAR} container needs --sidecar_name=external on the proxy")
+    return errs
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+
+
+def checkpoint_configuration_errors(obj: dict[str, Any]) -> list[str]:
+    """Semantic checks of GKE's CheckpointConfiguration (no schema is published for it here)."""
+    errs = []
+    if obj.get("apiVersion") != "checkpointing.gke.io/v1":
+        errs.append("CheckpointConfiguration: apiVersion must be checkpointing.gke.io/v1")
+    spec = obj.get("spec", {})
+    bucket = spec.get("cloudStorageBucketName", "")
+    if not _BUCKET.match(bucket):
+        errs.append("CheckpointConfiguration: spec.cloudStorageBucketName must be a bare bucket name (no gs://)")
+    if not spec.get("nodeSelector"):
+        errs.append("CheckpointConfiguration: spec.nodeSelector must select the TPU nodes")
+    if not _QUANTITY.match(str(spec.get("inMemoryVolumeSize", ""))):
+        errs.append("CheckpointConfiguration: spec.inMemoryVolumeSize must be a quantity such as 50Gi")
+    return errs
+
+
+def document_errors(docs: Iterable[dict[str, Any]], crd_path: str | None = None,
+                    schemas: bool = True) -> list[str]:
+    """All problems of a stream of manifests, dispatched by kind."""
+    errs: list[str] = []
+    for doc in docs:
+        kind = doc.get("kind")
+        where = f"{kind}/{doc.get('metadata', {}).get('name')}"
+        if kind == "JobSet":
+            found = (jobset_schema_errors(doc, crd_path) if schemas else []) + semantic_errors(doc)
+        elif kind == "CheckpointConfiguration":
+            found = checkpoint_configuration_errors(doc)
+        else:
+            found = core_schema_errors(doc) if schemas else []
+        errs += [f"{where}: {m}" for m in found]
+    return errs
