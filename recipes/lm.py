@@ -1,0 +1,179 @@
+"""``lm``: a small decoder-only transformer language model, in plain JAX.
+
+Characters of the synthetic corpus in :mod:`recipes.data` are the tokens. The model is a
+GPT-style stack (token and learned position embeddings, pre-norm blocks of causal
+multi-head attention and a GELU MLP, a final norm, the output tied to the token embedding)
+written over ordinary pytrees, so it needs nothing beyond JAX and Optax, and the same file
+runs on simulated CPU slices and on real slices under Pathways (``JAX_PLATFORMS=proxy``).
+
+With the defaults the loss falls from about 3.3 (a uniform guess over the 30 characters)
+to below 1.5 within a few hundred steps on a laptop CPU.
+
+Run it with ``elastic-dew train lm`` or ``python -m recipes.lm`` (same options).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from recipes._common import make_config
+from recipes.data import VOCABULARY, corpus, encode
+
+__all__ = ["LMConfig", "DEFAULTS", "build", "forward", "main"]
+
+#: Training settings this recipe runs well with; ``elastic-dew train lm`` uses them unless told otherwise.
+DEFAULTS = {"steps": 300, "global_batch": 48}
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+    """The model, the optimizer and the data of the recipe; ``build(**overrides)`` sets any field."""
+
+    seq_len: int = 64
+    d_model: int = 64
+    heads: int = 4
+    layers: int = 2
+    mlp_ratio: int = 4
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    corpus_chars: int = 200_000
+    examples: int = 1_000_000
+    stride: int = 37
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("seq_len", "d_model", "heads", "layers", "mlp_ratio", "corpus_chars", "examples", "stride"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if self.heads >= 1 and self.d_model % self.heads:
+            problems.append(f"d_model={self.d_model} must be divisible by heads={self.heads}")
+        if not self.learning_rate > 0:
+            problems.append(f"learning_rate={self.learning_rate} must be > 0")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.corpus_chars <= self.seq_len + 1:
+            problems.append(f"corpus_chars={self.corpus_chars} must exceed seq_len + 1 = {self.seq_len + 1}")
+        if problems:
+            raise ValueError("invalid lm recipe settings: " + "; ".join(problems))
+
+
+class _Windows:
+    """Example ``i``: ``seq_len + 1`` tokens of the corpus starting at ``i * stride`` (wrapping)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, stride: int, examples: int) -> None:
+        self._tokens = tokens
+        self._width = seq_len + 1
+        self._stride = stride
+        self._starts = len(tokens) - self._width + 1
+        self._len = examples
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not 0 <= index < self._len:
+            raise IndexError(f"example {index} is outside [0, {self._len})")
+        start = (index * self._stride) % self._starts
+        return {"tokens": self._tokens[start : start + self._width]}
+
+
+def _dense(key: jax.Array, fan_in: int, fan_out: int) -> jax.Array:
+    return jax.random.normal(key, (fan_in, fan_out), jnp.float32) * 0.02
+
+
+def init_params(key: jax.Array, cfg: LMConfig) -> dict:
+    """Parameters as a pytree of ``float32`` arrays."""
+    vocab, d = len(VOCABULARY), cfg.d_model
+    keys = iter(jax.random.split(key, 2 + 4 * cfg.layers))
+    # Residual projections are scaled down with depth, as in GPT-2.
+    residual_scale = 1.0 / math.sqrt(2 * cfg.layers)
+    blocks = []
+    for _ in range(cfg.layers):
+        blocks.append({
+            "norm1": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+            "qkv": _dense(next(keys), d, 3 * d),
+            "proj": _dense(next(keys), d, d) * residual_scale,
+            "norm2": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+            "mlp_in": _dense(next(keys), d, cfg.mlp_ratio * d),
+            "mlp_out": _dense(next(keys), cfg.mlp_ratio * d, d) * residual_scale,
+        })
+    return {
+        "embed": _dense(next(keys), vocab, d),
+        "position": _dense(next(keys), cfg.seq_len, d),
+        "blocks": blocks,
+        "norm_f": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+    }
+
+
+def _norm(x: jax.Array, p: dict) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
+
+
+def _attention(x: jax.Array, block: dict, heads: int) -> jax.Array:
+    batch, length, d = x.shape
+    q, k, v = jnp.split(x @ block["qkv"], 3, axis=-1)
+    split = lambda t: t.reshape(batch, length, heads, d // heads)  # noqa: E731
+    q, k, v = split(q), split(k), split(v)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // heads)
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+    mixed = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+    return mixed.reshape(batch, length, d) @ block["proj"]
+
+
+def forward(params: dict, tokens: jax.Array, cfg: LMConfig) -> jax.Array:
+    """Next-token logits ``[batch, length, vocab]`` for ``tokens`` ``[batch, length]``."""
+    length = tokens.shape[1]
+    x = params["embed"][tokens] + params["position"][:length]
+    for block in params["blocks"]:
+        x = x + _attention(_norm(x, block["norm1"]), block, cfg.heads)
+        h = jax.nn.gelu(_norm(x, block["norm2"]) @ block["mlp_in"])
+        x = x + h @ block["mlp_out"]
+    return _norm(x, params["norm_f"]) @ params["embed"].T
+
+
+def build(**overrides) -> dict:
+    """The recipe's parts: ``init``, ``loss``, ``optimizer`` and ``dataset``.
+
+    ``overrides`` set :class:`LMConfig` fields (``d_model=128``, ``layers=4``, ...).
+    """
+    cfg = make_config(LMConfig, overrides, "lm")
+    tokens = encode(corpus(cfg.corpus_chars))
+    dataset = grain.MapDataset.source(_Windows(tokens, cfg.seq_len, cfg.stride, cfg.examples))
+
+    def init(key: jax.Array) -> dict:
+        return init_params(key, cfg)
+
+    def loss(params: dict, batch: dict, key: jax.Array) -> jax.Array:
+        del key  # no dropout: the model is deterministic given its parameters
+        tokens = batch["tokens"]
+        logits = forward(params, tokens[:, :-1], cfg)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    schedule = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    return {"init": init, "loss": loss, "optimizer": optimizer, "dataset": dataset}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m recipes.lm [train options]``: the same as ``elastic-dew train lm``."""
+    from elastic_dew.commands import train
+    from elastic_dew.runtime import prepare_process
+
+    args = train.parse_recipe_args("lm", argv)  # argparse only; no backend has started
+    prepare_process(**train.process_options(args))  # first: XLA flags before the backend opens
+    return train.train(args, build)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
