@@ -1,0 +1,256 @@
+"""The simulator's slice semantics: lose and restore, read paths, health check, snapshots.
+
+TPU slices cannot exist here; :class:`SimulatedSlices` stands in for them on the 8 CPU
+devices of the test process (conftest), with the real pathwaysutils Manager and health check
+and the real Orbax Snapshotter running on top.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from pathwaysutils.elastic import elastic, manager
+
+from elastic_dew.simulate import SimulatedSlices
+
+
+def _on_slice(sim: SimulatedSlices, index: int) -> jax.Array:
+    """A two-device array on slice ``index`` (sharded over its devices)."""
+    mesh = Mesh(np.asarray(sim.slice_to_devices[index]), ("d",))
+    return jax.device_put(np.arange(4.0), NamedSharding(mesh, PartitionSpec("d")))
+
+
+def _single(sim: SimulatedSlices, index: int) -> jax.Array:
+    """A single-device array on the first device of slice ``index``."""
+    return jax.device_put(np.arange(4.0), sim.slice_to_devices[index][0])
+
+
+def _whole_mesh(sim: SimulatedSlices) -> Mesh:
+    return Mesh(np.asarray(sim.devices).reshape(sim.num_slices, -1), ("replica", "data"))
+
+
+READS = {
+    "np.asarray": lambda x: np.asarray(x),
+    "np.array": lambda x: np.array(x),
+    "__array__": lambda x: x.__array__(),
+    "jax.device_get": lambda x: jax.device_get(x),
+    "block_until_ready method": lambda x: x.block_until_ready(),
+    "jax.block_until_ready": lambda x: jax.block_until_ready(x),
+    "jax.block_until_ready of several": lambda x: jax.block_until_ready([x, x + 0]),
+    "indexing": lambda x: x[0],
+    "item": lambda x: x.item(0),
+    "float of a result": lambda x: float(x.sum()),
+    "int of a result": lambda x: int(x.sum()),
+    "tolist": lambda x: x.tolist(),
+    "iteration": lambda x: list(x),
+    "repr": lambda x: repr(x),
+}
+
+
+@pytest.mark.parametrize("read", list(READS), ids=list(READS))
+@pytest.mark.parametrize("make", [_on_slice, _single], ids=["sharded", "single-device"])
+def test_every_read_of_an_array_on_a_lost_slice_raises_a_slice_down_error(read, make):
+    with SimulatedSlices(4, 2) as sim:
+        x = make(sim, 1)
+        sim.lose(1)
+        with pytest.raises(jax.errors.JaxRuntimeError) as caught:
+            READS[read](x)
+        assert "DATA_LOSS" in str(caught.value)
+        assert elastic.is_error_due_to_slice_down(caught.value)
+
+
+def test_arrays_on_healthy_slices_stay_readable_while_another_is_lost():
+    with SimulatedSlices(4, 2) as sim:
+        arrays = {index: _on_slice(sim, index) for index in range(4)}
+        sim.lose(2)
+        for index in (0, 1, 3):
+            np.testing.assert_array_equal(np.asarray(arrays[index]), np.arange(4.0))
+            assert float(arrays[index][3]) == 3.0
+        with pytest.raises(jax.errors.JaxRuntimeError):
+            np.asarray(arrays[2])
+
+
+def test_dispatch_on_a_lost_slice_succeeds_and_its_result_fails_when_read():
+    with SimulatedSlices(4, 2) as sim:
+        whole = jax.device_put(np.ones(8), NamedSharding(_whole_mesh(sim), PartitionSpec("replica")))
+        sim.lose(3)
+        result = jax.jit(lambda x: x * 2)(whole)  # dispatch: no error
+        fresh_on_lost = jax.device_put(np.ones(2), sim.slice_to_devices[3][0])  # dispatch: no error
+        for array in (result, fresh_on_lost):
+            with pytest.raises(jax.errors.JaxRuntimeError, match="DATA_LOSS"):
+                jax.block_until_ready(array)
+
+
+def test_the_real_health_check_reports_exactly_the_lost_slices():
+    with SimulatedSlices(4, 2) as sim:
+        slices = manager.Manager().slice_to_devices
+        assert elastic.get_active_slice_indices(slices) == {0, 1, 2, 3}
+        for index in range(4):
+            sim.lose(index)
+            assert elastic.get_active_slice_indices(slices) == {0, 1, 2, 3} - {index}
+            sim.restore(index)
+        sim.lose(0)
+        sim.lose(2)
+        assert elastic.get_active_slice_indices(slices) == {1, 3}
+        sim.restore(0)
+        assert elastic.get_active_slice_indices(slices) == {0, 1, 3}
+        assert sim.lost == {2}
+
+
+def test_a_restored_slice_reads_fresh_arrays_and_keeps_the_old_ones_lost():
+    with SimulatedSlices(4, 2) as sim:
+        before = _on_slice(sim, 1)
+        sim.lose(1)
+        during = _on_slice(sim, 1)
+        sim.restore(1)
+        after = _on_slice(sim, 1)
+        np.testing.assert_array_equal(np.asarray(after), np.arange(4.0))
+        for gone in (before, during):
+            with pytest.raises(jax.errors.JaxRuntimeError, match="DATA_LOSS"):
+                np.asarray(gone)
+
+
+def test_a_fresh_array_is_never_reported_lost_even_when_python_reuses_an_old_id():
+    """pathwaysutils' own mock tracks lost arrays by id(); Python reuses ids, so it misreports."""
+    with SimulatedSlices(4, 2) as sim:
+        sim.lose(1)
+        old = _single(sim, 1)
+        sim.restore(1)
+        old_id = id(old)
+        del old
+        reused = False
+        for _ in range(200):
+            fresh = _single(sim, 1)
+            reused = reused or id(fresh) == old_id
+            np.testing.assert_array_equal(np.asarray(fresh), np.arange(4.0))
+        assert reused, "the test wanted Python to reuse the dead array's id at least once"
+
+
+def test_manager_without_arguments_sees_the_devices_grouped_into_slices():
+    with SimulatedSlices(3, 2) as sim:
+        m = manager.Manager()
+        assert m.total_slice_count == 3
+        assert {index: list(devices) for index, devices in m.slice_to_devices.items()} == sim.slice_to_devices
+        assert m.active_slice_indices == {0, 1, 2}
+        assert m.default_device in sim.devices
+
+
+def test_the_monitor_thread_reports_a_restored_slice_as_available():
+    with SimulatedSlices(4, 2) as sim:
+        sim.lose(2)
+        m = manager.Manager()
+        assert m.active_slice_indices == {0, 1, 3}
+        m.start_monitoring(poll_interval=0.05)
+        try:
+            time.sleep(0.3)  # several checks while the slice is still lost
+            assert m.available_inactive_slices == frozenset()
+            sim.restore(2)
+            deadline = time.monotonic() + 30
+            while not m.available_inactive_slices and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert m.available_inactive_slices == {2}
+        finally:
+            m.close()
+
+
+def test_snapshotter_load_recovers_the_state_from_the_surviving_replicas():
+    with SimulatedSlices(4, 2) as sim:
+        mesh = Mesh(np.asarray(sim.devices).reshape(4, 2, 1), ("replica", "data", "model"))
+        weights = jax.device_put(np.arange(16.0).reshape(4, 4), NamedSharding(mesh, PartitionSpec(None, "model")))
+        snapshotter = ocp.v1.training.pathways.Snapshotter(replica_axis_index=0)
+        snapshotter.save(7, {"weights": weights, "step": 7})
+        snapshotter.join()
+        pinned = [a for a in jax.live_arrays() if a.sharding.memory_kind == "pinned_host"]
+        assert len(pinned) == 4  # one replica per slice
+
+        sim.lose(1)
+        readable = {sim.slice_of(next(iter(a.devices()))): True for a in pinned}
+        for replica in pinned:
+            index = sim.slice_of(next(iter(replica.devices())))
+            try:
+                np.asarray(replica)
+            except jax.errors.JaxRuntimeError:
+                readable[index] = False
+        assert readable == {0: True, 1: False, 2: True, 3: True}
+
+        survivors = Mesh(
+            np.asarray([d for i in (0, 2, 3) for d in sim.slice_to_devices[i]]).reshape(3, 2, 1),
+            ("replica", "data", "model"),
+        )
+        abstract = {
+            "weights": jax.ShapeDtypeStruct((4, 4), np.float32, sharding=NamedSharding(survivors, PartitionSpec())),
+            "step": 0,
+        }
+        restored = snapshotter.load(abstract)
+        assert restored["step"] == 7
+        np.testing.assert_array_equal(np.asarray(restored["weights"]), np.arange(16.0).reshape(4, 4))
+        assert restored["weights"].sharding.mesh.devices.shape == (3, 2, 1)
+
+
+def test_every_patch_is_undone_when_the_context_exits():
+    originals = (
+        elastic.get_slice_to_devices,
+        np.asarray,
+        np.array,
+        jax.Array.block_until_ready if hasattr(jax.Array, "block_until_ready") else None,
+    )
+    with SimulatedSlices(4, 2) as sim:
+        x = _on_slice(sim, 1)
+        sim.lose(1)
+        assert elastic.get_slice_to_devices is not originals[0]
+    after = (
+        elastic.get_slice_to_devices,
+        np.asarray,
+        np.array,
+        jax.Array.block_until_ready if hasattr(jax.Array, "block_until_ready") else None,
+    )
+    assert after == originals
+    np.testing.assert_array_equal(np.asarray(x), np.arange(4.0))
+    with pytest.raises(AttributeError):
+        elastic.get_slice_to_devices(jax.devices())  # CPU devices have no slice_index again
+
+
+def test_too_few_host_devices_is_a_clear_error_naming_the_flag_and_the_count():
+    with pytest.raises(RuntimeError, match="--xla_force_host_platform_device_count=10") as caught:
+        with SimulatedSlices(5, 2):
+            pass
+    assert "needs 10 host devices" in str(caught.value)
+    assert "JAX has 8" in str(caught.value)
+
+
+def test_one_simulator_at_a_time():
+    with SimulatedSlices(2, 2):
+        with pytest.raises(RuntimeError, match="already active"):
+            with SimulatedSlices(2, 2):
+                pass
+    with SimulatedSlices(2, 2) as again:  # the first one's exit freed the seat
+        assert again.lost == frozenset()
+
+
+@pytest.mark.parametrize("bad", [(0, 2), (2, 0), (-1, 1)])
+def test_bad_slice_shapes_are_refused_before_anything_is_patched(bad):
+    with pytest.raises(ValueError, match="must be a whole number >= 1"):
+        SimulatedSlices(*bad)
+    assert elastic.get_slice_to_devices.__module__ == "pathwaysutils.elastic.elastic"
+
+
+def test_losing_a_slice_that_does_not_exist_names_the_valid_slices():
+    with SimulatedSlices(2, 2) as sim:
+        with pytest.raises(ValueError, match=r"slices are 0\.\.1"):
+            sim.lose(2)
+
+
+def test_a_slice_lost_on_another_thread_surfaces_at_the_next_read():
+    with SimulatedSlices(2, 2) as sim:
+        x = _on_slice(sim, 0)
+        thread = threading.Thread(target=sim.lose, args=(0,))
+        thread.start()
+        thread.join()
+        with pytest.raises(jax.errors.JaxRuntimeError):
+            x.block_until_ready()
