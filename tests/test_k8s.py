@@ -251,7 +251,7 @@ def _with(argv, flag, value):
     (_with(RENDER, "--elastic-slices", "3"), "--elastic-slices", "use at most 2"),
     (_with(RENDER, "--topology", "2x2x2"), "--topology", "use one of 2x2, 2x4"),
     (_with(RENDER, "--name", "Dew_Run"), "--name", "lowercase letters"),
-    (_with(RENDER, "--name", "d" * 50), "--name", "shorten --name"),
+    (_with(RENDER, "--name", "d" * 23), "--name", "shorten --name to at most 22 characters"),
     (_with(RENDER, "--bucket", "s3://dew-bucket"), "--bucket", "pass gs://BUCKET_NAME"),
     (_with(RENDER, "--recipe", "bert"), "--recipe", "use one of lm, mlp"),
     (_with(RENDER, "--tpu-type", "v3"), "--tpu-type", "use one of v4, v5e, v5p, v6e"),

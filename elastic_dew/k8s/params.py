@@ -155,13 +155,13 @@ class JobSetParams:
                 f"{self.elastic_slices} is outside 0..--slices ({self.slices})",
                 f"use at most {self.slices} (the number of slices), or raise --slices",
             )
-        # The longest pod hostname JobSet makes is NAME-pathways-worker-<job>-<pod>.
-        longest = f"{self.name}-pathways-worker-{self.slices - 1}-{tpu.hosts(self.topology) - 1}"
-        if len(longest) > 63:
-            room = 63 - (len(longest) - len(self.name))
+        # JobSet labels every pod with the coordinator's address, NAME-pathways-head-0-0.NAME,
+        # and a label value is at most 63 characters: NAME can have at most 22.
+        coordinator = f"{self.name}-pathways-head-0-0.{self.name}"
+        if len(coordinator) > 63:
             raise ParameterError(
-                "--name", f"pod hostname {longest!r} would be longer than 63 characters",
-                f"shorten --name to at most {room} characters",
+                "--name", f"the coordinator label {coordinator!r} would be longer than 63 characters",
+                f"shorten --name to at most {(63 - len('-pathways-head-0-0.')) // 2} characters",
             )
         if not self.image or any(c.isspace() for c in self.image):
             raise ParameterError("--image", f"{self.image!r} is not an image reference",
