@@ -85,6 +85,22 @@ def _status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _binary(stream) -> BinaryIO:
+    """The byte stream under a text stream (a captured stream may have none)."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        return buffer
+
+    class _Text:
+        def write(self, data: bytes) -> None:
+            stream.write(data.decode(errors="replace"))
+
+        def flush(self) -> None:
+            stream.flush()
+
+    return _Text()  # type: ignore[return-value]
+
+
 def _pump(stream: BinaryIO, out: BinaryIO, prefix: bytes, lock: threading.Lock) -> None:
     for line in iter(stream.readline, b""):
         if not line.endswith(b"\n"):
@@ -133,8 +149,8 @@ def launch(
             ranks.append(proc)
             prefix = f"[rank {rank}] ".encode()
             for stream, out, lock in (
-                (proc.stdout, sys.stdout.buffer, out_lock),
-                (proc.stderr, sys.stderr.buffer, err_lock),
+                (proc.stdout, _binary(sys.stdout), out_lock),
+                (proc.stderr, _binary(sys.stderr), err_lock),
             ):
                 t = threading.Thread(target=_pump, args=(stream, out, prefix, lock), daemon=True)
                 t.start()
