@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import yaml
 
 from elastic_dew.k8s.params import JobSetParams, parse_bucket
+from elastic_dew.runtime import PREEMPTED_EXIT
 
 __all__ = [
     "HEAD_JOB",
@@ -54,8 +55,9 @@ SIDECAR_SHM_DIR = "/tmp/sidecar"
 MTC_CSI_DRIVER = "multitier-checkpoint.csi.storage.gke.io"
 IMAGE_REPO = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways"
 
-#: The controller's exit code after SIGTERM once its checkpoint is written (128 + 15).
-PREEMPTED_EXIT_CODE = 143
+#: The controller's exit code after SIGTERM once its checkpoint is written (128 + 15): the
+#: runtime's own constant, so the manifest and the program cannot disagree.
+PREEMPTED_EXIT_CODE = PREEMPTED_EXIT
 #: argparse's exit code for a bad command line: restarting cannot fix it.
 USAGE_EXIT_CODE = 2
 
