@@ -271,6 +271,12 @@ def test_bad_parameters_exit_nonzero_naming_the_field_and_the_fix_and_write_noth
     assert sorted(p.name for p in tmp_path.iterdir()) == ["jobset.yaml"]  # no temporary left behind
 
 
+def test_an_out_path_in_a_missing_directory_is_refused_before_rendering(tmp_path, capsys):
+    assert main(RENDER + ["--out", str(tmp_path / "nowhere" / "js.yaml")]) == 2
+    assert "error: --out: directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_rendering_twice_gives_identical_bytes_and_out_matches_stdout(tmp_path, capsys):
     assert main(RENDER) == 0
     first = capsys.readouterr().out

@@ -28,7 +28,6 @@ import yaml
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import (
     KNOWN_RECIPES,
-    PROXY_FLAG_SPELLINGS,
     JobSetParams,
     ParameterError,
     check_quantity,
@@ -123,12 +122,15 @@ def _command(args: argparse.Namespace, fields: list[tuple[str, str]], flags: lis
 
 
 def _emit(args: argparse.Namespace, build: Callable[[], tuple[list[dict[str, Any]], list[str], dict]]) -> int:
+    out = Path(args.out) if args.out else None
+    if out is not None and not out.parent.is_dir():
+        raise ParameterError("--out", f"directory {str(out.parent)!r} does not exist",
+                             "create it first or write somewhere else")
     docs, header, comments = build()  # raises ParameterError before any output
     text = R.dump(docs, header, comments)
-    if not args.out:
+    if out is None:
         sys.stdout.write(text)
         return 0
-    out = Path(args.out)
     fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.")
     try:
         with os.fdopen(fd, "w") as f:
@@ -161,9 +163,6 @@ _RENDER_OPTIONAL = [
 
 
 def _render(args: argparse.Namespace) -> int:
-    if args.proxy_flag_spelling not in PROXY_FLAG_SPELLINGS:
-        raise ParameterError("--proxy-flag-spelling", f"unknown spelling {args.proxy_flag_spelling!r}",
-                             f"use one of {', '.join(PROXY_FLAG_SPELLINGS)}")
     params = JobSetParams(**{attr: getattr(args, attr) for _, attr in _RENDER_FIELDS + _RENDER_OPTIONAL},
                           mtc=args.mtc)
     changed = [(o, a) for o, a in _RENDER_OPTIONAL if getattr(args, a) != getattr(_DEFAULTS, a)]
@@ -216,9 +215,18 @@ def _validate(args: argparse.Namespace) -> int:
     from elastic_dew.k8s.validate import document_errors
 
     failed = 0
+    missing = [str(p) for p in args.files if not p.is_file()]
+    if missing:
+        raise ParameterError("files", f"no such file: {', '.join(missing)}", "pass existing manifest files")
     for path in args.files:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-        problems = document_errors(docs, crd_path=args.crd)
+        try:
+            problems = document_errors(docs, crd_path=args.crd)
+        except ImportError as e:
+            raise ParameterError("validate", f"{e.name} is not installed",
+                                 "install the test extras: pip install -e '.[test]'") from e
+        except FileNotFoundError as e:
+            raise ParameterError("--crd", str(e), "pass the JobSet CRD YAML with --crd") from e
         for p in problems:
             sys.stderr.write(f"{path}: {p}\n")
         if problems:
