@@ -592,12 +592,16 @@ class SimulatedSlices:
 
     def _fire(self, fault: Fault, phase: str, step: int) -> None:
         logger.warning("firing scheduled fault %s at %s of step %d", fault, phase, step)
-        if fault.action == "lose":
-            self.lose(fault.slice)
-        elif fault.action == "restore":
-            self.restore(fault.slice)
+        if fault.action in _SLICE_ACTIONS:
+            # A slice fault only changes slice health; its error surfaces at the next read,
+            # as on Pathways, never inside the announcement.
+            try:
+                (self.lose if fault.action == "lose" else self.restore)(fault.slice)
+            except Exception:  # noqa: BLE001 - the schedule was validated; log, never raise here
+                logger.exception("scheduled fault %s could not be applied", fault)
         elif fault.action == "preempt":
             os.kill(os.getpid(), signal.SIGTERM)
         elif fault.action == "kill":
-            logging.shutdown()
+            for handler in logging.getLogger().handlers:
+                handler.flush()
             os.kill(os.getpid(), signal.SIGKILL)

@@ -151,7 +151,8 @@ def test_the_guides_loop_survives_a_lost_slice_resumes_from_a_snapshot_and_scale
         assert first == (2, 0)
         slices, resume_step = resumed
         assert slices == 1
-        assert resume_step in (6, 11)  # just after the snapshot of step 5 or 10
+        # Just after a completed snapshot (0, 5 or 10; the Snapshotter skips a save while busy).
+        assert resume_step in (1, 6, 11)
         assert record["scale_ups"] == [(20, 2)]
         assert state["total"].sharding.mesh.devices.shape == (2, 2)
         assert int(state["total"]) == sum(range(DATASET_SIZE))
