@@ -1,8 +1,8 @@
 """The Pathways guide's elastic training loop, written as a user would, runs under the simulator.
 
 ``train`` and ``run_training_loop`` below follow the guide's example (Manager and Orbax
-Snapshotter created once outside the retry; ``elastic_retry`` with ``minimum_slice_count=1``,
-i.e. replica-resize; snapshot restore at the start of an attempt; in-place scale-up when
+Snapshotter created once outside the retry; ``elastic_retry`` with ``minimum_slice_count=1``
+(replica-resize) or ``None`` (pause-resume); snapshot restore at the start of an attempt; in-place scale-up when
 ``available_inactive_slices`` is non-empty) with a Grain ``ElasticIterator``. What was added
 for the simulator, and nothing else:
 
@@ -19,6 +19,7 @@ state proves exactly-once data: every example counted once, whatever the slices 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import grain
@@ -73,13 +74,13 @@ def initialize_training_loop(mesh: jax.sharding.Mesh):
     return state, abstract_state, jitted_train_step, data_iterator
 
 
-def train(final_step, snapshot_interval, devices_per_slice, faults, record):
+def train(final_step, snapshot_interval, devices_per_slice, faults, record, minimum_slice_count=1):
     elastic_manager = manager.Manager()
     snapshotter = ocp.v1.training.pathways.Snapshotter(replica_axis_index=0)
     record["manager"] = elastic_manager
 
     @elastic_manager.elastic_retry(
-        minimum_slice_count=1,
+        minimum_slice_count=minimum_slice_count,
         poll_interval=0.05,  # in seconds
         timeout=60,  # in seconds
         retry_policy=manager.ElasticRetryLimit(max_attempts=10),
@@ -158,3 +159,27 @@ def test_the_guides_loop_survives_a_lost_slice_resumes_from_a_snapshot_and_scale
         assert int(state["total"]) == sum(range(DATASET_SIZE))
         np.testing.assert_array_equal(np.asarray(state["seen"]), np.ones(DATASET_SIZE, np.int32))
         assert record["latest_snapshot"] == 35
+
+
+def test_the_guides_loop_in_pause_resume_waits_for_the_slice_and_resumes_on_every_slice():
+    record = {"attempts": [], "scale_ups": []}
+    with SimulatedSlices(2, 2) as sim:
+
+        def lose_for_a_moment():
+            sim.lose(1)
+            threading.Timer(0.3, sim.restore, args=(1,)).start()
+
+        faults = {12: lose_for_a_moment}
+        state = train(
+            FINAL_STEP, snapshot_interval=5, devices_per_slice=2, faults=faults, record=record,
+            minimum_slice_count=None,
+        )
+
+        first, (slices, resume_step) = record["attempts"]
+        assert first == (2, 0)
+        assert slices == 2  # waited for the slice instead of carrying on without it
+        assert resume_step in (1, 6, 11)
+        assert record["scale_ups"] == []
+        assert sim.lost == frozenset()
+        assert int(state["total"]) == sum(range(DATASET_SIZE))
+        np.testing.assert_array_equal(np.asarray(state["seen"]), np.ones(DATASET_SIZE, np.int32))
