@@ -23,7 +23,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,8 +38,11 @@ __all__ = [
     "SUMMARY_FILE",
     "PARAMS_FILE",
     "TIMELINE_FILE",
+    "FAULTS_FILE",
     "RunRecord",
     "read_events",
+    "read_faults",
+    "run_events",
     "committed_steps",
     "summarize",
     "flatten_params",
@@ -46,6 +51,7 @@ __all__ = [
     "load_params",
     "load_summary",
     "draw_timeline",
+    "process_start_time",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,8 @@ EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
 PARAMS_FILE = "final_params.npz"
 TIMELINE_FILE = "timeline.png"
+#: The simulator's durable record of the faults it fired (``SimulatedSlices(fault_log=...)``).
+FAULTS_FILE = "faults.jsonl"
 
 #: ml-goodput-measurement's ``BadputType`` names, lower-cased, in the order the summary lists them.
 BADPUT_CATEGORIES: tuple[str, ...] = (
@@ -167,6 +175,101 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return events
 
 
+_FAULT_TEXT = re.compile(r"^(?P<action>[a-z_]+)(?::(?P<slice>\d+))?@(?P<at>\d+)(?:/(?P<phase>[a-z_]+))?$")
+
+
+def read_faults(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The simulator's fired faults in ``run_dir/faults.jsonl``, as ``fault`` events.
+
+    Each becomes ``{"event": "fault", "action", "slice", "step", "phase", "wall",
+    "scheduled"}``, where ``step`` is the step whose phase fired it and ``scheduled`` the
+    schedule token. No file (a run without the simulator) is no faults.
+    """
+    path = Path(run_dir) / FAULTS_FILE
+    if not path.exists():
+        return []
+    faults = []
+    for entry in _read_json_lines(path):
+        match = _FAULT_TEXT.match(str(entry.get("fault", "")))
+        if match is None or "time" not in entry:
+            continue
+        faults.append({
+            "event": "fault",
+            "action": match["action"],
+            "slice": int(match["slice"]) if match["slice"] is not None else None,
+            "step": entry.get("step", int(match["at"])),
+            "phase": entry.get("phase", match["phase"] or "step"),
+            "wall": float(entry["time"]),
+            "scheduled": entry["fault"],
+        })
+    return faults
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """JSON objects of a JSON-lines file, skipping torn lines."""
+    out = []
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                out.append(value)
+    return out
+
+
+def run_events(
+    run_dir: str | os.PathLike[str], events: Iterable[Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The run's events (``events.jsonl`` unless given) with the simulator's faults added.
+
+    Each fault is inserted before the first event written after it fired; the order of the
+    run record's own lines is never changed (the commit rule depends on it). Faults the
+    events already hold are not added twice.
+    """
+    events = [dict(e) for e in (read_events(run_dir) if events is None else events)]
+    have = {
+        (e.get("action"), e.get("slice"), e.get("step"), e.get("phase"))
+        for e in events
+        if e.get("event") == "fault"
+    }
+    for fault in read_faults(run_dir):
+        if (fault["action"], fault["slice"], fault["step"], fault["phase"]) in have:
+            continue
+        position = next(
+            (i for i, e in enumerate(events) if e.get("wall", float("-inf")) > fault["wall"]),
+            len(events),
+        )
+        events.insert(position, fault)
+    return events
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch), for a ``start`` event.
+
+    Program start-up badput runs from here to the first resume, so it includes the
+    interpreter and the imports. Read from ``/proc/self/stat`` on Linux (psutil where
+    installed); elsewhere the current time, which leaves the imports unmeasured.
+    """
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:  # psutil missing: read /proc directly
+        pass
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # Field 22 (starttime, in clock ticks since boot) follows the ")" of the name.
+            fields = f.read().rsplit(b")", 1)[1].split()
+        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - started_after_boot)
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 def _committed_flags(events: list[Mapping[str, Any]]) -> list[bool]:
     """For each event, whether it is a committed step line (see :func:`committed_steps`)."""
     flags = [False] * len(events)
@@ -223,7 +326,8 @@ def summarize(events: Iterable[Mapping[str, Any]], *, params: Any = None) -> dic
     ``state_digest``: :func:`state_digest` of ``params`` (``None`` without them).
     ``examples_consumed``: the end of the committed example ranges; with exactly-once data
     they tile ``[0, examples_consumed)``.
-    ``goodput``: productive step time (the ``seconds`` of committed steps) over wall time.
+    ``goodput``: productive step time (the ``seconds`` of committed steps less their
+    ``data_seconds``) over wall time.
     ``badput``: seconds by category (see ``docs/trainer.md`` for what each one counts).
     """
     events = [dict(e) for e in events]
@@ -273,13 +377,15 @@ def summarize(events: Iterable[Mapping[str, Any]], *, params: Any = None) -> dic
                         badput["program_startup"] += max(0.0, startup)
                 last_stop = None
             elif kind == "step":
-                compute = float(event.get("seconds", 0.0))
-                data = float(event.get("data_seconds", 0.0))
+                # A step's ``seconds`` span all of it, its ``data_seconds`` (waiting for the
+                # batch) included.
+                seconds = float(event.get("seconds", 0.0))
+                data = min(float(event.get("data_seconds", 0.0)), seconds)
                 if event["_committed"]:
-                    productive += compute
+                    productive += seconds - data
                     badput["data_loading_sync"] += data
                 else:
-                    badput["wasted_progress_from_disruption"] += compute + data
+                    badput["wasted_progress_from_disruption"] += seconds
 
     accounted = productive + sum(v for k, v in badput.items() if k != "other")
     badput["other"] = wall - accounted
@@ -352,12 +458,12 @@ def write_summary(
 ) -> dict[str, Any]:
     """Write ``summary.json`` (and ``final_params.npz`` when ``params`` are given).
 
-    ``events`` defaults to the run directory's own ``events.jsonl``. Returns the summary.
+    ``events`` defaults to the run directory's own ``events.jsonl``; the simulator's fired
+    faults (``faults.jsonl``) are added to them. Returns the summary.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if events is None:
-        events = read_events(run_dir)
+    events = run_events(run_dir, events)
     flat = flatten_params(params) if params is not None else None
     summary = summarize(events, params=flat)
     if flat is not None:
@@ -407,7 +513,7 @@ def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
         ) from err
 
     run_dir = Path(run_dir)
-    events = read_events(run_dir)
+    events = run_events(run_dir)
     walls = [e["wall"] for e in events if "wall" in e]
     starts = [e.get("process_start", e.get("wall")) for e in events if e.get("event") == "start"]
     t0 = min([*walls, *[s for s in starts if s is not None]], default=0.0)

@@ -163,8 +163,8 @@ def test_goodput_and_badput_split_the_wall_time_of_every_process_exactly():
     assert b["elastic_slice_down"] == pytest.approx(0.5 + 1.0)
     assert b["elastic_scale_up"] == pytest.approx(0.1 + 0.7 + 0.2)
     assert b["elastic_reinitialization"] == pytest.approx(2.0 + 1.5 + 2.0)
-    # The first runs of steps 3, 4 (with its 0.25 s of data) and the unread step 5.
-    assert b["wasted_progress_from_disruption"] == pytest.approx(3.25)
+    # The first runs of steps 3, 4 and 5 (their data time included).
+    assert b["wasted_progress_from_disruption"] == pytest.approx(3.0)
     assert b["data_loading_sync"] == pytest.approx(0.0)
     assert summary["productive_seconds"] + sum(b.values()) == pytest.approx(summary["wall_seconds"])
     assert b["other"] > 0
@@ -173,15 +173,15 @@ def test_goodput_and_badput_split_the_wall_time_of_every_process_exactly():
     assert summary["processes"] == 2
 
 
-def test_data_time_of_committed_steps_is_data_loading_sync():
+def test_the_data_time_inside_committed_steps_is_data_loading_sync_not_goodput():
     events = [
         {"event": "start", "wall": 0.0, "process_start": 0.0, "pid": 1},
-        _resume(0, 0.0, "fresh"),
-        _step(0, 1.5, data=0.5), _step(1, 3.0, data=0.5),
+        _resume(1, 0.0, "fresh"),
+        _step(1, 1.0, data=0.25), _step(2, 2.0, data=0.25),
     ]
     summary = summarize(events)
-    assert summary["badput"]["data_loading_sync"] == pytest.approx(1.0)
-    assert summary["goodput"] == pytest.approx(2.0 / 3.0)
+    assert summary["badput"]["data_loading_sync"] == pytest.approx(0.5)
+    assert summary["goodput"] == pytest.approx(1.5 / 2.0)
 
 
 def test_the_state_digest_is_the_same_for_equal_parameters_in_any_key_order_and_changes_with_one_bit():
@@ -237,3 +237,33 @@ def test_without_matplotlib_the_timeline_says_which_extra_to_install(tmp_path, m
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(RuntimeError, match=r"elastic-dew\[plot\]"):
         record.draw_timeline(tmp_path)
+
+
+def test_the_simulators_fired_faults_join_the_events_without_reordering_the_records_lines(tmp_path):
+    events = _a_run_with_every_kind_of_disruption()
+    with RunRecord(tmp_path) as rec:
+        for event in events:
+            if event["event"] != "fault":
+                rec.append(event)
+    (tmp_path / "faults.jsonl").write_text(
+        json.dumps({"index": 0, "fault": "lose:1@5/step", "phase": "step", "step": 5, "pid": 1, "time": 9.0})
+        + "\n"
+        + json.dumps({"index": 1, "fault": "preempt@7", "phase": "step", "step": 7, "pid": 1, "time": 19.9})
+        + "\n"
+    )
+    merged = record.run_events(tmp_path)
+    assert [e for e in merged if e["event"] != "fault"] == [e for e in events if e["event"] != "fault"]
+    faults = [(i, e["action"], e["slice"], e["step"]) for i, e in enumerate(merged) if e["event"] == "fault"]
+    walls = [e["wall"] for e in merged]
+    assert [f[1:] for f in faults] == [("lose", 1, 5), ("preempt", None, 7)]
+    for i, *_ in faults:
+        assert walls[i - 1] <= walls[i] < walls[i + 1]
+    assert summarize(merged)["faults"] == {"lose": 1, "preempt": 1}
+
+
+def test_the_process_start_time_is_when_this_process_began_not_when_it_was_asked():
+    import time
+
+    started = record.process_start_time()
+    assert started <= time.time()
+    assert started < time.time() - 0.05  # pytest ran for a while before this test

@@ -1,0 +1,106 @@
+"""``elastic-dew report DIR``: a run's summary as a table, and its timeline redrawn.
+
+The summary is computed again from the run's ``events.jsonl`` (with the commit rule) and
+the simulator's ``faults.jsonl``, so it also describes a run that has not finished (one
+stopped by a preemption and not yet restarted); the state digest comes from
+``final_params.npz`` once the run has written it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["configure", "run", "format_summary", "report"]
+
+logger = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="DIR", help="a run directory (it holds events.jsonl)")
+    parser.add_argument(
+        "--no-timeline", action="store_true", help="print the table only; leave timeline.png as it is"
+    )
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+
+
+def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
+    """The summary as a plain-text table: the run's outcome, then badput by category."""
+    wall = float(summary.get("wall_seconds") or 0.0)
+    rows = []
+    if run_dir is not None:
+        rows.append(("run", str(run_dir)))
+    rows += [
+        ("final step", str(summary.get("final_step"))),
+        ("examples consumed", str(summary.get("examples_consumed"))),
+        ("state digest", str(summary.get("state_digest") or "- (no final_params.npz yet)")),
+        (
+            "goodput",
+            f"{100 * float(summary.get('goodput') or 0.0):.1f} %  (productive "
+            f"{float(summary.get('productive_seconds') or 0.0):.1f} s of {wall:.1f} s wall, "
+            f"{summary.get('processes', '?')} process(es))",
+        ),
+        ("stops", _counts(summary.get("stops", {}))),
+        ("resumes", _counts(summary.get("resumes", {}))),
+        ("faults", _counts(summary.get("faults", {}))),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    badput = summary.get("badput", {})
+    if badput:
+        name_width = max(len("badput"), *(len(k) for k in badput))
+        lines += ["", f"{'badput':<{name_width}}  {'seconds':>9}  {'share':>7}"]
+        for name, seconds in badput.items():
+            share = 100 * seconds / wall if wall > 0 else 0.0
+            lines.append(f"{name:<{name_width}}  {seconds:>9.2f}  {share:>6.1f}%")
+    return "\n".join(lines)
+
+
+def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any], Path | None, str]:
+    """Summarise ``run_dir``: ``(summary, timeline path or None, table text)``."""
+    from elastic_dew import record
+
+    run_dir = Path(run_dir)
+    events = record.run_events(run_dir)
+    params = record.load_params(run_dir) if (run_dir / record.PARAMS_FILE).exists() else None
+    summary = record.summarize(events, params=params)
+    picture = None
+    if timeline:
+        try:
+            picture = record.draw_timeline(run_dir)
+        except RuntimeError as error:  # matplotlib missing: the table still stands
+            logger.warning("%s", error)
+    return summary, picture, format_summary(summary, run_dir)
+
+
+def _problem(run_dir: Path) -> str | None:
+    from elastic_dew.record import EVENTS_FILE
+
+    if not run_dir.is_dir():
+        return f"{run_dir} is not a directory; give a run directory (runs/NAME)"
+    if not (run_dir / EVENTS_FILE).is_file():
+        return (
+            f"{run_dir} has no {EVENTS_FILE}; give a directory that a run wrote "
+            "(elastic-dew train ... --run-dir DIR)"
+        )
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    problem = _problem(run_dir)
+    if problem is not None:
+        print(f"elastic-dew report: error: {problem}", file=sys.stderr)
+        return 2
+    _, picture, table = report(run_dir, timeline=not args.no_timeline)
+    print(table)
+    if picture is not None:
+        print(f"\ntimeline: {picture}")
+    return 0
