@@ -496,6 +496,18 @@ def load_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
 
 
+def _attempt_segments(events: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Runs of consecutive step lines, split at every start, stop and resume."""
+    segments: list[list[Mapping[str, Any]]] = [[]]
+    for event in events:
+        kind = event.get("event")
+        if kind == "step":
+            segments[-1].append(event)
+        elif kind in ("start", "stop", "resume") and segments[-1]:
+            segments.append([])
+    return [s for s in segments if s]
+
+
 def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
     """Draw ``timeline.png``: active slices, step rate and stop/resume events over wall time.
 
@@ -525,17 +537,18 @@ def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
     fig.suptitle(f"{run_dir.name}: active slices, step rate and stop/resume events")
 
     if steps:
-        t = [e["wall"] - t0 for e in steps]
-        ax_slices.step(t, [e.get("slices", 0) for e in steps], where="post", color="tab:blue")
-        # Step rate per process, from consecutive step lines; a gap of a restart breaks the line.
-        for process in _processes(events):
-            ps = [e for e in process if e.get("event") == "step"]
-            rt, rate = [], []
-            for prev, cur in zip(ps, ps[1:], strict=False):
-                dt = cur["wall"] - prev["wall"]
-                if dt > 0:
-                    rt.append(cur["wall"] - t0)
-                    rate.append(1.0 / dt)
+        # One line per attempt: a stop, resume or process start breaks it, so neither the
+        # slice count nor the step rate is drawn across a gap.
+        for segment in _attempt_segments(events):
+            t = [e["wall"] - t0 for e in segment]
+            ax_slices.step(t, [e.get("slices", 0) for e in segment], where="post", color="tab:blue")
+            window = 5
+            rt = t[window:]
+            rate = [
+                window / (segment[i]["wall"] - segment[i - window]["wall"])
+                if segment[i]["wall"] > segment[i - window]["wall"] else float("nan")
+                for i in range(window, len(segment))
+            ]
             if rt:
                 ax_rate.plot(rt, rate, color="tab:green", linewidth=1)
         wasted = [e["wall"] - t0 for e in wasted_steps]
@@ -567,11 +580,14 @@ def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
         )
     for s in starts:
         if s is not None:
-            ax_slices.axvline(s - t0, color="gray", linewidth=2, alpha=0.4)
+            ax_slices.axvline(s - t0, color="gray", linewidth=2, alpha=0.4,
+                              label="process start" if "start" not in labelled else None)
+            labelled.add("start")
     ax_slices.set_ylabel("active slices")
     ax_slices.set_ylim(bottom=0)
     ax_slices.yaxis.get_major_locator().set_params(integer=True)
-    ax_rate.set_ylabel("steps / s")
+    ax_rate.set_ylabel("steps / s (5-step mean)")
+    ax_rate.set_ylim(bottom=0)
     ax_rate.set_xlabel("wall time since the first process started (s)")
     if labelled or steps:
         ax_slices.legend(loc="lower left", fontsize=7)

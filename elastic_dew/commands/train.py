@@ -138,6 +138,8 @@ def _add_arguments(parser: argparse.ArgumentParser, *, recipe: bool = True) -> N
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="a recipe setting, e.g. --set d_model=128 (repeatable)",
     )
+    # The demo prints its own summary after the last restart.
+    parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +163,7 @@ class Plan:
     run_dir: Path | None  # None: runs/<run_timestamp()>, chosen after prepare_process
     log_every: int
     seed: int
+    print_summary: bool = True
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -333,6 +336,7 @@ def plan(args: argparse.Namespace) -> Plan:
         run_dir=_run_dir_of(args),
         log_every=args.log_every,
         seed=args.seed,
+        print_summary=not getattr(args, "no_summary", False),
     )
     if result.run_dir is not None:
         _check_run_dir(result.run_dir, result.identity())
@@ -498,6 +502,8 @@ def _train(p: Plan, build: Callable[..., dict]) -> int:
             )
             return PREEMPTED_EXIT
 
+    if not p.print_summary:
+        return 0
     picture = None
     try:
         picture = record.draw_timeline(run_dir)

@@ -1,0 +1,146 @@
+"""``elastic-dew demo``: the main job, a simulated elastic run that survives three faults.
+
+It trains the ``lm`` recipe on 4 simulated slices of 2 CPU devices in replica-resize mode
+(``--min-slices 3``) with a chaos schedule: slice 1 is lost, comes back, and then the
+process is preempted (a real SIGTERM). The training runs as a child process,
+``elastic-dew train lm ...``; when it exits with 143 (or is killed) the demo starts the
+same command again, the way a JobSet restarts the controller's pod, and the run resumes from
+its checkpoint without firing the faults that already fired. It ends with what happened,
+the goodput summary and the path of the timeline picture.
+
+``--quick`` runs a much smaller model for fewer steps (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["configure", "run", "DemoPlan", "FULL", "QUICK", "story"]
+
+logger = logging.getLogger(__name__)
+
+#: Exit statuses after which the demo restarts the training, as a JobSet restarts a pod:
+#: 143 (preempted: SIGTERM honoured), 137 and -9 (SIGKILL).
+RESTART_STATUSES = (143, 137, -9)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoPlan:
+    """One demo's training command line and how often it may be restarted."""
+
+    steps: int
+    chaos: str
+    train_args: tuple[str, ...]
+    max_restarts: int = 3
+
+
+FULL = DemoPlan(
+    steps=300,
+    chaos="lose:1@80,restore:1@140,preempt@220",
+    train_args=(
+        "--slices", "4", "--devices-per-slice", "2", "--min-slices", "3",
+        "--global-batch", "48", "--snapshot-every", "10", "--checkpoint-every", "40",
+        "--log-every", "20",
+    ),
+)
+
+QUICK = DemoPlan(
+    steps=40,
+    chaos="lose:1@10,restore:1@16,preempt@28",
+    train_args=(
+        "--slices", "4", "--devices-per-slice", "2", "--min-slices", "3",
+        "--global-batch", "24", "--snapshot-every", "5", "--checkpoint-every", "15",
+        "--log-every", "10",
+        "--set", "seq_len=32", "--set", "d_model=32", "--set", "heads=2", "--set", "layers=1",
+    ),
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick", action="store_true", help="a much shorter run (a smaller model, 40 steps)"
+    )
+    parser.add_argument(
+        "--run-dir", metavar="DIR", help="where the run lives (default runs/demo_TIMESTAMP)"
+    )
+
+
+def command(plan: DemoPlan, run_dir: Path) -> list[str]:
+    """The training command the demo runs (and runs again after a preemption)."""
+    return [
+        sys.executable, "-m", "elastic_dew", "train", "lm",
+        "--steps", str(plan.steps), "--chaos", plan.chaos, "--run-dir", str(run_dir),
+        *plan.train_args, "--no-summary",
+    ]
+
+
+def story(events: list[dict]) -> list[str]:
+    """What happened, one line per fault, stop, resume and process start, in order."""
+    lines = []
+    for event in events:
+        kind = event.get("event")
+        if kind == "fault":
+            target = f" slice {event['slice']}" if event.get("slice") is not None else ""
+            lines.append(f"  fault   {event['action']}{target} during step {event['step']}")
+        elif kind == "stop":
+            lines.append(f"  stop    {event['reason']} after step {event['step']}")
+        elif kind == "resume":
+            d = event.get("durations", {})
+            lines.append(
+                f"  resume  from {event['source']} at step {event['step']} "
+                f"({sum(d.values()):.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in d.items()) + ")"
+            )
+        elif kind == "start":
+            lines.append(f"  process {event.get('pid')} started")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from elastic_dew import record
+    from elastic_dew.commands.report import report
+
+    plan = QUICK if args.quick else FULL
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"demo_{time.strftime('%Y-%m-%d_%H:%M:%S')}"
+    if not args.run_dir and run_dir.exists():
+        print(f"elastic-dew demo: error: {run_dir} exists; give --run-dir", file=sys.stderr)
+        return 2
+    cmd = command(plan, run_dir)
+    print(
+        f"elastic-dew demo: training the lm recipe for {plan.steps} steps on 4 simulated slices "
+        f"of 2 CPU devices,\nwith the faults {plan.chaos} (lose slice 1, get it back, preempt).\n"
+        f"Run directory: {run_dir}\nCommand: {' '.join(cmd)}\n",
+        flush=True,
+    )
+    started = time.monotonic()
+    restarts = 0
+    while True:
+        status = subprocess.call(cmd)
+        if status == 0:
+            break
+        if status in RESTART_STATUSES and restarts < plan.max_restarts:
+            restarts += 1
+            print(
+                f"\nelastic-dew demo: the training exited with {status} (preempted); restarting "
+                f"the same command, as a JobSet restarts the pod (restart {restarts})\n",
+                flush=True,
+            )
+            continue
+        print(f"elastic-dew demo: the training failed with exit status {status}", file=sys.stderr)
+        return status if status > 0 else 1
+
+    summary, picture, table = report(run_dir)
+    print(f"\nelastic-dew demo: done in {time.monotonic() - started:.0f} s after {restarts} restart(s).")
+    print(f"What happened (from {run_dir / record.EVENTS_FILE}):")
+    print("\n".join(story(record.run_events(run_dir))))
+    print()
+    print(table)
+    if picture is not None:
+        print(f"\ntimeline: {picture}")
+    print(f"\nSee it again with: elastic-dew report {run_dir}")
+    return 0
