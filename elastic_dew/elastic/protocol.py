@@ -201,7 +201,6 @@ class ElasticRun:
         self._lost_at: float | None = None
         self._detection = 0.0
         self._attempt_started = 0.0
-        self._slice_count_seen: int | None = None
         self._compiled: dict[tuple, StepFn] = {}
 
     # -- pathwaysutils callbacks -------------------------------------------------------
@@ -254,10 +253,9 @@ class ElasticRun:
         return mesh, batch
 
     def _slices_changed(self, mesh: jax.sharding.Mesh) -> None:
-        count = self.manager.active_slice_count
-        if self.checkpoints is not None and count != self._slice_count_seen:
+        """Tell tier 2 about the mesh; the multi-tier kind re-initialises on a new slice count."""
+        if self.checkpoints is not None:
             self.checkpoints.on_active_slices_changed(list(mesh.devices.flat), mesh)
-        self._slice_count_seen = count
 
     def _restore(self, abstract: Any, mesh: jax.sharding.Mesh) -> tuple[str, int, Any, dict]:
         """The newest complete state across tiers, placed on ``mesh``."""
@@ -267,6 +265,8 @@ class ElasticRun:
             try:
                 state, meta, saved = self.snapshots.load(abstract)
                 return "snapshot", saved, state, meta
+            except jax.errors.JaxRuntimeError:
+                raise  # a slice lost during the load: the next attempt retries it
             except RuntimeError as error:  # every replica was on a lost slice
                 logger.warning("no snapshot replica survived (%s); trying the checkpoint", error)
                 saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
@@ -284,11 +284,11 @@ class ElasticRun:
 
         t0 = time.monotonic()
         mesh, batch_size = self._layout()
+        self._slices_changed(mesh)
         _, saved_guess = newest(self.snapshots, self.checkpoints)
         hooks.phase("compile", (saved_guess or 0) + 1)
         abstract = self.program.abstract_state(mesh)
         step_fn = self._compile(mesh, batch_size)
-        self._slices_changed(mesh)
         t1 = time.monotonic()
         source, step, state, meta = self._restore(abstract, mesh)
         self.data.start(batch_size, meta.get("data"))
@@ -343,6 +343,7 @@ class ElasticRun:
                 state, mesh, step_fn, in_batch = self._scale_up(step, state)
 
         if self.checkpoints is not None:
+            self.checkpoints.wait()
             if self.checkpoints.latest_step() != step:
                 self._save(
                     "checkpoint", step,
@@ -369,6 +370,7 @@ class ElasticRun:
             logger.error("no checkpoint directory is configured: step %d is not saved", step)
         else:
             t = time.monotonic()
+            self.checkpoints.wait()
             if self.checkpoints.latest_step() != step:
                 self.checkpoints.save(step, state, meta, force=True)
             self.checkpoints.wait()

@@ -166,6 +166,20 @@ class Snapshots:
             latest = self._snapshotter.latest
             if latest is None:
                 raise RuntimeError("no snapshot has completed yet; nothing to load")
-            restored = self._snapshotter.load({_STATE: abstract_state, _META: ""})
+            try:
+                restored = self._snapshotter.load({_STATE: abstract_state, _META: ""})
+            except BaseException:
+                # pathwaysutils' concatenate_by_mesh_axis always donates the replicas it
+                # joins, so a load that fails after joining them (a slice lost while the
+                # state is placed on the new mesh) has consumed the snapshot. Drop it, so
+                # the next attempt falls back to the persistent tier instead of reading
+                # donated buffers (which crashes the process on CPU).
+                self._snapshotter._latest_snapshot = None
+                logger.warning(
+                    "the load of snapshot %d failed after Orbax consumed its replicas; "
+                    "the snapshot is dropped and the next attempt uses the persistent tier",
+                    latest.step,
+                )
+                raise
             step = int(latest.step)
         return restored[_STATE], json.loads(restored[_META]), step
