@@ -34,6 +34,7 @@ _EXPORTS = {
     "STOP_REASONS": "protocol",
     "RESUME_SOURCES": "protocol",
     "DURATION_KEYS": "protocol",
+    "AXES": "slices",
     "active_devices": "slices",
     "build_mesh": "slices",
     "global_batch_for": "slices",
@@ -42,10 +43,12 @@ _EXPORTS = {
     "replicated": "slices",
     "make_manager": "retry",
     "elastic_retry": "retry",
+    "SliceLossRetryLimit": "retry",
     "Snapshots": "state",
     "Checkpoints": "state",
     "newest": "state",
     "ElasticData": "data",
+    "POSITION_KEY": "data",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -28,8 +28,8 @@ class ElasticConfig:
       pre_callback / on_elastic_event_callback: passed through to ``elastic_retry``.
 
     Mesh and batch:
-      model_axis: devices per replica along the ``model`` axis inside a slice; ``None``
-        uses every device of a slice (data parallel inside a slice otherwise).
+      model_axis: devices along the ``model`` axis inside a slice; the rest of a slice's
+        devices form the ``data`` axis. ``None`` means 1 (pure data parallelism).
       global_batch: examples per step with every slice active.
       batch_policy: ``constant`` keeps the global batch (each slice takes more when
         slices are lost); ``scale_by_active_slices`` scales it with the active slices.

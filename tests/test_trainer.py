@@ -1,0 +1,111 @@
+"""``Trainer.fit`` on simulated slices: the run record, the Layout rule, bad arguments."""
+
+from __future__ import annotations
+
+import json
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from elastic_dew import Trainer
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.runtime import Layout
+from elastic_dew.simulate import SimulatedSlices
+
+
+def _model():
+    def init(key):
+        return {"w": jax.random.normal(key, (3,)) * 0.1, "b": jnp.zeros(())}
+
+    def loss(params, batch, key):
+        del key
+        return jnp.mean((batch["x"] @ params["w"] + params["b"] - batch["y"]) ** 2)
+
+    xs = np.random.default_rng(1).normal(size=(512, 3)).astype(np.float32)
+    ys = (xs @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3).astype(np.float32)
+    dataset = grain.MapDataset.range(512).map(lambda i: {"x": xs[i], "y": ys[i]})
+    return dict(init=init, loss=loss, optimizer=optax.sgd(0.1), dataset=dataset)
+
+
+def _config(**overrides):
+    values = dict(minimum_slice_count=1, poll_interval=0.05, timeout=60, global_batch=24,
+                  snapshot_every=2, checkpoint_every=4)
+    values.update(overrides)
+    return ElasticConfig(**values)
+
+
+def test_fit_writes_the_run_record_and_a_summary_with_every_badput_category(tmp_path):
+    with SimulatedSlices(4, 2, schedule="lose:3@5", fault_log=tmp_path / "run" / "faults.jsonl"):
+        result = Trainer(**_model(), config=_config(), run_dir=tmp_path / "run").fit(10)
+    assert result.final_step == 10
+    run = tmp_path / "run"
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "stop" and events[-1]["reason"] == "done"
+    assert any(e["event"] == "stop" and e["reason"] == "slice_lost" for e in events)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_step"] == 10
+    assert summary["examples_consumed"] == 10 * 24
+    assert 0 < summary["goodput"] < 1
+    assert set(summary["badput"]) == {
+        "program_startup", "unproductive_checkpoint_save_time",
+        "unproductive_checkpoint_restore_time", "elastic_slice_down", "elastic_scale_up",
+        "elastic_reinitialization", "wasted_progress_from_disruption", "data_loading_sync", "other",
+    }
+    assert summary["badput"]["elastic_slice_down"] > 0
+    with np.load(run / "final_params.npz", allow_pickle=False) as saved:
+        assert len(saved.files) == 2
+    losses = [e["loss"] for e in events if e["event"] == "step"]
+    assert losses[-1] < losses[0]
+    assert (run / "checkpoints").is_dir()
+
+
+def test_a_completed_run_re_run_resumes_from_its_final_checkpoint_and_does_no_step(tmp_path):
+    with SimulatedSlices(4, 2):
+        first = Trainer(**_model(), config=_config(), run_dir=tmp_path / "run").fit(6)
+        again = Trainer(**_model(), config=_config(), run_dir=tmp_path / "run").fit(6)
+    assert again.summary["state_digest"] == first.summary["state_digest"]
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    resumes = [e for e in events if e["event"] == "resume"]
+    assert resumes[-1]["source"] == "checkpoint" and resumes[-1]["step"] == 7
+
+
+def test_host_owned_params_run_with_snapshots_off_and_match_device_owned_params(tmp_path):
+    with SimulatedSlices(4, 2):
+        device = Trainer(**_model(), config=_config(snapshot_every=0), run_dir=tmp_path / "a").fit(5)
+        host = Trainer(
+            **_model(), config=_config(snapshot_every=0), run_dir=tmp_path / "b",
+            layout=Layout(host=frozenset({"params", "opt_state"})),
+        ).fit(5)
+    assert host.summary["state_digest"] == device.summary["state_digest"]
+
+
+def test_host_owned_state_with_in_memory_snapshots_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match="snapshot_every=0"):
+        Trainer(**_model(), config=_config(), run_dir=tmp_path / "run",
+                layout=Layout(host=frozenset({"params"})))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(log_every=0), "log_every=0"),
+        (dict(config="not a config"), "ElasticConfig"),
+    ],
+)
+def test_bad_trainer_arguments_are_refused_with_the_fix(tmp_path, overrides, message):
+    arguments = dict(_model(), config=_config(), run_dir=tmp_path / "run")
+    arguments.update(overrides)
+    with pytest.raises((ValueError, TypeError), match=message):
+        Trainer(**arguments)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fit_refuses_a_non_positive_step_count(tmp_path):
+    with pytest.raises(ValueError, match="steps=0"):
+        Trainer(**_model(), config=_config(), run_dir=tmp_path / "run").fit(0)
