@@ -355,8 +355,11 @@ def parse_recipe_args(recipe: str, argv: list[str] | None = None) -> argparse.Na
     _add_arguments(parser, recipe=False)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.recipe = recipe
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # This is a program's entry point: log as elastic-dew does (absl, imported by the
+    # recipe's libraries, may have put its own handler on the root logger already).
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     try:
         plan(args)
     except UsageError as err:

@@ -1,0 +1,229 @@
+"""``elastic-dew train``, ``report`` and ``demo`` end to end, as a person runs them.
+
+Trainings run as real subprocesses (``python -m elastic_dew train ...``): preemption is a
+real SIGTERM from the simulator's schedule, and a restart is the same command run again.
+The slices are simulated on CPU devices (TPU slices cannot exist here); nothing else is mocked.
+Argument checks run in-process: they must fail before anything is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elastic_dew import cli, record
+from elastic_dew.commands import train
+
+REPO = Path(__file__).resolve().parent.parent
+TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # the elastic layer's, where the mesh changed
+STEPS = "30"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("JOBSET_NAME", None)
+    env.update(extra)
+    return env
+
+
+def _train(run_dir: Path, *args: str, cwd: Path | None = None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", STEPS,
+         "--run-dir", str(run_dir), *args],
+        capture_output=True, text=True, timeout=240, cwd=cwd or run_dir.parent, env=env or _env(),
+    )
+
+
+def _ok(proc: subprocess.CompletedProcess, status: int = 0) -> subprocess.CompletedProcess:
+    assert proc.returncode == status, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """mlp for 30 steps on 4 slices of 2 devices with no fault: the reference run."""
+    run_dir = tmp_path_factory.mktemp("cli") / "uninterrupted"
+    proc = _ok(_train(run_dir))
+    assert "final step" in proc.stdout and "timeline:" in proc.stdout
+    return run_dir
+
+
+# ----------------------------------------------------------------- arguments checked first
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nosuch"], "unknown recipe 'nosuch'; the recipes are lm, mlp"),
+        (["mlp", "--steps", "0"], "--steps 0 must be >= 1"),
+        (["mlp", "--snapshot-every", "-1"], "--snapshot-every -1 must be >= 0"),
+        (["mlp", "--chaos", "lose@3"], "'lose@3'.*lose needs a slice"),
+        (["mlp", "--chaos", "lose:7@3"], "names slice 7, but there are 4 slices"),
+        (["mlp", "--global-batch", "20", "--min-slices", "3"], "cannot divide; choose a global batch divisible by"),
+        (["mlp", "--min-slices", "5"], "--min-slices 5 is above the 4 slices"),
+        (["mlp", "--run-dir", "x", "--name", "y"], "give --run-dir or --name, not both"),
+        (["mlp", "--set", "hidden"], "--set 'hidden' is not KEY=VALUE"),
+    ],
+)
+def test_a_bad_argument_is_refused_with_the_fix_before_anything_is_touched(
+    argv, message, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "elastic-dew train: error:" in err
+    assert __import__("re").search(message, err), err
+    assert list(tmp_path.iterdir()) == []  # no run directory, no runs/
+
+
+def test_simulator_options_are_refused_on_real_slices(tmp_path, monkeypatch, capsys):
+    """JAX_PLATFORMS=proxy (Pathways) is only named, never started: the check comes first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JAX_PLATFORMS", "proxy")
+    assert cli.main(["train", "mlp", "--chaos", "preempt@3", "--slices", "2"]) == 2
+    assert "--slices, --chaos only apply to simulated slices" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_directory_of_another_recipe_is_not_resumed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "command.json").write_text(
+        json.dumps({"recipe": "recipes.lm", "overrides": {}, "seed": 0, "global_batch": 48})
+    )
+    assert cli.main(["train", "mlp", "--run-dir", "old"]) == 2
+    assert "holds another run (recipe 'recipes.lm' -> 'recipes.mlp'" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["command.json"]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_the_run_is_named_by_name_else_jobset_name_else_a_fresh_timestamp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("JOBSET_NAME", raising=False)
+    assert train.plan(_args("mlp", "--name", "mine")).run_dir == Path("runs/mine")
+    monkeypatch.setenv("JOBSET_NAME", "trainer-js")
+    assert train.plan(_args("mlp")).run_dir == Path("runs/trainer-js")
+    monkeypatch.delenv("JOBSET_NAME")
+    monkeypatch.setattr("elastic_dew.runtime.run_timestamp", lambda: "2026-01-02_03:04:05")
+    unnamed = train.plan(_args("mlp"))
+    assert unnamed.run_dir is None
+    assert train._choose_run_dir(unnamed) == Path("runs/2026-01-02_03:04:05")
+    (tmp_path / "runs" / "2026-01-02_03:04:05").mkdir(parents=True)
+    with pytest.raises(train.UsageError, match="already exists"):
+        train._choose_run_dir(unnamed)
+
+
+# ----------------------------------------------------------------- end to end
+
+def test_the_summary_has_every_field_and_badput_category_and_they_add_up_to_the_wall_time(uninterrupted):
+    summary = json.loads((uninterrupted / "summary.json").read_text())
+    assert summary["final_step"] == 30
+    assert summary["examples_consumed"] == 30 * 24
+    assert len(summary["state_digest"]) == 64
+    assert 0 < summary["goodput"] < 1
+    assert tuple(summary["badput"]) == record.BADPUT_CATEGORIES
+    assert summary["productive_seconds"] + sum(summary["badput"].values()) == pytest.approx(
+        summary["wall_seconds"], abs=1e-3
+    )
+    assert summary["state_digest"] == record.state_digest(record.load_params(uninterrupted))
+    assert (uninterrupted / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_preempted_run_resumed_by_the_same_command_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
+    run_dir = tmp_path / "preempted"
+    first = _ok(_train(run_dir, "--chaos", "preempt@12"), status=143)
+    assert "run the same command again to resume" in first.stderr
+    assert not (run_dir / "summary.json").exists()
+    _ok(_train(run_dir, "--chaos", "preempt@12"))
+
+    events = record.read_events(run_dir)
+    stops = [(e["reason"], e["step"]) for e in events if e["event"] == "stop"]
+    assert stops == [("preempted", 12), ("done", 30)]  # the preemption did not fire again
+    resumes = [(e["source"], e["step"]) for e in events if e["event"] == "resume"]
+    assert resumes == [("fresh", 1), ("checkpoint", 13)]
+    assert len(record.read_faults(run_dir)) == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    reference = json.loads((uninterrupted / "summary.json").read_text())
+    assert summary["state_digest"] == reference["state_digest"]
+    assert summary["processes"] == 2 and summary["stops"]["preempted"] == 1
+
+
+def test_a_lost_and_returned_slice_gives_exactly_once_data_and_the_uninterrupted_parameters(
+    uninterrupted, tmp_path
+):
+    run_dir = tmp_path / "lost"
+    _ok(_train(run_dir, "--min-slices", "3", "--chaos", "lose:1@8,restore:1@14"))
+
+    events = record.read_events(run_dir)
+    assert ("slice_lost", 7) in [(e["reason"], e["step"]) for e in events if e["event"] == "stop"]
+    assert 3 in {e["slices"] for e in record.committed_steps(events)}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ranges = sorted(tuple(e["examples"]) for e in record.committed_steps(events))
+    assert ranges[0][0] == 0
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    assert ranges[-1][1] == summary["examples_consumed"] == 30 * 24
+    assert [e["step"] for e in record.committed_steps(events)].count(10) == 1
+
+    params, reference = record.load_params(run_dir), record.load_params(uninterrupted)
+    assert params.keys() == reference.keys()
+    for name in params:
+        np.testing.assert_allclose(params[name], reference[name], **TOLERANCE, err_msg=name)
+    assert summary["faults"] == {"lose": 1, "restore": 1}
+
+
+def test_a_recipes_own_main_prepares_the_process_before_jax_starts(tmp_path):
+    """Without XLA_FLAGS in the environment, only prepare_process can give JAX 8 devices."""
+    env = _env()
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "recipes.mlp", "--steps", "3", "--run-dir", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env,
+    )
+    _ok(proc)
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["final_step"] == 3
+    assert "4 simulated slices of 2 devices" in proc.stderr
+
+
+def test_report_prints_the_summary_table_and_redraws_the_timeline(uninterrupted, capsys):
+    (uninterrupted / "timeline.png").unlink()
+    assert cli.main(["report", str(uninterrupted)]) == 0
+    out = capsys.readouterr().out
+    digest = json.loads((uninterrupted / "summary.json").read_text())["state_digest"]
+    assert digest in out
+    for category in record.BADPUT_CATEGORIES:
+        assert category in out
+    assert (uninterrupted / "timeline.png").exists()
+
+
+def test_report_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "has no events.jsonl" in capsys.readouterr().err
+
+
+def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption(tmp_path):
+    run_dir = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastic_dew", "demo", "--quick", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
+    )
+    _ok(proc)
+    assert "restarting the same command, as a JobSet restarts the pod" in proc.stdout
+    assert f"timeline: {run_dir / 'timeline.png'}" in proc.stdout
+    summary = record.summarize(record.run_events(run_dir))
+    assert summary["final_step"] == 40
+    assert summary["faults"] == {"lose": 1, "restore": 1, "preempt": 1}
+    assert summary["stops"]["slice_lost"] == 1 and summary["stops"]["preempted"] == 1
+    assert summary["processes"] == 2
+    assert (run_dir / "timeline.png").exists()
