@@ -562,12 +562,19 @@ def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
         "fault": ("black", "-"),
     }
     labelled = set()
+    span = max(walls, default=t0) - t0 or 1.0
+    group_x, in_group = None, 0
     for event in events:
         kind = event.get("event")
         if kind not in styles or "wall" not in event:
             continue
         color, style = styles[kind]
         x = event["wall"] - t0
+        # Events close together get their labels side by side instead of on top of each other.
+        if group_x is not None and x - group_x < 0.02 * span:
+            in_group += 1
+        else:
+            group_x, in_group = x, 0
         detail = event.get("reason") or event.get("source") or event.get("action") or ""
         for ax in (ax_slices, ax_rate):
             ax.axvline(x, color=color, linestyle=style, linewidth=1, alpha=0.7,
@@ -576,6 +583,7 @@ def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
         ax_slices.annotate(
             f"{kind} {detail} @{event.get('step')}",
             (x, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+            xytext=(8 * in_group, 0), textcoords="offset points",
             fontsize=7, va="top", ha="right",
         )
     for s in starts:

@@ -1,0 +1,75 @@
+"""The progress display: a bar redrawn in place on a terminal, plain lines in a log."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from elastic_dew.progress import Progress, ProgressLogHandler
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _step(step: int, loss: float = 1.5, slices: int = 4) -> dict:
+    return {"event": "step", "step": step, "slices": slices, "loss": loss, "examples": [0, 1], "wall": 0.0}
+
+
+def test_on_a_terminal_one_line_shows_step_loss_slices_rate_and_the_last_event():
+    out, clock = io.StringIO(), _Clock()
+    progress = Progress(100, total_slices=4, stream=out, tty=True, clock=clock)
+    for step in range(1, 11):
+        clock.now = step * 0.5  # two steps a second
+        progress(_step(step, loss=2.0 / step, slices=3))
+    progress({"event": "stop", "reason": "slice_lost", "step": 10, "wall": 0.0})
+    frames = out.getvalue().split("\r\x1b[2K")
+    last = frames[-1]
+    assert "\n" not in out.getvalue()  # redrawn in place
+    assert "step 10/100" in last and "loss 0.2000" in last and "slices 3/4" in last
+    assert "2.00 steps/s" in last
+    assert "last: stop slice_lost after step 10" in last
+    assert last.startswith("[##")
+    progress.close()
+    assert out.getvalue().endswith("\n")
+
+
+def test_in_a_log_a_line_every_log_every_steps_and_one_per_stop_and_resume():
+    out, clock = io.StringIO(), _Clock()
+    progress = Progress(30, total_slices=4, stream=out, tty=False, log_every=10, clock=clock)
+    for step in range(1, 31):
+        clock.now = step
+        progress(_step(step))
+        if step == 12:
+            progress({"event": "resume", "source": "snapshot", "step": 11, "wall": 0.0})
+    progress({"event": "save", "tier": "snapshot", "step": 30, "seconds": 0.1, "taken": True, "wall": 0.0})
+    lines = out.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        "step 10/30", "resume from snapshot at step 11", "step 20/30", "step 30/30",
+    ]
+    assert "\r" not in out.getvalue()
+    assert "1.00 steps/s" in lines[-1]
+
+
+def test_without_a_stream_log_lines_go_through_the_logger(caplog):
+    progress = Progress(5, tty=False, log_every=5)
+    with caplog.at_level(logging.INFO, logger="elastic_dew.progress"):
+        for step in range(1, 6):
+            progress(_step(step))
+    assert [r.getMessage().split("  ")[0] for r in caplog.records] == ["step 5/5"]
+
+
+def test_log_records_are_written_above_the_bar_and_the_bar_is_drawn_again():
+    out = io.StringIO()
+    progress = Progress(10, stream=out, tty=True)
+    progress(_step(3))
+    handler = ProgressLogHandler(progress)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handler.emit(logging.LogRecord("x", logging.WARNING, __file__, 1, "slice 1 lost", None, None))
+    text = out.getvalue()
+    assert "\r\x1b[2KWARNING slice 1 lost\n" in text
+    assert text.rsplit("\n", 1)[1].startswith("\r\x1b[2K[")  # the bar again, after the record
