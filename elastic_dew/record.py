@@ -328,7 +328,23 @@ def summarize(events: Iterable[Mapping[str, Any]], *, params: Any = None) -> dic
     they tile ``[0, examples_consumed)``.
     ``goodput``: productive step time (the ``seconds`` of committed steps less their
     ``data_seconds``) over wall time.
-    ``badput``: seconds by category (see ``docs/trainer.md`` for what each one counts).
+    ``badput``: seconds by category:
+
+    - ``program_startup``: each process's start to its first resume, less that resume's
+      own durations (counted below), plus the time a ``fresh`` resume took to build the
+      initial state;
+    - ``unproductive_checkpoint_save_time``: the ``seconds`` of ``save`` events (both tiers);
+    - ``unproductive_checkpoint_restore_time``: ``durations.restore`` of snapshot and
+      checkpoint resumes;
+    - ``elastic_slice_down``: ``detection`` and ``wait_for_slices`` of resumes that follow
+      a ``slice_lost`` stop;
+    - ``elastic_scale_up``: every duration of ``live`` resumes;
+    - ``elastic_reinitialization``: ``mesh_and_compile`` of snapshot, checkpoint and fresh
+      resumes;
+    - ``wasted_progress_from_disruption``: the ``seconds`` of step lines that were not
+      committed;
+    - ``data_loading_sync``: the ``data_seconds`` of committed steps;
+    - ``other``: the remainder, so that productive time and badput add up to the wall time.
     """
     events = [dict(e) for e in events]
     flags = _committed_flags(events)
@@ -364,7 +380,10 @@ def summarize(events: Iterable[Mapping[str, Any]], *, params: Any = None) -> dic
                 if source == "live":
                     badput["elastic_scale_up"] += sum(d.values())
                 else:
-                    badput["unproductive_checkpoint_restore_time"] += d["restore"]
+                    if source == "fresh":  # building a fresh state is part of starting up
+                        badput["program_startup"] += d["restore"]
+                    else:
+                        badput["unproductive_checkpoint_restore_time"] += d["restore"]
                     badput["elastic_reinitialization"] += d["mesh_and_compile"]
                     if last_stop is not None and last_stop.get("reason") == "slice_lost":
                         badput["elastic_slice_down"] += d["detection"] + d["wait_for_slices"]

@@ -45,14 +45,15 @@ def _resume(step, wall, source, **durations):
 def _a_run_with_every_kind_of_disruption():
     """Two processes: a slice loss rolled back to a snapshot, a scale-up, then a preemption.
 
-    Process 1 starts at 0, is ready at 3 (2 s of it compiling), runs steps 0..4, loses a
+    Process 1 starts at 0, is ready at 3 (2 s of it compiling, 0.5 s building the fresh
+    state), runs steps 0..4, loses a
     slice during step 5 (a wasted step), restores the snapshot of step 3 and re-runs 3..5
     (so the first 3 and 4 are wasted too), scales up live, runs 6, is preempted at 7.
     Process 2 starts at 100 and resumes at 7 from the checkpoint and runs 7..8, done.
     """
     return [
         {"event": "start", "wall": 0.5, "process_start": 0.0, "pid": 1},
-        _resume(0, 3.0, "fresh", mesh_and_compile=2.0),
+        _resume(0, 3.0, "fresh", mesh_and_compile=2.0, restore=0.5),
         _step(0, 4.0), _step(1, 5.0), _step(2, 6.0),
         {"event": "save", "tier": "snapshot", "step": 2, "seconds": 0.5, "taken": True, "wall": 6.5},
         _step(3, 7.5), _step(4, 8.5, data=0.25),
@@ -156,7 +157,8 @@ def test_goodput_and_badput_split_the_wall_time_of_every_process_exactly():
     # Nine committed steps of 1 s each.
     assert summary["productive_seconds"] == pytest.approx(9.0)
     assert summary["goodput"] == pytest.approx(9.0 / 27.5)
-    # Ready at 3 after 2 s of compile: 1 s of start-up; process 2: 4 s minus 3 s of resume.
+    # Ready at 3 after 2 s of compile: 1 s of start-up (0.5 s of it building the fresh state);
+    # process 2: 4 s minus 3 s of resume.
     assert b["program_startup"] == pytest.approx(1.0 + 1.0)
     assert b["unproductive_checkpoint_save_time"] == pytest.approx(0.5 + 1.0)
     assert b["unproductive_checkpoint_restore_time"] == pytest.approx(0.5 + 1.0)
