@@ -42,6 +42,11 @@ class ElasticConfig:
       checkpoint_kind: ``orbax`` (a ``CheckpointManager``) or ``multi_tier`` (the
         guide's ``ReplicatorCheckpointManager`` with colocated Python; TPU only).
       max_to_keep: persistent checkpoints kept.
+
+    Recovery speed:
+      precompile_smaller_meshes: in replica-resize mode, compile the training step for
+        every mesh of one slice fewer in a background thread once an attempt has started,
+        so that a lost slice finds its step already compiled.
     """
 
     minimum_slice_count: int | None = None
@@ -60,6 +65,8 @@ class ElasticConfig:
     checkpoint_dir: str | None = None
     checkpoint_kind: Literal["orbax", "multi_tier"] = "orbax"
     max_to_keep: int = 3
+
+    precompile_smaller_meshes: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -36,17 +36,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.retry import elastic_retry, make_manager
 from elastic_dew.elastic.slices import (
+    AXES,
     batch_sharding,
     build_mesh,
     check_batch,
@@ -202,6 +205,10 @@ class ElasticRun:
         self._detection = 0.0
         self._attempt_started = 0.0
         self._compiled: dict[tuple, StepFn] = {}
+        self._compile_guard = threading.Lock()
+        self._compile_locks: dict[tuple, threading.Lock] = {}
+        self._precompiler: threading.Thread | None = None
+        self._precompile_stop = threading.Event()
 
     # -- pathwaysutils callbacks -------------------------------------------------------
     def _on_slice_lost(self) -> None:
@@ -229,17 +236,77 @@ class ElasticRun:
             pre_callback=self._on_attempt_start,
             on_elastic_event_callback=self._on_slice_lost,
         )(self._attempt)
+        self._precompile_stop.clear()
         try:
             return attempt(final_step)
         finally:
+            self._stop_precompiling()
             if self.snapshots is not None:
                 self.snapshots.join()
 
     def _compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
+        """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.
+
+        The background precompiler may be compiling the same step: then this waits for it
+        instead of compiling it a second time.
+        """
         key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, global_batch)
-        if key not in self._compiled:
-            self._compiled[key] = self.program.compile(mesh, global_batch)
+        with self._compile_guard:
+            if key in self._compiled:
+                return self._compiled[key]
+            lock = self._compile_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._compiled:
+                self._compiled[key] = self.program.compile(mesh, global_batch)
         return self._compiled[key]
+
+    def _smaller_layouts(self) -> list[tuple[jax.sharding.Mesh, int]]:
+        """The meshes (and batches) of the active slices less any one of them."""
+        active = sorted(self.manager.active_slice_indices)
+        lowest = self.config.minimum_slice_count
+        if lowest is None or len(active) - 1 < lowest:
+            return []  # pause-resume never runs on fewer slices
+        model = self.config.model_axis or 1
+        total = self.manager.total_slice_count
+        batch = global_batch_for(self.config.global_batch, self.config.batch_policy, len(active) - 1, total)
+        layouts = []
+        for lost in active:
+            devices = [d for i in active if i != lost for d in self.manager.slice_to_devices[i]]
+            grid = np.asarray(devices, dtype=object).reshape(len(active) - 1, self.devices_per_slice // model, model)
+            layouts.append((jax.sharding.Mesh(grid, AXES), batch))
+        return layouts
+
+    def _start_precompiling(self) -> None:
+        """Compile the steps a lost slice would need, in a background thread.
+
+        Recovery then finds its step compiled (``config.precompile_smaller_meshes``).
+        """
+        if not self.config.precompile_smaller_meshes:
+            return
+        if self._precompiler is not None and self._precompiler.is_alive():
+            return
+        layouts = self._smaller_layouts()
+        if not layouts:
+            return
+
+        def work() -> None:
+            for mesh, batch in layouts:
+                if self._precompile_stop.is_set():
+                    return
+                try:
+                    self._compile(mesh, batch)
+                except Exception:  # a compile that fails here fails again, visibly, when needed
+                    logger.warning("precompiling the step for %s failed", mesh.devices.shape, exc_info=True)
+
+        self._precompiler = threading.Thread(target=work, name="elastic-dew-precompile", daemon=True)
+        self._precompiler.start()
+
+    def _stop_precompiling(self) -> None:
+        """Let the compile in progress finish and start no other."""
+        self._precompile_stop.set()
+        if self._precompiler is not None:
+            self._precompiler.join()
+            self._precompiler = None
 
     def _layout(self) -> tuple[jax.sharding.Mesh, int]:
         mesh = build_mesh(self.manager, self.config.model_axis)
@@ -304,6 +371,7 @@ class ElasticRun:
             source, step + 1, self.manager.active_slice_count, batch_size,
         )
         self.emit(resume.event())
+        self._start_precompiling()
         in_batch = batch_sharding(mesh)
 
         while step < final_step:
