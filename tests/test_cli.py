@@ -160,6 +160,27 @@ def test_a_preempted_run_resumed_by_the_same_command_ends_as_the_uninterrupted_r
     assert summary["processes"] == 2 and summary["stops"]["preempted"] == 1
 
 
+def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_ends_as_the_uninterrupted_run(
+    uninterrupted, tmp_path
+):
+    """Checkpoints are saved asynchronously, so the newest one committed before the kill is
+    step 20 or 10, or none yet (then the run starts afresh); any of them ends the same."""
+    run_dir = tmp_path / "killed"
+    args = ("--checkpoint-every", "10", "--chaos", "kill@25")
+    _ok(_train(run_dir, *args), status=-9)
+    _ok(_train(run_dir, *args))
+
+    events = record.read_events(run_dir)
+    resumes = [(e["source"], e["step"]) for e in events if e["event"] == "resume"]
+    assert resumes[0] == ("fresh", 1) and len(resumes) == 2
+    assert resumes[1] in (("checkpoint", 21), ("checkpoint", 11), ("fresh", 1))
+    assert [e["step"] for e in record.committed_steps(events)] == list(range(1, 31))
+    assert len(record.read_faults(run_dir)) == 1  # the kill did not fire again
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state_digest"] == json.loads((uninterrupted / "summary.json").read_text())["state_digest"]
+    assert summary["badput"]["wasted_progress_from_disruption"] > 0  # steps after the checkpoint ran twice
+
+
 def test_a_lost_and_returned_slice_gives_exactly_once_data_and_the_uninterrupted_parameters(
     uninterrupted, tmp_path
 ):

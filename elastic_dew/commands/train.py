@@ -399,13 +399,16 @@ def _record_command(run_dir: Path, p: Plan) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_logs():
+def _quiet_logs(tty: bool):
     """Keep the output about the run: the progress display reports steps (the trainer's own
     step lines would repeat them), and Orbax's per-file INFO lines (through absl) drown
-    everything else unless ``-v`` asked for debug output."""
+    everything else unless ``-v`` asked for debug output. On a terminal, where the bar shows
+    every stop and resume, pathwaysutils' INFO lines about attempts are left out too."""
     quiet = [logging.getLogger("elastic_dew.trainer")]
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         quiet.append(logging.getLogger("absl"))
+        if tty:
+            quiet.append(logging.getLogger("pathwaysutils"))
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.WARNING)
@@ -482,7 +485,7 @@ def _train(p: Plan, build: Callable[..., dict]) -> int:
                 )
             )
         stack.enter_context(_log_above(progress))
-        stack.enter_context(_quiet_logs())
+        stack.enter_context(_quiet_logs(progress.tty))
         stack.callback(progress.close)
         trainer = Trainer(
             init=parts["init"],
