@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import jax
@@ -102,6 +103,14 @@ def _rewrap_keys(restored: Any, abstract: Any) -> Any:
     )
 
 
+def _leaf_shapes(tree: Any) -> dict[str, tuple]:
+    """``{"params/w": shape}``; key names only, so a namedtuple and the dict Orbax stores it as agree."""
+    return {
+        "/".join(re.findall(r"\w+", jax.tree_util.keystr(path))): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
 class _OrbaxKind:
     """``ocp.CheckpointManager`` with ``state`` + ``meta`` items and a strict commit check."""
 
@@ -162,16 +171,50 @@ class _OrbaxKind:
         self.manager.check_for_errors()
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    _STATE: ocp.args.StandardRestore(_abstract_key_data(abstract_state)),
-                    _META: ocp.args.JsonRestore(),
-                }
-            ),
-        )
+        abstract = _abstract_key_data(abstract_state)
+        try:
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{_STATE: ocp.args.StandardRestore(abstract), _META: ocp.args.JsonRestore()}
+                ),
+            )
+        except (ValueError, OSError) as error:
+            raise self._unreadable(step, abstract, error) from error
         return _rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])
+
+    def _unreadable(self, step: int, abstract: Any, error: Exception) -> ValueError:
+        """Why a committed step cannot be restored, and the fix: another model, or damage."""
+        path = self.directory / str(step)
+        try:
+            stored = ocp.StandardCheckpointHandler().metadata(path / _STATE)
+            stored_shapes = _leaf_shapes(stored)
+        except Exception:  # noqa: BLE001 - unreadable metadata is damage, reported below
+            stored_shapes = None
+        if stored_shapes is not None:
+            wanted = _leaf_shapes(abstract)
+            differences = [
+                f"{name} is {stored_shapes.get(name, 'absent')} there and {shape} in the model"
+                for name, shape in wanted.items()
+                if stored_shapes.get(name) != shape
+            ]
+            differences += [f"{name} is there and not in the model" for name in stored_shapes if name not in wanted]
+            if differences:
+                return ValueError(
+                    f"checkpoint step {step} in {self.directory} was written by a model of "
+                    f"another shape ({'; '.join(differences[:3])}); resume it with the model "
+                    "that wrote it, or train this model in a new run directory"
+                )
+        older = [s for s in self.steps_on_disk() if s < step and self.committed(s)]
+        previous = (
+            f"to resume from the previous committed checkpoint {older[-1]}"
+            if older else "to start again from step 1"
+        )
+        return ValueError(
+            f"checkpoint step {step} in {self.directory} is committed but cannot be read, so it "
+            f"was damaged after it was written ({type(error).__name__}: {str(error)[:200]}); "
+            f"move it aside (mv {path} {path}.damaged) {previous}"
+        )
 
     def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
         return None
