@@ -58,6 +58,47 @@ def _process_start() -> float:
         return time.time()
 
 
+#: What a run directory holds (the run record, the command line, the fault log, tier 2).
+RUN_DIR_ENTRIES = frozenset({
+    "events.jsonl", "summary.json", "final_params.npz", "timeline.png", "faults.jsonl",
+    "command.json", "checkpoints", "summary.json.tmp", "final_params.npz.tmp",
+})
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Refuse a run directory that cannot be written or that holds something else.
+
+    An existing directory is a run to resume only if it is empty or holds a run record:
+    training into a directory of other files would scatter checkpoints among them.
+    """
+    if run_dir.exists():
+        if not run_dir.is_dir():
+            raise ValueError(f"run_dir {run_dir} exists and is not a directory; choose another path")
+        entries = {entry.name for entry in run_dir.iterdir()}
+        if entries and "events.jsonl" not in entries and not entries <= RUN_DIR_ENTRIES:
+            foreign = sorted(entries - RUN_DIR_ENTRIES)
+            raise ValueError(
+                f"run_dir {run_dir} is not an elastic_dew run (no events.jsonl, and it holds "
+                f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give a new or "
+                "empty directory, or the directory of an earlier run to resume it"
+            )
+        writable = run_dir
+    else:
+        writable = run_dir.parent
+        while not writable.exists() and writable != writable.parent:
+            writable = writable.parent
+        if not writable.is_dir():
+            raise ValueError(
+                f"run_dir {run_dir} cannot be created: {writable} is not a directory; "
+                "choose a run directory under a writable directory"
+            )
+    if not os.access(writable, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"run_dir {run_dir} is not writable ({writable} refuses writes); choose a run "
+            "directory under a writable directory"
+        )
+
+
 class _Program:
     """The protocol's view of one model: state shapes, fresh state, compiled steps."""
 
@@ -179,8 +220,7 @@ class Trainer:
         if len(dataset) < 1:
             raise ValueError("the dataset is empty; give a MapDataset with at least one example")
         self.run_dir = Path(run_dir)
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise ValueError(f"run_dir {self.run_dir} exists and is not a directory; choose another path")
+        _check_run_dir(self.run_dir)
         if config.checkpoint_dir is None:
             config = dataclasses.replace(config, checkpoint_dir=str(self.run_dir.resolve() / "checkpoints"))
         self.config = config
@@ -215,19 +255,24 @@ class Trainer:
             raise ValueError(f"steps={steps} must be >= 1")
         from elastic_dew.record import RunRecord, write_summary
 
-        record = RunRecord(self.run_dir)
-        record.append({"event": "start", "wall": time.time(), "process_start": _process_start(), "pid": os.getpid()})
+        start = {"event": "start", "wall": time.time(), "process_start": _process_start(), "pid": os.getpid()}
+        records: list[RunRecord] = []
         notice = self.notice if self.notice is not None else PreemptionNotice()
         try:
+            # The protocol refuses slices, batch and minimum slice count that cannot work as
+            # it is built; the run directory is written only once it has accepted them.
             run = ElasticRun(
                 self._program,
                 ElasticData(self.dataset),
                 self.config,
-                emit=lambda event: self._emit(record, event),
+                emit=lambda event: self._emit(records[0], event),
                 notice=notice,
                 manager=self.manager,
                 run_name=self.run_dir.name,
             )
+            record = RunRecord(self.run_dir)
+            records.append(record)
+            record.append(start)
             state, step = run.run(steps)
             params = jax.device_get(state["params"])
             del state
