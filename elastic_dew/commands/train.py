@@ -233,13 +233,31 @@ def _run_dir_of(args: argparse.Namespace) -> Path | None:
 
 
 def _check_run_dir(run_dir: Path, identity: dict[str, Any]) -> None:
-    """An existing run directory must belong to the same run."""
+    """A new run directory must be creatable; an existing one must belong to the same run."""
     if not run_dir.exists():
+        parent = run_dir.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(
+                f"run directory {run_dir} cannot be created ({parent} is "
+                f"{'not writable' if parent.is_dir() else 'not a directory'}); choose a --run-dir "
+                "under a writable directory"
+            )
         return
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} exists and is not a directory; choose another --run-dir")
     recorded_path = run_dir / COMMAND_FILE
     if not recorded_path.exists():
+        from elastic_dew.record import EVENTS_FILE
+
+        others = sorted(entry.name for entry in run_dir.iterdir())
+        if others and not (run_dir / EVENTS_FILE).exists():
+            raise UsageError(
+                f"run directory {run_dir} is not an elastic_dew run (no {COMMAND_FILE} or "
+                f"{EVENTS_FILE}, and it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
+                "give a new or empty directory, or the directory of an earlier run to resume it"
+            )
         return
     try:
         recorded = json.loads(recorded_path.read_text())
