@@ -1,0 +1,266 @@
+"""What every benchmark shares: sizes per mode, statistics, targets and the results table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEVICES",
+    "XLA_FLAGS",
+    "Sizes",
+    "SIZES",
+    "TARGETS",
+    "median",
+    "p90",
+    "mean",
+    "worker_command",
+    "worker_env",
+    "machine",
+    "write_results",
+    "table",
+]
+
+#: Host CPU devices of the benchmark process: four simulated slices of two.
+DEVICES = 8
+XLA_FLAGS = f"--xla_force_host_platform_device_count={DEVICES}"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How much of each benchmark a mode runs."""
+
+    losses: int  # slice losses with precompiling on (issue: at least 10)
+    losses_no_precompile: int  # the same without precompiling, for before/after
+    restarts: int  # restart-baseline subprocesses
+    snapshot_rounds: int  # rounds of (none, k=1, k=5, k=10) blocks
+    snapshot_block: int  # steps per block
+    preempt_mb: tuple[int, ...]
+    preempt_repeats: int
+    restore_mb: int
+    restore_repeats: int
+    goodput_steps: int
+    overhead_rounds: int
+    overhead_steps: int
+    reposition_repeats: int
+
+
+SIZES = {
+    "full": Sizes(
+        losses=12, losses_no_precompile=6, restarts=10, snapshot_rounds=4, snapshot_block=40,
+        preempt_mb=(64, 256, 1024), preempt_repeats=3, restore_mb=512, restore_repeats=5,
+        goodput_steps=600, overhead_rounds=3, overhead_steps=150, reposition_repeats=30,
+    ),
+    "quick": Sizes(
+        losses=10, losses_no_precompile=3, restarts=3, snapshot_rounds=2, snapshot_block=20,
+        preempt_mb=(64, 256, 1024), preempt_repeats=1, restore_mb=256, restore_repeats=3,
+        goodput_steps=150, overhead_rounds=2, overhead_steps=60, reposition_repeats=10,
+    ),
+    # The smoke test's mode: every code path once, no figure worth reading.
+    "tiny": Sizes(
+        losses=2, losses_no_precompile=0, restarts=1, snapshot_rounds=1, snapshot_block=4,
+        preempt_mb=(16,), preempt_repeats=1, restore_mb=16, restore_repeats=1,
+        goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2,
+    ),
+}
+
+#: key: (target text, test of the value, the baseline key or None). A missing value is not met.
+TARGETS: dict[str, tuple[str, Any]] = {
+    "recovery_speedup": (">= 10x", lambda v: v >= 10),
+    "snapshot_overhead_pct_k1": ("<= 3% (with every snapshot taken)", None),
+    "examples_lost": ("0", lambda v: v == 0),
+    "examples_duplicated": ("0", lambda v: v == 0),
+    "preempt_save_s_1024MB": ("<= 3 s (30 s grace window)", lambda v: v <= 3),
+    "snapshot_restore_bw_over_memcpy": (">= 0.5", lambda v: v >= 0.5),
+    "checkpoint_restore_bw_over_memcpy": (">= 0.5", lambda v: v >= 0.5),
+    "goodput": (">= 0.95", lambda v: v >= 0.95),
+    "framework_overhead_pct": ("<= 2%", lambda v: v <= 2),
+    "reposition_ratio": ("<= 2", lambda v: v <= 2),
+}
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def p90(values: list[float]) -> float:
+    """The 90th percentile, nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def worker_env(devices: int = DEVICES) -> dict[str, str]:
+    """The environment of a worker subprocess: CPU devices, no inherited device count."""
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("XLA_FLAGS", None)
+    env["BENCH_DEVICES"] = str(devices)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def worker_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.worker", *args]
+
+
+def machine() -> dict[str, Any]:
+    """What ran the benchmarks: CPU model, cores, memory, versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                memory_gb = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    import jax
+    import orbax.checkpoint
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": memory_gb,
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "orbax": orbax.checkpoint.__version__,
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+# Rows of the table: (metric, value key, baseline key or None, ratio key or None, target key).
+ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
+    ("recovery after a slice loss, p50 (s)", "recovery_s_p50", "restart_s_p50", "recovery_speedup", "recovery_speedup"),
+    ("recovery after a slice loss, p90 (s)", "recovery_s_p90", "restart_s_p50", None, None),
+    ("  detection, p50 (s)", "recovery_detection_s_p50", None, None, None),
+    ("  wait for slices, p50 (s)", "recovery_wait_for_slices_s_p50", None, None, None),
+    ("  mesh and compile, p50 (s)", "recovery_mesh_and_compile_s_p50", None, None, None),
+    ("  restore, p50 (s)", "recovery_restore_s_p50", None, None, None),
+    ("  first step after restore, p50 (s)", "recovery_first_step_s_p50", None, None, None),
+    ("recovery without precompiling, p50 (s)", "recovery_no_precompile_s_p50", "restart_s_p50", "recovery_no_precompile_speedup", None),
+    ("snapshot every step: step-time overhead (%)", "snapshot_overhead_pct_k1", None, None, "snapshot_overhead_pct_k1"),
+    ("  snapshots taken / requested, k=1", "snapshots_taken_fraction_k1", None, None, None),
+    ("snapshot every 5 steps: overhead (%)", "snapshot_overhead_pct_k5", None, None, None),
+    ("  snapshots taken / requested, k=5", "snapshots_taken_fraction_k5", None, None, None),
+    ("snapshot every 10 steps: overhead (%)", "snapshot_overhead_pct_k10", None, None, None),
+    ("  snapshots taken / requested, k=10", "snapshots_taken_fraction_k10", None, None, None),
+    ("steps recomputed per failure", "steps_recomputed", None, None, None),
+    ("examples lost", "examples_lost", None, None, "examples_lost"),
+    ("examples duplicated", "examples_duplicated", None, None, "examples_duplicated"),
+    ("preemption save, 64 MB (s)", "preempt_save_s_64MB", None, None, None),
+    ("preemption save, 256 MB (s)", "preempt_save_s_256MB", None, None, None),
+    ("preemption save, 1 GB (s)", "preempt_save_s_1024MB", None, None, "preempt_save_s_1024MB"),
+    ("checkpoint save bandwidth / disk write bandwidth", "save_bw_over_disk", None, None, None),
+    ("snapshot restore bandwidth / memcpy", "snapshot_restore_bw_over_memcpy", None, None, "snapshot_restore_bw_over_memcpy"),
+    ("checkpoint restore bandwidth / memcpy", "checkpoint_restore_bw_over_memcpy", None, None, "checkpoint_restore_bw_over_memcpy"),
+    ("goodput under the fault schedule", "goodput", "goodput_restart_baseline", "goodput_ratio", "goodput"),
+    ("framework overhead vs a bare jitted loop (%)", "framework_overhead_pct", None, None, "framework_overhead_pct"),
+    ("data reposition, step 1,000,000 / step 10", "reposition_ratio", None, None, "reposition_ratio"),
+]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def verdicts(results: dict[str, Any]) -> dict[str, bool]:
+    """Whether each target is met; the snapshot target needs every snapshot taken."""
+    out = {}
+    for key, (_, test) in TARGETS.items():
+        value = results.get(key)
+        if key == "snapshot_overhead_pct_k1":
+            taken = results.get("snapshots_taken_fraction_k1")
+            out[key] = value is not None and taken is not None and value <= 3 and taken >= 1.0
+            continue
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            out[key] = False
+            continue
+        out[key] = bool(test(value))
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    """The markdown table: metric, value, baseline, ratio, target, met."""
+    met = verdicts(results)
+    lines = ["| metric | value | baseline | ratio | target | met |", "|---|---|---|---|---|---|"]
+    for label, value_key, base_key, ratio_key, target_key in ROWS:
+        if value_key not in results:
+            continue
+        target = TARGETS[target_key][0] if target_key else ""
+        verdict = ("yes" if met[target_key] else "**no**") if target_key else ""
+        lines.append(
+            f"| {label} | {_fmt(results.get(value_key))} | "
+            f"{_fmt(results.get(base_key)) if base_key else ''} | "
+            f"{_fmt(results.get(ratio_key)) if ratio_key else ''} | {target} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def write_results(out: Path, results: dict[str, Any], notes: list[str], mode: str) -> None:
+    """``results.json`` (every figure) and ``results.md`` (the table, the misses, the machine)."""
+    out.mkdir(parents=True, exist_ok=True)
+    met = verdicts(results)
+    payload = dict(results)
+    payload["targets_met"] = {k: v for k, v in met.items() if k in results}
+    (out / "results.json").write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    info = results.get("machine", {})
+    missed = [k for k, ok in met.items() if k in results and not ok]
+    md = [
+        f"# elastic_dew benchmarks ({mode} mode)",
+        "",
+        f"Machine: {info.get('cpu')}, {info.get('cores')} cores, {info.get('memory_gb')} GB; "
+        f"Python {info.get('python')}, JAX {info.get('jax')}, Orbax {info.get('orbax')}; "
+        f"commit {info.get('commit')}, {info.get('date')}. Total {results.get('total_s', 0):.0f} s.",
+        "",
+        table(results),
+        "",
+    ]
+    if missed:
+        md.append("Targets missed: " + ", ".join(f"`{k}`" for k in missed) + ".")
+    else:
+        md.append("Every target measured here was met.")
+    if notes:
+        md += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    (out / "results.md").write_text("\n".join(md) + "\n")

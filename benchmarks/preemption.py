@@ -1,0 +1,115 @@
+"""Item 4: preemption: SIGTERM to a committed checkpoint to exit, for 64 MB, 256 MB and 1 GB.
+
+Each run is a real subprocess (``benchmarks.worker preempt``, one CPU device) stepping an
+:class:`ElasticRun` over a state of that size. Once it steps, the parent sends SIGTERM and
+times until the process has exited; the run must exit 143 with the checkpoint of the agreed
+step committed. Against the 30 s grace window of a Spot VM. The disk's write bandwidth is a
+plain file of the same size written and ``fsync``-ed in the same directory, alternating
+with the preemptions; ``save_bw_over_disk`` is the save's bandwidth (state bytes over the
+protocol's own save time, which waits for the commit) over it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO, median, worker_command, worker_env
+
+__all__ = ["measure", "disk_write_seconds"]
+
+GRACE_S = 30.0
+
+
+def disk_write_seconds(directory: Path, nbytes: int) -> float:
+    """Write ``nbytes`` to a new file and fsync it; the file is removed afterwards."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "disk-probe.bin"
+    chunk = os.urandom(2**20) * 16
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            n = min(left, len(chunk))
+            f.write(chunk[:n])
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    elapsed = time.perf_counter() - t
+    path.unlink()
+    return elapsed
+
+
+def _committed_steps(directory: Path) -> list[int]:
+    steps = []
+    for path in directory.iterdir() if directory.exists() else []:
+        try:
+            if path.name.isdigit() and json.loads((path / "_CHECKPOINT_METADATA").read_text()).get("commit_timestamp_nsecs"):
+                steps.append(int(path.name))
+        except (OSError, ValueError):
+            pass
+    return steps
+
+
+def preempt_once(directory: Path, megabytes: int) -> tuple[float, float]:
+    """``(SIGTERM to exit seconds, the protocol's save seconds)`` of one preempted run."""
+    child = subprocess.Popen(
+        worker_command("preempt", str(directory / "checkpoints"), str(megabytes)),
+        cwd=REPO, env=worker_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    save = None
+    for line in child.stdout:
+        if line.startswith("READY"):
+            break
+    else:
+        child.wait()
+        raise RuntimeError(f"preempt worker exited {child.returncode} before stepping: {child.stderr.read()[-2000:]}")
+    t = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    for line in child.stdout:
+        if line.startswith("SAVE"):
+            save = float(line.split()[1])
+    code = child.wait(timeout=300)
+    elapsed = time.monotonic() - t
+    stderr = child.stderr.read()
+    if code != 143:
+        raise RuntimeError(f"preempted worker exited {code}, not 143: {stderr[-2000:]}")
+    if not _committed_steps(directory / "checkpoints") or save is None:
+        raise RuntimeError("preempted worker exited 143 without a committed checkpoint")
+    return elapsed, save
+
+
+def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    ratios = []
+    for megabytes in sizes.preempt_mb:
+        totals, saves, disks = [], [], []
+        for repeat in range(sizes.preempt_repeats):
+            directory = workdir / f"{megabytes}MB-{repeat}"
+            disks.append(disk_write_seconds(directory, megabytes * 2**20))
+            total, save = preempt_once(directory, megabytes)
+            totals.append(total)
+            saves.append(save)
+            shutil.rmtree(directory, ignore_errors=True)
+        results[f"preempt_save_s_{megabytes}MB"] = median(totals)
+        results[f"preempt_checkpoint_s_{megabytes}MB"] = median(saves)
+        results[f"disk_write_s_{megabytes}MB"] = median(disks)
+        results[f"save_bw_over_disk_{megabytes}MB"] = median(disks) / median(saves)
+        ratios.append(results[f"save_bw_over_disk_{megabytes}MB"])
+    largest = max(sizes.preempt_mb)
+    results["save_bw_over_disk"] = results[f"save_bw_over_disk_{largest}MB"]
+    results["preempt_grace_window_s"] = GRACE_S
+    notes.append(
+        "Preemption: SIGTERM to exit of a real subprocess (one CPU device), exit 143 and the "
+        f"committed checkpoint checked; {sizes.preempt_repeats} repeat(s) per size. The "
+        "checkpoint figure is the protocol's own save (wait for the commit); the rest of "
+        "SIGTERM-to-exit is finishing the step in flight and the interpreter's exit. "
+        f"save_bw_over_disk is for the largest state ({largest} MB)."
+    )
+    return results

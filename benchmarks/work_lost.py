@@ -1,0 +1,35 @@
+"""Item 3: work lost per failure, read from a run's events with the run record's commit rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastic_dew.record import committed_steps
+
+__all__ = ["work_lost"]
+
+
+def work_lost(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Steps recomputed (step lines a later resume re-did) and examples lost or repeated.
+
+    Committed steps, ordered by step, must tile the example indices from 0 with no gap
+    (an example lost) and no overlap (an example seen twice).
+    """
+    steps = [e for e in events if e.get("event") == "step"]
+    committed = sorted(committed_steps(events), key=lambda e: e["step"])
+    lost = duplicated = 0
+    position = 0
+    for e in committed:
+        start, end = e["examples"]
+        if start > position:
+            lost += start - position
+        elif start < position:
+            duplicated += min(position, end) - start
+        position = max(position, end)
+    failures = sum(1 for e in events if e.get("event") == "stop" and e.get("reason") in ("slice_lost", "preempted"))
+    return {
+        "steps_recomputed_total": len(steps) - len(committed),
+        "failures": failures,
+        "examples_lost": lost,
+        "examples_duplicated": duplicated,
+    }
