@@ -153,7 +153,10 @@ def test_the_guides_loop_survives_a_lost_slice_resumes_from_a_snapshot_and_scale
         slices, resume_step = resumed
         assert slices == 1
         # Just after a completed snapshot (0, 5 or 10; the Snapshotter skips a save while busy).
-        assert resume_step in (1, 6, 11)
+        # The newest snapshot that completed: Orbax skips a save while one is in flight and
+        # drops one whose transfer the loss interrupted, so on a busy machine it may be none
+        # (a fresh start at step 0); the data are exactly once either way (below).
+        assert resume_step in (0, 1, 6, 11)
         assert record["scale_ups"] == [(20, 2)]
         assert state["total"].sharding.mesh.devices.shape == (2, 2)
         assert int(state["total"]) == sum(range(DATASET_SIZE))
@@ -178,7 +181,10 @@ def test_the_guides_loop_in_pause_resume_waits_for_the_slice_and_resumes_on_ever
         first, (slices, resume_step) = record["attempts"]
         assert first == (2, 0)
         assert slices == 2  # waited for the slice instead of carrying on without it
-        assert resume_step in (1, 6, 11)
+        # The newest snapshot that completed: Orbax skips a save while one is in flight and
+        # drops one whose transfer the loss interrupted, so on a busy machine it may be none
+        # (a fresh start at step 0); the data are exactly once either way (below).
+        assert resume_step in (0, 1, 6, 11)
         assert record["scale_ups"] == []
         assert sim.lost == frozenset()
         assert int(state["total"]) == sum(range(DATASET_SIZE))

@@ -340,18 +340,29 @@ def test_multi_host_false_never_asks_for_a_pool(clean_env):
     assert clean_env == []
 
 
-def test_no_cluster_environment_is_a_single_host_run(clean_env, monkeypatch):
-    """The real ``jax.distributed.initialize``: with no cluster it raises the ValueError
-    naming the coordinator address before touching anything, which is swallowed."""
-    monkeypatch.undo()  # the real initialize, is_initialized and excepthook
-    saved_hook = sys.excepthook
-    try:
-        prepare_process()
-        assert not jax.distributed.is_initialized()
-        with pytest.raises(RuntimeError, match="multi_host=True requires"):
-            prepare_process(multi_host=True)
-    finally:
-        sys.excepthook = saved_hook
+def test_no_cluster_environment_is_a_single_host_run(clean_env):
+    """The real ``jax.distributed.initialize``, in a fresh process (it refuses to run once
+    a backend has started, as pytest's has): with no cluster it raises the ValueError naming
+    the coordinator address before touching anything, which is swallowed."""
+    env = {k: v for k, v in os.environ.items()}
+    result = _python(
+        textwrap.dedent(
+            """
+            import jax
+            from elastic_dew.runtime import prepare_process
+            prepare_process()
+            assert not jax.distributed.is_initialized()
+            try:
+                prepare_process(multi_host=True)
+            except RuntimeError as error:
+                assert "multi_host=True requires" in str(error), error
+                print("refused")
+            """
+        ),
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "refused"
 
 
 def test_every_other_failure_to_join_propagates(clean_env, monkeypatch):

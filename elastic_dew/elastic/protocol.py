@@ -242,7 +242,7 @@ class ElasticRun:
         finally:
             self._stop_precompiling()
             if self.snapshots is not None:
-                self.snapshots.join()
+                self.snapshots.close()
 
     def _compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
         """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.

@@ -154,6 +154,17 @@ class Snapshots:
         latest = self._snapshotter.latest
         return None if latest is None else int(latest.step)
 
+    def close(self) -> None:
+        """Wait for queued saves, then release the snapshot's pinned host memory.
+
+        Orbax's worker thread keeps its ``Snapshotter`` alive for the life of the process,
+        so a finished run drops the snapshot explicitly rather than waiting for garbage
+        collection that never comes.
+        """
+        with self._lock:
+            self.join()
+            self._snapshotter._latest_snapshot = None
+
     def load(self, abstract_state: Any) -> tuple[Any, dict, int]:
         """Return ``(state, meta, step)`` of the newest snapshot on ``abstract_state``'s shardings.
 
