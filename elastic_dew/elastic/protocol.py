@@ -239,10 +239,28 @@ class ElasticRun:
         self._precompile_stop.clear()
         try:
             return attempt(final_step)
+        except TimeoutError as error:
+            raise self._timed_out(error) from error
         finally:
             self._stop_precompiling()
             if self.snapshots is not None:
                 self.snapshots.close()
+
+    def _timed_out(self, error: TimeoutError) -> TimeoutError:
+        """pathwaysutils' timeout, with the run's position and what to do next."""
+        wanted = self.config.minimum_slice_count or self.manager.total_slice_count
+        saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
+        kept = (
+            f"the newest committed checkpoint {saved} (in {self.checkpoints.directory}) is intact: "
+            "run the same command again to resume from it once slices are healthy"
+            if saved is not None
+            else "no checkpoint was committed, so a re-run starts from step 1"
+        )
+        return TimeoutError(
+            f"waited timeout={self.config.timeout} s for {wanted} healthy "
+            f"slice{'s' if wanted != 1 else ''} after step {self.last_step}, and they did not "
+            f"come ({error}); {kept}, or raise ElasticConfig.timeout"
+        )
 
     def _compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
         """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.
