@@ -48,16 +48,6 @@ class FitResult:
     run_dir: Path
 
 
-def _process_start() -> float:
-    """Wall-clock time this process started (program start-up counts as badput)."""
-    try:
-        import psutil
-
-        return float(psutil.Process(os.getpid()).create_time())
-    except Exception:  # psutil missing or /proc unreadable: start-up is then not measured
-        return time.time()
-
-
 #: What a run directory holds (the run record, the command line, the fault log, tier 2).
 RUN_DIR_ENTRIES = frozenset({
     "events.jsonl", "summary.json", "final_params.npz", "timeline.png", "faults.jsonl",
@@ -253,9 +243,9 @@ class Trainer:
         """
         if steps < 1:
             raise ValueError(f"steps={steps} must be >= 1")
-        from elastic_dew.record import RunRecord, write_summary
+        from elastic_dew.record import RunRecord, process_start_time, write_summary
 
-        start = {"event": "start", "wall": time.time(), "process_start": _process_start(), "pid": os.getpid()}
+        start = {"event": "start", "wall": time.time(), "process_start": process_start_time(), "pid": os.getpid()}
         records: list[RunRecord] = []
         notice = self.notice if self.notice is not None else PreemptionNotice()
         try:
@@ -279,5 +269,7 @@ class Trainer:
         finally:
             if self.notice is None:
                 notice.close()
+            for opened in records:
+                opened.close()
         summary = write_summary(self.run_dir, record.events(), params)
         return FitResult(final_step=step, params=params, summary=summary, run_dir=self.run_dir)
