@@ -1,0 +1,57 @@
+"""Shared helpers of the fault-matrix, chaos and bad-input tests.
+
+Scenarios run through :mod:`elastic_dew.chaos` (the same runner and invariant checker the
+seeded chaos mode uses), so a fixed scenario here and a random one there are checked alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from elastic_dew import chaos, record
+
+
+def events(outcome: chaos.Outcome) -> list[dict]:
+    return record.read_events(outcome.run_dir)
+
+
+def kinds(outcome: chaos.Outcome) -> list[tuple]:
+    """The stops and resumes of the run record, in order: ``("stop", reason, step)``..."""
+    out = []
+    for e in events(outcome):
+        if e["event"] == "stop":
+            out.append(("stop", e["reason"], e["step"]))
+        elif e["event"] == "resume":
+            out.append(("resume", e["source"], e["step"]))
+    return out
+
+
+def fired(outcome: chaos.Outcome) -> list[str]:
+    """The schedule tokens the simulator fired, in order."""
+    path = outcome.run_dir / record.FAULTS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line)["fault"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_all_fired(outcome: chaos.Outcome) -> None:
+    """Every fault of the schedule fired (a scenario whose fault never fired proves nothing)."""
+    scheduled = [str(f) for f in _schedule(outcome.scenario.schedule)]
+    assert sorted(fired(outcome)) == sorted(scheduled), (fired(outcome), scheduled)
+
+
+def _schedule(text: str):
+    from elastic_dew.simulate import parse_schedule
+
+    return parse_schedule(text)
+
+
+def assert_invariants(outcome: chaos.Outcome, expected_params, **kwargs) -> None:
+    problems = chaos.check(outcome, expected_params, **kwargs)
+    assert not problems, "\n".join(problems) + f"\nrecord: {kinds(outcome)}"
+
+
+def tree_digest(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` with its bytes (to prove a directory was left untouched)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
