@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["configure", "run", "format_summary", "report"]
+__all__ = ["configure", "run", "report"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,42 +24,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-timeline", action="store_true", help="print the table only; leave timeline.png as it is"
     )
-
-
-def _counts(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
-
-
-def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
-    """The summary as a plain-text table: the run's outcome, then badput by category."""
-    wall = float(summary.get("wall_seconds") or 0.0)
-    rows = []
-    if run_dir is not None:
-        rows.append(("run", str(run_dir)))
-    rows += [
-        ("final step", str(summary.get("final_step"))),
-        ("examples consumed", str(summary.get("examples_consumed"))),
-        ("state digest", str(summary.get("state_digest") or "- (no final_params.npz yet)")),
-        (
-            "goodput",
-            f"{100 * float(summary.get('goodput') or 0.0):.1f} %  (productive "
-            f"{float(summary.get('productive_seconds') or 0.0):.1f} s of {wall:.1f} s wall, "
-            f"{summary.get('processes', '?')} process(es))",
-        ),
-        ("stops", _counts(summary.get("stops", {}))),
-        ("resumes", _counts(summary.get("resumes", {}))),
-        ("faults", _counts(summary.get("faults", {}))),
-    ]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"{name:<{width}}  {value}" for name, value in rows]
-    badput = summary.get("badput", {})
-    if badput:
-        name_width = max(len("badput"), *(len(k) for k in badput))
-        lines += ["", f"{'badput':<{name_width}}  {'seconds':>9}  {'share':>7}"]
-        for name, seconds in badput.items():
-            share = 100 * seconds / wall if wall > 0 else 0.0
-            lines.append(f"{name:<{name_width}}  {seconds:>9.2f}  {share:>6.1f}%")
-    return "\n".join(lines)
 
 
 def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any], Path | None, str]:
@@ -77,7 +40,7 @@ def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any
             picture = record.draw_timeline(run_dir)
         except RuntimeError as error:  # matplotlib missing: the table still stands
             logger.warning("%s", error)
-    return summary, picture, format_summary(summary, run_dir)
+    return summary, picture, record.format_summary(summary, run_dir)
 
 
 def _problem(run_dir: Path) -> str | None:

@@ -75,12 +75,13 @@ def simulating() -> bool:
 
 
 def available_recipes() -> list[str]:
-    """The recipe names shipped in the ``recipes`` package."""
-    import recipes
-
+    """The recipe names shipped in the ``recipes`` package (found by name, not imported:
+    recipes sit above this runner and call it)."""
+    spec = importlib.util.find_spec("recipes")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
     return sorted(
         info.name
-        for info in pkgutil.iter_modules(recipes.__path__)
+        for info in pkgutil.iter_modules(locations)
         if not info.name.startswith("_") and not info.ispkg
     )
 
@@ -464,7 +465,6 @@ def _log_above(progress: Any):
 
 def _train(p: Plan, build: Callable[..., dict]) -> int:
     from elastic_dew import record
-    from elastic_dew.commands.report import format_summary
     from elastic_dew.progress import Progress
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
@@ -533,7 +533,7 @@ def _train(p: Plan, build: Callable[..., dict]) -> int:
         picture = record.draw_timeline(run_dir)
     except RuntimeError as err:  # matplotlib missing
         logger.warning("%s", err)
-    print(format_summary(result.summary, run_dir))
+    print(record.format_summary(result.summary, run_dir))
     if picture is not None:
         print(f"\ntimeline: {picture}")
     return 0

@@ -1,0 +1,89 @@
+"""Data flows one way: runtime -> elastic layer -> trainer -> recipes.
+
+Each module's imports (read from its source, top level and inside functions alike) may name
+only its own layer or lower ones. The simulator sits beside the elastic layer: it may use the
+elastic layer's hooks, and nothing in the library imports it except the commands that run on
+simulated slices (and the chaos tool, which is one of them).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+#: Layer of each module path prefix (longest prefix wins); a higher number is a higher layer.
+LAYERS = {
+    "elastic_dew.runtime": 0,
+    "elastic_dew.launch": 0,
+    "elastic_dew.elastic": 1,
+    "elastic_dew.simulate": 1,
+    "elastic_dew.trainer": 2,
+    "elastic_dew.record": 2,
+    "elastic_dew.progress": 2,
+    "recipes": 3,
+    # The shared runner of recipes (argument parsing, run directory, simulated slices or
+    # real ones, Trainer.fit) is the trainer's command-line face: recipes call it from
+    # main(), and it loads recipes by name at run time, never by import.
+    "elastic_dew.commands.train": 2,
+    "elastic_dew.commands": 4,
+    "elastic_dew.cli": 4,
+    "elastic_dew.k8s": 4,
+    "elastic_dew.chaos": 4,
+    "elastic_dew.__main__": 4,
+    "elastic_dew": 2,  # the package root only re-exports the Trainer (lazily)
+}
+
+
+def _layer(module: str) -> int | None:
+    best = None
+    for prefix, layer in LAYERS.items():
+        if (module == prefix or module.startswith(prefix + ".")) and (
+            best is None or len(prefix) > len(best[0])
+        ):
+            best = (prefix, layer)
+    return None if best is None else best[1]
+
+
+def _modules():
+    for root in ("elastic_dew", "recipes"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), path
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from pkg import sub`` may name a submodule: the longest known prefix decides.
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {n for n in names if n.split(".")[0] in ("elastic_dew", "recipes")}
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    violations = []
+    for module, path in _modules():
+        own = _layer(module)
+        listed = any(module == p or module.startswith(p + ".") for p in LAYERS if p != "elastic_dew")
+        assert listed or module == "elastic_dew", f"{module} has no layer in LAYERS; add it"
+        for imported in _imports(path):
+            other = _layer(imported)
+            if other is not None and other > own:
+                violations.append(f"{module} (layer {own}) imports {imported} (layer {other})")
+    assert not violations, "\n".join(violations)
+
+
+def test_only_the_commands_import_the_simulator():
+    offenders = [
+        module
+        for module, path in _modules()
+        if "elastic_dew.simulate" in _imports(path)
+        and not module.startswith(("elastic_dew.commands", "elastic_dew.chaos"))
+    ]
+    assert offenders == []
