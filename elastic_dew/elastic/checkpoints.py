@@ -41,6 +41,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from elastic_dew.elastic.meta import meta_json
+
 __all__ = ["Checkpoints", "KINDS", "META_CAPACITY"]
 
 logger = logging.getLogger(__name__)
@@ -53,18 +55,6 @@ META_CAPACITY = 1 << 16
 _STATE = "state"
 _META = "meta"
 _ARRAYS = "arrays"
-
-
-def _meta_json(meta: dict) -> str:
-    if not isinstance(meta, dict):
-        raise ValueError(f"checkpoint meta must be a dict, got {type(meta).__name__}")
-    try:
-        return json.dumps(meta, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"checkpoint meta must be JSON-serialisable (ints, floats, strings, lists, dicts): "
-            f"{error}; convert such values before saving"
-        ) from error
 
 
 def _check_step(step: int) -> None:
@@ -412,8 +402,8 @@ class Checkpoints:
         otherwise garbage-collect the newer checkpoints in favour of the older step.
         """
         _check_step(step)
-        meta_json = _meta_json(meta)
-        self._kind.save(int(step), state, meta_json, force)
+        encoded = meta_json(meta, "checkpoint")
+        self._kind.save(int(step), state, encoded, force)
 
     def wait(self) -> None:
         """Block until the last save is committed; raise if it failed."""

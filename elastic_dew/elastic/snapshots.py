@@ -29,6 +29,8 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
 
+from elastic_dew.elastic.meta import meta_json
+
 __all__ = ["Snapshots"]
 
 logger = logging.getLogger(__name__)
@@ -50,16 +52,6 @@ class _TakingSnapshotter(Snapshotter):
     def _to_snapshot_state(self, state: Any) -> list[Any]:
         self.took = True
         return super()._to_snapshot_state(state)
-
-
-def _meta_json(meta: dict) -> str:
-    try:
-        return json.dumps(meta, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"snapshot meta must be a JSON-serialisable dict (ints, floats, strings, lists, "
-            f"dicts): {error}; convert such values before saving"
-        ) from error
 
 
 def _path_name(path: tuple) -> str:
@@ -131,12 +123,12 @@ class Snapshots:
         """
         if step < 1:
             raise ValueError(f"snapshot step={step} must be >= 1 (the state after `step` updates)")
-        meta_json = _meta_json(meta)
+        encoded = meta_json(meta, "snapshot")
         placed = self._on_mesh(state, mesh)
         with self._lock:
             self.requested += 1
             self._snapshotter.took = False
-            self._snapshotter.save(step, {_STATE: placed, _META: meta_json})
+            self._snapshotter.save(step, {_STATE: placed, _META: encoded})
             took = self._snapshotter.took
             if took:
                 self.taken += 1
