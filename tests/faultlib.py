@@ -55,3 +55,34 @@ def assert_invariants(outcome: chaos.Outcome, expected_params, **kwargs) -> None
 def tree_digest(path: Path) -> dict[str, bytes]:
     """Every file under ``path`` with its bytes (to prove a directory was left untouched)."""
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def train_killed_at_commit(run_dir: str, steps: int, kill_step: int) -> None:
+    """Train the chaos scenario in this process; SIGKILL it as Orbax commits ``kill_step``.
+
+    Orbax writes a step into a temporary directory and renames it into place to commit it;
+    the kill lands at that rename, once per run (a marker file in the run directory, written
+    durably before the kill, stops a re-run from killing again), so the step's files are all
+    written and none is committed. Meant for a fresh process (``python -c``).
+    """
+    import os
+    import signal
+
+    from orbax.checkpoint._src.path import async_path
+
+    marker = Path(run_dir) / "killed-at-commit"
+    rename = async_path.rename
+
+    async def rename_or_die(src, dst):
+        if str(dst).endswith(f"/{kill_step}") and not marker.exists():
+            with open(marker, "w") as f:
+                f.write(str(src))
+                f.flush()
+                os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await rename(src, dst)
+
+    async_path.rename = rename_or_die
+    outcome = chaos.run(chaos.Scenario(steps=steps), run_dir)
+    if outcome.error is not None:
+        raise outcome.error
