@@ -142,8 +142,13 @@ class _OrbaxKind:
         if step in self.steps_on_disk():
             # A partial <step> directory (never committed): clear it so the step can be written.
             self.manager.wait_until_finished()
-            logger.warning("removing uncommitted checkpoint directory %s", self.directory / str(step))
-            (self.directory / str(step)).rmtree()
+            partial = self.directory / str(step)
+            logger.warning("removing uncommitted checkpoint directory %s", partial)
+            if os.path.islink(os.fspath(partial)):
+                # A link placed there: remove the link, never what it points to.
+                os.unlink(os.fspath(partial))
+            else:
+                partial.rmtree()
             self.manager.reload()
         self.manager.save(
             step,
