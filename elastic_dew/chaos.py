@@ -428,34 +428,53 @@ def check(outcome: Outcome, expected_params: dict[str, Any], *, expect_error: ty
 
 # ----------------------------------------------------------------------------- drawing
 
-_PHASES = ("step", "step", "step", "snapshot", "snapshot_load", "checkpoint", "checkpoint_restore", "compile", "scale_up", "stop")
+#: Phases that happen at any step, and those that happen only while recovering.
+_RUNNING_PHASES = ("step", "step", "step", "snapshot", "checkpoint")
+_RECOVERY_PHASES = ("snapshot_load", "compile", "checkpoint_restore")
 
 
 def draw(seed: int) -> Scenario:
-    """A random scenario from ``seed``: 1-4 faults at random steps and phases.
+    """A random scenario from ``seed``: 1-5 faults at random steps and phases.
 
-    Slices ``lose`` and ``restore`` (a restore only of a slice the schedule lost), at most
-    two preemptions; one slice is never lost, so the run must always finish.
+    The first fault hits a running step (a step, a snapshot or a checkpoint save); each later
+    one either hits a running step too, or the recovery from an earlier fault (its snapshot
+    load, compile or checkpoint restore), or, after a slice's return, the scale-up or the
+    step that notices it. Slices ``lose`` and ``restore`` (a restore only of a slice the
+    schedule lost, at a later step); at most two preemptions, whose stop may be hit again.
+    One slice is never lost, so every drawn run must finish.
     """
     rng = random.Random(seed)
     steps = rng.randint(10, 14)
     survivor = rng.randrange(TOTAL_SLICES)
     losable = [s for s in range(TOTAL_SLICES) if s != survivor]
     faults: list[str] = []
-    lost: list[int] = []
+    lost: list[tuple[int, int]] = []  # (slice, step)
+    earlier: list[int] = []
     preempts = 0
-    for _ in range(rng.randint(1, 4)):
-        step = rng.randint(1, steps)
-        phase = rng.choice(_PHASES)
-        kind = rng.choices(("lose", "restore", "preempt"), weights=(5, 2, 2))[0]
+    for number in range(rng.randint(1, 5)):
+        kind = rng.choices(("lose", "restore", "preempt"), weights=(5, 3, 2))[0]
+        if kind == "preempt" and preempts >= 2:
+            kind = "lose"
         if kind == "restore" and lost:
-            faults.append(f"restore:{rng.choice(lost)}@{step}/{phase}")
-        elif kind == "preempt" and preempts < 2:
+            victim, at = rng.choice(lost)
+            step = rng.randint(min(at + 1, steps), steps)
+            faults.append(f"restore:{victim}@{step}/step")
+            if rng.random() < 0.5:  # hit the scale-up that brings it back
+                faults.append(f"lose:{rng.choice(losable)}@{step}/scale_up")
+            continue
+        if number and earlier and rng.random() < 0.4:
+            phase = rng.choice(_RECOVERY_PHASES + ("stop",) * (kind == "lose" and preempts > 0))
+            step = rng.choice(earlier)
+        else:
+            phase = rng.choice(_RUNNING_PHASES)
+            step = rng.randint(1, steps)
+        earlier.append(step)
+        if kind == "preempt":
             preempts += 1
             faults.append(f"preempt@{step}/{phase}")
         else:
             victim = rng.choice(losable)
-            lost.append(victim)
+            lost.append((victim, step))
             faults.append(f"lose:{victim}@{step}/{phase}")
     return Scenario(
         schedule=",".join(faults),
@@ -477,7 +496,11 @@ def run_seed(seed: int, workdir: str | os.PathLike[str]) -> tuple[Scenario, list
     logger.info("seed %d: %s", seed, scenario)
     expected = reference(scenario.steps, workdir)
     outcome = run(scenario, Path(workdir) / f"seed-{seed}")
-    return scenario, check(outcome, expected)
+    problems = check(outcome, expected)
+    fired = (outcome.run_dir / "faults.jsonl")
+    count = len(fired.read_text().splitlines()) if fired.exists() else 0
+    logger.warning("seed %d: %d of %d faults fired", seed, count, len(scenario.schedule.split(",")))
+    return scenario, problems
 
 
 def _seeds(text: str) -> list[int]:
