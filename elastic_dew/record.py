@@ -26,6 +26,7 @@ import os
 import re
 import threading
 import time
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -506,8 +507,21 @@ def _atomic_write(path: Path, write) -> None:
 def load_params(run_dir: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """The final parameters of a finished run, as written by :func:`write_summary`."""
     path = Path(run_dir) / PARAMS_FILE
-    with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in sorted(data.files)}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in sorted(data.files)}
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        # allow_pickle=False: a file that would need unpickling is refused, never run.
+        why = (
+            "it holds pickled (object) data, which elastic_dew never writes and never loads"
+            if "pickle" in str(error) else str(error)
+        )
+        raise ValueError(
+            f"{path} is not a parameters file elastic_dew wrote ({why}); delete it and run the "
+            "run's train command again, which rewrites it from the final checkpoint"
+        ) from error
 
 
 def load_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -325,6 +325,36 @@ def test_report_refuses_what_is_not_a_run(tmp_path, capsys):
     assert status == 2 and "is not a directory; give a run directory" in err
 
 
+def test_report_refuses_a_corrupted_run_record_naming_the_file_and_the_fix(finished_run, tmp_path, capsys):
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / record.EVENTS_FILE).write_bytes(b"\x00\x13garbage\n[1, 2]\n")
+    status, err = _cli(["report", "--no-timeline", str(garbage)], capsys)
+    assert status == 2
+    assert "events.jsonl holds no run-record event (every line is damaged or not an elastic_dew event)" in err
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished_run, damaged)
+    (damaged / record.PARAMS_FILE).write_bytes(b"PK\x03\x04 cut short")
+    status, err = _cli(["report", "--no-timeline", str(damaged)], capsys)
+    assert status == 2
+    assert f"{damaged / record.PARAMS_FILE} is not a parameters file elastic_dew wrote" in err
+    assert "delete it and run the run's train command again, which rewrites it from the final checkpoint" in err
+
+
+def test_a_torn_or_damaged_line_in_the_run_record_is_skipped_and_the_rest_kept(finished_run, tmp_path, capsys):
+    """A killed writer leaves a torn line; the report skips it and keeps every other line."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    lines = (run_dir / record.EVENTS_FILE).read_text().splitlines()
+    lines.insert(3, '{"event": "step", "step": 2, "exam')
+    (run_dir / record.EVENTS_FILE).write_text("\n".join(lines) + "\n")
+    status = cli.main(["report", "--no-timeline", str(run_dir)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "final step" in out and " 8" in out
+
+
 def test_demo_refuses_a_foreign_run_directory_before_training(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     Path("notes").mkdir()

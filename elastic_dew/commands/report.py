@@ -44,7 +44,7 @@ def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any
 
 
 def _problem(run_dir: Path) -> str | None:
-    from elastic_dew.record import EVENTS_FILE
+    from elastic_dew.record import EVENTS_FILE, read_events
 
     if not run_dir.is_dir():
         return f"{run_dir} is not a directory; give a run directory (runs/NAME)"
@@ -52,6 +52,11 @@ def _problem(run_dir: Path) -> str | None:
         return (
             f"{run_dir} has no {EVENTS_FILE}; give a directory that a run wrote "
             "(elastic-dew train ... --run-dir DIR)"
+        )
+    if (run_dir / EVENTS_FILE).stat().st_size and not read_events(run_dir):
+        return (
+            f"{run_dir / EVENTS_FILE} holds no run-record event (every line is damaged or not "
+            "an elastic_dew event); give the directory of an elastic_dew run"
         )
     return None
 
@@ -62,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"elastic-dew report: error: {problem}", file=sys.stderr)
         return 2
-    _, picture, table = report(run_dir, timeline=not args.no_timeline)
+    try:
+        _, picture, table = report(run_dir, timeline=not args.no_timeline)
+    except ValueError as error:  # a damaged final_params.npz, say
+        print(f"elastic-dew report: error: {error}", file=sys.stderr)
+        return 2
     print(table)
     if picture is not None:
         print(f"\ntimeline: {picture}")
