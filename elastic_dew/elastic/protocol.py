@@ -436,6 +436,9 @@ class ElasticRun:
                     lambda: self.checkpoints.save(step, state, {"step": step, "data": self.data.get_state()}, force=True) or True,
                 )
             self.checkpoints.wait()
+        # A slice lost after the last read (while restoring a finished run's state, say)
+        # must surface here, inside the retry, not in the caller's first read.
+        state = jax.block_until_ready(state)
         self.emit(Stop("done", step).event())
         return state, step
 
