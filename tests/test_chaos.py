@@ -17,8 +17,9 @@ from elastic_dew import chaos
 
 from conftest import REPO
 
-#: Seeds CI runs (about 5 s each on two cores); all of 0..39 passed when this was written.
-SEEDS = range(6)
+#: Seeds CI runs (about 5 s each on two cores): the first few, and 21 and 26, which found
+#: a slice lost while a finished run's state was restored crashing the caller (fixed).
+SEEDS = (0, 1, 2, 3, 21, 26)
 
 
 @pytest.fixture(scope="module")

@@ -107,6 +107,9 @@ def test_the_retry_policy_exhausted_surfaces_elastic_runtime_error_and_leaves_th
     outcome = _run(tmp_path, "lose:1@5,lose:2@8", max_attempts=2)
     assert_all_fired(outcome)
     assert isinstance(outcome.error, ElasticRuntimeError), repr(outcome.error)
+    message = str(outcome.error)
+    assert "gave up after step 7: slice losses reached max_attempts=2" in message, message
+    assert "the newest committed checkpoint 4" in message and "run the same command again" in message, message
     assert_invariants(outcome, expected, expect_error=ElasticRuntimeError)
     assert _losses(outcome) == [4, 7]
     # The record is whole: every line parses, and the report reads it.

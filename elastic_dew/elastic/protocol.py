@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 import jax
 import numpy as np
+from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
@@ -241,6 +242,12 @@ class ElasticRun:
             return attempt(final_step)
         except TimeoutError as error:
             raise self._timed_out(error) from error
+        except ElasticRuntimeError as error:
+            raise ElasticRuntimeError(
+                f"gave up after step {self.last_step}: slice losses reached "
+                f"max_attempts={self.config.max_attempts} ({error}); {self._kept()}, or raise "
+                "ElasticConfig.max_attempts"
+            ) from error
         finally:
             self._stop_precompiling()
             if self.snapshots is not None:
@@ -249,17 +256,20 @@ class ElasticRun:
     def _timed_out(self, error: TimeoutError) -> TimeoutError:
         """pathwaysutils' timeout, with the run's position and what to do next."""
         wanted = self.config.minimum_slice_count or self.manager.total_slice_count
-        saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
-        kept = (
-            f"the newest committed checkpoint {saved} (in {self.checkpoints.directory}) is intact: "
-            "run the same command again to resume from it once slices are healthy"
-            if saved is not None
-            else "no checkpoint was committed, so a re-run starts from step 1"
-        )
         return TimeoutError(
             f"waited timeout={self.config.timeout} s for {wanted} healthy "
             f"slice{'s' if wanted != 1 else ''} after step {self.last_step}, and they did not "
-            f"come ({error}); {kept}, or raise ElasticConfig.timeout"
+            f"come ({error}); {self._kept()}, or raise ElasticConfig.timeout"
+        )
+
+    def _kept(self) -> str:
+        """What a run that gave up leaves to resume from."""
+        saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
+        if saved is None:
+            return "no checkpoint was committed, so a re-run starts from step 1"
+        return (
+            f"the newest committed checkpoint {saved} (in {self.checkpoints.directory}) is intact: "
+            "run the same command again to resume from it once slices are healthy"
         )
 
     def _compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
