@@ -41,6 +41,7 @@ class Sizes:
 
     losses: int  # slice losses with precompiling on (issue: at least 10)
     losses_no_precompile: int  # the same without precompiling, for before/after
+    losses_small_readahead: int  # the same with a small Grain read-ahead
     restarts: int  # restart-baseline subprocesses
     snapshot_rounds: int  # rounds of (none, k=1, k=5, k=10) blocks
     snapshot_block: int  # steps per block
@@ -56,18 +57,18 @@ class Sizes:
 
 SIZES = {
     "full": Sizes(
-        losses=12, losses_no_precompile=6, restarts=10, snapshot_rounds=4, snapshot_block=40,
+        losses=12, losses_no_precompile=6, losses_small_readahead=6, restarts=10, snapshot_rounds=4, snapshot_block=40,
         preempt_mb=(64, 256, 1024), preempt_repeats=3, restore_mb=512, restore_repeats=5,
         goodput_steps=600, overhead_rounds=3, overhead_steps=150, reposition_repeats=30,
     ),
     "quick": Sizes(
-        losses=10, losses_no_precompile=3, restarts=3, snapshot_rounds=2, snapshot_block=20,
+        losses=10, losses_no_precompile=3, losses_small_readahead=3, restarts=3, snapshot_rounds=2, snapshot_block=20,
         preempt_mb=(64, 256, 1024), preempt_repeats=1, restore_mb=256, restore_repeats=3,
         goodput_steps=150, overhead_rounds=2, overhead_steps=60, reposition_repeats=10,
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
-        losses=2, losses_no_precompile=0, restarts=1, snapshot_rounds=1, snapshot_block=4,
+        losses=2, losses_no_precompile=0, losses_small_readahead=0, restarts=1, snapshot_rounds=1, snapshot_block=4,
         preempt_mb=(16,), preempt_repeats=1, restore_mb=16, restore_repeats=1,
         goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2,
     ),
@@ -169,6 +170,7 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
     ("  mesh and compile, p50 (s)", "recovery_mesh_and_compile_s_p50", None, None, None),
     ("  restore, p50 (s)", "recovery_restore_s_p50", None, None, None),
     ("  first step after restore, p50 (s)", "recovery_first_step_s_p50", None, None, None),
+    ("recovery with a small Grain read-ahead, p50 (s)", "recovery_small_readahead_s_p50", "restart_s_p50", "recovery_small_readahead_speedup", None),
     ("recovery without precompiling, p50 (s)", "recovery_no_precompile_s_p50", "restart_s_p50", "recovery_no_precompile_speedup", None),
     ("snapshot every step: step-time overhead (%)", "snapshot_overhead_pct_k1", None, None, "snapshot_overhead_pct_k1"),
     ("  snapshots taken / requested, k=1", "snapshots_taken_fraction_k1", None, None, None),

@@ -36,15 +36,18 @@ def schedules(steps: int) -> tuple[str, str]:
 def _supervise(run_dir: Path, steps: int, schedule: str, snapshot_every: int) -> dict[str, Any]:
     codes = []
     for _ in range(10):
-        code = subprocess.run(
-            worker_command("train", str(run_dir), str(steps), schedule, str(snapshot_every), str(CHECKPOINT_EVERY)),
-            cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        codes.append(code.returncode)
-        if code.returncode == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = run_dir.parent / f"{run_dir.name}-worker.log"
+        with open(log, "a") as err:
+            code = subprocess.run(
+                worker_command("train", str(run_dir), str(steps), schedule, str(snapshot_every), str(CHECKPOINT_EVERY)),
+                cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=err, timeout=1800,
+            ).returncode
+        codes.append(code)
+        if code == 0:
             break
-        if code.returncode not in (143, -9):
-            raise RuntimeError(f"training worker exited {code.returncode}: {code.stderr[-3000:]}")
+        if code not in (143, -9):
+            raise RuntimeError(f"training worker exited {code}: {log.read_text()[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["exit_codes"] = codes
     return summary

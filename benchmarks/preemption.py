@@ -59,17 +59,20 @@ def _committed_steps(directory: Path) -> list[int]:
 
 def preempt_once(directory: Path, megabytes: int) -> tuple[float, float]:
     """``(SIGTERM to exit seconds, the protocol's save seconds)`` of one preempted run."""
-    child = subprocess.Popen(
-        worker_command("preempt", str(directory / "checkpoints"), str(megabytes)),
-        cwd=REPO, env=worker_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "worker.log"
+    with open(log, "w") as err:  # a file, not a pipe: a full pipe would stall the worker
+        child = subprocess.Popen(
+            worker_command("preempt", str(directory / "checkpoints"), str(megabytes)),
+            cwd=REPO, env=worker_env(devices=1), stdout=subprocess.PIPE, stderr=err, text=True,
+        )
     save = None
     for line in child.stdout:
         if line.startswith("READY"):
             break
     else:
         child.wait()
-        raise RuntimeError(f"preempt worker exited {child.returncode} before stepping: {child.stderr.read()[-2000:]}")
+        raise RuntimeError(f"preempt worker exited {child.returncode} before stepping: {log.read_text()[-2000:]}")
     t = time.monotonic()
     child.send_signal(signal.SIGTERM)
     for line in child.stdout:
@@ -77,9 +80,8 @@ def preempt_once(directory: Path, megabytes: int) -> tuple[float, float]:
             save = float(line.split()[1])
     code = child.wait(timeout=300)
     elapsed = time.monotonic() - t
-    stderr = child.stderr.read()
     if code != 143:
-        raise RuntimeError(f"preempted worker exited {code}, not 143: {stderr[-2000:]}")
+        raise RuntimeError(f"preempted worker exited {code}, not 143: {log.read_text()[-2000:]}")
     if not _committed_steps(directory / "checkpoints") or save is None:
         raise RuntimeError("preempted worker exited 143 without a committed checkpoint")
     return elapsed, save

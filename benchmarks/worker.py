@@ -153,7 +153,15 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m benchmarks.worker {{{'|'.join(MODES)}}} ARGS...", file=sys.stderr)
         return 2
     _prepare()
-    return MODES[argv[0]](*argv[1:])
+    from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
+
+    try:
+        return MODES[argv[0]](*argv[1:])
+    except Preempted:
+        # As `elastic-dew train` does: return the status, so the interpreter shuts down its
+        # thread pools itself (runtime's uncaught-Preempted hook joins their idle workers
+        # before it has told them to stop, and waits for ever).
+        return PREEMPTED_EXIT
 
 
 if __name__ == "__main__":
