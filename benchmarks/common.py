@@ -57,14 +57,14 @@ class Sizes:
 
 SIZES = {
     "full": Sizes(
-        losses=12, losses_no_precompile=6, losses_small_readahead=6, restarts=10, snapshot_rounds=4, snapshot_block=40,
+        losses=12, losses_no_precompile=4, losses_small_readahead=12, restarts=10, snapshot_rounds=4, snapshot_block=40,
         preempt_mb=(64, 256, 1024), preempt_repeats=3, restore_mb=512, restore_repeats=5,
         goodput_steps=600, overhead_rounds=3, overhead_steps=150, reposition_repeats=30,
     ),
     "quick": Sizes(
-        losses=10, losses_no_precompile=3, losses_small_readahead=3, restarts=3, snapshot_rounds=2, snapshot_block=20,
+        losses=10, losses_no_precompile=2, losses_small_readahead=0, restarts=3, snapshot_rounds=2, snapshot_block=20,
         preempt_mb=(64, 256, 1024), preempt_repeats=1, restore_mb=256, restore_repeats=3,
-        goodput_steps=150, overhead_rounds=2, overhead_steps=60, reposition_repeats=10,
+        goodput_steps=120, overhead_rounds=2, overhead_steps=40, reposition_repeats=10,
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
@@ -171,7 +171,8 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
     ("  restore, p50 (s)", "recovery_restore_s_p50", None, None, None),
     ("  first step after restore, p50 (s)", "recovery_first_step_s_p50", None, None, None),
     ("recovery with a small Grain read-ahead, p50 (s)", "recovery_small_readahead_s_p50", "restart_s_p50", "recovery_small_readahead_speedup", None),
-    ("recovery without precompiling, p50 (s)", "recovery_no_precompile_s_p50", "restart_s_p50", "recovery_no_precompile_speedup", None),
+    ("  first loss of each slice, p50 (s)", "recovery_first_per_slice_s_p50", "restart_s_p50", None, None),
+    ("first loss of each slice without precompiling, p50 (s)", "recovery_no_precompile_s_p50", "recovery_first_per_slice_s_p50", "recovery_no_precompile_over_precompile", None),
     ("snapshot every step: step-time overhead (%)", "snapshot_overhead_pct_k1", None, None, "snapshot_overhead_pct_k1"),
     ("  snapshots taken / requested, k=1", "snapshots_taken_fraction_k1", None, None, None),
     ("snapshot every 5 steps: overhead (%)", "snapshot_overhead_pct_k5", None, None, None),

@@ -1,0 +1,91 @@
+"""The benchmark harness (``python -m benchmarks``): its output format and its accounting.
+
+Not the targets: speed figures live in ``benchmarks/`` and ``docs/performance.md``. The
+smoke test runs the cheapest benchmarks in the hidden tiny mode as a real subprocess (the
+harness sets its own device count before JAX starts, and the preemption benchmark sends a
+real SIGTERM to a real worker process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.__main__ import MODULES, parse
+from benchmarks.common import ROWS, table, verdicts
+from benchmarks.work_lost import work_lost
+
+from conftest import REPO
+
+
+def test_the_tiny_mode_writes_results_json_and_a_markdown_table(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--tiny", "--only", "reposition,restore_bw,preemption", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for key in (
+        "reposition_ratio", "reposition_s_step10", "reposition_s_step1e6",
+        "snapshot_restore_bw_over_memcpy", "checkpoint_restore_bw_over_memcpy", "memcpy_gib_s",
+        "preempt_save_s_16MB", "preempt_checkpoint_s_16MB", "save_bw_over_disk",
+    ):
+        assert isinstance(results[key], float) and results[key] > 0, key
+    assert results["mode"] == "tiny"
+    assert results["machine"]["cores"] >= 1
+    assert set(results["targets_met"]) == {
+        "reposition_ratio", "snapshot_restore_bw_over_memcpy", "checkpoint_restore_bw_over_memcpy",
+    }
+    md = (tmp_path / "results.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    assert rows[0] == "| metric | value | baseline | ratio | target | met |"
+    assert all(line.count("|") == 7 for line in rows)
+    assert any(line.startswith("| data reposition, step 1,000,000 / step 10 |") for line in rows)
+
+
+def _step(step, start, end):
+    return {"event": "step", "step": step, "examples": [start, end]}
+
+
+def test_work_lost_counts_redone_steps_and_examples_skipped_or_seen_twice():
+    clean = [
+        {"event": "resume", "source": "fresh", "step": 1},
+        _step(1, 0, 4), _step(2, 4, 8), _step(3, 8, 12),
+        {"event": "stop", "reason": "slice_lost", "step": 3},
+        {"event": "resume", "source": "snapshot", "step": 3},  # step 3 is redone
+        _step(3, 8, 12), _step(4, 12, 16),
+    ]
+    assert work_lost(clean) == {
+        "steps_recomputed_total": 1, "failures": 1, "examples_lost": 0, "examples_duplicated": 0,
+    }
+    gap_and_overlap = [_step(1, 0, 4), _step(2, 6, 10), _step(3, 8, 12)]
+    lost = work_lost(gap_and_overlap)
+    assert lost["examples_lost"] == 2 and lost["examples_duplicated"] == 2
+
+
+def test_a_snapshot_overhead_met_by_skipping_snapshots_is_not_met():
+    results = {"snapshot_overhead_pct_k1": 1.0, "snapshots_taken_fraction_k1": 0.5}
+    assert verdicts(results)["snapshot_overhead_pct_k1"] is False
+    results["snapshots_taken_fraction_k1"] = 1.0
+    assert verdicts(results)["snapshot_overhead_pct_k1"] is True
+    assert "| snapshot every step: step-time overhead (%) | 1 |" in table(results)
+
+
+def test_a_missed_target_is_marked_in_the_table():
+    results = {"recovery_s_p50": 2.0, "restart_s_p50": 8.0, "recovery_speedup": 4.0}
+    line = next(l for l in table(results).splitlines() if l.startswith("| recovery after a slice loss, p50"))
+    assert line.endswith("| >= 10x | **no** |")
+    assert {row[1] for row in ROWS} >= {"recovery_s_p50", "goodput", "framework_overhead_pct", "reposition_ratio"}
+
+
+def test_an_unknown_benchmark_name_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--only", "recovery,warp_speed"])
+    err = capsys.readouterr().err
+    assert "warp_speed" in err and ", ".join(MODULES) in err
