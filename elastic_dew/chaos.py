@@ -526,11 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [args.seed] if args.seed is not None else args.seeds
     if args.workdir and Path(args.workdir).exists() and any(Path(args.workdir).iterdir()):
         parser.error(f"--workdir {args.workdir} is not empty; give a new or empty directory")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # The runs lose slices on purpose: without -v, keep their tracebacks out of the verdicts.
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.CRITICAL,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     if not args.verbose:
-        # The runs lose slices on purpose: keep their tracebacks and warnings out of the verdicts.
-        for name in ("pathwaysutils", "absl", "elastic_dew.elastic", "elastic_dew.simulate", "elastic_dew.trainer"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
 
     from elastic_dew.runtime import prepare_process
 
