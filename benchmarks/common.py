@@ -64,7 +64,7 @@ SIZES = {
     "quick": Sizes(
         losses=10, losses_no_precompile=2, losses_small_readahead=0, restarts=3, snapshot_rounds=2, snapshot_block=20,
         preempt_mb=(64, 256, 1024), preempt_repeats=1, restore_mb=256, restore_repeats=3,
-        goodput_steps=120, overhead_rounds=2, overhead_steps=40, reposition_repeats=10,
+        goodput_steps=100, overhead_rounds=2, overhead_steps=40, reposition_repeats=10,
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
