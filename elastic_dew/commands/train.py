@@ -10,7 +10,9 @@ are used, and ``--slices``, ``--devices-per-slice`` and ``--chaos`` are refused.
 
 The run directory is ``--run-dir``, else ``runs/NAME`` with NAME from ``--name``, else
 ``$JOBSET_NAME`` (a restarted pod re-uses its run), else ``run_timestamp()`` (refused if
-that directory exists). An existing run directory is resumed; it must have been started
+that directory exists). It is a local directory: a URL such as ``gs://...`` is refused
+(mount the bucket, e.g. with Cloud Storage FUSE, and give the mounted path). An existing run
+directory is resumed; it must have been started
 with the same recipe, recipe settings, seed and global batch (``command.json`` records
 them).
 
@@ -30,6 +32,7 @@ import json
 import logging
 import os
 import pkgutil
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +66,8 @@ DEFAULT_DEVICES_PER_SLICE = 2
 SIMULATED_POLL_INTERVAL = 0.5
 #: Settings that make two runs different runs; resuming with other values is refused.
 _IDENTITY = ("recipe", "overrides", "seed", "global_batch")
+#: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class UsageError(ValueError):
@@ -223,6 +228,12 @@ def _positive(name: str, value: int | None, *, zero_ok: bool = False) -> None:
 def _run_dir_of(args: argparse.Namespace) -> Path | None:
     if args.run_dir and args.name:
         raise UsageError("give --run-dir or --name, not both (--name NAME means --run-dir runs/NAME)")
+    if args.run_dir and _URL.match(args.run_dir):
+        raise UsageError(
+            f"--run-dir {args.run_dir} is a URL, but the run directory must be a local directory "
+            "(the run record is appended and fsynced line by line); mount the bucket, for example "
+            "with Cloud Storage FUSE, and give the mounted path (--run-dir /gcs/runs/NAME)"
+        )
     if args.run_dir:
         return Path(args.run_dir)
     name = args.name or os.environ.get("JOBSET_NAME")
