@@ -80,10 +80,18 @@ def test_the_controller_trains_the_recipe_through_the_proxy_into_a_run_directory
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["JAX_PLATFORMS"] == "proxy"
     assert env["JAX_BACKEND_TARGET"] == f"grpc://localhost:{R.PROXY_PORT}"
-    assert c["command"][:3] == ["elastic-dew", "train", "mlp"]
-    assert c["command"][c["command"].index("--run-dir") + 1] == "gs://dew-bucket/team/runs/run-a"
-    assert c["command"][c["command"].index("--slices") + 1] == "4"
-    assert c["command"][c["command"].index("--min-slices") + 1] == "1"
+    assert c["command"] == ["elastic-dew", "train", "mlp", "--run-dir", "/gcs/team/runs/run-a", "--min-slices", "1"]
+    # The run directory is on --bucket, mounted through Cloud Storage FUSE (a local path: the
+    # run record is appended and fsynced); GKE injects the gcsfuse sidecar on the annotation.
+    assert c["volumeMounts"] == [{"name": "run-storage", "mountPath": "/gcs"}]
+    hp = head(js)["template"]["spec"]["template"]
+    assert hp["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    assert hp["spec"]["volumes"] == [{"name": "run-storage", "csi": {
+        "driver": "gcsfuse.csi.storage.gke.io",
+        "volumeAttributes": {"bucketName": "dew-bucket", "mountOptions": "implicit-dirs"}}}]
+    # One service account, with Workload Identity access to the bucket, on head and workers.
+    assert hp["spec"]["serviceAccountName"] == pod(worker(js))["serviceAccountName"] == "default"
+    assert pod(head(jobset(params(service_account="dew-runner"))))["serviceAccountName"] == "dew-runner"
 
 
 def test_the_proxy_gets_the_guides_elastic_flag_by_default_and_pathwaysutils_spelling_on_request():
@@ -147,7 +155,7 @@ def test_the_mtc_variant_puts_the_sidecar_shared_memory_and_csi_volume_on_worker
     for c in (sidecar, pw):
         assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]} == {
             "shared-tmp": "/tmp/sidecar", "checkpoint-mount": "/tmp/mtc_checkpoints"}
-    assert "volumes" not in pod(head(js))
+    assert [v["csi"]["driver"] for v in pod(head(js))["volumes"]] == ["gcsfuse.csi.storage.gke.io"]  # no MTC volume
     assert "--sidecar_name=external" not in named(
         pod(head(jobset(params())))["initContainers"], "pathways-proxy")["args"]
 
@@ -189,6 +197,32 @@ def _small_backoff(js):
     worker(js)["template"]["spec"]["backoffLimit"] = 6
 
 
+def _controller_command(js):
+    return named(pod(head(js))["containers"], "controller")["command"]
+
+
+def _simulator_flag(js):
+    _controller_command(js).extend(["--slices", "4"])
+
+
+def _name_and_run_dir(js):
+    _controller_command(js).extend(["--name", "dew-test"])
+
+
+def _url_run_dir(js):
+    cmd = _controller_command(js)
+    cmd[cmd.index("--run-dir") + 1] = "gs://dew-bucket/runs/dew-test"
+
+
+def _run_dir_off_the_mount(js):
+    cmd = _controller_command(js)
+    cmd[cmd.index("--run-dir") + 1] = "/tmp/runs/dew-test"
+
+
+def _fuse_without_annotation(js):
+    head(js)["template"]["spec"]["template"]["metadata"]["annotations"] = {}
+
+
 @pytest.mark.parametrize("break_it,expected", [
     (_drop_143, "exit code 143"),
     (_sidecar_without_flag, "needs --sidecar_name=external"),
@@ -196,6 +230,11 @@ def _small_backoff(js):
     (_csi_on_head, "must not mount the multi-tier checkpoint volume"),
     (_elastic_above_slices, "--num_elastic_instances=9 must be 1..4"),
     (_small_backoff, "backoffLimit must allow"),
+    (_simulator_flag, "--slices applies only to simulated slices"),
+    (_name_and_run_dir, "give --run-dir or --name, not both"),
+    (_url_run_dir, "must be an absolute path on a mounted volume"),
+    (_run_dir_off_the_mount, "must lie under a mount of a persistent volume"),
+    (_fuse_without_annotation, 'gke-gcsfuse/volumes: "true"'),
 ])
 def test_the_semantic_checks_catch_what_the_schema_allows(break_it, expected):
     js = jobset(params(mtc=True, sidecar_image="s/side:1", elastic_slices=4))
@@ -258,6 +297,8 @@ def _with(argv, flag, value):
     (RENDER + ["--mtc"], "--sidecar-image", "build k8s/Dockerfile.sidecar"),
     (RENDER + ["--proxy-flag-spelling", "both"], "--proxy-flag-spelling", "instances, slices"),
     (RENDER + ["--grace-seconds", "5"], "--grace-seconds", "at least 30"),
+    (_with(RENDER, "--bucket", "gs://dew-bucket/../other"), "--bucket", "without '.', '..'"),
+    (RENDER + ["--service-account", "Dew_SA"], "--service-account", "Workload Identity access to --bucket"),
 ])
 def test_bad_parameters_exit_nonzero_naming_the_field_and_the_fix_and_write_nothing(
         argv, field, fix, tmp_path, capsys):

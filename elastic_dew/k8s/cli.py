@@ -59,7 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--image", required=True, help="controller image (built from k8s/Dockerfile.controller)")
     r.add_argument("--recipe", required=True, help=f"recipe the controller trains: {', '.join(KNOWN_RECIPES)}")
     r.add_argument("--bucket", required=True,
-                   help="gs://BUCKET for Pathways scratch files and the run directory gs://BUCKET/runs/NAME")
+                   help="gs://BUCKET[/FOLDER] for Pathways scratch files and the run directory, which the "
+                        "controller sees at /gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE")
     r.add_argument("--mtc", action="store_true", help="multi-tier checkpointing variant (needs --sidecar-image)")
     r.add_argument("--sidecar-image", help="colocated-Python sidecar image (built from k8s/Dockerfile.sidecar)")
     r.add_argument("--priority", help="PriorityClass name for the head and worker pods (hot swap)")
@@ -77,6 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="restarts allowed per TPU host before its slice's Job fails")
     r.add_argument("--mtc-ramdisk-dir", default=_DEFAULTS.mtc_ramdisk_dir,
                    help="where the multi-tier checkpoint volume is mounted on workers")
+    r.add_argument("--service-account", default=_DEFAULTS.service_account,
+                   help="Kubernetes service account of the pods; it needs Workload Identity access to --bucket")
     r.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
     r.set_defaults(k8s_run=_render)
 
@@ -158,7 +161,7 @@ _RENDER_OPTIONAL = [
     ("--namespace", "namespace"), ("--pathways-version", "pathways_version"),
     ("--head-node-pool", "head_node_pool"), ("--grace-seconds", "grace_seconds"),
     ("--max-restarts", "max_restarts"), ("--slice-restarts", "slice_restarts"),
-    ("--mtc-ramdisk-dir", "mtc_ramdisk_dir"),
+    ("--mtc-ramdisk-dir", "mtc_ramdisk_dir"), ("--service-account", "service_account"),
 ]
 
 

@@ -14,6 +14,7 @@ from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type
 
 __all__ = [
     "KNOWN_RECIPES",
+    "RUN_MOUNT",
     "PROXY_FLAG_SPELLINGS",
     "JobSetParams",
     "ParameterError",
@@ -25,6 +26,10 @@ __all__ = [
 
 #: The recipes ``elastic-dew train RECIPE`` knows; the controller container runs one of them.
 KNOWN_RECIPES: tuple[str, ...] = ("lm", "mlp")
+
+#: Where the controller container mounts ``--bucket`` (Cloud Storage FUSE): the run directory
+#: is a local path under it, since ``elastic-dew train`` appends and fsyncs its run record there.
+RUN_MOUNT = "/gcs"
 
 #: ``--proxy-flag-spelling`` -> the pathways-proxy flag that sets the number of elastic slices.
 #: The resilience guide writes ``--num_elastic_instances``; pathwaysutils' ``PathwaysJobSet``
@@ -100,6 +105,7 @@ class JobSetParams:
     max_restarts: int = 5
     slice_restarts: int = 1_000_000
     mtc_ramdisk_dir: str = "/tmp/mtc_checkpoints"
+    service_account: str = "default"
 
     # -- derived values -------------------------------------------------------------
     @property
@@ -122,9 +128,17 @@ class JobSetParams:
         return f"{self.bucket_url}/pathways-scratch"
 
     @property
+    def bucket_name(self) -> str:
+        """The bare bucket name of ``--bucket`` (what the FUSE volume mounts)."""
+        return parse_bucket("--bucket", self.bucket)[0]
+
+    @property
     def run_dir(self) -> str:
-        """The run directory: stable across restarts, so a restarted controller resumes."""
-        return f"{self.bucket_url}/runs/{self.name}"
+        """The run directory: ``--bucket``'s ``runs/NAME`` as the controller sees it through the
+        Cloud Storage FUSE mount at ``RUN_MOUNT``; stable across restarts, so a restarted
+        controller resumes."""
+        _, prefix = parse_bucket("--bucket", self.bucket)
+        return "/".join([RUN_MOUNT, *([prefix] if prefix else []), "runs", self.name])
 
     @property
     def min_slices(self) -> int:
@@ -169,7 +183,13 @@ class JobSetParams:
         if self.recipe not in KNOWN_RECIPES:
             raise ParameterError("--recipe", f"unknown recipe {self.recipe!r}",
                                  f"use one of {', '.join(KNOWN_RECIPES)}")
-        parse_bucket("--bucket", self.bucket)
+        _, prefix = parse_bucket("--bucket", self.bucket)
+        if prefix and any(part in ("", ".", "..") or any(c.isspace() for c in part) for part in prefix.split("/")):
+            raise ParameterError(
+                "--bucket", f"the prefix {prefix!r} is not a plain folder path",
+                "write gs://BUCKET or gs://BUCKET/FOLDER[/FOLDER...] without '.', '..', '//' or spaces "
+                "(the run directory is FOLDER/runs/NAME in the bucket)",
+            )
         if self.mtc and not self.sidecar_image:
             raise ParameterError("--sidecar-image", "--mtc needs the colocated-Python sidecar image",
                                  "build k8s/Dockerfile.sidecar and pass its URI with --sidecar-image")
@@ -184,6 +204,10 @@ class JobSetParams:
             raise ParameterError("--proxy-flag-spelling", f"unknown spelling {self.proxy_flag_spelling!r}",
                                  f"use one of {', '.join(PROXY_FLAG_SPELLINGS)}")
         check_rfc1123_label("--head-node-pool", self.head_node_pool)
+        if len(self.service_account) > 253 or not _SUBDOMAIN.match(self.service_account):
+            raise ParameterError("--service-account", f"{self.service_account!r} is not a Kubernetes service account name",
+                                 "use a lowercase DNS subdomain name such as 'elastic-dew' (the account needs "
+                                 "Workload Identity access to --bucket; see docs/kubernetes.md)")
         if self.grace_seconds < 30:
             raise ParameterError("--grace-seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
                                  "use at least 30 (the default, 300, suits a multi-GB Orbax write)")

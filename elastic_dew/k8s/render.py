@@ -5,7 +5,10 @@
 * ``pathways-head`` (one pod): the Pathways resource manager and ``pathways-proxy`` run as
   native sidecars (init containers with ``restartPolicy: Always``), so they start before the
   controller, outlive its final checkpoint write, and stop when it ends; the ``controller``
-  container runs ``elastic-dew train RECIPE`` with ``JAX_PLATFORMS=proxy``. Its Job's
+  container runs ``elastic-dew train RECIPE`` with ``JAX_PLATFORMS=proxy`` and its run
+  directory on ``--bucket``, mounted at ``/gcs`` by the Cloud Storage FUSE CSI driver (GKE
+  injects the gcsfuse sidecar, a native sidecar too, ahead of the others: it starts first
+  and stops last, after the controller's final write). Its Job's
   ``podFailurePolicy`` ignores exit code 143 (preempted after writing its checkpoint) and
   evictions, so such a restart resumes without using the failure budget.
 * ``pathways-worker`` (one Job per slice, one pod per TPU host): TPU node selectors, the
@@ -24,7 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from elastic_dew.k8s.params import JobSetParams, parse_bucket
+from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams, parse_bucket
 from elastic_dew.runtime import PREEMPTED_EXIT
 
 __all__ = [
@@ -53,6 +56,15 @@ WORKER_PORT = 29005
 SIDECAR_PORT = 50051
 SIDECAR_SHM_DIR = "/tmp/sidecar"
 MTC_CSI_DRIVER = "multitier-checkpoint.csi.storage.gke.io"
+GCSFUSE_CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
+#: The pod annotation that makes GKE's webhook inject the gcsfuse sidecar.
+GCSFUSE_ANNOTATION = "gke-gcsfuse/volumes"
+#: The head pod's volume that holds the run directory (``--bucket`` through Cloud Storage FUSE).
+RUN_VOLUME = "run-storage"
+#: gcsfuse flags: implicit-dirs shows folders that exist only as object name prefixes (a
+#: run directory written by another pod, or made with gcloud), so a restarted controller
+#: finds its run.
+GCSFUSE_MOUNT_OPTIONS = "implicit-dirs"
 IMAGE_REPO = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways"
 
 #: The controller's exit code after SIGTERM once its checkpoint is written (128 + 15): the
@@ -136,12 +148,16 @@ def _proxy(p: JobSetParams) -> dict[str, Any]:
 
 
 def controller_command(p: JobSetParams) -> list[str]:
-    """The controller's command line: the trainer, on the real slices, resuming from run_dir."""
+    """The controller's command line: the trainer, on the real slices, resuming from run_dir.
+
+    No ``--slices``: under ``JAX_PLATFORMS=proxy`` the allocation defines the slices and the
+    train command refuses the simulator's flags (exit 2, which fails the JobSet). No
+    ``--name``: ``--run-dir`` names the run directory already, and the two exclude each other.
+    tests/test_k8s_train_seam.py runs this command through the train command's own checks.
+    """
     return [
         "elastic-dew", "train", p.recipe,
         "--run-dir", p.run_dir,
-        "--name", p.name,
-        "--slices", str(p.slices),
         "--min-slices", str(p.min_slices),
     ]
 
@@ -160,7 +176,19 @@ def _controller(p: JobSetParams) -> dict[str, Any]:
             _env("ENABLE_PATHWAYS_PERSISTENCE", "1"),
             _field_env("JOBSET_NAME", _JOBSET_NAME),
         ],
+        "volumeMounts": [{"name": RUN_VOLUME, "mountPath": RUN_MOUNT}],
         "resources": {"limits": {"cpu": "24", "memory": "100G"}},
+    }
+
+
+def _run_volume(p: JobSetParams) -> dict[str, Any]:
+    """``--bucket`` as a CSI ephemeral volume of the Cloud Storage FUSE driver."""
+    return {
+        "name": RUN_VOLUME,
+        "csi": {
+            "driver": GCSFUSE_CSI_DRIVER,
+            "volumeAttributes": {"bucketName": p.bucket_name, "mountOptions": GCSFUSE_MOUNT_OPTIONS},
+        },
     }
 
 
@@ -169,11 +197,13 @@ def _head_job(p: JobSetParams) -> dict[str, Any]:
         "nodeSelector": {NODE_POOL_LABEL: p.head_node_pool},
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": p.grace_seconds,
+        "serviceAccountName": p.service_account,
     }
     if p.priority:
         pod_spec["priorityClassName"] = p.priority
     pod_spec["initContainers"] = [_resource_manager(p), _proxy(p)]
     pod_spec["containers"] = [_controller(p)]
+    pod_spec["volumes"] = [_run_volume(p)]
     return {
         "name": HEAD_JOB,
         "replicas": 1,
@@ -191,7 +221,7 @@ def _head_job(p: JobSetParams) -> dict[str, Any]:
                     {"action": "FailJob", "onExitCodes": {
                         "containerName": CONTROLLER, "operator": "In", "values": [USAGE_EXIT_CODE]}},
                 ]},
-                "template": {"spec": pod_spec},
+                "template": {"metadata": {"annotations": {GCSFUSE_ANNOTATION: "true"}}, "spec": pod_spec},
             },
         },
     }
@@ -260,6 +290,7 @@ def _worker_job(p: JobSetParams) -> dict[str, Any]:
         },
         "restartPolicy": "OnFailure",
         "terminationGracePeriodSeconds": p.grace_seconds,
+        "serviceAccountName": p.service_account,
     }
     if p.priority:
         pod_spec["priorityClassName"] = p.priority
@@ -381,6 +412,14 @@ JOBSET_COMMENTS: dict[str, str] = {
     ),
     f"- name: {WORKER_JOB} >> restartPolicy: OnFailure": "A failed TPU host restarts in place and rejoins its slice.",
     f"nodeSelector:\n{ACCELERATOR_LABEL}": "The slice's TPU type and topology (GKE node labels).",
+    f"{GCSFUSE_ANNOTATION}:": (
+        "GKE injects the Cloud Storage FUSE sidecar that serves the run-storage mount (as a native "
+        "sidecar, first: it starts before and stops after every other container)."
+    ),
+    "serviceAccountName:": "Needs Workload Identity access to --bucket (roles/storage.objectUser): see docs/kubernetes.md.",
+    f"volumes:\n- name: {RUN_VOLUME}": (
+        f"--bucket mounted at {RUN_MOUNT}: the run directory outlives the pod, so a restarted controller resumes it."
+    ),
 }
 
 

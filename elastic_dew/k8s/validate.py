@@ -145,6 +145,50 @@ def _mounts(c: dict[str, Any] | None) -> dict[str, str]:
     return {m["name"]: m["mountPath"] for m in (c or {}).get("volumeMounts", []) or []}
 
 
+#: Flags of ``elastic-dew train`` that only the simulator takes: under ``JAX_PLATFORMS=proxy``
+#: the command refuses them with exit 2, which fails the head Job and the JobSet.
+_SIMULATOR_FLAGS = ("--slices", "--devices-per-slice", "--chaos")
+
+
+def _controller_command_errors(head: dict[str, Any], controller: dict[str, Any]) -> list[str]:
+    """The controller's ``elastic-dew train`` command against what the train command accepts
+    on real slices, and its run directory against the pod's persistent volumes."""
+    where = f"{R.HEAD_JOB}/{R.CONTROLLER}"
+    cmd = [str(a) for a in controller.get("command", []) or []]
+    given = {a.partition("=")[0] for a in cmd}
+    errs = [f"{where}: {flag} applies only to simulated slices; elastic-dew train refuses it under "
+            "JAX_PLATFORMS=proxy (exit 2 fails the JobSet)" for flag in _SIMULATOR_FLAGS if flag in given]
+    if "--name" in given and "--run-dir" in given:
+        errs.append(f"{where}: give --run-dir or --name, not both (elastic-dew train refuses the pair)")
+    if "--run-dir" not in cmd or cmd.index("--run-dir") + 1 >= len(cmd):
+        return errs + [f"{where}: the command must pass --run-dir on persistent storage"]
+    run_dir = cmd[cmd.index("--run-dir") + 1]
+    if not run_dir.startswith("/"):
+        return errs + [f"{where}: --run-dir {run_dir} must be an absolute path on a mounted volume "
+                       "(elastic-dew train refuses URLs such as gs://: mount the bucket with Cloud Storage FUSE)"]
+    pod_template = head.get("template", {}).get("spec", {}).get("template", {})
+    volumes = {v.get("name"): v for v in pod_template.get("spec", {}).get("volumes", []) or []}
+    mounts = [(m.get("mountPath", "").rstrip("/"), volumes.get(m.get("name"), {}))
+              for m in controller.get("volumeMounts", []) or []]
+    under = [v for path, v in mounts if path and (run_dir == path or run_dir.startswith(path + "/"))]
+    persistent = [v for v in under
+                  if v.get("csi", {}).get("driver") == R.GCSFUSE_CSI_DRIVER or "persistentVolumeClaim" in v]
+    if not persistent:
+        return errs + [f"{where}: --run-dir {run_dir} must lie under a mount of a persistent volume "
+                       f"(a {R.GCSFUSE_CSI_DRIVER} CSI volume or a PersistentVolumeClaim), or a restarted "
+                       "pod cannot resume the run"]
+    if any(v.get("csi", {}).get("driver") == R.GCSFUSE_CSI_DRIVER for v in volumes.values()):
+        annotations = pod_template.get("metadata", {}).get("annotations", {}) or {}
+        if annotations.get(R.GCSFUSE_ANNOTATION) != "true":
+            errs.append(f"{R.HEAD_JOB}: a {R.GCSFUSE_CSI_DRIVER} volume needs the pod annotation "
+                        f"{R.GCSFUSE_ANNOTATION}: \"true\" (else GKE injects no gcsfuse sidecar and the mount hangs)")
+        for name, v in volumes.items():
+            if v.get("csi", {}).get("driver") == R.GCSFUSE_CSI_DRIVER and \
+                    not v["csi"].get("volumeAttributes", {}).get("bucketName"):
+                errs.append(f"{R.HEAD_JOB}: volume {name} needs csi.volumeAttributes.bucketName")
+    return errs
+
+
 def semantic_errors(jobset: dict[str, Any]) -> list[str]:
     """What an elastic Pathways JobSet must get right beyond its schema."""
     errs: list[str] = []
@@ -172,11 +216,7 @@ def semantic_errors(jobset: dict[str, Any]) -> list[str]:
             errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: JAX_PLATFORMS must be 'proxy'")
         if not str(env.get("JAX_BACKEND_TARGET", "")).startswith("grpc://"):
             errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: JAX_BACKEND_TARGET must be grpc://HOST:{R.PROXY_PORT}")
-        cmd = controller.get("command", [])
-        if "--run-dir" not in cmd or cmd.index("--run-dir") + 1 >= len(cmd):
-            errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: the command must pass --run-dir on persistent storage")
-        elif not re.match(r"^(gs://|/)", cmd[cmd.index("--run-dir") + 1]):
-            errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: --run-dir must be gs://... or a mounted absolute path")
+        errs += _controller_command_errors(head, controller)
     if hpod.get("restartPolicy") != "Never":
         errs.append(f"{R.HEAD_JOB}: restartPolicy must be Never (podFailurePolicy requires it)")
     rules = head.get("template", {}).get("spec", {}).get("podFailurePolicy", {}).get("rules", [])
