@@ -480,11 +480,12 @@ def _preempted_excepthook(exc_type, exc, tb) -> None:
         return
     logger.info("%s: exiting with status %d", exc, PREEMPTED_EXIT)
     # The exit status cannot be changed once the hook returns, so do the interpreter's own
-    # shutdown here (join threads, run atexit, flush) and leave with os._exit.
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon and thread is not threading.current_thread():
-            thread.join()
+    # shutdown here and leave with os._exit. threading._shutdown is that shutdown's first
+    # part: it runs the threading atexit callbacks (which tell idle ThreadPoolExecutor
+    # workers, such as Grain's and Orbax's, to stop) and then joins non-daemon threads.
+    # Joining them without those callbacks would wait for ever.
+    if threading.current_thread() is threading.main_thread():
+        threading._shutdown()
     try:
         atexit._run_exitfuncs()
     finally:

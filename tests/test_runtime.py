@@ -533,6 +533,22 @@ def test_an_uncaught_preempted_exits_143_even_without_prepare_process_and_atexit
     assert out.stderr == ""
 
 
+def test_an_uncaught_preempted_exits_143_while_idle_thread_pools_are_alive():
+    """Grain and Orbax keep idle ThreadPoolExecutor workers, which only stop when the
+    interpreter's threading shutdown tells them to: the exit must not wait for them."""
+    out = _python(
+        """
+        import concurrent.futures
+        from elastic_dew.runtime import Preempted
+        pool = concurrent.futures.ThreadPoolExecutor(2)
+        pool.submit(lambda: 1).result()
+        raise Preempted(5)
+        """
+    )
+    assert out.returncode == PREEMPTED_EXIT
+    assert out.stderr == ""
+
+
 def test_other_uncaught_exceptions_still_reach_the_previous_hook():
     out = _python(
         """
