@@ -248,3 +248,12 @@ def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption(tmp_pa
     assert summary["stops"]["slice_lost"] == 1 and summary["stops"]["preempted"] == 1
     assert summary["processes"] == 2
     assert (run_dir / "timeline.png").exists()
+
+
+def test_multi_tier_checkpointing_is_refused_on_simulated_slices(tmp_path, monkeypatch, capsys):
+    """It needs TPU workers with colocated-Python sidecars, which a CPU cannot be."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "mlp", "--checkpoint-kind", "multi_tier"]) == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint-kind multi_tier needs TPU workers" in err
+    assert list(tmp_path.iterdir()) == []

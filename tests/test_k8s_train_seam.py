@@ -111,6 +111,10 @@ def test_the_rendered_controller_command_passes_the_train_commands_own_checks_un
     assert plan.run_dir == local_run_dir
     assert plan.recipe == f"recipes.{p.recipe}"
     assert plan.config.minimum_slice_count == p.min_slices <= p.slices
+    # The multi-tier variant's manifest is only worth its sidecars if the trainer uses them.
+    assert plan.config.checkpoint_kind == ("multi_tier" if p.mtc else "orbax")
+    if p.mtc:
+        assert plan.config.checkpoint_dir == p.mtc_ramdisk_dir == train.MULTI_TIER_DIR
     assert list(bucket_root.iterdir()) == [] and sorted(os.listdir(tmp_path)) == ["bucket"]
 
 

@@ -64,6 +64,8 @@ DEFAULT_DEVICES_PER_SLICE = 2
 #: ElasticConfig default): simulated slices come back at once, so polling fast keeps the
 #: demo's waits short.
 SIMULATED_POLL_INTERVAL = 0.5
+#: The workers' local multi-tier checkpoint directory (the guide's --gke-mtc-ramdisk-dir).
+MULTI_TIER_DIR = "/tmp/mtc_checkpoints"
 #: Settings that make two runs different runs; resuming with other values is refused.
 _IDENTITY = ("recipe", "overrides", "seed", "global_batch")
 #: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
@@ -118,6 +120,16 @@ def _add_arguments(parser: argparse.ArgumentParser, *, recipe: bool = True) -> N
     parser.add_argument(
         "--checkpoint-every", type=int, default=100, metavar="M",
         help="steps between persistent checkpoints; 0 keeps only preemption checkpoints (default 100)",
+    )
+    parser.add_argument(
+        "--checkpoint-kind", choices=("orbax", "multi_tier"), default="orbax",
+        help="persistent tier: orbax (a CheckpointManager in the run directory) or multi_tier "
+        "(the guide's ReplicatorCheckpointManager over colocated-Python sidecars; TPU only)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir", metavar="DIR",
+        help=f"where the persistent tier writes (default RUN_DIR/checkpoints; for multi_tier "
+        f"the workers' local directory, default {MULTI_TIER_DIR})",
     )
     parser.add_argument(
         "--min-slices", type=int, metavar="K",
@@ -307,6 +319,17 @@ def plan(args: argparse.Namespace) -> Plan:
                 f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
                 "set JAX_PLATFORMS=cpu to simulate"
             )
+    if args.checkpoint_kind == "multi_tier" and simulate:
+        raise UsageError(
+            "--checkpoint-kind multi_tier needs TPU workers with colocated-Python sidecars "
+            "under Pathways (JAX_PLATFORMS=proxy); simulated slices use --checkpoint-kind orbax"
+        )
+    if args.checkpoint_dir is not None and _URL.match(args.checkpoint_dir) is None and not os.path.isabs(
+        args.checkpoint_dir
+    ):
+        raise UsageError(
+            f"--checkpoint-dir {args.checkpoint_dir} must be an absolute path or a gs:// URL"
+        )
     slices = args.slices or DEFAULT_SLICES
     devices_per_slice = args.devices_per_slice or DEFAULT_DEVICES_PER_SLICE
     if args.min_slices is not None and simulate and args.min_slices > slices:
@@ -339,6 +362,9 @@ def plan(args: argparse.Namespace) -> Plan:
             global_batch=global_batch,
             snapshot_every=args.snapshot_every,
             checkpoint_every=args.checkpoint_every,
+            checkpoint_kind=args.checkpoint_kind,
+            checkpoint_dir=args.checkpoint_dir
+            or (MULTI_TIER_DIR if args.checkpoint_kind == "multi_tier" else None),
             **({"poll_interval": poll} if poll is not None else {}),
         )
     except ValueError as err:

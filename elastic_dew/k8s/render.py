@@ -155,11 +155,16 @@ def controller_command(p: JobSetParams) -> list[str]:
     ``--name``: ``--run-dir`` names the run directory already, and the two exclude each other.
     tests/test_k8s_train_seam.py runs this command through the train command's own checks.
     """
-    return [
+    command = [
         "elastic-dew", "train", p.recipe,
         "--run-dir", p.run_dir,
         "--min-slices", str(p.min_slices),
     ]
+    if p.mtc:
+        # The persistent tier is then the guide's ReplicatorCheckpointManager, writing through
+        # the workers' colocated-Python sidecars into their multi-tier checkpoint volume.
+        command += ["--checkpoint-kind", "multi_tier", "--checkpoint-dir", p.mtc_ramdisk_dir]
+    return command
 
 
 def _controller(p: JobSetParams) -> dict[str, Any]:
