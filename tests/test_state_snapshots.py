@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import jax
@@ -91,7 +92,12 @@ def test_meta_that_is_not_json_is_refused_and_nothing_is_pickled():
 
 
 def test_a_save_while_the_previous_one_is_in_flight_is_counted_as_requested_but_not_taken():
-    """The state's computation blocks on an event, so Orbax's transfer stays in flight."""
+    """The state's computation blocks on an event, so Orbax's transfer stays in flight.
+
+    The leaf is sharded along ``data``, so it passes through unpacked and the save only
+    queues Orbax's transfer (on CPU, a jitted pack of a leaf whose host callback is
+    blocked would itself wait for it on the training thread).
+    """
     mesh = mesh_of(4)
     release = threading.Event()
 
@@ -101,9 +107,9 @@ def test_a_save_while_the_previous_one_is_in_flight_is_counted_as_requested_but_
 
     slow = jax.jit(
         lambda a: jax.pure_callback(held, jax.ShapeDtypeStruct(a.shape, a.dtype), a) + 1,
-        out_shardings=NamedSharding(mesh, P()),
+        out_shardings=NamedSharding(mesh, P("data")),
     )
-    x = slow(jax.device_put(jnp.zeros(8), NamedSharding(mesh, P())))
+    x = slow(jax.device_put(jnp.zeros(8), NamedSharding(mesh, P("data"))))
     snapshots = Snapshots()
     try:
         results = [snapshots.save(step, {"x": x}, {"step": step}, mesh) for step in (1, 2, 3)]
@@ -116,9 +122,125 @@ def test_a_save_while_the_previous_one_is_in_flight_is_counted_as_requested_but_
     assert snapshots.taken == sum(results) < 3
     last_taken = max(step for step, took in zip((1, 2, 3), results) if took)
     assert snapshots.latest_step() == last_taken
-    loaded, meta, step = snapshots.load({"x": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, P()))})
+    loaded, meta, step = snapshots.load({"x": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, P("data")))})
     assert step == last_taken and meta == {"step": last_taken}
     np.testing.assert_array_equal(np.asarray(loaded["x"]), np.ones(8))
+
+
+def mixed_state_on(mesh: Mesh) -> dict:
+    """A trainer-like state: replicated leaves of several dtypes, a typed key, one model-sharded leaf."""
+    replicated = NamedSharding(mesh, P())
+    rng = np.random.default_rng(0)
+    return {
+        "params": {
+            "w": jax.device_put(rng.standard_normal((6, 5)).astype(np.float32), replicated),
+            "b": jax.device_put(rng.standard_normal(5).astype(np.float32), replicated),
+            "emb": jax.device_put(rng.standard_normal((3, 4)).astype(jnp.bfloat16), replicated),
+            "proj": jax.device_put(rng.standard_normal((4, 8)).astype(np.float32), NamedSharding(mesh, P(None, "model"))),
+        },
+        "count": jax.device_put(np.int32(41), replicated),
+        "mask": jax.device_put(np.array([True, False, True]), replicated),
+        "key": jax.device_put(jax.random.key(11), replicated),
+        "nan": jax.device_put(np.array([np.nan, -0.0, np.inf], np.float32), replicated),
+    }
+
+
+def model_mesh_of(replicas: int) -> Mesh:
+    devices = np.array(jax.devices()[: replicas * 2]).reshape(replicas, 1, 2)
+    return Mesh(devices, AXES)
+
+
+def test_replicated_leaves_are_packed_into_one_array_per_dtype_and_a_model_sharded_leaf_passes_through():
+    mesh = model_mesh_of(4)
+    state = mixed_state_on(mesh)
+    snapshots = Snapshots()
+    assert snapshots.save(3, state, {"step": 3}, mesh)
+    snapshots.join()
+
+    replica = snapshots._snapshotter._latest_snapshot[0][0]
+    packed = replica["state"]["packed"]
+    layout = json.loads(replica["meta"])["packing"]
+    assert sorted(g["dtype"] for g in layout["groups"]) == ["bfloat16", "bool", "float32", "int32", "uint32"]
+    assert [a.ndim for a in packed] == [1] * 5
+    assert [a.size for a in packed] == [g["size"] for g in layout["groups"]]
+    passed = replica["state"]["leaves"]
+    assert len(passed) == 1 and passed[0].shape == (4, 8)
+    assert passed[0].sharding.spec == P(None, "model")
+    by_path = {e["path"]: e for e in layout["leaves"]}
+    assert "group" not in by_path["['params']['proj']"]
+    assert by_path["['key']"]["key_impl"] == "threefry2x32"
+
+
+def test_a_packed_snapshot_loads_onto_a_smaller_mesh_bitwise_equal_on_the_target_shardings():
+    four, two = model_mesh_of(4), model_mesh_of(2)
+    state = mixed_state_on(four)
+    meta = {"step": 9, "data": {"global_next_index": 108}}
+    snapshots = Snapshots()
+    assert snapshots.save(9, state, meta, four)
+
+    # The targets differ from the saved shardings: a replicated leaf lands split along model.
+    targets = jax.tree.map(lambda x: NamedSharding(two, x.sharding.spec), state)
+    targets["params"]["w"] = NamedSharding(two, P(None, None))
+    targets["params"]["emb"] = NamedSharding(two, P(None, "model"))
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, targets)
+    loaded, loaded_meta, step = snapshots.load(abstract)
+
+    assert (loaded_meta, step) == (meta, 9)
+    assert jax.dtypes.issubdtype(loaded["key"].dtype, jax.dtypes.prng_key)
+    flat_loaded = jax.tree_util.tree_leaves_with_path(loaded)
+    flat_state = jax.tree_util.tree_leaves(state)
+    flat_targets = jax.tree_util.tree_leaves(targets)
+    for (path, got), want, target in zip(flat_loaded, flat_state, flat_targets):
+        assert got.sharding == target, jax.tree_util.keystr(path)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if jax.dtypes.issubdtype(got.dtype, jax.dtypes.prng_key):
+            got, want = jax.random.key_data(got), jax.random.key_data(want)
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), jax.tree_util.keystr(path)
+
+    # The snapshot was re-split on the smaller mesh, still packed: a second loss is survivable.
+    one = model_mesh_of(1)
+    again = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(one, P())), abstract)
+    reloaded, _, _ = snapshots.load(again)
+    np.testing.assert_array_equal(np.asarray(reloaded["params"]["w"]), np.asarray(state["params"]["w"]))
+    assert int(reloaded["count"]) == 41
+
+
+def test_an_abstract_state_that_does_not_match_the_packing_layout_is_refused_and_the_snapshot_kept():
+    mesh = mesh_of(4)
+    state = {"w": jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P())), "n": jax.device_put(jnp.int32(1), NamedSharding(mesh, P()))}
+    snapshots = Snapshots()
+    assert snapshots.save(4, state, {"step": 4}, mesh)
+    abstract = abstract_on(state, mesh_of(2))
+
+    wrong_shape = dict(abstract, w=jax.ShapeDtypeStruct((4, 5), jnp.float32, sharding=abstract["w"].sharding))
+    with pytest.raises(ValueError, match=r"leaf \['w'\] has shape \(4, 4\) and dtype float32.*\(4, 5\)"):
+        snapshots.load(wrong_shape)
+    wrong_dtype = dict(abstract, n=jax.ShapeDtypeStruct((), jnp.float32, sharding=abstract["n"].sharding))
+    with pytest.raises(ValueError, match=r"leaf \['n'\].*dtype int32.*dtype float32"):
+        snapshots.load(wrong_dtype)
+    with pytest.raises(ValueError, match="2 leaves, the abstract state has 3"):
+        snapshots.load(dict(abstract, extra=abstract["n"]))
+
+    assert snapshots.latest_step() == 4  # refused before Orbax touched the replicas
+    loaded, _, _ = snapshots.load(abstract)
+    np.testing.assert_array_equal(np.asarray(loaded["w"]), np.ones((4, 4)))
+
+
+def test_a_load_that_fails_after_orbax_took_the_replicas_drops_the_snapshot(monkeypatch):
+    """Orbax's load is made to fail (standing in for a slice lost mid-load, which cannot happen on CPU)."""
+    mesh = mesh_of(4)
+    state = {"w": jax.device_put(jnp.ones(4), NamedSharding(mesh, P()))}
+    snapshots = Snapshots()
+    assert snapshots.save(2, state, {"step": 2}, mesh)
+    snapshots.join()
+
+    def lost(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("slice lost while loading")
+
+    monkeypatch.setattr(snapshots._snapshotter, "load", lost)
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        snapshots.load(abstract_on(state, mesh_of(2)))
+    assert snapshots.latest_step() is None
 
 
 def test_loading_before_any_snapshot_completed_is_a_clear_error():
