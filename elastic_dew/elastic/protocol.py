@@ -42,7 +42,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
-import numpy as np
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
@@ -50,11 +49,11 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.retry import elastic_retry, make_manager
 from elastic_dew.elastic.slices import (
-    AXES,
     batch_sharding,
     build_mesh,
     check_batch,
     global_batch_for,
+    mesh_of,
 )
 from elastic_dew.elastic.state import Checkpoints, Snapshots, newest
 from elastic_dew.runtime import Preempted
@@ -300,8 +299,7 @@ class ElasticRun:
         layouts = []
         for lost in active:
             devices = [d for i in active if i != lost for d in self.manager.slice_to_devices[i]]
-            grid = np.asarray(devices, dtype=object).reshape(len(active) - 1, self.devices_per_slice // model, model)
-            layouts.append((jax.sharding.Mesh(grid, AXES), batch))
+            layouts.append((mesh_of(devices, len(active) - 1, model), batch))
         return layouts
 
     def _start_precompiling(self) -> None:

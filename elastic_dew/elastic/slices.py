@@ -19,6 +19,7 @@ The batch is sharded over ``("replica", "data")``; state is replicated or sharde
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -31,6 +32,7 @@ __all__ = [
     "AXES",
     "active_devices",
     "build_mesh",
+    "mesh_of",
     "global_batch_for",
     "check_batch",
     "batch_sharding",
@@ -89,9 +91,13 @@ def build_mesh(manager: Any, model_axis: int | None = None) -> Mesh:
             f"use a divisor of {per_slice} "
             f"({', '.join(str(d) for d in range(1, per_slice + 1) if per_slice % d == 0)})"
         )
-    devices = active_devices(manager)
-    slices = manager.active_slice_count
-    grid = np.asarray(devices, dtype=object).reshape(slices, per_slice // model, model)
+    return mesh_of(active_devices(manager), manager.active_slice_count, model)
+
+
+def mesh_of(devices: Sequence[jax.Device], slices: int, model_axis: int = 1) -> Mesh:
+    """The mesh :func:`build_mesh` makes, over ``devices`` ordered slice by slice."""
+    per_slice = len(devices) // slices
+    grid = np.asarray(devices, dtype=object).reshape(slices, per_slice // model_axis, model_axis)
     return Mesh(grid, AXES)
 
 
