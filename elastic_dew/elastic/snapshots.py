@@ -129,7 +129,7 @@ def _pack_fn(layout: dict, mesh: Mesh) -> Callable[..., list[jax.Array]]:
             parts[entry["group"]].append(jnp.ravel(data))
         return [jnp.concatenate(p) if len(p) > 1 else p[0] for p in parts]
 
-    replicated = NamedSharding(mesh, PartitionSpec(), memory_kind="pinned_host")
+    replicated = NamedSharding(mesh, PartitionSpec())
     return jax.jit(pack, out_shardings=[replicated] * groups)
 
 
