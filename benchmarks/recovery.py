@@ -231,13 +231,14 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         results["recovery_small_readahead_first_step_s_p50"] = median(small["parts"]["first_step"])
         results["recovery_small_readahead_speedup"] = results["restart_s_p50"] / results["recovery_small_readahead_s_p50"]
         notes.append(
-            "The first step after a resume waits for Grain to refill its read-ahead (ElasticData's "
-            "default grain.ReadOptions: 16 threads, 500 examples) under the GIL; with "
+            "The first step after a resume waits for Grain to refill its read-ahead, under the "
+            "GIL. ElasticData's default read-ahead is two batches on at most as many threads as "
+            "cores (elastic_dew.elastic.data.default_read_options; Grain's own default of 16 "
+            "threads and 500 examples made this step the largest part of recovery); with "
             f"ReadOptions(num_threads={SMALL_READAHEAD[0]}, prefetch_buffer_size={SMALL_READAHEAD[1]}) "
             f"recovery is {results['recovery_small_readahead_s_p50']:.2f} s (p50 of "
             f"{len(small['recoveries'])}), first step "
-            f"{results['recovery_small_readahead_first_step_s_p50']:.2f} s. Trainer.fit does not "
-            "expose read_options, so the headline figure keeps the default."
+            f"{results['recovery_small_readahead_first_step_s_p50']:.2f} s."
         )
     notes.append(
         f"Recovery: {len(r)} slice losses on 4 simulated slices x 2 CPU devices, lm recipe, "
