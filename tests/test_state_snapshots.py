@@ -171,6 +171,42 @@ def test_replicated_leaves_are_packed_into_one_array_per_dtype_and_a_model_shard
     assert by_path["['key']"]["key_impl"] == "threefry2x32"
 
 
+def test_large_leaves_and_a_lone_small_leaf_are_not_packed_and_still_round_trip(monkeypatch):
+    """Packing saves per-leaf dispatch; a large leaf would only pay an extra copy each way."""
+    from elastic_dew.elastic import snapshots as module
+
+    monkeypatch.setattr(module, "PACK_MAX_BYTES", 64)
+    mesh = model_mesh_of(4)
+    replicated = NamedSharding(mesh, P())
+    state = {
+        "big": jax.device_put(np.arange(64, dtype=np.float32), replicated),  # 256 bytes
+        "small": jax.device_put(np.arange(4, dtype=np.float32), replicated),
+        "tiny": jax.device_put(np.int32(7), replicated),
+    }
+    snapshots = Snapshots()
+    assert snapshots.save(1, state, {"step": 1}, mesh)
+    snapshots.join()
+    layout = json.loads(snapshots._snapshotter._latest_snapshot[0][0]["meta"])["packing"]
+    by_path = {e["path"]: e for e in layout["leaves"]}
+    assert "group" not in by_path["['big']"]
+    assert "group" in by_path["['small']"] and "group" in by_path["['tiny']"]
+
+    lone = {"big": state["big"], "small": state["small"]}  # one small leaf: nothing to gain
+    snapshots = Snapshots()
+    assert snapshots.save(2, lone, {"step": 2}, mesh)
+    snapshots.join()
+    layout = json.loads(snapshots._snapshotter._latest_snapshot[0][0]["meta"])["packing"]
+    assert layout["groups"] == [] and all("group" not in e for e in layout["leaves"])
+    smaller = model_mesh_of(2)
+    abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(smaller, P())), lone
+    )
+    loaded, meta, step = snapshots.load(abstract)
+    assert step == 2 and meta == {"step": 2}
+    np.testing.assert_array_equal(loaded["big"], np.arange(64, dtype=np.float32))
+    np.testing.assert_array_equal(loaded["small"], np.arange(4, dtype=np.float32))
+
+
 def test_a_packed_snapshot_loads_onto_a_smaller_mesh_bitwise_equal_on_the_target_shardings():
     four, two = model_mesh_of(4), model_mesh_of(2)
     state = mixed_state_on(four)
