@@ -257,3 +257,14 @@ def test_multi_tier_checkpointing_is_refused_on_simulated_slices(tmp_path, monke
     err = capsys.readouterr().err
     assert "--checkpoint-kind multi_tier needs TPU workers" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_directory_on_a_missing_mount_is_refused_on_real_slices(tmp_path, monkeypatch, capsys):
+    """Without its volume the run directory would live in the pod's own filesystem and a
+    restarted pod would start over; a top-level directory that does not exist says so."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JAX_PLATFORMS", "proxy")
+    missing = "/elastic-dew-no-such-mount/runs/x"
+    assert cli.main(["train", "mlp", "--run-dir", missing]) == 2
+    assert "/elastic-dew-no-such-mount does not exist" in capsys.readouterr().err
+    assert not Path("/elastic-dew-no-such-mount").exists()

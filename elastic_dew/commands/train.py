@@ -247,7 +247,19 @@ def _run_dir_of(args: argparse.Namespace) -> Path | None:
             "with Cloud Storage FUSE, and give the mounted path (--run-dir /gcs/runs/NAME)"
         )
     if args.run_dir:
-        return Path(args.run_dir)
+        run_dir = Path(args.run_dir)
+        top = Path(*run_dir.parts[:2]) if run_dir.is_absolute() and len(run_dir.parts) > 2 else None
+        if top is not None and not simulating() and not top.exists():
+            # On real slices an absolute run directory lives on a mounted volume (the
+            # manifests mount the bucket at /gcs); without the mount it would land in the
+            # container's own filesystem and vanish with the pod, and a restart would
+            # silently start over.
+            raise UsageError(
+                f"--run-dir {run_dir}: {top} does not exist, so the volume it should be on is "
+                "not mounted; mount the persistent volume (the manifests mount the bucket with "
+                "Cloud Storage FUSE at /gcs) or give a run directory on one"
+            )
+        return run_dir
     name = args.name or os.environ.get("JOBSET_NAME")
     if name is not None:
         if not name or "/" in name or name in (".", ".."):
