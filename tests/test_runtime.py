@@ -38,13 +38,13 @@ from elastic_dew.runtime import (
 HANG_GUARD = 120
 
 
-def _python(code: str, *, preexec_fn=None, env: dict | None = None) -> subprocess.CompletedProcess:
+def _python(code: str, *, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
     for name in [k for k in full_env if k.startswith(("SLURM_", "OMPI_", "DEW_"))]:
         del full_env[name]
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-        timeout=HANG_GUARD, preexec_fn=preexec_fn, env=full_env,
+        timeout=HANG_GUARD, env=full_env,
     )
 
 
@@ -99,23 +99,22 @@ def test_importing_the_runtime_and_preparing_a_lone_process_do_not_import_jax():
 
 
 def test_prepare_process_raises_the_soft_fd_and_core_limits_to_the_hard_ones():
+    """The child lowers its own soft limits first (as a restrictive scheduler would have),
+    then prepares; lowering them in a preexec_fn would fork this multithreaded process."""
     nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     core_hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
 
-    def lower():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, nofile_hard))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, core_hard))
-
     out = _python(
-        """
+        f"""
         import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, {nofile_hard}))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, {core_hard}))
         from elastic_dew.runtime import prepare_process
         before = resource.getrlimit(resource.RLIMIT_NOFILE)[0], resource.getrlimit(resource.RLIMIT_CORE)[0]
         prepare_process(multi_host=False)
         after = resource.getrlimit(resource.RLIMIT_NOFILE)[0], resource.getrlimit(resource.RLIMIT_CORE)[0]
         print(*before, *after)
         """,
-        preexec_fn=lower,
     )
     nofile_before, core_before, nofile_after, core_after = map(int, out.stdout.split())
     assert (nofile_before, core_before) == (64, 0), out.stderr
