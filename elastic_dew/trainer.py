@@ -30,12 +30,9 @@ from elastic_dew.elastic.protocol import ElasticRun
 from elastic_dew.elastic.slices import batch_sharding, replicated
 from elastic_dew.runtime import Layout, PreemptionNotice
 
-__all__ = ["Trainer", "FitResult", "HOST_PARTS"]
+__all__ = ["Trainer", "FitResult"]
 
 logger = logging.getLogger(__name__)
-
-#: The state parts a :class:`~elastic_dew.runtime.Layout` may place in host memory.
-HOST_PARTS = frozenset({"params", "opt_state"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,12 +192,8 @@ class Trainer:
             raise TypeError(f"config must be an ElasticConfig, not {type(config).__name__}")
         if log_every < 1:
             raise ValueError(f"log_every={log_every} must be >= 1 step")
+        # Layout itself refuses parts other than params and opt_state.
         host = frozenset(layout.host) if layout is not None else frozenset()
-        if host - HOST_PARTS:
-            raise ValueError(
-                f"Layout(host={sorted(host)}) names {sorted(host - HOST_PARTS)}; "
-                f"the trainer's state parts are {sorted(HOST_PARTS)}"
-            )
         if host and config.snapshot_every:
             raise ValueError(
                 f"Layout(host={sorted(host)}) keeps those state parts in host memory, but the "
