@@ -19,6 +19,7 @@ LAYERS = {
     "elastic_dew.launch": 0,
     "elastic_dew.elastic": 1,
     "elastic_dew.simulate": 1,
+    "elastic_dew.rundir": 1,  # the run directory's formats: below everything that reads them
     "elastic_dew.trainer": 2,
     "elastic_dew.record": 2,
     "elastic_dew.progress": 2,

@@ -1,0 +1,175 @@
+"""The run's events, typed: one frozen dataclass per kind, with a JSON round trip.
+
+Every event the protocol, the trainer and the simulator produce is one of these; the run
+record (``events.jsonl``) stores ``event.to_json()`` one per line and readers get them back
+with :func:`from_json`. The JSON keys are a contract other tools read (``docs/trainer.md``),
+so the field names here are the keys, and ``to_json`` adds ``"event": KIND``.
+
+=========  ==============================================================================
+kind       fields
+=========  ==============================================================================
+start      ``process_start`` (the process's own start, epoch seconds), ``pid``
+step       ``step``, ``slices`` (active), ``loss``, ``examples`` ``[begin, end)``,
+           ``seconds`` (the step, host to result), ``data_seconds`` (waiting for the batch)
+save       ``tier`` (``snapshot``/``checkpoint``), ``step``, ``taken``, ``seconds``
+stop       ``reason`` (:data:`STOP_REASONS`), ``step`` (the last completed step)
+resume     ``source`` (:data:`RESUME_SOURCES`), ``step`` (the first step run next),
+           ``durations`` (seconds under :data:`DURATION_KEYS`)
+fault      ``action``, ``slice``, ``step``, ``phase``, ``scheduled`` (the schedule token)
+=========  ==============================================================================
+
+Every event has ``wall``: when it happened, in seconds since the epoch. Keys a reader does
+not know are kept in ``extra`` and written back, so a record written by a newer version
+survives a round trip through an older one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+__all__ = [
+    "STOP_REASONS",
+    "RESUME_SOURCES",
+    "DURATION_KEYS",
+    "Event",
+    "Start",
+    "Step",
+    "Save",
+    "Stop",
+    "Resume",
+    "Fault",
+    "KINDS",
+    "from_json",
+    "to_json",
+]
+
+STOP_REASONS = ("preempted", "slice_lost", "scale_up", "done")
+RESUME_SOURCES = ("live", "snapshot", "checkpoint", "fresh")
+DURATION_KEYS = ("detection", "wait_for_slices", "mesh_and_compile", "restore")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Event:
+    """What every event carries: when it happened, and keys this version does not know."""
+
+    kind: ClassVar[str] = ""
+    wall: float = dataclasses.field(default_factory=time.time)
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as its run-record line: ``{"event": kind, **fields}``."""
+        out: dict[str, Any] = {"event": self.kind}
+        for field in dataclasses.fields(self):
+            if field.name == "extra":
+                continue
+            value = getattr(self, field.name)
+            out[field.name] = dict(value) if isinstance(value, Mapping) else (
+                list(value) if isinstance(value, tuple) else value
+            )
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Start(Event):
+    """A process began (or resumed) the run."""
+
+    kind: ClassVar[str] = "start"
+    process_start: float
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Step(Event):
+    """A training step whose result has been read."""
+
+    kind: ClassVar[str] = "step"
+    step: int
+    slices: int
+    loss: float
+    examples: tuple[int, int]
+    seconds: float
+    data_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Save(Event):
+    """A tier was asked to save a step (``taken``: whether it did, or skipped it)."""
+
+    kind: ClassVar[str] = "save"
+    tier: str
+    step: int
+    taken: bool
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Stop(Event):
+    """Why an attempt stopped, after which completed step."""
+
+    kind: ClassVar[str] = "stop"
+    reason: str
+    step: int
+
+    def __post_init__(self) -> None:
+        if self.reason not in STOP_REASONS:
+            raise ValueError(f"stop reason {self.reason!r} is not one of {STOP_REASONS}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Resume(Event):
+    """Where an attempt's state came from, and the first step it runs."""
+
+    kind: ClassVar[str] = "resume"
+    source: str
+    step: int
+    durations: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source not in RESUME_SOURCES:
+            raise ValueError(f"resume source {self.source!r} is not one of {RESUME_SOURCES}")
+        given = self.durations or {}
+        object.__setattr__(
+            self, "durations", {k: round(float(given.get(k, 0.0) or 0.0), 6) for k in DURATION_KEYS}
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fault(Event):
+    """A fault the simulator fired (``slice`` is ``None`` for process-wide faults)."""
+
+    kind: ClassVar[str] = "fault"
+    action: str
+    slice: int | None
+    step: int
+    phase: str
+    scheduled: str
+
+
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault)}
+
+
+def from_json(line: Mapping[str, Any]) -> Event:
+    """The typed event of one run-record line; raises ``ValueError`` naming what is wrong."""
+    kind = line.get("event")
+    cls = KINDS.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown event kind {kind!r}; known kinds are {sorted(KINDS)}")
+    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    values = {k: v for k, v in line.items() if k in names}
+    extra = {k: v for k, v in line.items() if k not in names and k != "event"}
+    if "examples" in values and values["examples"] is not None:
+        values["examples"] = tuple(int(x) for x in values["examples"])
+    try:
+        return cls(**values, extra=extra)
+    except TypeError as error:
+        raise ValueError(f"{kind} event {dict(line)!r} is missing fields: {error}") from None
+
+
+def to_json(event: Event | Mapping[str, Any]) -> dict[str, Any]:
+    """A run-record line from a typed event (or an already-JSON mapping, copied)."""
+    return event.to_json() if isinstance(event, Event) else dict(event)

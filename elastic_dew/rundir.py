@@ -1,0 +1,299 @@
+"""The run directory: its layout, its identity, the fault log, and the checkpoint commit rule.
+
+This module is the one home of every file format a run directory holds, except the event
+lines themselves (their schema is :mod:`elastic_dew.elastic.events`, their writer the run
+record). Everything that reads or writes a run directory (the run, the trainer, the run
+record, the simulator, the chaos harness, the benchmarks, the tests) goes through here.
+
+::
+
+    RUN_DIR/
+      command.json      the run's identity (recipe, overrides, seed, batch, fault schedule)
+      events.jsonl      the run record (append-only, see elastic_dew.record)
+      faults.jsonl      the simulator's fired faults (append-only, fsynced before firing)
+      summary.json      written at the end of each process
+      final_params.npz  the final parameters
+      timeline.png      the run's timeline picture
+      checkpoints/      tier 2: Orbax steps, committed by the rule of :func:`committed`
+
+A step directory of the persistent tier is *committed* when Orbax has written its commit
+timestamp into ``_CHECKPOINT_METADATA`` and both items (``state`` and ``meta``) exist; a step
+without them is an interrupted save and is never restored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "COMMAND_FILE",
+    "EVENTS_FILE",
+    "FAULTS_FILE",
+    "SUMMARY_FILE",
+    "PARAMS_FILE",
+    "TIMELINE_FILE",
+    "CHECKPOINTS_DIR",
+    "ENTRIES",
+    "IDENTITY_KEYS",
+    "RunDirError",
+    "check",
+    "read_identity",
+    "write_identity",
+    "committed",
+    "committed_steps",
+    "FaultEntry",
+    "FaultLog",
+    "read_faults",
+    "fsync_append",
+]
+
+logger = logging.getLogger(__name__)
+
+COMMAND_FILE = "command.json"
+EVENTS_FILE = "events.jsonl"
+FAULTS_FILE = "faults.jsonl"
+SUMMARY_FILE = "summary.json"
+PARAMS_FILE = "final_params.npz"
+TIMELINE_FILE = "timeline.png"
+CHECKPOINTS_DIR = "checkpoints"
+
+#: Everything a run directory may hold (``*.tmp`` are atomic writes in progress).
+ENTRIES = frozenset({
+    COMMAND_FILE, EVENTS_FILE, FAULTS_FILE, SUMMARY_FILE, PARAMS_FILE, TIMELINE_FILE,
+    CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", "tensorboard",
+})
+
+#: The keys of ``command.json`` that must match for a run directory to be resumed.
+IDENTITY_KEYS = ("recipe", "overrides", "seed", "global_batch", "chaos")
+
+#: Orbax's per-step metadata file and the items every committed step holds.
+_ORBAX_METADATA = "_CHECKPOINT_METADATA"
+_ITEMS = ("state", "meta")
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used as asked; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def _writable_ancestor(path: Path) -> Path:
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+def check(run_dir: str | os.PathLike[str], identity: Mapping[str, Any] | None = None) -> None:
+    """Refuse a run directory that cannot hold this run, before anything is written.
+
+    A new directory must be creatable under a writable directory. An existing one must be
+    a directory, empty or an elastic_dew run (it holds ``command.json`` or ``events.jsonl``,
+    or only run-directory entries); with ``identity``, the run recorded in its
+    ``command.json`` must be this one on every key of :data:`IDENTITY_KEYS` it records.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        parent = _writable_ancestor(run_dir.parent)
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise RunDirError(
+                f"run directory {run_dir} cannot be created ({parent} is "
+                f"{'not writable' if parent.is_dir() else 'not a directory'}); choose a run "
+                "directory under a writable directory"
+            )
+        return
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} exists and is not a directory; choose another path")
+    entries = {entry.name for entry in run_dir.iterdir()}
+    if entries and not ({COMMAND_FILE, EVENTS_FILE} & entries) and not entries <= ENTRIES:
+        foreign = sorted(entries - ENTRIES)
+        raise RunDirError(
+            f"run directory {run_dir} is not an elastic_dew run (no {COMMAND_FILE} or "
+            f"{EVENTS_FILE}, and it holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+            "give a new or empty directory, or the directory of an earlier run to resume it"
+        )
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise RunDirError(
+            f"run directory {run_dir} is not writable; choose a run directory under a writable directory"
+        )
+    if identity is None:
+        return
+    recorded = read_identity(run_dir)
+    if recorded is None:
+        return
+    differences = [
+        f"{key} {recorded.get(key)!r} -> {identity.get(key)!r}"
+        for key in IDENTITY_KEYS
+        if key in recorded and key in identity and recorded[key] != identity[key]
+    ]
+    if differences:
+        raise RunDirError(
+            f"{run_dir} holds another run ({'; '.join(differences)}); resume it with its own "
+            "settings, or start a new run with another run directory"
+        )
+
+
+def read_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run recorded in ``command.json``, or ``None`` when there is none."""
+    path = Path(run_dir) / COMMAND_FILE
+    if not path.exists():
+        return None
+    try:
+        recorded = json.loads(path.read_text())
+    except ValueError as err:
+        raise RunDirError(f"{path} is not valid JSON ({err}); is {path.parent} a run directory?") from None
+    if not isinstance(recorded, dict):
+        raise RunDirError(f"{path} does not hold a JSON object; is {path.parent} a run directory?")
+    return recorded
+
+
+def write_identity(run_dir: str | os.PathLike[str], identity: Mapping[str, Any]) -> None:
+    """Write ``command.json`` once: the first process of a run records it, later ones keep it."""
+    run_dir = Path(run_dir)
+    path = run_dir / COMMAND_FILE
+    if path.exists():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dict(identity), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def committed(step_dir: Any) -> bool:
+    """Whether one Orbax step directory is committed (any ``pathlib``-like path, ``epath`` too)."""
+    try:
+        metadata = json.loads((step_dir / _ORBAX_METADATA).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(metadata, dict) or not metadata.get("commit_timestamp_nsecs"):
+        return False
+    return all((step_dir / item).exists() for item in _ITEMS)
+
+
+def committed_steps(directory: Any) -> list[int]:
+    """The committed steps under a checkpoint directory, oldest first."""
+    if not directory.exists():
+        return []
+    steps = (int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    return sorted(step for step in steps if committed(directory / str(step)))
+
+
+# ----------------------------------------------------------------------------- fault log
+
+
+def fsync_append(path: Path, line: str) -> None:
+    """Append one line, flushed and fsynced (and the directory too when the file is new)."""
+    created = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line.rstrip("\n") + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if created:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultEntry:
+    """One fired fault: its place in the schedule, its text, and where it fired."""
+
+    index: int
+    fault: str
+    phase: str
+    step: int
+    time: float
+    pid: int = 0
+
+    @property
+    def action(self) -> str:
+        return self.fault.split("@", 1)[0].split(":", 1)[0]
+
+    @property
+    def slice(self) -> int | None:
+        head = self.fault.split("@", 1)[0]
+        _, _, index = head.partition(":")
+        return int(index) if index.isdigit() else None
+
+
+class FaultLog:
+    """``faults.jsonl``: the simulator's durable record of the faults it fired.
+
+    Each fault is appended (flushed and fsynced) *before* it fires, so a process killed by
+    its own fault, or preempted and re-run, never fires it twice. A torn last line is a
+    write cut short by a kill (the fault did not fire); any other bad line is refused.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def entries(self) -> list[FaultEntry]:
+        if not self.path.exists():
+            return []
+        out = []
+        lines = self.path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                entry = FaultEntry(
+                    index=int(raw["index"]), fault=str(raw["fault"]), phase=str(raw.get("phase", "step")),
+                    step=int(raw.get("step", 0)), time=float(raw.get("time", 0.0)), pid=int(raw.get("pid", 0)),
+                )
+            except (ValueError, KeyError, TypeError):
+                if number == len(lines):
+                    logger.warning("ignoring a torn last line of fault log %s", self.path)
+                    continue
+                raise ValueError(f"fault log {self.path} line {number} is not a fault record: {line!r}") from None
+            out.append(entry)
+        return out
+
+    def fired(self, schedule: Iterable[str]) -> set[int]:
+        """The indices of ``schedule`` (its faults' texts, in order) that already fired.
+
+        A record of a fault that is not in the schedule means the log belongs to another
+        run, and is refused.
+        """
+        texts = [str(f) for f in schedule]
+        fired = set()
+        for entry in self.entries():
+            if entry.index >= len(texts) or texts[entry.index] != entry.fault:
+                raise ValueError(
+                    f"fault log {self.path} records fault #{entry.index} {entry.fault!r}, which is "
+                    f"not in schedule {','.join(texts)!r}; it belongs to another run: use a fresh "
+                    "fault_log for a new schedule"
+                )
+            fired.add(entry.index)
+        return fired
+
+    def append(self, index: int, fault: str, phase: str, step: int) -> FaultEntry:
+        entry = FaultEntry(index=index, fault=fault, phase=phase, step=step, time=time.time(), pid=os.getpid())
+        fsync_append(self.path, json.dumps(dataclasses.asdict(entry)))
+        return entry
+
+
+def read_faults(run_dir: str | os.PathLike[str]) -> list[Any]:
+    """The faults fired in ``run_dir`` as typed ``fault`` events (none without a fault log)."""
+    from elastic_dew.elastic.events import Fault
+
+    return [
+        Fault(
+            action=e.action, slice=e.slice, step=e.step, phase=e.phase, scheduled=e.fault, wall=e.time,
+        )
+        for e in FaultLog(Path(run_dir) / FAULTS_FILE).entries()
+    ]
