@@ -1,0 +1,112 @@
+"""Which host CPU devices form which simulated slice, and the one pathwaysutils seam that asks.
+
+Slice ``k`` of a :class:`Topology` is devices ``k*D .. k*D+D-1`` of ``jax.devices()``
+ordered by id. CPU devices carry no ``slice_index``; pathwaysutils reads it in exactly one
+place, ``pathwaysutils.elastic.elastic.get_slice_to_devices``, and :meth:`Topology.group`
+is what the simulator answers there instead (:mod:`elastic_dew.simulate.patches` installs
+it), so ``Manager()`` with no arguments sees the devices grouped into slices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import jax
+
+__all__ = ["Topology"]
+
+logger = logging.getLogger(__name__)
+
+
+def _whole(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """``num_slices`` slices of ``devices_per_slice`` devices, built from the host's CPU devices."""
+
+    num_slices: int
+    devices_per_slice: int
+    slice_to_devices: dict[int, list[jax.Device]] = dataclasses.field(repr=False)
+    device_slice: dict[int, int] = dataclasses.field(repr=False)
+
+    @staticmethod
+    def check_shape(num_slices: int, devices_per_slice: int) -> None:
+        """Refuse a shape that is not whole numbers >= 1, before anything else is touched."""
+        _whole("num_slices", num_slices)
+        _whole("devices_per_slice", devices_per_slice)
+
+    @classmethod
+    def from_host(cls, num_slices: int, devices_per_slice: int) -> Topology:
+        """Group the first ``num_slices * devices_per_slice`` CPU devices into slices.
+
+        Raises ``RuntimeError`` saying what to set when JAX's backend is not the CPU or the
+        host has too few devices.
+        """
+        cls.check_shape(num_slices, devices_per_slice)
+        needed = num_slices * devices_per_slice
+        devices = sorted(jax.devices(), key=lambda device: device.id)
+        if devices[0].platform != "cpu":
+            raise RuntimeError(
+                f"SimulatedSlices runs on host CPU devices, but JAX's default backend is "
+                f"{devices[0].platform!r}; set JAX_PLATFORMS=cpu before JAX starts"
+            )
+        if len(devices) < needed:
+            raise RuntimeError(
+                f"SimulatedSlices({num_slices}, {devices_per_slice}) needs {needed} host "
+                f"devices, but JAX has {len(devices)}. Set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} before JAX starts "
+                f"(or elastic_dew.runtime.prepare_process(xla_flags="
+                f"'--xla_force_host_platform_device_count={needed}'))"
+            )
+        devices = devices[:needed]
+        slice_to_devices = {
+            index: devices[index * devices_per_slice : (index + 1) * devices_per_slice]
+            for index in range(num_slices)
+        }
+        device_slice = {
+            device.id: index for index, slice_devices in slice_to_devices.items() for device in slice_devices
+        }
+        return cls(num_slices, devices_per_slice, slice_to_devices, device_slice)
+
+    @property
+    def devices(self) -> list[jax.Device]:
+        """Every device of every slice, in slice order."""
+        return [device for index in sorted(self.slice_to_devices) for device in self.slice_to_devices[index]]
+
+    def slice_of(self, device: jax.Device) -> int | None:
+        """The slice a device belongs to, or None for a device outside every slice."""
+        return self.device_slice.get(device.id)
+
+    def device_ids(self, slices: frozenset[int] | set[int]) -> frozenset[int]:
+        """The ids of every device of ``slices``."""
+        return frozenset(device.id for index in slices for device in self.slice_to_devices[index])
+
+    def check_index(self, index: int) -> None:
+        """Refuse a slice index outside ``0 .. num_slices - 1``."""
+        if not isinstance(index, int) or not 0 <= index < self.num_slices:
+            raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.num_slices - 1}")
+
+    def group(self, devices: Sequence[jax.Device]) -> tuple[dict[int, list[jax.Device]], int]:
+        """``get_slice_to_devices``'s answer: ``devices`` by slice, and how many were outside.
+
+        Raises ``ValueError`` when none of ``devices`` belongs to a slice.
+        """
+        grouped: dict[int, list[jax.Device]] = {}
+        outside = 0
+        for device in devices:
+            index = self.device_slice.get(device.id)
+            if index is None or device.platform != "cpu":
+                outside += 1
+                continue
+            grouped.setdefault(index, []).append(device)
+        if not grouped:
+            raise ValueError(
+                f"none of the {len(devices)} devices belongs to a simulated slice; the simulated "
+                f"slices are CPU devices {sorted(self.device_slice)}"
+            )
+        return dict(sorted(grouped.items())), outside
