@@ -157,7 +157,7 @@ def test_replicated_leaves_are_packed_into_one_array_per_dtype_and_a_model_shard
     assert snapshots.save(3, state, {"step": 3}, mesh)
     snapshots.join()
 
-    replica = snapshots._snapshotter._latest_snapshot[0][0]
+    replica = snapshots._snapshotter.newest()[0][0]
     packed = replica["state"]["packed"]
     layout = json.loads(replica["meta"])["packing"]
     assert sorted(g["dtype"] for g in layout["groups"]) == ["bfloat16", "bool", "float32", "int32", "uint32"]
@@ -186,7 +186,7 @@ def test_large_leaves_and_a_lone_small_leaf_are_not_packed_and_still_round_trip(
     snapshots = Snapshots()
     assert snapshots.save(1, state, {"step": 1}, mesh)
     snapshots.join()
-    layout = json.loads(snapshots._snapshotter._latest_snapshot[0][0]["meta"])["packing"]
+    layout = json.loads(snapshots._snapshotter.newest()[0][0]["meta"])["packing"]
     by_path = {e["path"]: e for e in layout["leaves"]}
     assert "group" not in by_path["['big']"]
     assert "group" in by_path["['small']"] and "group" in by_path["['tiny']"]
@@ -195,7 +195,7 @@ def test_large_leaves_and_a_lone_small_leaf_are_not_packed_and_still_round_trip(
     snapshots = Snapshots()
     assert snapshots.save(2, lone, {"step": 2}, mesh)
     snapshots.join()
-    layout = json.loads(snapshots._snapshotter._latest_snapshot[0][0]["meta"])["packing"]
+    layout = json.loads(snapshots._snapshotter.newest()[0][0]["meta"])["packing"]
     assert layout["groups"] == [] and all("group" not in e for e in layout["leaves"])
     smaller = model_mesh_of(2)
     abstract = jax.tree.map(

@@ -20,6 +20,9 @@ loop needs around it:
 * ``Snapshotter.save`` silently skips a request while the previous one is still queued:
   :meth:`Snapshots.save` reports whether Orbax actually took the state and counts both.
 
+Everything that needs the Snapshotter's private members goes through
+:class:`~elastic_dew.elastic.orbax_snapshotter.HostSnapshotter`, the one module that knows them.
+
 The snapshot keeps device arrays in pinned host memory alive on purpose (that is the
 snapshot): ``jax.live_arrays()`` lists them between attempts.
 """
@@ -36,9 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
-
 from elastic_dew.elastic.meta import meta_json
+from elastic_dew.elastic.orbax_snapshotter import HostSnapshotter
 
 __all__ = ["Snapshots"]
 
@@ -49,21 +51,6 @@ _META = "meta"
 _PACKED = "packed"
 _LEAVES = "leaves"
 _FORMAT = 1
-
-
-class _TakingSnapshotter(Snapshotter):
-    """Orbax's Snapshotter, telling whether its last ``save`` took the state.
-
-    ``Snapshotter.save`` returns ``None`` whether it queued the state or skipped it
-    because a transfer was still queued; it converts the state to per-replica host trees
-    only when it takes it, so that conversion is the signal.
-    """
-
-    took = False
-
-    def _to_snapshot_state(self, state: Any) -> list[Any]:
-        self.took = True
-        return super()._to_snapshot_state(state)
 
 
 def _path_name(path: tuple) -> str:
@@ -167,7 +154,7 @@ class Snapshots:
         if replica_axis_index < 0:
             raise ValueError(f"replica_axis_index={replica_axis_index} must be >= 0")
         self.replica_axis_index = replica_axis_index
-        self._snapshotter = _TakingSnapshotter(replica_axis_index=replica_axis_index)
+        self._snapshotter = HostSnapshotter(replica_axis_index=replica_axis_index)
         self._lock = threading.Lock()
         self._packers: dict[tuple, _Packer] = {}
         self._unpackers: dict[tuple, Callable[..., list[jax.Array]]] = {}
@@ -243,7 +230,7 @@ class Snapshots:
         packer = self._packer(paths, treedef, placed, mesh)
         with self._lock:
             self.requested += 1
-            if self._snapshotter._queue.full():
+            if self._snapshotter.busy():
                 # Orbax would skip this one: do not spend a pack on it.
                 took = False
             else:
@@ -257,9 +244,7 @@ class Snapshots:
                     # the (cached) layout on every step.
                     _META: '{"meta": ' + encoded + ', "packing": ' + packer.layout_json + "}",
                 }
-                self._snapshotter.took = False
-                self._snapshotter.save(step, snapshot)
-                took = self._snapshotter.took
+                took = self._snapshotter.offer(step, snapshot)
             if took:
                 self.taken += 1
         if not took:
@@ -285,7 +270,7 @@ class Snapshots:
         """
         with self._lock:
             self.join()
-            self._snapshotter._latest_snapshot = None
+            self._snapshotter.drop()
 
     def _stored_meta(self) -> tuple[dict, dict, int]:
         """The newest snapshot's ``(meta, packing layout, step)``, read from its JSON leaf.
@@ -293,8 +278,7 @@ class Snapshots:
         Orbax keeps non-array leaves as they are in every replica tree, so the first one
         has it; reading it needs no array and so cannot fail on a lost slice.
         """
-        with self._snapshotter._lock:
-            latest = self._snapshotter._latest_snapshot
+        latest = self._snapshotter.newest()
         if latest is None:
             raise RuntimeError("no snapshot has completed yet; nothing to load")
         replica_trees, step = latest
@@ -373,7 +357,7 @@ class Snapshots:
                 # state is placed on the new mesh) has consumed the snapshot. Drop it, so
                 # the next attempt falls back to the persistent tier instead of reading
                 # donated buffers (which crashes the process on CPU).
-                self._snapshotter._latest_snapshot = None
+                self._snapshotter.drop()
                 logger.warning(
                     "the load of snapshot %d failed after Orbax consumed its replicas; "
                     "the snapshot is dropped and the next attempt uses the persistent tier",
