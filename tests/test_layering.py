@@ -23,6 +23,7 @@ LAYERS = {
     "elastic_dew.trainer": 2,
     "elastic_dew.record": 2,
     "elastic_dew.progress": 2,
+    "elastic_dew.observe": 2,  # goodput, export, TensorBoard, logs, progress bar
     "recipes": 3,
     # The shared runner of recipes (argument parsing, run directory, simulated slices or
     # real ones, Trainer.fit) is the trainer's command-line face: recipes call it from
