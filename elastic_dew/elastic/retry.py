@@ -2,10 +2,12 @@
 
 Both recovery modes of the guide come from one setting, ``minimum_slice_count``: ``None``
 is pause-resume (wait for every slice), a smaller number is replica-resize (carry on with
-at least that many). The one change to pathwaysutils' behaviour is the retry policy:
+at least that many). Two things differ from pathwaysutils' defaults. The retry policy:
 pathwaysutils calls the policy after a ``ScaleUpSignalError`` too, so a plain
 ``ElasticRetryLimit`` would let a slice that keeps leaving and returning exhaust the
-attempts meant for slice loss. :class:`SliceLossRetryLimit` counts slice losses only.
+attempts meant for slice loss. :class:`SliceLossRetryLimit` counts slice losses only. And
+the health check: :func:`make_manager` installs :mod:`elastic_dew.elastic.health`, whose
+checker compiles each slice's probe once instead of at every poll.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 import jax
 from pathwaysutils.elastic import manager as pw_manager
 
+from elastic_dew.elastic import health
 from elastic_dew.elastic.config import ElasticConfig
 
 __all__ = ["make_manager", "elastic_retry", "SliceLossRetryLimit"]
@@ -33,7 +36,11 @@ def make_manager(devices: Sequence[jax.Device] | None = None) -> pw_manager.Mana
     ``devices=None`` takes ``jax.devices()`` grouped by ``slice_index`` (or the simulator's
     slices inside :class:`elastic_dew.simulate.SimulatedSlices`). Slice tracking lives in
     the Manager, so creating it inside the retried function would forget it every attempt.
+
+    Its health checks (at creation, in its monitor thread and in every wait for slices) go
+    through :class:`elastic_dew.elastic.health.ReusableSliceHealthChecker`, installed here.
     """
+    health.install()
     return pw_manager.Manager(devices=devices)
 
 

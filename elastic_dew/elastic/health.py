@@ -1,0 +1,201 @@
+"""A slice health check that compiles once per slice and dispatches every slice before waiting.
+
+pathwaysutils 0.1.13 checks slices with ``DefaultSliceHealthChecker``, which builds a new
+``jax.pmap`` of a new bound method for every slice at every poll: each poll compiles one
+program per slice, one slice after another, and the compiled programs pile up in JAX's
+caches. A controller waiting for a slice therefore grows its memory poll after poll, and
+the wait after a loss grows linearly with the slice count.
+
+:class:`ReusableSliceHealthChecker` implements pathwaysutils' own ``SliceHealthChecker``
+interface (``dispatch`` starts the probes, ``validate`` waits for them and returns the
+healthy slice indices) with the same probe and the same verdicts: a slice whose probe fails
+with an error pathwaysutils counts as slice-down is down, any other error is raised. What
+differs is the cost. Each slice's probe (``x + 1`` over the slice's devices) is compiled
+ahead of time once, the first time that slice is checked, and kept in :class:`SliceProbes`
+for the life of the process; a poll only copies a few numbers to each slice and runs the
+compiled programs, all of them dispatched before any is awaited.
+
+The seam. pathwaysutils 0.1.13 accepts a ``checker`` in
+``pathwaysutils.elastic.elastic.get_active_slice_indices`` and ``wait_for_slices``, but its
+``Manager`` never passes one: ``Manager.__init__``, the monitor thread
+(``Manager._check_inactive_slices``) and ``elastic_retry``'s wait all end in
+``get_active_slice_indices(slice_to_devices, None)``, which constructs
+``elastic.DefaultSliceHealthChecker(slice_to_devices)`` by its module-level name.
+:func:`install` binds that one name to :class:`ReusableSliceHealthChecker` (same
+constructor, same interface), which reaches all three paths without copying any of
+pathwaysutils' code; :func:`uninstall` restores it. ``make_manager`` installs it. Once a
+pathwaysutils ``Manager`` takes a checker, pass one instead of installing.
+
+Not handled here: a slice that stops answering without an error (a hang) makes
+``validate`` wait on its probe as pathwaysutils' own checker does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence, Set
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from pathwaysutils.elastic import elastic as pw_elastic
+
+__all__ = [
+    "PROBES",
+    "ReusableSliceHealthChecker",
+    "SliceProbes",
+    "install",
+    "installed",
+    "uninstall",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The probe's input value; a healthy slice answers ``_VALUE + 1`` on every device, as
+#: pathwaysutils' own probe does (``_SIMPLE_EXECUTION_TEST_VALUE``).
+_VALUE = 99.0
+_EXPECTED = _VALUE + 1
+_AXIS = "slice"
+
+
+def _plus_one(x: jax.Array) -> jax.Array:
+    return x + 1
+
+
+class SliceProbes:
+    """Compiled probes, one per slice, compiled at the first check of that slice and kept.
+
+    A slice is keyed by its devices' ids, so the cache holds one entry per slice of the
+    allocation whatever the number of polls: the controller's memory stays flat while it
+    waits. ``compilations`` counts the probes compiled (the cache's misses). Safe to use
+    from the Manager's monitor thread and the main thread at once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._compiled: dict[tuple[int, ...], tuple[Any, NamedSharding]] = {}
+        self.compilations = 0
+
+    def __len__(self) -> int:
+        return len(self._compiled)
+
+    def _probe(self, devices: Sequence[jax.Device]) -> tuple[Any, NamedSharding]:
+        key = tuple(device.id for device in devices)
+        with self._lock:
+            found = self._compiled.get(key)
+            if found is not None:
+                return found
+            sharding = NamedSharding(Mesh(np.asarray(devices, dtype=object), (_AXIS,)), PartitionSpec(_AXIS))
+            shape = jax.ShapeDtypeStruct((len(devices),), jnp.float32, sharding=sharding)
+            # A failed compile (a slice down at its first check) is not cached: the next
+            # poll compiles again.
+            compiled = jax.jit(_plus_one).lower(shape).compile()
+            self._compiled[key] = (compiled, sharding)
+            self.compilations += 1
+            logger.debug("compiled the health probe of devices %s", key)
+            return compiled, sharding
+
+    def start(self, devices: Sequence[jax.Device]) -> jax.Array:
+        """Dispatch the probe on ``devices`` without waiting for its result."""
+        if not devices:
+            raise ValueError("a slice with no devices cannot be checked; every slice needs a device")
+        compiled, sharding = self._probe(devices)
+        value = jax.device_put(np.full(len(devices), _VALUE, dtype=np.float32), sharding)
+        return compiled(value)
+
+    def clear(self) -> None:
+        """Forget every compiled probe (the next check of each slice compiles again)."""
+        with self._lock:
+            self._compiled.clear()
+
+
+#: The process's probes: one per slice, shared by every checker pathwaysutils constructs.
+PROBES = SliceProbes()
+
+
+def _down_or_raise(slice_index: int, error: Exception) -> None:
+    """Return for an error pathwaysutils counts as slice-down; raise any other."""
+    if not pw_elastic.is_error_due_to_slice_down(error, log_traceback=False):
+        raise error
+    logger.debug("slice %d is down: %s", slice_index, error)
+
+
+class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
+    """pathwaysutils' ``SliceHealthChecker`` with probes compiled once and run all at once.
+
+    ``dispatch`` starts every slice's probe (compiling it only at that slice's first check);
+    ``validate`` then waits on each and returns the slices whose probe answered correctly.
+    A slice-down error (pathwaysutils' ``is_error_due_to_slice_down``) at dispatch or at the
+    read marks that slice down; any other error is raised, as pathwaysutils' checker does.
+    """
+
+    def __init__(
+        self,
+        slice_to_devices: Mapping[int, Sequence[jax.Device]],
+        probes: SliceProbes | None = None,
+    ) -> None:
+        super().__init__(slice_to_devices)
+        self.probes = PROBES if probes is None else probes
+        self.results: dict[int, jax.Array] = {}
+
+    def dispatch(self) -> None:
+        results = {}
+        for slice_index, devices in self.slice_to_devices.items():
+            try:
+                results[slice_index] = self.probes.start(devices)
+            except jax.errors.JaxRuntimeError as error:
+                _down_or_raise(slice_index, error)
+        self.results = results
+
+    def validate(self) -> Set[int]:
+        healthy = set()
+        for slice_index, result in self.results.items():
+            try:
+                answer = np.asarray(jax.block_until_ready(result))
+            except jax.errors.JaxRuntimeError as error:
+                _down_or_raise(slice_index, error)
+                continue
+            if not np.allclose(answer, _EXPECTED):
+                raise ValueError(
+                    f"the health probe of slice {slice_index} answered {answer!r}, expected "
+                    f"{_EXPECTED} on each of its {len(answer)} devices: the slice computes wrongly"
+                )
+            healthy.add(slice_index)
+        self.results = {}  # the probes' arrays are not kept between polls
+        return frozenset(healthy)
+
+
+_install_lock = threading.Lock()
+_original: type | None = None
+
+
+def install() -> None:
+    """Make pathwaysutils construct :class:`ReusableSliceHealthChecker` where it builds its default.
+
+    Idempotent; process-wide (the Manager's health checks are process-wide too).
+    """
+    global _original
+    with _install_lock:
+        if _original is not None:
+            return
+        _original = pw_elastic.DefaultSliceHealthChecker
+        pw_elastic.DefaultSliceHealthChecker = ReusableSliceHealthChecker
+    logger.info("slice health checks compile each slice's probe once (elastic_dew.elastic.health)")
+
+
+def uninstall() -> None:
+    """Give pathwaysutils back its own ``DefaultSliceHealthChecker``."""
+    global _original
+    with _install_lock:
+        if _original is None:
+            return
+        pw_elastic.DefaultSliceHealthChecker = _original
+        _original = None
+
+
+def installed() -> bool:
+    """Whether pathwaysutils' health checks go through :class:`ReusableSliceHealthChecker`."""
+    return pw_elastic.DefaultSliceHealthChecker is ReusableSliceHealthChecker

@@ -1,0 +1,156 @@
+"""The slice health check: compiled once per slice, reused at every poll, same verdicts.
+
+Slices are simulated on the 8 CPU devices of the test process (TPU slices cannot exist
+here); the real pathwaysutils ``Manager``, ``get_active_slice_indices`` and
+``wait_for_slices`` run on top. Compilations are counted with JAX's own backend-compile
+event (``jax.monitoring``), which fires for every program XLA compiles.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import pytest
+from pathwaysutils.elastic import elastic as pw_elastic
+
+from elastic_dew.elastic import health
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.retry import elastic_retry, make_manager
+from elastic_dew.simulate import SimulatedSlices
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+class _Compilations:
+    """Counts XLA backend compilations while it is registered."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, duration: float, **kwargs) -> None:
+        if event == _BACKEND_COMPILE:
+            with self._lock:
+                self.count += 1
+
+
+@pytest.fixture
+def compilations():
+    counter = _Compilations()
+    jax.monitoring.register_event_duration_secs_listener(counter)
+    try:
+        yield counter
+    finally:
+        jax.monitoring.unregister_event_duration_listener(counter)
+
+
+@pytest.fixture
+def sim():
+    with SimulatedSlices(4, 2) as simulated:
+        yield simulated
+
+
+@pytest.fixture
+def probes():
+    return health.SliceProbes()
+
+
+def _check(sim, probes) -> frozenset[int]:
+    return pw_elastic.get_active_slice_indices(
+        sim.slice_to_devices, health.ReusableSliceHealthChecker(sim.slice_to_devices, probes)
+    )
+
+
+def test_repeated_polls_compile_each_slice_probe_once_and_then_never_again(sim, probes, compilations):
+    assert _check(sim, probes) == {0, 1, 2, 3}
+    assert probes.compilations == 4
+    first = compilations.count
+    assert first >= 4  # the check is seen compiling: the counter can fail
+    for _ in range(20):
+        assert _check(sim, probes) == {0, 1, 2, 3}
+    assert compilations.count == first
+    assert probes.compilations == 4 and len(probes) == 4
+
+
+def test_a_lost_slice_is_reported_down_and_a_restored_one_up_without_compiling(sim, probes, compilations):
+    _check(sim, probes)
+    before = compilations.count
+    sim.lose(2)
+    assert _check(sim, probes) == {0, 1, 3}
+    sim.lose(0)
+    assert _check(sim, probes) == {1, 3}
+    sim.restore(2)
+    assert _check(sim, probes) == {1, 2, 3}
+    sim.restore(0)
+    assert _check(sim, probes) == {0, 1, 2, 3}
+    assert compilations.count == before
+
+
+def test_an_error_that_is_not_a_slice_loss_is_raised_not_counted_as_down(sim, probes, monkeypatch):
+    def broken(devices):
+        raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: not a slice loss")
+
+    monkeypatch.setattr(probes, "start", broken)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):
+        _check(sim, probes)
+
+
+def test_a_slice_down_error_at_dispatch_marks_only_that_slice_down(sim, probes, monkeypatch):
+    """Pathways may fail the dispatch itself on a lost slice; the simulator fails at reads,
+    so the dispatch failure is injected here."""
+    start = probes.start
+
+    def failing_on_slice_1(devices):
+        if devices == sim.slice_to_devices[1]:
+            raise jax.errors.JaxRuntimeError("NOT_FOUND: slice 1 is gone")
+        return start(devices)
+
+    monkeypatch.setattr(probes, "start", failing_on_slice_1)
+    assert _check(sim, probes) == {0, 2, 3}
+
+
+def test_a_wrong_answer_from_a_slice_is_refused_with_the_slice_named(sim, probes, monkeypatch):
+    monkeypatch.setattr(health, "_EXPECTED", 7.0)
+    with pytest.raises(ValueError, match="slice 0 answered"):
+        _check(sim, probes)
+
+
+def test_make_manager_routes_the_managers_checks_through_the_reusable_checker(sim, compilations):
+    health.uninstall()
+    try:
+        manager = make_manager()
+        assert health.installed()
+        assert manager.active_slice_indices == {0, 1, 2, 3}
+        compiled = compilations.count
+        sim.lose(3)
+        waited = pw_elastic.wait_for_slices(3, poll_interval=0.01, timeout=30, slice_to_devices=manager.slice_to_devices)
+        assert waited == {0, 1, 2}
+        manager.active_slice_indices = waited
+        sim.restore(3)
+        for _ in range(5):
+            manager._check_inactive_slices()  # the monitor thread's poll
+        assert manager.available_inactive_slices == {3}
+        assert compilations.count == compiled
+    finally:
+        health.uninstall()
+    assert pw_elastic.DefaultSliceHealthChecker is not health.ReusableSliceHealthChecker
+    health.install()  # as make_manager leaves the process
+
+
+def test_a_wait_for_a_slice_that_never_returns_ends_with_a_timeout(sim):
+    manager = make_manager()
+    sim.lose(1)
+    with pytest.raises(TimeoutError, match="Timed out waiting for 4 slices"):
+        pw_elastic.wait_for_slices(None, poll_interval=0.05, timeout=0.3, slice_to_devices=manager.slice_to_devices)
+
+
+def test_by_default_a_wait_ends_after_300_seconds_and_the_tenth_slice_loss_ends_the_run(sim, monkeypatch):
+    manager = make_manager()
+    passed = {}
+    monkeypatch.setattr(manager, "elastic_retry", lambda **kwargs: passed.update(kwargs))
+    elastic_retry(manager, ElasticConfig())
+    assert passed["timeout"] == 300
+    policy = passed["retry_policy"]
+    slice_down = jax.errors.JaxRuntimeError("DATA_LOSS: slice went away")
+    assert [policy(attempt, slice_down) for attempt in range(1, 11)] == [True] * 9 + [False]
