@@ -17,27 +17,30 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from elastic_dew.elastic import events as ev
+from elastic_dew.elastic.events import Event
+from elastic_dew.record.log import as_event
+
 __all__ = ["Progress", "ProgressLogHandler", "describe"]
 
 logger = logging.getLogger(__name__)
 
 
-def describe(event: Mapping[str, Any]) -> str:
-    """A short human description of a stop, resume, save or fault event."""
-    kind = event.get("event")
-    step = event.get("step")
-    if kind == "stop":
-        return f"stop {event.get('reason')} after step {step}"
-    if kind == "resume":
-        return f"resume from {event.get('source')} at step {step}"
-    if kind == "save":
-        return f"{event.get('tier')} of step {step}"
-    if kind == "fault":
-        where = f" slice {event['slice']}" if event.get("slice") is not None else ""
-        return f"fault {event.get('action')}{where} at step {step}"
-    if kind == "start":
-        return f"process {event.get('pid')} started"
-    return str(kind)
+def describe(event: Event | Mapping[str, Any]) -> str:
+    """A short human description of a stop, resume, save or fault event (typed, or its JSON line)."""
+    typed = as_event(event)
+    if isinstance(typed, ev.Stop):
+        return f"stop {typed.reason} after step {typed.step}"
+    if isinstance(typed, ev.Resume):
+        return f"resume from {typed.source} at step {typed.step}"
+    if isinstance(typed, ev.Save):
+        return f"{typed.tier} of step {typed.step}"
+    if isinstance(typed, ev.Fault):
+        where = f" slice {typed.slice}" if typed.slice is not None else ""
+        return f"fault {typed.action}{where} at step {typed.step}"
+    if isinstance(typed, ev.Start):
+        return f"process {typed.pid} started"
+    return str(event.get("event") if isinstance(event, Mapping) else typed.kind)
 
 
 class Progress:
@@ -111,24 +114,27 @@ class Progress:
         return "[" + "#" * filled + "." * (width - filled) + "] " + self.line()
 
     # -- events --------------------------------------------------------------------------
-    def __call__(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "step":
-            self.step = int(event["step"])
-            self.loss = float(event["loss"]) if event.get("loss") is not None else None
-            self.slices = event.get("slices", self.slices)
+    def __call__(self, event: Event | Mapping[str, Any]) -> None:
+        typed = as_event(event)
+        if isinstance(typed, ev.Step):
+            self.step = int(typed.step)
+            self.loss = float(typed.loss) if typed.loss is not None else None
+            # A step runs on at least one slice: 0 is a line that left the count out.
+            self.slices = typed.slices or self.slices
             self._recent.append((self._clock(), self.step))
             if self.tty:
                 self._draw()
             elif self.step % self.log_every == 0 or self.step == self.total_steps:
                 self._write_line(self.line())
             return
-        if kind in ("stop", "resume", "fault") or (kind == "save" and event.get("tier") == "checkpoint"):
-            self.last_event = describe(event)
-            if kind == "resume":
+        if isinstance(typed, (ev.Stop, ev.Resume, ev.Fault)) or (
+            isinstance(typed, ev.Save) and typed.tier == "checkpoint"
+        ):
+            self.last_event = describe(typed)
+            if isinstance(typed, ev.Resume):
                 self._recent.clear()  # the rate of a new attempt starts afresh
-            if kind == "stop" and event.get("reason") == "done":
-                self.step = int(event["step"])
+            if isinstance(typed, ev.Stop) and typed.reason == "done":
+                self.step = int(typed.step)
             if self.tty:
                 self._draw()
             else:

@@ -28,9 +28,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = [
     "COMMAND_FILE",
@@ -52,6 +52,7 @@ __all__ = [
     "FaultLog",
     "read_faults",
     "fsync_append",
+    "atomic_write",
 ]
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,16 @@ def committed_steps(directory: Any) -> list[int]:
         return []
     steps = (int(p.name) for p in directory.iterdir() if p.name.isdigit())
     return sorted(step for step in steps if committed(directory / str(step)))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Write ``path`` whole or not at all: ``write(file)`` fills ``PATH.tmp``, fsynced, then renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- fault log

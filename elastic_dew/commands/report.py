@@ -28,11 +28,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any], Path | None, str]:
     """Summarise ``run_dir``: ``(summary, timeline path or None, table text)``."""
-    from elastic_dew import record
+    from elastic_dew import record, rundir
 
     run_dir = Path(run_dir)
-    events = record.run_events(run_dir)
-    params = record.load_params(run_dir) if (run_dir / record.PARAMS_FILE).exists() else None
+    events = record.as_events(record.run_events(run_dir))
+    params = record.load_params(run_dir) if (run_dir / rundir.PARAMS_FILE).exists() else None
     summary = record.summarize(events, params=params)
     picture = None
     if timeline:
@@ -44,7 +44,8 @@ def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any
 
 
 def _problem(run_dir: Path) -> str | None:
-    from elastic_dew.record import EVENTS_FILE, read_events
+    from elastic_dew.record import read_events
+    from elastic_dew.rundir import EVENTS_FILE
 
     if not run_dir.is_dir():
         return f"{run_dir} is not a directory; give a run directory (runs/NAME)"

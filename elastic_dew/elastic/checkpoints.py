@@ -41,6 +41,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from elastic_dew import rundir
 from elastic_dew.elastic.meta import meta_json
 
 __all__ = ["Checkpoints", "KINDS", "META_CAPACITY"]
@@ -114,14 +115,7 @@ class _OrbaxKind:
         )
 
     def committed(self, step: int) -> bool:
-        path = self.directory / str(step)
-        try:
-            metadata = json.loads((path / "_CHECKPOINT_METADATA").read_text())
-        except (OSError, ValueError):
-            return False
-        if not metadata.get("commit_timestamp_nsecs"):
-            return False
-        return (path / _STATE).exists() and (path / _META).exists()
+        return rundir.committed(self.directory / str(step))
 
     def steps_on_disk(self) -> list[int]:
         if not self.directory.exists():
@@ -129,10 +123,8 @@ class _OrbaxKind:
         return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
 
     def latest_step(self) -> int | None:
-        for step in reversed(self.steps_on_disk()):
-            if self.committed(step):
-                return step
-        return None
+        steps = rundir.committed_steps(self.directory)
+        return steps[-1] if steps else None
 
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
         latest = self.latest_step()

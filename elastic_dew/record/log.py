@@ -1,0 +1,241 @@
+"""``events.jsonl``: the run record's writer and readers.
+
+The file is append-only, one JSON object per line, flushed after every line and fsynced
+after the lines a restarted process depends on (start, save, stop, resume, fault). A
+process killed with SIGKILL can leave a torn last line; the next writer starts on a fresh
+line and readers skip the torn one, so no earlier line is ever lost.
+
+The lines' schema is :mod:`elastic_dew.elastic.events`; :func:`as_events` turns lines (or
+hand-written mappings, or typed events) into those typed events for the readers of the
+record. The simulator's fault log is read through :mod:`elastic_dew.rundir`, and
+:func:`run_events` merges its faults into the record's lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from elastic_dew import rundir
+from elastic_dew.elastic import events as ev
+
+__all__ = [
+    "RunRecord",
+    "read_events",
+    "run_events",
+    "as_event",
+    "as_events",
+    "has_wall",
+    "process_start_time",
+]
+
+log = logging.getLogger(__name__)
+
+#: Events a restarted process relies on; they reach the disk before ``append`` returns.
+_DURABLE_EVENTS = frozenset({"start", "save", "stop", "resume", "fault"})
+
+#: What a field left out of a hand-written or older line reads as. Fields not listed here
+#: (a step's ``step``, a stop's ``reason``, ...) are required: a line without them is skipped.
+_MISSING = {
+    "pid": 0,
+    "slices": 0,
+    "loss": None,
+    "examples": None,
+    "seconds": 0.0,
+    "data_seconds": 0.0,
+    "taken": True,
+    "tier": "",
+    "slice": None,
+    "phase": "step",
+    "scheduled": "",
+}
+
+
+class RunRecord:
+    """Append-only writer (and reader) of a run directory's ``events.jsonl``.
+
+    Creating one creates ``run_dir``. Appends are serialised by a lock, so threads (an
+    asynchronous save reporting its duration, say) can share one record.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / rundir.EVENTS_FILE
+        self._lock = threading.Lock()
+        self._file = open(self.path, "a+b")  # noqa: SIM115 - held for the record's life
+        self._repair_torn_tail()
+
+    def _repair_torn_tail(self) -> None:
+        """Start on a fresh line when the previous writer died mid-line."""
+        self._file.seek(0, os.SEEK_END)
+        if self._file.tell() == 0:
+            return
+        self._file.seek(-1, os.SEEK_END)
+        if self._file.read(1) != b"\n":
+            log.warning("%s ends in a torn line (a killed writer); it will be ignored", self.path)
+            self._file.write(b"\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def append(self, event: ev.Event | Mapping[str, Any]) -> None:
+        """Write ``event`` (typed, or its JSON mapping) as one JSON line.
+
+        Flushed always, fsynced for the durable kinds.
+        """
+        line = ev.to_json(event)
+        if "event" not in line:
+            raise ValueError(
+                f"a run-record event needs an 'event' key (or pass an elastic_dew.elastic.events "
+                f"event); got keys {sorted(line)}"
+            )
+        data = (json.dumps(line, separators=(",", ":"), default=_json_default) + "\n").encode()
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"the run record {self.path} is closed")
+            self._file.write(data)
+            self._file.flush()
+            if line["event"] in _DURABLE_EVENTS:
+                os.fsync(self._file.fileno())
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every complete event written so far, by any process, in file order."""
+        return read_events(self.path)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+
+    def __enter__(self) -> RunRecord:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json_default(value: Any) -> Any:
+    """Numbers from numpy or JAX (a loss read off a device) become plain JSON numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"run-record events hold JSON values; got {type(value).__name__}: {value!r}")
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Parse an ``events.jsonl`` file (or the one in a run directory) into its JSON lines.
+
+    A line that is not a complete JSON object is a torn write from a killed process; it is
+    skipped with a warning and every other line is kept. :func:`as_events` types them.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / rundir.EVENTS_FILE
+    lines = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                log.warning("%s:%d is a torn line (a killed writer); skipping it", path, number)
+                continue
+            if isinstance(line, dict) and "event" in line:
+                lines.append(line)
+            else:
+                log.warning("%s:%d is not a run-record event; skipping it", path, number)
+    return lines
+
+
+def as_event(line: ev.Event | Mapping[str, Any]) -> ev.Event | None:
+    """The typed event of one line; ``None`` for a kind this version does not know.
+
+    Fields a line leaves out read as in ``_MISSING`` (a hand-written line, or one from an
+    older writer); a line without ``wall`` gets ``nan`` there (see :func:`has_wall`), never
+    the current time. A line missing a required field is refused with ``ValueError``.
+    """
+    if isinstance(line, ev.Event):
+        return line
+    cls = ev.KINDS.get(line.get("event"))  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    filled = {k: v for k, v in _MISSING.items() if k in names and k not in line}
+    if "wall" not in line:
+        filled["wall"] = math.nan
+    if cls is ev.Start and "process_start" not in line:
+        filled["process_start"] = line.get("wall", math.nan)
+    return ev.from_json({**line, **filled})
+
+
+def as_events(lines: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.Event]:
+    """:func:`as_event` of each line, leaving out kinds this version does not know."""
+    return [e for e in map(as_event, lines) if e is not None]
+
+
+def has_wall(event: ev.Event) -> bool:
+    """Whether the event says when it happened (a hand-written line may not)."""
+    return math.isfinite(event.wall)
+
+
+def run_events(
+    run_dir: str | os.PathLike[str], events: Iterable[ev.Event | Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The run's event lines (``events.jsonl`` unless given) with the simulator's faults added.
+
+    Each fault is inserted before the first event written after it fired; the order of the
+    run record's own lines is never changed (the commit rule depends on it). Faults the
+    events already hold are not added twice.
+    """
+    lines = [ev.to_json(e) for e in (read_events(run_dir) if events is None else events)]
+    typed = [as_event(line) for line in lines]
+    have = {
+        (e.action, e.slice, e.step, e.phase) for e in typed if isinstance(e, ev.Fault)
+    }
+    for fault in rundir.read_faults(run_dir):
+        if (fault.action, fault.slice, fault.step, fault.phase) in have:
+            continue
+        position = next(
+            (i for i, e in enumerate(typed) if e is not None and has_wall(e) and e.wall > fault.wall),
+            len(lines),
+        )
+        lines.insert(position, fault.to_json())
+        typed.insert(position, fault)
+    return lines
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch), for a ``start`` event.
+
+    Program start-up badput runs from here to the first resume, so it includes the
+    interpreter and the imports. Read from ``/proc/self/stat`` on Linux (psutil where
+    installed); elsewhere the current time, which leaves the imports unmeasured.
+    """
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:  # psutil missing: read /proc directly
+        pass
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # Field 22 (starttime, in clock ticks since boot) follows the ")" of the name.
+            fields = f.read().rsplit(b")", 1)[1].split()
+        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - started_after_boot)
+    except (OSError, ValueError, IndexError):
+        return time.time()

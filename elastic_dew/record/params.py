@@ -1,0 +1,87 @@
+"""``final_params.npz``: a run's final parameters, and the digest that identifies them.
+
+Parameters are stored flat, one array per path (``layers/0/w``), without pickle, so any
+numpy can read them and loading one never runs code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elastic_dew import rundir
+
+__all__ = ["flatten_params", "state_digest", "write_params", "load_params"]
+
+
+def _path_part(entry: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+def flatten_params(params: Any) -> dict[str, np.ndarray]:
+    """A parameter pytree as ``{"path/to/leaf": numpy array}``, sorted by path.
+
+    A flat mapping of such paths (what :func:`load_params` returns) flattens to itself, so a
+    digest of saved parameters equals the digest of the live ones.
+    """
+    import jax
+
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    flat: dict[str, np.ndarray] = {}
+    for path, leaf in leaves:
+        name = "/".join(_path_part(p) for p in path) or "value"
+        if name in flat:
+            raise ValueError(f"two parameters flatten to the same path {name!r}; rename one")
+        flat[name] = np.asarray(jax.device_get(leaf))
+    return dict(sorted(flat.items()))
+
+
+def state_digest(params: Any) -> str:
+    """SHA-256 over the parameters' paths, dtypes, shapes and bytes, in sorted path order.
+
+    Equal digests mean bitwise-equal parameters; for runs whose meshes differed compare
+    ``final_params.npz`` with ``allclose`` instead.
+    """
+    digest = hashlib.sha256()
+    for name, array in flatten_params(params).items():
+        array = np.ascontiguousarray(array)
+        header = f"{name}\0{array.dtype.str}\0{array.shape}\0".encode()
+        digest.update(len(header).to_bytes(8, "little"))
+        digest.update(header)
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def write_params(run_dir: str | os.PathLike[str], flat: dict[str, np.ndarray]) -> Path:
+    """Write flattened parameters (:func:`flatten_params`) to ``run_dir/final_params.npz``, atomically."""
+    path = Path(run_dir) / rundir.PARAMS_FILE
+    rundir.atomic_write(path, lambda f: np.savez(f, **flat))
+    return path
+
+
+def load_params(run_dir: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """The final parameters of a finished run, as written by :func:`write_params`."""
+    path = Path(run_dir) / rundir.PARAMS_FILE
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in sorted(data.files)}
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        # allow_pickle=False: a file that would need unpickling is refused, never run.
+        why = (
+            "it holds pickled (object) data, which elastic_dew never writes and never loads"
+            if "pickle" in str(error) else str(error)
+        )
+        raise ValueError(
+            f"{path} is not a parameters file elastic_dew wrote ({why}); delete it and run the "
+            "run's train command again, which rewrites it from the final checkpoint"
+        ) from error

@@ -1,0 +1,45 @@
+"""A run's summary as a plain-text table, for a terminal (``train``, ``report``, the demo)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["format_summary"]
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+
+
+def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
+    """The summary (``summary.json``'s fields) as a table: the run's outcome, then badput by category."""
+    wall = float(summary.get("wall_seconds") or 0.0)
+    rows = []
+    if run_dir is not None:
+        rows.append(("run", str(run_dir)))
+    rows += [
+        ("final step", str(summary.get("final_step"))),
+        ("examples consumed", str(summary.get("examples_consumed"))),
+        ("state digest", str(summary.get("state_digest") or "- (no final_params.npz yet)")),
+        (
+            "goodput",
+            f"{100 * float(summary.get('goodput') or 0.0):.1f} %  (productive "
+            f"{float(summary.get('productive_seconds') or 0.0):.1f} s of {wall:.1f} s wall, "
+            f"{summary.get('processes', '?')} process(es))",
+        ),
+        ("stops", _counts(summary.get("stops", {}))),
+        ("resumes", _counts(summary.get("resumes", {}))),
+        ("faults", _counts(summary.get("faults", {}))),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    badput = summary.get("badput", {})
+    if badput:
+        name_width = max(len("badput"), *(len(k) for k in badput))
+        lines += ["", f"{'badput':<{name_width}}  {'seconds':>9}  {'share':>7}"]
+        for name, seconds in badput.items():
+            share = 100 * seconds / wall if wall > 0 else 0.0
+            lines.append(f"{name:<{name_width}}  {seconds:>9.2f}  {share:>6.1f}%")
+    return "\n".join(lines)
