@@ -1,0 +1,126 @@
+"""TensorBoard event files of a run, under ``RUN_DIR/tensorboard/``, from its typed events.
+
+:class:`TensorBoardSink` is called with each event as the trainer emits it and writes, with
+tensorboardX's ``SummaryWriter`` (the ``observe`` extra), these scalars against the step,
+each stamped with the event's own ``wall`` time so TensorBoard's relative and wall-time axes
+show the run as it happened:
+
+- ``train/loss``, ``train/step_seconds``, ``train/steps_per_second`` (from the wall time
+  between consecutive steps of one attempt; ``1 / seconds`` for an attempt's first step),
+  ``elastic/active_slices`` and ``data/examples_consumed``;
+- ``events/stop``, ``events/resume`` and ``events/fault``: a marker of value 1 at the step
+  of each stop, resume and fault, with a text entry (``events``) saying what it was;
+- at :meth:`~TensorBoardSink.close`: ``goodput/goodput`` (a fraction) and
+  ``badput/<category>`` (seconds) for every category of the summary it is given.
+
+Every process of a run writes its own event file in the same directory; TensorBoard reads
+them as one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from elastic_dew.elastic.events import Event, Fault, Resume, Start, Step, Stop, from_json
+
+__all__ = ["TENSORBOARD_DIR", "TensorBoardSink", "describe"]
+
+log = logging.getLogger(__name__)
+
+#: The directory under the run directory that holds the event files.
+TENSORBOARD_DIR = "tensorboard"
+
+
+def describe(event: Event) -> str:
+    """A one-line description of a stop, resume or fault, for the ``events`` text."""
+    if isinstance(event, Stop):
+        return f"stop ({event.reason}) after step {event.step}"
+    if isinstance(event, Resume):
+        return f"resume from {event.source} at step {event.step}"
+    if isinstance(event, Fault):
+        where = f" on slice {event.slice}" if event.slice is not None else ""
+        return f"fault {event.action}{where} at step {event.step} ({event.phase})"
+    return event.kind
+
+
+class TensorBoardSink:
+    """Write a run's events as TensorBoard scalars under ``run_dir/tensorboard/``.
+
+    Raises ``ImportError`` naming the extra to install when tensorboardX is missing.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError as error:
+            raise ImportError(
+                "TensorBoard output needs tensorboardX; install it with "
+                "pip install 'elastic-dew[observe]', or pass --no-tensorboard"
+            ) from error
+        self.log_dir = Path(run_dir) / TENSORBOARD_DIR
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # The default file name has one-second resolution: a process that resumes within the
+        # second would write over its predecessor's file.
+        self._writer = SummaryWriter(
+            logdir=str(self.log_dir), filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        )
+        self._last_step_wall: float | None = None
+        self._step = 0
+        self._wall = 0.0
+        self._closed = False
+
+    def __call__(self, event: Event | Mapping[str, Any]) -> None:
+        """Write one event (typed, or a run-record line)."""
+        if not isinstance(event, Event):
+            event = from_json(event)
+        if self._closed:
+            raise ValueError(f"the TensorBoard sink of {self.log_dir} is closed")
+        w = self._writer
+        self._wall = max(self._wall, event.wall)
+        if isinstance(event, Step):
+            self._step = event.step
+            if self._last_step_wall is not None and event.wall > self._last_step_wall:
+                rate = 1.0 / (event.wall - self._last_step_wall)
+            else:
+                rate = 1.0 / event.seconds if event.seconds > 0 else 0.0
+            self._last_step_wall = event.wall
+            for tag, value in (
+                ("train/loss", event.loss),
+                ("train/step_seconds", event.seconds),
+                ("train/steps_per_second", rate),
+                ("elastic/active_slices", event.slices),
+                ("data/examples_consumed", event.examples[1]),
+            ):
+                w.add_scalar(tag, float(value), event.step, walltime=event.wall)
+        elif isinstance(event, Stop | Resume | Fault):
+            if isinstance(event, Resume):
+                self._last_step_wall = None  # a new attempt's rate starts afresh
+            w.add_scalar(f"events/{event.kind}", 1.0, event.step, walltime=event.wall)
+            w.add_text("events", describe(event), event.step, walltime=event.wall)
+        elif isinstance(event, Start):
+            self._last_step_wall = None
+
+    def close(self, summary: Mapping[str, Any] | None = None) -> None:
+        """Write the summary's goodput and badput (when given) and close the event file.
+
+        ``summary`` is ``summary.json``'s content (``goodput``, ``badput``, ``final_step``).
+        """
+        if self._closed:
+            return
+        if summary is not None:
+            step = summary.get("final_step")
+            step = self._step if step is None else int(step)
+            wall = self._wall or None
+            self._writer.add_scalar(
+                "goodput/goodput", float(summary.get("goodput") or 0.0), step, walltime=wall
+            )
+            for name, seconds in (summary.get("badput") or {}).items():
+                self._writer.add_scalar(f"badput/{name}", float(seconds), step, walltime=wall)
+        self._writer.flush()
+        self._writer.close()
+        self._closed = True
