@@ -1,0 +1,155 @@
+"""Log records as Cloud Logging reads them: JSON lines with a severity, or plain text.
+
+GKE's logging agent files every unstructured line a container writes to standard error as
+severity ERROR, so a controller's INFO lines would all show up as errors. A JSON line with a
+``severity`` key is filed under that severity instead, and its other keys become fields of
+the entry. :class:`JsonFormatter` writes one such line per record:
+
+``severity``      Cloud Logging's name (``DEBUG``, ``INFO``, ``WARNING``, ``ERROR``,
+                  ``CRITICAL``)
+``message``       the formatted message, with the traceback of an exception appended (Error
+                  Reporting reads it from there)
+``logger``        the logger's name
+``time``          RFC 3339, UTC
+``step``,         the training step and active slice count, when known: the trainer keeps
+``slices``        them in :data:`log_context`
+``logging.googleapis.com/sourceLocation``  file, line and function of the call
+
+:func:`setup_logging` installs one handler on the root logger, text on a terminal and JSON
+lines elsewhere (``"auto"``), or either on request. Library code keeps logging through
+:mod:`logging`; only the program's entry point calls :func:`setup_logging`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+import threading
+from typing import Any, Literal, TextIO
+
+__all__ = [
+    "LOG_FORMATS",
+    "TEXT_FORMAT",
+    "JsonFormatter",
+    "LogContext",
+    "log_context",
+    "severity",
+    "setup_logging",
+]
+
+#: The values ``setup_logging`` (and ``--log-format``) accept.
+LOG_FORMATS = ("auto", "text", "json")
+#: The plain-text line.
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_SEVERITIES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"),
+               (logging.WARNING, "WARNING"), (logging.INFO, "INFO"))
+
+
+def severity(levelno: int) -> str:
+    """Cloud Logging's severity name for a :mod:`logging` level number."""
+    for floor, name in _SEVERITIES:
+        if levelno >= floor:
+            return name
+    return "DEBUG"
+
+
+class LogContext:
+    """Fields every JSON line carries while they are known (the step, the active slices).
+
+    The trainer updates it as steps complete; a value of ``None`` removes a field. Safe to
+    update from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fields: dict[str, Any] = {}
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            for key, value in fields.items():
+                if value is None:
+                    self._fields.pop(key, None)
+                else:
+                    self._fields[key] = value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fields.clear()
+
+    def fields(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._fields)
+
+
+#: The process's log context, read by every :class:`JsonFormatter`.
+log_context = LogContext()
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, with the keys Cloud Logging reads (see the module)."""
+
+    def __init__(self, context: LogContext | None = None) -> None:
+        super().__init__()
+        self.context = context if context is not None else log_context
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message = f"{message}\n{self.formatException(record.exc_info)}"
+        elif record.exc_text:
+            message = f"{message}\n{record.exc_text}"
+        if record.stack_info:
+            message = f"{message}\n{self.formatStack(record.stack_info)}"
+        entry: dict[str, Any] = {
+            "severity": severity(record.levelno),
+            "message": message,
+            "logger": record.name,
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="microseconds")
+            .replace("+00:00", "Z"),
+        }
+        entry.update(self.context.fields())
+        entry["logging.googleapis.com/sourceLocation"] = {
+            "file": record.pathname,
+            "line": str(record.lineno),
+            "function": record.funcName,
+        }
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def setup_logging(
+    fmt: Literal["auto", "text", "json"] = "auto",
+    stream: TextIO | None = None,
+    *,
+    level: int = logging.INFO,
+) -> logging.Handler:
+    """Send the root logger's records to ``stream`` (standard error) as text or JSON lines.
+
+    ``"auto"`` is text when ``stream`` is a terminal and JSON lines otherwise (a pod's log,
+    a pipe, CI). Replaces the root logger's handlers, so calling it again switches format.
+    Returns the installed handler.
+    """
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format {fmt!r} is not one of {LOG_FORMATS}; pass --log-format "
+                         "auto (text on a terminal, JSON lines otherwise), text or json")
+    stream = stream if stream is not None else sys.stderr
+    if fmt == "auto":
+        fmt = "text" if _is_terminal(stream) else "json"
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler

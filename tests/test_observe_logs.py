@@ -1,0 +1,96 @@
+"""Structured logs: JSON lines with Cloud Logging's severity, text on a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from elastic_dew.observe.logs import JsonFormatter, LogContext, log_context, setup_logging
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logger():
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    log_context.clear()
+
+
+def _lines(stream):
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_json_lines_carry_severity_message_logger_and_the_known_step_and_slices():
+    stream = io.StringIO()
+    setup_logging("json", stream)
+    log = logging.getLogger("elastic_dew.test")
+    log.info("before any step")
+    log_context.update(step=12, slices=3)
+    log.warning("lost slice %d", 2)
+    log_context.update(slices=None)
+    log.critical("gone")
+    first, second, third = _lines(stream)
+    assert first["severity"] == "INFO" and first["message"] == "before any step"
+    assert first["logger"] == "elastic_dew.test"
+    assert "step" not in first and "slices" not in first
+    assert (second["severity"], second["message"], second["step"], second["slices"]) == (
+        "WARNING", "lost slice 2", 12, 3
+    )
+    assert third["severity"] == "CRITICAL" and third["step"] == 12 and "slices" not in third
+    assert second["time"].endswith("Z")
+    assert second["logging.googleapis.com/sourceLocation"]["function"] == (
+        "test_json_lines_carry_severity_message_logger_and_the_known_step_and_slices"
+    )
+
+
+def test_an_exception_lands_in_the_message_of_an_error_line():
+    stream = io.StringIO()
+    setup_logging("json", stream)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("x").exception("step failed")
+    (line,) = _lines(stream)
+    assert line["severity"] == "ERROR"
+    assert line["message"].startswith("step failed\nTraceback")
+    assert "RuntimeError: boom" in line["message"]
+
+
+def test_debug_and_custom_levels_map_onto_cloud_logging_names():
+    formatter = JsonFormatter(LogContext())
+    for level, name in ((logging.DEBUG, "DEBUG"), (5, "DEBUG"), (25, "INFO"), (35, "WARNING")):
+        record = logging.LogRecord("x", level, __file__, 1, "m", None, None)
+        assert json.loads(formatter.format(record))["severity"] == name
+
+
+def test_auto_is_text_on_a_terminal_and_json_lines_elsewhere():
+    terminal, pipe = Terminal(), io.StringIO()
+    setup_logging("auto", terminal)
+    logging.getLogger("elastic_dew.t").info("hello")
+    setup_logging("auto", pipe)
+    logging.getLogger("elastic_dew.t").info("hello")
+    assert "INFO elastic_dew.t: hello" in terminal.getvalue()
+    with pytest.raises(ValueError):
+        json.loads(terminal.getvalue())
+    assert _lines(pipe)[0]["message"] == "hello"
+    assert len(logging.getLogger().handlers) == 1  # switching format replaces the handler
+
+
+def test_an_unknown_format_is_refused_before_the_handlers_change():
+    before = list(logging.getLogger().handlers)
+    with pytest.raises(ValueError, match="auto.*text.*json"):
+        setup_logging("yaml", io.StringIO())  # type: ignore[arg-type]
+    assert logging.getLogger().handlers == before
