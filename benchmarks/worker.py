@@ -152,6 +152,9 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MODES:
         print(f"usage: python -m benchmarks.worker {{{'|'.join(MODES)}}} ARGS...", file=sys.stderr)
         return 2
+    from elastic_dew.runtime import install_exit_hook
+
+    install_exit_hook()
     _prepare()
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
 

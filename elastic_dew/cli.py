@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("elastic_dew.commands.train", "train a recipe on (simulated) slices"),
     "demo": ("elastic_dew.commands.demo", "the main job: a simulated elastic run that survives faults"),
     "report": ("elastic_dew.commands.report", "print a run's summary and redraw its timeline"),
+    "chaos": ("elastic_dew.commands.chaos", "run seeded random fault schedules and check every invariant"),
     "k8s": ("elastic_dew.k8s.cli", "render JobSet manifests for Pathways on GKE"),
 }
 
@@ -43,6 +44,9 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from elastic_dew.runtime import install_exit_hook
+
+    install_exit_hook()  # program start: an uncaught Preempted ends any command with 143
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, module = _parser(argv)
     args = parser.parse_args(argv)

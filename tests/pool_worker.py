@@ -13,8 +13,15 @@ import time
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 
-from elastic_dew.runtime import Preempted, PreemptionNotice, prepare_process, run_timestamp  # noqa: E402
+from elastic_dew.runtime import (  # noqa: E402
+    Preempted,
+    PreemptionNotice,
+    install_exit_hook,
+    prepare_process,
+    run_timestamp,
+)
 
+install_exit_hook()  # the uncaught Preempted below exits 143
 prepare_process(multi_host=True)
 
 import jax  # noqa: E402

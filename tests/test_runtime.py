@@ -24,6 +24,7 @@ import jax
 import pytest
 
 from elastic_dew import runtime
+from elastic_dew.runtime import backend, compilation_cache, limits, pool, preemption
 from elastic_dew.runtime import (
     EXECUTION_TIMEOUT,
     PREEMPTED_EXIT,
@@ -125,8 +126,8 @@ def test_prepare_process_raises_the_soft_fd_and_core_limits_to_the_hard_ones():
 
 def test_prepare_process_never_lowers_a_limit_already_at_its_hard_value():
     before = resource.getrlimit(resource.RLIMIT_NOFILE)
-    runtime._raise_limit(resource.RLIMIT_NOFILE)
-    runtime._raise_limit(resource.RLIMIT_NOFILE)
+    limits._raise_limit(resource.RLIMIT_NOFILE)
+    limits._raise_limit(resource.RLIMIT_NOFILE)
     after = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert after[0] >= before[0] and after[1] == before[1]
 
@@ -168,8 +169,8 @@ def test_bad_arguments_are_refused_before_anything_changes(clean_env):
 def test_xla_flags_are_appended_to_XLA_FLAGS_without_duplicates(clean_env, monkeypatch):
     """This pytest process may already run a backend; whether one started is set to no,
     since the test is about how flags merge (the started case runs in a subprocess)."""
-    monkeypatch.setattr(runtime, "_backend_started", lambda: False)
-    monkeypatch.setattr(runtime, "cuda_plugin", lambda: False)
+    monkeypatch.setattr(backend, "_backend_started", lambda: False)
+    monkeypatch.setattr(backend, "cuda_plugin", lambda: False)
     os.environ["XLA_FLAGS"] = "--xla_a=1 --xla_b=2"
     prepare_process(multi_host=False, xla_flags="--xla_b=2 --xla_c=3 --xla_a=9")
     assert os.environ["XLA_FLAGS"] == "--xla_a=9 --xla_b=2 --xla_c=3"
@@ -179,8 +180,8 @@ def test_xla_flags_are_appended_to_XLA_FLAGS_without_duplicates(clean_env, monke
 
 def test_with_the_cuda_plugin_the_execution_timeout_is_added_unless_already_set(clean_env, monkeypatch):
     """No CUDA plugin is installed here: ``cuda_plugin()`` is made to answer yes."""
-    monkeypatch.setattr(runtime, "_backend_started", lambda: False)
-    monkeypatch.setattr(runtime, "cuda_plugin", lambda: True)
+    monkeypatch.setattr(backend, "_backend_started", lambda: False)
+    monkeypatch.setattr(backend, "cuda_plugin", lambda: True)
     os.environ["XLA_FLAGS"] = "--xla_a=1"
     prepare_process(multi_host=False)
     assert os.environ["XLA_FLAGS"] == f"--xla_a=1 --xla_gpu_execution_terminate_timeout={EXECUTION_TIMEOUT}"
@@ -195,8 +196,8 @@ def test_with_the_cuda_plugin_the_execution_timeout_is_added_unless_already_set(
 
 
 def test_without_the_cuda_plugin_no_timeout_flag_is_added(clean_env, monkeypatch):
-    monkeypatch.setattr(runtime, "_backend_started", lambda: False)
-    monkeypatch.setattr(runtime, "cuda_plugin", lambda: False)
+    monkeypatch.setattr(backend, "_backend_started", lambda: False)
+    monkeypatch.setattr(backend, "cuda_plugin", lambda: False)
     os.environ["XLA_FLAGS"] = "--xla_a=1"
     prepare_process(multi_host=False)
     assert os.environ["XLA_FLAGS"] == "--xla_a=1"
@@ -257,25 +258,25 @@ def test_a_gpu_pool_on_a_jax_that_keys_pools_differently_compiles_without_the_ca
 ):
     """No GPU pool exists here: the CUDA plugin, the pool size and the jax version are
     set as a two-process GPU pool on an older jax would report them."""
-    monkeypatch.setattr(runtime, "_backend_started", lambda: False)
-    monkeypatch.setattr(runtime, "cuda_plugin", lambda: True)
-    monkeypatch.setattr(runtime, "_pool_size", lambda: 2)
+    monkeypatch.setattr(backend, "_backend_started", lambda: False)
+    monkeypatch.setattr(backend, "cuda_plugin", lambda: True)
+    monkeypatch.setattr(pool, "_pool_size", lambda: 2)
     os.environ["JAX_PLATFORMS"] = "cuda"
     before = jax.config.jax_compilation_cache_dir
-    monkeypatch.setattr(runtime, "_jax_version", lambda: (0, 4, 20))
+    monkeypatch.setattr(compilation_cache, "_jax_version", lambda: (0, 4, 20))
     with caplog.at_level(logging.WARNING, logger="elastic_dew.runtime"):
         prepare_process(multi_host=False, compilation_cache_dir=tmp_path)
     assert jax.config.jax_compilation_cache_dir == before
     assert "without the persistent compilation cache" in caplog.text
 
-    monkeypatch.setattr(runtime, "_jax_version", lambda: (0, 10, 2))
+    monkeypatch.setattr(compilation_cache, "_jax_version", lambda: (0, 10, 2))
     prepare_process(multi_host=False, compilation_cache_dir=tmp_path)
     assert jax.config.jax_compilation_cache_dir == str(tmp_path)
 
 
 def test_the_pinned_jax_keys_a_pool_alike():
-    assert runtime._pool_keys_alike(runtime._jax_version())
-    assert not runtime._pool_keys_alike((0, 4, 20))
+    assert compilation_cache._pool_keys_alike(compilation_cache._jax_version())
+    assert not compilation_cache._pool_keys_alike((0, 4, 20))
 
 
 # ------------------------------------------------------------------- 5. the pool
@@ -427,8 +428,8 @@ def test_host_params_need_cpu_beside_the_accelerator(clean_env):
 def test_host_params_need_one_cpu_device_per_accelerator_established_before_the_call(clean_env, monkeypatch):
     """No GPU here: the accelerators are the ones ``CUDA_VISIBLE_DEVICES`` names, and the
     backend is reported as not yet started, as at the top of a recipe."""
-    monkeypatch.setattr(runtime, "_backend_started", lambda: False)
-    monkeypatch.setattr(runtime, "cuda_plugin", lambda: False)
+    monkeypatch.setattr(backend, "_backend_started", lambda: False)
+    monkeypatch.setattr(backend, "cuda_plugin", lambda: False)
     os.environ.update(JAX_PLATFORMS="cuda,cpu", CUDA_VISIBLE_DEVICES="0,1", XLA_FLAGS="")
     layout = Layout(host=frozenset({"params"}))
     with pytest.raises(ValueError, match="JAX_NUM_CPU_DEVICES"):
@@ -518,11 +519,12 @@ def test_an_uncaught_preempted_exits_143_with_no_traceback():
     assert out.stderr == ""
 
 
-def test_an_uncaught_preempted_exits_143_even_without_prepare_process_and_atexit_still_runs():
+def test_an_uncaught_preempted_exits_143_after_install_exit_hook_alone_and_atexit_still_runs():
     out = _python(
         """
         import atexit
-        from elastic_dew.runtime import Preempted
+        from elastic_dew.runtime import Preempted, install_exit_hook
+        install_exit_hook()
         atexit.register(lambda: print("atexit ran", flush=True))
         raise Preempted(3)
         """
@@ -538,7 +540,8 @@ def test_an_uncaught_preempted_exits_143_while_idle_thread_pools_are_alive():
     out = _python(
         """
         import concurrent.futures
-        from elastic_dew.runtime import Preempted
+        from elastic_dew.runtime import Preempted, install_exit_hook
+        install_exit_hook()
         pool = concurrent.futures.ThreadPoolExecutor(2)
         pool.submit(lambda: 1).result()
         raise Preempted(5)
@@ -559,6 +562,53 @@ def test_other_uncaught_exceptions_still_reach_the_previous_hook():
     )
     assert out.returncode == 1
     assert "Traceback" in out.stderr and "not a preemption" in out.stderr
+
+
+def test_importing_the_runtime_leaves_sys_excepthook_alone_and_an_uncaught_preempted_is_a_plain_error():
+    out = _python(
+        """
+        import sys
+        before = sys.excepthook
+        import elastic_dew.runtime
+        from elastic_dew.runtime import (
+            backend, compilation_cache, layout, limits, pool, preemption, prepare, timestamp,
+            xla_flags,
+        )
+        print(sys.excepthook is before, flush=True)
+        raise elastic_dew.runtime.Preempted(4)
+        """
+    )
+    assert out.stdout == "True\n"
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "preempted at step 4" in out.stderr
+
+
+def test_install_exit_hook_installs_the_hook_once_and_chains_to_the_previous_one():
+    out = _python(
+        """
+        import sys
+        from elastic_dew.runtime import install_exit_hook, preemption
+        before = sys.excepthook
+        install_exit_hook()
+        installed = sys.excepthook
+        install_exit_hook()  # again: nothing changes, the previous hook stays the original
+        print(installed is not before, sys.excepthook is installed,
+              preemption._previous_excepthook is before, flush=True)
+        raise KeyError("not a preemption")
+        """
+    )
+    assert out.stdout == "True True True\n"
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "not a preemption" in out.stderr
+
+
+def test_the_private_interpreter_shutdown_steps_the_exit_hook_needs_still_exist():
+    """The hook runs the interpreter's shutdown through ``threading._shutdown`` and
+    ``atexit._run_exitfuncs``, which have no public equivalent: a Python release without
+    them must fail here, not at the first preemption."""
+    join_threads, run_exitfuncs = preemption._interpreter_shutdown()
+    assert callable(join_threads), "threading._shutdown is gone: rewrite the exit hook"
+    assert callable(run_exitfuncs), "atexit._run_exitfuncs is gone: rewrite the exit hook"
 
 
 # ------------------------------------------------------------------- 10. the clock

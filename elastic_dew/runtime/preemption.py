@@ -1,0 +1,175 @@
+"""How a run learns it is being preempted, and how it says it stopped for that reason.
+
+:class:`PreemptionNotice` answers, once a step, whether a preemption notice reached the
+run (in a pool, one step agreed by every process). :class:`Preempted` is what the run
+raises after writing that step's checkpoint; uncaught, it ends the program with
+:data:`PREEMPTED_EXIT`, the status SIGTERM itself would have left, once the program
+called :func:`install_exit_hook` at its start. Importing this module changes nothing in
+the process: the hook is installed only by that explicit call (``prepare_process`` makes
+it too).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+__all__ = ["PREEMPTED_EXIT", "Preempted", "PreemptionNotice", "install_exit_hook"]
+
+logger = logging.getLogger(__name__)
+
+#: The exit status of a program that stopped at a preemption notice: 128 + SIGTERM, the
+#: status SIGTERM itself would have left.
+PREEMPTED_EXIT = 128 + signal.SIGTERM
+
+
+class Preempted(Exception):
+    """The run stopped at a preemption notice, at ``step``, with that step's checkpoint
+    and data position written.
+
+    Uncaught in a program that called :func:`install_exit_hook`, it ends the program with
+    :data:`PREEMPTED_EXIT` and no traceback, the way SIGTERM itself would have; the same
+    program run again resumes from the checkpoint.
+    """
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"preempted at step {step}")
+        self.step = step
+
+    def __reduce__(self):
+        return (type(self), (self.step,))
+
+
+def _interpreter_shutdown():
+    """The interpreter's own shutdown steps, which only private functions expose.
+
+    Once ``sys.excepthook`` returns, the interpreter exits with status 1 and nothing can
+    change that, so the hook has to shut the interpreter down itself and leave with
+    ``os._exit``. Python offers no public way to run that shutdown:
+    ``threading._shutdown`` is its first part (it runs the threading atexit callbacks,
+    which tell idle ``ThreadPoolExecutor`` workers such as Grain's and Orbax's to stop,
+    and then joins non-daemon threads; joining them without those callbacks would wait for
+    ever), and ``atexit._run_exitfuncs`` is its second. An ``atexit`` callback that calls
+    ``os._exit`` is no substitute: callbacks run last-registered first, so every callback
+    registered before it (logging's among them) would be skipped. Both functions are
+    looked up here and only here; ``tests/test_runtime.py`` fails loudly if a Python
+    release removes either.
+    """
+    return threading._shutdown, atexit._run_exitfuncs
+
+
+def _preempted_excepthook(exc_type, exc, tb) -> None:
+    if not (isinstance(exc_type, type) and issubclass(exc_type, Preempted)):
+        _previous_excepthook(exc_type, exc, tb)
+        return
+    logger.info("%s: exiting with status %d", exc, PREEMPTED_EXIT)
+    join_threads, run_exitfuncs = _interpreter_shutdown()
+    if threading.current_thread() is threading.main_thread():
+        join_threads()
+    try:
+        run_exitfuncs()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed stream must not change the status
+                pass
+        os._exit(PREEMPTED_EXIT)
+
+
+_previous_excepthook = sys.excepthook
+
+
+def install_exit_hook() -> None:
+    """Make an uncaught :class:`Preempted` end the program with :data:`PREEMPTED_EXIT`.
+
+    Call it once at program start (the ``elastic-dew`` CLI, each recipe's ``main()`` and
+    :func:`~elastic_dew.runtime.prepare_process` do). It replaces ``sys.excepthook`` with
+    a hook that, for ``Preempted``, does what the interpreter's shutdown would (joins
+    non-daemon threads, runs ``atexit`` handlers, flushes the streams) and exits with
+    status 143 and no traceback; every other exception goes to the hook that was there
+    before. Calling it again changes nothing.
+    """
+    global _previous_excepthook
+    if sys.excepthook is not _preempted_excepthook:
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _preempted_excepthook
+
+
+class PreemptionNotice:
+    """Whether a preemption notice reached the run, asked once a step, from creation until
+    :meth:`close`.
+
+    A scheduler stops a job with SIGTERM and SIGKILLs it a grace period later. In a pool,
+    JAX's preemption service takes the SIGTERM (XLA's notifier replaces the handler when
+    the pool forms, so the process runs on), shares the notice through the coordination
+    service, and :meth:`reached` agrees one step on every process. A pool whose preemption
+    service is off (``jax_enable_preemption_service``) never reports a notice, and SIGTERM
+    ends it as it always did. A process outside any pool, the Pathways controller
+    included, has no such service: the notice is SIGTERM itself, caught from creation
+    until :meth:`close`. A second SIGTERM is logged and ignored: the run is already
+    stopping. Use it as a context manager to close it on the way out.
+    """
+
+    def __init__(self) -> None:
+        from jax._src import distributed
+
+        self._state = distributed.global_state
+        self._pooled = self._state.client is not None
+        self._signals = 0
+        self._reported = False
+        self._previous: Any = None
+        self._closed = False
+        if self._pooled:
+            if self._state.preemption_sync_manager is None:
+                logger.info(
+                    "the JAX preemption service is off (jax_enable_preemption_service): "
+                    "this pool gets no preemption notice, and SIGTERM ends it"
+                )
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "PreemptionNotice() outside a pool catches SIGTERM, which Python allows only "
+                "in the main thread; create it there"
+            )
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.warning("SIGTERM: preemption notice, stopping at the next step")
+        else:
+            logger.warning("SIGTERM again (%d): ignored, already stopping", self._signals)
+
+    def reached(self, step: int) -> bool:
+        """Whether to stop at ``step``: in a pool, whether every process agreed on it;
+        alone, whether SIGTERM arrived."""
+        if self._pooled:
+            manager = self._state.preemption_sync_manager
+            hit = manager is not None and bool(manager.reached_sync_point(int(step)))
+        else:
+            hit = self._signals > 0
+        if hit and not self._reported:
+            self._reported = True
+            logger.warning("preemption notice reached: stopping at step %d", step)
+        return hit
+
+    def close(self) -> None:
+        """Put back the SIGTERM handler this notice replaced."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._pooled and self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def __enter__(self) -> PreemptionNotice:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
