@@ -52,6 +52,8 @@ def _bare(parts: dict, steps: int) -> float:
 def _trainer(parts: dict, steps: int, workdir: Path) -> float:
     from elastic_dew import Trainer
     from elastic_dew.elastic.config import ElasticConfig
+    from elastic_dew.elastic.events import Step
+    from elastic_dew.record import as_event
 
     config = ElasticConfig(
         minimum_slice_count=None, poll_interval=0.05, global_batch=48, snapshot_every=0,
@@ -59,9 +61,10 @@ def _trainer(parts: dict, steps: int, workdir: Path) -> float:
     )
     times: dict[int, float] = {}
 
-    def progress(event: dict) -> None:
-        if event["event"] == "step":
-            times[event["step"]] = time.monotonic()
+    def progress(line) -> None:
+        event = as_event(line)
+        if isinstance(event, Step):
+            times[event.step] = time.monotonic()
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="fit-"))
     Trainer(**parts, config=config, run_dir=run_dir, log_every=10**9, progress=progress).fit(steps)

@@ -11,7 +11,6 @@ protocol's own save time, which waits for the commit) over it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, median, worker_command, worker_env
+from elastic_dew.rundir import CHECKPOINTS_DIR, committed_steps
 
 __all__ = ["measure", "disk_write_seconds"]
 
@@ -46,24 +46,13 @@ def disk_write_seconds(directory: Path, nbytes: int) -> float:
     return elapsed
 
 
-def _committed_steps(directory: Path) -> list[int]:
-    steps = []
-    for path in directory.iterdir() if directory.exists() else []:
-        try:
-            if path.name.isdigit() and json.loads((path / "_CHECKPOINT_METADATA").read_text()).get("commit_timestamp_nsecs"):
-                steps.append(int(path.name))
-        except (OSError, ValueError):
-            pass
-    return steps
-
-
 def preempt_once(directory: Path, megabytes: int) -> tuple[float, float]:
     """``(SIGTERM to exit seconds, the protocol's save seconds)`` of one preempted run."""
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "worker.log"
     with open(log, "w") as err:  # a file, not a pipe: a full pipe would stall the worker
         child = subprocess.Popen(
-            worker_command("preempt", str(directory / "checkpoints"), str(megabytes)),
+            worker_command("preempt", str(directory / CHECKPOINTS_DIR), str(megabytes)),
             cwd=REPO, env=worker_env(devices=1), stdout=subprocess.PIPE, stderr=err, text=True,
         )
     save = None
@@ -82,7 +71,7 @@ def preempt_once(directory: Path, megabytes: int) -> tuple[float, float]:
     elapsed = time.monotonic() - t
     if code != 143:
         raise RuntimeError(f"preempted worker exited {code}, not 143: {log.read_text()[-2000:]}")
-    if not _committed_steps(directory / "checkpoints") or save is None:
+    if not committed_steps(directory / CHECKPOINTS_DIR) or save is None:
         raise RuntimeError("preempted worker exited 143 without a committed checkpoint")
     return elapsed, save
 

@@ -17,7 +17,6 @@ restart, which only adds to it.
 from __future__ import annotations
 
 import cProfile
-import json
 import os
 import shutil
 import subprocess
@@ -28,6 +27,9 @@ from typing import Any
 
 from benchmarks.common import REPO, median, p90, worker_command, worker_env
 from benchmarks.work_lost import work_lost
+from elastic_dew.elastic.events import DURATION_KEYS, Resume, Step
+from elastic_dew.record import as_event
+from elastic_dew.rundir import CHECKPOINTS_DIR, committed_steps
 
 __all__ = ["measure", "restart_once"]
 
@@ -41,22 +43,14 @@ class _Finished(Exception):
 
 
 def _newest_committed(directory: Path) -> Path | None:
-    best = None
-    for path in directory.iterdir() if directory.exists() else []:
-        if not path.name.isdigit():
-            continue
-        try:
-            meta = json.loads((path / "_CHECKPOINT_METADATA").read_text())
-        except (OSError, ValueError):
-            continue
-        if meta.get("commit_timestamp_nsecs") and (best is None or int(path.name) > int(best.name)):
-            best = path
-    return best
+    """The newest committed step directory under ``directory`` (rundir's commit rule)."""
+    steps = committed_steps(directory)
+    return directory / str(steps[-1]) if steps else None
 
 
 def restart_once(checkpoint: Path, workdir: Path) -> float:
     """Copy ``checkpoint`` (one step directory) aside and time a restarted process to its first step."""
-    target = workdir / "checkpoints"
+    target = workdir / CHECKPOINTS_DIR
     shutil.copytree(checkpoint, target / checkpoint.name)
     log = workdir / "worker.log"
     with open(log, "w") as err:  # a file, not a pipe: a full pipe would stall the worker
@@ -98,7 +92,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset())
     config = ElasticConfig(
         minimum_slice_count=1, poll_interval=0.05, timeout=120, global_batch=48,
-        snapshot_every=1, checkpoint_every=10, checkpoint_dir=str(workdir / "checkpoints"),
+        snapshot_every=1, checkpoint_every=10, checkpoint_dir=str(workdir / CHECKPOINTS_DIR),
         precompile_smaller_meshes=precompile,
     )
     events: list[tuple[float, dict]] = []
@@ -133,7 +127,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
         elif state["phase"] == "returning" and run.manager.active_slice_count == run.manager.total_slice_count:
             if state["count"] >= PERIOD_AFTER_RETURN:
                 if len(state["restarts"]) < restarts:
-                    checkpoint = _newest_committed(workdir / "checkpoints")
+                    checkpoint = _newest_committed(workdir / CHECKPOINTS_DIR)
                     if checkpoint is not None:
                         where = Path(tempfile.mkdtemp(dir=workdir, prefix="restart-"))
                         state["restarts"].append(restart_once(checkpoint, where))
@@ -143,11 +137,12 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     if profile_path and precompile:
         box["profile"] = cProfile.Profile()
 
-    def emit(event: dict) -> None:
+    def emit(line) -> None:
+        event = as_event(line)
         events.append((time.monotonic(), event))
-        if event["event"] == "resume" and event["source"] != "live":
+        if isinstance(event, Resume) and event.source != "live":
             state["resumed"] = True
-        if event["event"] == "step" and state.pop("resumed", False) and box.get("profile") is not None:
+        if isinstance(event, Step) and state.pop("resumed", False) and box.get("profile") is not None:
             box["profile"].disable()  # the profile covers loss to first step, as recovery does
 
     hooks.add_listener(listener)
@@ -166,25 +161,25 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
         if box.get("profile") is not None:
             box["profile"].dump_stats(profile_path)
 
-    recoveries, parts_by_key = [], {k: [] for k in ("detection", "wait_for_slices", "mesh_and_compile", "restore", "first_step")}
+    recoveries, parts_by_key = [], {k: [] for k in (*DURATION_KEYS, "first_step")}
     for t_loss in state["losses"]:
         later = [(t, e) for t, e in events if t >= t_loss]
-        resume = next(((t, e) for t, e in later if e["event"] == "resume" and e["source"] != "live"), None)
+        resume = next(((t, e) for t, e in later if isinstance(e, Resume) and e.source != "live"), None)
         if resume is None:
             continue
-        step = next(((t, e) for t, e in later if t >= resume[0] and e["event"] == "step"), None)
+        step = next(((t, e) for t, e in later if t >= resume[0] and isinstance(e, Step)), None)
         if step is None:
             continue
         recoveries.append(step[0] - t_loss)
-        for k in ("detection", "wait_for_slices", "mesh_and_compile", "restore"):
-            parts_by_key[k].append(resume[1]["durations"][k])
+        for k in DURATION_KEYS:
+            parts_by_key[k].append(resume[1].durations[k])
         parts_by_key["first_step"].append(step[0] - resume[0])
     return {
         "recoveries": recoveries,
         "parts": parts_by_key,
         "restarts": state["restarts"],
         "events": [e for _, e in events],
-        "sources": sorted({e["source"] for _, e in events if e["event"] == "resume"}),
+        "sources": sorted({e.source for _, e in events if isinstance(e, Resume)}),
     }
 
 

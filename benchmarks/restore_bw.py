@@ -28,6 +28,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     from elastic_dew.elastic.checkpoints import Checkpoints
     from elastic_dew.elastic.slices import AXES
     from elastic_dew.elastic.snapshots import Snapshots
+    from elastic_dew.rundir import CHECKPOINTS_DIR
     from elastic_dew.simulate import SimulatedSlices
 
     nbytes = sizes.restore_mb * 2**20
@@ -40,7 +41,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         one = Mesh(np.asarray(sim.devices[:1]).reshape(1, 1, 1), AXES)
         abstract = {"w": jax.ShapeDtypeStruct((n,), jnp.float32, sharding=NamedSharding(one, PartitionSpec()))}
         state = {"w": jax.device_put(jnp.ones(n, jnp.float32), NamedSharding(two, PartitionSpec()))}
-        checkpoints = Checkpoints(str(workdir / "checkpoints"), max_to_keep=1)
+        checkpoints = Checkpoints(str(workdir / CHECKPOINTS_DIR), max_to_keep=1)
         for repeat in range(1, sizes.restore_repeats + 1):
             t = time.perf_counter()
             np.copyto(dst, src)

@@ -36,9 +36,11 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.data import ElasticData
+    from elastic_dew.elastic.events import Save, Step
     from elastic_dew.elastic.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
     from elastic_dew.trainer import _Program
+    from elastic_dew.record import as_event
 
     parts = lm_parts()
     program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset())
@@ -83,8 +85,9 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         hooks.remove_listener(listener)
         jax.clear_caches()
 
-    step_time = {e["step"]: t for t, e in events if e["event"] == "step"}
-    saves = [e for _, e in events if e["event"] == "save" and e["tier"] == "snapshot"]
+    typed = [(t, as_event(e)) for t, e in events]
+    step_time = {e.step: t for t, e in typed if isinstance(e, Step)}
+    saves = [e for _, e in typed if isinstance(e, Save) and e.tier == "snapshot"]
     per_k: dict[int, list[float]] = {k: [] for k in VARIANTS}
     taken: dict[int, list[int]] = {k: [0, 0] for k in VARIANTS}
     for k, first, last in blocks:
@@ -92,9 +95,9 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         if intervals:
             per_k[k].append(mean(intervals))
         for e in saves:
-            if first <= e["step"] <= last:
+            if first <= e.step <= last:
                 taken[k][0] += 1
-                taken[k][1] += int(e["taken"])
+                taken[k][1] += int(e.taken)
     results: dict[str, Any] = {}
     none = median(per_k[0])
     results["snapshot_step_s_none"] = none
