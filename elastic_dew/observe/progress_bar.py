@@ -1,0 +1,135 @@
+"""A terminal progress bar for a run: fits the terminal, shows an ETA, keeps logs above it.
+
+Built on tqdm (the ``observe`` extra): it measures the terminal on every redraw
+(``dynamic_ncols``), so a resized window or an 80-column terminal gets a line that fits and
+never wraps (a wrapped line is what left stale rows behind the old one-line display); it
+computes the ETA from the step rate; and its ``logging_redirect_tqdm`` routes console log
+records through ``tqdm.write``, which clears the bar, writes the record on its own line and
+redraws the bar below it. tqdm is maintained, small, pure Python and already pulled in by
+the JAX ecosystem (Grain, Orbax's tooling), which is why it was chosen over rich.
+
+:class:`ProgressBar` is for terminals only; where the output is a file or a pipe the
+trainer's :class:`~elastic_dew.progress.Progress` writes plain log lines instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any, TextIO
+
+from elastic_dew.elastic.events import Event, Fault, Resume, Stop, Step, from_json
+
+__all__ = ["ProgressBar"]
+
+log = logging.getLogger(__name__)
+
+#: Columns from which the bar also shows the last stop, resume or fault.
+_ROOM_FOR_LAST_EVENT = 110
+
+
+def _describe(event: Event) -> str:
+    if isinstance(event, Stop):
+        return f"{event.reason} after {event.step}"
+    if isinstance(event, Resume):
+        return f"{event.source} resume at {event.step}"
+    if isinstance(event, Fault):
+        return f"fault {event.action} at {event.step}"
+    return event.kind
+
+
+class ProgressBar:
+    """A tqdm bar fed by a run's events: steps done of ``total_steps``, ETA, loss, slices.
+
+    Arguments:
+      total_steps: the step the run trains to.
+      total_slices: the allocation's slices (for ``slices active/total``).
+      stream: where to draw (standard error).
+      width: a fixed width in columns; by default the terminal's, measured on every redraw.
+      mininterval: least seconds between redraws (tqdm's throttle; 0 redraws every step).
+
+    Raises ``ImportError`` naming the extra to install when tqdm is missing.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        *,
+        total_slices: int | None = None,
+        stream: TextIO | None = None,
+        width: int | None = None,
+        mininterval: float = 0.1,
+    ) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps={total_steps} must be >= 1")
+        if width is not None and width < 20:
+            raise ValueError(f"width={width} is too narrow for a progress bar; use 20 or more")
+        try:
+            from tqdm import tqdm
+        except ImportError as error:
+            raise ImportError(
+                "the progress bar needs tqdm; install it with pip install 'elastic-dew[observe]'"
+            ) from error
+        self._tqdm = tqdm
+        self.total_steps = total_steps
+        self.total_slices = total_slices
+        self.stream = stream if stream is not None else sys.stderr
+        self._bar = tqdm(
+            total=total_steps,
+            file=self.stream,
+            unit="step",
+            ncols=width,
+            dynamic_ncols=width is None,
+            mininterval=mininterval,
+            miniters=1,
+            smoothing=0.1,
+            leave=True,
+        )
+        self._loss: float | None = None
+        self._slices: int | None = None
+        self._last = ""
+
+    def _postfix(self) -> str:
+        parts = []
+        if self._loss is not None:
+            parts.append(f"loss {self._loss:.4f}")
+        if self._slices is not None:
+            total = f"/{self.total_slices}" if self.total_slices else ""
+            parts.append(f"slices {self._slices}{total}")
+        # The last event only where it leaves the bar itself some room.
+        if self._last and (self._bar.ncols or 0) >= _ROOM_FOR_LAST_EVENT:
+            parts.append(self._last)
+        return " ".join(parts)
+
+    def __call__(self, event: Event | Mapping[str, Any]) -> None:
+        """Advance or annotate the bar with one event (typed, or a run-record line)."""
+        if not isinstance(event, Event):
+            event = from_json(event)
+        bar = self._bar
+        if isinstance(event, Step):
+            self._loss, self._slices = event.loss, event.slices
+            bar.set_postfix_str(self._postfix(), refresh=False)
+            bar.update(max(0, min(event.step, self.total_steps) - bar.n))
+        elif isinstance(event, Resume):
+            # A new attempt: its rate (and so the ETA) starts afresh from the resumed step.
+            self._last = _describe(event)
+            bar.reset()
+            bar.initial = bar.n = min(event.step - 1, self.total_steps)
+            bar.set_postfix_str(self._postfix(), refresh=True)
+        elif isinstance(event, Stop | Fault):
+            self._last = _describe(event)
+            bar.set_postfix_str(self._postfix(), refresh=True)
+
+    @contextlib.contextmanager
+    def redirect_logging(self, loggers: list[logging.Logger] | None = None) -> Iterator[None]:
+        """While open, console log records (to stderr/stdout) are written above the bar."""
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with logging_redirect_tqdm(loggers=loggers, tqdm_class=self._tqdm):
+            yield
+
+    def close(self) -> None:
+        """Draw the bar a last time and leave it on its own line."""
+        self._bar.close()
