@@ -14,7 +14,7 @@ import pytest
 from ml_goodput_measurement.src import goodput_elastic, goodput_utils
 
 from elastic_dew.elastic.events import Fault, Resume, Save, Start, Step, Stop
-from elastic_dew.observe.goodput import BADPUT_CATEGORIES, NOT_APPLICABLE, account
+from elastic_dew.record.goodput import BADPUT_CATEGORIES, NOT_APPLICABLE, account
 from elastic_dew.observe.goodput_export import GoodputExport
 
 T0 = 1_700_000_000.0

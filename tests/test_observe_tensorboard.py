@@ -6,7 +6,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from elastic_dew.elastic.events import Resume, Start, Step, Stop
-from elastic_dew.observe.goodput import account
+from elastic_dew.record.goodput import account
 from elastic_dew.observe.tensorboard import TENSORBOARD_DIR, TensorBoardSink
 from test_observe_goodput import preempted_run_with_gap
 

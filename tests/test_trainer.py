@@ -52,9 +52,10 @@ def test_fit_writes_the_run_record_and_a_summary_with_every_badput_category(tmp_
     assert summary["examples_consumed"] == 10 * 24
     assert 0 < summary["goodput"] < 1
     assert set(summary["badput"]) == {
-        "program_startup", "unproductive_checkpoint_save_time",
+        "program_startup", "training_prep", "unproductive_checkpoint_save_time",
         "unproductive_checkpoint_restore_time", "elastic_slice_down", "elastic_scale_up",
-        "elastic_reinitialization", "wasted_progress_from_disruption", "data_loading_sync", "other",
+        "elastic_reinitialization", "wasted_progress_from_disruption",
+        "infrastructure_recovery_from_disruption", "data_loading_sync", "other",
     }
     assert summary["badput"]["elastic_slice_down"] > 0
     with np.load(run / "final_params.npz", allow_pickle=False) as saved:

@@ -1,8 +1,8 @@
-"""Observability: goodput as ml-goodput-measurement counts it, and the sinks that show a run.
+"""Observability: the sinks that show a run to the tools its users already have.
 
 Each module here consumes the run's typed events (:mod:`elastic_dew.elastic.events`) and
-has one job: :mod:`~elastic_dew.observe.goodput` splits a run's wall time into goodput and
-badput categories, :mod:`~elastic_dew.observe.goodput_export` records the run through
+has one job (goodput itself is the run record's, :mod:`elastic_dew.record.goodput`):
+:mod:`~elastic_dew.observe.goodput_export` records the run through
 ml-goodput-measurement's recorder (the ``gke`` extra), :mod:`~elastic_dew.observe.tensorboard`
 writes TensorBoard event files (the ``observe`` extra), :mod:`~elastic_dew.observe.logs`
 formats log records as Cloud Logging JSON lines, and :mod:`~elastic_dew.observe.progress_bar`

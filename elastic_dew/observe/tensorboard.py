@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -65,9 +65,10 @@ class TensorBoardSink:
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # The default file name has one-second resolution: a process that resumes within the
-        # second would write over its predecessor's file.
+        # second would write over its predecessor's file. Readers take files in name order,
+        # so the suffix sorts by time too.
         self._writer = SummaryWriter(
-            logdir=str(self.log_dir), filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            logdir=str(self.log_dir), filename_suffix=f".{time.time_ns():020d}.{os.getpid()}"
         )
         self._last_step_wall: float | None = None
         self._step = 0

@@ -27,7 +27,14 @@ from elastic_dew.rundir import (
     TIMELINE_FILE,
     read_faults,
 )
-from elastic_dew.record.goodput import BADPUT_CATEGORIES, committed_steps, summarize
+from elastic_dew.record.goodput import (
+    BADPUT_CATEGORIES,
+    NOT_APPLICABLE,
+    Goodput,
+    account,
+    committed_steps,
+    summarize,
+)
 from elastic_dew.record.log import (
     RunRecord,
     as_event,
@@ -43,6 +50,9 @@ from elastic_dew.record.timeline import draw_timeline
 
 __all__ = [
     "BADPUT_CATEGORIES",
+    "NOT_APPLICABLE",
+    "Goodput",
+    "account",
     "EVENTS_FILE",
     "SUMMARY_FILE",
     "PARAMS_FILE",

@@ -4,14 +4,20 @@ A step line is *committed* if and only if no later ``resume`` line has a ``step`
 below its own: a resume at step R means the run went back to R and re-did every step from
 there, so the earlier lines for those steps describe work that was thrown away.
 
-The summary splits the run's wall time (the sum of every process's span) into productive
-step time and badput, under the lower-case names of ml-goodput-measurement's
-``BadputType``; ``other`` is the remainder, so productive time and the categories add up to
-the wall time exactly. The summary's keys are a contract (``docs/trainer.md``).
+The summary splits the run's wall time into productive step time and badput the way
+ml-goodput-measurement (0.2.3) does: the wall time runs from the first process's start to
+the run's last event, so the time between one process's last event and the next one's start
+(a preempted pod waiting to be rescheduled) is in it, as
+``infrastructure_recovery_from_disruption``. Every ``BadputType`` of the library that
+elastic_dew measures is a category under its lower-case name (:data:`BADPUT_CATEGORIES`);
+:data:`NOT_APPLICABLE` names the others and says why. ``other`` is the remainder, so
+productive time and the categories add up to the wall time exactly. The summary's keys are
+a contract (``docs/trainer.md``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,20 +25,48 @@ from elastic_dew.elastic import events as ev
 from elastic_dew.record.log import as_events, has_wall
 from elastic_dew.record.params import state_digest
 
-__all__ = ["BADPUT_CATEGORIES", "committed_flags", "committed_steps", "summarize"]
+__all__ = [
+    "BADPUT_CATEGORIES",
+    "NOT_APPLICABLE",
+    "Goodput",
+    "account",
+    "committed_flags",
+    "committed_steps",
+    "summarize",
+]
 
-#: ml-goodput-measurement's ``BadputType`` names, lower-cased, in the order the summary lists them.
+#: ml-goodput-measurement's ``BadputType`` names (lower-cased) that elastic_dew measures, in
+#: the order the summary lists them.
 BADPUT_CATEGORIES: tuple[str, ...] = (
     "program_startup",
+    "training_prep",
     "unproductive_checkpoint_save_time",
     "unproductive_checkpoint_restore_time",
     "elastic_slice_down",
     "elastic_scale_up",
     "elastic_reinitialization",
     "wasted_progress_from_disruption",
+    "infrastructure_recovery_from_disruption",
     "data_loading_sync",
     "other",
 )
+
+#: The library's other ``BadputType`` names, with why elastic_dew has no such time.
+NOT_APPLICABLE: dict[str, str] = {
+    "tpu_initialization": (
+        "JAX initialises the TPU backend inside program start-up and the first mesh build; "
+        "elastic_dew does not time it apart, so it is counted in program_startup and "
+        "elastic_reinitialization"
+    ),
+    "data_loading_async": (
+        "the read-ahead threads load batches while steps run; the library itself leaves this "
+        "time out of badput, and the time a step waits for a batch is data_loading_sync"
+    ),
+    "custom_badput_events": (
+        "elastic_dew has no user-defined badput intervals; every interval it measures has a "
+        "category of its own"
+    ),
+}
 
 
 def committed_flags(events: list[ev.Event]) -> list[bool]:
@@ -81,34 +115,42 @@ def _begin(start: ev.Start) -> float | None:
     return None
 
 
-def _span(process: list[ev.Event]) -> float:
-    """Seconds from the process's start (or first event) to its last event."""
+def _bounds(process: list[ev.Event]) -> tuple[float, float] | None:
+    """A process's start (its ``process_start``, else its first event) and last event."""
     walls = [e.wall for e in process if has_wall(e)]
     if not walls:
-        return 0.0
+        return None
     first = process[0]
     begin = _begin(first) if isinstance(first, ev.Start) else None
-    if begin is None:
-        begin = min(walls)
-    return max(0.0, max(walls) - begin)
+    return (min(walls) if begin is None else begin), max(walls)
 
 
-def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = None) -> dict[str, Any]:
-    """The ``summary.json`` fields of a run, from its events (and final parameters).
+@dataclasses.dataclass(frozen=True)
+class Goodput:
+    """A run's wall time split into productive seconds and badput seconds by category."""
 
-    ``events`` are typed events or their JSON lines.
-    ``final_step``: the highest committed step (``None`` before any step).
-    ``state_digest``: :func:`~elastic_dew.record.params.state_digest` of ``params``
-    (``None`` without them).
-    ``examples_consumed``: the end of the committed example ranges; with exactly-once data
-    they tile ``[0, examples_consumed)``.
-    ``goodput``: productive step time (the ``seconds`` of committed steps less their
-    ``data_seconds``) over wall time.
-    ``badput``: seconds by category:
+    wall_seconds: float
+    productive_seconds: float
+    badput: Mapping[str, float]
+    processes: int
 
-    - ``program_startup``: each process's start to its first resume, less that resume's
-      own durations (counted below), plus the time a ``fresh`` resume took to build the
-      initial state;
+    @property
+    def goodput(self) -> float:
+        """Productive time over wall time (0 for an empty run)."""
+        return self.productive_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
+    """Split a run's wall time into productive seconds and badput by category.
+
+    ``events`` are the run's events in record order, typed or as JSON lines (faults among
+    them take no time). The wall time runs from the first process's start to the last
+    event. Productive time is the ``seconds`` of committed steps less their
+    ``data_seconds``. The categories:
+
+    - ``program_startup``: each process's start to its first resume, less that resume's own
+      durations (counted below);
+    - ``training_prep``: ``durations.restore`` of ``fresh`` resumes (building the state);
     - ``unproductive_checkpoint_save_time``: the ``seconds`` of ``save`` events (both tiers);
     - ``unproductive_checkpoint_restore_time``: ``durations.restore`` of snapshot and
       checkpoint resumes;
@@ -119,24 +161,28 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
       resumes;
     - ``wasted_progress_from_disruption``: the ``seconds`` of step lines that were not
       committed;
+    - ``infrastructure_recovery_from_disruption``: from each process's last event to the
+      next process's start;
     - ``data_loading_sync``: the ``data_seconds`` of committed steps;
     - ``other``: the remainder, so that productive time and badput add up to the wall time.
     """
     events = as_events(events)
     flags = committed_flags(events)
-    committed = [e for e, ok in zip(events, flags, strict=True) if ok]
-
     badput = dict.fromkeys(BADPUT_CATEGORIES, 0.0)
     productive = 0.0
-    wall = 0.0
-    counts: dict[str, dict[str, int]] = {"stops": {}, "resumes": {}, "faults": {}}
-
-    def count(group: str, key: str) -> None:
-        counts[group][key] = counts[group].get(key, 0) + 1
+    first_begin: float | None = None
+    last_end: float | None = None
 
     processes = _processes(list(zip(events, flags, strict=True)))
     for process in processes:
-        wall += _span([event for event, _ in process])
+        bounds = _bounds([event for event, _ in process])
+        if bounds is not None:
+            begin, end = bounds
+            if first_begin is None:
+                first_begin = begin
+            if last_end is not None:
+                badput["infrastructure_recovery_from_disruption"] += max(0.0, begin - last_end)
+            last_end = end if last_end is None else max(last_end, end)
         start = process[0][0] if isinstance(process[0][0], ev.Start) else None
         last_stop: ev.Stop | None = None
         first_resume_seen = False
@@ -145,17 +191,13 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
                 badput["unproductive_checkpoint_save_time"] += float(event.seconds)
             elif isinstance(event, ev.Stop):
                 last_stop = event
-                count("stops", event.reason)
-            elif isinstance(event, ev.Fault):
-                count("faults", event.action)
             elif isinstance(event, ev.Resume):
-                count("resumes", event.source)
                 d = event.durations
                 if event.source == "live":
                     badput["elastic_scale_up"] += sum(d.values())
                 else:
-                    if event.source == "fresh":  # building a fresh state is part of starting up
-                        badput["program_startup"] += d["restore"]
+                    if event.source == "fresh":
+                        badput["training_prep"] += d["restore"]
                     else:
                         badput["unproductive_checkpoint_restore_time"] += d["restore"]
                     badput["elastic_reinitialization"] += d["mesh_and_compile"]
@@ -180,22 +222,57 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
                 else:
                     badput["wasted_progress_from_disruption"] += seconds
 
+    wall = max(0.0, last_end - first_begin) if first_begin is not None and last_end is not None else 0.0
     accounted = productive + sum(v for k, v in badput.items() if k != "other")
     badput["other"] = wall - accounted
     if -1e-6 < badput["other"] < 0:
         badput["other"] = 0.0
+    return Goodput(
+        wall_seconds=round(wall, 6),
+        productive_seconds=round(productive, 6),
+        badput={k: round(v, 6) for k, v in badput.items()},
+        processes=len(processes),
+    )
 
+
+def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = None) -> dict[str, Any]:
+    """The ``summary.json`` fields of a run, from its events (and final parameters).
+
+    ``events`` are typed events or their JSON lines.
+    ``final_step``: the highest committed step (``None`` before any step).
+    ``state_digest``: :func:`~elastic_dew.record.params.state_digest` of ``params``
+    (``None`` without them).
+    ``examples_consumed``: the end of the committed example ranges; with exactly-once data
+    they tile ``[0, examples_consumed)``.
+    ``goodput``, ``badput``, ``wall_seconds``, ``productive_seconds``, ``processes``: see
+    :func:`account`.
+    ``stops``, ``resumes``, ``faults``: counts by reason, source and action.
+    """
+    events = as_events(events)
+    flags = committed_flags(events)
+    committed = [e for e, ok in zip(events, flags, strict=True) if ok]
+    counts: dict[str, dict[str, int]] = {"stops": {}, "resumes": {}, "faults": {}}
+    for event in events:
+        group, key = (
+            ("stops", event.reason) if isinstance(event, ev.Stop)
+            else ("resumes", event.source) if isinstance(event, ev.Resume)
+            else ("faults", event.action) if isinstance(event, ev.Fault)
+            else (None, None)
+        )
+        if group is not None:
+            counts[group][key] = counts[group].get(key, 0) + 1
+    time = account(events)
     ranges = [e.examples for e in committed if e.examples is not None]
     return {
         "final_step": max((e.step for e in committed), default=None),
         "state_digest": state_digest(params) if params is not None else None,
         "examples_consumed": max((int(r[1]) for r in ranges), default=0),
-        "goodput": productive / wall if wall > 0 else 0.0,
-        "badput": {k: round(v, 6) for k, v in badput.items()},
-        "wall_seconds": round(wall, 6),
-        "productive_seconds": round(productive, 6),
+        "goodput": time.goodput,
+        "badput": dict(time.badput),
+        "wall_seconds": time.wall_seconds,
+        "productive_seconds": time.productive_seconds,
         "committed_steps": len(committed),
-        "processes": len(processes),
+        "processes": time.processes,
         "stops": counts["stops"],
         "resumes": counts["resumes"],
         "faults": counts["faults"],
