@@ -272,3 +272,33 @@ def test_the_process_start_time_is_when_this_process_began_not_when_it_was_asked
     started = record.process_start_time()
     assert started <= time.time()
     assert started < time.time() - 0.05  # pytest ran for a while before this test
+
+
+def test_a_typed_event_is_appended_as_the_same_json_line_as_its_mapping(tmp_path):
+    from elastic_dew.elastic.events import Resume, Step
+
+    with RunRecord(tmp_path) as rec:
+        rec.append(Step(step=3, slices=2, loss=0.5, examples=(12, 16), seconds=1.0, wall=7.0))
+        rec.append(Resume(source="snapshot", step=3, durations={"restore": 0.25}, wall=8.0))
+    lines = read_events(tmp_path)
+    assert lines[0] == {
+        "event": "step", "wall": 7.0, "step": 3, "slices": 2, "loss": 0.5, "examples": [12, 16],
+        "seconds": 1.0, "data_seconds": 0.0,
+    }
+    assert lines[1]["durations"] == {
+        "detection": 0.0, "wait_for_slices": 0.0, "mesh_and_compile": 0.0, "restore": 0.25,
+    }
+
+
+def test_the_summary_of_typed_events_is_the_summary_of_their_json_lines():
+    lines = _a_run_with_every_kind_of_disruption()
+    typed = record.as_events(lines)
+    assert [type(e).__name__ for e in typed[:3]] == ["Start", "Resume", "Step"]
+    assert summarize(typed) == summarize(lines)
+    assert committed_steps(typed) == [e.to_json() for e in record.as_events(committed_steps(lines))]
+
+
+def test_a_line_of_a_kind_this_version_does_not_know_is_left_out_of_the_typed_events():
+    lines = [{"event": "checkpoint_gc", "wall": 1.0}, _step(0, 2.0)]
+    assert [e.kind for e in record.as_events(lines)] == ["step"]
+    assert summarize(lines)["final_step"] == 0
