@@ -1,15 +1,20 @@
 """The files in k8s/: each manifest is exactly its renderer's output, and all of them validate.
 
 Each manifest's header names the command that renders it; re-running that command must give
-the same bytes (no hand edits, no drift when the renderer changes). The Dockerfiles must pin
+the same bytes (no hand edits, no drift when the renderer changes). They validate from a copy
+of the package with nothing beside it, as from a fresh clone or a plain pip install. The Dockerfiles must pin
 the same jax and jaxlib versions and the same Python as each other, as the resilience guide
 requires of the workload and colocated-Python sidecar images.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -72,3 +77,58 @@ def test_the_controller_and_sidecar_images_pin_the_same_jax_jaxlib_and_python():
     assert controller[2] == sidecar[2] == {"3.12"}
     major, minor, patch = (int(x) for x in controller[0].split("."))
     assert (major, minor, patch) >= (0, 10, 1)  # the guide's minimum for colocated Python
+
+
+def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_manifests(tmp_path):
+    """What a fresh clone or a plain pip install has: the package and the manifests, and no
+    ../shared. The copy (the working tree's package and k8s/, so uncommitted changes are what
+    is tested) runs ``elastic-dew k8s validate`` in a separate process whose import path holds
+    only the copy and the installed libraries, in a directory with no sibling."""
+    clone = tmp_path / "alone" / "elastic-dew"
+    shutil.copytree(REPO / "elastic_dew", clone / "elastic_dew",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "recipes", clone / "recipes", ignore=shutil.ignore_patterns("__pycache__", "data"))
+    shutil.copytree(K8S, clone / "k8s")
+    assert sorted(p.name for p in clone.parent.parent.iterdir()) == ["alone"]
+    assert not (clone.parent / "shared").exists() and not (clone.parent.parent / "shared").exists()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ELASTIC_DEW_JOBSET_CRD")}
+    env["PYTHONPATH"] = str(clone)
+    code = ("import sys, elastic_dew; assert elastic_dew.__file__.startswith(sys.argv[1]), elastic_dew.__file__; "
+            "from elastic_dew.cli import main; sys.exit(main(['k8s', 'validate', *sys.argv[2:]]))")
+    files = sorted(str(p.relative_to(clone)) for p in (clone / "k8s").glob("*.yaml"))
+    result = subprocess.run([sys.executable, "-c", code, str(clone), *files],
+                            cwd=clone, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(": ok (") == len(files) == len(MANIFESTS)
+
+
+def test_the_schema_generator_skips_its_drift_check_with_a_message_when_the_crd_is_absent(tmp_path):
+    """CI's clean clone may have no ../shared: the check says so and passes; with a CRD given
+    it compares (here a CRD that is not the JobSet one is refused by name)."""
+    script = REPO / "scripts" / "jobset_schema.py"
+    missing = subprocess.run([sys.executable, str(script), "--check", "--crd", str(tmp_path / "none.yaml")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 0 and "drift check skipped: no JobSet CRD at" in missing.stdout
+    other = tmp_path / "other.yaml"
+    other.write_text("kind: CustomResourceDefinition\nspec: {group: example.com, versions: []}\n")
+    wrong = subprocess.run([sys.executable, str(script), "--check", "--crd", str(other)],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0 and "not the JobSet CustomResourceDefinition" in wrong.stderr
+
+
+def test_the_schema_generator_detects_drift_between_a_crd_and_the_schema_file(tmp_path):
+    script = REPO / "scripts" / "jobset_schema.py"
+    crd = tmp_path / "crd.yaml"
+    crd.write_text(yaml.safe_dump({"kind": "CustomResourceDefinition", "spec": {
+        "group": "jobset.x-k8s.io", "versions": [{"name": "v1alpha2", "schema": {"openAPIV3Schema": {
+            "type": "object", "description": "prose that is not kept",
+            "properties": {"spec": {"type": "object", "properties": {"suspend": {"type": "boolean"}}}}}}}]}}))
+    out = tmp_path / "schema.json"
+    assert subprocess.run([sys.executable, str(script), "--crd", str(crd), "--output", str(out)],
+                          capture_output=True, timeout=60).returncode == 0
+    assert "prose" not in out.read_text() and '"suspend"' in out.read_text()
+    check = [sys.executable, str(script), "--check", "--crd", str(crd), "--output", str(out)]
+    assert subprocess.run(check, capture_output=True, timeout=60).returncode == 0
+    out.write_text(out.read_text().replace("boolean", "string"))
+    drift = subprocess.run(check, capture_output=True, text=True, timeout=60)
+    assert drift.returncode == 1 and "differs from the facts of" in drift.stderr

@@ -5,8 +5,9 @@ Subcommands:
 * ``render``: the elastic training JobSet (``--mtc`` for the multi-tier checkpointing variant).
 * ``priority-class``: a PriorityClass for hot swap (the guide's ``high-prior-job``).
 * ``checkpoint-config``: GKE's CheckpointConfiguration for multi-tier checkpointing.
-* ``validate``: check manifest files against the JobSet CRD, Kubernetes' schemas and the
-  semantics of an elastic run (needs the ``test`` extras: jsonschema, kubernetes-validate).
+* ``validate``: check manifest files against the JobSet schema shipped in the package,
+  Kubernetes' schemas and the semantics of an elastic run (needs the ``test`` extras:
+  jsonschema, kubernetes-validate).
 
 Every rendered file starts with the exact command that re-creates it. A bad parameter exits
 with status 2 and a message naming the flag and the fix, and writes nothing.
@@ -27,7 +28,9 @@ import yaml
 
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import (
+    CONTROLLER_FAILURE_MODES,
     KNOWN_RECIPES,
+    PROXY_FLAG_SPELLINGS,
     JobSetParams,
     ParameterError,
     check_quantity,
@@ -43,32 +46,55 @@ _DEFAULTS = JobSetParams(name="", tpu_type="", topology="", slices=0, elastic_sl
                          image="", recipe="", bucket="")
 
 
+class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.required:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Declare ``elastic-dew k8s`` and its subcommands."""
+    """Declare ``elastic-dew k8s`` and its subcommands (every flag's help shows its default)."""
     sub = parser.add_subparsers(dest="k8s_command", metavar="SUBCOMMAND")
     sub.required = True
 
-    r = sub.add_parser("render", help="render the elastic training JobSet",
+    r = sub.add_parser("render", help="render the elastic training JobSet", formatter_class=_FORMATTER,
                        description="Render the elastic Pathways training JobSet as YAML.")
     r.add_argument("--name", required=True, help="JobSet name (an RFC 1123 label); also names the run directory")
-    r.add_argument("--tpu-type", required=True, help=f"TPU type: {', '.join(TPU_TYPES)} (v5litepod = v5e)")
-    r.add_argument("--topology", required=True, help="slice topology, e.g. 4x4 (v5e/v6e) or 2x2x2 (v4/v5p)")
+    r.add_argument("--tpu-type", required=True,
+                   help=f"TPU type: {', '.join(TPU_TYPES)} (v5litepod = v5e), or TYPE-N as gcloud and xpk "
+                        "write it (v6e-16, v5p-8, tpu7x-128), which implies the topology")
+    r.add_argument("--topology", help="slice topology, e.g. 4x4 (v5e/v6e) or 2x2x2 (v4/v5p/tpu7x); "
+                                      "optional with a TYPE-N --tpu-type")
     r.add_argument("--slices", type=int, required=True, help="TPU slices (pathways-worker replicas)")
     r.add_argument("--elastic-slices", type=int, required=True,
                    help="slices the run may lose and regain (the proxy's elastic count); 0 turns elasticity off")
     r.add_argument("--image", required=True, help="controller image (built from k8s/Dockerfile.controller)")
-    r.add_argument("--recipe", required=True, help=f"recipe the controller trains: {', '.join(KNOWN_RECIPES)}")
+    r.add_argument("--recipe", required=True,
+                   help=f"recipe the controller trains, as elastic-dew train takes it: {', '.join(KNOWN_RECIPES)}, "
+                        "or a module path with build() that the controller image can import (mypkg.myrecipe)")
     r.add_argument("--bucket", required=True,
-                   help="gs://BUCKET[/FOLDER] for Pathways scratch files and the run directory, which the "
-                        "controller sees at /gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE")
+                   help="gs://BUCKET[/FOLDER] for Pathways scratch files, the run record, which the controller "
+                        "sees at /gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE, and the checkpoints, "
+                        "which the TPU workers write to gs://BUCKET[/FOLDER]/runs/NAME/checkpoints")
     r.add_argument("--mtc", action="store_true", help="multi-tier checkpointing variant (needs --sidecar-image)")
     r.add_argument("--sidecar-image", help="colocated-Python sidecar image (built from k8s/Dockerfile.sidecar)")
     r.add_argument("--priority", help="PriorityClass name for the head and worker pods (hot swap)")
-    r.add_argument("--proxy-flag-spelling", default=_DEFAULTS.proxy_flag_spelling,
+    r.add_argument("--proxy-flag-spelling", default=_DEFAULTS.proxy_flag_spelling, choices=PROXY_FLAG_SPELLINGS,
                    help="instances: --num_elastic_instances (the resilience guide); "
                         "slices: --num_elastic_slices (pathwaysutils)")
-    r.add_argument("--namespace", default=_DEFAULTS.namespace)
-    r.add_argument("--pathways-version", default=_DEFAULTS.pathways_version, help="Pathways image tag")
+    r.add_argument("--queue", help="Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label (xpk clusters run Kueue)")
+    r.add_argument("--on-controller-failure", default=_DEFAULTS.on_controller_failure,
+                   choices=CONTROLLER_FAILURE_MODES,
+                   help="recreate-jobset: exit 143 or an eviction recreates the whole JobSet without using "
+                        "--max-restarts, as Google's generators do; restart-head: the head pod restarts alone "
+                        "(not verified on a real cluster)")
+    r.add_argument("--namespace", default=_DEFAULTS.namespace, help="Kubernetes namespace of the JobSet")
+    r.add_argument("--pathways-version", default=_DEFAULTS.pathways_version,
+                   help="Pathways release tag of the resource manager, proxy and worker images (jax-VERSION, "
+                        "matching the controller image's JAX); never latest")
     r.add_argument("--head-node-pool", default=_DEFAULTS.head_node_pool, help="CPU node pool of the head pod")
     r.add_argument("--grace-seconds", type=int, default=_DEFAULTS.grace_seconds,
                    help="terminationGracePeriodSeconds: time for the final checkpoint write")
@@ -83,24 +109,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
     r.set_defaults(k8s_run=_render)
 
-    p = sub.add_parser("priority-class", help="render a PriorityClass for hot swap")
-    p.add_argument("--name", required=True)
+    p = sub.add_parser("priority-class", help="render a PriorityClass for hot swap", formatter_class=_FORMATTER,
+                       description="Render a PriorityClass (apply once per cluster): a JobSet rendered with "
+                                   "--priority NAME may take the TPU slices of lower-priority work when one of "
+                                   "its own slices fails (hot swap).")
+    p.add_argument("--name", required=True, help="the PriorityClass name that render's --priority refers to")
     p.add_argument("--value", type=int, required=True, help="higher wins; the guide's high-prior-job uses 2000")
-    p.add_argument("--description", default="")
-    p.add_argument("--out")
+    p.add_argument("--description", default="", help="the PriorityClass's description")
+    p.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
     p.set_defaults(k8s_run=_priority_class)
 
-    c = sub.add_parser("checkpoint-config", help="render GKE's CheckpointConfiguration (multi-tier checkpointing)")
-    c.add_argument("--name", required=True)
+    c = sub.add_parser("checkpoint-config", help="render GKE's CheckpointConfiguration (multi-tier checkpointing)",
+                       formatter_class=_FORMATTER,
+                       description="Render GKE's CheckpointConfiguration (apply once per cluster): the bucket, the "
+                                   "TPU nodes that get the in-memory checkpoint volume, and its size, which a "
+                                   "JobSet rendered with --mtc needs.")
+    c.add_argument("--name", required=True, help="the CheckpointConfiguration's name")
     c.add_argument("--bucket", required=True, help="gs://BUCKET with hierarchical namespace enabled")
     c.add_argument("--tpu-type", required=True, help=f"TPU type of the node pool: {', '.join(TPU_TYPES)}")
     c.add_argument("--in-memory-size", required=True, help="RAM disk per node, e.g. 50Gi")
-    c.add_argument("--out")
+    c.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
     c.set_defaults(k8s_run=_checkpoint_config)
 
-    v = sub.add_parser("validate", help="check manifest files (schemas and elastic-run semantics)")
-    v.add_argument("files", nargs="+", type=Path)
-    v.add_argument("--crd", help="JobSet CRD YAML (default: $ELASTIC_DEW_JOBSET_CRD or ../shared/schemas)")
+    v = sub.add_parser("validate", help="check manifest files (schemas and elastic-run semantics)",
+                       formatter_class=_FORMATTER,
+                       description="Check manifest files offline: JobSets against the JobSet schema shipped in "
+                                   "the package (strict: unknown fields, wrong types and bad enum values are "
+                                   "errors) and the semantics of an elastic Pathways run, core kinds against "
+                                   "Kubernetes' published schemas. Exits 1 if any file has a problem.")
+    v.add_argument("files", nargs="+", type=Path, help="manifest YAML files")
+    v.add_argument("--crd", help="check JobSets against this JobSet CRD YAML instead of the shipped schema "
+                                 "(default: the shipped schema)")
     v.set_defaults(k8s_run=_validate)
 
 
@@ -155,22 +194,26 @@ _RENDER_FIELDS = [
     ("--name", "name"), ("--tpu-type", "tpu_type"), ("--topology", "topology"), ("--slices", "slices"),
     ("--elastic-slices", "elastic_slices"), ("--image", "image"), ("--recipe", "recipe"),
     ("--bucket", "bucket"), ("--sidecar-image", "sidecar_image"), ("--priority", "priority"),
-    ("--proxy-flag-spelling", "proxy_flag_spelling"),
+    ("--proxy-flag-spelling", "proxy_flag_spelling"), ("--queue", "queue"),
 ]
 _RENDER_OPTIONAL = [
     ("--namespace", "namespace"), ("--pathways-version", "pathways_version"),
     ("--head-node-pool", "head_node_pool"), ("--grace-seconds", "grace_seconds"),
     ("--max-restarts", "max_restarts"), ("--slice-restarts", "slice_restarts"),
     ("--mtc-ramdisk-dir", "mtc_ramdisk_dir"), ("--service-account", "service_account"),
+    ("--on-controller-failure", "on_controller_failure"),
 ]
 
 
 def _render(args: argparse.Namespace) -> int:
-    params = JobSetParams(**{attr: getattr(args, attr) for _, attr in _RENDER_FIELDS + _RENDER_OPTIONAL},
-                          mtc=args.mtc)
+    given = {attr: getattr(args, attr) for _, attr in _RENDER_FIELDS + _RENDER_OPTIONAL}
+    given["topology"] = given["topology"] or ""
+    params = JobSetParams(**given, mtc=args.mtc)
     changed = [(o, a) for o, a in _RENDER_OPTIONAL if getattr(args, a) != getattr(_DEFAULTS, a)]
 
     def build():
+        nonlocal params
+        params = params.check()
         js = R.jobset(params)
         from elastic_dew.k8s.validate import semantic_errors
 
@@ -179,7 +222,7 @@ def _render(args: argparse.Namespace) -> int:
             raise RuntimeError("rendered JobSet fails its own checks: " + "; ".join(problems))
         title = (f"Elastic Pathways training JobSet: recipe {params.recipe} on {params.slices} x "
                  f"{params.tpu.name} {params.topology}" + (", multi-tier checkpointing" if params.mtc else ""))
-        return [js], _header(title, _command(args, _RENDER_FIELDS + changed, ["--mtc"])), R.JOBSET_COMMENTS
+        return [js], _header(title, _command(args, _RENDER_FIELDS + changed, ["--mtc"])), R.jobset_comments(params)
 
     return _emit(args, build)
 
@@ -229,7 +272,8 @@ def _validate(args: argparse.Namespace) -> int:
             raise ParameterError("validate", f"{e.name} is not installed",
                                  "install the test extras: pip install -e '.[test]'") from e
         except FileNotFoundError as e:
-            raise ParameterError("--crd", str(e), "pass the JobSet CRD YAML with --crd") from e
+            raise ParameterError("--crd", str(e), "pass a JobSet CRD YAML, or leave --crd out to use the "
+                                 "shipped schema") from e
         for p in problems:
             sys.stderr.write(f"{path}: {p}\n")
         if problems:

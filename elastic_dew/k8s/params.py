@@ -7,15 +7,20 @@ would give a manifest Kubernetes rejects or a run that cannot work, with a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
-from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type
+from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type, parse_tpu_type
 
 __all__ = [
     "KNOWN_RECIPES",
     "RUN_MOUNT",
     "PROXY_FLAG_SPELLINGS",
+    "CONTROLLER_FAILURE_MODES",
+    "PATHWAYS_VERSION",
+    "known_recipes",
+    "check_recipe",
     "JobSetParams",
     "ParameterError",
     "parse_bucket",
@@ -24,8 +29,41 @@ __all__ = [
     "check_subdomain",
 ]
 
-#: The recipes ``elastic-dew train RECIPE`` knows; the controller container runs one of them.
-KNOWN_RECIPES: tuple[str, ...] = ("lm", "mlp")
+def known_recipes() -> tuple[str, ...]:
+    """The recipe names ``elastic-dew train RECIPE`` ships (the train command's own list)."""
+    try:  # the train command's recipe resolution is moving to elastic_dew.run
+        from elastic_dew.run import available_recipes
+    except ImportError:
+        from elastic_dew.commands.train import available_recipes
+    return tuple(available_recipes())
+
+
+#: The recipes shipped with elastic_dew; ``--recipe`` also takes a module path (``pkg.recipe``).
+KNOWN_RECIPES: tuple[str, ...] = known_recipes()
+
+_MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def check_recipe(field: str, recipe: str) -> None:
+    """Refuse ``recipe`` unless ``elastic-dew train`` takes it: a shipped recipe name, or a
+    module path with build() (``mypkg.myrecipe``). A module path is checked for its form only:
+    it must be importable in the controller image, which need not be this machine."""
+    if recipe in KNOWN_RECIPES or _MODULE_PATH.match(recipe):
+        return
+    raise ParameterError(field, f"unknown recipe {recipe!r}",
+                         f"use one of {', '.join(KNOWN_RECIPES)}, or a module path with build() that "
+                         "the controller image can import (mypkg.myrecipe)")
+
+
+#: The default Pathways release of the resource manager, proxy and worker images
+#: (``jax-VERSION``): the JAX the controller image (k8s/Dockerfile.controller) pins, as the
+#: resilience guide requires the workload's JAX to match the Pathways release.
+PATHWAYS_VERSION = "jax-0.10.2"
+
+#: ``--on-controller-failure``: what a failed controller (exit 143, an eviction) does.
+#: ``recreate-jobset`` is what pathwaysutils' and xpk's generators do; ``restart-head``
+#: restarts the head pod alone, which no real cluster run has verified yet.
+CONTROLLER_FAILURE_MODES: tuple[str, ...] = ("recreate-jobset", "restart-head")
 
 #: Where the controller container mounts ``--bucket`` (Cloud Storage FUSE): the run directory
 #: is a local path under it, since ``elastic-dew train`` appends and fsyncs its run record there.
@@ -42,6 +80,7 @@ PROXY_FLAG_SPELLINGS: dict[str, str] = {
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _INT32_MAX = 2**31 - 1
 
@@ -99,13 +138,15 @@ class JobSetParams:
     priority: str | None = None
     proxy_flag_spelling: str = "instances"
     namespace: str = "default"
-    pathways_version: str = "latest"
+    pathways_version: str = PATHWAYS_VERSION
     head_node_pool: str = "cpu-np"
     grace_seconds: int = 300
     max_restarts: int = 5
     slice_restarts: int = 1_000_000
     mtc_ramdisk_dir: str = "/tmp/mtc_checkpoints"
     service_account: str = "default"
+    queue: str | None = None
+    on_controller_failure: str = CONTROLLER_FAILURE_MODES[0]
 
     # -- derived values -------------------------------------------------------------
     @property
@@ -141,21 +182,44 @@ class JobSetParams:
         return "/".join([RUN_MOUNT, *([prefix] if prefix else []), "runs", self.name])
 
     @property
+    def checkpoint_dir(self) -> str:
+        """The persistent tier's directory: ``--bucket``'s ``runs/NAME/checkpoints`` as a
+        ``gs://`` URL, which the TPU workers write to themselves under Pathways persistence
+        (elastic_dew.elastic.persistence says why a FUSE path would not do)."""
+        return f"{self.bucket_url}/runs/{self.name}/checkpoints"
+
+    @property
     def min_slices(self) -> int:
         """Slices the run needs to keep training: all but the elastic ones, at least one."""
         return max(1, self.slices - self.elastic_slices)
 
     # -- validation -----------------------------------------------------------------
     def check(self) -> "JobSetParams":
-        """Raise ``ParameterError`` for the first parameter that cannot work; return self."""
+        """Raise ``ParameterError`` for the first parameter that cannot work; return the
+        parameters with a sized TPU type (``v6e-16``) resolved to its type and topology."""
         check_rfc1123_label("--name", self.name)
         check_rfc1123_label("--namespace", self.namespace)
-        tpu = lookup_tpu_type(self.tpu_type)
-        if tpu is None:
+        parsed = parse_tpu_type(self.tpu_type)
+        if parsed is None:
             raise ParameterError(
                 "--tpu-type", f"unknown TPU type {self.tpu_type!r}",
-                f"use one of {', '.join(TPU_TYPES)}",
+                f"use one of {', '.join(TPU_TYPES)}, or TYPE-N as gcloud and xpk write it (v6e-16)",
             )
+        tpu, size = parsed
+        if size is not None:
+            implied = tpu.topology_for(size)
+            if implied is None:
+                sizes = ", ".join(tpu.sized_name(t) for t in tpu.topologies)
+                raise ParameterError("--tpu-type", f"{self.tpu_type!r} is no {tpu.name} slice size",
+                                     f"use one of {sizes}")
+            if self.topology and self.topology != implied:
+                raise ParameterError("--topology", f"{self.tpu_type} is a {implied} slice, not {self.topology}",
+                                     f"drop --topology or pass --topology {implied}")
+            return dataclasses.replace(self, tpu_type=tpu.name, topology=implied).check()
+        if not self.topology:
+            raise ParameterError("--topology", f"TPU type {tpu.name} needs a topology",
+                                 f"pass --topology (one of {', '.join(tpu.topologies)}) or a sized "
+                                 f"--tpu-type such as {tpu.sized_name(tpu.topologies[2])}")
         if self.topology not in tpu.topologies:
             raise ParameterError(
                 "--topology", f"TPU type {tpu.name} has no topology {self.topology!r}",
@@ -177,12 +241,20 @@ class JobSetParams:
                 "--name", f"the coordinator label {coordinator!r} would be longer than 63 characters",
                 f"shorten --name to at most {(63 - len('-pathways-head-0-0.')) // 2} characters",
             )
-        if not self.image or any(c.isspace() for c in self.image):
-            raise ParameterError("--image", f"{self.image!r} is not an image reference",
-                                 "pass REGISTRY/REPOSITORY:TAG of the controller image")
-        if self.recipe not in KNOWN_RECIPES:
-            raise ParameterError("--recipe", f"unknown recipe {self.recipe!r}",
-                                 f"use one of {', '.join(KNOWN_RECIPES)}")
+        _check_image("--image", self.image, "controller")
+        check_recipe("--recipe", self.recipe)
+        if self.pathways_version == "latest" or not _IMAGE_TAG.match(self.pathways_version):
+            raise ParameterError(
+                "--pathways-version", f"{self.pathways_version!r} is not a pinned Pathways release",
+                f"pass a release tag such as {PATHWAYS_VERSION} (the JAX of your controller image): a "
+                "moving tag lets a restarted worker pull another release than the running proxy")
+        if self.queue is not None and (len(self.queue) > 63 or not _LABEL.match(self.queue)):
+            raise ParameterError("--queue", f"{self.queue!r} is not a Kueue LocalQueue name",
+                                 "pass the LocalQueue's name (lowercase letters, digits and '-', at most 63), "
+                                 "as kubectl get localqueues lists it")
+        if self.on_controller_failure not in CONTROLLER_FAILURE_MODES:
+            raise ParameterError("--on-controller-failure", f"unknown mode {self.on_controller_failure!r}",
+                                 f"use one of {', '.join(CONTROLLER_FAILURE_MODES)}")
         _, prefix = parse_bucket("--bucket", self.bucket)
         if prefix and any(part in ("", ".", "..") or any(c.isspace() for c in part) for part in prefix.split("/")):
             raise ParameterError(
@@ -193,10 +265,8 @@ class JobSetParams:
         if self.mtc and not self.sidecar_image:
             raise ParameterError("--sidecar-image", "--mtc needs the colocated-Python sidecar image",
                                  "build k8s/Dockerfile.sidecar and pass its URI with --sidecar-image")
-        if self.sidecar_image is not None and (
-                not self.sidecar_image or any(c.isspace() for c in self.sidecar_image)):
-            raise ParameterError("--sidecar-image", f"{self.sidecar_image!r} is not an image reference",
-                                 "pass REGISTRY/REPOSITORY:TAG of the sidecar image")
+        if self.sidecar_image is not None:
+            _check_image("--sidecar-image", self.sidecar_image, "sidecar")
         if self.priority is not None and (len(self.priority) > 253 or not _SUBDOMAIN.match(self.priority)):
             raise ParameterError("--priority", f"{self.priority!r} is not a PriorityClass name",
                                  "use a lowercase DNS subdomain name such as 'high-prior-job'")
@@ -223,6 +293,19 @@ class JobSetParams:
             raise ParameterError("--mtc-ramdisk-dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
                                  "use an absolute path such as /tmp/mtc_checkpoints")
         return self
+
+
+def _check_image(field: str, image: str, what: str) -> None:
+    """Refuse an image reference that is malformed or not pinned to a tag or digest."""
+    if not image or any(c.isspace() for c in image):
+        raise ParameterError(field, f"{image!r} is not an image reference",
+                             f"pass REGISTRY/REPOSITORY:TAG of the {what} image")
+    name, at, _ = image.partition("@")
+    tag = name.rpartition("/")[2].partition(":")[2]
+    if not at and (not tag or tag == "latest"):
+        raise ParameterError(field, f"{image!r} is not pinned to a version",
+                             f"pass REGISTRY/REPOSITORY:TAG (not :latest) or @sha256:DIGEST of the {what} "
+                             "image, so a restarted pod runs the same code (imagePullPolicy is IfNotPresent)")
 
 
 def check_quantity(field: str, value: str) -> None:

@@ -5,20 +5,27 @@
 * ``pathways-head`` (one pod): the Pathways resource manager and ``pathways-proxy`` run as
   native sidecars (init containers with ``restartPolicy: Always``), so they start before the
   controller, outlive its final checkpoint write, and stop when it ends; the ``controller``
-  container runs ``elastic-dew train RECIPE`` with ``JAX_PLATFORMS=proxy`` and its run
-  directory on ``--bucket``, mounted at ``/gcs`` by the Cloud Storage FUSE CSI driver (GKE
-  injects the gcsfuse sidecar, a native sidecar too, ahead of the others: it starts first
-  and stops last, after the controller's final write). Its Job's
-  ``podFailurePolicy`` ignores exit code 143 (preempted after writing its checkpoint) and
-  evictions, so such a restart resumes without using the failure budget.
+  container runs ``elastic-dew train RECIPE`` with ``JAX_PLATFORMS=proxy``, its small run
+  record on ``--bucket`` mounted at ``/gcs`` by the Cloud Storage FUSE CSI driver (GKE injects
+  the gcsfuse sidecar, a native sidecar too, ahead of the others: it starts first and stops
+  last, after the controller's final write), and its checkpoints at a ``gs://`` URL, which
+  the TPU workers write themselves under Pathways persistence.
+  By default (``recreate-jobset``, as pathwaysutils' and xpk's generators do) the head Job's
+  ``podFailurePolicy`` fails the Job on exit 143 (preempted after writing its checkpoint),
+  on an eviction and on exit 2 (a bad command line), and the JobSet's ``failurePolicy``
+  rules read the Job's failure message: 143 and evictions recreate the whole JobSet without
+  using ``maxRestarts``, 2 fails it. ``restart-head`` instead ignores 143 and evictions, so
+  the head pod restarts alone (not verified on a real cluster).
 * ``pathways-worker`` (one Job per slice, one pod per TPU host): TPU node selectors, the
-  exclusive-topology annotation, and a ``backoffLimit`` large enough that a slice can be lost
+  exclusive-topology annotation, the shared ``/tmp`` host directory and
+  ``MEGASCALE_GRPC_ENABLE_XOR_TRACER=false`` (as pathwaysutils' generator), and a ``backoffLimit`` large enough that a slice can be lost
   and come back many times without failing the JobSet, which is the point of elastic training.
 
 ``priority_class``, ``checkpoint_configuration`` build the one-time cluster objects that hot
 swap and multi-tier checkpointing need, and ``dump`` writes any of them deterministically.
-The layout mirrors pathwaysutils' ``PathwaysJobSet`` (ports, environment, backoff formula);
-see docs/kubernetes.md for why this module does not call it.
+The layout mirrors pathwaysutils' ``PathwaysJobSet`` (ports, environment, ``/tmp`` volume,
+backoff formula) and xpk's Pathways template (``hostNetwork``, ``dnsPolicy``, the Kueue queue
+label); see docs/kubernetes.md for why this module does not call it.
 """
 
 from __future__ import annotations
@@ -36,7 +43,10 @@ __all__ = [
     "CONTROLLER",
     "PREEMPTED_EXIT_CODE",
     "USAGE_EXIT_CODE",
+    "QUEUE_LABEL",
+    "pod_failure_message",
     "jobset",
+    "jobset_comments",
     "priority_class",
     "checkpoint_configuration",
     "dump",
@@ -55,6 +65,13 @@ RM_PORT = 29001
 WORKER_PORT = 29005
 SIDECAR_PORT = 50051
 SIDECAR_SHM_DIR = "/tmp/sidecar"
+SIDECAR_SHM_VOLUME = "sidecar-shm"
+#: pathwaysutils' generator shares the node's /tmp with the head's workload and the workers.
+SHARED_TMP = "shared-tmp"
+#: Images are pinned (``--pathways-version``, tagged ``--image``), so a restarted pod reuses
+#: the node's copy of the very same image.
+PULL_POLICY = "IfNotPresent"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MTC_CSI_DRIVER = "multitier-checkpoint.csi.storage.gke.io"
 GCSFUSE_CSI_DRIVER = "gcsfuse.csi.storage.gke.io"
 #: The pod annotation that makes GKE's webhook inject the gcsfuse sidecar.
@@ -79,6 +96,20 @@ TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 
 
+def pod_failure_message(container: str, exit_code: int, action: str = "FailJob", index: int = 0) -> str:
+    """The Job failure message Kubernetes writes when a ``podFailurePolicy`` exit-code rule
+    fires (``pkg/controller/job/pod_failure_policy.go``); the JobSet's failure rules match it."""
+    return (f"Container {container} for pod NAMESPACE/POD failed with exit code {exit_code} "
+            f"matching {action} rule at index {index}")
+
+
+def _exit_pattern(code: int) -> str:
+    return f"failed with exit code {code} matching FailJob rule"
+
+
+_EVICTION_PATTERN = "has condition DisruptionTarget matching FailJob rule"
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -100,7 +131,7 @@ def _resource_manager(p: JobSetParams) -> dict[str, Any]:
     return {
         "name": RESOURCE_MANAGER,
         "image": f"{IMAGE_REPO}/server:{p.pathways_version}",
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": PULL_POLICY,
         "restartPolicy": "Always",
         "args": [
             f"--server_port={RM_PORT}",
@@ -135,7 +166,7 @@ def _proxy(p: JobSetParams) -> dict[str, Any]:
     return {
         "name": PROXY,
         "image": f"{IMAGE_REPO}/proxy_server:{p.pathways_version}",
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": PULL_POLICY,
         "restartPolicy": "Always",
         "args": args,
         "env": [
@@ -164,6 +195,10 @@ def controller_command(p: JobSetParams) -> list[str]:
         # The persistent tier is then the guide's ReplicatorCheckpointManager, writing through
         # the workers' colocated-Python sidecars into their multi-tier checkpoint volume.
         command += ["--checkpoint-kind", "multi_tier", "--checkpoint-dir", p.mtc_ramdisk_dir]
+    else:
+        # Under ENABLE_PATHWAYS_PERSISTENCE the workers write the arrays themselves: a gs://
+        # URL they can all reach, not the FUSE mount that exists only in this pod.
+        command += ["--checkpoint-dir", p.checkpoint_dir]
     return command
 
 
@@ -171,7 +206,7 @@ def _controller(p: JobSetParams) -> dict[str, Any]:
     return {
         "name": CONTROLLER,
         "image": p.image,
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": PULL_POLICY,
         "command": controller_command(p),
         "env": [
             _env("JAX_PLATFORMS", "proxy"),
@@ -181,9 +216,55 @@ def _controller(p: JobSetParams) -> dict[str, Any]:
             _env("ENABLE_PATHWAYS_PERSISTENCE", "1"),
             _field_env("JOBSET_NAME", _JOBSET_NAME),
         ],
-        "volumeMounts": [{"name": RUN_VOLUME, "mountPath": RUN_MOUNT}],
+        "volumeMounts": [{"name": RUN_VOLUME, "mountPath": RUN_MOUNT}, _shared_tmp_mount()],
         "resources": {"limits": {"cpu": "24", "memory": "100G"}},
     }
+
+
+def _shared_tmp_mount() -> dict[str, Any]:
+    return {"name": SHARED_TMP, "mountPath": "/tmp"}
+
+
+def _shared_tmp_volume() -> dict[str, Any]:
+    return {"name": SHARED_TMP, "hostPath": {"path": "/tmp", "type": "DirectoryOrCreate"}}
+
+
+def _host_network(pod_spec: dict[str, Any]) -> None:
+    """xpk's Pathways template: the pods use the node's network, and keep cluster DNS."""
+    pod_spec["hostNetwork"] = True
+    pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+
+
+def _head_failure_rules(p: JobSetParams) -> list[dict[str, Any]]:
+    exit_rule = lambda action, code: {"action": action, "onExitCodes": {  # noqa: E731
+        "containerName": CONTROLLER, "operator": "In", "values": [code]}}
+    eviction = {"onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    if p.on_controller_failure == "restart-head":
+        return [exit_rule("Ignore", PREEMPTED_EXIT_CODE), {"action": "Ignore", **eviction},
+                exit_rule("FailJob", USAGE_EXIT_CODE)]
+    return [exit_rule("FailJob", PREEMPTED_EXIT_CODE), exit_rule("FailJob", USAGE_EXIT_CODE),
+            {"action": "FailJob", **eviction}]
+
+
+def _jobset_failure_rules(p: JobSetParams) -> list[dict[str, Any]]:
+    bad_command = {
+        "name": "BadCommandLineFailsTheJobSet",
+        "action": "FailJobSet",
+        "onJobFailureReasons": ["PodFailurePolicy"],
+        "targetReplicatedJobs": [HEAD_JOB],
+    }
+    if p.on_controller_failure == "restart-head":
+        return [bad_command]
+    return [
+        {
+            "name": "PreemptedControllerRecreatesTheJobSet",
+            "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+            "onJobFailureMessagePatterns": [_exit_pattern(PREEMPTED_EXIT_CODE), _EVICTION_PATTERN],
+            "targetReplicatedJobs": [HEAD_JOB],
+        },
+        {**bad_command, "onJobFailureMessagePatterns": [_exit_pattern(USAGE_EXIT_CODE)]},
+    ]
 
 
 def _run_volume(p: JobSetParams) -> dict[str, Any]:
@@ -204,11 +285,12 @@ def _head_job(p: JobSetParams) -> dict[str, Any]:
         "terminationGracePeriodSeconds": p.grace_seconds,
         "serviceAccountName": p.service_account,
     }
+    _host_network(pod_spec)
     if p.priority:
         pod_spec["priorityClassName"] = p.priority
     pod_spec["initContainers"] = [_resource_manager(p), _proxy(p)]
     pod_spec["containers"] = [_controller(p)]
-    pod_spec["volumes"] = [_run_volume(p)]
+    pod_spec["volumes"] = [_run_volume(p), _shared_tmp_volume()]
     return {
         "name": HEAD_JOB,
         "replicas": 1,
@@ -219,13 +301,7 @@ def _head_job(p: JobSetParams) -> dict[str, Any]:
                 "completionMode": "Indexed",
                 "completions": 1,
                 "parallelism": 1,
-                "podFailurePolicy": {"rules": [
-                    {"action": "Ignore", "onExitCodes": {
-                        "containerName": CONTROLLER, "operator": "In", "values": [PREEMPTED_EXIT_CODE]}},
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                    {"action": "FailJob", "onExitCodes": {
-                        "containerName": CONTROLLER, "operator": "In", "values": [USAGE_EXIT_CODE]}},
-                ]},
+                "podFailurePolicy": {"rules": _head_failure_rules(p)},
                 "template": {"metadata": {"annotations": {GCSFUSE_ANNOTATION: "true"}}, "spec": pod_spec},
             },
         },
@@ -242,6 +318,7 @@ def _worker_container(p: JobSetParams) -> dict[str, Any]:
         _env("TPU_MIN_LOG_LEVEL", "0"),
         _env("TF_CPP_MIN_LOG_LEVEL", "0"),
         _env("XCLOUD_ENVIRONMENT", "GCP"),
+        _env("MEGASCALE_GRPC_ENABLE_XOR_TRACER", "false"),
         _field_env("MEGASCALE_NUM_SLICES", "metadata.labels['jobset.sigs.k8s.io/replicatedjob-replicas']"),
         _field_env("JOBSET_NAME", _JOBSET_NAME),
         _field_env("REPLICATED_JOB_NAME", _RJOB_NAME),
@@ -252,22 +329,23 @@ def _worker_container(p: JobSetParams) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": WORKER_JOB,
         "image": f"{IMAGE_REPO}/server:{p.pathways_version}",
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": PULL_POLICY,
         "args": args,
         "env": env,
         "ports": _ports(WORKER_PORT, WORKER_PORT + 1, 8471, 8080),
         "resources": {"limits": {"google.com/tpu": str(p.tpu.chips_per_host)}},
+        "volumeMounts": [_shared_tmp_mount()],
     }
     if p.mtc:
         args.append(f"--cloud_pathways_sidecar_shm_directory={SIDECAR_SHM_DIR}")
         env.append(_env("CLOUD_PATHWAYS_SIDECAR_SHM_DIRECTORY", SIDECAR_SHM_DIR))
-        container["volumeMounts"] = _mtc_mounts(p)
+        container["volumeMounts"] += _mtc_mounts(p)
     return container
 
 
 def _mtc_mounts(p: JobSetParams) -> list[dict[str, Any]]:
     return [
-        {"name": "shared-tmp", "mountPath": SIDECAR_SHM_DIR},
+        {"name": SIDECAR_SHM_VOLUME, "mountPath": SIDECAR_SHM_DIR},
         {"name": "checkpoint-mount", "mountPath": p.mtc_ramdisk_dir},
     ]
 
@@ -276,7 +354,7 @@ def _sidecar(p: JobSetParams) -> dict[str, Any]:
     return {
         "name": SIDECAR,
         "image": p.sidecar_image,
-        "imagePullPolicy": "Always",
+        "imagePullPolicy": PULL_POLICY,
         "restartPolicy": "Always",
         "env": [
             _env("GRPC_SERVER_ADDRESS", f"0.0.0.0:{SIDECAR_PORT}"),
@@ -297,14 +375,16 @@ def _worker_job(p: JobSetParams) -> dict[str, Any]:
         "terminationGracePeriodSeconds": p.grace_seconds,
         "serviceAccountName": p.service_account,
     }
+    _host_network(pod_spec)
     if p.priority:
         pod_spec["priorityClassName"] = p.priority
     if p.mtc:
         pod_spec["initContainers"] = [_sidecar(p)]
     pod_spec["containers"] = [_worker_container(p)]
+    pod_spec["volumes"] = [_shared_tmp_volume()]
     if p.mtc:
-        pod_spec["volumes"] = [
-            {"name": "shared-tmp", "emptyDir": {"medium": "Memory"}},
+        pod_spec["volumes"] += [
+            {"name": SIDECAR_SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             {"name": "checkpoint-mount", "csi": {"driver": MTC_CSI_DRIVER}},
         ]
     hosts = p.hosts_per_slice
@@ -326,14 +406,17 @@ def _worker_job(p: JobSetParams) -> dict[str, Any]:
 
 def jobset(p: JobSetParams) -> dict[str, Any]:
     """The elastic training JobSet for ``p`` (checked first; raises ``ParameterError``)."""
-    p.check()
+    p = p.check()
+    labels = {"app.kubernetes.io/name": "elastic-dew", "elastic-dew/recipe": _label_value(p.recipe)}
+    if p.queue:
+        labels[QUEUE_LABEL] = p.queue
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {
             "name": p.name,
             "namespace": p.namespace,
-            "labels": {"app.kubernetes.io/name": "elastic-dew", "elastic-dew/recipe": p.recipe},
+            "labels": labels,
         },
         "spec": {
             "coordinator": {"replicatedJob": HEAD_JOB},
@@ -343,16 +426,17 @@ def jobset(p: JobSetParams) -> dict[str, Any]:
             "failurePolicy": {
                 "maxRestarts": p.max_restarts,
                 "restartStrategy": "Recreate",
-                "rules": [{
-                    "name": "BadCommandLineFailsTheJobSet",
-                    "action": "FailJobSet",
-                    "onJobFailureReasons": ["PodFailurePolicy"],
-                    "targetReplicatedJobs": [HEAD_JOB],
-                }],
+                "rules": _jobset_failure_rules(p),
             },
             "replicatedJobs": [_head_job(p), _worker_job(p)],
         },
     }
+
+
+def _label_value(text: str) -> str:
+    """``text`` as a label value (a module-path recipe such as ``mypkg.recipe`` is one already,
+    up to 63 characters; longer ones are cut at a character the value may end with)."""
+    return text[:63].rstrip("._-")
 
 
 def priority_class(name: str, value: int, description: str) -> dict[str, Any]:
@@ -402,11 +486,16 @@ def checkpoint_configuration(
 #: Comments written above the first line that starts with the key (after indentation).
 JOBSET_COMMENTS: dict[str, str] = {
     "successPolicy:": "The run is done when the controller (in pathways-head) finishes; workers never 'complete'.",
-    "failurePolicy:": "A whole-JobSet restart (counted against maxRestarts) is the last resort; a bad command line fails at once.",
-    "podFailurePolicy:": (
-        f"Exit {PREEMPTED_EXIT_CODE} = preempted after the checkpoint was written, and evictions (DisruptionTarget): "
-        "restart the pod, resume from the run directory, do not count against backoffLimit."
+    "failurePolicy:": (
+        f"Rules read the head Job's failure message: exit {PREEMPTED_EXIT_CODE} (preempted after its checkpoint) and "
+        f"evictions recreate the JobSet without counting against maxRestarts; exit {USAGE_EXIT_CODE} (a bad command "
+        "line) fails it; any other failure restarts it, counted."
     ),
+    "podFailurePolicy:": (
+        f"Exit {PREEMPTED_EXIT_CODE} = preempted after the checkpoint was written; exit {USAGE_EXIT_CODE} = bad "
+        "command line; DisruptionTarget = evicted. The JobSet's failurePolicy decides what each one does."
+    ),
+    "hostNetwork:": "As xpk's Pathways template: the node's network, with cluster DNS (ClusterFirstWithHostNet).",
     "initContainers:": "Native sidecars (restartPolicy: Always): up before the main container, stopped after it exits.",
     "terminationGracePeriodSeconds:": "Time for the final checkpoint write after SIGTERM.",
     "backoffLimit: 0": "The head never restarts in place: its failures go to podFailurePolicy and the JobSet.",
@@ -426,6 +515,24 @@ JOBSET_COMMENTS: dict[str, str] = {
         f"--bucket mounted at {RUN_MOUNT}: the run directory outlives the pod, so a restarted controller resumes it."
     ),
 }
+
+
+def jobset_comments(p: JobSetParams) -> dict[str, str]:
+    """The comments of ``jobset(p)``'s YAML (the failure policy's depend on the mode)."""
+    if p.on_controller_failure != "restart-head":
+        return JOBSET_COMMENTS
+    return {
+        **JOBSET_COMMENTS,
+        "failurePolicy:": (
+            "restart-head (not verified on a real cluster): a bad command line fails the JobSet; any other "
+            "head failure restarts the JobSet, counted against maxRestarts."
+        ),
+        "podFailurePolicy:": (
+            f"Exit {PREEMPTED_EXIT_CODE} = preempted after the checkpoint was written, and evictions "
+            "(DisruptionTarget): restart the head pod alone, resume from the run directory, do not count "
+            "against backoffLimit."
+        ),
+    }
 
 
 def _annotate(text: str, comments: dict[str, str]) -> str:

@@ -1,6 +1,8 @@
 """Check rendered manifests: schemas first, then what a schema cannot say.
 
-* JobSets: against the JobSet CRD's ``openAPIV3Schema`` with ``jsonschema``, made strict the
+* JobSets: against the JobSet CRD's ``openAPIV3Schema`` with ``jsonschema`` (by default the
+  facts of it shipped in the package as ``jobset_schema.json``, produced from the CRD by
+  ``scripts/jobset_schema.py``, so validation needs no file beside the code), made strict the
   way the API server's field validation is (an object schema that lists its properties and
   does not preserve unknown fields refuses any other field, so a misspelt key fails here
   rather than being pruned in the cluster); each replicated Job template also against
@@ -18,40 +20,36 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
+import json
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 
+from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import PROXY_FLAG_SPELLINGS
 from elastic_dew.k8s.tpus import by_accelerator
 
 __all__ = [
     "KUBERNETES_VERSION",
-    "default_crd_path",
+    "SCHEMA_RESOURCE",
     "load_jobset_schema",
     "jobset_schema_errors",
     "core_schema_errors",
     "semantic_errors",
+    "jobset_failure_action",
     "checkpoint_configuration_errors",
     "document_errors",
 ]
 
 #: The Kubernetes minor version core kinds are checked against (a current GKE release).
 KUBERNETES_VERSION = "1.32"
-_CRD_FILE = "jobset.x-k8s.io_jobsets.yaml"
+#: The package data file with the JobSet schema's facts (see scripts/jobset_schema.py).
+SCHEMA_RESOURCE = "jobset_schema.json"
 _INT32_MAX = 2**31 - 1
-
-
-def default_crd_path() -> Path:
-    """The JobSet CRD: ``$ELASTIC_DEW_JOBSET_CRD``, else ``../shared/schemas/`` beside the repo."""
-    env = os.environ.get("ELASTIC_DEW_JOBSET_CRD")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "schemas" / _CRD_FILE
 
 
 def _strict(schema: Any) -> Any:
@@ -69,13 +67,18 @@ def _strict(schema: Any) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def load_jobset_schema(path: str | None = None) -> dict[str, Any]:
-    """The strict JSON Schema of a ``v1alpha2`` JobSet, read from the CRD at ``path``."""
-    crd_path = Path(path) if path else default_crd_path()
+    """The strict JSON Schema of a ``v1alpha2`` JobSet: the package's own by default, or the
+    ``openAPIV3Schema`` of the JobSet CRD YAML at ``path`` (another JobSet release)."""
+    if path is None:
+        doc = json.loads(resources.files("elastic_dew.k8s").joinpath(SCHEMA_RESOURCE).read_text())
+        return _strict(doc["schema"])
+    crd_path = Path(path)
     if not crd_path.is_file():
-        raise FileNotFoundError(
-            f"JobSet CRD not found at {crd_path}; pass --crd PATH or set ELASTIC_DEW_JOBSET_CRD")
+        raise FileNotFoundError(f"JobSet CRD not found at {crd_path}")
     crd = yaml.safe_load(crd_path.read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2")
+    version = next((v for v in crd.get("spec", {}).get("versions", []) if v.get("name") == "v1alpha2"), None)
+    if version is None:
+        raise FileNotFoundError(f"{crd_path} is not a JobSet CRD with a v1alpha2 version")
     return _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
 
 
@@ -189,6 +192,84 @@ def _controller_command_errors(head: dict[str, Any], controller: dict[str, Any])
     return errs
 
 
+def _checkpoint_errors(controller: dict[str, Any]) -> list[str]:
+    """The persistent tier's directory against Pathways persistence (the workers write it)."""
+    cmd = [str(a) for a in controller.get("command", []) or []]
+
+    def value(flag: str) -> str | None:
+        return cmd[cmd.index(flag) + 1] if flag in cmd and cmd.index(flag) + 1 < len(cmd) else None
+
+    if value("--checkpoint-kind") == "multi_tier":
+        return []  # written into the workers' own volume through their sidecars, on purpose
+    run_dir = value("--run-dir") or "RUN_DIR"
+    env = {k: str(v) for k, v in _env_of(controller).items() if isinstance(v, (str, int))}
+    problem = checkpoint_dir_problem(value("--checkpoint-dir") or f"{run_dir}/checkpoints", env)
+    return [f"{R.HEAD_JOB}/{R.CONTROLLER}: {problem}"] if problem else []
+
+
+def jobset_failure_action(jobset: dict[str, Any], replicated_job: str, reason: str, message: str) -> str:
+    """What the JobSet controller does when a child Job of ``replicated_job`` fails with
+    ``reason`` and ``message``: the first matching ``failurePolicy`` rule's action, else
+    ``RestartJobSet`` (the JobSet API's rule; patterns are searched as RE2 does, unanchored)."""
+    for rule in jobset.get("spec", {}).get("failurePolicy", {}).get("rules", []) or []:
+        targets = rule.get("targetReplicatedJobs") or [replicated_job]
+        reasons = rule.get("onJobFailureReasons") or [reason]
+        patterns = rule.get("onJobFailureMessagePatterns") or [""]
+        if replicated_job in targets and reason in reasons and any(re.search(p, message) for p in patterns):
+            return rule.get("action", "RestartJobSet")
+    return "RestartJobSet"
+
+
+def _head_failure_errors(jobset: dict[str, Any], head: dict[str, Any]) -> list[str]:
+    """Exit 143 must resume the run without using the failure budget, exit 2 must end it."""
+    rules = head.get("template", {}).get("spec", {}).get("podFailurePolicy", {}).get("rules", []) or []
+
+    def first_rule(code: int) -> tuple[int, dict[str, Any]] | None:
+        for i, r in enumerate(rules):
+            codes = r.get("onExitCodes", {})
+            if codes.get("operator") == "In" and code in codes.get("values", []) and \
+                    codes.get("containerName", R.CONTROLLER) == R.CONTROLLER:
+                return i, r
+        return None
+
+    def outcome(code: int) -> str:
+        found = first_rule(code)
+        if found is None:
+            return "Count"
+        i, rule = found
+        if rule.get("action") != "FailJob":
+            return rule.get("action", "")
+        message = R.pod_failure_message(R.CONTROLLER, code, "FailJob", i)
+        return jobset_failure_action(jobset, R.HEAD_JOB, "PodFailurePolicy", message)
+
+    errs = []
+    if outcome(R.PREEMPTED_EXIT_CODE) not in ("Ignore", "RestartJobSetAndIgnoreMaxRestarts"):
+        errs.append(f"{R.HEAD_JOB}: exit code {R.PREEMPTED_EXIT_CODE} must resume the run without using the failure "
+                    "budget: a podFailurePolicy Ignore rule, or FailJob with a JobSet failurePolicy rule "
+                    "RestartJobSetAndIgnoreMaxRestarts matching its message")
+    if outcome(R.USAGE_EXIT_CODE) != "FailJobSet":
+        errs.append(f"{R.HEAD_JOB}: exit code {R.USAGE_EXIT_CODE} (a bad command line) must fail the JobSet: a "
+                    "podFailurePolicy FailJob rule and a JobSet failurePolicy rule FailJobSet matching its message "
+                    "(else the JobSet restarts into the same error)")
+    return errs
+
+
+def _pod_errors(name: str, pod: dict[str, Any]) -> list[str]:
+    """Pinned images, and cluster DNS for a pod on the host network."""
+    errs = []
+    if pod.get("hostNetwork") and pod.get("dnsPolicy") != "ClusterFirstWithHostNet":
+        errs.append(f"{name}: hostNetwork needs dnsPolicy: ClusterFirstWithHostNet, or the pods cannot resolve "
+                    "the coordinator's JobSet DNS name")
+    for c in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+        image = str(c.get("image", ""))
+        ref, at, _ = image.partition("@")
+        tag = ref.rpartition("/")[2].partition(":")[2]
+        if not at and tag in ("", "latest"):
+            errs.append(f"{name}/{c.get('name')}: image {image} is not pinned to a version: a restarted pod could "
+                        "pull another release than the running ones (use a tag other than latest, or a digest)")
+    return errs
+
+
 def semantic_errors(jobset: dict[str, Any]) -> list[str]:
     """What an elastic Pathways JobSet must get right beyond its schema."""
     errs: list[str] = []
@@ -217,14 +298,11 @@ def semantic_errors(jobset: dict[str, Any]) -> list[str]:
         if not str(env.get("JAX_BACKEND_TARGET", "")).startswith("grpc://"):
             errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: JAX_BACKEND_TARGET must be grpc://HOST:{R.PROXY_PORT}")
         errs += _controller_command_errors(head, controller)
+        errs += _checkpoint_errors(controller)
     if hpod.get("restartPolicy") != "Never":
         errs.append(f"{R.HEAD_JOB}: restartPolicy must be Never (podFailurePolicy requires it)")
-    rules = head.get("template", {}).get("spec", {}).get("podFailurePolicy", {}).get("rules", [])
-    if not any(r.get("action") == "Ignore"
-               and R.PREEMPTED_EXIT_CODE in r.get("onExitCodes", {}).get("values", [])
-               and r["onExitCodes"].get("operator") == "In" for r in rules):
-        errs.append(f"{R.HEAD_JOB}: podFailurePolicy needs an Ignore rule for exit code {R.PREEMPTED_EXIT_CODE} "
-                    "(a preempted run that wrote its checkpoint must restart without using the failure budget)")
+    errs += _head_failure_errors(jobset, head)
+    errs += _pod_errors(R.HEAD_JOB, hpod) + _pod_errors(R.WORKER_JOB, wpod)
     grace = hpod.get("terminationGracePeriodSeconds", 30)
     if grace < 30:
         errs.append(f"{R.HEAD_JOB}: terminationGracePeriodSeconds {grace} leaves no time for the checkpoint write")
