@@ -1,8 +1,8 @@
 """Item 6: goodput under a fixed fault schedule, elastic against the restart baseline.
 
 Both sides run ``Trainer.fit`` of ``lm`` for the same steps as real subprocesses
-(``benchmarks.worker train``) on four simulated slices, and a supervisor restarts a process
-that exits 143 (preempted) or is killed, as a JobSet restarts the workload. The schedule
+(``benchmarks.worker train``) on four simulated slices, and :mod:`elastic_dew.supervisor`
+restarts a process that exits 143 (preempted) or is killed, as a JobSet restarts the workload. The schedule
 (fractions of the run): a slice lost at 20% and back at 35%, another lost at 50% and back
 at 65%, a preemption at 80%. The elastic side rides the slice losses in process (snapshot
 every 5 steps, checkpoint every 50); the baseline has no elastic training, so each slice
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, worker_command, worker_env
+from elastic_dew.supervisor import RESTART_STATUSES, supervise
 
 __all__ = ["measure", "schedules"]
 
@@ -34,20 +35,15 @@ def schedules(steps: int) -> tuple[str, str]:
 
 
 def _supervise(run_dir: Path, steps: int, schedule: str, snapshot_every: int) -> dict[str, Any]:
-    codes = []
-    for _ in range(10):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log = run_dir.parent / f"{run_dir.name}-worker.log"
-        with open(log, "a") as err:
-            code = subprocess.run(
-                worker_command("train", str(run_dir), str(steps), schedule, str(snapshot_every), str(CHECKPOINT_EVERY)),
-                cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=err, timeout=1800,
-            ).returncode
-        codes.append(code)
-        if code == 0:
-            break
-        if code not in (143, -9):
-            raise RuntimeError(f"training worker exited {code}: {log.read_text()[-3000:]}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"{run_dir.name}-worker.log"
+    with open(log, "a") as err:
+        codes = supervise(
+            worker_command("train", str(run_dir), str(steps), schedule, str(snapshot_every), str(CHECKPOINT_EVERY)),
+            max_processes=10, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=err, timeout=1800,
+        )
+    if codes[-1] != 0 and codes[-1] not in RESTART_STATUSES:
+        raise RuntimeError(f"training worker exited {codes[-1]}: {log.read_text()[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["exit_codes"] = codes
     return summary

@@ -1,15 +1,15 @@
 """Shared helpers of the fault-matrix, chaos and bad-input tests.
 
-Scenarios run through :mod:`elastic_dew.chaos` (the same runner and invariant checker the
+Scenarios run through :mod:`elastic_dew.testing` (the same runner and invariant checker the
 seeded chaos mode uses), so a fixed scenario here and a random one there are checked alike.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from elastic_dew import chaos, record
+from elastic_dew import record, rundir
+from elastic_dew import testing as chaos
 
 
 def events(outcome: chaos.Outcome) -> list[dict]:
@@ -29,10 +29,7 @@ def kinds(outcome: chaos.Outcome) -> list[tuple]:
 
 def fired(outcome: chaos.Outcome) -> list[str]:
     """The schedule tokens the simulator fired, in order."""
-    path = outcome.run_dir / record.FAULTS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line)["fault"] for line in path.read_text().splitlines() if line.strip()]
+    return [entry.fault for entry in rundir.FaultLog(outcome.run_dir / rundir.FAULTS_FILE).entries()]
 
 
 def assert_all_fired(outcome: chaos.Outcome) -> None:

@@ -1,4 +1,5 @@
-"""Chaos mode: seeded random schedules keep every invariant, and a failure names its replay command.
+"""Chaos mode (:mod:`elastic_dew.testing`, the ``chaos`` command): seeded random schedules keep
+every invariant, and a failure names its replay command.
 
 CI runs :data:`SEEDS` seeds in this process (each a 10-14 step run on 4 simulated slices of
 2 CPU devices with 1-5 random faults: slice losses and returns, preemptions as real SIGTERMs,
@@ -13,7 +14,8 @@ import sys
 
 import pytest
 
-from elastic_dew import chaos
+from elastic_dew import testing as chaos
+from elastic_dew.commands import chaos as chaos_command
 
 from conftest import REPO
 
@@ -55,8 +57,8 @@ def test_every_drawn_schedule_parses_and_keeps_one_slice_that_is_never_lost():
 
 def test_a_failing_seed_prints_the_seed_and_the_one_replay_command(monkeypatch, capsys, tmp_path):
     """The reporting path, with the run replaced by a fake failure (only the output is under test)."""
-    monkeypatch.setattr(chaos, "run_seed", lambda seed, workdir: (chaos.draw(seed), ["committed checkpoint 4 was deleted"]))
-    assert chaos.main(["--seed", "5", "--workdir", str(tmp_path / "w")]) == 1
+    monkeypatch.setattr(chaos_command, "run_seed", lambda seed, workdir: (chaos.draw(seed), ["committed checkpoint 4 was deleted"]))
+    assert chaos_command.main(["--seed", "5", "--workdir", str(tmp_path / "w")]) == 1
     out = capsys.readouterr().out
     assert "seed 5 FAILED" in out and "committed checkpoint 4 was deleted" in out
     assert "replay: python -m elastic_dew.chaos --seed 5" in out
@@ -81,11 +83,11 @@ def test_bad_chaos_arguments_are_refused(capsys, tmp_path):
         ([], "one of the arguments --seed --seeds is required"),
     ):
         with pytest.raises(SystemExit) as exited:
-            chaos.main(argv)
+            chaos_command.main(argv)
         assert exited.value.code == 2
         assert message in capsys.readouterr().err
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("x")
     with pytest.raises(SystemExit):
-        chaos.main(["--seed", "1", "--workdir", str(tmp_path / "used")])
+        chaos_command.main(["--seed", "1", "--workdir", str(tmp_path / "used")])
     assert "is not empty; give a new or empty directory" in capsys.readouterr().err

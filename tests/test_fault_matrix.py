@@ -4,7 +4,7 @@ Each scenario trains a small linear model for 12 steps through the real ``Traine
 4 simulated slices of 2 CPU devices (TPU slices cannot exist here; the simulator makes CPU
 devices fail as Pathways slices do), with a fault schedule in the simulator's grammar. A
 preemption is a real SIGTERM to this process; the run is then restarted on the same run
-directory and fault log, as a JobSet restarts the controller. :func:`elastic_dew.chaos.check`
+directory and fault log, as a JobSet restarts the controller. :func:`elastic_dew.testing.check`
 asserts the invariants of every scenario:
 
 * exactly-once data relative to the committed steps (the run record's commit rule);
@@ -22,7 +22,8 @@ from __future__ import annotations
 import pytest
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
-from elastic_dew import chaos, record
+from elastic_dew import record
+from elastic_dew import testing as chaos
 from elastic_dew.commands.report import report
 
 from faultlib import assert_all_fired, assert_invariants, events, kinds

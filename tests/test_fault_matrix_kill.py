@@ -14,7 +14,8 @@ import signal
 import subprocess
 import sys
 
-from elastic_dew import chaos, record
+from elastic_dew import record
+from elastic_dew import testing as chaos
 
 from conftest import REPO
 from faultlib import assert_invariants

@@ -2,8 +2,9 @@
 
 Each module's imports (read from its source, top level and inside functions alike) may name
 only its own layer or lower ones. The simulator sits beside the elastic layer: it may use the
-elastic layer's hooks, and nothing in the library imports it except the commands that run on
-simulated slices (and the chaos tool, which is one of them).
+elastic layer's hooks, and nothing in the library imports it except the run (which wires
+simulated slices when it simulates), the commands and the chaos harness. Nothing below the
+command line imports the commands: recipes call the library (``elastic_dew.run``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ LAYERS = {
     "elastic_dew.progress": 2,
     "elastic_dew.observe": 2,  # goodput, export, TensorBoard, logs, progress bar
     "recipes": 3,
-    # The shared runner of recipes (argument parsing, run directory, simulated slices or
-    # real ones, Trainer.fit) is the trainer's command-line face: recipes call it from
-    # main(), and it loads recipes by name at run time, never by import.
-    "elastic_dew.commands.train": 2,
+    # The run (plan, check, execute) and its terminal face: recipes call them from main(),
+    # and they load recipes by name at run time, never by import.
+    "elastic_dew.run": 2,
+    "elastic_dew.console": 2,
     "elastic_dew.commands": 4,
     "elastic_dew.cli": 4,
     "elastic_dew.k8s": 4,
     "elastic_dew.chaos": 4,
+    "elastic_dew.testing": 4,  # the chaos harness: scenarios, runner, invariants
+    "elastic_dew.supervisor": 4,  # re-run a program after 143 or a kill, as a JobSet does
     "elastic_dew.__main__": 4,
     "elastic_dew": 2,  # the package root only re-exports the Trainer (lazily)
 }
@@ -86,6 +89,27 @@ def test_only_the_commands_import_the_simulator():
         module
         for module, path in _modules()
         if "elastic_dew.simulate" in _imports(path)
-        and not module.startswith(("elastic_dew.commands", "elastic_dew.chaos"))
+        and not module.startswith(("elastic_dew.commands", "elastic_dew.chaos", "elastic_dew.testing"))
+        and module != "elastic_dew.run"  # the run wires simulated slices when it simulates
+    ]
+    assert offenders == []
+
+
+#: The command line, its program entry points (``python -m elastic_dew``, ``python -m
+#: elastic_dew.chaos``) and the test harness; everything else is below it.
+_CLI = (
+    "elastic_dew.commands", "elastic_dew.cli", "elastic_dew.k8s", "elastic_dew.__main__",
+    "elastic_dew.testing", "elastic_dew.chaos",
+)
+
+
+def test_no_module_below_the_command_line_imports_the_commands():
+    below = [(module, path) for module, path in _modules() if not module.startswith(_CLI)]
+    assert any(module == "elastic_dew.run" for module, _ in below)
+    offenders = [
+        f"{module} imports {imported}"
+        for module, path in below
+        for imported in _imports(path)
+        if imported == "elastic_dew.commands" or imported.startswith("elastic_dew.commands.")
     ]
     assert offenders == []

@@ -160,3 +160,20 @@ def test_faults_fire_once_per_run_across_a_sigterm_and_a_sigkill_restart(tmp_pat
         "restore:1@7/step",
     ]
     assert len({r["pid"] for r in records}) == 3
+
+
+def test_the_grammar_and_the_firing_read_one_action_table(monkeypatch):
+    """A new action is one table entry: it parses (with or without a slice) and fires once."""
+    from elastic_dew.simulate import schedule as schedule_module
+
+    fired = []
+    extra = schedule_module.Action("nudge", takes_slice=True, ends_process=False, fire=lambda target, fault: fired.append(fault))
+    monkeypatch.setattr(schedule_module, "ACTION_TABLE", {**schedule_module.ACTION_TABLE, "nudge": extra})
+    monkeypatch.setattr(schedule_module, "ACTIONS", tuple(schedule_module.ACTION_TABLE))
+    assert parse_schedule("nudge:1@2") == Schedule((Fault("nudge", 1, 2, "step"),))
+    with pytest.raises(ValueError, match="nudge needs a slice"):
+        parse_schedule("nudge@2")
+    with SimulatedSlices(2, 2, schedule="nudge:1@2"):
+        hooks.phase("step", 2)
+        hooks.phase("step", 3)
+    assert fired == [Fault("nudge", 1, 2, "step")]

@@ -16,18 +16,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from elastic_dew.supervisor import supervise
+
 __all__ = ["configure", "run", "DemoPlan", "FULL", "QUICK", "story"]
 
 logger = logging.getLogger(__name__)
-
-#: Exit statuses after which the demo restarts the training, as a JobSet restarts a pod:
-#: 143 (preempted: SIGTERM honoured), 137 and -9 (SIGKILL).
-RESTART_STATUSES = (143, 137, -9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,19 +115,18 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     started = time.monotonic()
-    restarts = 0
-    while True:
-        status = subprocess.call(cmd)
-        if status == 0:
-            break
-        if status in RESTART_STATUSES and restarts < plan.max_restarts:
-            restarts += 1
-            print(
-                f"\nelastic-dew demo: the training exited with {status} (preempted); restarting "
-                f"the same command, as a JobSet restarts the pod (restart {restarts})\n",
-                flush=True,
-            )
-            continue
+
+    def restarting(status: int, restarts: int) -> None:
+        print(
+            f"\nelastic-dew demo: the training exited with {status} (preempted); restarting "
+            f"the same command, as a JobSet restarts the pod (restart {restarts})\n",
+            flush=True,
+        )
+
+    statuses = supervise(cmd, max_processes=plan.max_restarts + 1, on_restart=restarting)
+    restarts = len(statuses) - 1
+    if statuses[-1] != 0:
+        status = statuses[-1]
         print(f"elastic-dew demo: the training failed with exit status {status}", file=sys.stderr)
         return status if status > 0 else 1
 

@@ -37,6 +37,7 @@ __all__ = [
     "Schedule",
     "ScheduleRunner",
     "Target",
+    "action_of",
     "parse_schedule",
 ]
 
@@ -132,6 +133,11 @@ ACTION_TABLE: Mapping[str, Action] = {
 }
 #: The action names, in the order the grammar lists them.
 ACTIONS: tuple[str, ...] = tuple(ACTION_TABLE)
+
+
+def action_of(fault: Fault) -> Action:
+    """The table entry of ``fault``'s action."""
+    return ACTION_TABLE[fault.action]
 
 
 # --------------------------------------------------------------------------- grammar
@@ -249,4 +255,4 @@ class ScheduleRunner:
                 due.append(fault)
         for fault in due:
             logger.warning("firing scheduled fault %s at %s of step %d", fault, phase, step)
-            ACTION_TABLE[fault.action].fire(self.target, fault)
+            action_of(fault).fire(self.target, fault)

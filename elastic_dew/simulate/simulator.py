@@ -52,7 +52,7 @@ import jax
 
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.patches import registry
-from elastic_dew.simulate.schedule import ACTION_TABLE, Fault, Schedule, ScheduleRunner, as_schedule
+from elastic_dew.simulate.schedule import Fault, Schedule, ScheduleRunner, action_of, as_schedule
 from elastic_dew.simulate.topology import Topology
 
 __all__ = ["SimulatedSlices"]
@@ -99,7 +99,7 @@ class SimulatedSlices:
         self._runner = ScheduleRunner(
             schedule, self, FaultLog(self.fault_log) if self.fault_log is not None else None
         )
-        if self.fault_log is None and any(ACTION_TABLE[f.action].ends_process for f in schedule):
+        if self.fault_log is None and any(action_of(f).ends_process for f in schedule):
             logger.warning(
                 "schedule %s ends this process but has no fault_log: a restarted process fires "
                 "its faults again; pass fault_log= to fire each once per run",

@@ -1,0 +1,43 @@
+"""The chaos harness: faulted scenarios, their runner, and the invariants they must keep.
+
+A test support package, not part of training: the fault-matrix and chaos tests and the
+``chaos`` command (:mod:`elastic_dew.commands.chaos`) import it.
+
+* :mod:`~elastic_dew.testing.scenarios`: :class:`Scenario`, the model it trains, and
+  :func:`draw` (a random scenario from a seed) with its :func:`replay_command`;
+* :mod:`~elastic_dew.testing.runner`: :func:`run` (train a scenario, restarting after each
+  preemption), :func:`reference` (the failure-free run) and :func:`run_seed`;
+* :mod:`~elastic_dew.testing.invariants`: :func:`check`, every broken invariant of a run.
+"""
+
+from elastic_dew.testing.invariants import check
+from elastic_dew.testing.runner import Outcome, committed_checkpoints, reference, run, run_seed
+from elastic_dew.testing.scenarios import (
+    DEVICES_PER_SLICE,
+    GLOBAL_BATCH,
+    MAX_PROCESSES,
+    TOLERANCE,
+    TOTAL_SLICES,
+    Scenario,
+    draw,
+    model,
+    replay_command,
+)
+
+__all__ = [
+    "TOTAL_SLICES",
+    "DEVICES_PER_SLICE",
+    "GLOBAL_BATCH",
+    "TOLERANCE",
+    "MAX_PROCESSES",
+    "Scenario",
+    "Outcome",
+    "model",
+    "committed_checkpoints",
+    "run",
+    "reference",
+    "run_seed",
+    "check",
+    "draw",
+    "replay_command",
+]

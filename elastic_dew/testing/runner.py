@@ -1,0 +1,220 @@
+"""Running a chaos scenario: restart after every preemption, watch the committed checkpoints.
+
+:func:`run` trains a :class:`~elastic_dew.testing.scenarios.Scenario` through the real
+:class:`~elastic_dew.Trainer` in this process, restarting it after ``Preempted`` with the
+same run directory and fault log (:func:`elastic_dew.supervisor.supervise_in_process`), as a
+JobSet restarts the controller. Every committed checkpoint is hashed at every phase the
+elastic layer announces, so one that changes or vanishes is caught while the run goes.
+:func:`reference` is the failure-free run of a length, computed once; :func:`run_seed`
+draws, runs and checks one seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from elastic_dew import rundir
+from elastic_dew.supervisor import supervise_in_process
+from elastic_dew.testing.scenarios import (
+    DEVICES_PER_SLICE,
+    MAX_PROCESSES,
+    TOTAL_SLICES,
+    Scenario,
+    draw,
+    model,
+)
+
+__all__ = ["Outcome", "committed_checkpoints", "run", "reference", "run_seed"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a scenario's run left behind."""
+
+    scenario: Scenario
+    run_dir: Path
+    processes: int = 0
+    preempted_at: list[int] = dataclasses.field(default_factory=list)
+    error: BaseException | None = None
+    #: step -> hash of each committed checkpoint, as first seen during the run.
+    checkpoints_seen: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: problems found while the run was going (a committed checkpoint changed or vanished).
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / rundir.CHECKPOINTS_DIR
+
+    @property
+    def fault_log(self) -> rundir.FaultLog:
+        return rundir.FaultLog(self.run_dir / rundir.FAULTS_FILE)
+
+
+def _hash_dir(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\0")
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def committed_checkpoints(directory: str | os.PathLike[str]) -> dict[int, str]:
+    """``{step: sha256 of every file}`` of the committed checkpoints in ``directory``
+    (committed by :func:`elastic_dew.rundir.committed`)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    found = {}
+    for step in rundir.committed_steps(directory):
+        try:
+            found[step] = _hash_dir(directory / str(step))
+        except OSError:  # vanished while being read: the next look reports it
+            continue
+    return found
+
+
+class _CheckpointWatch:
+    """Hash the committed checkpoints at every phase; a committed one must never change."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self._lock = threading.Lock()
+
+    def look(self, *_: Any) -> None:
+        now = committed_checkpoints(self.outcome.checkpoint_dir)
+        with self._lock:
+            for step, digest in now.items():
+                first = self.outcome.checkpoints_seen.setdefault(step, digest)
+                if first != digest:
+                    self._problem(f"committed checkpoint {step} changed after it was committed")
+            for step in self.outcome.checkpoints_seen:
+                if step not in now:
+                    self._problem(f"committed checkpoint {step} was deleted or damaged")
+
+    def _problem(self, text: str) -> None:
+        if text not in self.outcome.problems:
+            self.outcome.problems.append(text)
+
+
+@contextlib.contextmanager
+def _listening(listener: Callable[[str, int], None]) -> Iterator[None]:
+    from elastic_dew.elastic import hooks
+
+    hooks.add_listener(listener)
+    try:
+        yield
+    finally:
+        hooks.remove_listener(listener)
+
+
+def _settle_scale_up(sim: Any, manager: Any, scenario: Scenario) -> Callable[[str, int], None]:
+    """Hold a step until pathwaysutils' monitor thread has seen a returned slice.
+
+    The monitor polls on its own thread; without this the step at which a returned slice
+    is added back depends on timing. Only replica-resize runs monitor for returned slices.
+    """
+
+    def hold(phase: str, step: int) -> None:
+        if phase != "step" or scenario.minimum_slice_count is None:
+            return
+        returned = set(range(TOTAL_SLICES)) - set(sim.lost) - set(manager.active_slice_indices)
+        deadline = time.monotonic() + 5.0
+        while returned and not manager.available_inactive_slices and time.monotonic() < deadline:
+            time.sleep(0.01)
+            returned -= set(sim.lost)
+
+    return hold
+
+
+def run(
+    scenario: Scenario,
+    run_dir: str | os.PathLike[str],
+    *,
+    on_process: Callable[[Any, Any], None] | None = None,
+) -> Outcome:
+    """Train ``scenario`` in ``run_dir``, restarting after every preemption.
+
+    Each process is a fresh :class:`SimulatedSlices` over the same fault log, a fresh
+    pathwaysutils ``Manager`` and a fresh :class:`Trainer` on the same run directory.
+    ``on_process(sim, manager)`` is called as each process starts. An error of the training
+    other than ``Preempted`` ends the run and is kept in ``Outcome.error`` (setting a process
+    up, e.g. a refused fault log, raises).
+    """
+    from elastic_dew.elastic.retry import make_manager
+    from elastic_dew.runtime import Preempted
+    from elastic_dew.simulate import SimulatedSlices
+    from elastic_dew.trainer import Trainer
+
+    outcome = Outcome(scenario, Path(run_dir))
+    watch = _CheckpointWatch(outcome)
+
+    def process(number: int) -> None:
+        outcome.processes = number
+        with SimulatedSlices(
+            TOTAL_SLICES, DEVICES_PER_SLICE, schedule=scenario.schedule,
+            fault_log=outcome.run_dir / rundir.FAULTS_FILE,
+        ) as sim:
+            manager = make_manager()
+            if on_process is not None:
+                on_process(sim, manager)
+            trainer = Trainer(
+                **model(), config=scenario.config(), run_dir=outcome.run_dir,
+                manager=manager, log_every=1000,
+            )
+            try:
+                with _listening(_settle_scale_up(sim, manager, scenario)):
+                    trainer.fit(scenario.steps)
+            except Preempted as stop:
+                outcome.preempted_at.append(stop.step)
+                logger.info("preempted at step %d; restarting as a JobSet would", stop.step)
+                raise
+            except Exception as error:  # noqa: BLE001 - the outcome carries it to check()
+                outcome.error = error
+
+    with _listening(watch.look):
+        outcomes = supervise_in_process(process, max_processes=MAX_PROCESSES, restart_on=(Preempted,))
+        if outcomes[-1] is not None:
+            outcome.error = RuntimeError(f"still preempted after {MAX_PROCESSES} processes")
+        watch.look()
+    return outcome
+
+
+_references: dict[tuple[int, Path], dict[str, Any]] = {}
+
+
+def reference(steps: int, workdir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The failure-free run's final parameters (flat numpy), computed once per length and directory."""
+    from elastic_dew import record
+
+    key = (steps, Path(workdir))
+    if key not in _references:
+        outcome = run(Scenario(steps=steps), Path(workdir) / f"reference-{steps}")
+        if outcome.error is not None:
+            raise outcome.error
+        _references[key] = record.load_params(outcome.run_dir)
+    return _references[key]
+
+
+def run_seed(seed: int, workdir: str | os.PathLike[str]) -> tuple[Scenario, list[str]]:
+    """Draw, run and check one seed in ``workdir``; return the scenario and its problems."""
+    from elastic_dew.testing.invariants import check
+
+    scenario = draw(seed)
+    logger.info("seed %d: %s", seed, scenario)
+    expected = reference(scenario.steps, workdir)
+    outcome = run(scenario, Path(workdir) / f"seed-{seed}")
+    problems = check(outcome, expected)
+    scheduled = len(scenario.schedule.split(","))
+    logger.info("seed %d: %d of %d faults fired", seed, len(outcome.fault_log.entries()), scheduled)
+    return scenario, problems
