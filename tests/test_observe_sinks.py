@@ -1,0 +1,70 @@
+"""The observability options and the fan-out that feeds every chosen sink."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from elastic_dew.observe.logs import log_context
+from elastic_dew.observe.sinks import ObserveOptions, Sinks, add_options, options_of
+from test_observe_goodput import MemoryLogger, preempted_run_with_gap
+
+
+def _parse(*argv):
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    return options_of(parser.parse_args(list(argv)))
+
+
+def test_the_flags_default_to_auto_logs_tensorboard_when_installed_and_no_export():
+    options = _parse()
+    assert options == ObserveOptions(log_format="auto", tensorboard=None, goodput_export=False)
+    assert options.writes_tensorboard  # tensorboardX is installed here (the observe extra)
+    assert _parse("--no-tensorboard").writes_tensorboard is False
+    assert _parse("--log-format", "json", "--goodput-export").goodput_export is True
+
+
+def test_an_unknown_log_format_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _parse("--log-format", "yaml")
+    assert exit_.value.code == 2
+    assert "invalid choice: 'yaml'" in capsys.readouterr().err
+
+
+def test_every_sink_sees_every_event_and_the_log_context_follows_the_steps(tmp_path):
+    seen = []
+    memory = MemoryLogger()
+    sinks = Sinks(ObserveOptions(tensorboard=True, goodput_export=True), tmp_path,
+                  job_name="run", display=seen.append, cloud_logger=memory)
+    assert sinks.names == ["progress display", "TensorBoard", "goodput export"]
+    events = preempted_run_with_gap(gap=5.0)
+    try:
+        for event in events:
+            sinks(event.to_json())
+        assert log_context.fields() == {"step": 40, "slices": 3}
+    finally:
+        log_context.clear()
+    sinks.close({"goodput": 0.5, "badput": {"other": 1.0}, "final_step": 40})
+    assert len(seen) == len(events)
+    assert sum("job_end_time" in entry for _, entry in memory.entries) == 1
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert acc.Scalars("goodput/goodput")[0].value == 0.5
+
+
+def test_a_failing_sink_is_dropped_with_one_error_line_and_the_run_goes_on(tmp_path, caplog):
+    def broken(event):
+        raise OSError("disk full")
+
+    sinks = Sinks(ObserveOptions(tensorboard=False), tmp_path, display=broken)
+    with caplog.at_level(logging.ERROR, logger="elastic_dew.observe.sinks"):
+        for event in preempted_run_with_gap(gap=1.0)[:5]:
+            sinks(event)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the progress display failed; the run goes on without it"
+    ]
+    assert sinks.names == []
+    assert not (tmp_path / "tensorboard").exists()
