@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import jax
 import numpy as np
 import optax
 
+from elastic_dew.elastic import events
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.protocol import ElasticRun
@@ -214,18 +214,16 @@ class Trainer:
         self.manager = manager
         self._program = _Program(init, loss, optimizer, dataset[0], seed, host)
 
-    def _emit(self, record, event: dict) -> None:
-        record.append(event)
+    def _emit(self, record, event: events.Event) -> None:
+        line = events.to_json(event)
+        record.append(line)
         if self.progress is not None:
-            self.progress(event)
-        kind = event["event"]
-        if kind == "step":
-            if event["step"] % self.log_every == 0:
-                logger.info(
-                    "step %d loss %.4f on %d slices", event["step"], event["loss"], event["slices"]
-                )
-        elif kind in ("stop", "resume"):
-            logger.info("%s", {k: v for k, v in event.items() if k != "wall"})
+            self.progress(line)
+        if isinstance(event, events.Step):
+            if event.step % self.log_every == 0:
+                logger.info("step %d loss %.4f on %d slices", event.step, event.loss, event.slices)
+        elif isinstance(event, (events.Stop, events.Resume)):
+            logger.info("%s", {k: v for k, v in line.items() if k != "wall"})
 
     def fit(self, steps: int) -> FitResult:
         """Train until ``steps`` steps are complete, resuming the run directory's newest state.
@@ -238,7 +236,7 @@ class Trainer:
             raise ValueError(f"steps={steps} must be >= 1")
         from elastic_dew.record import RunRecord, process_start_time, write_summary
 
-        start = {"event": "start", "wall": time.time(), "process_start": process_start_time(), "pid": os.getpid()}
+        start = events.Start(process_start=process_start_time(), pid=os.getpid())
         records: list[RunRecord] = []
         notice = self.notice if self.notice is not None else PreemptionNotice()
         try:
@@ -255,7 +253,7 @@ class Trainer:
             )
             record = RunRecord(self.run_dir)
             records.append(record)
-            record.append(start)
+            record.append(events.to_json(start))
             state, step = run.run(steps)
             params = jax.device_get(state["params"])
             del state

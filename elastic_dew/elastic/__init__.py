@@ -7,7 +7,11 @@ import (the simulator and the CLI read them before JAX starts).
 name                   what it is
 =====================  ===========================================================
 ``ElasticConfig``      frozen configuration: recovery mode, retry, batch, tiers
-``ElasticRun``         the stop/resume protocol (``Stop``, ``Resume`` events)
+``ElasticRun``         the stop/resume protocol: a loop over the collaborators below
+``Stop``, ``Resume``   its typed events (:mod:`~elastic_dew.elastic.events`)
+``StepCompiler``       compiled steps per (devices, batch), smaller meshes precompiled
+``RecoveryTimer``      a resume's durations (detection, wait, mesh and compile, restore)
+``Tiers``              both state tiers, each deciding its own save cadence
 ``active_devices``     a Manager's active devices (``manager.active_devices`` where
                        the installed pathwaysutils has it)
 ``build_mesh``         the mesh over the active slices: ``replica`` x ``data`` x ``model``
@@ -28,12 +32,15 @@ _EXPORTS = {
     "ElasticConfig": "config",
     "BATCH_POLICIES": "config",
     "ElasticRun": "protocol",
-    "Stop": "protocol",
-    "Resume": "protocol",
+    "Stop": "events",
+    "Resume": "events",
     "Program": "protocol",
-    "STOP_REASONS": "protocol",
-    "RESUME_SOURCES": "protocol",
-    "DURATION_KEYS": "protocol",
+    "STOP_REASONS": "events",
+    "RESUME_SOURCES": "events",
+    "DURATION_KEYS": "events",
+    "StepCompiler": "compiler",
+    "RecoveryTimer": "recovery",
+    "Tiers": "tiers",
     "AXES": "slices",
     "active_devices": "slices",
     "build_mesh": "slices",

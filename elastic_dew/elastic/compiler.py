@@ -1,0 +1,118 @@
+"""The compiled training steps of a run: one compile per (devices, batch), and the precompiler.
+
+Compiling a step for a new mesh is most of a recovery's ``mesh_and_compile`` time. The
+:class:`StepCompiler` keeps every step it compiled for the life of the process, so a
+pause-resume attempt on the same slices reuses it; and, with
+``ElasticConfig.precompile_smaller_meshes``, it compiles in a background thread the steps a
+lost slice would need (the active slices less any one), so recovery finds them ready. The
+background thread and the training loop share one compile of a layout: whoever comes second
+waits for the first instead of compiling it again.
+
+Compiled steps are executables, not device arrays: keeping them does not keep any attempt's
+state alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.slices import global_batch_for, mesh_of
+
+__all__ = ["StepFn", "StepCompiler"]
+
+logger = logging.getLogger(__name__)
+
+#: ``step_fn(state, batch) -> (state, metrics)``; ``metrics["loss"]`` is a scalar array.
+StepFn = Callable[[Any, Any], tuple[Any, dict[str, Any]]]
+
+
+class StepCompiler:
+    """Compiles ``program``'s step once per layout, and the smaller layouts ahead of need.
+
+    ``program.compile(mesh, global_batch)`` does the compiling; ``manager`` (pathwaysutils'
+    ``Manager``) tells which slices are active, for the layouts to precompile.
+    """
+
+    def __init__(self, program: Any, manager: Any, config: ElasticConfig) -> None:
+        self.program = program
+        self.manager = manager
+        self.config = config
+        self._compiled: dict[tuple, StepFn] = {}
+        self._guard = threading.Lock()
+        self._locks: dict[tuple, threading.Lock] = {}
+        self._precompiler: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
+        """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.
+
+        The background precompiler may be compiling the same step: then this waits for it
+        instead of compiling it a second time.
+        """
+        key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, global_batch)
+        with self._guard:
+            if key in self._compiled:
+                return self._compiled[key]
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._compiled:
+                self._compiled[key] = self.program.compile(mesh, global_batch)
+        return self._compiled[key]
+
+    def smaller_layouts(self) -> list[tuple[jax.sharding.Mesh, int]]:
+        """The meshes (and batches) of the active slices less any one of them."""
+        active = sorted(self.manager.active_slice_indices)
+        lowest = self.config.minimum_slice_count
+        if lowest is None or len(active) - 1 < lowest:
+            return []  # pause-resume never runs on fewer slices
+        model = self.config.model_axis or 1
+        total = self.manager.total_slice_count
+        batch = global_batch_for(self.config.global_batch, self.config.batch_policy, len(active) - 1, total)
+        layouts = []
+        for lost in active:
+            devices = [d for i in active if i != lost for d in self.manager.slice_to_devices[i]]
+            layouts.append((mesh_of(devices, len(active) - 1, model), batch))
+        return layouts
+
+    def allow_precompiling(self) -> None:
+        """Let :meth:`start_precompiling` run again (a run begins)."""
+        self._stop.clear()
+
+    def start_precompiling(self) -> None:
+        """Compile the steps a lost slice would need, in a background thread.
+
+        Does nothing unless ``config.precompile_smaller_meshes``, or while a previous
+        precompiler is still at work.
+        """
+        if not self.config.precompile_smaller_meshes:
+            return
+        if self._precompiler is not None and self._precompiler.is_alive():
+            return
+        layouts = self.smaller_layouts()
+        if not layouts:
+            return
+
+        def work() -> None:
+            for mesh, batch in layouts:
+                if self._stop.is_set():
+                    return
+                try:
+                    self.compile(mesh, batch)
+                except Exception:  # a compile that fails here fails again, visibly, when needed
+                    logger.warning("precompiling the step for %s failed", mesh.devices.shape, exc_info=True)
+
+        self._precompiler = threading.Thread(target=work, name="elastic-dew-precompile", daemon=True)
+        self._precompiler.start()
+
+    def stop_precompiling(self) -> None:
+        """Let the compile in progress finish and start no other."""
+        self._stop.set()
+        if self._precompiler is not None:
+            self._precompiler.join()
+            self._precompiler = None

@@ -1,0 +1,209 @@
+"""The two state tiers as the protocol drives them: each decides its own cadence.
+
+:class:`SnapshotTier` (tier 1, in-memory snapshots) and :class:`CheckpointTier` (tier 2,
+persistent checkpoints) each answer ``on_step(step, state, meta, mesh)`` after every
+completed step with the :class:`~elastic_dew.elastic.events.Save` event of the save they
+made, or ``None`` when none was due. The checkpoint tier also owns the two saves that are
+not on a cadence: the final checkpoint of a finished run and the checkpoint of the step a
+preemption agreed on. :class:`Tiers` holds both, builds them from an
+:class:`~elastic_dew.elastic.config.ElasticConfig`, and restores the newest complete state
+across them (:func:`~elastic_dew.elastic.state.newest`).
+
+Every save event is built by :func:`timed_save`; every save announces its phase
+(:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from elastic_dew.elastic import hooks
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.events import Save
+from elastic_dew.elastic.state import Checkpoints, Snapshots, newest
+
+__all__ = ["timed_save", "SnapshotTier", "CheckpointTier", "Tiers"]
+
+logger = logging.getLogger(__name__)
+
+
+def timed_save(tier: str, step: int, save: Callable[[], bool]) -> Save:
+    """Run ``save`` (which returns whether the tier took the state) and describe it."""
+    started = time.monotonic()
+    taken = bool(save())
+    return Save(tier=tier, step=step, taken=taken, seconds=time.monotonic() - started)
+
+
+class SnapshotTier:
+    """Tier 1: an in-memory snapshot every ``every`` steps (never when ``every`` is 0)."""
+
+    name = "snapshot"
+
+    def __init__(self, snapshots: Snapshots | None, every: int) -> None:
+        self.snapshots = snapshots
+        self.every = every
+
+    def on_step(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> Save | None:
+        """Snapshot ``state`` if ``step`` is on the cadence; the save event, or ``None``."""
+        if not self.every or step % self.every:
+            return None
+        hooks.phase(self.name, step)
+        return timed_save(self.name, step, lambda: self.snapshots.save(step, state, meta, mesh))
+
+
+class CheckpointTier:
+    """Tier 2: a persistent checkpoint every ``every`` steps, at the end, and on preemption.
+
+    ``checkpoints`` is ``None`` when the run has no checkpoint directory: then nothing is
+    ever saved.
+    """
+
+    name = "checkpoint"
+
+    def __init__(self, checkpoints: Checkpoints | None, every: int) -> None:
+        self.checkpoints = checkpoints
+        self.every = every
+
+    def on_step(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> Save | None:
+        """Start the checkpoint of ``step`` if it is on the cadence; the save event, or ``None``."""
+        if self.checkpoints is None or not self.every or step % self.every:
+            return None
+        hooks.phase(self.name, step)
+        return timed_save(self.name, step, lambda: self.checkpoints.save(step, state, meta) or True)
+
+    def final(self, step: int, state: Any, meta: dict) -> Save | None:
+        """Commit the last step's checkpoint (unless the cadence already did); its event, or ``None``."""
+        if self.checkpoints is None:
+            return None
+        self.checkpoints.wait()
+        saved = None
+        if self.checkpoints.latest_step() != step:
+            hooks.phase(self.name, step)
+            saved = timed_save(
+                self.name, step, lambda: self.checkpoints.save(step, state, meta, force=True) or True
+            )
+        self.checkpoints.wait()
+        return saved
+
+    def commit(self, step: int, state: Any, meta: dict) -> Save | None:
+        """Write and commit the checkpoint of the step a preemption agreed on.
+
+        ``None``, with an error logged, when there is nowhere to write it.
+        """
+        if self.checkpoints is None:
+            logger.error("no checkpoint directory is configured: step %d is not saved", step)
+            return None
+
+        def write() -> bool:
+            self.checkpoints.wait()
+            if self.checkpoints.latest_step() != step:
+                self.checkpoints.save(step, state, meta, force=True)
+            self.checkpoints.wait()
+            return True
+
+        return timed_save(self.name, step, write)
+
+
+class Tiers:
+    """Both tiers of one run, in the order a step saves them (snapshot, then checkpoint)."""
+
+    def __init__(self, snapshot: SnapshotTier, checkpoint: CheckpointTier) -> None:
+        self.snapshot = snapshot
+        self.checkpoint = checkpoint
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ElasticConfig,
+        *,
+        num_slices: int,
+        snapshots: Snapshots | None = None,
+        checkpoints: Checkpoints | None = None,
+        run_name: str | None = None,
+    ) -> Tiers:
+        """The tiers ``config`` asks for; ``snapshots``/``checkpoints`` given are used as they are."""
+        if snapshots is None and config.snapshot_every:
+            snapshots = Snapshots(replica_axis_index=0)
+        if checkpoints is None and config.checkpoint_dir is not None:
+            checkpoints = Checkpoints(
+                config.checkpoint_dir,
+                kind=config.checkpoint_kind,
+                max_to_keep=config.max_to_keep,
+                num_slices=num_slices,
+                run_name=run_name,
+            )
+        return cls(
+            SnapshotTier(snapshots, config.snapshot_every),
+            CheckpointTier(checkpoints, config.checkpoint_every),
+        )
+
+    def follow(self, config: ElasticConfig) -> None:
+        """Take the cadences of ``config`` from the next step on."""
+        self.snapshot.every = config.snapshot_every
+        self.checkpoint.every = config.checkpoint_every
+
+    @property
+    def snapshots(self) -> Snapshots | None:
+        return self.snapshot.snapshots
+
+    @property
+    def checkpoints(self) -> Checkpoints | None:
+        return self.checkpoint.checkpoints
+
+    def __iter__(self) -> Iterator[SnapshotTier | CheckpointTier]:
+        """The tiers in the order a step offers them its state: snapshot, then checkpoint.
+
+        The caller emits each tier's save event before offering the next tier the step, so
+        a fault inside the checkpoint save cannot lose the event of the snapshot before it.
+        """
+        return iter((self.snapshot, self.checkpoint))
+
+    def newest(self) -> tuple[str, int | None]:
+        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`)."""
+        return newest(self.snapshots, self.checkpoints)
+
+    def slices_changed(self, mesh: jax.sharding.Mesh) -> None:
+        """Tell tier 2 about the mesh; the multi-tier kind re-initialises on a new slice count."""
+        if self.checkpoints is not None:
+            self.checkpoints.on_active_slices_changed(list(mesh.devices.flat), mesh)
+
+    def restore(self, abstract: Any) -> tuple[str, int, Any, dict] | None:
+        """The newest complete state as ``(source, step, state, meta)`` on ``abstract``'s
+        shardings, or ``None`` when neither tier holds one (a fresh start)."""
+        source, saved = self.newest()
+        if source == "snapshot":
+            hooks.phase("snapshot_load", saved + 1)
+            try:
+                state, meta, saved = self.snapshots.load(abstract)
+                return "snapshot", saved, state, meta
+            except jax.errors.JaxRuntimeError:
+                raise  # a slice lost during the load: the next attempt retries it
+            except RuntimeError as error:  # every replica was on a lost slice
+                logger.warning("no snapshot replica survived (%s); trying the checkpoint", error)
+                saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
+                source = "checkpoint" if saved is not None else "fresh"
+        if source == "checkpoint":
+            hooks.phase("checkpoint_restore", saved + 1)
+            state, meta = self.checkpoints.restore(saved, abstract)
+            return "checkpoint", saved, state, meta
+        return None
+
+    def kept(self) -> str:
+        """What a run that gave up leaves to resume from, for its error message."""
+        saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
+        if saved is None:
+            return "no checkpoint was committed, so a re-run starts from step 1"
+        return (
+            f"the newest committed checkpoint {saved} (in {self.checkpoints.directory}) is intact: "
+            "run the same command again to resume from it once slices are healthy"
+        )
+
+    def close(self) -> None:
+        """Release tier 1's pinned host memory (tier 2's files stay)."""
+        if self.snapshots is not None:
+            self.snapshots.close()

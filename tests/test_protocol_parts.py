@@ -1,0 +1,186 @@
+"""The protocol's collaborators on their own: step compiler, recovery timer, tiers, typed events.
+
+The scenarios in ``tests/test_protocol.py`` drive them together through :class:`ElasticRun`;
+these pin each one's contract on the 8-CPU-device mesh, with real Orbax tiers.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from elastic_dew.elastic import events
+from elastic_dew.elastic.compiler import StepCompiler
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.recovery import Recovery, RecoveryTimer
+from elastic_dew.elastic.state import Checkpoints, Snapshots
+from elastic_dew.elastic.tiers import CheckpointTier, SnapshotTier, Tiers
+from elastic_dew.simulate import SimulatedSlices
+
+from test_protocol import LinearProgram, _config, _dataset
+
+
+def _mesh(replicas: int = 2) -> Mesh:
+    devices = np.array(jax.devices()[: replicas * 2]).reshape(replicas, 2, 1)
+    return Mesh(devices, ("replica", "data", "model"))
+
+
+def _state(mesh: Mesh) -> dict:
+    return {"w": jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P()))}
+
+
+class CountingProgram:
+    """A program whose compile counts its calls and can be held, to see who compiles."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+        self.release = threading.Event()
+        self.release.set()
+
+    def compile(self, mesh, global_batch):
+        self.compiles += 1
+        self.release.wait(30)
+        return lambda state, batch: (state, {"loss": jnp.float32(0)})
+
+
+def test_a_step_is_compiled_once_per_devices_and_batch():
+    program = CountingProgram()
+    compiler = StepCompiler(program, manager=None, config=ElasticConfig(global_batch=8))
+    mesh = _mesh()
+    first = compiler.compile(mesh, 8)
+    assert compiler.compile(mesh, 8) is first
+    compiler.compile(mesh, 16)
+    compiler.compile(_mesh(1), 8)
+    assert program.compiles == 3
+
+
+def test_the_loop_waits_for_the_precompiler_instead_of_compiling_the_same_step_again():
+    program = CountingProgram()
+    program.release.clear()
+    compiler = StepCompiler(program, manager=None, config=ElasticConfig(global_batch=8))
+    mesh = _mesh()
+    background = threading.Thread(target=compiler.compile, args=(mesh, 8))
+    background.start()
+    while program.compiles == 0:
+        threading.Event().wait(0.01)
+    waiting = threading.Thread(target=compiler.compile, args=(mesh, 8))
+    waiting.start()
+    program.release.set()
+    background.join()
+    waiting.join()
+    assert program.compiles == 1
+
+
+def test_the_precompiler_compiles_every_layout_that_loses_one_active_slice(tmp_path):
+    with SimulatedSlices(4, 2):
+        run = ElasticRun(
+            LinearProgram(), ElasticData(_dataset()),
+            _config(tmp_path, precompile_smaller_meshes=True),
+        )
+        layouts = run.compiler.smaller_layouts()
+        assert len(layouts) == 4
+        assert {mesh.devices.shape for mesh, _ in layouts} == {(3, 2, 1)}
+        run.compiler.allow_precompiling()
+        run.compiler.start_precompiling()
+        run.compiler._precompiler.join()  # let it finish every layout, then stop it
+        run.compiler.stop_precompiling()
+        for mesh, batch in layouts:
+            key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, batch)
+            assert key in run.compiler._compiled
+        paused = StepCompiler(LinearProgram(), run.manager, _config(tmp_path, minimum_slice_count=None))
+        assert paused.smaller_layouts() == []  # pause-resume never runs on fewer slices
+
+
+def test_a_recovery_reports_every_duration_key_and_consumes_the_loss():
+    timer = RecoveryTimer()
+    fresh = timer.recover()
+    fresh.lap("mesh_and_compile")
+    fresh.lap("restore")
+    assert fresh.durations["detection"] == 0.0 and fresh.durations["wait_for_slices"] == 0.0
+    resume = events.Resume(source="fresh", step=1, durations=fresh.durations)
+    assert set(resume.durations) == set(events.DURATION_KEYS)
+
+    import time
+
+    timer.step_started(time.monotonic())
+    timer.slice_lost()
+    timer.attempt_started()
+    after_loss = timer.recover()
+    assert after_loss.durations["detection"] >= 0.0 and after_loss.durations["wait_for_slices"] >= 0.0
+    timer.attempt_started()
+    again = timer.recover()
+    assert again.durations == {"detection": 0.0, "wait_for_slices": 0.0}
+    assert Recovery.live().durations == {"detection": 0.0, "wait_for_slices": 0.0}
+
+
+def test_the_snapshot_tier_saves_on_its_cadence_and_returns_the_typed_save_event():
+    mesh = _mesh()
+    snapshots = Snapshots(replica_axis_index=0)
+    try:
+        tier = SnapshotTier(snapshots, every=2)
+        assert tier.on_step(1, _state(mesh), {"step": 1}, mesh) is None
+        saved = tier.on_step(2, _state(mesh), {"step": 2}, mesh)
+        assert isinstance(saved, events.Save)
+        assert (saved.tier, saved.step, saved.taken) == ("snapshot", 2, True)
+        assert snapshots.latest_step() == 2
+        assert SnapshotTier(snapshots, every=0).on_step(4, _state(mesh), {}, mesh) is None
+    finally:
+        snapshots.close()
+
+
+def test_the_checkpoint_tier_saves_on_its_cadence_at_the_end_and_on_preemption(tmp_path):
+    mesh = _mesh()
+    checkpoints = Checkpoints(str(tmp_path / "ckpt"), max_to_keep=5)
+    tier = CheckpointTier(checkpoints, every=3)
+    assert tier.on_step(2, _state(mesh), {"step": 2}, mesh) is None
+    on_cadence = tier.on_step(3, _state(mesh), {"step": 3}, mesh)
+    assert (on_cadence.tier, on_cadence.step, on_cadence.taken) == ("checkpoint", 3, True)
+    assert tier.final(3, _state(mesh), {"step": 3}) is None  # the cadence already saved it
+    final = tier.final(4, _state(mesh), {"step": 4})
+    assert (final.tier, final.step) == ("checkpoint", 4) and checkpoints.latest_step() == 4
+    stop = tier.commit(5, _state(mesh), {"step": 5})
+    assert (stop.tier, stop.step, stop.taken) == ("checkpoint", 5, True)
+    assert checkpoints.latest_step() == 5
+    nowhere = CheckpointTier(None, every=3)
+    assert nowhere.on_step(3, _state(mesh), {}, mesh) is None
+    assert nowhere.final(3, _state(mesh), {}) is None and nowhere.commit(3, _state(mesh), {}) is None
+
+
+def test_the_tiers_offer_a_step_to_the_snapshot_before_the_checkpoint(tmp_path):
+    tiers = Tiers.from_config(_config(tmp_path), num_slices=4)
+    try:
+        assert [tier.name for tier in tiers] == ["snapshot", "checkpoint"]
+        assert tiers.snapshots is not None and tiers.checkpoints is not None
+        tiers.follow(_config(tmp_path, snapshot_every=7, checkpoint_every=0))
+        assert (tiers.snapshot.every, tiers.checkpoint.every) == (7, 0)
+        assert tiers.newest() == ("fresh", None) and tiers.restore(None) is None
+    finally:
+        tiers.close()
+
+
+def test_the_protocol_emits_typed_events_and_keeps_no_device_array_after_a_run(tmp_path):
+    emitted: list = []
+    with SimulatedSlices(4, 2, schedule="lose:1@3", fault_log=tmp_path / "faults.jsonl"):
+        run = ElasticRun(LinearProgram(), ElasticData(_dataset()), _config(tmp_path), emit=emitted.append)
+        state, step = run.run(6)
+    assert step == 6 and all(isinstance(e, events.Event) for e in emitted)
+    kinds = {type(e) for e in emitted}
+    assert {events.Resume, events.Step, events.Save, events.Stop} <= kinds
+    assert [events.from_json(e.to_json()) for e in emitted] == emitted
+    held = [vars(run), vars(run.timer), vars(run.tiers.snapshot), vars(run.tiers.checkpoint)]
+    assert not [v for d in held for v in d.values() if isinstance(v, jax.Array)]
+    del state
+
+
+def test_an_event_reads_by_key_like_its_json_line():
+    stop = events.Stop(reason="done", step=4)
+    assert stop["event"] == "stop" and stop["step"] == 4 and stop["reason"] == "done"
+    with pytest.raises(KeyError):
+        stop["nothing"]
