@@ -89,3 +89,20 @@ def test_an_unknown_benchmark_name_is_refused_with_the_choices(capsys):
         parse(["--only", "recovery,warp_speed"])
     err = capsys.readouterr().err
     assert "warp_speed" in err and ", ".join(MODULES) in err
+
+
+def test_the_recovery_scaling_benchmark_measures_both_slice_counts_and_their_ratio(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--tiny", "--only", "recovery_scaling", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for key in ("recovery_scaling_s_p50_4", "recovery_scaling_s_p50_32", "recovery_scaling_ratio",
+                "recovery_scaling_ratio_in_steps"):
+        assert isinstance(results[key], float) and results[key] > 0, key
+    assert set(results["targets_met"]) == {"recovery_scaling_ratio"}
+    md = (tmp_path / "results.md").read_text()
+    assert "| recovery after one loss, 32 slices / 4 slices, warm p50 (s) |" in md

@@ -1,0 +1,205 @@
+"""Issue 12: recovery after one slice loss on 32 simulated slices over recovery on 4.
+
+Recovery should not grow with the slice count. Each slice count runs in its own process
+(``python -m benchmarks.recovery_scaling child SLICES LOSSES RUN_DIR``, the device count set
+before JAX starts): ``Trainer.fit`` of the ``mlp`` recipe on SLICES simulated slices of one
+CPU device, replica-resize (``minimum_slice_count=1``), a snapshot every step, a poll every
+0.05 s, a global batch of 8 per slice that scales with the active slices (the same work per
+device at either count). A listener on the protocol's ``step`` phase loses the last slice,
+gives it back four steps after the resume, and loses it again four steps after the run is
+back on every slice. Recovery is the wall time from the loss to the completion of the first
+step after the resume that follows it. The first loss compiles the smaller mesh's step
+(precompiling is off, so no background compile competes with the measurement); it is
+reported apart, and the row is the median of the later, warm losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+from benchmarks.common import REPO, median, worker_env
+
+__all__ = ["measure", "SLICE_COUNTS"]
+
+#: (few, many) slice counts of the ratio.
+SLICE_COUNTS = (4, 32)
+PER_SLICE_BATCH = 8
+STEPS_AFTER = 4  # steps after a resume (and after the return) before the next fault
+
+# The rows and the target, registered here because this module owns the figures (they
+# belong in common.ROWS and common.TARGETS once that file's owner moves them there).
+_ROWS = [
+    ("recovery after one loss, 32 slices / 4 slices, warm p50 (s)", "recovery_scaling_s_p50_32",
+     "recovery_scaling_s_p50_4", "recovery_scaling_ratio", "recovery_scaling_ratio"),
+    ("  the same in steady step times (recovery / median step)", "recovery_scaling_steps_p50_32",
+     "recovery_scaling_steps_p50_4", "recovery_scaling_ratio_in_steps", None),
+    ("  wait for slices, 32 slices (baseline: 4), warm p50 (s)", "recovery_scaling_wait_for_slices_s_p50_32",
+     "recovery_scaling_wait_for_slices_s_p50_4", None, None),
+]
+_TARGET = ("<= 2", lambda v: v <= 2)
+
+
+def _register_rows() -> None:
+    common.TARGETS.setdefault("recovery_scaling_ratio", _TARGET)
+    for row in _ROWS:
+        if row not in common.ROWS:
+            common.ROWS.append(row)
+
+
+_register_rows()
+
+
+class _Finished(Exception):
+    """Raised from the listener to end the child's run once every loss is measured."""
+
+
+def _child(slices: int, losses: int, run_dir: str) -> int:
+    from elastic_dew.runtime import prepare_process
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    prepare_process(xla_flags=f"--xla_force_host_platform_device_count={slices}")
+
+    from elastic_dew import Trainer
+    from elastic_dew.elastic import hooks
+    from elastic_dew.elastic.config import ElasticConfig
+    from elastic_dew.elastic.retry import make_manager
+    from elastic_dew.simulate import SimulatedSlices
+    from recipes import mlp
+
+    config = ElasticConfig(
+        minimum_slice_count=1, poll_interval=0.05, timeout=120, max_attempts=None,
+        global_batch=PER_SLICE_BATCH * slices, batch_policy="scale_by_active_slices",
+        snapshot_every=1, checkpoint_every=0, precompile_smaller_meshes=False,
+    )
+    lost = slices - 1
+    state: dict[str, Any] = {"phase": "warmup", "count": 0, "losses": []}
+    events: list[tuple[float, dict]] = []
+    box: dict[str, Any] = {}
+
+    def listener(phase: str, step: int) -> None:
+        if phase != "step":
+            return
+        state["count"] += 1
+        manager = box["manager"]
+        if state["phase"] == "warmup" and state["count"] >= 10:
+            state["phase"], state["count"] = "lose", STEPS_AFTER
+        if state["phase"] == "lose" and state["count"] >= STEPS_AFTER:
+            if len(state["losses"]) >= losses + 1:  # the cold loss and `losses` warm ones
+                raise _Finished
+            state["losses"].append(time.monotonic())
+            box["sim"].lose(lost)
+            state["phase"], state["count"] = "lost", 0
+        elif state["phase"] == "lost" and state["count"] >= STEPS_AFTER:
+            box["sim"].restore(lost)
+            state["phase"], state["count"] = "returning", 0
+        elif state["phase"] == "returning" and manager.active_slice_count < manager.total_slice_count:
+            state["count"] = 0  # counted from the return to every slice
+        elif state["phase"] == "returning":
+            state["phase"] = "lose"
+
+    def progress(event: Any) -> None:
+        line = event.to_json() if hasattr(event, "to_json") else dict(event)
+        events.append((time.monotonic(), line))
+
+    hooks.add_listener(listener)
+    try:
+        with SimulatedSlices(slices, 1) as sim:
+            box["sim"] = sim
+            box["manager"] = make_manager()
+            trainer = Trainer(
+                **mlp.build(), config=config, run_dir=run_dir, progress=progress,
+                log_every=10**9, manager=box["manager"],
+            )
+            try:
+                trainer.fit(10**6)
+            except _Finished:
+                pass
+    finally:
+        hooks.remove_listener(listener)
+
+    recoveries, waits, parts = [], [], []
+    for t_loss in state["losses"]:
+        later = [(t, e) for t, e in events if t >= t_loss]
+        resume = next(((t, e) for t, e in later if e["event"] == "resume" and e.get("source") != "live"), None)
+        if resume is None:
+            continue
+        step = next(((t, e) for t, e in later if t >= resume[0] and e["event"] == "step"), None)
+        if step is None:
+            continue
+        recoveries.append(step[0] - t_loss)
+        waits.append(resume[1]["durations"]["wait_for_slices"])
+        parts.append(resume[1]["durations"])
+    steps = [t for t, e in events if e["event"] == "step"]
+    step_s = median([b - a for a, b in zip(steps, steps[1:])])
+    print("RESULT " + json.dumps({"recoveries": recoveries, "waits": waits, "parts": parts, "step_s": step_s}), flush=True)
+    return 0
+
+
+def _run(slices: int, losses: int, workdir: Path) -> dict[str, list[float]]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / f"child-{slices}.log"
+    with open(log, "w") as err:  # a file, not a pipe: a full pipe would stall the child
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.recovery_scaling", "child", str(slices), str(losses),
+             str(workdir / f"run-{slices}")],
+            cwd=REPO, env=worker_env(devices=slices), stdout=subprocess.PIPE, stderr=err, text=True,
+            timeout=900,
+        )
+    result = next((line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
+    if done.returncode != 0 or result is None:
+        raise RuntimeError(
+            f"recovery_scaling on {slices} slices exited {done.returncode}: {log.read_text()[-2000:]}"
+        )
+    return json.loads(result)
+
+
+def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
+    losses = max(1, sizes.losses // 3)
+    results: dict[str, Any] = {}
+    for slices in SLICE_COUNTS:
+        run = _run(slices, losses, workdir)
+        recoveries, waits = run["recoveries"], run["waits"]
+        if len(recoveries) < 2:
+            raise RuntimeError(f"recovery_scaling on {slices} slices measured {len(recoveries)} losses, not {losses + 1}")
+        results[f"recovery_scaling_cold_s_{slices}"] = recoveries[0]
+        results[f"recovery_scaling_s_p50_{slices}"] = median(recoveries[1:])
+        results[f"recovery_scaling_wait_for_slices_s_p50_{slices}"] = median(waits[1:])
+        results[f"recovery_scaling_s_all_{slices}"] = [round(x, 4) for x in recoveries]
+        results[f"recovery_scaling_step_s_{slices}"] = run["step_s"]
+        results[f"recovery_scaling_steps_p50_{slices}"] = results[f"recovery_scaling_s_p50_{slices}"] / run["step_s"]
+    few, many = SLICE_COUNTS
+    results["recovery_scaling_ratio"] = results[f"recovery_scaling_s_p50_{many}"] / results[f"recovery_scaling_s_p50_{few}"]
+    results["recovery_scaling_ratio_in_steps"] = (
+        results[f"recovery_scaling_steps_p50_{many}"] / results[f"recovery_scaling_steps_p50_{few}"]
+    )
+    results["recovery_scaling_cold_ratio"] = (
+        results[f"recovery_scaling_cold_s_{many}"] / results[f"recovery_scaling_cold_s_{few}"]
+    )
+    notes.append(
+        f"Recovery scaling: one loss of the last slice at a time, {losses} warm losses after a cold "
+        f"one, on {few} and on {many} simulated slices of one CPU device, mlp recipe, replica-resize, "
+        f"snapshot every step, poll_interval 0.05 s, {PER_SLICE_BATCH} examples per slice, "
+        "precompiling off; each count in its own process. Cold (first loss, compiles the smaller "
+        f"mesh's step): {results[f'recovery_scaling_cold_s_{few}']:.2f} s and "
+        f"{results[f'recovery_scaling_cold_s_{many}']:.2f} s; wait for slices, warm p50: "
+        f"{results[f'recovery_scaling_wait_for_slices_s_p50_{few}']:.3f} s and "
+        f"{results[f'recovery_scaling_wait_for_slices_s_p50_{many}']:.3f} s. All {many} slices "
+        "share the machine's cores, so per-slice work that real slices do in parallel is serial "
+        f"here: a steady step takes {results[f'recovery_scaling_step_s_{few}'] * 1e3:.1f} ms on {few} "
+        f"slices and {results[f'recovery_scaling_step_s_{many}'] * 1e3:.1f} ms on {many}, which the "
+        "ratio in step times divides out."
+    )
+    return results
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["child"] or len(sys.argv) != 5:
+        sys.exit("usage: python -m benchmarks.recovery_scaling child SLICES LOSSES RUN_DIR")
+    sys.exit(_child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
