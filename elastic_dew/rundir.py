@@ -93,37 +93,45 @@ def _writable_ancestor(path: Path) -> Path:
     return parent
 
 
-def check(run_dir: str | os.PathLike[str], identity: Mapping[str, Any] | None = None) -> None:
+def check(
+    run_dir: str | os.PathLike[str], identity: Mapping[str, Any] | None = None, *, option: str | None = None
+) -> None:
     """Refuse a run directory that cannot hold this run, before anything is written.
 
     A new directory must be creatable under a writable directory. An existing one must be
     a directory, empty or an elastic_dew run (it holds ``command.json`` or ``events.jsonl``,
     or only run-directory entries); with ``identity``, the run recorded in its
     ``command.json`` must be this one on every key of :data:`IDENTITY_KEYS` it records.
+    ``option`` is how the caller's user gives the directory (``"--run-dir or --name"``):
+    the fixes then name it.
     """
     run_dir = Path(run_dir)
+    choose = f"choose a {option}" if option else "choose a run directory"
     if not run_dir.exists():
         parent = _writable_ancestor(run_dir.parent)
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            why = f"{parent} is {'not writable' if parent.is_dir() else 'not a directory'}"
             raise RunDirError(
-                f"run directory {run_dir} cannot be created ({parent} is "
-                f"{'not writable' if parent.is_dir() else 'not a directory'}); choose a run "
-                "directory under a writable directory"
+                f"run directory {run_dir} cannot be created{f' ({why})' if option else f': {why}'}; "
+                f"{choose} under a writable directory"
             )
         return
     if not run_dir.is_dir():
-        raise RunDirError(f"run directory {run_dir} exists and is not a directory; choose another path")
+        raise RunDirError(
+            f"run directory {run_dir} exists and is not a directory; "
+            f"{f'choose another {option}' if option else 'choose another path'}"
+        )
     entries = {entry.name for entry in run_dir.iterdir()}
     if entries and not ({COMMAND_FILE, EVENTS_FILE} & entries) and not entries <= ENTRIES:
         foreign = sorted(entries - ENTRIES)
         raise RunDirError(
-            f"run directory {run_dir} is not an elastic_dew run (no {COMMAND_FILE} or "
-            f"{EVENTS_FILE}, and it holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+            f"run directory {run_dir} is not an elastic_dew run (no {EVENTS_FILE}, and it holds "
+            f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
             "give a new or empty directory, or the directory of an earlier run to resume it"
         )
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise RunDirError(
-            f"run directory {run_dir} is not writable; choose a run directory under a writable directory"
+            f"run directory {run_dir} is not writable; {choose} under a writable directory"
         )
     if identity is None:
         return
@@ -138,7 +146,7 @@ def check(run_dir: str | os.PathLike[str], identity: Mapping[str, Any] | None = 
     if differences:
         raise RunDirError(
             f"{run_dir} holds another run ({'; '.join(differences)}); resume it with its own "
-            "settings, or start a new run with another run directory"
+            f"settings, or start a new run with another {option or 'run directory'}"
         )
 
 

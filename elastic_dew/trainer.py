@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import optax
 
+from elastic_dew import rundir
 from elastic_dew.elastic import events
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
@@ -43,47 +44,6 @@ class FitResult:
     params: Any
     summary: dict
     run_dir: Path
-
-
-#: What a run directory holds (the run record, the command line, the fault log, tier 2).
-RUN_DIR_ENTRIES = frozenset({
-    "events.jsonl", "summary.json", "final_params.npz", "timeline.png", "faults.jsonl",
-    "command.json", "checkpoints", "summary.json.tmp", "final_params.npz.tmp",
-})
-
-
-def _check_run_dir(run_dir: Path) -> None:
-    """Refuse a run directory that cannot be written or that holds something else.
-
-    An existing directory is a run to resume only if it is empty or holds a run record:
-    training into a directory of other files would scatter checkpoints among them.
-    """
-    if run_dir.exists():
-        if not run_dir.is_dir():
-            raise ValueError(f"run_dir {run_dir} exists and is not a directory; choose another path")
-        entries = {entry.name for entry in run_dir.iterdir()}
-        if entries and "events.jsonl" not in entries and not entries <= RUN_DIR_ENTRIES:
-            foreign = sorted(entries - RUN_DIR_ENTRIES)
-            raise ValueError(
-                f"run_dir {run_dir} is not an elastic_dew run (no events.jsonl, and it holds "
-                f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); give a new or "
-                "empty directory, or the directory of an earlier run to resume it"
-            )
-        writable = run_dir
-    else:
-        writable = run_dir.parent
-        while not writable.exists() and writable != writable.parent:
-            writable = writable.parent
-        if not writable.is_dir():
-            raise ValueError(
-                f"run_dir {run_dir} cannot be created: {writable} is not a directory; "
-                "choose a run directory under a writable directory"
-            )
-    if not os.access(writable, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"run_dir {run_dir} is not writable ({writable} refuses writes); choose a run "
-            "directory under a writable directory"
-        )
 
 
 class _Program:
@@ -203,7 +163,7 @@ class Trainer:
         if len(dataset) < 1:
             raise ValueError("the dataset is empty; give a MapDataset with at least one example")
         self.run_dir = Path(run_dir)
-        _check_run_dir(self.run_dir)
+        rundir.check(self.run_dir)  # the one rule; refused before anything is written
         if config.checkpoint_dir is None:
             config = dataclasses.replace(config, checkpoint_dir=str(self.run_dir.resolve() / "checkpoints"))
         self.config = config

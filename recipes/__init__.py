@@ -1,1 +1,1 @@
-"""Runnable trainings; each main() calls elastic_dew.runtime.prepare_process() first."""
+"""Runnable trainings; each main() runs the recipe through elastic_dew.console (the options of elastic-dew train)."""

@@ -110,13 +110,12 @@ def build(**overrides) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m recipes.mlp [train options]``: the same as ``elastic-dew train mlp``."""
-    from elastic_dew.commands import train
-    from elastic_dew.runtime import install_exit_hook, prepare_process
+    from elastic_dew import console
+    from elastic_dew.runtime import install_exit_hook
 
     install_exit_hook()  # program start: an uncaught Preempted exits 143
-    args = train.parse_recipe_args("mlp", argv)  # argparse only; no backend has started
-    prepare_process(**train.process_options(args))  # first: XLA flags before the backend opens
-    return train.train(args, build)
+    # Plans the run, prepares the process (XLA flags before the backend opens), trains.
+    return console.main("mlp", build, argv)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Argument checks run in-process: they must fail before anything is touched.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,8 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastic_dew import cli, record
+from elastic_dew import cli, console, record
+from elastic_dew import run as runs
 from elastic_dew.commands import train
+from elastic_dew.elastic.config import ElasticConfig
 
 REPO = Path(__file__).resolve().parent.parent
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # the elastic layer's, where the mesh changed
@@ -119,10 +122,10 @@ def test_the_run_is_named_by_name_else_jobset_name_else_a_fresh_timestamp(tmp_pa
     monkeypatch.setattr("elastic_dew.runtime.run_timestamp", lambda: "2026-01-02_03:04:05")
     unnamed = train.plan(_args("mlp"))
     assert unnamed.run_dir is None
-    assert train._choose_run_dir(unnamed) == Path("runs/2026-01-02_03:04:05")
+    assert runs.choose_run_dir(unnamed) == Path("runs/2026-01-02_03:04:05")
     (tmp_path / "runs" / "2026-01-02_03:04:05").mkdir(parents=True)
-    with pytest.raises(train.UsageError, match="already exists"):
-        train._choose_run_dir(unnamed)
+    with pytest.raises(runs.UsageError, match="already exists"):
+        runs.choose_run_dir(unnamed)
 
 
 # ----------------------------------------------------------------- end to end
@@ -268,3 +271,51 @@ def test_a_run_directory_on_a_missing_mount_is_refused_on_real_slices(tmp_path, 
     assert cli.main(["train", "mlp", "--run-dir", missing]) == 2
     assert "/elastic-dew-no-such-mount does not exist" in capsys.readouterr().err
     assert not Path("/elastic-dew-no-such-mount").exists()
+
+
+def test_resuming_a_run_with_another_fault_schedule_is_refused_with_exit_2(tmp_path, monkeypatch, capsys):
+    """The fault schedule is part of the run's identity: the fault log records faults by their
+    place in the schedule, so another schedule would be refused deep in the simulator."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "command.json").write_text(json.dumps(
+        {"recipe": "recipes.mlp", "overrides": {}, "seed": 0, "global_batch": 24, "chaos": "preempt@12"}
+    ))
+    assert cli.main(["train", "mlp", "--run-dir", "old", "--chaos", "preempt@13"]) == 2
+    err = capsys.readouterr().err
+    assert "elastic-dew train: error: old holds another run (chaos 'preempt@12' -> 'preempt@13')" in err
+    assert "start a new run with another --run-dir or --name" in err
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["command.json"]
+
+
+def test_one_invocation_plans_its_run_once(tmp_path, monkeypatch, capsys):
+    """prepare_process is replaced by a no-op: the test process's JAX backend has started, and
+    its host device count cannot change. A recipe setting its build() refuses ends the run
+    after the plan, before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("elastic_dew.runtime.prepare_process", lambda **options: None)
+    planned = []
+    real_plan = runs.plan
+    monkeypatch.setattr(runs, "plan", lambda spec: planned.append(spec) or real_plan(spec))
+    assert cli.main(["train", "mlp", "--run-dir", "r", "--set", "depth=3"]) == 2
+    assert "--set: the mlp recipe has no setting depth" in capsys.readouterr().err
+    assert len(planned) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_train_options_come_from_the_settings_own_declarations():
+    """Each ElasticConfig setting the command line offers has its flag, help and default
+    declared once, on the dataclass field; the parser is built from them."""
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    text = parser.format_help()
+    offered = [f for f in dataclasses.fields(ElasticConfig) if "flag" in f.metadata]
+    assert {f.metadata["flag"] for f in offered} == {
+        "--min-slices", "--poll-interval", "--global-batch", "--snapshot-every", "--checkpoint-every",
+        "--checkpoint-dir", "--checkpoint-kind",
+    }
+    for field in offered:
+        assert field.metadata["flag"] in text
+    assert "steps between in-memory snapshots; 0 turns them off (default 10)" in " ".join(text.split())
+    spec = console.spec_of(parser.parse_args(["mlp", "--snapshot-every", "3", "--set", "hidden=4"]))
+    assert spec.elastic == {"snapshot_every": 3} and spec.overrides == ("hidden=4",)

@@ -5,7 +5,7 @@ environment the controller container gets (``JAX_PLATFORMS=proxy``).
 A command the train command refuses exits 2, and the head Job's ``podFailurePolicy`` turns
 exit 2 into ``FailJob``: the JobSet would fail at start. No cluster, TPU or Pathways proxy
 exists here, so the command is not run: it is parsed by the real ``elastic-dew`` parser and
-checked by the real ``train.plan`` (which decides the run and touches nothing), with the
+checked by the real ``train.plan`` (the library's ``run.plan``: it decides the run and touches nothing), with the
 container's environment set in this process. JAX's backend is never started (``plan`` only
 reads ``JAX_PLATFORMS``). The mounted bucket is played by a temporary directory: the run
 directory's mount path is mapped onto it, so the run-directory checks look at a real,
@@ -14,14 +14,15 @@ writable directory, as they would at the Cloud Storage FUSE mount in the pod.
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 from elastic_dew import cli
+from elastic_dew import run as runs
 from elastic_dew.commands import train
+from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import JobSetParams, jobset
 from elastic_dew.k8s import render as R
 
@@ -104,7 +105,7 @@ def test_the_rendered_controller_command_passes_the_train_commands_own_checks_un
     args = parser.parse_args(command[1:])  # argparse exits 2 on an unknown flag
     try:
         plan = train.plan(args)
-    except train.UsageError as err:
+    except runs.UsageError as err:
         pytest.fail(f"elastic-dew train would exit 2 in the head pod (FailJob): {err}")
 
     assert plan.simulate is False  # real slices: the allocation defines them
@@ -114,17 +115,23 @@ def test_the_rendered_controller_command_passes_the_train_commands_own_checks_un
     # The multi-tier variant's manifest is only worth its sidecars if the trainer uses them.
     assert plan.config.checkpoint_kind == ("multi_tier" if p.mtc else "orbax")
     if p.mtc:
-        assert plan.config.checkpoint_dir == p.mtc_ramdisk_dir == train.MULTI_TIER_DIR
+        assert plan.config.checkpoint_dir == p.mtc_ramdisk_dir == runs.MULTI_TIER_DIR
+    else:  # the workers write the arrays under Pathways persistence: a gs:// URL, not the FUSE mount
+        assert plan.config.checkpoint_dir == p.checkpoint_dir
+        assert checkpoint_dir_problem(plan.config.checkpoint_dir, env) is None
     assert list(bucket_root.iterdir()) == [] and sorted(os.listdir(tmp_path)) == ["bucket"]
 
 
-def test_the_controllers_environment_makes_the_train_command_use_the_real_slices(monkeypatch):
+def test_the_controllers_environment_makes_the_train_command_use_the_real_slices(tmp_path, monkeypatch):
     """The seam check above is only meaningful in the pod's environment: the train command tells
     simulated and real slices apart by JAX_PLATFORMS alone, and the head sets it to proxy."""
     js = jobset(JobSetParams(**BASE))
     monkeypatch.setenv("JAX_PLATFORMS", _container_env(js, _controller(js))["JAX_PLATFORMS"])
-    assert not train.simulating()
-    assert train.process_options(argparse.Namespace()) == {}  # no simulated host devices asked for
+    monkeypatch.delenv("JOBSET_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert not runs.simulating()
+    planned = runs.plan(runs.RunSpec("mlp"))
+    assert runs.process_options(planned) == {}  # no simulated host devices asked for
 
 
 @pytest.mark.parametrize("url", ["gs://my-dew-bucket/runs/dew-lm", "s3://b/runs/x", "file:///tmp/run"])

@@ -6,10 +6,57 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["ElasticConfig", "BATCH_POLICIES", "CHECKPOINT_KINDS"]
+__all__ = ["ElasticConfig", "Bound", "setting", "BATCH_POLICIES", "CHECKPOINT_KINDS"]
 
 BATCH_POLICIES = ("constant", "scale_by_active_slices")
 CHECKPOINT_KINDS = ("orbax", "multi_tier")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The range of a numeric setting, declared once and worded for each way it is given.
+
+    ``low`` is the smallest value (``strict``: values must exceed it); ``unit`` names what
+    is counted; ``off`` says 0 turns the setting off; ``none`` says ``None`` is allowed
+    (and, if text, what it means).
+    """
+
+    low: float
+    strict: bool = False
+    unit: str = ""
+    off: bool = False
+    none: bool | str = False
+
+    def holds(self, value: Any) -> bool:
+        if value is None:
+            return bool(self.none)
+        return value > self.low if self.strict else value >= self.low
+
+    def refusal(self, value: Any, *, name: str | None = None, flag: str | None = None) -> str:
+        """Why ``value`` is refused, as ``name=value ...`` (Python) or ``--flag value ...``.
+
+        A flag's help already says it counts steps, so its wording names only other units.
+        """
+        rule = f"must be {'>' if self.strict else '>='} {self.low}"
+        if flag is not None:
+            unit = f" {self.unit}" if self.unit and self.unit != "steps" else ""
+            return f"{flag} {value} {rule}{unit}{' (0 turns it off)' if self.off else ''}"
+        unit = f" {self.unit}" if self.unit else ""
+        none = ""
+        if self.none:
+            none = ", or None" + (f" for {self.none}" if isinstance(self.none, str) else "")
+        return f"{name}={value} {rule}{unit}{' (0 turns it off)' if self.off else ''}{none}"
+
+
+def setting(default: Any, help: str = "", *, bound: Bound | None = None, flag: str | None = None,
+            metavar: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A configuration field with its range and, for settings the command line offers, its
+    flag and help: the command line builds its options from these (one declaration each).
+
+    The help may name ``{default}`` and the run's own defaults (``{simulated_poll}``,
+    ``{multi_tier_dir}``), which the command line fills in."""
+    metadata = {"help": help, "bound": bound, "flag": flag, "metavar": metavar, "choices": choices}
+    return dataclasses.field(default=default, metadata={k: v for k, v in metadata.items() if v is not None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,57 +96,67 @@ class ElasticConfig:
         so that a lost slice finds its step already compiled.
     """
 
-    minimum_slice_count: int | None = None
-    poll_interval: float = 10.0
-    timeout: float | None = None
-    max_attempts: int | None = None
+    minimum_slice_count: int | None = setting(
+        None,
+        "replica-resize: carry on with at least K slices after a loss "
+        "(default: pause-resume, wait for every slice)",
+        bound=Bound(1, none="pause-resume"), flag="--min-slices", metavar="K",
+    )
+    poll_interval: float = setting(
+        10.0,
+        "seconds between slice health checks (default {simulated_poll} simulated, pathwaysutils' 10 on real slices)",
+        bound=Bound(0, strict=True, unit="seconds"), flag="--poll-interval", metavar="SECONDS",
+    )
+    timeout: float | None = setting(None, bound=Bound(0, strict=True, unit="seconds", none=True))
+    max_attempts: int | None = setting(None, bound=Bound(1, none=True))
     pre_callback: Callable[[], Any] | None = None
     on_elastic_event_callback: Callable[[], Any] | None = None
 
-    model_axis: int | None = None
-    global_batch: int = 32
+    model_axis: int | None = setting(None, bound=Bound(1, none=True))
+    global_batch: int = setting(
+        32, "examples per step (default: the recipe's)", bound=Bound(1), flag="--global-batch", metavar="B"
+    )
     batch_policy: Literal["constant", "scale_by_active_slices"] = "constant"
 
-    snapshot_every: int = 10
-    checkpoint_every: int = 100
-    checkpoint_dir: str | None = None
-    checkpoint_kind: Literal["orbax", "multi_tier"] = "orbax"
-    max_to_keep: int = 3
+    snapshot_every: int = setting(
+        10, "steps between in-memory snapshots; 0 turns them off (default {default})",
+        bound=Bound(0, unit="steps", off=True), flag="--snapshot-every", metavar="K",
+    )
+    checkpoint_every: int = setting(
+        100, "steps between persistent checkpoints; 0 keeps only preemption checkpoints (default {default})",
+        bound=Bound(0, unit="steps", off=True), flag="--checkpoint-every", metavar="M",
+    )
+    checkpoint_dir: str | None = setting(
+        None,
+        "where the persistent tier writes (default RUN_DIR/checkpoints; for multi_tier the "
+        "workers' local directory, default {multi_tier_dir})",
+        flag="--checkpoint-dir", metavar="DIR",
+    )
+    checkpoint_kind: Literal["orbax", "multi_tier"] = setting(
+        "orbax",
+        "persistent tier: orbax (a CheckpointManager in the run directory) or multi_tier "
+        "(the guide's ReplicatorCheckpointManager over colocated-Python sidecars; TPU only)",
+        flag="--checkpoint-kind", choices=CHECKPOINT_KINDS,
+    )
+    max_to_keep: int = setting(3, bound=Bound(1))
 
     precompile_smaller_meshes: bool = True
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.minimum_slice_count is not None and self.minimum_slice_count < 1:
-            problems.append(
-                f"minimum_slice_count={self.minimum_slice_count} must be >= 1, "
-                "or None for pause-resume"
-            )
-        if not self.poll_interval > 0:
-            problems.append(f"poll_interval={self.poll_interval} must be > 0 seconds")
-        if self.timeout is not None and not self.timeout > 0:
-            problems.append(f"timeout={self.timeout} must be > 0 seconds, or None")
-        if self.max_attempts is not None and self.max_attempts < 1:
-            problems.append(f"max_attempts={self.max_attempts} must be >= 1, or None")
-        if self.model_axis is not None and self.model_axis < 1:
-            problems.append(f"model_axis={self.model_axis} must be >= 1, or None")
-        if self.global_batch < 1:
-            problems.append(f"global_batch={self.global_batch} must be >= 1")
+        problems = [
+            field.metadata["bound"].refusal(getattr(self, field.name), name=field.name)
+            for field in dataclasses.fields(self)
+            if "bound" in field.metadata and not field.metadata["bound"].holds(getattr(self, field.name))
+        ]
         if self.batch_policy not in BATCH_POLICIES:
             problems.append(
                 f"batch_policy={self.batch_policy!r} must be one of {', '.join(BATCH_POLICIES)}"
             )
-        for name in ("snapshot_every", "checkpoint_every"):
-            value = getattr(self, name)
-            if value < 0:
-                problems.append(f"{name}={value} must be >= 0 steps (0 turns it off)")
         if self.checkpoint_kind not in CHECKPOINT_KINDS:
             problems.append(
                 f"checkpoint_kind={self.checkpoint_kind!r} must be one of "
                 f"{', '.join(CHECKPOINT_KINDS)}"
             )
-        if self.max_to_keep < 1:
-            problems.append(f"max_to_keep={self.max_to_keep} must be >= 1")
         if problems:
             raise ValueError("invalid ElasticConfig: " + "; ".join(problems))
 

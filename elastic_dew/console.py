@@ -1,0 +1,197 @@
+"""A run on a terminal: its options, its progress display, its logs and its summary.
+
+``elastic-dew train`` and each recipe's ``python -m recipes.NAME`` take the same options and
+show a run the same way, so both come here. The options are built from the fields' own
+metadata (:func:`elastic_dew.elastic.config.setting`): :class:`~elastic_dew.run.RunSpec`'s
+and the :class:`~elastic_dew.elastic.config.ElasticConfig` settings that have a flag, so a
+setting's default, help and range are declared once. A flag left out is ``None`` here and
+takes the recipe's or the config's default in :func:`elastic_dew.run.plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+from elastic_dew import run
+from elastic_dew.elastic.config import ElasticConfig
+
+__all__ = ["add_options", "spec_of", "Terminal", "main"]
+
+logger = logging.getLogger(__name__)
+
+_FILLS = {
+    "simulated_poll": run.SIMULATED_POLL_INTERVAL,
+    "multi_tier_dir": run.MULTI_TIER_DIR,
+    "default_slices": run.DEFAULT_SLICES,
+    "default_devices_per_slice": run.DEFAULT_DEVICES_PER_SLICE,
+}
+
+
+def _flagged(cls: type) -> list[tuple[dataclasses.Field, type]]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for field in dataclasses.fields(cls):
+        if "flag" not in field.metadata:
+            continue
+        kind = hints[field.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: the flag's X
+            kind = next(t for t in typing.get_args(kind) if t is not type(None))
+        out.append((field, kind))
+    return out
+
+
+def _add(parser: argparse.ArgumentParser, field: dataclasses.Field, kind: Any, *, dest: str) -> None:
+    meta = field.metadata
+    fills = {**_FILLS, "default": field.default}
+    options: dict[str, Any] = {"dest": dest, "help": meta.get("help", "").format(**fills)}
+    if "metavar" in meta:
+        options["metavar"] = meta["metavar"]
+    if "choices" in meta:
+        options["choices"] = meta["choices"]
+    elif typing.get_origin(kind) is tuple:
+        options.update(action="append", default=[])
+    elif kind in (int, float):
+        options["type"] = kind
+    parser.add_argument(meta["flag"], **options)
+
+
+def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None:
+    """The run's options on ``parser`` (the recipe as a positional when ``recipe``)."""
+    if recipe:
+        field = next(f for f in dataclasses.fields(run.RunSpec) if f.name == "recipe")
+        parser.add_argument("recipe", metavar=field.metadata["metavar"], help=field.metadata["help"])
+    for field, kind in _flagged(run.RunSpec):
+        _add(parser, field, kind, dest=field.name)
+    for field, kind in _flagged(ElasticConfig):
+        _add(parser, field, kind, dest="elastic." + field.name)
+    # The demo prints its own summary after the last restart.
+    parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
+
+
+def spec_of(args: argparse.Namespace, recipe: str | None = None) -> run.RunSpec:
+    """The :class:`~elastic_dew.run.RunSpec` that parsed options ask for."""
+    values = vars(args)
+    own = {
+        field.name: values[field.name]
+        for field in dataclasses.fields(run.RunSpec)
+        if field.name in values and values[field.name] is not None
+    }
+    own["overrides"] = tuple(own.get("overrides", ()))
+    elastic = {
+        key.removeprefix("elastic."): value
+        for key, value in values.items()
+        if key.startswith("elastic.") and value is not None
+    }
+    if recipe is not None:
+        own["recipe"] = recipe
+    return run.RunSpec(**own, elastic=elastic, summary=not values.get("no_summary", False))
+
+
+@contextlib.contextmanager
+def _quiet_logs(tty: bool) -> Iterator[None]:
+    """Keep the output about the run: the progress display reports steps (the trainer's own
+    step lines would repeat them), and Orbax's per-file INFO lines (through absl) drown
+    everything else unless ``-v`` asked for debug output. On a terminal, where the bar shows
+    every stop and resume, pathwaysutils' INFO lines about attempts are left out too."""
+    quiet = [logging.getLogger("elastic_dew.trainer")]
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        quiet.append(logging.getLogger("absl"))
+        if tty:
+            quiet.append(logging.getLogger("pathwaysutils"))
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+
+
+@contextlib.contextmanager
+def _log_above(progress: Any) -> Iterator[None]:
+    """On a terminal, route the root logger's terminal output above the progress bar."""
+    from elastic_dew.progress import ProgressLogHandler
+
+    root = logging.getLogger()
+    swapped = []
+    if progress.tty:
+        for handler in list(root.handlers):
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and stream is progress.stream:
+                replacement = ProgressLogHandler(progress, stream)
+                replacement.setFormatter(handler.formatter)
+                replacement.setLevel(handler.level)
+                root.removeHandler(handler)
+                root.addHandler(replacement)
+                swapped.append((handler, replacement))
+    try:
+        yield
+    finally:
+        for handler, replacement in swapped:
+            root.removeHandler(replacement)
+            root.addHandler(handler)
+
+
+class Terminal:
+    """A run shown on a terminal: ``PROG: error: ...`` for a refusal, a progress display with
+    the logs routed above it while it runs, then the summary table and the timeline's path."""
+
+    def __init__(self, prog: str, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.prog = prog
+        self._out = out
+        self._err = err
+
+    def refused(self, error: run.UsageError) -> None:
+        (self._err or sys.stderr).write(f"{self.prog}: error: {error}\n")
+
+    @contextlib.contextmanager
+    def running(self, plan: run.Plan) -> Iterator[Callable[[dict], None]]:
+        from elastic_dew.progress import Progress
+
+        progress = Progress(plan.steps, total_slices=plan.slices if plan.simulate else None,
+                            log_every=plan.log_every)
+        try:
+            with _log_above(progress), _quiet_logs(progress.tty):
+                yield progress
+        finally:
+            progress.close()
+
+    def finished(self, plan: run.Plan, outcome: run.Outcome) -> None:
+        if outcome.status != 0 or not plan.print_summary:
+            return
+        from elastic_dew import record
+
+        picture = None
+        try:
+            picture = record.draw_timeline(outcome.run_dir)
+        except RuntimeError as err:  # matplotlib missing
+            logger.warning("%s", err)
+        out = self._out or sys.stdout
+        out.write(record.format_summary(outcome.result.summary, outcome.run_dir) + "\n")
+        if picture is not None:
+            out.write(f"\ntimeline: {picture}\n")
+
+
+def main(recipe: str, build: Callable[..., dict], argv: list[str] | None = None) -> int:
+    """A recipe's ``python -m recipes.NAME [options]``: the same run as ``elastic-dew train NAME``."""
+    prog = f"python -m {recipe if '.' in recipe else 'recipes.' + recipe}"
+    parser = argparse.ArgumentParser(
+        prog=prog, description=f"Train the {recipe} recipe elastically (the options of elastic-dew train)."
+    )
+    add_options(parser, recipe=False)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    # This is a program's entry point: log as elastic-dew does (absl, imported by the
+    # recipe's libraries, may have put its own handler on the root logger already).
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
+    return run.main(spec_of(args, recipe), build, Terminal(prog))

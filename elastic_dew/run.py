@@ -1,0 +1,502 @@
+"""One training run of a recipe: specified, planned once, checked once, executed once.
+
+A :class:`RunSpec` is what a user asks for (a recipe, its ``--set`` overrides, the
+elastic settings given, the fault schedule, where the run lives). :func:`plan` checks all of
+it and decides the run, touching nothing: the recipe module, the :class:`ElasticConfig`, the
+batch against every slice count, the run directory and its identity (through
+:mod:`elastic_dew.rundir`, whose identity includes the fault schedule, so resuming with
+another ``--chaos`` is refused). :func:`main` plans, prepares the process (the simulated host
+device count must be set before JAX's backend opens) and executes the plan, returning the
+exit status: 0, :data:`~elastic_dew.runtime.PREEMPTED_EXIT` (143) after a preemption, and
+:data:`USAGE_EXIT` (2) for a bad argument.
+
+On CPU (``JAX_PLATFORMS`` unset or ``cpu``) the slices are simulated: the run trains inside
+:class:`~elastic_dew.simulate.SimulatedSlices`, which fires the schedule's faults and records
+them in the run directory's fault log, so the same run started again after exit 143 or a kill
+resumes and does not fire them again. Under Pathways (``JAX_PLATFORMS=proxy``) the
+allocation's real slices are used, and simulator settings are refused.
+
+The run directory is ``run_dir``, else ``runs/NAME`` with NAME from ``name``, else
+``$JOBSET_NAME`` (a restarted pod re-uses its run), else a timestamp (refused if that
+directory exists). It is a local directory: a URL is refused (mount the bucket).
+
+This module never prints: how a run is shown (progress, log routing, the summary, the
+wording of a refusal) is the caller's :class:`Display` (:mod:`elastic_dew.console` for a
+terminal). The command line and the recipes' ``main`` both come here.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import os
+import pkgutil
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from elastic_dew import rundir
+from elastic_dew.elastic.config import Bound, ElasticConfig, setting
+
+__all__ = [
+    "RunSpec",
+    "Plan",
+    "Outcome",
+    "Display",
+    "UsageError",
+    "plan",
+    "execute",
+    "main",
+    "process_options",
+    "choose_run_dir",
+    "simulating",
+    "available_recipes",
+    "load_recipe",
+    "parse_overrides",
+    "RUNS_DIR",
+    "DEFAULT_SLICES",
+    "DEFAULT_DEVICES_PER_SLICE",
+    "SIMULATED_POLL_INTERVAL",
+    "MULTI_TIER_DIR",
+    "RUN_DIR_OPTION",
+    "USAGE_EXIT",
+]
+
+logger = logging.getLogger(__name__)
+
+RUNS_DIR = Path("runs")
+DEFAULT_SLICES = 4
+DEFAULT_DEVICES_PER_SLICE = 2
+#: Seconds between slice health checks under the simulator (a real allocation uses the
+#: ElasticConfig default): simulated slices come back at once, so polling fast keeps the
+#: demo's waits short.
+SIMULATED_POLL_INTERVAL = 0.5
+#: The workers' local multi-tier checkpoint directory (the guide's --gke-mtc-ramdisk-dir).
+MULTI_TIER_DIR = "/tmp/mtc_checkpoints"
+#: How a user names the run directory, in refusals of one.
+RUN_DIR_OPTION = "--run-dir or --name"
+#: The exit status of a bad argument (argparse's).
+USAGE_EXIT = 2
+#: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_PARTS = ("init", "loss", "optimizer", "dataset")
+
+
+class UsageError(ValueError):
+    """A bad argument, found before anything was touched."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """What one training run is asked to be, before any check.
+
+    ``elastic`` holds the :class:`ElasticConfig` settings that were given (by field name);
+    the others take the recipe's or the config's defaults. ``overrides`` are the recipe's
+    ``KEY=VALUE`` settings as written.
+    """
+
+    recipe: str = setting(
+        "", "a recipe name (lm, mlp, ...) or a module path with build() (mypkg.myrecipe)", metavar="RECIPE"
+    )
+    steps: int | None = setting(
+        None, "train until step N (default: the recipe's)", bound=Bound(1), flag="--steps", metavar="N"
+    )
+    slices: int | None = setting(
+        None, "simulated slices (default {default_slices})", bound=Bound(1), flag="--slices", metavar="S"
+    )
+    devices_per_slice: int | None = setting(
+        None, "CPU devices per simulated slice (default {default_devices_per_slice})",
+        bound=Bound(1), flag="--devices-per-slice", metavar="D",
+    )
+    chaos: str = setting(
+        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 "
+        "(grammar ACTION[:SLICE]@STEP[/PHASE])", flag="--chaos", metavar="SCHEDULE",
+    )
+    run_dir: str | None = setting(
+        None, "the run directory; an existing one is resumed", flag="--run-dir", metavar="DIR"
+    )
+    name: str | None = setting(
+        None, "run in runs/NAME (default $JOBSET_NAME, else a timestamp)", flag="--name", metavar="NAME"
+    )
+    log_every: int = setting(
+        10, "steps between log lines (default {default})", bound=Bound(1), flag="--log-every", metavar="L"
+    )
+    seed: int = setting(0, "seed of the parameters and step keys (default {default})", flag="--seed")
+    overrides: tuple[str, ...] = setting(
+        (), "a recipe setting, e.g. --set d_model=128 (repeatable)", flag="--set", metavar="KEY=VALUE"
+    )
+    elastic: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Whether the display shows the summary at the end (the demo shows its own).
+    summary: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A checked run: everything decided except a timestamp run name."""
+
+    recipe: str  # module name
+    module: ModuleType
+    overrides: dict[str, Any]
+    steps: int
+    global_batch: int
+    simulate: bool
+    slices: int
+    devices_per_slice: int
+    chaos: str
+    config: ElasticConfig
+    run_dir: Path | None  # None: runs/<run_timestamp()>, chosen after prepare_process
+    log_every: int
+    seed: int
+    print_summary: bool = True
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs different runs (:data:`elastic_dew.rundir.IDENTITY_KEYS`)."""
+        return {
+            "recipe": self.recipe,
+            "overrides": self.overrides,
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+            "chaos": self.chaos,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How an executed run ended: its exit status, its directory, and ``Trainer.fit``'s result
+    (``None`` after a preemption)."""
+
+    status: int
+    run_dir: Path
+    result: Any = None
+
+
+class Display(Protocol):
+    """How a run is shown: the refusal of a bad argument, the run itself, its end."""
+
+    def refused(self, error: UsageError) -> None: ...
+
+    def running(self, plan: Plan) -> contextlib.AbstractContextManager[Callable[[dict], None] | None]: ...
+
+    def finished(self, plan: Plan, outcome: Outcome) -> None: ...
+
+
+class _Quiet:
+    """The display of a run nobody watches: refusals are logged, nothing else is shown."""
+
+    def refused(self, error: UsageError) -> None:
+        logger.error("%s", error)
+
+    def running(self, plan: Plan) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def finished(self, plan: Plan, outcome: Outcome) -> None:
+        pass
+
+
+def simulating() -> bool:
+    """Whether this process simulates its slices: ``JAX_PLATFORMS`` unset or ``cpu``."""
+    return os.environ.get("JAX_PLATFORMS", "").strip().lower() in ("", "cpu")
+
+
+def available_recipes() -> list[str]:
+    """The recipe names shipped in the ``recipes`` package (found by name, not imported:
+    recipes sit above this module and call it)."""
+    spec = importlib.util.find_spec("recipes")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(locations)
+        if not info.name.startswith("_") and not info.ispkg
+    )
+
+
+def _module_name(recipe: str) -> str:
+    return recipe if "." in recipe else f"recipes.{recipe}"
+
+
+def load_recipe(recipe: str) -> ModuleType:
+    """The recipe's module (``lm`` is ``recipes.lm``), which must have ``build()``."""
+    name = _module_name(recipe)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise UsageError(
+            f"unknown recipe {recipe!r}; the recipes are {', '.join(available_recipes())}, "
+            "or give a module path whose module has build() (mypkg.myrecipe)"
+        )
+    module = importlib.import_module(name)
+    if not callable(getattr(module, "build", None)):
+        raise UsageError(
+            f"recipe module {name} has no build(**overrides) function returning "
+            "dict(init=..., loss=..., optimizer=..., dataset=...)"
+        )
+    return module
+
+
+def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` texts as recipe settings: a Python literal, else the text as a string."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"--set {item!r} is not KEY=VALUE; write e.g. --set d_model=128")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text  # a plain word is a string
+        overrides[key.strip()] = value
+    return overrides
+
+
+def _check_bounds(spec: RunSpec) -> None:
+    """Each given setting against the range its field declares, worded with its flag."""
+    config_fields = {f.name: f for f in dataclasses.fields(ElasticConfig)}
+    unknown = sorted(set(spec.elastic) - set(config_fields))
+    if unknown:
+        raise UsageError(
+            f"{', '.join(unknown)} are not ElasticConfig settings; they are {', '.join(config_fields)}"
+        )
+    given = [(f, getattr(spec, f.name)) for f in dataclasses.fields(RunSpec)]
+    given += [(config_fields[name], value) for name, value in spec.elastic.items()]
+    for field, value in given:
+        bound = field.metadata.get("bound")
+        if bound is not None and value is not None and not bound.holds(value):
+            raise UsageError(bound.refusal(value, flag=field.metadata.get("flag", field.name)))
+
+
+def _run_dir_of(spec: RunSpec) -> Path | None:
+    if spec.run_dir and spec.name:
+        raise UsageError("give --run-dir or --name, not both (--name NAME means --run-dir runs/NAME)")
+    if spec.run_dir and _URL.match(spec.run_dir):
+        raise UsageError(
+            f"--run-dir {spec.run_dir} is a URL, but the run directory must be a local directory "
+            "(the run record is appended and fsynced line by line); mount the bucket, for example "
+            "with Cloud Storage FUSE, and give the mounted path (--run-dir /gcs/runs/NAME)"
+        )
+    if spec.run_dir:
+        run_dir = Path(spec.run_dir)
+        top = Path(*run_dir.parts[:2]) if run_dir.is_absolute() and len(run_dir.parts) > 2 else None
+        if top is not None and not simulating() and not top.exists():
+            # On real slices an absolute run directory lives on a mounted volume (the
+            # manifests mount the bucket at /gcs); without the mount it would land in the
+            # container's own filesystem and vanish with the pod, and a restart would
+            # silently start over.
+            raise UsageError(
+                f"--run-dir {run_dir}: {top} does not exist, so the volume it should be on is "
+                "not mounted; mount the persistent volume (the manifests mount the bucket with "
+                "Cloud Storage FUSE at /gcs) or give a run directory on one"
+            )
+        return run_dir
+    name = spec.name or os.environ.get("JOBSET_NAME")
+    if name is not None:
+        if not name or "/" in name or name in (".", ".."):
+            raise UsageError(f"run name {name!r} must be a plain directory name (no '/')")
+        return RUNS_DIR / name
+    return None
+
+
+def _check_simulator_settings(spec: RunSpec, simulate: bool, slices: int) -> None:
+    if not simulate:
+        given = [f for f in ("slices", "devices_per_slice") if getattr(spec, f) is not None]
+        if given or spec.chaos:
+            flags = [("--" + f.replace("_", "-")) for f in given] + (["--chaos"] if spec.chaos else [])
+            raise UsageError(
+                f"{', '.join(flags)} only apply to simulated slices, but JAX_PLATFORMS="
+                f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
+                "set JAX_PLATFORMS=cpu to simulate"
+            )
+    if spec.elastic.get("checkpoint_kind") == "multi_tier" and simulate:
+        raise UsageError(
+            "--checkpoint-kind multi_tier needs TPU workers with colocated-Python sidecars "
+            "under Pathways (JAX_PLATFORMS=proxy); simulated slices use --checkpoint-kind orbax"
+        )
+    minimum = spec.elastic.get("minimum_slice_count")
+    if minimum is not None and simulate and minimum > slices:
+        raise UsageError(
+            f"--min-slices {minimum} is above the {slices} slices; use at most {slices}, "
+            "or leave it out for pause-resume"
+        )
+    if spec.chaos:
+        from elastic_dew.simulate import parse_schedule
+
+        try:
+            schedule = parse_schedule(spec.chaos)
+        except ValueError as err:
+            raise UsageError(f"--chaos: {err}") from None
+        for fault in schedule:
+            if fault.slice is not None and fault.slice >= slices:
+                raise UsageError(
+                    f"--chaos fault {fault} names slice {fault.slice}, but there are {slices} slices "
+                    f"(0..{slices - 1}); fix the schedule or raise --slices"
+                )
+
+
+def _config(spec: RunSpec, simulate: bool, global_batch: int) -> ElasticConfig:
+    settings = dict(spec.elastic)
+    settings["global_batch"] = global_batch
+    checkpoint_dir = settings.get("checkpoint_dir")
+    if checkpoint_dir is not None and _URL.match(checkpoint_dir) is None and not os.path.isabs(checkpoint_dir):
+        raise UsageError(f"--checkpoint-dir {checkpoint_dir} must be an absolute path or a gs:// URL")
+    if checkpoint_dir is None and settings.get("checkpoint_kind") == "multi_tier":
+        settings["checkpoint_dir"] = MULTI_TIER_DIR
+    if settings.get("poll_interval") is None and simulate:
+        settings["poll_interval"] = SIMULATED_POLL_INTERVAL
+    try:
+        return ElasticConfig(**{k: v for k, v in settings.items() if v is not None})
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def plan(spec: RunSpec) -> Plan:
+    """Check every setting and decide the run, touching nothing; raises :class:`UsageError`."""
+    simulate = simulating()
+    _check_bounds(spec)
+    slices = spec.slices or DEFAULT_SLICES
+    devices_per_slice = spec.devices_per_slice or DEFAULT_DEVICES_PER_SLICE
+    _check_simulator_settings(spec, simulate, slices)
+
+    module = load_recipe(spec.recipe)
+    defaults = getattr(module, "DEFAULTS", {})
+    steps = spec.steps or defaults.get("steps", 100)
+    global_batch = spec.elastic.get("global_batch") or defaults.get("global_batch", 32)
+    config = _config(spec, simulate, global_batch)
+    if simulate:
+        from elastic_dew.elastic.protocol import check_batch_for_every_slice_count
+
+        try:
+            check_batch_for_every_slice_count(config, slices, devices_per_slice)
+        except ValueError as err:
+            raise UsageError(f"--global-batch: {err}") from None
+
+    result = Plan(
+        recipe=module.__name__,
+        module=module,
+        overrides=parse_overrides(spec.overrides),
+        steps=steps,
+        global_batch=global_batch,
+        simulate=simulate,
+        slices=slices,
+        devices_per_slice=devices_per_slice,
+        chaos=spec.chaos,
+        config=config,
+        run_dir=_run_dir_of(spec),
+        log_every=spec.log_every,
+        seed=spec.seed,
+        print_summary=spec.summary,
+    )
+    if result.run_dir is not None:
+        try:
+            rundir.check(result.run_dir, result.identity(), option=RUN_DIR_OPTION)
+        except rundir.RunDirError as err:
+            raise UsageError(str(err)) from None
+    return result
+
+
+def process_options(p: Plan) -> dict[str, Any]:
+    """The ``prepare_process`` arguments of a planned run: on CPU, the host device count."""
+    if not p.simulate:
+        return {}
+    return {"xla_flags": f"--xla_force_host_platform_device_count={p.slices * p.devices_per_slice}"}
+
+
+def choose_run_dir(p: Plan) -> Path:
+    """The planned run directory, else a fresh ``runs/TIMESTAMP`` (refused if it exists)."""
+    if p.run_dir is not None:
+        return p.run_dir
+    from elastic_dew.runtime import run_timestamp
+
+    run_dir = RUNS_DIR / run_timestamp()
+    if run_dir.exists():
+        raise UsageError(
+            f"{run_dir} already exists (another run started this second); give --name or "
+            "--run-dir to resume a run, or start again for a new timestamp"
+        )
+    return run_dir
+
+
+@contextlib.contextmanager
+def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
+    if not p.simulate:
+        yield
+        return
+    from elastic_dew.simulate import SimulatedSlices
+
+    with SimulatedSlices(
+        p.slices, p.devices_per_slice, schedule=p.chaos or None, fault_log=run_dir / rundir.FAULTS_FILE
+    ):
+        yield
+
+
+def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display | None = None) -> Outcome:
+    """Train the planned run (after ``prepare_process``) with ``build``, else the recipe's.
+
+    Raises :class:`UsageError` for recipe settings its ``build`` refuses; a preemption is
+    an :class:`Outcome` with status 143.
+    """
+    from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
+    from elastic_dew.trainer import Trainer
+
+    display = display or _Quiet()
+    run_dir = choose_run_dir(p)
+    try:
+        parts = (build or p.module.build)(**p.overrides)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"--set: {err}") from None
+    missing = set(_PARTS) - set(parts)
+    if missing:
+        raise UsageError(f"recipe {p.recipe}.build() returned no {', '.join(sorted(missing))}")
+    resuming = (run_dir / rundir.EVENTS_FILE).exists()
+    rundir.write_identity(run_dir, {**p.identity(), "steps": p.steps, "argv": sys.argv})
+    logger.info(
+        "%s %s in %s: %d steps, global batch %d, %s",
+        "resuming" if resuming else "training",
+        p.recipe,
+        run_dir,
+        p.steps,
+        p.global_batch,
+        f"{p.slices} simulated slices of {p.devices_per_slice} devices" if p.simulate else "real slices",
+    )
+    with _slices(p, run_dir), display.running(p) as progress:
+        trainer = Trainer(
+            **{name: parts[name] for name in _PARTS},
+            config=p.config,
+            run_dir=run_dir,
+            log_every=p.log_every,
+            seed=p.seed,
+            progress=progress,
+        )
+        try:
+            result = trainer.fit(p.steps)
+        except Preempted as stop:
+            logger.warning(
+                "preempted at step %d; its checkpoint is in %s: run the same command again to resume",
+                stop.step,
+                run_dir,
+            )
+            return Outcome(PREEMPTED_EXIT, run_dir)
+    return Outcome(0, run_dir, result)
+
+
+def main(spec: RunSpec, build: Callable[..., dict] | None = None, display: Display | None = None) -> int:
+    """Plan the run once, prepare the process, execute it; the exit status (0, 143 or 2)."""
+    from elastic_dew.runtime import prepare_process
+
+    display = display or _Quiet()
+    try:
+        p = plan(spec)
+        prepare_process(**process_options(p))  # before the backend opens: the host device count
+        outcome = execute(p, build, display)
+    except UsageError as err:
+        display.refused(err)
+        return USAGE_EXIT
+    display.finished(p, outcome)
+    return outcome.status
