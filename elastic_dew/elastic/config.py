@@ -69,9 +69,10 @@ class ElasticConfig:
         least that many slices and scale back up when the others return).
       poll_interval: seconds between slice health checks (pathwaysutils' default is 10).
       timeout: seconds to wait for ``minimum_slice_count`` healthy slices before
-        ``TimeoutError``; ``None`` waits for ever.
+        ``TimeoutError``; 300 (the guide's) so that a wait for a slice that never returns
+        ends; ``None`` waits for ever.
       max_attempts: ``ElasticRetryLimit(max_attempts)`` over slice-loss attempts only;
-        scale-ups never count against it. ``None`` retries for ever.
+        scale-ups never count against it. 10 (the guide's); ``None`` retries for ever.
       pre_callback / on_elastic_event_callback: passed through to ``elastic_retry``.
 
     Mesh and batch:
@@ -107,8 +108,8 @@ class ElasticConfig:
         "seconds between slice health checks (default {simulated_poll} simulated, pathwaysutils' 10 on real slices)",
         bound=Bound(0, strict=True, unit="seconds"), flag="--poll-interval", metavar="SECONDS",
     )
-    timeout: float | None = setting(None, bound=Bound(0, strict=True, unit="seconds", none=True))
-    max_attempts: int | None = setting(None, bound=Bound(1, none=True))
+    timeout: float | None = setting(300.0, bound=Bound(0, strict=True, unit="seconds", none=True))
+    max_attempts: int | None = setting(10, bound=Bound(1, none=True))
     pre_callback: Callable[[], Any] | None = None
     on_elastic_event_callback: Callable[[], Any] | None = None
 
