@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, help="replay one seed")
     group.add_argument("--seeds", type=_seeds, help="run seeds A..B-1")
     parser.add_argument("--workdir", help="keep the runs here (default: a temporary directory)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the runs do (faults, stops, resumes)")
+    # -v (the global option, before or after the subcommand) logs what the runs do.
 
 
 def _refusal(args: argparse.Namespace) -> str | None:
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m elastic_dew.chaos --seed N`` (or ``--seeds A:B``): exit 1 on any failure."""
     parser = argparse.ArgumentParser(prog=_PROG, description=_DESCRIPTION)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the runs do (faults, stops, resumes)")
     configure(parser)
     args = parser.parse_args(argv)
     refusal = _refusal(args)
