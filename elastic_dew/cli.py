@@ -12,7 +12,8 @@ import importlib
 import logging
 import sys
 
-__all__ = ["main", "SUBCOMMANDS"]
+__all__ = ["main", "SUBCOMMANDS", "HelpFormatter"]
+
 
 #: name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -25,20 +26,41 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's help shows its default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS) or action.required or not action.option_strings:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """Options every command takes, before or after the subcommand's name.
+
+    On a subcommand they default to ``SUPPRESS``, so one given before the subcommand is
+    not reset by the subcommand's own defaults.
+    """
+    default = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging", **default)
+
+
 def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
     parser = argparse.ArgumentParser(
         prog="elastic-dew",
         description="Elastic JAX training on Pathways, and its CPU simulator.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     module = None
     for name, (modname, help_) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
         if name == chosen:
             module = importlib.import_module(modname)
+            _global_options(p, top=False)
             module.configure(p)
     return parser, module
 

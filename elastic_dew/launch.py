@@ -76,9 +76,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grace", type=_seconds, default=DEFAULT_GRACE, metavar="SECONDS",
-        help=f"how long ranks may take to stop before SIGKILL (default {DEFAULT_GRACE:g})",
+        help="how long ranks may take to stop before SIGKILL",
     )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...: what each rank runs")
+    parser.set_defaults(usage_error=parser.error)
 
 
 def _status(returncode: int) -> int:
@@ -220,5 +221,5 @@ def run(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise SystemExit("elastic-dew launch: give the command after --, e.g. `-- python train.py`")
+        args.usage_error("give the command after --, e.g. `-- python train.py`")  # exits 2
     return launch(args.nprocs, cmd, dict(args.env), args.grace)
