@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -91,6 +92,9 @@ class Program(Protocol):
     snapshots require). ``init_state(mesh)`` builds a fresh state there. ``compile(mesh,
     global_batch)`` returns a compiled step; the :class:`~elastic_dew.elastic.compiler.StepCompiler`
     caches it per (devices, batch), so a pause-resume attempt on the same slices reuses it.
+    A program that accumulates gradients may have a ``microbatch`` attribute (examples per
+    data-parallel device per micro-step): :class:`ElasticRun` then refuses, before anything
+    runs, a slice count whose per-device batch it does not divide.
     """
 
     def abstract_state(self, mesh: jax.sharding.Mesh) -> Any: ...
@@ -100,12 +104,16 @@ class Program(Protocol):
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn: ...
 
 
-def check_batch_for_every_slice_count(config: ElasticConfig, total_slices: int, devices_per_slice: int) -> None:
+def check_batch_for_every_slice_count(
+    config: ElasticConfig, total_slices: int, devices_per_slice: int, microbatch: int | None = None
+) -> None:
     """Refuse, before anything runs, a global batch some reachable slice count cannot divide.
 
     A run in replica-resize mode may run on any count from ``minimum_slice_count`` to the
     total; pause-resume only ever runs on all of them. Checking every count up front turns
-    a failure hours into a run (the first lost slice) into an error at start.
+    a failure hours into a run (the first lost slice) into an error at start. With
+    ``microbatch`` (examples per data-parallel device per micro-step), every reachable
+    per-device batch must also be a multiple of it; the refusal names the values that are.
     """
     config.check_slices(total_slices)
     model = config.model_axis or 1
@@ -115,6 +123,7 @@ def check_batch_for_every_slice_count(config: ElasticConfig, total_slices: int, 
             f"choose a model_axis that divides {devices_per_slice}"
         )
     lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
+    per_device: dict[int, int] = {}
     for active in range(lowest, total_slices + 1):
         batch = global_batch_for(config.global_batch, config.batch_policy, active, total_slices)
         shards = active * (devices_per_slice // model)
@@ -125,6 +134,22 @@ def check_batch_for_every_slice_count(config: ElasticConfig, total_slices: int, 
                 f"cannot divide; choose a global batch divisible by {shards} for every slice count "
                 f"from {lowest} to {total_slices}, or raise minimum_slice_count"
             )
+        per_device[active] = batch // shards
+    if microbatch is None:
+        return
+    if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1:
+        raise ValueError(f"microbatch={microbatch!r} must be an int >= 1 (examples per device per micro-step)")
+    for active, examples in per_device.items():
+        if examples % microbatch:
+            common = math.gcd(*per_device.values())
+            working = [m for m in range(1, common + 1) if common % m == 0]
+            raise ValueError(
+                f"microbatch={microbatch} does not divide the per-device batch of {examples} on "
+                f"{active} active slices (global batch {config.global_batch}, policy "
+                f"{config.batch_policy!r}); the per-device batches from {lowest} to {total_slices} "
+                f"slices are {', '.join(str(per_device[a]) for a in sorted(per_device))}, which "
+                f"microbatch {', '.join(map(str, working))} divide{'s' if len(working) == 1 else ''}"
+            )
 
 
 @dataclasses.dataclass(eq=False)
@@ -132,7 +157,9 @@ class _Attempt:
     """One attempt's device-side world: its mesh, batch, compiled step and state.
 
     Only the attempt's own frame holds this object, so when the attempt unwinds (a lost
-    slice) its arrays go with it. ``step`` is the last completed step.
+    slice) its arrays go with it. ``step`` is the last completed step (its result read),
+    ``state`` that step's state and ``data`` the data position after it: what a snapshot,
+    a checkpoint or a scale-up of ``step`` takes, whatever step is in flight.
     """
 
     mesh: jax.sharding.Mesh
@@ -140,10 +167,26 @@ class _Attempt:
     step_fn: StepFn
     state: Any
     step: int
+    data: dict | None = None
     in_batch: jax.sharding.NamedSharding = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.in_batch = batch_sharding(self.mesh)
+
+
+@dataclasses.dataclass(eq=False)
+class _InFlight:
+    """A dispatched step whose result has not been read: its state, metrics and data range.
+
+    ``data`` is the data position after the step; ``data_seconds`` the time its batch took.
+    """
+
+    step: int
+    state: Any
+    metrics: dict
+    examples: tuple[int, int]
+    data: dict
+    data_seconds: float
 
 
 class ElasticRun:
@@ -177,7 +220,9 @@ class ElasticRun:
         if len(sizes) != 1:
             raise ValueError(f"slices have unequal device counts {sorted(sizes)}; elastic meshes need equal slices")
         self.devices_per_slice = sizes.pop()
-        check_batch_for_every_slice_count(config, self.manager.total_slice_count, self.devices_per_slice)
+        check_batch_for_every_slice_count(
+            config, self.manager.total_slice_count, self.devices_per_slice, getattr(program, "microbatch", None)
+        )
         self.tiers = Tiers.from_config(
             config,
             num_slices=self.manager.total_slice_count,
@@ -273,18 +318,39 @@ class ElasticRun:
         return mesh, batch
 
     def _attempt(self, final_step: int) -> tuple[Any, int]:
-        """One ``elastic_retry`` attempt: resume, step to ``final_step``, finish."""
+        """One ``elastic_retry`` attempt: resume, step to ``final_step``, finish.
+
+        Steps run one ahead of their reads: step N+1 is dispatched before step N's result
+        is read, so the devices never wait for the host between steps. Everything a step
+        boundary decides (its step line, its saves, the preemption stop, a scale-up) waits
+        for that step's read and uses that step's state and data position; a step that is
+        in flight when the loop stops or scales up is dropped, never recorded, and its
+        examples are read again from the position of the last completed step.
+        """
         attempt = self._resume(self.timer.recover())
+        current: _InFlight | None = None
         while attempt.step < final_step:
-            self._train_step(attempt)
-            meta = {"step": attempt.step, "data": self.data.get_state()}
+            started = time.monotonic()
+            self.timer.step_started(started)
+            taken = []  # the steps dispatched in this stretch, for its data time
+            if current is None:  # the attempt's first step, or the first after a scale-up
+                current = self._dispatch(attempt, attempt.state, attempt.step + 1)
+                taken.append(current)
+            ahead = None
+            if current.step < final_step:
+                ahead = self._dispatch(attempt, current.state, current.step + 1)
+                taken.append(ahead)
+            self._complete(attempt, current, started, sum(t.data_seconds for t in taken))
+            meta = {"step": attempt.step, "data": attempt.data}
             if self.notice is not None and self.notice.reached(attempt.step):
                 self._stop_for_preemption(attempt, meta)
             for tier in self.tiers:
                 saved = tier.on_step(attempt.step, attempt.state, meta, attempt.mesh)
                 if saved is not None:
                     self.emit(saved)
+            current = ahead
             if self.manager.available_inactive_slices and attempt.step < final_step:
+                current = ahead = None  # dispatched on the smaller mesh: redone on the larger one
                 self._scale_up(attempt)
         return self._finish(attempt)
 
@@ -310,24 +376,34 @@ class ElasticRun:
         )
         self.emit(Resume(source=source, step=step + 1, durations=recovery.durations))
         self.compiler.start_precompiling()
-        return _Attempt(mesh, batch_size, step_fn, state, step)
+        return _Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state())
 
-    def _train_step(self, attempt: _Attempt) -> None:
-        """Run the next step on ``attempt`` and emit its event once its result is read."""
-        current = attempt.step + 1
+    def _dispatch(self, attempt: _Attempt, state: Any, step: int) -> _InFlight:
+        """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
         started = time.monotonic()
-        self.timer.step_started(started)
         batch, examples = self.data.next()
         data_seconds = time.monotonic() - started
-        attempt.state, metrics = attempt.step_fn(attempt.state, jax.device_put(batch, attempt.in_batch))
-        hooks.phase("step", current)
-        loss = float(metrics["loss"])  # reading a result is where a lost slice surfaces
-        attempt.step = self.last_step = current
+        new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
+        return _InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
+                         self.data.get_state(), data_seconds)
+
+    def _complete(self, attempt: _Attempt, done: _InFlight, started: float, data_seconds: float) -> None:
+        """Read ``done``'s result, make it the attempt's last completed step, emit its line.
+
+        ``started`` is when this stretch of the loop began: a step's ``seconds`` run from
+        the end of the previous step's saves to its own read, so they add up to the loop's
+        time as an unlagged loop's do; ``data_seconds`` is the time the batches taken in
+        that stretch waited for data.
+        """
+        hooks.phase("step", done.step)
+        loss = float(done.metrics["loss"])  # reading a result is where a lost slice surfaces
+        attempt.state, attempt.step, attempt.data = done.state, done.step, done.data
+        self.last_step = done.step
         self.emit(Step(
-            step=current,
+            step=done.step,
             slices=self.manager.active_slice_count,
             loss=loss,
-            examples=(int(examples[0]), int(examples[1])),
+            examples=done.examples,
             seconds=time.monotonic() - started,
             data_seconds=data_seconds,
         ))
@@ -335,7 +411,7 @@ class ElasticRun:
     def _finish(self, attempt: _Attempt) -> tuple[Any, int]:
         """Commit the final checkpoint and hand the finished state out of the retry."""
         step = attempt.step
-        saved = self.tiers.checkpoint.final(step, attempt.state, {"step": step, "data": self.data.get_state()})
+        saved = self.tiers.checkpoint.final(step, attempt.state, {"step": step, "data": attempt.data})
         if saved is not None:
             self.emit(saved)
         # A slice lost after the last read (while restoring a finished run's state, say)
@@ -377,6 +453,6 @@ class ElasticRun:
         attempt.state = jax.block_until_ready(jax.device_put(attempt.state, shardings))
         attempt.mesh, attempt.batch_size, attempt.step_fn = mesh, batch_size, step_fn
         attempt.in_batch = batch_sharding(mesh)
-        self.data.start(batch_size, self.data.get_state())
+        self.data.start(batch_size, attempt.data)  # the position after ``step``, not the step in flight
         recovery.lap("restore")
         self.emit(Resume(source="live", step=step + 1, durations=recovery.durations))

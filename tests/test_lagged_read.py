@@ -1,0 +1,183 @@
+"""Steps that never wait on the host: step N+1 is dispatched before step N's result is read.
+
+A recording program wraps a small linear model's compiled step: every call of the step
+function logs a dispatch, and the loss it returns logs a read when the protocol converts it
+to a float (the one read of a step's result the loop makes). The run's events go to the
+same log, so the tests can check the order of dispatches, reads, step lines and saves, on
+the simulator's CPU slices, including around a lost slice and a preemption stop.
+"""
+
+from __future__ import annotations
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.slices import batch_sharding, replicated
+from elastic_dew.runtime import Preempted
+from elastic_dew.simulate import SimulatedSlices
+
+FEATURES = 4
+GLOBAL_BATCH = 24
+
+
+def _dataset(n: int = 2048) -> grain.MapDataset:
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(n, FEATURES)).astype(np.float32)
+    ys = (xs @ np.arange(1, FEATURES + 1, dtype=np.float32)).astype(np.float32)
+    return grain.MapDataset.range(n).map(lambda i: {"x": xs[i], "y": ys[i], "index": np.int32(i)})
+
+
+class _Loss:
+    """A step's loss that logs when the protocol reads it."""
+
+    def __init__(self, value: jax.Array, step: int, log: list) -> None:
+        self.value, self.step, self.log = value, step, log
+
+    def __float__(self) -> float:
+        self.log.append(("read", self.step))
+        return float(self.value)
+
+
+class RecordingProgram:
+    """A linear model whose step function logs each dispatch (numbered in call order) and
+    hands back a loss that logs its read. ``seen`` sums the example indices trained on."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.calls = 0
+
+    def abstract_state(self, mesh):
+        s = replicated(mesh)
+        return {
+            "w": jax.ShapeDtypeStruct((FEATURES,), jnp.float32, sharding=s),
+            "seen": jax.ShapeDtypeStruct((), jnp.int32, sharding=s),
+        }
+
+    def init_state(self, mesh):
+        s = replicated(mesh)
+        return {"w": jax.device_put(jnp.zeros(FEATURES), s), "seen": jax.device_put(jnp.int32(0), s)}
+
+    def compile(self, mesh, global_batch):
+        def step(state, batch):
+            def loss(w):
+                return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+
+            value, grad = jax.value_and_grad(loss)(state["w"])
+            return {"w": state["w"] - 0.05 * grad, "seen": state["seen"] + jnp.sum(batch["index"])}, {"loss": value}
+
+        s, b = replicated(mesh), batch_sharding(mesh)
+        batch = {
+            "x": jax.ShapeDtypeStruct((global_batch, FEATURES), jnp.float32, sharding=b),
+            "y": jax.ShapeDtypeStruct((global_batch,), jnp.float32, sharding=b),
+            "index": jax.ShapeDtypeStruct((global_batch,), jnp.int32, sharding=b),
+        }
+        compiled = jax.jit(step, out_shardings=(s, s)).lower(self.abstract_state(mesh), batch).compile()
+
+        def recorded(state, batch):
+            self.calls += 1
+            self.log.append(("dispatch", self.calls))
+            new_state, metrics = compiled(state, batch)
+            return new_state, {"loss": _Loss(metrics["loss"], self.calls, self.log)}
+
+        return recorded
+
+
+class _NoticeAt:
+    """A preemption notice agreed on ``step`` (a stand-in for the runtime's, which needs a signal)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def reached(self, step: int) -> bool:
+        return step >= self.step
+
+
+def _run(tmp_path, steps, *, schedule=None, notice=None, **overrides):
+    log: list = []
+    config = ElasticConfig(
+        **{
+            **dict(
+                minimum_slice_count=1,
+                poll_interval=0.05,
+                timeout=60,
+                global_batch=GLOBAL_BATCH,
+                snapshot_every=2,
+                checkpoint_every=3,
+                checkpoint_dir=str(tmp_path / "checkpoints"),
+                precompile_smaller_meshes=False,
+            ),
+            **overrides,
+        }
+    )
+
+    def emit(event):
+        detail = getattr(event, "reason", None) or getattr(event, "tier", None) or getattr(event, "source", None)
+        log.append((event.kind, detail, event.step))
+
+    program = RecordingProgram(log)
+    with SimulatedSlices(4, 2, schedule=schedule, fault_log=tmp_path / "faults.jsonl"):
+        run = ElasticRun(program, ElasticData(_dataset()), config, emit=emit, notice=notice)
+        try:
+            state, _ = run.run(steps)
+            return jax.device_get(state), log
+        except Preempted:
+            return None, log
+
+
+def test_no_step_result_is_read_before_the_next_step_is_dispatched(tmp_path):
+    _, log = _run(tmp_path, 8)
+    for n in range(1, 8):
+        assert log.index(("dispatch", n + 1)) < log.index(("read", n)), log
+    # The final step is read, and nothing past it is dispatched.
+    assert ("read", 8) in log and ("dispatch", 9) not in log
+
+
+def test_a_step_line_and_its_saves_follow_its_read_and_the_next_dispatch(tmp_path):
+    _, log = _run(tmp_path, 8)
+    for n in range(1, 9):
+        line = log.index(("step", None, n))
+        assert log.index(("read", n)) < line
+        if n < 8:
+            assert log.index(("dispatch", n + 1)) < line
+        for saved in [i for i, entry in enumerate(log) if entry[0] == "save" and entry[2] == n]:
+            assert saved > line
+    assert [entry[2] for entry in log if entry[0] == "step"] == list(range(1, 9))
+    assert log[-1] == ("stop", "done", 8)
+
+
+def test_a_slice_lost_under_the_lag_stops_at_the_last_read_step_and_keeps_data_exactly_once(tmp_path):
+    """The loss fires while step 5 and step 6 are both in flight: step 5's read fails, so
+    the last completed step is 4 and neither 5 nor 6 is recorded before the resume."""
+    state, log = _run(tmp_path, 10, schedule="lose:1@5")
+    lost = log.index(("stop", "slice_lost", 4))
+    assert log.index(("dispatch", 6)) < lost
+    assert not [e for e in log[:lost] if e[0] == "step" and e[2] >= 5]
+    committed = [e[2] for e in log if e[0] == "step"]
+    resumed = next(e for e in log[lost:] if e[0] == "resume")
+    assert committed[: committed.index(resumed[2])] == list(range(1, resumed[2]))
+    assert sorted(set(committed)) == list(range(1, 11))
+    assert int(state["seen"]) == sum(range(10 * GLOBAL_BATCH))
+
+
+def test_the_preemption_step_is_read_and_checkpointed_with_its_own_state_not_the_one_in_flight(tmp_path):
+    _, log = _run(tmp_path, 10, notice=_NoticeAt(5))
+    assert log.index(("dispatch", 6)) < log.index(("read", 5)) < log.index(("stop", "preempted", 5))
+    assert ("step", None, 6) not in log and ("read", 6) not in log
+    # The re-run resumes from step 5's checkpoint, at step 5's data position: every example
+    # is trained on once, though step 6's batch had been taken when the first run stopped.
+    state, rerun = _run(tmp_path, 10)
+    assert rerun[0] == ("resume", "checkpoint", 6)
+    assert int(state["seen"]) == sum(range(10 * GLOBAL_BATCH))
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_run_of_one_or_two_steps_reads_every_step_once(tmp_path, steps):
+    _, log = _run(tmp_path, steps)
+    assert [e for e in log if e[0] in ("dispatch", "read")].count(("read", steps)) == 1
+    assert [e[1] for e in log if e[0] == "dispatch"] == list(range(1, steps + 1))
