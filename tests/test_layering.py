@@ -88,8 +88,8 @@ def test_only_the_commands_import_the_simulator():
     offenders = [
         module
         for module, path in _modules()
-        if "elastic_dew.simulate" in _imports(path)
-        and not module.startswith(("elastic_dew.commands", "elastic_dew.chaos", "elastic_dew.testing"))
+        if any(name == "elastic_dew.simulate" or name.startswith("elastic_dew.simulate.") for name in _imports(path))
+        and not module.startswith(("elastic_dew.commands", "elastic_dew.chaos", "elastic_dew.testing", "elastic_dew.simulate"))
         and module != "elastic_dew.run"  # the run wires simulated slices when it simulates
     ]
     assert offenders == []
