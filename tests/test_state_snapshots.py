@@ -162,7 +162,11 @@ def test_replicated_leaves_are_packed_into_one_array_per_dtype_and_a_model_shard
     layout = json.loads(replica["meta"])["packing"]
     assert sorted(g["dtype"] for g in layout["groups"]) == ["bfloat16", "bool", "float32", "int32", "uint32"]
     assert [a.ndim for a in packed] == [1] * 5
-    assert [a.size for a in packed] == [g["size"] for g in layout["groups"]]
+    # Each group is padded to a multiple of a slice's two devices and split over them:
+    # one copy per slice, not one per device.
+    assert [a.size for a in packed] == [g["padded"] for g in layout["groups"]]
+    assert [g["padded"] for g in layout["groups"]] == [-(-g["size"] // 2) * 2 for g in layout["groups"]]
+    assert all(a.sharding.shard_shape(a.shape) == (a.size // 2,) for a in packed)
     passed = replica["state"]["leaves"]
     assert len(passed) == 1 and passed[0].shape == (4, 8)
     assert passed[0].sharding.spec == P(None, "model")
@@ -310,3 +314,39 @@ def test_resume_takes_the_newest_tier_and_a_tie_goes_to_the_snapshot(tmp_path):
         assert newest(snapshots, checkpoints) == ("checkpoint", 8)
     finally:
         checkpoints.close()
+
+
+def test_an_fsdp_state_is_held_once_per_slice_in_host_memory_and_loads_onto_fewer_slices_with_its_shardings():
+    """Under fsdp a snapshot costs about state bytes / devices per slice on each device."""
+    from elastic_dew.elastic.sharding import bytes_per_device_max, state_bytes, state_shardings
+
+    mesh = mesh_of(4)
+    rng = np.random.default_rng(5)
+    values = {
+        "params": {"w": rng.standard_normal((64, 128)).astype(np.float32), "b": rng.standard_normal(128).astype(np.float32)},
+        "opt_state": {"mu": {"w": rng.standard_normal((64, 128)).astype(np.float32), "b": np.zeros(128, np.float32)},
+                      "count": np.int32(3)},
+        "rng": np.array([1, 2], np.uint32),
+    }
+    placed = state_shardings("fsdp", values, mesh)
+    state = jax.tree.map(jax.device_put, values, placed)
+    assert state["params"]["w"].sharding.spec == P(None, "data")  # 128 is the largest dimension
+    assert state["opt_state"]["mu"]["w"].sharding.spec == P(None, "data")
+    snapshots = Snapshots()
+    assert snapshots.save(4, state, {"step": 4}, mesh)
+    snapshots.join()
+    host = snapshots.host_bytes_per_device_max()
+    assert host <= 1.1 * state_bytes(state) / 2
+    assert host < bytes_per_device_max(jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), state))
+
+    smaller = mesh_of(3)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), values, state_shardings("fsdp", values, smaller)
+    )
+    loaded, meta, step = snapshots.load(abstract)
+    assert step == 4 and meta == {"step": 4}
+    for got, want, target in zip(jax.tree.leaves(loaded), jax.tree.leaves(values), jax.tree.leaves(abstract)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+        assert got.sharding == target.sharding
+    snapshots.close()
+    assert snapshots.host_bytes_per_device == host  # measured again on the reloaded copy

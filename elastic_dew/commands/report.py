@@ -3,7 +3,7 @@
 The summary is computed again from the run's ``events.jsonl`` (with the commit rule) and
 the simulator's ``faults.jsonl``, so it also describes a run that has not finished (one
 stopped by a preemption and not yet restarted); the state digest comes from
-``final_params.npz`` once the run has written it.
+``final_params.npz`` and the memory figures from ``summary.json`` once the run has written them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,15 @@ def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any
     events = record.as_events(record.run_events(run_dir))
     params = record.load_params(run_dir) if (run_dir / rundir.PARAMS_FILE).exists() else None
     summary = record.summarize(events, params=params)
+    if (run_dir / rundir.SUMMARY_FILE).exists():
+        # The memory figures are measured on the arrays, not derived from events: keep the
+        # ones the run wrote.
+        try:
+            memory = record.load_summary(run_dir).get("memory")
+        except (ValueError, OSError, AttributeError):  # a damaged summary.json: no figures
+            memory = None
+        if memory is not None:
+            summary["memory"] = memory
     picture = None
     if timeline:
         try:

@@ -113,7 +113,12 @@ class ElasticConfig:
     pre_callback: Callable[[], Any] | None = None
     on_elastic_event_callback: Callable[[], Any] | None = None
 
-    model_axis: int | None = setting(None, bound=Bound(1, none=True))
+    model_axis: int | None = setting(
+        None,
+        "devices of the model (tensor-parallel) axis inside a slice; the rest of a slice's "
+        "devices form the data axis (default 1)",
+        bound=Bound(1, none=True), flag="--model-axis", metavar="N",
+    )
     global_batch: int = setting(
         32, "examples per step (default: the recipe's)", bound=Bound(1), flag="--global-batch", metavar="B"
     )

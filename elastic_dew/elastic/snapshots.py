@@ -11,12 +11,15 @@ loop needs around it:
 * single-device arrays, and arrays placed on another mesh, are first replicated onto the
   training mesh, as the Pathways guide requires; an array *partitioned* along the replica
   axis is refused, because the surviving slices would not hold a whole copy of it;
-* every fully replicated leaf is packed, by one jitted concatenate on the mesh, into one flat
-  replicated array per dtype before Orbax sees it: Orbax moves and splits each leaf in Python
+* every small fully replicated leaf is packed, by one jitted concatenate on the mesh, into
+  one flat array per dtype before Orbax sees it: Orbax moves and splits each leaf in Python
   (a ``device_put`` and a per-replica split per leaf), so a state of many small leaves cost
-  far more in dispatch than in bytes. Leaves partitioned along other axes (``model``) pass
-  through as they are. The packing layout (paths, shapes, dtypes, offsets) travels in the
-  JSON leaf, and ``load`` unpacks straight onto the target shardings;
+  far more in dispatch than in bytes. The flat array is padded to a multiple of a slice's
+  devices and sharded over them (replicated along the replica axis only), so the packed
+  leaves too are held once per slice, not once per device. Leaves sharded inside the slice
+  (``data`` under FSDP, ``model``) pass through as they are: Orbax keeps each as it is
+  sharded, one copy per slice. The packing layout (paths, shapes, dtypes, offsets) travels
+  in the JSON leaf, and ``load`` unpacks straight onto the target shardings;
 * ``Snapshotter.save`` silently skips a request while the previous one is still queued:
   :meth:`Snapshots.save` reports whether Orbax actually took the state and counts both.
 
@@ -50,7 +53,7 @@ _STATE = "state"
 _META = "meta"
 _PACKED = "packed"
 _LEAVES = "leaves"
-_FORMAT = 1
+_FORMAT = 2
 
 
 def _path_name(path: tuple) -> str:
@@ -82,8 +85,22 @@ class _Packer:
     layout_json: str
 
 
-def _plan(paths: list[str], leaves: list[jax.Array], packed: tuple[bool, ...]) -> dict:
-    """The JSON-able packing layout of ``leaves``."""
+def _slice_axes(mesh: Mesh, replica_axis_index: int) -> tuple[tuple[str, ...], int]:
+    """The mesh axes inside a slice (all but the replica axis) and their device count."""
+    axes = tuple(a for i, a in enumerate(mesh.axis_names) if i != replica_axis_index)
+    return axes, int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+
+
+def _group_sharding(mesh: Mesh, replica_axis_index: int, padded: int) -> NamedSharding:
+    """A packed group's sharding: split over a slice's devices, replicated across slices."""
+    axes, devices = _slice_axes(mesh, replica_axis_index)
+    if not axes or padded % devices:
+        return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, PartitionSpec(axes))
+
+
+def _plan(paths: list[str], leaves: list[jax.Array], packed: tuple[bool, ...], devices: int = 1) -> dict:
+    """The JSON-able packing layout of ``leaves``; groups are padded to a multiple of ``devices``."""
     groups: list[str] = []
     sizes: list[int] = []
     entries = []
@@ -106,25 +123,28 @@ def _plan(paths: list[str], leaves: list[jax.Array], packed: tuple[bool, ...]) -
         entries.append(entry)
     return {
         "format": _FORMAT,
-        "groups": [{"dtype": d, "size": s} for d, s in zip(groups, sizes)],
+        "groups": [{"dtype": d, "size": s, "padded": -(-s // devices) * devices} for d, s in zip(groups, sizes)],
         "leaves": entries,
     }
 
 
-def _pack_fn(layout: dict, mesh: Mesh) -> Callable[..., list[jax.Array]]:
-    """A jitted concatenate of the packed leaves into one flat replicated array per group."""
+def _pack_fn(layout: dict, mesh: Mesh, replica_axis_index: int) -> Callable[..., list[jax.Array]]:
+    """A jitted concatenate of the packed leaves into one flat array per group, padded and
+    split over a slice's devices."""
     packed_entries = [e for e in layout["leaves"] if "group" in e]
-    groups = len(layout["groups"])
+    groups = layout["groups"]
 
     def pack(*leaves):
-        parts: list[list[jax.Array]] = [[] for _ in range(groups)]
+        parts: list[list[jax.Array]] = [[] for _ in groups]
         for entry, leaf in zip(packed_entries, leaves):
             data = jax.random.key_data(leaf) if "key_impl" in entry else leaf
             parts[entry["group"]].append(jnp.ravel(data))
+        for group, part in zip(groups, parts):
+            if group["padded"] > group["size"]:
+                part.append(jnp.zeros(group["padded"] - group["size"], jnp.dtype(group["dtype"])))
         return [jnp.concatenate(p) if len(p) > 1 else p[0] for p in parts]
 
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(pack, out_shardings=[replicated] * groups)
+    return jax.jit(pack, out_shardings=[_group_sharding(mesh, replica_axis_index, g["padded"]) for g in groups])
 
 
 def _unpack_fn(layout: dict, shardings: tuple) -> Callable[..., list[jax.Array]]:
@@ -160,6 +180,9 @@ class Snapshots:
         self._unpackers: dict[tuple, Callable[..., list[jax.Array]]] = {}
         self.requested = 0
         self.taken = 0
+        #: The pinned-host bytes of the newest snapshot on its fullest device, measured by
+        #: :meth:`host_bytes_per_device_max` and kept by :meth:`close` (0 before any).
+        self.host_bytes_per_device = 0
 
     def _on_mesh(self, state: Any, mesh: Mesh) -> tuple[list[tuple], Any, list[jax.Array]]:
         """Check every leaf, then replicate the ones that are not on ``mesh`` yet.
@@ -211,8 +234,9 @@ class Snapshots:
         key = (treedef, packed, tuple((leaf.shape, leaf.dtype) for leaf in leaves), mesh)
         packer = self._packers.get(key)
         if packer is None:
-            layout = _plan([_path_name(p) for p in paths], leaves, packed)
-            packer = _Packer(packed, _pack_fn(layout, mesh), json.dumps(layout, sort_keys=True))
+            _, devices = _slice_axes(mesh, self.replica_axis_index)
+            layout = _plan([_path_name(p) for p in paths], leaves, packed, devices)
+            packer = _Packer(packed, _pack_fn(layout, mesh, self.replica_axis_index), json.dumps(layout, sort_keys=True))
             self._packers[key] = packer
         return packer
 
@@ -270,7 +294,32 @@ class Snapshots:
         """
         with self._lock:
             self.join()
+            self.host_bytes_per_device_max()
             self._snapshotter.drop()
+
+    def host_bytes_per_device_max(self) -> int:
+        """The newest snapshot's pinned-host bytes on the device holding the most (0 if none).
+
+        Measured on the snapshot's own arrays: every shard of every replica tree counts
+        on the device it lives on. The value is also kept in ``host_bytes_per_device``.
+        """
+        latest = self._snapshotter.newest()
+        if latest is None:
+            return self.host_bytes_per_device
+        per_device: dict[Any, int] = {}
+        for tree in latest[0]:
+            for leaf in jax.tree.leaves(tree):
+                if not isinstance(leaf, jax.Array):
+                    continue
+                # From the shardings, not the buffers: a lost slice's replica is not read.
+                shard = jax.ShapeDtypeStruct(leaf.sharding.shard_shape(leaf.shape), leaf.dtype)
+                if _is_key(leaf.dtype):
+                    shard = jax.eval_shape(jax.random.key_data, shard)
+                shard_bytes = int(np.prod(shard.shape, dtype=np.int64)) * np.dtype(shard.dtype).itemsize
+                for device in leaf.sharding.device_set:
+                    per_device[device] = per_device.get(device, 0) + shard_bytes
+        self.host_bytes_per_device = max(per_device.values(), default=0)
+        return self.host_bytes_per_device
 
     def _stored_meta(self) -> tuple[dict, dict, int]:
         """The newest snapshot's ``(meta, packing layout, step)``, read from its JSON leaf.
@@ -333,9 +382,11 @@ class Snapshots:
                         "the abstract state's replicated leaves are on more than one mesh; "
                         "put every leaf of the abstract state on the new mesh"
                     )
-                replicated = NamedSharding(mesh, PartitionSpec())
                 abstract_groups = [
-                    jax.ShapeDtypeStruct((g["size"],), jnp.dtype(g["dtype"]), sharding=replicated)
+                    jax.ShapeDtypeStruct(
+                        (g["padded"],), jnp.dtype(g["dtype"]),
+                        sharding=_group_sharding(mesh, self.replica_axis_index, g["padded"]),
+                    )
                     for g in layout["groups"]
                 ]
             else:

@@ -25,17 +25,23 @@ def write_summary(
     run_dir: str | os.PathLike[str],
     events: Iterable[ev.Event | Mapping[str, Any]] | None = None,
     params: Any = None,
+    memory: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json`` (and ``final_params.npz`` when ``params`` are given).
 
     ``events`` defaults to the run directory's own ``events.jsonl``; the simulator's fired
-    faults (``faults.jsonl``) are added to them. Returns the summary.
+    faults (``faults.jsonl``) are added to them. ``memory`` (``state_bytes``,
+    ``state_bytes_per_device_max``, ``snapshot_host_bytes_per_device_max``) is measured
+    where the arrays are, by the trainer, and written as the summary's ``memory``.
+    Returns the summary.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lines = run_events(run_dir, events)
     flat = flatten_params(params) if params is not None else None
     summary = summarize(lines, params=flat)
+    if memory is not None:
+        summary["memory"] = {key: int(value) for key, value in memory.items()}
     if flat is not None:
         write_params(run_dir, flat)
     rundir.atomic_write(

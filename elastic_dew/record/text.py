@@ -13,6 +13,10 @@ def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
 
 
+def _mib(value: Any) -> str:
+    return "?" if value is None else f"{int(value) / 2**20:.2f} MiB"
+
+
 def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
     """The summary (``summary.json``'s fields) as a table: the run's outcome, then badput by category."""
     wall = float(summary.get("wall_seconds") or 0.0)
@@ -33,6 +37,14 @@ def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None
         ("resumes", _counts(summary.get("resumes", {}))),
         ("faults", _counts(summary.get("faults", {}))),
     ]
+    memory = summary.get("memory")
+    if memory:
+        rows.append((
+            "memory",
+            f"state {_mib(memory.get('state_bytes'))}, largest share on a device "
+            f"{_mib(memory.get('state_bytes_per_device_max'))}, snapshot in host memory per device "
+            f"{_mib(memory.get('snapshot_host_bytes_per_device_max'))}",
+        ))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     badput = summary.get("badput", {})
