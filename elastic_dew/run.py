@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 from elastic_dew import rundir
 from elastic_dew.elastic.config import Bound, ElasticConfig, setting
+from elastic_dew.elastic.sharding import SHARDINGS
 
 __all__ = [
     "RunSpec",
@@ -129,6 +130,13 @@ class RunSpec:
         10, "steps between log lines (default {default})", bound=Bound(1), flag="--log-every", metavar="L"
     )
     seed: int = setting(0, "seed of the parameters and step keys (default {default})", flag="--seed")
+    sharding: str = setting(
+        "fsdp",
+        "the state inside a slice: fsdp (large parameters and their optimizer moments split over "
+        "the slice's data devices) or replicated (whole on every device); always replicated "
+        "across slices (default {default})",
+        flag="--sharding", choices=SHARDINGS,
+    )
     microbatch: int | None = setting(
         None,
         "examples per data-parallel device per micro-step; the step accumulates gradients over "
@@ -161,6 +169,7 @@ class Plan:
     log_every: int
     seed: int
     print_summary: bool = True
+    sharding: str = "fsdp"
     microbatch: int | None = None
 
     def identity(self) -> dict[str, Any]:
@@ -367,6 +376,8 @@ def plan(spec: RunSpec) -> Plan:
     """Check every setting and decide the run, touching nothing; raises :class:`UsageError`."""
     simulate = simulating()
     _check_bounds(spec)
+    if spec.sharding not in SHARDINGS:
+        raise UsageError(f"--sharding {spec.sharding} must be one of {', '.join(SHARDINGS)}")
     slices = spec.slices or DEFAULT_SLICES
     devices_per_slice = spec.devices_per_slice or DEFAULT_DEVICES_PER_SLICE
     _check_simulator_settings(spec, simulate, slices)
@@ -403,6 +414,7 @@ def plan(spec: RunSpec) -> Plan:
         log_every=spec.log_every,
         seed=spec.seed,
         print_summary=spec.summary,
+        sharding=spec.sharding,
         microbatch=spec.microbatch,
     )
     if result.run_dir is not None:
@@ -454,6 +466,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     Raises :class:`UsageError` for recipe settings its ``build`` refuses; a preemption is
     an :class:`Outcome` with status 143.
     """
+    from elastic_dew.elastic.sharding import with_model_rule
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
 
@@ -485,6 +498,8 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             log_every=p.log_every,
             seed=p.seed,
             progress=progress,
+            # A recipe that knows its tensor-parallel split gives it as "model_sharding".
+            sharding=with_model_rule(p.sharding, parts.get("model_sharding")),
             **({"microbatch": p.microbatch} if p.microbatch is not None else {}),
         )
         try:

@@ -6,8 +6,11 @@ two functions) and an Optax optimizer into the :class:`~elastic_dew.elastic.prot
 the protocol runs, and writes the protocol's events to the run record
 (:mod:`elastic_dew.record`). Everything about surviving faults is the protocol's.
 
-The training state is ``{"params", "opt_state", "rng"}``, replicated over the mesh (data
-parallel), which is what the in-memory snapshots need: every slice holds a whole copy.
+The training state is ``{"params", "opt_state", "rng"}``. It is replicated across slices
+(the ``replica`` axis), which is what the in-memory snapshots need: every slice holds a whole
+copy. Inside a slice it is laid out by the ``sharding`` policy
+(:mod:`elastic_dew.elastic.sharding`): ``fsdp`` by default, each large parameter and its
+optimizer moments split over the slice's ``data`` devices.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from elastic_dew import rundir
 from elastic_dew.elastic import events
+from elastic_dew.elastic import sharding as shardings
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.protocol import ElasticRun
-from elastic_dew.elastic.slices import AXES, batch_sharding, replicated
+from elastic_dew.elastic.slices import AXES, batch_sharding, mesh_of, replicated
 from elastic_dew.runtime import Layout, PreemptionNotice
 
 __all__ = ["Trainer", "FitResult"]
@@ -41,12 +45,14 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class FitResult:
-    """What ``fit`` ended with: the last completed step, the parameters (as numpy), the summary."""
+    """What ``fit`` ended with: the last completed step, the parameters (as numpy), the summary,
+    and the final state's shardings (a tree of ``NamedSharding`` like the state)."""
 
     final_step: int
     params: Any
     summary: dict
     run_dir: Path
+    shardings: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +98,8 @@ class _Program:
     """The protocol's view of one model: state shapes, fresh state, compiled steps."""
 
     def __init__(self, init, loss, optimizer, example, seed: int, host_parts: frozenset[str],
-                 microbatch: int | None = None):
+                 policy: shardings.Policy = "fsdp", microbatch: int | None = None):
+        self._policy = policy
         self.microbatch = microbatch  # the protocol checks it against every slice count
         self._init_params = init
         self._loss = loss
@@ -109,15 +116,19 @@ class _Program:
     def _key(self) -> jax.Array:
         return jax.random.PRNGKey(self._seed)
 
+    def state_shardings(self, mesh: jax.sharding.Mesh) -> Any:
+        """The state's shardings on ``mesh``: the policy's inside a slice, replicated across."""
+        return shardings.state_shardings(self._policy, jax.eval_shape(self._init, self._key()), mesh)
+
     def abstract_state(self, mesh: jax.sharding.Mesh) -> Any:
-        sharding = replicated(mesh)
         return jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
             jax.eval_shape(self._init, self._key()),
+            self.state_shardings(mesh),
         )
 
     def init_state(self, mesh: jax.sharding.Mesh) -> Any:
-        return jax.jit(self._init, out_shardings=replicated(mesh))(self._key())
+        return jax.jit(self._init, out_shardings=self.state_shardings(mesh))(self._key())
 
     def _train_step(self, state: dict, batch: Any, micro: _Micro | None = None) -> tuple[dict, dict]:
         rng, key = jax.random.split(state["rng"])
@@ -143,7 +154,7 @@ class _Program:
         return _Micro(per_device // self.microbatch, shards, NamedSharding(mesh, PartitionSpec(None, AXES[:2])))
 
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int):
-        state_sharding = replicated(mesh)
+        state_sharding = self.state_shardings(mesh)
         in_batch = batch_sharding(mesh)
         abstract_batch = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((global_batch, *np.shape(x)), np.asarray(x).dtype, sharding=in_batch),
@@ -151,20 +162,20 @@ class _Program:
         )
         train_step = functools.partial(self._train_step, micro=self._micro(mesh, global_batch))
         compiled = (
-            jax.jit(train_step, out_shardings=(state_sharding, state_sharding))
+            jax.jit(train_step, out_shardings=(state_sharding, replicated(mesh)))
             .lower(self.abstract_state(mesh), abstract_batch)
             .compile()
         )
         if not self._host_parts:
             return compiled
-        host = state_sharding.with_memory_kind("pinned_host")
+        host = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), state_sharding)
         parts = self._host_parts
 
         def step(state: dict, batch: Any) -> tuple[dict, dict]:
             # The parts the Layout names live in host memory between steps.
-            on_device = {k: jax.device_put(v, state_sharding) if k in parts else v for k, v in state.items()}
+            on_device = {k: jax.device_put(v, state_sharding[k]) if k in parts else v for k, v in state.items()}
             new_state, metrics = compiled(on_device, batch)
-            return {k: jax.device_put(v, host) if k in parts else v for k, v in new_state.items()}, metrics
+            return {k: jax.device_put(v, host[k]) if k in parts else v for k, v in new_state.items()}, metrics
 
         return step
 
@@ -191,6 +202,11 @@ class Trainer:
       progress: a callable that receives every event (for a progress bar), or ``None``.
       notice: a ``PreemptionNotice``; by default one is created for the duration of ``fit``.
       manager: a pathwaysutils ``Manager`` to use instead of creating one.
+      sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.sharding`):
+        ``"fsdp"`` (default: each parameter of at least 16 KiB, and its optimizer moments,
+        split over the slice's ``data`` devices along its largest dimension they divide),
+        ``"replicated"``, or a callable ``(path, leaf, mesh) -> PartitionSpec`` over ``data``
+        and ``model`` (never ``replica``). Across slices the state is always replicated.
       microbatch: examples per data-parallel device per micro-step, or ``None``. A step
         then accumulates gradients over ``per-device batch / microbatch`` micro-steps (a
         ``lax.scan``): the update is the full batch's, and a lost slice under the
@@ -213,8 +229,10 @@ class Trainer:
         progress: Callable[[dict], None] | None = None,
         notice: PreemptionNotice | None = None,
         manager: Any = None,
+        sharding: shardings.Policy = "fsdp",
         microbatch: int | None = None,
     ) -> None:
+        shardings.check_policy(sharding)
         if microbatch is not None and (
             not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1
         ):
@@ -246,7 +264,7 @@ class Trainer:
         self.progress = progress
         self.notice = notice
         self.manager = manager
-        self._program = _Program(init, loss, optimizer, dataset[0], seed, host, microbatch)
+        self._program = _Program(init, loss, optimizer, dataset[0], seed, host, sharding, microbatch)
 
     def _emit(self, record, event: events.Event) -> None:
         line = events.to_json(event)
@@ -285,16 +303,29 @@ class Trainer:
                 manager=self.manager,
                 run_name=self.run_dir.name,
             )
+            # A sharding callable that cannot lay the state out is refused here, on the
+            # mesh of every slice, before the run directory is written.
+            manager = run.manager
+            devices = [d for i in sorted(manager.slice_to_devices) for d in manager.slice_to_devices[i]]
+            self._program.abstract_state(mesh_of(devices, manager.total_slice_count, self.config.model_axis or 1))
             record = RunRecord(self.run_dir)
             records.append(record)
             record.append(events.to_json(start))
             state, step = run.run(steps)
             params = jax.device_get(state["params"])
+            placed = jax.tree.map(lambda a: a.sharding, state)
+            memory = {
+                "state_bytes": shardings.state_bytes(state),
+                "state_bytes_per_device_max": shardings.bytes_per_device_max(state),
+                "snapshot_host_bytes_per_device_max": (
+                    run.snapshots.host_bytes_per_device if run.snapshots is not None else 0
+                ),
+            }
             del state
         finally:
             if self.notice is None:
                 notice.close()
             for opened in records:
                 opened.close()
-        summary = write_summary(self.run_dir, record.events(), params)
-        return FitResult(final_step=step, params=params, summary=summary, run_dir=self.run_dir)
+        summary = write_summary(self.run_dir, record.events(), params, memory=memory)
+        return FitResult(final_step=step, params=params, summary=summary, run_dir=self.run_dir, shardings=placed)
