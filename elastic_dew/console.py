@@ -22,8 +22,9 @@ from typing import Any, TextIO
 
 from elastic_dew import run
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.observe import sinks as observing
 
-__all__ = ["add_options", "spec_of", "Terminal", "main"]
+__all__ = ["add_options", "spec_of", "setup", "Terminal", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,28 @@ def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None
         _add(parser, field, kind, dest=field.name)
     for field, kind in _flagged(ElasticConfig):
         _add(parser, field, kind, dest="elastic." + field.name)
+    observing.add_options(parser)  # --log-format, --tensorboard, --goodput-export
     # The demo prints its own summary after the last restart.
     parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
+
+
+def setup(args: argparse.Namespace, prog: str) -> Terminal:
+    """A program's start: logging in the ``--log-format`` asked for, and the run's Terminal.
+
+    An observability option that cannot be honoured (``--tensorboard`` without
+    tensorboardX, say) is a usage error: ``PROG: error: ...`` and exit status 2, before
+    anything is touched.
+    """
+    from elastic_dew.observe.logs import setup_logging
+
+    try:
+        options = observing.options_of(args)
+    except ValueError as err:
+        sys.stderr.write(f"{prog}: error: {err}\n")
+        raise SystemExit(run.USAGE_EXIT) from None
+    verbose = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+    setup_logging(options.log_format, level=logging.DEBUG if verbose else logging.INFO)
+    return Terminal(prog, observe=options)
 
 
 def spec_of(args: argparse.Namespace, recipe: str | None = None) -> run.RunSpec:
@@ -145,10 +166,18 @@ class Terminal:
     """A run shown on a terminal: ``PROG: error: ...`` for a refusal, a progress display with
     the logs routed above it while it runs, then the summary table and the timeline's path."""
 
-    def __init__(self, prog: str, out: TextIO | None = None, err: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        prog: str,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        observe: observing.ObserveOptions | None = None,
+    ) -> None:
         self.prog = prog
         self._out = out
         self._err = err
+        self.observe = observe if observe is not None else observing.ObserveOptions()
+        self._sinks: observing.Sinks | None = None
 
     def refused(self, error: run.UsageError) -> None:
         (self._err or sys.stderr).write(f"{self.prog}: error: {error}\n")
@@ -157,15 +186,34 @@ class Terminal:
     def running(self, plan: run.Plan) -> Iterator[Callable[[dict], None]]:
         from elastic_dew.progress import Progress
 
-        progress = Progress(plan.steps, total_slices=plan.slices if plan.simulate else None,
-                            log_every=plan.log_every)
+        total_slices = plan.slices if plan.simulate else None
+        progress: Any = Progress(plan.steps, total_slices=total_slices, log_every=plan.log_every)
+        above, tty = _log_above(progress), progress.tty
+        if tty and observing.progress_bar_available():
+            # On a terminal, tqdm's bar: it fits the width, has an ETA, keeps logs above.
+            from elastic_dew.observe.progress_bar import ProgressBar
+
+            progress = ProgressBar(plan.steps, total_slices=total_slices)
+            above = progress.redirect_logging()
+        assert plan.run_dir is not None, "the run hands the display its chosen run directory"
+        self._sinks = sinks = observing.Sinks(
+            self.observe, plan.run_dir, job_name=plan.run_dir.name,
+            total_slices=total_slices, display=progress,
+        )
         try:
-            with _log_above(progress), _quiet_logs(progress.tty):
-                yield progress
+            with above, _quiet_logs(tty):
+                yield sinks
+        except BaseException:
+            sinks.close()
+            raise
         finally:
             progress.close()
 
     def finished(self, plan: run.Plan, outcome: run.Outcome) -> None:
+        if self._sinks is not None:  # TensorBoard's last points are the summary's goodput
+            ok = outcome.status == 0 and outcome.result is not None
+            self._sinks.close(outcome.result.summary if ok else None)
+            self._sinks = None
         if outcome.status != 0 or not plan.print_summary:
             return
         from elastic_dew import record
@@ -189,9 +237,6 @@ def main(recipe: str, build: Callable[..., dict], argv: list[str] | None = None)
     )
     add_options(parser, recipe=False)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    # This is a program's entry point: log as elastic-dew does (absl, imported by the
-    # recipe's libraries, may have put its own handler on the root logger already).
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
-    )
-    return run.main(spec_of(args, recipe), build, Terminal(prog))
+    # This is a program's entry point: log as elastic-dew does (setup replaces any handler
+    # absl, imported by the recipe's libraries, may have put on the root logger already).
+    return run.main(spec_of(args, recipe), build, setup(args, prog))

@@ -490,7 +490,8 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
         p.global_batch,
         f"{p.slices} simulated slices of {p.devices_per_slice} devices" if p.simulate else "real slices",
     )
-    with _slices(p, run_dir), display.running(p) as progress:
+    # The display learns the run directory chosen here (a timestamp when none was planned).
+    with _slices(p, run_dir), display.running(dataclasses.replace(p, run_dir=run_dir)) as progress:
         trainer = Trainer(
             **{name: parts[name] for name in _PARTS},
             config=p.config,

@@ -15,6 +15,7 @@ record, the simulator, the chaos harness, the benchmarks, the tests) goes throug
       final_params.npz  the final parameters
       timeline.png      the run's timeline picture
       checkpoints/      tier 2: Orbax steps, committed by the rule of :func:`committed`
+      tensorboard/      TensorBoard event files, one per process (elastic_dew.observe)
 
 A step directory of the persistent tier is *committed* when Orbax has written its commit
 timestamp into ``_CHECKPOINT_METADATA`` and both items (``state`` and ``meta``) exist; a step
@@ -40,6 +41,7 @@ __all__ = [
     "PARAMS_FILE",
     "TIMELINE_FILE",
     "CHECKPOINTS_DIR",
+    "TENSORBOARD_DIR",
     "ENTRIES",
     "IDENTITY_KEYS",
     "RunDirError",
@@ -64,11 +66,13 @@ SUMMARY_FILE = "summary.json"
 PARAMS_FILE = "final_params.npz"
 TIMELINE_FILE = "timeline.png"
 CHECKPOINTS_DIR = "checkpoints"
+#: TensorBoard event files (:mod:`elastic_dew.observe.tensorboard`), one per process.
+TENSORBOARD_DIR = "tensorboard"
 
 #: Everything a run directory may hold (``*.tmp`` are atomic writes in progress).
 ENTRIES = frozenset({
     COMMAND_FILE, EVENTS_FILE, FAULTS_FILE, SUMMARY_FILE, PARAMS_FILE, TIMELINE_FILE,
-    CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", "tensorboard",
+    CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", TENSORBOARD_DIR,
 })
 
 #: The keys of ``command.json`` that must match for a run directory to be resumed.

@@ -32,7 +32,14 @@ from typing import Any
 from elastic_dew.elastic.events import Event, Step, from_json
 from elastic_dew.observe.logs import LOG_FORMATS, log_context
 
-__all__ = ["ObserveOptions", "Sinks", "add_options", "options_of", "tensorboard_available"]
+__all__ = [
+    "ObserveOptions",
+    "Sinks",
+    "add_options",
+    "options_of",
+    "progress_bar_available",
+    "tensorboard_available",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,11 @@ log = logging.getLogger(__name__)
 def tensorboard_available() -> bool:
     """Whether tensorboardX (the ``observe`` extra) is installed."""
     return importlib.util.find_spec("tensorboardX") is not None
+
+
+def progress_bar_available() -> bool:
+    """Whether tqdm (the ``observe`` extra, for the terminal progress bar) is installed."""
+    return importlib.util.find_spec("tqdm") is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +168,11 @@ class Sinks:
                 self._sinks.remove((name, sink))
 
     def close(self, summary: Mapping[str, Any] | None = None) -> None:
-        """Close every sink (TensorBoard gets the summary's goodput and badput)."""
+        """Close every sink but the display, whose owner closes it (TensorBoard gets the
+        summary's goodput and badput)."""
         for name, sink in self._sinks:
             close = getattr(sink, "close", None)
-            if close is None:
+            if close is None or name == "progress display":
                 continue
             try:
                 close(summary) if name == "TensorBoard" else close()

@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew.elastic.events import Event, Fault, Resume, Start, Step, Stop, from_json
+from elastic_dew.rundir import TENSORBOARD_DIR
 
 __all__ = ["TENSORBOARD_DIR", "TensorBoardSink", "describe"]
 
 log = logging.getLogger(__name__)
 
-#: The directory under the run directory that holds the event files.
-TENSORBOARD_DIR = "tensorboard"
 
 
 def describe(event: Event) -> str:
