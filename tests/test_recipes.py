@@ -118,3 +118,19 @@ def test_every_recipe_declares_the_training_defaults_the_train_command_uses():
         assert recipe.DEFAULTS["steps"] >= 1
         # Divisible by every data-parallel width from 1 to 4 slices of 2 devices.
         assert all(recipe.DEFAULTS["global_batch"] % (2 * s) == 0 for s in range(1, 5))
+
+
+def test_lm_in_bfloat16_keeps_float32_master_weights_and_a_float32_loss_near_the_float32_one():
+    import jax
+
+    tokens = {"tokens": np.stack([lm.build(seq_len=16, corpus_chars=1000, examples=8)["dataset"][i]["tokens"] for i in range(8)])}
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        parts = lm.build(seq_len=16, corpus_chars=1000, examples=8, compute_dtype=dtype)
+        params = parts["init"](jax.random.PRNGKey(0))
+        loss, grads = jax.value_and_grad(parts["loss"])(params, tokens, jax.random.PRNGKey(1))
+        assert loss.dtype == np.float32
+        assert {str(g.dtype) for g in jax.tree.leaves(grads)} == {"float32"}  # master weights stay float32
+        losses[dtype] = float(loss)
+    assert losses["bfloat16"] != losses["float32"]  # it did compute in bfloat16
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.02)

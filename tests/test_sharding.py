@@ -220,3 +220,15 @@ def test_an_unknown_sharding_is_refused_when_the_trainer_is_built(tmp_path, shar
     with pytest.raises((ValueError, TypeError), match=message):
         Trainer(**_model(), config=_config(), run_dir=tmp_path / "run", sharding=sharding)
     assert not (tmp_path / "run").exists()
+
+
+def test_train_and_report_print_the_memory_figures(reference):
+    from elastic_dew.commands.report import report
+
+    memory = reference.summary["memory"]
+    shown = record.format_summary(reference.summary)
+    line = next(row for row in shown.splitlines() if row.startswith("memory"))
+    assert f"{memory['state_bytes'] / 2**20:.2f} MiB" in line
+    assert f"{memory['snapshot_host_bytes_per_device_max'] / 2**20:.2f} MiB" in line
+    summary, _, table = report(reference.run_dir, timeline=False)
+    assert summary["memory"] == memory and line in table
