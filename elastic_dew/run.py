@@ -43,8 +43,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from elastic_dew import rundir
-from elastic_dew.elastic.config import Bound, ElasticConfig, setting
-from elastic_dew.elastic.sharding import SHARDINGS
+from elastic_dew.elastic.config import SHARDINGS, Bound, ElasticConfig, setting
 
 __all__ = [
     "RunSpec",

@@ -6,10 +6,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["ElasticConfig", "Bound", "setting", "BATCH_POLICIES", "CHECKPOINT_KINDS"]
+__all__ = ["ElasticConfig", "Bound", "setting", "BATCH_POLICIES", "CHECKPOINT_KINDS", "SHARDINGS"]
 
 BATCH_POLICIES = ("constant", "scale_by_active_slices")
 CHECKPOINT_KINDS = ("orbax", "multi_tier")
+#: The named sharding policies of the training state inside a slice (``elastic.sharding``).
+SHARDINGS: tuple[str, ...] = ("replicated", "fsdp")
 
 
 @dataclasses.dataclass(frozen=True)

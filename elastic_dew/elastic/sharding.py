@@ -33,6 +33,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from elastic_dew.elastic.config import SHARDINGS
 from elastic_dew.elastic.slices import AXES
 
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
 ]
 
 #: The named policies.
-SHARDINGS: tuple[str, ...] = ("replicated", "fsdp")
 
 #: Leaves below this many bytes stay replicated under ``fsdp``: sharding a norm scale or a
 #: bias saves at most a few KiB per device and costs a collective each time it is used (a
