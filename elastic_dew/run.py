@@ -67,6 +67,7 @@ __all__ = [
     "MULTI_TIER_DIR",
     "RUN_DIR_OPTION",
     "USAGE_EXIT",
+    "FAILED_EXIT",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ MULTI_TIER_DIR = "/tmp/mtc_checkpoints"
 RUN_DIR_OPTION = "--run-dir or --name"
 #: The exit status of a bad argument (argparse's).
 USAGE_EXIT = 2
+#: The exit status of a run that failed: an error that is not a slice loss, a wait for
+#: slices past ``--timeout``, slice losses past ``--max-attempts``.
+FAILED_EXIT = 1
 #: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PARTS = ("init", "loss", "optimizer", "dataset")
@@ -353,6 +357,11 @@ def _check_simulator_settings(spec: RunSpec, simulate: bool, slices: int) -> Non
                     f"--chaos fault {fault} names slice {fault.slice}, but there are {slices} slices "
                     f"(0..{slices - 1}); fix the schedule or raise --slices"
                 )
+        from elastic_dew.simulate import unreachable
+
+        never = unreachable(schedule, slices, minimum)
+        if never is not None:
+            raise UsageError(f"--chaos: {never}")
 
 
 def _config(spec: RunSpec, simulate: bool, global_batch: int) -> ElasticConfig:
@@ -369,6 +378,23 @@ def _config(spec: RunSpec, simulate: bool, global_batch: int) -> ElasticConfig:
         return ElasticConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
+    """Refuse a persistent tier the TPU workers cannot write under Pathways persistence.
+
+    With ``ENABLE_PATHWAYS_PERSISTENCE=1`` the workers write the checkpoint arrays
+    themselves (:mod:`elastic_dew.elastic.persistence` says why), so the directory must be a
+    ``gs://`` URL. The multi-tier kind writes the workers' own local volume on purpose.
+    """
+    if config.checkpoint_kind != "orbax":
+        return
+    from elastic_dew.elastic.persistence import checkpoint_dir_problem
+
+    directory = config.checkpoint_dir or f"{run_dir or RUNS_DIR / 'NAME'}/{rundir.CHECKPOINTS_DIR}"
+    problem = checkpoint_dir_problem(directory, os.environ)
+    if problem is not None:
+        raise UsageError(problem)
 
 
 def plan(spec: RunSpec) -> Plan:
@@ -416,6 +442,7 @@ def plan(spec: RunSpec) -> Plan:
         sharding=spec.sharding,
         microbatch=spec.microbatch,
     )
+    _check_checkpoint_dir(config, result.run_dir)
     if result.run_dir is not None:
         try:
             rundir.check(result.run_dir, result.identity(), option=RUN_DIR_OPTION)
@@ -466,6 +493,9 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     an :class:`Outcome` with status 143.
     """
     from elastic_dew.elastic.sharding import with_model_rule
+    import jax
+    from pathwaysutils.elastic.manager import ElasticRuntimeError
+
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
 
@@ -511,6 +541,14 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                 run_dir,
             )
             return Outcome(PREEMPTED_EXIT, run_dir)
+        except (jax.errors.JaxRuntimeError, TimeoutError, ElasticRuntimeError) as error:
+            # Not retried: an error that is not a slice loss, or the retry gave up.
+            logger.error(
+                "the run failed and was not retried: %s. Run the same command again to resume "
+                "from the newest checkpoint in %s once the cause is fixed",
+                error, run_dir,
+            )
+            return Outcome(FAILED_EXIT, run_dir)
     return Outcome(0, run_dir, result)
 
 

@@ -75,6 +75,10 @@ class ElasticConfig:
         ends; ``None`` waits for ever.
       max_attempts: ``ElasticRetryLimit(max_attempts)`` over slice-loss attempts only;
         scale-ups never count against it. 10 (the guide's); ``None`` retries for ever.
+      step_timeout: seconds a step's result may take to arrive before the step counts as
+        a slice loss (``DEADLINE_EXCEEDED``) and the run recovers instead of hanging on a
+        slice that stopped answering; ``None`` is automatic
+        (:class:`~elastic_dew.elastic.deadline.StepDeadline`).
       pre_callback / on_elastic_event_callback: passed through to ``elastic_retry``.
 
     Mesh and batch:
@@ -110,8 +114,19 @@ class ElasticConfig:
         "seconds between slice health checks (default {simulated_poll} simulated, pathwaysutils' 10 on real slices)",
         bound=Bound(0, strict=True, unit="seconds"), flag="--poll-interval", metavar="SECONDS",
     )
-    timeout: float | None = setting(300.0, bound=Bound(0, strict=True, unit="seconds", none=True))
-    max_attempts: int | None = setting(10, bound=Bound(1, none=True))
+    timeout: float | None = setting(
+        300.0, "seconds to wait for healthy slices before giving up (default {default})",
+        bound=Bound(0, strict=True, unit="seconds", none=True), flag="--timeout", metavar="SECONDS",
+    )
+    max_attempts: int | None = setting(
+        10, "slice losses survived before giving up (default {default})",
+        bound=Bound(1, none=True), flag="--max-attempts", metavar="N",
+    )
+    step_timeout: float | None = setting(
+        None, "seconds a step may take before it counts as a slice loss (DEADLINE_EXCEEDED) "
+        "(default: 20 times the median step, at least 60 s; 600 s before 5 steps are timed)",
+        bound=Bound(0, strict=True, unit="seconds", none="automatic"), flag="--step-timeout", metavar="SECONDS",
+    )
     pre_callback: Callable[[], Any] | None = None
     on_elastic_event_callback: Callable[[], Any] | None = None
 

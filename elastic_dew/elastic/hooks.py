@@ -24,6 +24,8 @@ __all__ = ["PHASES", "phase", "add_listener", "remove_listener", "Listener"]
 #: ``compile``         while an attempt that resumes at step S builds its mesh and compiles
 #: ``scale_up``        while slices are being added after step S
 #: ``stop``            while the preemption stop at step S is being written
+#: ``dispatch``        just before step S is dispatched (a loss here fails the dispatch)
+#: ``wait``            when the run starts waiting for slices after step S (a loss)
 PHASES: tuple[str, ...] = (
     "step",
     "snapshot",
@@ -33,6 +35,8 @@ PHASES: tuple[str, ...] = (
     "compile",
     "scale_up",
     "stop",
+    "dispatch",
+    "wait",
 )
 
 Listener = Callable[[str, int], None]

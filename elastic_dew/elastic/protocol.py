@@ -47,11 +47,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
+from pathwaysutils.elastic import elastic as pw_elastic
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.compiler import StepCompiler, StepFn
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.events import (
     DURATION_KEYS,
@@ -68,6 +70,7 @@ from elastic_dew.elastic.slices import batch_sharding, build_mesh, check_batch, 
 from elastic_dew.elastic.state import Checkpoints, Snapshots
 from elastic_dew.elastic.tiers import Tiers
 from elastic_dew.runtime import Preempted
+from elastic_dew.runtime.preemption import NoticeInWait
 
 __all__ = [
     "STOP_REASONS",
@@ -232,6 +235,7 @@ class ElasticRun:
         )
         self.compiler = StepCompiler(program, self.manager, config)
         self.timer = RecoveryTimer()
+        self.deadline = StepDeadline(config.step_timeout)
         self._config = config
         # Plain numbers only: an attempt's arrays live in its _Attempt.
         self.last_step = 0
@@ -246,6 +250,7 @@ class ElasticRun:
         self._config = config
         self.compiler.config = config
         self.tiers.follow(config)
+        self.deadline.fixed = config.step_timeout
 
     @property
     def snapshots(self) -> Snapshots | None:
@@ -266,6 +271,16 @@ class ElasticRun:
         self.timer.slice_lost()
         logger.warning("slice lost after step %d; waiting for slices", self.last_step)
         self.emit(Stop(reason="slice_lost", step=self.last_step))
+        # Until the next attempt starts, a preemption notice ends the wait at once
+        # (NoticeInWait, handled in run) instead of at a step boundary a paused run never reaches.
+        if self.notice is not None and hasattr(self.notice, "begin_wait"):
+            self.notice.begin_wait()
+        hooks.phase("wait", self.last_step)
+
+    def _attempt_started(self) -> None:
+        if self.notice is not None and hasattr(self.notice, "end_wait"):
+            self.notice.end_wait()
+        self.timer.attempt_started()
 
     # -- the protocol --------------------------------------------------------------------
     def run(self, final_step: int) -> tuple[Any, int]:
@@ -279,12 +294,14 @@ class ElasticRun:
         attempt = elastic_retry(
             self.manager,
             self.config,
-            pre_callback=self.timer.attempt_started,
+            pre_callback=self._attempt_started,
             on_elastic_event_callback=self._on_slice_lost,
         )(self._attempt)
         self.compiler.allow_precompiling()
         try:
             return attempt(final_step)
+        except NoticeInWait:
+            raise self._preempted_in_wait() from None
         except TimeoutError as error:
             raise self._timed_out(error) from error
         except ElasticRuntimeError as error:
@@ -295,7 +312,35 @@ class ElasticRun:
             ) from error
         finally:
             self.compiler.stop_precompiling()
+            self.deadline.close()
             self.tiers.close()
+
+    def _preempted_in_wait(self) -> Preempted:
+        """A preemption notice ended a wait for slices: persist the newest snapshot as a
+        checkpoint when it is newer than the newest checkpoint (so the re-run resumes from
+        it), then stop as a preemption does."""
+        step = self.last_step
+        if self.tiers.newest()[0] == "snapshot" and self.checkpoints is not None:
+            try:
+                step = self._persist_snapshot()
+            except Exception:  # noqa: BLE001 - the grace period is short: stop all the same
+                logger.exception("could not persist the newest snapshot while stopping")
+        logger.warning("preemption notice while waiting for slices: stopping at step %d", step)
+        self.emit(Stop(reason="preempted", step=step))
+        return Preempted(step)
+
+    def _persist_snapshot(self) -> int:
+        """Load the newest snapshot onto the healthy slices and commit it as a checkpoint."""
+        self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
+        mesh = build_mesh(self.manager, self.config.model_axis)
+        source, step, state, meta = self.tiers.restore(self.program.abstract_state(mesh))
+        if source != "snapshot":
+            return self.last_step
+        logger.warning("writing snapshot %d as a checkpoint before stopping", step)
+        saved = self.tiers.checkpoint.commit(step, state, meta)
+        if saved is not None:
+            self.emit(saved)
+        return step
 
     def _timed_out(self, error: TimeoutError) -> TimeoutError:
         """pathwaysutils' timeout, with the run's position and what to do next."""
@@ -383,6 +428,7 @@ class ElasticRun:
         started = time.monotonic()
         batch, examples = self.data.next()
         data_seconds = time.monotonic() - started
+        hooks.phase("dispatch", step)
         new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
         return _InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
@@ -396,7 +442,9 @@ class ElasticRun:
         that stretch waited for data.
         """
         hooks.phase("step", done.step)
-        loss = float(done.metrics["loss"])  # reading a result is where a lost slice surfaces
+        # Reading a result is where a lost slice surfaces; a hung one, past the step deadline.
+        loss = self.deadline.read(lambda: float(done.metrics["loss"]), done.step)
+        self.deadline.observe(time.monotonic() - started)
         attempt.state, attempt.step, attempt.data = done.state, done.step, done.data
         self.last_step = done.step
         self.emit(Step(

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["PREEMPTED_EXIT", "Preempted", "PreemptionNotice", "install_exit_hook"]
+__all__ = ["PREEMPTED_EXIT", "Preempted", "PreemptionNotice", "NoticeInWait", "install_exit_hook"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,15 @@ class Preempted(Exception):
 
     def __reduce__(self):
         return (type(self), (self.step,))
+
+
+class NoticeInWait(BaseException):
+    """A preemption notice that arrived while the run waited (for slices), raised from the
+    notice's SIGTERM handler so that the wait ends at once instead of at a step boundary the
+    waiting run may never reach. A ``BaseException``, like ``KeyboardInterrupt``, so that no
+    ``except Exception`` on the way (pathwaysutils' wait, a health check) swallows it; the
+    run turns it into :class:`Preempted` after persisting what it can.
+    """
 
 
 def _interpreter_shutdown():
@@ -126,6 +135,7 @@ class PreemptionNotice:
         self._reported = False
         self._previous: Any = None
         self._closed = False
+        self._waiting = False
         if self._pooled:
             if self._state.preemption_sync_manager is None:
                 logger.info(
@@ -142,10 +152,31 @@ class PreemptionNotice:
 
     def _on_sigterm(self, signum, frame) -> None:
         self._signals += 1
+        if self._signals == 1 and self._waiting:
+            self._waiting = False
+            logger.warning("SIGTERM while waiting for slices: preemption notice, ending the wait")
+            raise NoticeInWait()
         if self._signals == 1:
             logger.warning("SIGTERM: preemption notice, stopping at the next step")
         else:
             logger.warning("SIGTERM again (%d): ignored, already stopping", self._signals)
+
+    def begin_wait(self) -> None:
+        """The run starts waiting (for slices): a notice that arrives now raises
+        :class:`NoticeInWait` from the handler at once.
+
+        A notice that arrived before the wait is left to the step boundary after it (the
+        run already stops there, with the agreed step's checkpoint). Outside a pool only: a
+        pool's notice comes through JAX's preemption service, which is asked at step
+        boundaries, so a pooled wait ends on its own ``timeout``.
+        """
+        if self._pooled or self._closed or self._signals:
+            return
+        self._waiting = True
+
+    def end_wait(self) -> None:
+        """The wait is over: a notice is again only noted, for the next step boundary."""
+        self._waiting = False
 
     def reached(self, step: int) -> bool:
         """Whether to stop at ``step``: in a pool, whether every process agreed on it;

@@ -1,4 +1,4 @@
-"""Simulated TPU slices on the host's CPU devices: lose, restore, preempt and kill, on CPU.
+"""Simulated TPU slices on the host's CPU devices: lose, hang, restore, error, preempt and kill, on CPU.
 
 The package by job:
 
@@ -12,7 +12,17 @@ The package by job:
   puts them together.
 """
 
-from elastic_dew.simulate.schedule import ACTION_TABLE, ACTIONS, PHASES, Action, Fault, Schedule, parse_schedule
+from elastic_dew.simulate.schedule import (
+    ACTION_TABLE,
+    ACTIONS,
+    PHASES,
+    SLICE_DOWN_CODES,
+    Action,
+    Fault,
+    Schedule,
+    parse_schedule,
+    unreachable,
+)
 from elastic_dew.simulate.simulator import SimulatedSlices
 from elastic_dew.simulate.topology import Topology
 
@@ -20,10 +30,12 @@ __all__ = [
     "ACTIONS",
     "ACTION_TABLE",
     "PHASES",
+    "SLICE_DOWN_CODES",
     "Action",
     "Fault",
     "Schedule",
     "SimulatedSlices",
     "Topology",
     "parse_schedule",
+    "unreachable",
 ]

@@ -7,30 +7,42 @@ path), ``__array__`` (``jax.device_get``), ``__getitem__``, ``__iter__``, ``item
 ``__dlpack__``. NumPy reads a single-device CPU array through the buffer protocol without
 calling any Python method, so ``numpy.asarray``/``array``/``asanyarray``/``ascontiguousarray``
 are guarded too. ``addressable_data``/``addressable_shards`` hand an array's lost mark on to
-its shards. ``pathwaysutils.elastic.elastic.get_slice_to_devices`` answers from the active
-simulator's topology.
+its shards, and ``jax.device_put`` to its copies. Dispatch is intercepted at
+``jax.stages.Compiled.__call__`` (what ``jit(...).lower(...).compile()`` returns: the
+protocol's compiled steps and the health check's probes), the one Python seam JAX's dispatch
+has; a plain ``jax.jit`` call goes through C++ and is not seen.
+``pathwaysutils.elastic.elastic.get_slice_to_devices`` answers from the active simulator's
+topology. Every pathwaysutils ``Manager`` created while a simulator is active is remembered
+(weakly), and its ``_check_inactive_slices`` (the monitor thread's check) runs under the
+simulator's lock, so :meth:`Registry.refresh_managers` can make each see a change of slice
+health at once and no check in flight can overwrite that with an older answer.
 
 :data:`registry` holds the one active simulator: :meth:`Registry.install` patches
 everything and makes a simulator active, :meth:`Registry.uninstall` undoes every patch. The
 guards ask the registry, so with no simulator active they only pass through.
 
 A simulator registered here provides ``check_readable(array)`` (raise when the array's data
-is lost), ``inherit_mark(parent, child)`` (a shard of a lost array is lost) and
-``group(devices)`` (the slices of ``devices``).
+is lost, block while it is a hung slice's result), ``check_dispatch(arrays)`` (raise when a
+program's input is lost), ``derive(inputs, outputs)`` (a program's results wait on hung
+inputs), ``inherit_mark(parent, child)`` (a shard or copy of a lost array is lost),
+``group(devices)`` (the slices of ``devices``) and ``lock``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
 import numpy as np
 from jax._src import array as _jax_array
+from jax._src import stages as _stages
 from jax._src.lib import xla_client as _xla_client
 from pathwaysutils.elastic import elastic as _pw_elastic
+from pathwaysutils.elastic import manager as _pw_manager
 
 __all__ = ["Simulator", "Registry", "registry"]
 
@@ -48,6 +60,12 @@ class Simulator(Protocol):
 
     def group(self, devices: Sequence[jax.Device]) -> Mapping[int, Sequence[jax.Device]]: ...
 
+    def check_dispatch(self, arrays: list[Any]) -> None: ...
+
+    def derive(self, inputs: list[Any], outputs: list[Any]) -> None: ...
+
+    lock: Any
+
 
 class Registry:
     """The active simulator (at most one) and the patches installed for it."""
@@ -61,6 +79,7 @@ class Registry:
         self._active: Simulator | None = None
         self._undo: list[Callable[[], None]] = []
         self._original_get_slice_to_devices: Callable[..., Any] | None = None
+        self._managers: weakref.WeakSet = weakref.WeakSet()
 
     @property
     def active(self) -> Simulator | None:
@@ -86,6 +105,7 @@ class Registry:
             while self._undo:
                 self._undo.pop()()
             self._original_get_slice_to_devices = None
+            self._managers = weakref.WeakSet()
             self._active = None
 
     # ----------------------------------------------------------------- guards
@@ -99,6 +119,39 @@ class Registry:
         simulator = self._active
         if simulator is not None:
             simulator.inherit_mark(parent, child)
+
+    def check_dispatch(self, args: Any) -> None:
+        simulator = self._active
+        if simulator is not None:
+            simulator.check_dispatch([a for a in jax.tree_util.tree_leaves(args) if type(a) is _ArrayImpl])
+
+    def derive(self, inputs: Any, outputs: Any) -> None:
+        simulator = self._active
+        if simulator is not None:
+            arrays = [a for a in jax.tree_util.tree_leaves(inputs) if type(a) is _ArrayImpl]
+            if arrays:
+                simulator.derive(arrays, [a for a in jax.tree_util.tree_leaves(outputs) if type(a) is _ArrayImpl])
+
+    def copied(self, source: Any, copy: Any) -> None:
+        """``jax.device_put``: each copy inherits its source's lost or hung mark."""
+        simulator = self._active
+        if simulator is None:
+            return
+        sources, copies = jax.tree_util.tree_leaves(source), jax.tree_util.tree_leaves(copy)
+        if len(sources) == len(copies):
+            for parent, child in zip(sources, copies):
+                if type(parent) is _ArrayImpl and type(child) is _ArrayImpl:
+                    simulator.inherit_mark(parent, child)
+
+    def refresh_managers(self) -> None:
+        """Make every Manager check its inactive slices now (the monitor thread's check)."""
+        if self._active is None:
+            return
+        for manager in list(self._managers):
+            try:
+                manager._check_inactive_slices()
+            except Exception:  # noqa: BLE001 - the monitor thread logs and carries on too
+                logger.exception("the Manager's check of its inactive slices failed")
 
     def get_slice_to_devices(self, devices: Sequence[jax.Device]) -> Mapping[int, Sequence[jax.Device]]:
         simulator = self._active
@@ -138,6 +191,14 @@ class Registry:
         )
         for name in self._NUMPY:
             self._replace(np, name, _guard_numpy(self, getattr(np, name)))
+        self._replace(_stages.Compiled, "__call__", _guard_dispatch(self, vars(_stages.Compiled)["__call__"]))
+        self._replace(jax, "device_put", _marking_copy(self, jax.device_put))
+        self._replace(_pw_manager.Manager, "__init__", _remembering(self, vars(_pw_manager.Manager)["__init__"]))
+        self._replace(
+            _pw_manager.Manager,
+            "_check_inactive_slices",
+            _under_lock(self, vars(_pw_manager.Manager)["_check_inactive_slices"]),
+        )
 
 
 #: The process's one registry: the simulator installs itself here.
@@ -206,3 +267,46 @@ def _guard_batched(reg: Registry, original: Callable[..., Any]) -> Callable[...,
         return original(arrays)
 
     return batched_block_until_ready
+
+
+def _guard_dispatch(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Compiled.__call__``: refuse lost inputs at dispatch; results of hung inputs hang."""
+
+    def __call__(self, *args, **kwargs):
+        reg.check_dispatch((args, kwargs))
+        outputs = original(self, *args, **kwargs)
+        reg.derive((args, kwargs), outputs)
+        return outputs
+
+    return __call__
+
+
+def _marking_copy(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
+    def device_put(x, *args, **kwargs):
+        copy = original(x, *args, **kwargs)
+        reg.copied(x, copy)
+        return copy
+
+    device_put.__name__ = original.__name__
+    device_put.__doc__ = original.__doc__
+    device_put.__wrapped__ = original
+    return device_put
+
+
+def _remembering(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        reg._managers.add(self)
+
+    return __init__
+
+
+def _under_lock(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _check_inactive_slices(self):
+        simulator = reg.active
+        if simulator is None:
+            return original(self)
+        with simulator.lock:
+            return original(self)
+
+    return _check_inactive_slices

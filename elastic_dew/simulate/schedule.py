@@ -1,17 +1,33 @@
 """The fault schedule: its grammar, its actions, and firing it at the elastic layer's phases.
 
-A schedule is comma-separated ``ACTION[:SLICE]@STEP[/PHASE]`` tokens, e.g.
-``lose:1@20,restore:1@40,preempt@60,kill@80``. A fault fires at the first announcement of
-its phase (:data:`PHASES`, ``step`` by default) at a step >= its step, once.
+A schedule is comma-separated tokens of two forms:
+
+* ``ACTION[:SLICE]@STEP[/PHASE]``, keyed to a step: the fault fires at the first
+  announcement of its phase (:data:`PHASES`, ``step`` by default) at a step >= its step,
+  once. ``lose:1@20,restore:1@40,preempt@60,kill@80``.
+* ``ACTION[:SLICE]@+SECONDS[/PHASE]``, keyed to time: the fault is due ``SECONDS`` of wall
+  time after the previous fault of the schedule fired (never before it). For determinism a
+  due fault becomes visible to the run at a boundary: the next announcement of its phase,
+  or at once while the run waits for slices (the ``wait`` phase), when no step announces
+  anything. ``lose:3@17,restore:3@+3`` brings slice 3 back three seconds after its loss,
+  which a paused run (pause-resume stops stepping while a slice is lost) can reach.
 
 What each action does lives in one table, :data:`ACTION_TABLE` (name -> :class:`Action`):
-whether it names a slice, whether it ends the process, and the function that fires it. The
-grammar and the firing both read the table, so a new action is one entry.
+whether it names a slice, whether it ends the process, whether it raises where it fires,
+and the function that fires it. The grammar and the firing both read the table, so a new
+action is one entry. The ``lose`` faults of a schedule raise, in turn, each error code
+pathwaysutils counts as slice-down (:data:`SLICE_DOWN_CODES`), so one schedule exercises
+every code the retry must recognise.
+
+:func:`unreachable` finds a fault that can never fire (a step the run cannot reach because
+it is paused waiting for a slice whose return is keyed to a later step), so a run can refuse
+the schedule before anything runs.
 
 :class:`ScheduleRunner` fires a schedule: it listens to :mod:`elastic_dew.elastic.hooks`,
 records each due fault in the run directory's fault log (:class:`elastic_dew.rundir.FaultLog`,
-flushed and fsynced) *before* firing it, and never fires a fault the log already holds, so a
-process restarted with the same schedule and log does not fire it again.
+flushed and fsynced, with the wall time it fired) *before* firing it, and never fires a
+fault the log already holds, so a process restarted with the same schedule and log does not
+fire it again; a time-keyed fault counts from the time its predecessor's record holds.
 """
 
 from __future__ import annotations
@@ -22,8 +38,11 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
+
+import jax
 
 from elastic_dew.elastic import hooks
 from elastic_dew.rundir import FaultLog
@@ -32,6 +51,7 @@ __all__ = [
     "ACTIONS",
     "ACTION_TABLE",
     "PHASES",
+    "SLICE_DOWN_CODES",
     "Action",
     "Fault",
     "Schedule",
@@ -39,6 +59,7 @@ __all__ = [
     "Target",
     "action_of",
     "parse_schedule",
+    "unreachable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -46,27 +67,55 @@ logger = logging.getLogger(__name__)
 #: When a fault fires: the phases the elastic layer announces (:data:`hooks.PHASES`).
 PHASES: tuple[str, ...] = hooks.PHASES
 
+#: The error codes pathwaysutils 0.1.13 counts as a slice down
+#: (``pathwaysutils/elastic/elastic.py``: ``_ELASTIC_DOWN_ERROR_TYPES`` and
+#: ``_ELASTIC_DOWN_ADDITIONAL_ERROR_TYPES``), in the order the ``lose`` faults of a
+#: schedule raise them.
+SLICE_DOWN_CODES: tuple[str, ...] = ("DATA_LOSS", "INTERNAL", "NOT_FOUND", "DEADLINE_EXCEEDED")
+
+#: The code of the ``error`` action: a runtime error that is not a slice loss, which the
+#: retry must not retry.
+NOT_A_SLICE_LOSS = "INVALID_ARGUMENT"
+
+#: How often the runner's clock looks for a due time-keyed fault while the run waits.
+_TICK = 0.05
+
 
 class Target(Protocol):
     """What slice actions act on (the simulator)."""
 
-    def lose(self, i: int) -> None: ...
+    def lose(self, i: int, code: str = ...) -> None: ...
 
     def restore(self, i: int) -> None: ...
+
+    def hang(self, i: int) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """One scheduled fault: ``action`` (on ``slice``) at the first ``phase`` of step >= ``step``."""
+    """One scheduled fault: ``action`` (on ``slice``) at the first ``phase`` of step >= ``step``,
+    or, when ``after`` is set, ``after`` seconds after the previous fault fired.
+
+    ``code`` is the error a ``lose`` raises (set by :func:`parse_schedule`, in turn); it is
+    not part of the fault's text or identity.
+    """
 
     action: str
     slice: int | None
     step: int
     phase: str = "step"
+    after: float | None = None
+    code: str | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the fault is keyed to time (``@+SECONDS``) rather than to a step."""
+        return self.after is not None
 
     def __str__(self) -> str:
         where = f":{self.slice}" if self.slice is not None else ""
-        return f"{self.action}{where}@{self.step}/{self.phase}"
+        when = f"+{self.after:g}" if self.after is not None else str(self.step)
+        return f"{self.action}{where}@{when}/{self.phase}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,20 +139,28 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """One kind of fault: whether it names a slice, whether it ends the process, how it fires."""
+    """One kind of fault: whether it names a slice, ends the process or raises, how it fires.
+
+    ``raises``: the fault raises where it fires (``error``), so it fires only at an
+    announcement on the run's own thread, never from the runner's clock during a wait.
+    """
 
     name: str
     takes_slice: bool
     ends_process: bool
     fire: Callable[[Target, Fault], None]
+    raises: bool = False
 
 
 def _slice_action(method: str) -> Callable[[Target, Fault], None]:
     def fire(target: Target, fault: Fault) -> None:
-        # A slice fault only changes slice health; its error surfaces at the next read, as on
-        # Pathways, never inside the announcement.
+        # A slice fault only changes slice health; its error surfaces at the next read or
+        # dispatch, as on Pathways, never inside the announcement.
         try:
-            getattr(target, method)(fault.slice)
+            if fault.code is not None:
+                getattr(target, method)(fault.slice, fault.code)
+            else:
+                getattr(target, method)(fault.slice)
         except Exception:  # noqa: BLE001 - the schedule was validated; log, never raise here
             logger.exception("scheduled fault %s could not be applied", fault)
 
@@ -120,13 +177,24 @@ def _kill(target: Target, fault: Fault) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-#: Every action, by name: ``lose``/``restore`` a slice, ``preempt`` (SIGTERM to this
+def _error(target: Target, fault: Fault) -> None:
+    raise jax.errors.JaxRuntimeError(
+        f"{NOT_A_SLICE_LOSS}: simulated runtime error {fault} (elastic_dew.simulate): not a "
+        "slice loss, so it is not retried"
+    )
+
+
+#: Every action, by name: ``lose`` a slice (its reads, dispatches and results derived from
+#: it fail), ``restore`` it, ``hang`` it (reads of its results block), ``error`` (a runtime
+#: error that is not a slice loss, raised where it fires), ``preempt`` (SIGTERM to this
 #: process), ``kill`` (SIGKILL to this process).
 ACTION_TABLE: Mapping[str, Action] = {
     action.name: action
     for action in (
         Action("lose", takes_slice=True, ends_process=False, fire=_slice_action("lose")),
         Action("restore", takes_slice=True, ends_process=False, fire=_slice_action("restore")),
+        Action("hang", takes_slice=True, ends_process=False, fire=_slice_action("hang")),
+        Action("error", takes_slice=False, ends_process=False, fire=_error, raises=True),
         Action("preempt", takes_slice=False, ends_process=True, fire=_preempt),
         Action("kill", takes_slice=False, ends_process=True, fire=_kill),
     )
@@ -143,7 +211,8 @@ def action_of(fault: Fault) -> Action:
 # --------------------------------------------------------------------------- grammar
 
 _TOKEN = re.compile(r"^(?P<action>[^:@/]*)(?::(?P<slice>[^@/]*))?@(?P<step>[^/]*)(?:/(?P<phase>.*))?$")
-_GRAMMAR = "ACTION[:SLICE]@STEP[/PHASE], comma-separated"
+_SECONDS = re.compile(r"^\+(?P<seconds>\d+(?:\.\d*)?|\.\d+)$")
+_GRAMMAR = "ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], comma-separated"
 
 
 def _whole(text: str) -> int | None:
@@ -155,7 +224,7 @@ def _parse_token(token: str, bad: Callable[[str], ValueError]) -> Fault:
         raise bad("empty token (a stray comma?)")
     match = _TOKEN.match(token)
     if match is None:
-        raise bad("expected ACTION[:SLICE]@STEP[/PHASE], e.g. lose:1@20 or preempt@60/checkpoint")
+        raise bad("expected ACTION[:SLICE]@STEP[/PHASE], e.g. lose:1@20, preempt@60/checkpoint or restore:1@+3")
     name, slice_text, step_text, phase = match.group("action", "slice", "step", "phase")
     action = ACTION_TABLE.get(name)
     if action is None:
@@ -170,32 +239,45 @@ def _parse_token(token: str, bad: Callable[[str], ValueError]) -> Fault:
         if slice_text is not None:
             raise bad(f"{name} acts on the whole process and takes no slice; write {name}@{step_text}")
         slice_index = None
-    step = _whole(step_text)
-    if step is None:
-        raise bad(f"step {step_text!r} is not a whole number >= 0")
+    after = None
+    if step_text.startswith("+"):
+        seconds = _SECONDS.match(step_text)
+        if seconds is None:
+            raise bad(f"time {step_text!r} is not +SECONDS with SECONDS a number >= 0, e.g. +3 or +0.5")
+        after, step = float(seconds.group("seconds")), 0
+    else:
+        step = _whole(step_text)
+        if step is None:
+            raise bad(f"step {step_text!r} is not a whole number >= 0 (or +SECONDS after the previous fault)")
     if phase is None:
         phase = "step"
     elif phase not in PHASES:
         raise bad(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
-    return Fault(name, slice_index, step, phase)
+    return Fault(name, slice_index, step, phase, after)
 
 
 def parse_schedule(text: str) -> Schedule:
-    """Parse ``ACTION[:SLICE]@STEP[/PHASE]`` tokens, comma-separated; empty text is no faults.
+    """Parse the schedule's tokens, comma-separated; empty text is no faults.
 
     A syntax error is a ``ValueError`` naming the bad token, what is wrong with it and the
-    accepted values.
+    accepted values. A time-keyed first fault counts from the start of the run's first
+    process. The ``lose`` faults take :data:`SLICE_DOWN_CODES` in turn.
     """
     if not text or not text.strip():
         return Schedule()
     faults = []
+    losses = 0
     for raw in text.split(","):
         token = raw.strip()
 
         def bad(problem: str, token: str = token) -> ValueError:
             return ValueError(f"bad fault {token!r} in schedule {text!r}: {problem} (grammar: {_GRAMMAR})")
 
-        faults.append(_parse_token(token, bad))
+        fault = _parse_token(token, bad)
+        if fault.action == "lose":
+            fault = dataclasses.replace(fault, code=SLICE_DOWN_CODES[losses % len(SLICE_DOWN_CODES)])
+            losses += 1
+        faults.append(fault)
     return Schedule(tuple(faults))
 
 
@@ -210,6 +292,77 @@ def as_schedule(schedule: str | Schedule | None) -> Schedule:
     return schedule
 
 
+# --------------------------------------------------------------------------- reachability
+
+
+def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | None = None) -> str | None:
+    """Why a fault of ``schedule`` can never fire on ``num_slices`` slices, or ``None``.
+
+    A run stops stepping while fewer than ``minimum_slice_count`` slices are healthy (all of
+    them in pause-resume, ``None``), so a fault keyed to a later step than the one the run
+    paused at can fire only after something brings the slices back, and a return keyed to
+    such a step never comes. Faults are followed in the order they fire: step-keyed ones by
+    step; a time-keyed one right after its predecessor when that fired while the run was
+    paused (wall time passes in a wait). Where the order is not certain (a time-keyed fault
+    whose predecessor fired while the run was stepping) the check stops and accepts: only
+    a fault that certainly cannot fire is reported. A process-ending fault starts a new
+    process, with every slice healthy again.
+    """
+    faults = schedule.faults
+    needed = num_slices if minimum_slice_count is None else minimum_slice_count
+    lost: set[int] = set()
+    paused: list[int | None] = [None]  # the step the run paused at, or None while it steps
+    cause: list[Fault | None] = [None]
+
+    def apply(fault: Fault, step: int) -> None:
+        if fault.action in ("lose", "hang"):
+            lost.add(fault.slice)
+        elif fault.action == "restore":
+            lost.discard(fault.slice)
+        elif action_of(fault).ends_process:
+            lost.clear()
+        if len(lost) > num_slices - needed:
+            if paused[0] is None:
+                paused[0], cause[0] = step, fault
+        else:
+            paused[0] = None
+
+    def fire_chain(index: int, step: int) -> bool:
+        """Apply fault ``index`` and the time-keyed faults chained after it; False when unsure."""
+        apply(faults[index], step)
+        following = index + 1
+        while following < len(faults) and faults[following].timed:
+            fault = faults[following]
+            if paused[0] is None or action_of(fault).raises:
+                return False  # it fires at a step nobody can name: the order is not certain
+            apply(fault, paused[0])
+            following += 1
+        return True
+
+    if faults and faults[0].timed:
+        return None
+    keyed = sorted((fault.step, index) for index, fault in enumerate(faults) if not fault.timed)
+    for step, index in keyed:
+        fault = faults[index]
+        if paused[0] is not None and step > paused[0]:
+            down = sorted(lost)
+            names = ", ".join(map(str, down))
+            first = down[0]
+            mode = ("pause-resume waits for every slice" if minimum_slice_count is None
+                    else f"--min-slices {minimum_slice_count} needs {needed} healthy slices")
+            return (
+                f"fault {fault} can never fire: after {cause[0]} the run stops stepping at step "
+                f"{paused[0]} and waits for slice {names} ({mode}), and nothing brings "
+                f"{'it' if len(down) == 1 else 'them'} back before step {step}. Key the return "
+                f"to time instead, e.g. restore:{first}@+3 (3 s after the previous fault fired), "
+                f"or let the run carry on without {'it' if len(down) == 1 else 'them'} with "
+                f"--min-slices {max(1, num_slices - len(down))}"
+            )
+        if not fire_chain(index, step):
+            return None
+    return None
+
+
 # --------------------------------------------------------------------------- firing
 
 
@@ -219,6 +372,12 @@ class ScheduleRunner:
     With ``fault_log`` each fault is recorded durably before it fires and a fault the log
     already holds never fires; a log from another schedule is refused (``ValueError``) here,
     before anything is listened to. Use as a context manager (listens while inside).
+
+    A time-keyed fault is due ``after`` seconds after its predecessor fired (the first fault
+    of a schedule counts from the runner's creation). It fires at the next announcement of
+    its phase once due; while the run waits for slices (between a ``wait`` announcement and
+    the next announcement of any other phase) the runner's clock thread fires it at once,
+    whatever its phase, unless it raises where it fires (``error``).
     """
 
     def __init__(self, schedule: Schedule, target: Target, fault_log: FaultLog | None) -> None:
@@ -227,8 +386,15 @@ class ScheduleRunner:
         self.fault_log = fault_log
         texts = [str(fault) for fault in schedule]
         self._fired: set[int] = fault_log.fired(texts) if fault_log is not None else set()
+        self._fired_at: dict[int, float] = (
+            {entry.index: entry.time for entry in fault_log.entries()} if fault_log is not None else {}
+        )
+        self._started = time.time()
         self._lock = threading.Lock()
         self._listener = self.on_phase
+        self._waiting: int | None = None  # the step of the wait under way, or None
+        self._stop = threading.Event()
+        self._clock: threading.Thread | None = None
 
     @property
     def fired(self) -> frozenset[Fault]:
@@ -237,22 +403,73 @@ class ScheduleRunner:
 
     def __enter__(self) -> ScheduleRunner:
         hooks.add_listener(self._listener)
+        if any(fault.timed for fault in self.schedule):
+            self._stop.clear()
+            self._clock = threading.Thread(target=self._tick, name="elastic-dew-fault-clock", daemon=True)
+            self._clock.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         hooks.remove_listener(self._listener)
+        self._stop.set()
+        if self._clock is not None:
+            self._clock.join(timeout=5)
+            self._clock = None
+
+    def _due_at(self, index: int) -> float | None:
+        """The wall time a time-keyed fault is due, or None while its predecessor has not fired."""
+        after = self.schedule.faults[index].after or 0.0
+        if index == 0:
+            return self._started + after
+        previous = self._fired_at.get(index - 1)
+        return None if previous is None else previous + after
+
+    def _collect(self, phase: str, step: int, *, waiting: bool) -> list[Fault]:
+        """Record every fault due at this moment, in schedule order (call under the lock)."""
+        due: list[Fault] = []
+        for index, fault in enumerate(self.schedule.faults):
+            if index in self._fired:
+                continue
+            if fault.timed:
+                at = self._due_at(index)
+                if at is None or time.time() < at:
+                    continue
+                if fault.phase != phase and not (waiting and not action_of(fault).raises):
+                    continue
+            elif fault.phase != phase or step < fault.step:
+                continue
+            if self.fault_log is not None:
+                fired_at = self.fault_log.append(index, str(fault), phase, step).time
+            else:
+                fired_at = time.time()
+            self._fired.add(index)
+            self._fired_at[index] = fired_at
+            due.append(fault)
+        return due
+
+    def _fire(self, due: list[Fault], phase: str, step: int) -> None:
+        raised: BaseException | None = None
+        for fault in due:
+            logger.warning("firing scheduled fault %s at %s of step %d", fault, phase, step)
+            try:
+                action_of(fault).fire(self.target, fault)
+            except Exception as error:  # noqa: BLE001 - fire the rest, then raise the first
+                raised = raised or error
+        if raised is not None:
+            raise raised
 
     def on_phase(self, phase: str, step: int) -> None:
         """Record, then fire, every fault due at this announcement, in schedule order."""
-        due: list[Fault] = []
         with self._lock:
-            for index, fault in enumerate(self.schedule.faults):
-                if index in self._fired or fault.phase != phase or step < fault.step:
-                    continue
-                if self.fault_log is not None:
-                    self.fault_log.append(index, str(fault), phase, step)
-                self._fired.add(index)
-                due.append(fault)
-        for fault in due:
-            logger.warning("firing scheduled fault %s at %s of step %d", fault, phase, step)
-            action_of(fault).fire(self.target, fault)
+            self._waiting = step if phase == "wait" else None
+            due = self._collect(phase, step, waiting=self._waiting is not None)
+        self._fire(due, phase, step)
+
+    def _tick(self) -> None:
+        """While the run waits for slices, fire time-keyed faults as they fall due."""
+        while not self._stop.wait(_TICK):
+            with self._lock:
+                step = self._waiting
+                due = self._collect("wait", step, waiting=True) if step is not None else []
+            if due:
+                self._fire(due, "wait", step)

@@ -1,4 +1,4 @@
-"""Simulated TPU slices on the host's CPU devices: lose, restore, preempt and kill, on CPU.
+"""Simulated TPU slices on the host's CPU devices: lose, hang, restore, preempt and kill, on CPU.
 
 :class:`SimulatedSlices` groups the host's CPU devices into slices and makes them fail the
 way Pathways slices fail, so the real pathwaysutils ``Manager``, ``elastic_retry`` and
@@ -6,38 +6,42 @@ health check, Orbax's ``Snapshotter`` and a user's own loop run unchanged:
 
 * ``Manager()`` with no arguments sees the devices grouped into slices. CPU devices have no
   ``slice_index``; the one seam that reads it,
-  ``pathwaysutils.elastic.elastic.get_slice_to_devices``, is patched, nothing else of
-  pathwaysutils.
-* :meth:`SimulatedSlices.lose` makes a slice fail as on Pathways: dispatching work still
-  succeeds, and the error surfaces when a result is read or awaited. Reading an array with a
-  shard on a lost slice (or computed there) raises ``jax.errors.JaxRuntimeError`` with a
-  ``DATA_LOSS`` message, which pathwaysutils classifies as a slice down. The health check's
-  read of its probe on that slice fails the same way, so it reports the slice down; pinned
-  host snapshot replicas on the slice become unreadable while the survivors stay readable.
-* :meth:`SimulatedSlices.restore` makes the slice healthy again: new arrays on it are
-  readable and the Manager's monitor thread reports it in ``available_inactive_slices``.
-  Arrays that lived on it while it was lost stay unreadable: their data is gone.
+  ``pathwaysutils.elastic.elastic.get_slice_to_devices``, is patched.
+* :meth:`SimulatedSlices.lose` makes a slice fail as on Pathways, with one of the error codes
+  pathwaysutils counts as slice-down (``DATA_LOSS`` by default; a schedule's ``lose`` faults
+  take ``DATA_LOSS``, ``INTERNAL``, ``NOT_FOUND``, ``DEADLINE_EXCEEDED`` in turn). Work
+  dispatched before the loss fails when its result is read; a compiled program dispatched
+  after it with an input on the lost slice, or an input whose data was lost, fails at the
+  dispatch. A copy of a lost array (``jax.device_put``) onto healthy devices is lost too:
+  results derived from a lost slice's data fail until they are replaced. The health check's
+  probe of the slice fails the same way, so it reports the slice down; pinned host snapshot
+  replicas on the slice become unreadable while the survivors stay readable.
+* :meth:`SimulatedSlices.hang` makes a slice stop answering: reading a result that was on
+  it (or computed from one) blocks until the slice is lost, restored or the simulator
+  exits; fresh work on it (the health check's probe) fails with ``DEADLINE_EXCEEDED``, as
+  Pathways reports a worker that stopped answering.
+* :meth:`SimulatedSlices.restore` makes the slice healthy again. Arrays that lived on it
+  while it was lost stay unreadable: their data is gone. The Manager sees a returned slice at
+  once: every lose, hang and restore re-runs the Manager's own check of its inactive slices
+  (``Manager._check_inactive_slices``, the monitor thread's body), and the monitor thread's
+  own checks run under the simulator's lock, so a restore fired at a step's announcement is
+  in ``available_inactive_slices`` at that step's boundary, whatever the step time.
 
-Reads are intercepted where JAX funnels them (:mod:`elastic_dew.simulate.patches`); every
-patch is undone when the context exits. Which devices form which slice is
-:mod:`elastic_dew.simulate.topology`; the schedule and its fault log are
-:mod:`elastic_dew.simulate.schedule`.
+Reads and dispatches are intercepted where JAX funnels them
+(:mod:`elastic_dew.simulate.patches`); every patch is undone when the context exits. Which
+devices form which slice is :mod:`elastic_dew.simulate.topology`; the schedule and its fault
+log are :mod:`elastic_dew.simulate.schedule`.
 
 Arrays are never tracked by ``id()`` (Python reuses ids; pathwaysutils' own test mock does,
 and misreports healthy slices and fresh arrays). An array fails while any of its devices is
-on a lost slice; at ``lose`` and at ``restore`` every live array on the slice is marked, on
-the array object itself, as having lost its data. Arrays created after ``restore`` carry no
-mark and are readable.
+on a lost slice; at ``lose``, ``hang`` and ``restore`` every live array on the slice is
+marked, on the array object itself. Arrays created after ``restore`` carry no mark.
 
-A schedule (``lose:1@20,restore:1@40,preempt@60,kill@80``) fires faults at the phases the
-elastic layer announces through :mod:`elastic_dew.elastic.hooks`; each fault fires once, is
-recorded durably in ``fault_log`` before it fires, and is not fired again by a process
-restarted with the same schedule and log.
-
-Limits: CPU computations really run, so a device-to-device copy made while a slice is lost
-(``jax.device_put`` from an array on it) succeeds here, where Pathways would fail it; NumPy
-functions that convert a single-device array internally in C (``np.add(x, 1)``) bypass the
-read check. Read through ``np.asarray``, ``jax.device_get``, a method, or block first.
+Limits (see ``docs/simulator.md``'s fidelity table): CPU computations really run; a plain
+``jax.jit`` call dispatches through JAX's C++ path, which has no Python seam, so its errors
+surface at the read rather than the dispatch, and a ``jax.jit`` result placed on healthy
+devices only from a lost input stays readable; NumPy functions that convert a single-device
+array internally in C (``np.add(x, 1)``) bypass the read check.
 """
 
 from __future__ import annotations
@@ -52,14 +56,28 @@ import jax
 
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.patches import registry
-from elastic_dew.simulate.schedule import Fault, Schedule, ScheduleRunner, action_of, as_schedule
+from elastic_dew.simulate.schedule import (
+    SLICE_DOWN_CODES,
+    Fault,
+    Schedule,
+    ScheduleRunner,
+    action_of,
+    as_schedule,
+)
 from elastic_dew.simulate.topology import Topology
 
-__all__ = ["SimulatedSlices"]
+__all__ = ["SimulatedSlices", "HUNG_CODE"]
 
 logger = logging.getLogger(__name__)
 
 _MARK = "_elastic_dew_simulated_loss"
+_HUNG = "_elastic_dew_simulated_hang"
+#: The code fresh work on a hung slice fails with (a worker that stopped answering).
+HUNG_CODE = "DEADLINE_EXCEEDED"
+
+
+def _error(code: str, what: str) -> jax.errors.JaxRuntimeError:
+    return jax.errors.JaxRuntimeError(f"{code}: simulated slice failure: {what} (elastic_dew.simulate)")
 
 
 class SimulatedSlices:
@@ -105,9 +123,13 @@ class SimulatedSlices:
                 "its faults again; pass fault_log= to fire each once per run",
                 schedule,
             )
-        self._lock = threading.RLock()
+        #: Held while slice health changes and while the Manager checks its inactive slices.
+        self.lock = threading.RLock()
+        self._answered = threading.Condition(self.lock)
         self._token = object()
-        self._lost: frozenset[int] = frozenset()
+        self._active = False
+        self._codes: dict[int, str] = {}
+        self._hung: frozenset[int] = frozenset()
         self._lost_device_ids: frozenset[int] = frozenset()
         self._topology: Topology | None = None
         self._skipped_logged = False
@@ -118,8 +140,9 @@ class SimulatedSlices:
         topology = Topology.from_host(self.num_slices, self.devices_per_slice)
         registry.install(self)
         self._topology = topology
-        self._lost = frozenset()
+        self._codes, self._hung = {}, frozenset()
         self._lost_device_ids = frozenset()
+        self._active = True
         self._runner.__enter__()
         logger.info(
             "simulating %d slices of %d CPU devices; schedule %s",
@@ -131,8 +154,11 @@ class SimulatedSlices:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._runner.__exit__(*exc_info)
+        with self._answered:
+            self._active = False
+            self._answered.notify_all()  # readers blocked on a hung slice give up
         registry.uninstall(self)
-        self._lost = frozenset()
+        self._codes, self._hung = {}, frozenset()
         self._lost_device_ids = frozenset()
 
     # ----------------------------------------------------------------- slices
@@ -156,8 +182,13 @@ class SimulatedSlices:
 
     @property
     def lost(self) -> frozenset[int]:
-        """The slices lost now."""
-        return self._lost
+        """The slices lost (or hung) now."""
+        return frozenset(self._codes)
+
+    @property
+    def hung(self) -> frozenset[int]:
+        """The slices that stopped answering now."""
+        return self._hung
 
     @property
     def fired(self) -> frozenset[Fault]:
@@ -172,71 +203,144 @@ class SimulatedSlices:
         if not isinstance(index, int) or not 0 <= index < self.num_slices:
             raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.num_slices - 1}")
 
-    def _set_lost(self, lost: frozenset[int]) -> None:
-        self._lost = lost
-        self._lost_device_ids = self.topology.device_ids(lost)
+    def _set(self, codes: dict[int, str], hung: frozenset[int]) -> None:
+        self._codes, self._hung = codes, hung
+        self._lost_device_ids = self.topology.device_ids(set(codes))
+        self._answered.notify_all()
 
-    def lose(self, i: int) -> None:
-        """Lose slice ``i``: reads of its arrays fail with DATA_LOSS; dispatch still succeeds."""
+    def lose(self, i: int, code: str = SLICE_DOWN_CODES[0]) -> None:
+        """Lose slice ``i``: reads of its arrays, and dispatches onto it, fail with ``code``.
+
+        ``code`` must be one pathwaysutils counts as slice-down (:data:`SLICE_DOWN_CODES`).
+        """
         self._check_index(i)
-        with self._lock:
-            if i in self._lost:
+        if code not in SLICE_DOWN_CODES:
+            raise ValueError(f"code {code!r} is not a slice-down code; use one of {', '.join(SLICE_DOWN_CODES)}")
+        with self._answered:
+            if i in self._codes and i not in self._hung:
                 logger.info("slice %d is already lost", i)
                 return
-            self._set_lost(self._lost | {i})
-            marked = self._mark_live_arrays(i)
-        logger.warning("simulated loss of slice %d (%d live arrays lose their data)", i, marked)
+            self._set({**self._codes, i: code}, self._hung - {i})
+            marked = self._mark_live_arrays(i, code)
+        logger.warning("simulated loss of slice %d with %s (%d live arrays lose their data)", i, code, marked)
+        registry.refresh_managers()
+
+    def hang(self, i: int) -> None:
+        """Slice ``i`` stops answering: reads of its results block; fresh work on it fails."""
+        self._check_index(i)
+        with self._answered:
+            if i in self._codes:
+                logger.info("slice %d is already lost or hung", i)
+                return
+            self._set({**self._codes, i: HUNG_CODE}, self._hung | {i})
+            marked = 0
+            slice_ids = self.topology.device_ids({i})
+            for array in jax.live_arrays():
+                if any(device.id in slice_ids for device in array.sharding.device_set):
+                    if array.sharding.memory_kind == "pinned_host":
+                        continue  # host memory has no computation in flight: it fails at once
+                    self._set_mark(array, _HUNG, i)
+                    marked += 1
+        logger.warning("simulated hang of slice %d (%d results stop answering)", i, marked)
+        registry.refresh_managers()
 
     def restore(self, i: int) -> None:
         """Slice ``i`` is healthy again; arrays that lived on it while lost stay unreadable."""
         self._check_index(i)
-        with self._lock:
-            if i not in self._lost:
+        with self._answered:
+            if i not in self._codes:
                 logger.info("slice %d is not lost; nothing to restore", i)
                 return
             # Mark first, then heal: an array made after the slice is healthy is never marked.
-            marked = self._mark_live_arrays(i)
-            self._set_lost(self._lost - {i})
+            marked = self._mark_live_arrays(i, SLICE_DOWN_CODES[0])
+            codes = dict(self._codes)
+            del codes[i]
+            self._set(codes, self._hung - {i})
         logger.warning("simulated slice %d healthy again (%d arrays stay lost)", i, marked)
+        registry.refresh_managers()
 
     # ----------------------------------------------------------------- what the patches ask
 
-    def _mark(self, array: Any) -> None:
+    def _set_mark(self, array: Any, name: str, value: Any) -> None:
         try:
-            setattr(array, _MARK, self._token)
+            setattr(array, name, (self._token, value))
         except AttributeError:  # an array type without a __dict__: the device rule still holds
-            logger.debug("cannot mark %s as lost", type(array).__name__)
+            logger.debug("cannot mark %s", type(array).__name__)
 
-    def _mark_live_arrays(self, i: int) -> int:
+    def _mark_of(self, array: Any, name: str) -> Any:
+        mark = getattr(array, name, None)
+        return mark[1] if mark is not None and mark[0] is self._token else None
+
+    def _mark_live_arrays(self, i: int, code: str) -> int:
         slice_ids = self.topology.device_ids({i})
         marked = 0
         for array in jax.live_arrays():
             if any(device.id in slice_ids for device in array.sharding.device_set):
-                self._mark(array)
+                if self._mark_of(array, _MARK) is None:
+                    self._set_mark(array, _MARK, code)
                 marked += 1
         return marked
 
     def inherit_mark(self, parent: Any, child: Any) -> None:
-        """A shard (``child``) of an array whose data is lost is lost too."""
-        if getattr(parent, _MARK, None) is self._token:
-            self._mark(child)
+        """A shard or a copy (``child``) of an array whose data is lost or hung is too."""
+        for name in (_MARK, _HUNG):
+            value = self._mark_of(parent, name)
+            if value is not None:
+                self._set_mark(child, name, value)
+
+    def _touched(self, array: Any) -> dict[int, str]:
+        lost_ids = self._lost_device_ids
+        if not lost_ids:
+            return {}
+        device_slice = self.topology.device_slice
+        return {
+            device_slice[d.id]: self._codes[device_slice[d.id]]
+            for d in array.sharding.device_set
+            if d.id in lost_ids
+        }
 
     def check_readable(self, array: Any) -> None:
-        """Raise the DATA_LOSS error Pathways raises when ``array``'s data is on a lost slice."""
-        if getattr(array, _MARK, None) is self._token:
-            raise jax.errors.JaxRuntimeError(
-                "DATA_LOSS: simulated slice failure: this array's data was on a slice that was "
-                "lost (elastic_dew.simulate)"
-            )
-        lost_ids = self._lost_device_ids
-        if lost_ids:
-            device_slice = self.topology.device_slice
-            touched = {device_slice[device.id] for device in array.sharding.device_set if device.id in lost_ids}
+        """Block while ``array`` is a hung slice's result; raise the slice-down error Pathways
+        raises when its data is lost or it is on a lost slice."""
+        hung = self._mark_of(array, _HUNG)
+        if hung is not None:
+            with self._answered:
+                while self._active and hung in self._hung:
+                    self._answered.wait()
+                released = self._active
+        code = self._mark_of(array, _MARK)
+        if code is not None:
+            raise _error(code, "this array's data was on a slice that was lost")
+        if hung is not None:
+            # The hung slice was lost or restored (its results never came), or the simulator
+            # exited while this read waited.
+            raise _error(SLICE_DOWN_CODES[0] if released else HUNG_CODE,
+                         f"the result waited on slice {hung}, which stopped answering")
+        touched = self._touched(array)
+        if touched:
+            slices = ", ".join(map(str, sorted(touched)))
+            raise _error(touched[min(touched)], f"slice {slices} holding this array is lost")
+
+    def check_dispatch(self, arrays: list[Any]) -> None:
+        """Raise at dispatch when an input's data is lost or it is on a lost (not hung) slice.
+
+        A hung slice accepts work (its results then block when read), as Pathways queues it.
+        """
+        for array in arrays:
+            code = self._mark_of(array, _MARK)
+            if code is not None:
+                raise _error(code, "a program was dispatched with an input whose data was on a lost slice")
+            touched = {s: c for s, c in self._touched(array).items() if s not in self._hung}
             if touched:
-                raise jax.errors.JaxRuntimeError(
-                    f"DATA_LOSS: simulated slice failure: slice {', '.join(map(str, sorted(touched)))} "
-                    "holding this array is lost (elastic_dew.simulate)"
-                )
+                slices = ", ".join(map(str, sorted(touched)))
+                raise _error(touched[min(touched)], f"a program was dispatched onto lost slice {slices}")
+
+    def derive(self, inputs: list[Any], outputs: list[Any]) -> None:
+        """Results computed from a hung slice's results are hung too (they wait on them)."""
+        hung = next((h for h in (self._mark_of(a, _HUNG) for a in inputs) if h is not None), None)
+        if hung is not None:
+            for output in outputs:
+                self._set_mark(output, _HUNG, hung)
 
     def group(self, devices: Any) -> dict[int, list[jax.Device]]:
         """``get_slice_to_devices``: ``devices`` grouped by simulated slice."""

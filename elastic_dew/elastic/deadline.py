@@ -1,0 +1,141 @@
+"""A bound on how long a step's result may take: a slice that stops answering is a slice loss.
+
+A slice that hangs (a worker that stops answering without an error) makes the read of a
+step's result wait for ever, and pathwaysutils' retry only acts on an error. The
+:class:`StepDeadline` reads the result in a worker thread and waits for it at most
+:meth:`StepDeadline.seconds`; past that it raises the ``DEADLINE_EXCEEDED`` runtime error
+pathwaysutils counts as a slice down, so the run recovers (waits for slices, restores the
+newest state) instead of hanging. The worker stuck on the hung read is abandoned (a daemon
+thread) and a fresh one takes the next read.
+
+The bound is ``ElasticConfig.step_timeout`` when set. Otherwise it follows the run: 20
+times the median of the last 100 completed steps' times, never under 60 s; until 5 steps
+have been timed in this process (the first steps pay one-time costs) it is 600 s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import statistics
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
+
+import jax
+
+__all__ = ["StepDeadline", "MULTIPLE", "FLOOR", "BEFORE_TIMED", "TIMED_STEPS", "WINDOW"]
+
+logger = logging.getLogger(__name__)
+
+#: The automatic bound: this many times the median step ...
+MULTIPLE = 20.0
+#: ... but never under this many seconds ...
+FLOOR = 60.0
+#: ... and this many seconds until :data:`TIMED_STEPS` steps have been timed.
+BEFORE_TIMED = 600.0
+TIMED_STEPS = 5
+#: The median is over this many most recent steps.
+WINDOW = 100
+
+_T = TypeVar("_T")
+
+
+class StepDeadline:
+    """Reads a step's result within a bound, else raises ``DEADLINE_EXCEEDED``.
+
+    ``fixed`` is ``ElasticConfig.step_timeout`` (``None``: automatic, from the steps timed
+    with :meth:`observe`).
+    """
+
+    def __init__(self, fixed: float | None = None) -> None:
+        if fixed is not None and not fixed > 0:
+            raise ValueError(f"step_timeout={fixed} must be > 0 seconds, or None for automatic")
+        self.fixed = fixed
+        self._times: deque[float] = deque(maxlen=WINDOW)
+        self._reader: _Reader | None = None
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        """Count one completed step's time towards the automatic bound."""
+        self._times.append(seconds)
+
+    def seconds(self) -> float:
+        """The bound now."""
+        if self.fixed is not None:
+            return self.fixed
+        if len(self._times) < TIMED_STEPS:
+            return BEFORE_TIMED
+        return max(FLOOR, MULTIPLE * statistics.median(self._times))
+
+    def read(self, read: Callable[[], _T], step: int) -> _T:
+        """``read()`` (a read of step ``step``'s result), within :meth:`seconds`.
+
+        Raises ``jax.errors.JaxRuntimeError`` with ``DEADLINE_EXCEEDED`` when the result does
+        not arrive in time; an error of the read itself is raised as it is.
+        """
+        bound = self.seconds()
+        with self._lock:
+            if self._reader is None:
+                self._reader = _Reader()
+            reader = self._reader
+        future = reader.submit(read)
+        del read  # the reader holds it only until it ran: a failed step's arrays must go
+        try:
+            return future.result(timeout=bound)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                if self._reader is reader:
+                    self._reader = None  # its thread is stuck on the hung read: leave it behind
+            reader.stop()
+            logger.error("step %d's result did not arrive within %.3g s: treating it as a lost slice", step, bound)
+            raise jax.errors.JaxRuntimeError(
+                f"DEADLINE_EXCEEDED: step {step}'s result did not arrive within {bound:.3g} s "
+                "(step_timeout, --step-timeout): a slice stopped answering (elastic_dew.elastic.deadline)"
+            ) from None
+        finally:
+            del future  # its error's traceback holds this frame: no cycle keeps arrays alive
+
+    def close(self) -> None:
+        """Let the reading thread go (it ends once its read, if any, returns)."""
+        with self._lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop()
+
+
+class _Reader:
+    """One daemon thread running reads in turn: a read stuck on a hung slice never keeps the
+    process from exiting (``concurrent.futures`` threads are joined at exit)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="elastic-dew-read", daemon=True)
+        self._thread.start()
+
+    def submit(self, read: Callable[[], _T]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((read, future))
+        return future
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            read, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(read())
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
+                future.set_exception(error)
+                del error
+            # Nothing of a finished read stays referenced here (a failed attempt's arrays
+            # must be freed before the next attempt starts).
+            del item, read, future

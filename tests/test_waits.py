@@ -1,0 +1,177 @@
+"""Waits that end: a paused run that gets its slice back, schedules that can never fire,
+SIGTERM while waiting for slices, a hung step, an error that is not a slice loss, the wait's
+timeout, and where the persistent tier may write under Pathways persistence.
+
+Trainings run as real subprocesses (``python -m elastic_dew train mlp ...``) on simulated
+slices (TPU slices cannot exist here), so exit statuses and signals are real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic_dew import run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("JOBSET_NAME", None)
+    return env
+
+
+def _command(run_dir: Path, steps: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", str(steps),
+            "--run-dir", str(run_dir), *args]
+
+
+def _train(run_dir: Path, steps: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(run_dir, steps, *args), capture_output=True, text=True,
+                          timeout=240, cwd=run_dir.parent, env=_env())
+
+
+def _events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _turns(run_dir: Path) -> list[tuple]:
+    out = []
+    for e in _events(run_dir):
+        if e["event"] == "stop":
+            out.append(("stop", e["reason"], e["step"]))
+        elif e["event"] == "resume":
+            out.append(("resume", e["source"], e["step"]))
+    return out
+
+
+def _status(proc: subprocess.CompletedProcess, expected: int) -> subprocess.CompletedProcess:
+    assert proc.returncode == expected, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def test_the_train_command_offers_the_waits_flags():
+    proc = subprocess.run([sys.executable, "-m", "elastic_dew", "train", "--help"], capture_output=True,
+                          text=True, timeout=120, env=_env())
+    for flag in ("--timeout", "--max-attempts", "--step-timeout"):
+        assert flag in proc.stdout
+
+
+def test_a_paused_run_whose_slice_returns_after_three_seconds_finishes_on_four_slices(tmp_path):
+    run_dir = tmp_path / "r"
+    _status(_train(run_dir, 30, "--chaos", "lose:3@17,restore:3@+3"), 0)
+    turns = _turns(run_dir)
+    assert ("stop", "slice_lost", 16) in turns
+    assert ("stop", "done", 30) in turns
+    steps = [e for e in _events(run_dir) if e["event"] == "step"]
+    assert steps[-1]["step"] == 30 and steps[-1]["slices"] == 4
+
+
+def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_refused_before_anything_runs(tmp_path):
+    run_dir = tmp_path / "r"
+    proc = _status(_train(run_dir, 60, "--chaos", "lose:3@17,restore:3@35"), 2)
+    assert "restore:3@35/step can never fire" in proc.stderr
+    assert "restore:3@+3" in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_the_snapshot(tmp_path):
+    run_dir = tmp_path / "r"
+    command = _command(run_dir, 30, "--chaos", "lose:3@17", "--snapshot-every", "5", "--timeout", "200")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=tmp_path, env=_env())
+    try:
+        deadline = time.monotonic() + 180
+        while ("stop", "slice_lost", 16) not in _turns(run_dir):
+            assert process.poll() is None, process.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, "the run never started waiting for slice 3"
+            time.sleep(0.2)
+        time.sleep(1.0)  # well inside the wait for slice 3, which never comes
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, stderr[-4000:]
+    assert took < 30, f"exiting took {took:.1f} s"
+    saves = [e for e in _events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
+    assert [e["step"] for e in saves] == [15]
+    assert ("stop", "preempted", 15) in _turns(run_dir)
+
+    _status(_train(run_dir, 30, "--chaos", "lose:3@17", "--snapshot-every", "5", "--timeout", "200"), 0)
+    turns = _turns(run_dir)
+    assert ("resume", "checkpoint", 16) in turns
+    assert turns[-1] == ("stop", "done", 30)
+
+
+def test_a_hung_slice_past_the_step_timeout_is_a_slice_loss_and_the_run_recovers(tmp_path):
+    run_dir = tmp_path / "r"
+    proc = _status(_train(run_dir, 24, "--chaos", "hang:3@10,restore:3@+2", "--step-timeout", "1"), 0)
+    assert "DEADLINE_EXCEEDED" in proc.stderr
+    turns = _turns(run_dir)
+    assert ("stop", "slice_lost", 9) in turns
+    assert turns[-1] == ("stop", "done", 24)
+
+
+def test_an_error_that_is_not_a_slice_loss_fails_the_run_without_a_retry(tmp_path):
+    run_dir = tmp_path / "r"
+    proc = _status(_train(run_dir, 30, "--chaos", "error@12"), run.FAILED_EXIT)
+    assert "INVALID_ARGUMENT" in proc.stderr and "not retried" in proc.stderr
+    turns = _turns(run_dir)
+    assert not [t for t in turns if t[1] == "slice_lost"]
+    assert [t for t in turns if t[0] == "resume"] == [("resume", "fresh", 1)]
+
+
+def test_the_timeout_ends_a_wait_for_a_slice_that_never_returns(tmp_path):
+    run_dir = tmp_path / "r"
+    started = time.monotonic()
+    proc = _status(_train(run_dir, 30, "--chaos", "lose:3@5", "--timeout", "2"), run.FAILED_EXIT)
+    assert time.monotonic() - started < 200
+    assert "waited timeout=2.0 s" in proc.stderr
+    assert ("stop", "slice_lost", 4) in _turns(run_dir)
+
+
+@pytest.fixture
+def persistence(monkeypatch):
+    """Pathways persistence on (the environment the rendered controller sets); no Pathways
+    server is needed: planning a run touches nothing."""
+    monkeypatch.setenv("JAX_PLATFORMS", "proxy")
+    monkeypatch.setenv("ENABLE_PATHWAYS_PERSISTENCE", "1")
+
+
+def test_a_local_checkpoint_directory_under_pathways_persistence_is_refused(persistence, tmp_path):
+    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"))
+    with pytest.raises(run.UsageError, match="is not a gs:// URL.*TPU workers write"):
+        run.plan(spec)
+    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"), elastic={"checkpoint_dir": "/gcs/runs/x/checkpoints"})
+    with pytest.raises(run.UsageError, match="--checkpoint-dir /gcs/runs/x/checkpoints is not a gs:// URL"):
+        run.plan(spec)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_gs_checkpoint_directory_under_pathways_persistence_is_accepted(persistence, tmp_path):
+    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"),
+                       elastic={"checkpoint_dir": "gs://bucket/runs/x/checkpoints"})
+    planned = run.plan(spec)
+    assert planned.config.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
+    assert not planned.simulate
+
+
+def test_a_gs_checkpoint_directory_without_persistence_is_accepted_too(tmp_path):
+    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"),
+                       elastic={"checkpoint_dir": "gs://bucket/runs/x/checkpoints"})
+    assert run.plan(spec).config.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
