@@ -53,6 +53,7 @@ class Sizes:
     overhead_rounds: int
     overhead_steps: int
     reposition_repeats: int
+    first_save_every: int = 40  # steps before each checkpoint in the first-save runs
 
 
 SIZES = {
@@ -64,19 +65,20 @@ SIZES = {
     "quick": Sizes(
         losses=10, losses_no_precompile=2, losses_small_readahead=0, restarts=3, snapshot_rounds=2, snapshot_block=20,
         preempt_mb=(64, 256, 1024), preempt_repeats=1, restore_mb=256, restore_repeats=3,
-        goodput_steps=100, overhead_rounds=2, overhead_steps=40, reposition_repeats=10,
+        goodput_steps=100, overhead_rounds=2, overhead_steps=40, reposition_repeats=10, first_save_every=20,
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
         losses=2, losses_no_precompile=0, losses_small_readahead=0, restarts=1, snapshot_rounds=1, snapshot_block=4,
         preempt_mb=(16,), preempt_repeats=1, restore_mb=16, restore_repeats=1,
-        goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2,
+        goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2, first_save_every=3,
     ),
 }
 
 #: key: (target text, test of the value, the baseline key or None). A missing value is not met.
 TARGETS: dict[str, tuple[str, Any]] = {
     "recovery_speedup": (">= 10x", lambda v: v >= 10),
+    "first_save_over_later": ("<= 2x a later save", lambda v: v <= 2),
     "snapshot_overhead_pct_k1": ("<= 3% (with every snapshot taken)", None),
     "examples_lost": ("0", lambda v: v == 0),
     "examples_duplicated": ("0", lambda v: v == 0),
@@ -191,6 +193,8 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
     ("goodput under the fault schedule", "goodput", "goodput_restart_baseline", "goodput_ratio", "goodput"),
     ("framework overhead vs a bare jitted loop (%)", "framework_overhead_pct", None, None, "framework_overhead_pct"),
     ("data reposition, step 1,000,000 / step 10", "reposition_ratio", None, None, "reposition_ratio"),
+    ("first checkpoint save of a process (s)", "first_save_s", "first_save_unprepared_s", "first_save_over_later", "first_save_over_later"),
+    ("  later checkpoint saves, p50 (s)", "later_save_prepared_s_p50", "later_save_unprepared_s_p50", None, None),
 ]
 
 

@@ -303,3 +303,45 @@ def test_multi_tier_needs_a_run_name(tmp_path, monkeypatch):
     monkeypatch.delenv("JOBSET_NAME", raising=False)
     with pytest.raises(ValueError, match="run_name or set JOBSET_NAME"):
         Checkpoints(str(tmp_path), kind="multi_tier")
+
+
+def _fresh_state(mesh: Mesh, rows: int) -> dict:
+    """A replicated state of a shape no other test compiles for (so its slicing is uncompiled)."""
+    params = jnp.ones((rows, 16), jnp.float32)
+    return {"params": jax.device_put(params, NamedSharding(mesh, P(None, "data")))}
+
+
+def _compiles_during(action) -> int:
+    compiles = []
+
+    def listen(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        action()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return len(compiles)
+
+
+def test_a_prepared_first_save_compiles_nothing_in_the_loop_and_an_unprepared_one_does(tmp_path):
+    """pathwaysutils runs each attempt under ``jax.default_device``; so does this test, since
+    JAX caches a compile under the calling thread's context."""
+    mesh = mesh_of(4)
+    with jax.default_device(jax.devices()[0]):
+        checkpoints = Checkpoints(str(tmp_path / "prepared"))
+        state = _fresh_state(mesh, 40)
+        checkpoints.prepare(state)
+        assert checkpoints.prepared(timeout=120)
+        assert _compiles_during(lambda: checkpoints.save(1, state, {"step": 1})) == 0
+        checkpoints.wait()
+        checkpoints.close()
+
+        unprepared = Checkpoints(str(tmp_path / "unprepared"))
+        other = _fresh_state(mesh, 56)
+        assert _compiles_during(lambda: unprepared.save(1, other, {"step": 1})) > 0
+        unprepared.wait()
+        unprepared.close()
+    assert Checkpoints(str(tmp_path / "prepared")).latest_step() == 1

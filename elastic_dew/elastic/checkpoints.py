@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import re
+import threading
 from typing import Any
 
 import jax
@@ -102,6 +103,38 @@ def _leaf_shapes(tree: Any) -> dict[str, tuple]:
     }
 
 
+def _prepare_replica_slices(state: Any, stop: threading.Event | None = None) -> None:
+    """Compile, off the training loop, the per-device slicing Orbax's first save would compile.
+
+    Orbax saves a replicated array replica-parallel: each replica transfers its own slice,
+    cut by a small ``jax.lax.slice_in_dim`` program per (device, shard shape, slice), and
+    compiling those programs was nearly all of a process's first checkpoint save (in the
+    demo 4.1 s of the loop, where later saves took 0.03-0.46 s; ``benchmarks/first_save.py``
+    profiles it). This runs Orbax's own slicing (its registered array handler's settings,
+    ``replica_slices.get_replica_slices`` and ``ReplicaSlice.data``, private in this Orbax
+    version) on ``state``'s arrays, one leaf at a time, and drops the slices: the same
+    programs are compiled and cached, the devices copy a fraction of each leaf, and nothing
+    reaches the host or the disk. It returns early once ``stop`` is set (a save began and
+    compiles the rest itself).
+    """
+    from orbax.checkpoint._src.serialization import replica_slices
+
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    settings = dict(
+        replica_id=getattr(handler, "_replica_id", 0),
+        use_replica_parallel=getattr(handler, "_use_replica_parallel", True),
+        min_slice_bytes_for_replica_parallel=getattr(handler, "_min_slice_bytes_for_replica_parallel", None),
+        max_replicas_for_replica_parallel=getattr(handler, "_max_replicas_for_replica_parallel", None),
+    )
+    for leaf in jax.tree.leaves(_unwrap_keys(state)):
+        if stop is not None and stop.is_set():
+            return
+        if not isinstance(leaf, jax.Array) or leaf.is_deleted():
+            continue
+        for piece in replica_slices.get_replica_slices(leaf, **settings).replica_slices:
+            piece.data()
+
+
 class _OrbaxKind:
     """``ocp.CheckpointManager`` with ``state`` + ``meta`` items and a strict commit check."""
 
@@ -113,6 +146,48 @@ class _OrbaxKind:
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=(_STATE, _META)
         )
+        self._preparing: threading.Thread | None = None
+        self._stop_preparing = threading.Event()
+        self._prepared: set = set()
+
+    def prepare(self, state: Any) -> None:
+        """Compile the first save's slicing for ``state``'s layout in a background thread.
+
+        Once per layout (leaf shapes, dtypes and shardings): a later attempt or scale-up on
+        a layout already prepared does nothing. A save stops the preparation where it is
+        (one leaf's slices at most to wait for) and compiles what it had not reached.
+        """
+        layout = tuple((leaf.shape, leaf.dtype, getattr(leaf, "sharding", None)) for leaf in jax.tree.leaves(state))
+        if layout in self._prepared:
+            return
+        self._finish_preparing()
+        self._prepared.add(layout)
+        self._stop_preparing.clear()
+        # JAX caches a compile under the calling thread's context, and pathwaysutils runs
+        # each attempt under jax.default_device: the worker compiles under the same one.
+        device = jax.config.jax_default_device
+
+        def work() -> None:
+            try:
+                with jax.default_device(device):
+                    _prepare_replica_slices(state, self._stop_preparing)
+            except Exception:  # only a warm-up: the save itself compiles what is missing
+                logger.debug("preparing the checkpoint's replica slices failed", exc_info=True)
+
+        self._preparing = threading.Thread(target=work, name="elastic-dew-checkpoint-prepare", daemon=True)
+        self._preparing.start()
+
+    def prepared(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the preparation; whether none is running."""
+        if self._preparing is not None:
+            self._preparing.join(timeout)
+        return self._preparing is None or not self._preparing.is_alive()
+
+    def _finish_preparing(self) -> None:
+        self._stop_preparing.set()
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
 
     def committed(self, step: int) -> bool:
         return rundir.committed(self.directory / str(step))
@@ -127,6 +202,7 @@ class _OrbaxKind:
         return steps[-1] if steps else None
 
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
+        self._finish_preparing()
         latest = self.latest_step()
         if latest is not None and step <= latest:
             logger.info("checkpoint of step %d skipped: step %d is already committed", step, latest)
@@ -207,6 +283,7 @@ class _OrbaxKind:
         return None
 
     def close(self) -> None:
+        self._finish_preparing()
         self.manager.wait_until_finished()
         self.manager.close()
 
@@ -405,6 +482,23 @@ class Checkpoints:
     def wait(self) -> None:
         """Block until the last save is committed; raise if it failed."""
         self._kind.wait()
+
+    def prepare(self, state: Any) -> None:
+        """Get the first save of ``state``'s layout ready while training goes on.
+
+        For ``orbax``: compile, in a background thread, the per-device slicing Orbax's
+        replica-parallel save compiles on its first save of a layout (the bulk of that
+        save's time); a save waits for it. The protocol calls this after every resume and
+        scale-up. A no-op for ``multi_tier``.
+        """
+        prepare = getattr(self._kind, "prepare", None)
+        if prepare is not None:
+            prepare(state)
+
+    def prepared(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`prepare`'s work; whether it is done."""
+        prepared = getattr(self._kind, "prepared", None)
+        return True if prepared is None else prepared(timeout)
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None``; saves still in flight do not count."""

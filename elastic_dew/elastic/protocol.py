@@ -171,6 +171,8 @@ class _Attempt:
     state: Any
     step: int
     data: dict | None = None
+    #: Whether the tiers were handed a step's output state to get their first save ready.
+    prepared: bool = False
     in_batch: jax.sharding.NamedSharding = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -386,6 +388,10 @@ class ElasticRun:
                 ahead = self._dispatch(attempt, current.state, current.step + 1)
                 taken.append(ahead)
             self._complete(attempt, current, started, sum(t.data_seconds for t in taken))
+            if not attempt.prepared:
+                # A step's output, not the restored state: the layout every later save sees.
+                self.tiers.prepare(attempt.state)
+                attempt.prepared = True
             meta = {"step": attempt.step, "data": attempt.data}
             if self.notice is not None and self.notice.reached(attempt.step):
                 self._stop_for_preemption(attempt, meta)
@@ -503,4 +509,5 @@ class ElasticRun:
         attempt.in_batch = batch_sharding(mesh)
         self.data.start(batch_size, attempt.data)  # the position after ``step``, not the step in flight
         recovery.lap("restore")
+        attempt.prepared = False
         self.emit(Resume(source="live", step=step + 1, durations=recovery.durations))

@@ -167,6 +167,11 @@ class Tiers:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`)."""
         return newest(self.snapshots, self.checkpoints)
 
+    def prepare(self, state: Any) -> None:
+        """Let tier 2 get its first save of ``state``'s layout ready off the loop."""
+        if self.checkpoints is not None:
+            self.checkpoints.prepare(state)
+
     def slices_changed(self, mesh: jax.sharding.Mesh) -> None:
         """Tell tier 2 about the mesh; the multi-tier kind re-initialises on a new slice count."""
         if self.checkpoints is not None:
