@@ -96,7 +96,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
         precompile_smaller_meshes=precompile,
         max_attempts=None,  # the benchmark loses a slice more often than the guide's 10 attempts allow
     )
-    events: list[tuple[float, dict]] = []
+    events: list[tuple[float, Any]] = []  # (monotonic time, typed event)
     state = {"losses": [], "restarts": [], "phase": "warmup", "count": 0, "lost": None}
     box: dict[str, Any] = {}
 

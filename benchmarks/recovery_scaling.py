@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
 from benchmarks.common import REPO, median, worker_env
 
 __all__ = ["measure", "SLICE_COUNTS"]
@@ -32,29 +31,6 @@ __all__ = ["measure", "SLICE_COUNTS"]
 SLICE_COUNTS = (4, 32)
 PER_SLICE_BATCH = 8
 STEPS_AFTER = 4  # steps after a resume (and after the return) before the next fault
-
-# The rows and the target, registered here because this module owns the figures (they
-# belong in common.ROWS and common.TARGETS once that file's owner moves them there).
-_ROWS = [
-    ("recovery after one loss, 32 slices / 4 slices, warm p50 (s)", "recovery_scaling_s_p50_32",
-     "recovery_scaling_s_p50_4", "recovery_scaling_ratio", "recovery_scaling_ratio"),
-    ("  the same in steady step times (recovery / median step)", "recovery_scaling_steps_p50_32",
-     "recovery_scaling_steps_p50_4", "recovery_scaling_ratio_in_steps", None),
-    ("  wait for slices, 32 slices (baseline: 4), warm p50 (s)", "recovery_scaling_wait_for_slices_s_p50_32",
-     "recovery_scaling_wait_for_slices_s_p50_4", None, None),
-]
-_TARGET = ("<= 2", lambda v: v <= 2)
-
-
-def _register_rows() -> None:
-    common.TARGETS.setdefault("recovery_scaling_ratio", _TARGET)
-    for row in _ROWS:
-        if row not in common.ROWS:
-            common.ROWS.append(row)
-
-
-_register_rows()
-
 
 class _Finished(Exception):
     """Raised from the listener to end the child's run once every loss is measured."""
@@ -69,7 +45,9 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
     from elastic_dew import Trainer
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
+    from elastic_dew.elastic.events import Resume, Step
     from elastic_dew.elastic.retry import make_manager
+    from elastic_dew.record import as_event
     from elastic_dew.simulate import SimulatedSlices
     from recipes import mlp
 
@@ -80,7 +58,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
     )
     lost = slices - 1
     state: dict[str, Any] = {"phase": "warmup", "count": 0, "losses": []}
-    events: list[tuple[float, dict]] = []
+    events: list[tuple[float, Any]] = []  # (monotonic time, typed event)
     box: dict[str, Any] = {}
 
     def listener(phase: str, step: int) -> None:
@@ -104,9 +82,8 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
         elif state["phase"] == "returning":
             state["phase"] = "lose"
 
-    def progress(event: Any) -> None:
-        line = event.to_json() if hasattr(event, "to_json") else dict(event)
-        events.append((time.monotonic(), line))
+    def progress(line: Any) -> None:
+        events.append((time.monotonic(), as_event(line)))
 
     hooks.add_listener(listener)
     try:
@@ -127,16 +104,16 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
     recoveries, waits, parts = [], [], []
     for t_loss in state["losses"]:
         later = [(t, e) for t, e in events if t >= t_loss]
-        resume = next(((t, e) for t, e in later if e["event"] == "resume" and e.get("source") != "live"), None)
+        resume = next(((t, e) for t, e in later if isinstance(e, Resume) and e.source != "live"), None)
         if resume is None:
             continue
-        step = next(((t, e) for t, e in later if t >= resume[0] and e["event"] == "step"), None)
+        step = next(((t, e) for t, e in later if t >= resume[0] and isinstance(e, Step)), None)
         if step is None:
             continue
         recoveries.append(step[0] - t_loss)
-        waits.append(resume[1]["durations"]["wait_for_slices"])
-        parts.append(resume[1]["durations"])
-    steps = [t for t, e in events if e["event"] == "step"]
+        waits.append(resume[1].durations["wait_for_slices"])
+        parts.append(dict(resume[1].durations))
+    steps = [t for t, e in events if isinstance(e, Step)]
     step_s = median([b - a for a, b in zip(steps, steps[1:])])
     print("RESULT " + json.dumps({"recoveries": recoveries, "waits": waits, "parts": parts, "step_s": step_s}), flush=True)
     return 0

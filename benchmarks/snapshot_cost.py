@@ -50,7 +50,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     )
     block = sizes.snapshot_block
     plan = [k for _ in range(sizes.snapshot_rounds) for k in VARIANTS]
-    events: list[tuple[float, dict]] = []
+    events: list[tuple[float, Any]] = []  # (monotonic time, typed event)
     blocks: list[tuple[int, int, int]] = []  # (k, first step, last step)
     box: dict[str, Any] = {}
 

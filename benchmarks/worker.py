@@ -7,8 +7,8 @@
   as the whole workload does under the JobSet restart policy; it prints ``FIRST_STEP`` when
   its first new step has completed and exits at once.
 * ``train RUN_DIR STEPS SCHEDULE SNAPSHOT_EVERY CHECKPOINT_EVERY``: ``Trainer.fit`` of ``lm``
-  on four simulated slices under a fault schedule (exit 143 after a preemption, -9 after a
-  ``kill``); the parent restarts it, as a JobSet would.
+  on four simulated slices under a fault schedule (empty: none; exit 143 after a preemption,
+  -9 after a ``kill``); the parent restarts it, as a JobSet would.
 * ``preempt CHECKPOINT_DIR MEGABYTES``: an :class:`ElasticRun` over a state of that size
   that prints ``READY`` once it is stepping; SIGTERM from the parent must end in a committed
   checkpoint and exit 143. It prints ``SAVE seconds`` (the protocol's own save time).
@@ -33,15 +33,23 @@ def _prepare() -> None:
 
 
 def lm_parts() -> dict:
-    """The ``lm`` recipe at its defaults: the model every trainer benchmark runs."""
+    """The ``lm`` recipe at its defaults: the model every trainer benchmark runs.
+
+    Only the parts ``Trainer`` takes: the benchmarks run without a model axis, so the
+    recipe's tensor-parallel ``model_sharding`` rule is left out.
+    """
     from recipes import lm
 
-    return lm.build()
+    parts = lm.build()
+    parts.pop("model_sharding", None)
+    return parts
 
 
 def restart(checkpoint_dir: str, run_dir: str) -> int:
     from elastic_dew import Trainer
     from elastic_dew.elastic.config import ElasticConfig
+    from elastic_dew.elastic.events import Resume, Step
+    from elastic_dew.record import as_event
     from elastic_dew.simulate import SimulatedSlices
 
     config = ElasticConfig(
@@ -49,10 +57,11 @@ def restart(checkpoint_dir: str, run_dir: str) -> int:
         checkpoint_every=0, checkpoint_dir=checkpoint_dir, precompile_smaller_meshes=False,
     )
 
-    def first_step(event: dict) -> None:
-        if event["event"] == "resume":
-            print(f"RESUME {event['source']} {event['step']}", flush=True)
-        if event["event"] == "step":
+    def first_step(line: dict) -> None:
+        event = as_event(line)  # the trainer hands its progress callback the JSON line
+        if isinstance(event, Resume):
+            print(f"RESUME {event.source} {event.step}", flush=True)
+        if isinstance(event, Step):
             print("FIRST_STEP", flush=True)
             os._exit(0)
 
@@ -66,6 +75,7 @@ def train(run_dir: str, steps: str, schedule: str, snapshot_every: str, checkpoi
 
     from elastic_dew import Trainer
     from elastic_dew.elastic.config import ElasticConfig
+    from elastic_dew.rundir import FAULTS_FILE
     from elastic_dew.simulate import SimulatedSlices
 
     elastic = int(snapshot_every) > 0
@@ -74,7 +84,7 @@ def train(run_dir: str, steps: str, schedule: str, snapshot_every: str, checkpoi
         global_batch=48, snapshot_every=int(snapshot_every), checkpoint_every=int(checkpoint_every),
         precompile_smaller_meshes=elastic,
     )
-    with SimulatedSlices(4, 2, schedule=schedule, fault_log=Path(run_dir) / "faults.jsonl"):
+    with SimulatedSlices(4, 2, schedule=schedule, fault_log=Path(run_dir) / FAULTS_FILE):
         Trainer(**lm_parts(), config=config, run_dir=run_dir, log_every=10**9).fit(int(steps))
     return 0
 
@@ -122,6 +132,7 @@ def preempt(checkpoint_dir: str, megabytes: str) -> int:
 
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.data import ElasticData
+    from elastic_dew.elastic.events import Event, Save, Step
     from elastic_dew.elastic.protocol import ElasticRun
     from elastic_dew.runtime import PreemptionNotice
     from elastic_dew.simulate import SimulatedSlices
@@ -133,12 +144,12 @@ def preempt(checkpoint_dir: str, megabytes: str) -> int:
     )
     ready = []
 
-    def emit(event: dict) -> None:
-        if event["event"] == "step" and event["step"] == 2 and not ready:
+    def emit(event: Event) -> None:
+        if isinstance(event, Step) and event.step == 2 and not ready:
             ready.append(True)
             print("READY", flush=True)
-        if event["event"] == "save" and event["tier"] == "checkpoint":
-            print(f"SAVE {event['seconds']:.6f}", flush=True)
+        if isinstance(event, Save) and event.tier == "checkpoint":
+            print(f"SAVE {event.seconds:.6f}", flush=True)
 
     with PreemptionNotice() as notice, SimulatedSlices(1, 1):
         ElasticRun(BlobProgram(int(megabytes)), ElasticData(dataset), config, emit=emit, notice=notice).run(10**9)

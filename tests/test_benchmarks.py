@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from benchmarks.__main__ import MODULES, parse
-from benchmarks.common import ROWS, table, verdicts
+from benchmarks.common import CLUSTER_RESCHEDULE_S, ROWS, TARGETS, table, verdicts
+from benchmarks.goodput import reschedule_delay, rescheduled_goodput
 from benchmarks.work_lost import work_lost
 
 from conftest import REPO
@@ -106,3 +107,47 @@ def test_the_recovery_scaling_benchmark_measures_both_slice_counts_and_their_rat
     assert set(results["targets_met"]) == {"recovery_scaling_ratio"}
     md = (tmp_path / "results.md").read_text()
     assert "| recovery after one loss, 32 slices / 4 slices, warm p50 (s) |" in md
+
+
+def _summary(processes, wall, productive, between):
+    return {
+        "processes": processes, "wall_seconds": wall, "productive_seconds": productive,
+        "badput": {"infrastructure_recovery_from_disruption": between},
+    }
+
+
+def test_a_cluster_reschedule_lengthens_each_gap_between_processes_and_nothing_else():
+    # Two restarts that took 1 s between them in all: at 60 s each the wall time grows by 119 s.
+    faulted = _summary(processes=3, wall=50.0, productive=40.0, between=1.0)
+    assert rescheduled_goodput(faulted, 60.0) == pytest.approx(40.0 / (50.0 - 1.0 + 120.0))
+    # A gap already longer than asked is kept, and a single process has no gap to lengthen.
+    assert rescheduled_goodput(_summary(3, 300.0, 40.0, 200.0), 60.0) == pytest.approx(40.0 / 300.0)
+    assert rescheduled_goodput(_summary(1, 50.0, 40.0, 0.0), 60.0) == pytest.approx(0.8)
+
+
+def test_a_reschedule_delay_that_is_not_a_number_of_seconds_is_refused_naming_the_variable():
+    assert reschedule_delay({}) == 0.0
+    assert reschedule_delay({"BENCH_RESCHEDULE_DELAY_S": "85"}) == 85.0
+    for bad in ("soon", "-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="BENCH_RESCHEDULE_DELAY_S"):
+            reschedule_delay({"BENCH_RESCHEDULE_DELAY_S": bad})
+
+
+def test_the_goodput_row_to_meet_is_the_share_of_fault_free_goodput_beside_the_restart_baselines():
+    results = {
+        "goodput_share_of_fault_free": 0.93, "goodput_restart_baseline_share_of_fault_free": 0.62,
+        "goodput_share_over_restart_baseline": 1.5, "goodput": 0.5, "goodput_restart_baseline": 0.33,
+    }
+    lines = table(results).splitlines()
+    row = next(l for l in lines if l.startswith("| goodput under the fault schedule / without faults |"))
+    assert row == "| goodput under the fault schedule / without faults | 0.93 | 0.62 | 1.5 | >= 0.9 | yes |"
+    assert verdicts(dict(results, goodput_share_of_fault_free=0.85))["goodput_share_of_fault_free"] is False
+    assert "goodput" not in TARGETS  # the absolute goodput is shown, not judged
+    assert any(f"{CLUSTER_RESCHEDULE_S:.0f} s reschedule" in label for label, *_ in ROWS)
+
+
+def test_the_recovery_scaling_rows_and_target_live_in_common_with_the_others():
+    assert TARGETS["recovery_scaling_ratio"][1](2.0) and not TARGETS["recovery_scaling_ratio"][1](2.1)
+    keys = [row[1] for row in ROWS]
+    assert {"recovery_scaling_s_p50_32", "recovery_scaling_steps_p50_32"} <= set(keys)
+    assert len(keys) == len(set(keys)), "a row is registered twice"
