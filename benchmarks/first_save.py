@@ -17,7 +17,6 @@ median of the later ones.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import median
+from elastic_dew.elastic.events import Save
+from elastic_dew.record import as_events, read_events
 
 __all__ = ["measure", "saves_of"]
 
@@ -38,9 +39,8 @@ _PREPARED = "import sys; from elastic_dew.cli import main; sys.exit(main(sys.arg
 
 def saves_of(run_dir: Path) -> list[float]:
     """The checkpoint tier's save seconds, in step order, from a run's ``events.jsonl``."""
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    events = [json.loads(line) for line in lines if line.strip()]
-    return [e["seconds"] for e in events if e.get("event") == "save" and e.get("tier") == "checkpoint" and e["taken"]]
+    events = as_events(read_events(run_dir))
+    return [e.seconds for e in events if isinstance(e, Save) and e.tier == "checkpoint" and e.taken]
 
 
 def _run(code: str, run_dir: Path, steps: int, every: int) -> list[float]:
