@@ -179,7 +179,16 @@ class Tiers:
 
     def restore(self, abstract: Any) -> tuple[str, int, Any, dict] | None:
         """The newest complete state as ``(source, step, state, meta)`` on ``abstract``'s
-        shardings, or ``None`` when neither tier holds one (a fresh start)."""
+        shardings, or ``None`` when neither tier holds one (a fresh start).
+
+        A checkpoint still being written when the attempt ended is waited for first: its
+        state is already on the host, and once committed it may be the newest one.
+        """
+        if self.checkpoints is not None:
+            try:
+                self.checkpoints.wait()
+            except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
+                logger.warning("the checkpoint in flight when the attempt ended did not commit: %s", error)
         source, saved = self.newest()
         if source == "snapshot":
             hooks.phase("snapshot_load", saved + 1)
