@@ -22,6 +22,7 @@ import pytest
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.events import Event
 from elastic_dew.elastic.protocol import ElasticRun, check_batch_for_every_slice_count
 from elastic_dew.elastic.slices import batch_sharding, replicated
 from elastic_dew.runtime import Preempted, PreemptionNotice
@@ -95,7 +96,7 @@ def _config(tmp_path, **overrides) -> ElasticConfig:
 
 def _train(tmp_path, steps=12, schedule=None, notice=None, on_run=None, **overrides):
     """Run to ``steps`` on 4x2 simulated slices; return (final numpy state, events)."""
-    events: list[dict] = []
+    events: list[Event] = []
     with SimulatedSlices(4, 2, schedule=schedule, fault_log=tmp_path / "faults.jsonl"):
         run = ElasticRun(
             LinearProgram(), ElasticData(_dataset()), _config(tmp_path, **overrides),
@@ -112,9 +113,9 @@ def _committed(events):
     """Step events no later resume re-did (the run record's commit rule)."""
     committed = []
     for i, e in enumerate(events):
-        if e["event"] != "step":
+        if e.kind != "step":
             continue
-        if any(r["event"] == "resume" and r["step"] <= e["step"] for r in events[i + 1:]):
+        if any(r.kind == "resume" and r.step <= e.step for r in events[i + 1:]):
             continue
         committed.append(e)
     return committed
@@ -122,11 +123,11 @@ def _committed(events):
 
 def _assert_exactly_once(events, steps):
     committed = _committed(events)
-    assert [e["step"] for e in committed] == list(range(1, steps + 1))
+    assert [e.step for e in committed] == list(range(1, steps + 1))
     position = 0
     for e in committed:
-        start, end = e["examples"]
-        assert start == position, f"step {e['step']} starts at example {start}, expected {position}"
+        start, end = e.examples
+        assert start == position, f"step {e.step} starts at example {start}, expected {position}"
         position = end
     return position
 
@@ -138,19 +139,19 @@ def _assert_resumed_from_a_taken_snapshot(events, lost_after):
     transfer a loss interrupted, so which snapshot survives depends on thread timing; what
     must hold is that it is one that was taken, and the newest one when nothing was skipped.
     """
-    taken = {e["step"] for e in events if e["event"] == "save" and e["tier"] == "snapshot" and e["taken"]}
-    resume = [e for e in events if e["event"] == "resume"][1]
-    assert resume["source"] == "snapshot"
-    assert resume["step"] - 1 in taken and resume["step"] - 1 <= lost_after
+    taken = {e.step for e in events if e.kind == "save" and e.tier == "snapshot" and e.taken}
+    resume = [e for e in events if e.kind == "resume"][1]
+    assert resume.source == "snapshot"
+    assert resume.step - 1 in taken and resume.step - 1 <= lost_after
 
 
 def _kinds(events):
     out = []
     for e in events:
-        if e["event"] == "stop":
-            out.append(("stop", e["reason"], e["step"]))
-        elif e["event"] == "resume":
-            out.append(("resume", e["source"], e["step"]))
+        if e.kind == "stop":
+            out.append(("stop", e.reason, e.step))
+        elif e.kind == "resume":
+            out.append(("resume", e.source, e.step))
     return out
 
 
@@ -168,8 +169,8 @@ def test_a_failure_free_run_resumes_fresh_and_stops_done(reference):
     assert consumed == 12 * GLOBAL_BATCH
     assert int(state["seen"]) == sum(range(consumed))
     for e in events:
-        if e["event"] == "resume":
-            assert set(e["durations"]) == {"detection", "wait_for_slices", "mesh_and_compile", "restore"}
+        if e.kind == "resume":
+            assert set(e.durations) == {"detection", "wait_for_slices", "mesh_and_compile", "restore"}
 
 
 def test_a_lost_slice_resumes_from_the_newest_snapshot_on_the_survivors(tmp_path, reference):
@@ -177,7 +178,7 @@ def test_a_lost_slice_resumes_from_the_newest_snapshot_on_the_survivors(tmp_path
     kinds = _kinds(events)
     assert ("stop", "slice_lost", 4) in kinds
     _assert_resumed_from_a_taken_snapshot(events, 4)
-    assert any(e["event"] == "step" and e["slices"] == 3 for e in events)
+    assert any(e.kind == "step" and e.slices == 3 for e in events)
     consumed = _assert_exactly_once(events, 12)
     assert int(state["seen"]) == sum(range(consumed))
     np.testing.assert_allclose(state["w"], reference[0]["w"], **TOLERANCE)
@@ -194,7 +195,7 @@ def test_a_lost_slice_that_returns_is_added_back_in_place(tmp_path, reference):
     _assert_resumed_from_a_taken_snapshot(events, 3)
     assert ("stop", "scale_up", 7) in kinds
     assert ("resume", "live", 8) in kinds
-    assert [e["slices"] for e in events if e["event"] == "step"][-1] == 4
+    assert [e.slices for e in events if e.kind == "step"][-1] == 4
     consumed = _assert_exactly_once(events, 12)
     assert int(state["seen"]) == sum(range(consumed))
 
@@ -203,7 +204,7 @@ def test_two_losses_in_a_row_continue_on_the_remaining_slices(tmp_path, referenc
     state, events = _train(tmp_path, schedule="lose:1@5,lose:3@6")
     losses = [k for k in _kinds(events) if k[:2] == ("stop", "slice_lost")]
     assert len(losses) == 2
-    assert [e["slices"] for e in events if e["event"] == "step"][-1] == 2
+    assert [e.slices for e in events if e.kind == "step"][-1] == 2
     consumed = _assert_exactly_once(events, 12)
     assert int(state["seen"]) == sum(range(consumed))
     np.testing.assert_allclose(state["w"], reference[0]["w"], **TOLERANCE)
@@ -222,7 +223,7 @@ def test_pause_resume_waits_for_the_slice_and_matches_bitwise(tmp_path, referenc
             sim_box["sim"].lose(0)
             threading.Timer(0.5, sim_box["sim"].restore, [0]).start()
 
-    events: list[dict] = []
+    events: list[Event] = []
     hooks.add_listener(lose_then_return)
     try:
         with SimulatedSlices(4, 2) as sim:
@@ -238,9 +239,9 @@ def test_pause_resume_waits_for_the_slice_and_matches_bitwise(tmp_path, referenc
     kinds = _kinds(events)
     assert ("stop", "slice_lost", 5) in kinds
     _assert_resumed_from_a_taken_snapshot(events, 5)
-    assert all(e["slices"] == 4 for e in events if e["event"] == "step")
-    resume = [e for e in events if e["event"] == "resume"][1]
-    assert resume["durations"]["wait_for_slices"] > 0
+    assert all(e.slices == 4 for e in events if e.kind == "step")
+    resume = [e for e in events if e.kind == "resume"][1]
+    assert resume.durations["wait_for_slices"] > 0
     _assert_exactly_once(events, 12)
     np.testing.assert_array_equal(state["w"], reference[0]["w"])
     assert int(state["seen"]) == int(reference[0]["seen"])
@@ -265,7 +266,7 @@ def test_a_loss_during_a_restore_retries_on_fewer_slices(tmp_path, reference):
     losses = [k for k in kinds if k[:2] == ("stop", "slice_lost")]
     assert len(losses) == 2
     assert [k for k in kinds if k[0] == "resume"][1:] == [("resume", "checkpoint", 5)]
-    assert [e["slices"] for e in events if e["event"] == "step"][-1] == 2
+    assert [e.slices for e in events if e.kind == "step"][-1] == 2
     consumed = _assert_exactly_once(events, 12)
     assert int(state["seen"]) == sum(range(consumed))
     np.testing.assert_allclose(state["w"], reference[0]["w"], **TOLERANCE)
@@ -285,7 +286,7 @@ def test_a_preemption_checkpoints_the_agreed_step_and_the_rerun_resumes_there(tm
     kinds = _kinds(events)
     assert kinds[0] == ("resume", "checkpoint", 8)
     assert kinds[-1] == ("stop", "done", 12)
-    steps = [e["step"] for e in events if e["event"] == "step"]
+    steps = [e.step for e in events if e.kind == "step"]
     assert steps == list(range(8, 13)) and not first_events
     np.testing.assert_array_equal(state["w"], reference[0]["w"])
     assert int(state["seen"]) == int(reference[0]["seen"])

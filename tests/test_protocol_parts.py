@@ -11,7 +11,6 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic import events
@@ -178,9 +177,3 @@ def test_the_protocol_emits_typed_events_and_keeps_no_device_array_after_a_run(t
     assert not [v for d in held for v in d.values() if isinstance(v, jax.Array)]
     del state
 
-
-def test_an_event_reads_by_key_like_its_json_line():
-    stop = events.Stop(reason="done", step=4)
-    assert stop["event"] == "stop" and stop["step"] == 4 and stop["reason"] == "done"
-    with pytest.raises(KeyError):
-        stop["nothing"]

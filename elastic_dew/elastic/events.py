@@ -73,10 +73,6 @@ class Event:
             out.setdefault(key, value)
         return out
 
-    def __getitem__(self, key: str) -> Any:
-        """The value of ``key`` in :meth:`to_json`, for readers written against the JSON lines."""
-        return self.to_json()[key]
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Start(Event):
