@@ -35,14 +35,12 @@ def _prepare() -> None:
 def lm_parts() -> dict:
     """The ``lm`` recipe at its defaults: the model every trainer benchmark runs.
 
-    Only the parts ``Trainer`` takes: the benchmarks run without a model axis, so the
-    recipe's tensor-parallel ``model_sharding`` rule is left out.
+    ``Trainer(**lm_parts(), ...)`` takes them all; the recipe's ``model_sharding`` rule
+    applies only under a model axis, which the benchmarks do not use.
     """
     from recipes import lm
 
-    parts = lm.build()
-    parts.pop("model_sharding", None)
-    return parts
+    return lm.build()
 
 
 def restart(checkpoint_dir: str, run_dir: str) -> int:

@@ -492,7 +492,6 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     Raises :class:`UsageError` for recipe settings its ``build`` refuses; a preemption is
     an :class:`Outcome` with status 143.
     """
-    from elastic_dew.elastic.sharding import with_model_rule
     import jax
     from pathwaysutils.elastic.manager import ElasticRuntimeError
 
@@ -528,8 +527,9 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             log_every=p.log_every,
             seed=p.seed,
             progress=progress,
+            sharding=p.sharding,
             # A recipe that knows its tensor-parallel split gives it as "model_sharding".
-            sharding=with_model_rule(p.sharding, parts.get("model_sharding")),
+            model_sharding=parts.get("model_sharding"),
             **({"microbatch": p.microbatch} if p.microbatch is not None else {}),
         )
         try:

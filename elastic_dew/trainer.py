@@ -207,6 +207,12 @@ class Trainer:
         split over the slice's ``data`` devices along its largest dimension they divide),
         ``"replicated"``, or a callable ``(path, leaf, mesh) -> PartitionSpec`` over ``data``
         and ``model`` (never ``replica``). Across slices the state is always replicated.
+      model_sharding: a model's own tensor-parallel rule ``(path, leaf, mesh) ->
+        PartitionSpec`` over ``model`` (the ``lm`` recipe's ``build()`` returns one), or
+        ``None``. It applies when the config's ``model_axis`` is above 1, and a named
+        ``sharding`` is laid on top of it (``fsdp`` adds ``data`` on a dimension it left
+        free): :func:`~elastic_dew.elastic.sharding.with_model_rule`. A ``sharding``
+        callable already decides the ``model`` axis, so the two together are refused.
       microbatch: examples per data-parallel device per micro-step, or ``None``. A step
         then accumulates gradients over ``per-device batch / microbatch`` micro-steps (a
         ``lax.scan``): the update is the full batch's, and a lost slice under the
@@ -230,9 +236,22 @@ class Trainer:
         notice: PreemptionNotice | None = None,
         manager: Any = None,
         sharding: shardings.Policy = "fsdp",
+        model_sharding: Callable[[tuple, Any, jax.sharding.Mesh], PartitionSpec] | None = None,
         microbatch: int | None = None,
     ) -> None:
         shardings.check_policy(sharding)
+        if model_sharding is not None and not callable(model_sharding):
+            raise TypeError(
+                f"model_sharding must be a callable (path, leaf, mesh) -> PartitionSpec over "
+                f"'model', or None, not {type(model_sharding).__name__}"
+            )
+        if model_sharding is not None and not isinstance(sharding, str):
+            raise ValueError(
+                "model_sharding combines with a named sharding (replicated or fsdp), but "
+                "sharding is a callable, which already decides the 'model' axis; give "
+                "sharding='fsdp' (or 'replicated') with model_sharding, or fold the model rule "
+                "into your callable and drop model_sharding"
+            )
         if microbatch is not None and (
             not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1
         ):
@@ -264,7 +283,9 @@ class Trainer:
         self.progress = progress
         self.notice = notice
         self.manager = manager
-        self._program = _Program(init, loss, optimizer, dataset[0], seed, host, sharding, microbatch)
+        self._program = _Program(
+            init, loss, optimizer, dataset[0], seed, host, shardings.with_model_rule(sharding, model_sharding), microbatch
+        )
 
     def _emit(self, record, event: events.Event) -> None:
         line = events.to_json(event)

@@ -1,28 +1,32 @@
-"""The Orbax adapter: the installed Snapshotter still has the private members it relies on.
+"""The Orbax adapter: the installed Orbax still has the private members elastic_dew relies on.
 
-``elastic_dew.elastic.orbax_snapshotter`` is the one module that reaches into Orbax's
-experimental ``Snapshotter``. When an Orbax release renames or reshapes one of those
-members, these tests fail with the member's name instead of a training run failing later.
+``elastic_dew.elastic.orbax_private`` is the one module that reaches into Orbax's internals:
+the experimental ``Snapshotter``'s members, the replica-parallel slicing of a save and the
+Pathways backend test. When an Orbax release renames or reshapes one of those members, these
+tests fail with the member's name instead of a training run failing later.
 """
 
 from __future__ import annotations
 
 import inspect
+import pathlib
 import queue
+import re
 
 import jax
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
 
-from elastic_dew.elastic import orbax_snapshotter as adapter
+from elastic_dew.elastic import orbax_private as adapter
 
 
 @pytest.mark.parametrize("name", sorted(adapter.METHODS))
 def test_every_snapshotter_method_the_adapter_calls_exists_with_its_parameters(name):
     method = getattr(Snapshotter, name, None)
-    assert callable(method), f"Snapshotter.{name} is gone; update elastic_dew/elastic/orbax_snapshotter.py"
+    assert callable(method), f"Snapshotter.{name} is gone; update elastic_dew/elastic/orbax_private.py"
     params = list(inspect.signature(method).parameters)[1:]
     expected = list(adapter.METHODS[name])
     assert params[: len(expected)] == expected, (
@@ -72,3 +76,68 @@ def test_a_taken_save_lands_as_replica_trees_and_step_and_can_be_dropped():
     assert step == 3 and len(trees) == len(devices) and trees[0]["meta"] == "{}"
     snapshotter.drop()
     assert snapshotter.newest() is None and snapshotter.latest is None
+
+
+def test_orbax_replica_slicing_still_has_the_function_types_and_handler_settings_the_adapter_uses():
+    from orbax.checkpoint._src.serialization import replica_slices
+
+    get = getattr(replica_slices, "get_replica_slices", None)
+    assert callable(get), "replica_slices.get_replica_slices is gone; update elastic_dew/elastic/orbax_private.py"
+    params = list(inspect.signature(get).parameters)
+    expected = list(adapter.REPLICA_SLICE_PARAMETERS)
+    assert params[: len(expected)] == expected, f"get_replica_slices now takes {params}, the adapter expects {expected}"
+    assert "replica_slices" in replica_slices.ReplicaSlices.__dataclass_fields__, "ReplicaSlices.replica_slices changed"
+    assert callable(replica_slices.ReplicaSlice.data), "ReplicaSlice.data changed"
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    for parameter, attribute in adapter.HANDLER_SETTINGS.items():
+        assert hasattr(handler, attribute), f"{type(handler).__name__}.{attribute} (for {parameter}) is gone"
+    assert adapter.replica_slicing_incompatibilities() == []
+
+
+def test_orbax_still_has_the_pathways_backend_test_and_it_is_false_on_cpu():
+    from orbax.checkpoint._src.multihost import multihost
+
+    assert callable(getattr(multihost, "is_pathways_backend", None)), "multihost.is_pathways_backend is gone"
+    assert adapter.pathways_incompatibilities() == []
+    assert adapter.is_pathways_backend() is False
+    assert adapter.incompatibilities() == []
+
+
+def test_a_changed_slicing_member_is_named_by_the_compatibility_check(monkeypatch):
+    class Handler:
+        _replica_id = 0
+        _use_replica_parallel = True
+
+    problems = adapter.replica_slicing_incompatibilities(Handler())
+    assert any("Handler._min_slice_bytes_for_replica_parallel is gone" in p for p in problems), problems
+    assert any("Handler._max_replicas_for_replica_parallel is gone" in p for p in problems), problems
+
+    class Module:
+        def get_replica_slices(arr, replica_id):  # noqa: N805 - stands in for a module function
+            return None
+
+    monkeypatch.setattr(adapter, "_replica_slices_module", lambda: Module)
+    problems = adapter.replica_slicing_incompatibilities()
+    assert any("get_replica_slices takes (arr, replica_id)" in p for p in problems), problems
+    assert any("ReplicaSlices.replica_slices is gone" in p for p in problems), problems
+    assert any("ReplicaSlice.data is gone" in p for p in problems), problems
+
+
+def test_slicing_a_replicated_array_compiles_and_leaves_the_array_whole():
+    devices = jax.devices()[:2]
+    mesh = Mesh([[d] for d in devices], ("replica", "data"))
+    weights = jax.device_put(jnp.arange(4096.0), NamedSharding(mesh, PartitionSpec()))
+    adapter.slice_replicas(weights)
+    assert not weights.is_deleted() and float(weights.sum()) == float(jnp.arange(4096.0).sum())
+
+
+def test_no_other_module_of_elastic_dew_imports_orbax_private_internals():
+    """Every ``orbax.checkpoint._src`` and experimental-Snapshotter use lives in the adapter."""
+    package = pathlib.Path(adapter.__file__).parents[1]
+    pattern = re.compile(r"orbax\.checkpoint\._src|orbax\.checkpoint\.experimental\.v1")
+    offenders = [
+        str(path.relative_to(package.parent))
+        for path in package.rglob("*.py")
+        if path != pathlib.Path(adapter.__file__) and pattern.search(path.read_text())
+    ]
+    assert offenders == [], f"{offenders} reach into Orbax's internals; go through elastic_dew/elastic/orbax_private.py"

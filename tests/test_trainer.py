@@ -11,6 +11,8 @@ import numpy as np
 import optax
 import pytest
 
+from jax.sharding import PartitionSpec as P
+
 from elastic_dew import Trainer
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.runtime import Layout
@@ -97,6 +99,11 @@ def test_host_owned_state_with_in_memory_snapshots_is_refused_before_anything_is
     [
         (dict(log_every=0), "log_every=0"),
         (dict(config="not a config"), "ElasticConfig"),
+        (dict(model_sharding="columns"), "model_sharding must be a callable"),
+        (
+            dict(sharding=lambda path, leaf, mesh: P(), model_sharding=lambda path, leaf, mesh: P()),
+            "sharding is a callable, which already decides the 'model' axis",
+        ),
     ],
 )
 def test_bad_trainer_arguments_are_refused_with_the_fix(tmp_path, overrides, message):
@@ -110,3 +117,22 @@ def test_bad_trainer_arguments_are_refused_with_the_fix(tmp_path, overrides, mes
 def test_fit_refuses_a_non_positive_step_count(tmp_path):
     with pytest.raises(ValueError, match="steps=0"):
         Trainer(**_model(), config=_config(), run_dir=tmp_path / "run").fit(0)
+
+
+def test_the_lm_recipes_parts_train_directly_with_its_weights_split_over_model(tmp_path):
+    """``Trainer(**lm.build())``: the recipe's ``model_sharding`` rule is a Trainer argument,
+    combined with the named ``sharding`` as the command line combines it."""
+    from recipes import lm
+
+    parts = lm.build(d_model=32, layers=1, seq_len=16, corpus_chars=5000)
+    assert set(parts) == {"init", "loss", "optimizer", "dataset", "model_sharding"}
+    with SimulatedSlices(4, 2):
+        result = Trainer(
+            **parts, config=_config(model_axis=2, global_batch=12), run_dir=tmp_path / "run", sharding="fsdp"
+        ).fit(2)
+    assert result.final_step == 2
+    block = result.shardings["params"]["blocks"][0]
+    assert block["qkv"].spec == P(None, "model") and block["mlp_in"].spec == P(None, "model")
+    assert block["proj"].spec == P("model", None) and block["mlp_out"].spec == P("model", None)
+    assert block["qkv"].shard_shape((32, 96)) == (32, 48)
+    assert result.shardings["params"]["embed"].spec == P()  # not a block weight: whole

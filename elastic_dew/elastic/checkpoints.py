@@ -43,6 +43,7 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew import rundir
+from elastic_dew.elastic import orbax_private
 from elastic_dew.elastic.meta import meta_json
 
 __all__ = ["Checkpoints", "KINDS", "META_CAPACITY"]
@@ -110,29 +111,18 @@ def _prepare_replica_slices(state: Any, stop: threading.Event | None = None) -> 
     cut by a small ``jax.lax.slice_in_dim`` program per (device, shard shape, slice), and
     compiling those programs was nearly all of a process's first checkpoint save (in the
     demo 4.1 s of the loop, where later saves took 0.03-0.46 s; ``benchmarks/first_save.py``
-    profiles it). This runs Orbax's own slicing (its registered array handler's settings,
-    ``replica_slices.get_replica_slices`` and ``ReplicaSlice.data``, private in this Orbax
-    version) on ``state``'s arrays, one leaf at a time, and drops the slices: the same
-    programs are compiled and cached, the devices copy a fraction of each leaf, and nothing
+    profiles it). This runs Orbax's own slicing (private in this Orbax version, so through
+    :func:`elastic_dew.elastic.orbax_private.slice_replicas`) on ``state``'s arrays, one leaf
+    at a time, and drops the slices: the same programs are compiled and cached, and nothing
     reaches the host or the disk. It returns early once ``stop`` is set (a save began and
     compiles the rest itself).
     """
-    from orbax.checkpoint._src.serialization import replica_slices
-
-    handler = ocp.type_handlers.get_type_handler(jax.Array)
-    settings = dict(
-        replica_id=getattr(handler, "_replica_id", 0),
-        use_replica_parallel=getattr(handler, "_use_replica_parallel", True),
-        min_slice_bytes_for_replica_parallel=getattr(handler, "_min_slice_bytes_for_replica_parallel", None),
-        max_replicas_for_replica_parallel=getattr(handler, "_max_replicas_for_replica_parallel", None),
-    )
     for leaf in jax.tree.leaves(_unwrap_keys(state)):
         if stop is not None and stop.is_set():
             return
         if not isinstance(leaf, jax.Array) or leaf.is_deleted():
             continue
-        for piece in replica_slices.get_replica_slices(leaf, **settings).replica_slices:
-            piece.data()
+        orbax_private.slice_replicas(leaf)
 
 
 class _OrbaxKind:
@@ -290,9 +280,7 @@ class _OrbaxKind:
 
 def _require_colocated_python() -> None:
     """Refuse multi-tier checkpointing where no Pathways backend (and so no sidecar) exists."""
-    from orbax.checkpoint._src.multihost import multihost
-
-    if not multihost.is_pathways_backend():
+    if not orbax_private.is_pathways_backend():
         platform = jax.devices()[0].platform
         raise RuntimeError(
             f"checkpoint kind 'multi_tier' uses colocated Python on a Pathways backend with TPU "

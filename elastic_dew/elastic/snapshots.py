@@ -24,7 +24,7 @@ loop needs around it:
   :meth:`Snapshots.save` reports whether Orbax actually took the state and counts both.
 
 Everything that needs the Snapshotter's private members goes through
-:class:`~elastic_dew.elastic.orbax_snapshotter.HostSnapshotter`, the one module that knows them.
+:class:`~elastic_dew.elastic.orbax_private.HostSnapshotter`, the one module that knows them.
 
 The snapshot keeps device arrays in pinned host memory alive on purpose (that is the
 snapshot): ``jax.live_arrays()`` lists them between attempts.
@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from elastic_dew.elastic.meta import meta_json
-from elastic_dew.elastic.orbax_snapshotter import HostSnapshotter
+from elastic_dew.elastic.orbax_private import HostSnapshotter
 
 __all__ = ["Snapshots"]
 

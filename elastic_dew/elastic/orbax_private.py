@@ -1,0 +1,281 @@
+"""The one place that touches Orbax's private internals, each use named and checked.
+
+The tiers need a few things Orbax's public API does not give. Every such use is in this
+module, so an Orbax release that renames or reshapes one breaks this module alone, and
+``tests/test_orbax_adapter.py`` names the member that changed. Read against orbax-checkpoint
+0.12.8 (:data:`ORBAX_VERSION_READ`):
+
+**The experimental Snapshotter** (tier 1, :mod:`elastic_dew.elastic.snapshots`), in
+``orbax/checkpoint/experimental/v1/_src/training/pathways/snapshotter.py``. Tier 1 needs
+whether a ``save`` took the state or skipped it (``save`` returns ``None`` either way),
+whether a request is still queued (so a skipped save costs no packing), and the stored
+replica trees themselves (to read the JSON leaf without touching arrays, and to drop a
+snapshot whose buffers a failed load donated). :class:`HostSnapshotter` holds them, where:
+
+* ``_to_snapshot_state(self, state)`` converts a state to per-replica host trees, and is
+  called by ``save`` only when it queues the state;
+* ``_queue`` is a ``queue.Queue(maxsize=1)`` of requests the worker thread has not finished;
+* ``_lock`` is the ``threading.Lock`` guarding ``_latest_snapshot``;
+* ``_latest_snapshot`` is ``None`` or ``(replica_trees, step)``, set by the worker thread
+  once a snapshot has landed in pinned host memory and by ``load``.
+
+**Replica-parallel slicing** (tier 2's first-save warm-up,
+:meth:`elastic_dew.elastic.checkpoints.Checkpoints.prepare`), in
+``orbax/checkpoint/_src/serialization/replica_slices.py`` and ``jax_array_handlers.py``:
+``get_replica_slices(arr, replica_id, use_replica_parallel,
+min_slice_bytes_for_replica_parallel, max_replicas_for_replica_parallel)`` returns a
+``ReplicaSlices`` whose ``replica_slices`` each have ``data()``; the settings are the
+registered ``jax.Array`` handler's private attributes of the same names
+(:data:`HANDLER_SETTINGS`). :func:`slice_replicas` runs them.
+
+**The Pathways backend test** (the multi-tier guard), ``orbax/checkpoint/_src/multihost/
+multihost.py``'s ``is_pathways_backend()``: :func:`is_pathways_backend`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import queue
+import threading
+from typing import Any
+
+from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
+
+__all__ = [
+    "ORBAX_VERSION_READ",
+    "METHODS",
+    "ATTRIBUTES",
+    "REPLICA_SLICE_PARAMETERS",
+    "HANDLER_SETTINGS",
+    "HostSnapshotter",
+    "class_incompatibilities",
+    "instance_incompatibilities",
+    "replica_slicing_incompatibilities",
+    "pathways_incompatibilities",
+    "incompatibilities",
+    "slice_replicas",
+    "is_pathways_backend",
+]
+
+#: The orbax-checkpoint release whose internals this adapter was written against.
+ORBAX_VERSION_READ = "0.12.8"
+
+#: Methods used, with the parameter names (after ``self``) this module relies on.
+METHODS: dict[str, tuple[str, ...]] = {
+    "_to_snapshot_state": ("state",),
+    "save": ("step", "state"),
+    "load": (),  # called with the abstract state as its first argument
+    "join": (),
+}
+
+#: Instance attributes used, with the type each must have right after construction.
+ATTRIBUTES: dict[str, tuple[type, ...]] = {
+    "_queue": (queue.Queue,),
+    "_lock": (type(threading.Lock()),),
+    "_latest_snapshot": (type(None),),
+}
+
+
+def class_incompatibilities(cls: type = Snapshotter) -> list[str]:
+    """What of the methods this adapter relies on ``cls`` lacks or has changed, named."""
+    problems = []
+    for name, params in METHODS.items():
+        method = inspect.getattr_static(cls, name, None)
+        if method is None or not callable(getattr(cls, name, None)):
+            problems.append(f"Snapshotter.{name} is gone (this adapter calls it)")
+            continue
+        names = list(inspect.signature(getattr(cls, name)).parameters)[1:]
+        if names[: len(params)] != list(params):
+            problems.append(
+                f"Snapshotter.{name} takes ({', '.join(names)}), this adapter expects "
+                f"({', '.join(params)}) first"
+            )
+    if not isinstance(inspect.getattr_static(cls, "latest", None), property):
+        problems.append("Snapshotter.latest is no longer a property (this adapter reads it)")
+    return problems
+
+
+def instance_incompatibilities(snapshotter: Any) -> list[str]:
+    """What of the instance attributes this adapter relies on a fresh ``snapshotter`` lacks."""
+    problems = []
+    for name, types in ATTRIBUTES.items():
+        if not hasattr(snapshotter, name):
+            problems.append(f"Snapshotter.{name} is gone (this adapter reads it)")
+        elif not isinstance(getattr(snapshotter, name), types):
+            problems.append(
+                f"Snapshotter.{name} is a {type(getattr(snapshotter, name)).__name__}, this adapter "
+                f"expects {' or '.join(t.__name__ for t in types)}"
+            )
+    if isinstance(getattr(snapshotter, "_queue", None), queue.Queue) and snapshotter._queue.maxsize != 1:
+        problems.append(
+            f"Snapshotter._queue holds {snapshotter._queue.maxsize} requests, this adapter "
+            "expects 1 (a full queue means the next save is skipped)"
+        )
+    return problems
+
+
+class HostSnapshotter(Snapshotter):
+    """Orbax's Snapshotter with the few private reads tier 1 needs, as methods.
+
+    Construction refuses, with the members named, an installed Orbax whose Snapshotter no
+    longer has what these methods use, rather than failing later inside a training step.
+    """
+
+    took = False
+
+    def __init__(self, *, replica_axis_index: int = 0) -> None:
+        problems = class_incompatibilities(Snapshotter)
+        super().__init__(replica_axis_index=replica_axis_index)
+        problems += instance_incompatibilities(self)
+        if problems:
+            raise RuntimeError(
+                f"the installed orbax-checkpoint's Snapshotter differs from the one "
+                f"elastic_dew.elastic.orbax_private was written against "
+                f"({ORBAX_VERSION_READ}): {'; '.join(problems)}; install orbax-checkpoint "
+                f"{ORBAX_VERSION_READ} or update the adapter"
+            )
+
+    def _to_snapshot_state(self, state: Any) -> list[Any]:
+        # ``save`` converts the state only when it takes it: that conversion is the signal.
+        self.took = True
+        return super()._to_snapshot_state(state)
+
+    def busy(self) -> bool:
+        """Whether a request is still queued, so that a ``save`` now would be skipped."""
+        return self._queue.full()
+
+    def offer(self, step: int, tree: Any) -> bool:
+        """``save(step, tree)``, returning whether Orbax took the tree or skipped it."""
+        self.took = False
+        self.save(step, tree)
+        return self.took
+
+    def newest(self) -> tuple[list[Any], int] | None:
+        """The newest landed snapshot as ``(replica_trees, step)``, or ``None``."""
+        with self._lock:
+            return self._latest_snapshot
+
+    def drop(self) -> None:
+        """Forget the newest snapshot, releasing its pinned host memory."""
+        with self._lock:
+            self._latest_snapshot = None
+
+
+#: ``replica_slices.get_replica_slices``'s parameters, in order, as :func:`slice_replicas` passes them.
+REPLICA_SLICE_PARAMETERS: tuple[str, ...] = (
+    "arr",
+    "replica_id",
+    "use_replica_parallel",
+    "min_slice_bytes_for_replica_parallel",
+    "max_replicas_for_replica_parallel",
+)
+
+#: The registered ``jax.Array`` handler's private settings, by the parameter each feeds.
+HANDLER_SETTINGS: dict[str, str] = {name: f"_{name}" for name in REPLICA_SLICE_PARAMETERS[1:]}
+
+
+def _replica_slices_module() -> Any:
+    from orbax.checkpoint._src.serialization import replica_slices
+
+    return replica_slices
+
+
+def _array_handler() -> Any:
+    import jax
+    import orbax.checkpoint as ocp
+
+    return ocp.type_handlers.get_type_handler(jax.Array)
+
+
+def replica_slicing_incompatibilities(handler: Any = None) -> list[str]:
+    """What of Orbax's replica-parallel slicing :func:`slice_replicas` uses is gone or changed.
+
+    ``handler`` is the ``jax.Array`` type handler whose settings are read (default: the one
+    registered now).
+    """
+    try:
+        module = _replica_slices_module()
+    except ImportError as error:
+        return [f"orbax.checkpoint._src.serialization.replica_slices cannot be imported ({error})"]
+    problems = []
+    get = getattr(module, "get_replica_slices", None)
+    if not callable(get):
+        problems.append("replica_slices.get_replica_slices is gone (this adapter calls it)")
+    else:
+        names = list(inspect.signature(get).parameters)
+        if names[: len(REPLICA_SLICE_PARAMETERS)] != list(REPLICA_SLICE_PARAMETERS):
+            problems.append(
+                f"replica_slices.get_replica_slices takes ({', '.join(names)}), this adapter "
+                f"expects ({', '.join(REPLICA_SLICE_PARAMETERS)}) first"
+            )
+    slices_type = getattr(module, "ReplicaSlices", None)
+    fields = getattr(slices_type, "__dataclass_fields__", {})
+    if slices_type is None or "replica_slices" not in fields:
+        problems.append("replica_slices.ReplicaSlices.replica_slices is gone (this adapter reads it)")
+    slice_type = getattr(module, "ReplicaSlice", None)
+    if slice_type is None or not callable(getattr(slice_type, "data", None)):
+        problems.append("replica_slices.ReplicaSlice.data is gone (this adapter calls it)")
+    handler = _array_handler() if handler is None else handler
+    for setting in HANDLER_SETTINGS.values():
+        if not hasattr(handler, setting):
+            problems.append(
+                f"{type(handler).__name__}.{setting} is gone (this adapter reads the jax.Array "
+                "handler's replica-parallel settings from it)"
+            )
+    return problems
+
+
+def pathways_incompatibilities() -> list[str]:
+    """Whether ``multihost.is_pathways_backend``, which :func:`is_pathways_backend` calls, is gone."""
+    try:
+        from orbax.checkpoint._src.multihost import multihost
+    except ImportError as error:
+        return [f"orbax.checkpoint._src.multihost.multihost cannot be imported ({error})"]
+    if not callable(getattr(multihost, "is_pathways_backend", None)):
+        return ["multihost.is_pathways_backend is gone (this adapter calls it)"]
+    return []
+
+
+def incompatibilities() -> list[str]:
+    """Every private Orbax member this module uses that the installed release lacks or changed."""
+    return (
+        class_incompatibilities(Snapshotter)
+        + instance_incompatibilities(Snapshotter(replica_axis_index=0))
+        + replica_slicing_incompatibilities()
+        + pathways_incompatibilities()
+    )
+
+
+@functools.cache
+def _check_replica_slicing() -> None:
+    """Refuse, once per process and with the members named, slicing this adapter cannot use."""
+    problems = replica_slicing_incompatibilities()
+    if problems:
+        raise RuntimeError(
+            f"the installed orbax-checkpoint's replica-parallel slicing differs from the one "
+            f"elastic_dew.elastic.orbax_private was written against ({ORBAX_VERSION_READ}): "
+            f"{'; '.join(problems)}; install orbax-checkpoint {ORBAX_VERSION_READ} or update the adapter"
+        )
+
+
+def slice_replicas(leaf: Any) -> None:
+    """Cut ``leaf`` (a ``jax.Array``) into the slices Orbax's replica-parallel save would
+    write from this process, and drop them: the slicing programs are compiled and cached,
+    the devices copy a fraction of the leaf, and nothing reaches the host.
+
+    The settings are read from the ``jax.Array`` handler registered at the call, as a save
+    reads them.
+    """
+    _check_replica_slicing()
+    handler = _array_handler()
+    settings = {name: getattr(handler, attribute) for name, attribute in HANDLER_SETTINGS.items()}
+    for piece in _replica_slices_module().get_replica_slices(leaf, **settings).replica_slices:
+        piece.data()
+
+
+def is_pathways_backend() -> bool:
+    """Whether JAX runs on a Pathways backend (native or proxy), as Orbax decides it."""
+    from orbax.checkpoint._src.multihost import multihost
+
+    return multihost.is_pathways_backend()
