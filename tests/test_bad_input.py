@@ -242,7 +242,7 @@ def test_more_simulated_devices_than_the_host_has_is_refused_with_the_flag_to_se
     [
         ("lose@3", "bad fault 'lose@3'"),
         ("lose:1@3,,preempt@5", "empty token (a stray comma?)"),
-        ("explode:1@3", "unknown action 'explode'; actions are lose, restore, preempt, kill"),
+        ("explode:1@3", "unknown action 'explode'; actions are lose, restore, hang, error, preempt, kill"),
         ("lose:x@3", "slice 'x' is not a whole number >= 0"),
         ("lose:1@-3", "step '-3' is not a whole number >= 0"),
         ("preempt:1@3", "preempt acts on the whole process and takes no slice; write preempt@3"),

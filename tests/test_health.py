@@ -63,6 +63,7 @@ def _check(sim, probes) -> frozenset[int]:
 
 
 def test_repeated_polls_compile_each_slice_probe_once_and_then_never_again(sim, probes, compilations):
+    jax.clear_caches()  # an earlier test in this process may have compiled the same probes
     assert _check(sim, probes) == {0, 1, 2, 3}
     assert probes.compilations == 4
     first = compilations.count

@@ -150,7 +150,7 @@ class _OrbaxKind:
         layout = tuple((leaf.shape, leaf.dtype, getattr(leaf, "sharding", None)) for leaf in jax.tree.leaves(state))
         if layout in self._prepared:
             return
-        self._finish_preparing()
+        self.stop_preparing()
         self._prepared.add(layout)
         self._stop_preparing.clear()
         # JAX caches a compile under the calling thread's context, and pathwaysutils runs
@@ -173,7 +173,7 @@ class _OrbaxKind:
             self._preparing.join(timeout)
         return self._preparing is None or not self._preparing.is_alive()
 
-    def _finish_preparing(self) -> None:
+    def stop_preparing(self) -> None:
         self._stop_preparing.set()
         if self._preparing is not None:
             self._preparing.join()
@@ -192,7 +192,7 @@ class _OrbaxKind:
         return steps[-1] if steps else None
 
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
-        self._finish_preparing()
+        self.stop_preparing()
         latest = self.latest_step()
         if latest is not None and step <= latest:
             logger.info("checkpoint of step %d skipped: step %d is already committed", step, latest)
@@ -273,7 +273,7 @@ class _OrbaxKind:
         return None
 
     def close(self) -> None:
-        self._finish_preparing()
+        self.stop_preparing()
         self.manager.wait_until_finished()
         self.manager.close()
 
@@ -487,6 +487,16 @@ class Checkpoints:
         """Wait up to ``timeout`` seconds for :meth:`prepare`'s work; whether it is done."""
         prepared = getattr(self._kind, "prepared", None)
         return True if prepared is None else prepared(timeout)
+
+    def stop_preparing(self) -> None:
+        """Stop :meth:`prepare`'s background work and wait for it to end.
+
+        A run calls this when it ends, however it ends: a compile still running in XLA when
+        the interpreter exits aborts the process (``FATAL: exception not rethrown``).
+        """
+        stop = getattr(self._kind, "stop_preparing", None)  # multi_tier prepares nothing
+        if stop is not None:
+            stop()
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None``; saves still in flight do not count."""

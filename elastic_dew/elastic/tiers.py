@@ -218,6 +218,9 @@ class Tiers:
         )
 
     def close(self) -> None:
-        """Release tier 1's pinned host memory (tier 2's files stay)."""
+        """Release tier 1's pinned host memory and stop tier 2's background preparation
+        (tier 2's files stay)."""
+        if self.checkpoints is not None:
+            self.checkpoints.stop_preparing()
         if self.snapshots is not None:
             self.snapshots.close()
