@@ -150,7 +150,7 @@ def model_mesh_of(replicas: int) -> Mesh:
     return Mesh(devices, AXES)
 
 
-def test_replicated_leaves_are_packed_into_one_array_per_dtype_and_a_model_sharded_leaf_passes_through():
+def test_replicated_leaves_are_packed_flat_per_dtype_and_a_sharded_leaf_into_rows_of_its_shards():
     mesh = model_mesh_of(4)
     state = mixed_state_on(mesh)
     snapshots = Snapshots()
@@ -160,18 +160,21 @@ def test_replicated_leaves_are_packed_into_one_array_per_dtype_and_a_model_shard
     replica = snapshots._snapshotter.newest()[0][0]
     packed = replica["state"]["packed"]
     layout = json.loads(replica["meta"])["packing"]
-    assert sorted(g["dtype"] for g in layout["groups"]) == ["bfloat16", "bool", "float32", "int32", "uint32"]
-    assert [a.ndim for a in packed] == [1] * 5
-    # Each group is padded to a multiple of a slice's two devices and split over them:
+    flat = [(g, a) for g, a in zip(layout["groups"], packed) if g["kind"] == "flat"]
+    assert sorted(g["dtype"] for g, _ in flat) == ["bfloat16", "bool", "float32", "int32", "uint32"]
+    assert [a.ndim for _, a in flat] == [1] * 5
+    # Each flat group is padded to a multiple of a slice's two devices and split over them:
     # one copy per slice, not one per device.
-    assert [a.size for a in packed] == [g["padded"] for g in layout["groups"]]
-    assert [g["padded"] for g in layout["groups"]] == [-(-g["size"] // 2) * 2 for g in layout["groups"]]
-    assert all(a.sharding.shard_shape(a.shape) == (a.size // 2,) for a in packed)
-    passed = replica["state"]["leaves"]
-    assert len(passed) == 1 and passed[0].shape == (4, 8)
-    assert passed[0].sharding.spec == P(None, "model")
+    assert [a.size for g, a in flat] == [g["padded"] for g, _ in flat]
+    assert [g["padded"] for g, _ in flat] == [-(-g["size"] // 2) * 2 for g, _ in flat]
+    assert all(a.sharding.shard_shape(a.shape) == (a.size // 2,) for _, a in flat)
+    # The model-sharded leaf is packed too, as one row per shard: each device packs its own.
+    rows = [(g, a) for g, a in zip(layout["groups"], packed) if g["kind"] == "rows"]
+    assert len(rows) == 1 and rows[0][0]["axes"] == ["model"] and rows[0][1].shape == (2, 16)
+    assert rows[0][1].sharding.shard_shape((2, 16)) == (1, 16)
+    assert replica["state"]["leaves"] == []
     by_path = {e["path"]: e for e in layout["leaves"]}
-    assert "group" not in by_path["['params']['proj']"]
+    assert by_path["['params']['proj']"]["dim"] == 1
     assert by_path["['key']"]["key_impl"] == "threefry2x32"
 
 

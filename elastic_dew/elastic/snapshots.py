@@ -11,15 +11,24 @@ loop needs around it:
 * single-device arrays, and arrays placed on another mesh, are first replicated onto the
   training mesh, as the Pathways guide requires; an array *partitioned* along the replica
   axis is refused, because the surviving slices would not hold a whole copy of it;
-* every small fully replicated leaf is packed, by one jitted concatenate on the mesh, into
-  one flat array per dtype before Orbax sees it: Orbax moves and splits each leaf in Python
-  (a ``device_put`` and a per-replica split per leaf), so a state of many small leaves cost
-  far more in dispatch than in bytes. The flat array is padded to a multiple of a slice's
-  devices and sharded over them (replicated along the replica axis only), so the packed
-  leaves too are held once per slice, not once per device. Leaves sharded inside the slice
-  (``data`` under FSDP, ``model``) pass through as they are: Orbax keeps each as it is
-  sharded, one copy per slice. The packing layout (paths, shapes, dtypes, offsets) travels
-  in the JSON leaf, and ``load`` unpacks straight onto the target shardings;
+* small leaves are packed, by one jitted program on the mesh, before Orbax sees them: Orbax
+  moves and splits each leaf in Python (a ``device_put`` and a per-replica split per leaf),
+  so a state of many small leaves cost far more in dispatch than in bytes. Fully replicated
+  leaves are concatenated into one flat array per dtype, padded to a multiple of a slice's
+  devices and sharded over them (replicated along the replica axis only), so they too are
+  held once per slice, not once per device. A leaf sharded along one dimension (``data``
+  under FSDP, ``model``) goes, with that dimension moved to the front, into one row per
+  shard of a ``(shards, columns)`` array per dtype and mesh axes: each device packs its own
+  shards, nothing moves between devices, and the slice still holds one copy. Other leaves
+  pass through as they are. The packing layout (paths, shapes, dtypes, where each leaf
+  lies) travels in the JSON leaf, and ``load`` unpacks straight onto the target shardings;
+* the pack and the hand-over to Orbax stay on the loop, between the read of step N and the
+  dispatch of step N+2: the snapshot's copies are then queued right behind the step in
+  flight, so they land before the next step runs. (A hand-off thread was tried: it queued
+  them behind step N+2 as well, and a loss two steps later found no landed snapshot.)
+  On an accelerator the pack's dispatch returns at once; on a CPU backend it waits for the
+  step in flight, so there a save's ``seconds`` include that step's remaining time (and
+  the next step line is shorter by as much);
 * ``Snapshotter.save`` silently skips a request while the previous one is still queued:
   :meth:`Snapshots.save` reports whether Orbax actually took the state and counts both.
 
@@ -53,7 +62,7 @@ _STATE = "state"
 _META = "meta"
 _PACKED = "packed"
 _LEAVES = "leaves"
-_FORMAT = 2
+_FORMAT = 3
 
 
 def _path_name(path: tuple) -> str:
@@ -76,8 +85,8 @@ class _Packer:
     """How one state layout is packed: the jitted pack and its JSON description.
 
     ``layout`` lists every leaf of the state in flattening order: its path, shape and
-    dtype, and for a packed leaf the group (one per dtype) and the offset in it. Typed
-    PRNG keys are packed as their key data, with the key implementation recorded.
+    dtype, and for a packed leaf the group and where in it the leaf lies. Typed PRNG keys
+    are packed as their key data, with the key implementation recorded.
     """
 
     packed: tuple[bool, ...]
@@ -91,18 +100,49 @@ def _slice_axes(mesh: Mesh, replica_axis_index: int) -> tuple[tuple[str, ...], i
     return axes, int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
 
 
-def _group_sharding(mesh: Mesh, replica_axis_index: int, padded: int) -> NamedSharding:
-    """A packed group's sharding: split over a slice's devices, replicated across slices."""
+def _group_sharding(mesh: Mesh, replica_axis_index: int, group: dict) -> NamedSharding:
+    """A packed group's sharding: its rows split over a slice's devices, replicated across slices.
+
+    A ``flat`` group (replicated leaves, concatenated) is split over every axis inside the
+    slice when its padded length divides; a ``rows`` group (sharded leaves) keeps one row
+    per shard, on the mesh axes the leaves were sharded over.
+    """
+    if group["kind"] == "rows":
+        return NamedSharding(mesh, PartitionSpec(tuple(group["axes"]), None))
     axes, devices = _slice_axes(mesh, replica_axis_index)
-    if not axes or padded % devices:
+    if not axes or group["padded"] % devices:
         return NamedSharding(mesh, PartitionSpec())
     return NamedSharding(mesh, PartitionSpec(axes))
 
 
+def _row_axes(leaf: jax.Array) -> tuple[int, tuple[str, ...], int] | None:
+    """``(dimension, mesh axes, shards)`` of a leaf sharded along exactly one dimension, else ``None``.
+
+    Such a leaf packs without moving a byte between devices: with that dimension moved to
+    the front and the rest flattened, each row is one device's shard.
+    """
+    sharding = leaf.sharding
+    if not isinstance(sharding, NamedSharding) or _is_key(leaf.dtype):
+        return None
+    split = [(d, (a,) if isinstance(a, str) else tuple(a)) for d, a in enumerate(sharding.spec) if a is not None]
+    if len(split) != 1:
+        return None
+    dim, axes = split[0]
+    shards = int(np.prod([sharding.mesh.shape[a] for a in axes], dtype=np.int64))
+    if shards < 2 or leaf.shape[dim] % shards:
+        return None
+    return dim, axes, shards
+
+
 def _plan(paths: list[str], leaves: list[jax.Array], packed: tuple[bool, ...], devices: int = 1) -> dict:
-    """The JSON-able packing layout of ``leaves``; groups are padded to a multiple of ``devices``."""
-    groups: list[str] = []
-    sizes: list[int] = []
+    """The JSON-able packing layout of ``leaves``.
+
+    Fully replicated leaves go into one ``flat`` group per dtype, padded to a multiple of
+    ``devices`` (a slice's); a leaf sharded along one dimension goes into the ``rows``
+    group of its dtype and mesh axes, as columns of a ``(shards, columns)`` array.
+    """
+    groups: list[dict] = []
+    index: dict[tuple, int] = {}
     entries = []
     for path, leaf, is_packed in zip(paths, leaves, packed):
         entry: dict[str, Any] = {"path": path, "shape": list(leaf.shape), "dtype": str(leaf.dtype)}
@@ -112,25 +152,46 @@ def _plan(paths: list[str], leaves: list[jax.Array], packed: tuple[bool, ...], d
                 data = jax.eval_shape(jax.random.key_data, leaf)
             else:
                 data = leaf
-            group_dtype = str(data.dtype)
-            if group_dtype not in groups:
-                groups.append(group_dtype)
-                sizes.append(0)
-            group = groups.index(group_dtype)
             size = int(np.prod(data.shape, dtype=np.int64))
-            entry.update(group=group, offset=sizes[group], size=size, data_shape=list(data.shape))
-            sizes[group] += size
+            rows = None if leaf.sharding.is_fully_replicated else _row_axes(leaf)
+            if rows is None:
+                key: tuple = ("flat", str(data.dtype))
+            else:
+                dim, axes, shards = rows
+                key = ("rows", str(data.dtype), axes)
+            if key not in index:
+                index[key] = len(groups)
+                group = {"kind": key[0], "dtype": key[1], "size": 0}
+                if rows is not None:
+                    group.update(axes=list(axes), rows=shards)
+                groups.append(group)
+            group = groups[index[key]]
+            entry.update(group=index[key], offset=group["size"], data_shape=list(data.shape))
+            if rows is None:
+                entry["size"] = size
+                group["size"] += size
+            else:
+                entry.update(size=size // shards, dim=dim)
+                group["size"] += size // shards  # columns
         entries.append(entry)
-    return {
-        "format": _FORMAT,
-        "groups": [{"dtype": d, "size": s, "padded": -(-s // devices) * devices} for d, s in zip(groups, sizes)],
-        "leaves": entries,
-    }
+    for group in groups:
+        if group["kind"] == "flat":
+            group["padded"] = -(-group["size"] // devices) * devices
+    return {"format": _FORMAT, "groups": groups, "leaves": entries}
+
+
+def _abstract_group(group: dict, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+    shape = (group["rows"], group["size"]) if group["kind"] == "rows" else (group["padded"],)
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(group["dtype"]), sharding=sharding)
 
 
 def _pack_fn(layout: dict, mesh: Mesh, replica_axis_index: int) -> Callable[..., list[jax.Array]]:
-    """A jitted concatenate of the packed leaves into one flat array per group, padded and
-    split over a slice's devices."""
+    """A jitted pack of the packed leaves into their groups, on each group's sharding.
+
+    A flat group is the leaves raveled and concatenated (and padded); a rows group is each
+    leaf with its sharded dimension moved to the front, reshaped to one row per shard, and
+    the leaves concatenated along the columns: every device packs its own shards.
+    """
     packed_entries = [e for e in layout["leaves"] if "group" in e]
     groups = layout["groups"]
 
@@ -138,24 +199,40 @@ def _pack_fn(layout: dict, mesh: Mesh, replica_axis_index: int) -> Callable[...,
         parts: list[list[jax.Array]] = [[] for _ in groups]
         for entry, leaf in zip(packed_entries, leaves):
             data = jax.random.key_data(leaf) if "key_impl" in entry else leaf
-            parts[entry["group"]].append(jnp.ravel(data))
+            group = groups[entry["group"]]
+            if group["kind"] == "rows":
+                parts[entry["group"]].append(jnp.moveaxis(data, entry["dim"], 0).reshape(group["rows"], -1))
+            else:
+                parts[entry["group"]].append(jnp.ravel(data))
+        out = []
         for group, part in zip(groups, parts):
+            if group["kind"] == "rows":
+                out.append(jnp.concatenate(part, axis=1) if len(part) > 1 else part[0])
+                continue
             if group["padded"] > group["size"]:
                 part.append(jnp.zeros(group["padded"] - group["size"], jnp.dtype(group["dtype"])))
-        return [jnp.concatenate(p) if len(p) > 1 else p[0] for p in parts]
+            out.append(jnp.concatenate(part) if len(part) > 1 else part[0])
+        return out
 
-    return jax.jit(pack, out_shardings=[_group_sharding(mesh, replica_axis_index, g["padded"]) for g in groups])
+    return jax.jit(pack, out_shardings=[_group_sharding(mesh, replica_axis_index, g) for g in groups])
 
 
 def _unpack_fn(layout: dict, shardings: tuple) -> Callable[..., list[jax.Array]]:
     """A jitted split + reshape of the groups straight onto the packed leaves' shardings."""
     packed_entries = [e for e in layout["leaves"] if "group" in e]
+    kinds = [g["kind"] for g in layout["groups"]]
 
     def unpack(*groups):
         out = []
         for entry in packed_entries:
-            flat = jax.lax.slice(groups[entry["group"]], (entry["offset"],), (entry["offset"] + entry["size"],))
-            data = flat.reshape(entry["data_shape"])
+            group, start, size = groups[entry["group"]], entry["offset"], entry["size"]
+            shape = entry["data_shape"]
+            if kinds[entry["group"]] == "rows":
+                dim = entry["dim"]
+                moved = [shape[dim]] + [n for d, n in enumerate(shape) if d != dim]
+                data = jnp.moveaxis(group[:, start:start + size].reshape(moved), 0, dim)
+            else:
+                data = jax.lax.slice(group, (start,), (start + size,)).reshape(shape)
             out.append(jax.random.wrap_key_data(data, impl=entry["key_impl"]) if "key_impl" in entry else data)
         return out
 
@@ -226,14 +303,15 @@ class Snapshots:
 
     def _packer(self, paths: list[tuple], treedef: Any, leaves: list[jax.Array], mesh: Mesh) -> _Packer:
         """The cached packer for this tree structure, these shapes and dtypes, on ``mesh``."""
-        packed = tuple(
-            leaf.sharding.is_fully_replicated and leaf.nbytes <= PACK_MAX_BYTES for leaf in leaves
-        )
-        if sum(packed) < 2:  # packing one leaf saves no dispatch and costs a copy each way
-            packed = (False,) * len(leaves)
-        key = (treedef, packed, tuple((leaf.shape, leaf.dtype) for leaf in leaves), mesh)
+        key = (treedef, tuple((leaf.shape, leaf.dtype, leaf.sharding) for leaf in leaves), mesh)
         packer = self._packers.get(key)
         if packer is None:
+            packed = tuple(
+                leaf.nbytes <= PACK_MAX_BYTES and (leaf.sharding.is_fully_replicated or _row_axes(leaf) is not None)
+                for leaf in leaves
+            )
+            if sum(packed) < 2:  # packing one leaf saves no dispatch and costs a copy each way
+                packed = (False,) * len(leaves)
             _, devices = _slice_axes(mesh, self.replica_axis_index)
             layout = _plan([_path_name(p) for p in paths], leaves, packed, devices)
             packer = _Packer(packed, _pack_fn(layout, mesh, self.replica_axis_index), json.dumps(layout, sort_keys=True))
@@ -383,10 +461,7 @@ class Snapshots:
                         "put every leaf of the abstract state on the new mesh"
                     )
                 abstract_groups = [
-                    jax.ShapeDtypeStruct(
-                        (g["padded"],), jnp.dtype(g["dtype"]),
-                        sharding=_group_sharding(mesh, self.replica_axis_index, g["padded"]),
-                    )
+                    _abstract_group(g, _group_sharding(mesh, self.replica_axis_index, g))
                     for g in layout["groups"]
                 ]
             else:
