@@ -1,7 +1,10 @@
 """Item 1: recovery after a slice loss, in process, against restarting the whole workload.
 
 The elastic side trains ``lm`` through :class:`ElasticRun` on four simulated slices of two
-devices (replica-resize, a snapshot every step, a checkpoint every 10). A listener on the
+devices (replica-resize, a snapshot every step, a checkpoint every 10), with the state laid
+out as ``Trainer`` lays it out by default (``fsdp``: large parameters and their moments split
+over a slice's ``data`` devices, replicated across slices; after a loss the survivors' copy
+is put onto the smaller mesh with its shardings). A listener on the
 protocol's ``step`` phase loses a slice (rotating over the slices), gives it back four steps
 later, and between losses runs one restart-baseline subprocess (blocking, so A and B
 alternate in time and the training is idle while the baseline runs). Recovery is the wall
@@ -31,7 +34,9 @@ from elastic_dew.elastic.events import DURATION_KEYS, Resume, Step
 from elastic_dew.record import as_event
 from elastic_dew.rundir import CHECKPOINTS_DIR, committed_steps
 
-__all__ = ["measure", "restart_once"]
+__all__ = ["measure", "restart_once", "POLICY"]
+
+POLICY = "fsdp"  # the restart baseline's Trainer uses its default, which is the same
 
 PERIOD_AFTER_RETURN = 6  # steps between a scale-up and the next loss
 #: Grain read-ahead of the variant that shows what the default read-ahead costs a recovery.
@@ -89,7 +94,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     parts = lm_parts()
     # Trainer.fit builds this same Program; the benchmark drives ElasticRun directly to see
     # the run object (its precompiler) and to inject faults at exact moments.
-    program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset())
+    program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset(), POLICY)
     config = ElasticConfig(
         minimum_slice_count=1, poll_interval=0.05, timeout=120, global_batch=48,
         snapshot_every=1, checkpoint_every=10, checkpoint_dir=str(workdir / CHECKPOINTS_DIR),
@@ -237,7 +242,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
             f"{results['recovery_small_readahead_first_step_s_p50']:.2f} s."
         )
     notes.append(
-        f"Recovery: {len(r)} slice losses on 4 simulated slices x 2 CPU devices, lm recipe, "
+        f"Recovery: {len(r)} slice losses on 4 simulated slices x 2 CPU devices, lm recipe under {POLICY}, "
         "replica-resize, snapshot every step, poll_interval 0.05 s; the restart baseline is a "
         f"real subprocess timed from Popen to its first step ({len(on['restarts'])} runs, "
         "interleaved with the losses); a scheduler's pod restart would only add to it."
