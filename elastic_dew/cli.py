@@ -45,6 +45,23 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging", **default)
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of ``parser``'s own subcommands (``k8s render``, ``k8s validate``, ...)."""
+    return [
+        sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for sub in action.choices.values()
+    ]
+
+
+def _global_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Give every nested subcommand the global options too, however deep."""
+    for sub in _subparsers(parser):
+        _global_options(sub, top=False)
+        _global_options_everywhere(sub)
+
+
 def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
     parser = argparse.ArgumentParser(
         prog="elastic-dew",
@@ -62,6 +79,7 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
             module = importlib.import_module(modname)
             _global_options(p, top=False)
             module.configure(p)
+            _global_options_everywhere(p)
     return parser, module
 
 

@@ -40,20 +40,43 @@ def test_launch_without_a_command_is_a_usage_error_with_exit_2(capsys):
     assert "elastic-dew launch: error:" in err and "after --" in err
 
 
-@pytest.mark.parametrize("name", sorted(cli.SUBCOMMANDS))
-def test_every_subcommand_has_a_description_and_shows_its_defaults(name, capsys):
-    argv = [name, "--help"] if name != "train" else [name, "mlp", "--help"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(argv)
-    assert exit_.value.code == 0
-    out = capsys.readouterr().out
-    assert cli.SUBCOMMANDS[name][1] in out
+def _all_parsers(parser, prefix=()):
+    """Every (command words, parser) pair under ``parser``, nested subcommands included."""
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for word, sub in action.choices.items():
+                yield from _all_parsers(sub, (*prefix, word))
+
+
+def _parsers_of(name):
+    argv = [name, "mlp"] if name == "train" else [name]
     parser, _ = cli._parser(argv)
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
-    for action in sub._actions:
-        if not action.option_strings or action.help in (None, argparse.SUPPRESS):
-            continue
-        assert action.help, f"{name} {action.option_strings} has no help"
-        shown = sub.formatter_class(prog="x")._get_help_string(action)
-        if action.default not in (None, False, argparse.SUPPRESS) and not action.required:
-            assert "default" in shown, f"{name} {action.option_strings} does not show its default"
+    return [(words, p) for words, p in _all_parsers(parser) if words and words[0] == name]
+
+
+@pytest.mark.parametrize("name", sorted(cli.SUBCOMMANDS))
+def test_every_subcommand_has_a_description_and_every_flag_help_with_its_default(name):
+    for words, sub in _parsers_of(name):
+        assert sub.description, f"elastic-dew {' '.join(words)} has no description"
+        text = " ".join(sub.format_help().split())
+        for action in sub._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":
+                continue
+            where = f"elastic-dew {' '.join(words)} {'/'.join(action.option_strings)}"
+            assert action.help, f"{where} has no help"
+            shown = " ".join(sub.formatter_class(prog="x")._get_help_string(action).split())
+            assert shown.split("%(")[0].strip()[:20] in text, f"{where}: its help is not in --help"
+            if action.default not in (None, False, argparse.SUPPRESS, []) and not action.required:
+                assert "default" in shown, f"{where} does not show its default {action.default!r}"
+
+
+@pytest.mark.parametrize("argv", [["k8s", "validate", "x.yaml", "-v"], ["k8s", "render", "-v", "--help"]])
+def test_verbose_works_after_a_nested_subcommand_too(argv):
+    parser, _ = cli._parser(argv)
+    if "--help" in argv:
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(argv)
+        assert exit_.value.code == 0
+    else:
+        assert parser.parse_args(argv).verbose is True
