@@ -113,7 +113,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
         if state["phase"] == "warmup":
             if state["count"] < 12:
                 return
-            worker = run._precompiler  # the protocol's background precompile thread
+            worker = run.compiler._precompiler  # the step compiler's background precompile thread
             if worker is not None:
                 worker.join()  # a loss hours into a run finds the precompiling long done
             state["count"], state["phase"] = 0, "lose"
