@@ -65,6 +65,11 @@ def test_a_slice_lost_at_any_phase_keeps_every_invariant(phase, tmp_path, expect
     assert_invariants(outcome, expected)
     assert _losses(outcome), kinds(outcome)
     committed = record.committed_steps(events(outcome))
+    if phase == "stop":
+        # The notice is pending when the wait for slices begins: it ends the wait at once
+        # (issue 12), so the run stops there and its re-run goes on every slice.
+        assert outcome.processes == 2 and ("stop", "preempted", outcome.preempted_at[0]) in kinds(outcome)
+        return
     assert any(e["slices"] < chaos.TOTAL_SLICES for e in committed), "the run never went on fewer slices"
 
 

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import elastic, manager
 
 from elastic_dew import testing as chaos
-from elastic_dew.elastic import hooks
+from elastic_dew.elastic import health, hooks
 from elastic_dew.simulate import SLICE_DOWN_CODES, Fault, SimulatedSlices, parse_schedule, unreachable
 
 from faultlib import kinds
@@ -104,13 +104,38 @@ def test_a_hung_slice_blocks_the_read_of_its_result_until_it_is_lost():
         assert "DATA_LOSS" in str(outcome["error"])
 
 
-def test_the_health_check_reports_a_hung_slice_down_with_deadline_exceeded():
+def test_a_read_of_fresh_work_on_a_hung_slice_blocks_as_on_pathways_until_the_slice_returns():
+    """Pathways answers no read from a worker that stopped answering, old work or new: the
+    health probe's read must block too, so that only its bound ends it."""
     with SimulatedSlices(4, 2) as sim:
         sim.hang(2)
-        assert elastic.get_active_slice_indices(sim.slice_to_devices) == {0, 1, 3}
         fresh = _on_slice(sim, 2)
-        with pytest.raises(jax.errors.JaxRuntimeError, match="DEADLINE_EXCEEDED"):
-            np.asarray(fresh)
+        outcome = {}
+        reader = threading.Thread(target=lambda: outcome.update(error=_read_error(fresh)), daemon=True)
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive(), "the read of fresh work on a hung slice returned"
+        sim.restore(2)
+        reader.join(10)
+        assert not reader.is_alive()
+        assert "DATA_LOSS" in str(outcome["error"])  # its data never came back
+        assert np.asarray(_on_slice(sim, 2)).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_the_health_check_reports_a_hung_slice_down_once_its_probe_is_past_the_bound(caplog):
+    with SimulatedSlices(4, 2) as sim:
+        checker = health.ReusableSliceHealthChecker(sim.slice_to_devices, health.SliceProbes(), probe_timeout=0.5)
+        sim.hang(2)
+        outcome = {}
+        check = threading.Thread(
+            target=lambda: outcome.update(active=elastic.get_active_slice_indices(sim.slice_to_devices, checker)),
+            daemon=True,
+        )
+        check.start()
+        check.join(120)  # only so that a regression fails instead of hanging the suite
+        assert not check.is_alive(), "the health check waited on the hung slice's probe"
+        assert outcome["active"] == {0, 1, 3}
+    assert "slice 2's health probe did not answer within 0.5 s" in caplog.text
 
 
 def _read_error(array):

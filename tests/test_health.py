@@ -155,3 +155,63 @@ def test_by_default_a_wait_ends_after_300_seconds_and_the_tenth_slice_loss_ends_
     policy = passed["retry_policy"]
     slice_down = jax.errors.JaxRuntimeError("DATA_LOSS: slice went away")
     assert [policy(attempt, slice_down) for attempt in range(1, 11)] == [True] * 9 + [False]
+
+
+def _in_thread(work) -> dict:
+    """Run ``work`` in a thread; a regression that blocks fails the test instead of hanging it."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "blocked on the hung slice"
+    return outcome
+
+
+def test_a_hung_slice_is_reported_down_and_the_other_slices_up_within_the_probe_bound(sim, probes, caplog):
+    sim.hang(1)
+    checker = health.ReusableSliceHealthChecker(sim.slice_to_devices, probes, probe_timeout=0.3)
+    outcome = _in_thread(lambda: pw_elastic.get_active_slice_indices(sim.slice_to_devices, checker))
+    assert outcome["value"] == {0, 2, 3}
+    assert "slice 1's health probe did not answer within 0.3 s" in caplog.text
+    sim.restore(1)
+    assert _check(sim, probes) == {0, 1, 2, 3}
+
+
+def test_the_timeout_ends_a_wait_for_slices_while_one_of_them_hangs(sim, probes):
+    """On Pathways a hung slice's probe read blocks; without the probe's bound the wait
+    would never reach its own timeout."""
+    sim.hang(3)
+    checker = health.ReusableSliceHealthChecker(sim.slice_to_devices, probes, probe_timeout=0.3)
+    outcome = _in_thread(lambda: pw_elastic.wait_for_slices(
+        None, poll_interval=0.05, timeout=1.0, slice_to_devices=sim.slice_to_devices, checker=checker
+    ))
+    assert isinstance(outcome.get("error"), TimeoutError), outcome
+    assert "Timed out waiting for 4 slices" in str(outcome["error"])
+
+
+def test_a_probe_bound_that_is_not_positive_is_refused(sim):
+    with pytest.raises(ValueError, match="probe_timeout=0 must be > 0"):
+        health.ReusableSliceHealthChecker(sim.slice_to_devices, probe_timeout=0)
+
+
+def test_reads_after_a_hung_one_are_read_in_time_and_only_the_hung_one_is_late():
+    """read_each, the reader the step deadline and the probes share: a read that never
+    returns (here, one waiting on an event nobody sets) is late; the reads after it are not."""
+    from elastic_dew.elastic.deadline import read_each
+
+    never = threading.Event()
+    try:
+        done, late = read_each({"a": lambda: 1, "hung": never.wait, "b": lambda: 2, "c": lambda: 1 / 0}, 0.2)
+        assert late == ["hung"]
+        assert done["a"].result() == 1 and done["b"].result() == 2
+        with pytest.raises(ZeroDivisionError):
+            done["c"].result()
+    finally:
+        never.set()

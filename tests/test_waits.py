@@ -118,6 +118,24 @@ def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_
     assert turns[-1] == ("stop", "done", 30)
 
 
+def test_a_sigterm_just_before_a_slice_loss_ends_the_wait_at_once_and_the_rerun_resumes_from_the_snapshot(tmp_path):
+    """The notice is pending when the wait begins (its step boundary never came): the wait
+    must end at once, as a SIGTERM during it does, not after ``--timeout``."""
+    run_dir = tmp_path / "r"
+    args = ("--chaos", "preempt@17,lose:3@17", "--timeout", "60", "--snapshot-every", "5")
+    proc = _status(_train(run_dir, 30, *args), 143)
+    assert "no checkpoint was committed" not in proc.stderr
+    turns = _turns(run_dir)
+    assert turns[-2:] == [("stop", "slice_lost", 16), ("stop", "preempted", 15)]
+    saves = [e["step"] for e in _events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
+    assert saves == [15]
+
+    _status(_train(run_dir, 30, *args), 0)
+    turns = _turns(run_dir)
+    assert ("resume", "checkpoint", 16) in turns
+    assert turns[-1] == ("stop", "done", 30)
+
+
 def test_a_hung_slice_past_the_step_timeout_is_a_slice_loss_and_the_run_recovers(tmp_path):
     run_dir = tmp_path / "r"
     proc = _status(_train(run_dir, 24, "--chaos", "hang:3@10,restore:3@+2", "--step-timeout", "1"), 0)

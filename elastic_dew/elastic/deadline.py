@@ -8,6 +8,9 @@ pathwaysutils counts as a slice down, so the run recovers (waits for slices, res
 newest state) instead of hanging. The worker stuck on the hung read is abandoned (a daemon
 thread) and a fresh one takes the next read.
 
+:func:`read_each` bounds several reads the same way (the slice health check's probes, one
+per slice): a read past the bound is reported late, not waited for.
+
 The bound is ``ElasticConfig.step_timeout`` when set. Otherwise it follows the run: 20
 times the median of the last 100 completed steps' times, never under 60 s; until 5 steps
 have been timed in this process (the first steps pay one-time costs) it is 600 s.
@@ -21,12 +24,12 @@ import queue
 import statistics
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
 
 import jax
 
-__all__ = ["StepDeadline", "MULTIPLE", "FLOOR", "BEFORE_TIMED", "TIMED_STEPS", "WINDOW"]
+__all__ = ["StepDeadline", "read_each", "MULTIPLE", "FLOOR", "BEFORE_TIMED", "TIMED_STEPS", "WINDOW"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ TIMED_STEPS = 5
 WINDOW = 100
 
 _T = TypeVar("_T")
+_K = TypeVar("_K", bound=Hashable)
 
 
 class StepDeadline:
@@ -104,6 +108,40 @@ class StepDeadline:
             reader, self._reader = self._reader, None
         if reader is not None:
             reader.stop()
+
+
+def read_each(
+    reads: Mapping[_K, Callable[[], _T]], seconds: float
+) -> tuple[dict[_K, concurrent.futures.Future], list[_K]]:
+    """Run ``reads`` in turn on a reading thread, waiting at most ``seconds`` for each.
+
+    Returns ``(done, late)``: ``done`` maps each read that finished in time to its future
+    (``result()`` gives its value or raises its error), ``late`` lists the reads that did
+    not. A late read's thread is abandoned (it is stuck on that read) and the reads after
+    it go on in a fresh thread, each with its own ``seconds``: one hung read costs one bound
+    and never makes a healthy read after it late. With nothing late one thread does it all.
+    """
+    if not seconds > 0:
+        raise ValueError(f"seconds={seconds} must be > 0")
+    pending = list(reads)
+    done: dict[_K, concurrent.futures.Future] = {}
+    late: list[_K] = []
+    while pending:
+        reader = _Reader()
+        submitted = [(key, reader.submit(reads[key])) for key in pending]
+        pending = []
+        for position, (key, future) in enumerate(submitted):
+            finished, _ = concurrent.futures.wait([future], timeout=seconds)
+            if finished:
+                done[key] = future
+                continue
+            late.append(key)
+            for later_key, later in submitted[position + 1:]:
+                later.cancel()  # the stuck thread skips it if it ever gets there
+                pending.append(later_key)
+            break
+        reader.stop()
+    return done, late
 
 
 class _Reader:

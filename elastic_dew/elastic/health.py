@@ -26,8 +26,12 @@ constructor, same interface), which reaches all three paths without copying any 
 pathwaysutils' code; :func:`uninstall` restores it. ``make_manager`` installs it. Once a
 pathwaysutils ``Manager`` takes a checker, pass one instead of installing.
 
-Not handled here: a slice that stops answering without an error (a hang) makes
-``validate`` wait on its probe as pathwaysutils' own checker does.
+A slice that stops answering without an error (a hang) would make ``validate`` wait on its
+probe for ever, as pathwaysutils' own checker does, and with it the wait for slices, whose
+``timeout`` is only looked at between polls. Each probe's read is therefore bounded, with
+the step deadline's reader (:func:`elastic_dew.elastic.deadline.read_each`): a probe that
+has not answered within :data:`PROBE_TIMEOUT` seconds counts its slice down, with a log
+line, and the poll goes on with the other slices.
 """
 
 from __future__ import annotations
@@ -43,8 +47,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import elastic as pw_elastic
 
+from elastic_dew.elastic.deadline import read_each
+
 __all__ = [
     "PROBES",
+    "PROBE_TIMEOUT",
     "ReusableSliceHealthChecker",
     "SliceProbes",
     "install",
@@ -59,6 +66,12 @@ logger = logging.getLogger(__name__)
 _VALUE = 99.0
 _EXPECTED = _VALUE + 1
 _AXIS = "slice"
+
+#: Seconds a slice's probe may take to answer before the slice counts as down (it stopped
+#: answering). A healthy probe (``x + 1`` on a few numbers, compiled beforehand) answers in
+#: well under a second; the bound only has to be far above that and below the wait's
+#: ``timeout``.
+PROBE_TIMEOUT = 30.0
 
 
 def _plus_one(x: jax.Array) -> jax.Array:
@@ -130,15 +143,21 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
     ``validate`` then waits on each and returns the slices whose probe answered correctly.
     A slice-down error (pathwaysutils' ``is_error_due_to_slice_down``) at dispatch or at the
     read marks that slice down; any other error is raised, as pathwaysutils' checker does.
+    A probe that does not answer within ``probe_timeout`` seconds (:data:`PROBE_TIMEOUT`
+    unless given) marks its slice down too.
     """
 
     def __init__(
         self,
         slice_to_devices: Mapping[int, Sequence[jax.Device]],
         probes: SliceProbes | None = None,
+        probe_timeout: float | None = None,
     ) -> None:
         super().__init__(slice_to_devices)
+        if probe_timeout is not None and not probe_timeout > 0:
+            raise ValueError(f"probe_timeout={probe_timeout} must be > 0 seconds, or None for PROBE_TIMEOUT")
         self.probes = PROBES if probes is None else probes
+        self.probe_timeout = probe_timeout
         self.results: dict[int, jax.Array] = {}
 
     def dispatch(self) -> None:
@@ -151,10 +170,23 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
         self.results = results
 
     def validate(self) -> Set[int]:
+        bound = PROBE_TIMEOUT if self.probe_timeout is None else self.probe_timeout
+        reads = {
+            slice_index: (lambda result=result: np.asarray(jax.block_until_ready(result)))
+            for slice_index, result in self.results.items()
+        }
+        self.results = {}  # the probes' arrays are not kept between polls
+        answered, late = read_each(reads, bound)
+        del reads
+        for slice_index in late:
+            logger.warning(
+                "slice %d's health probe did not answer within %.3g s: counting the slice down "
+                "(it stopped answering)", slice_index, bound,
+            )
         healthy = set()
-        for slice_index, result in self.results.items():
+        for slice_index, future in answered.items():
             try:
-                answer = np.asarray(jax.block_until_ready(result))
+                answer = future.result()
             except jax.errors.JaxRuntimeError as error:
                 _down_or_raise(slice_index, error)
                 continue
@@ -164,7 +196,6 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
                     f"{_EXPECTED} on each of its {len(answer)} devices: the slice computes wrongly"
                 )
             healthy.add(slice_index)
-        self.results = {}  # the probes' arrays are not kept between polls
         return frozenset(healthy)
 
 

@@ -273,8 +273,9 @@ class ElasticRun:
         self.timer.slice_lost()
         logger.warning("slice lost after step %d; waiting for slices", self.last_step)
         self.emit(Stop(reason="slice_lost", step=self.last_step))
-        # Until the next attempt starts, a preemption notice ends the wait at once
-        # (NoticeInWait, handled in run) instead of at a step boundary a paused run never reaches.
+        # Until the next attempt starts, a preemption notice (one pending now, or one that
+        # arrives) ends the wait at once (NoticeInWait, handled in run) instead of at a step
+        # boundary a paused run never reaches.
         if self.notice is not None and hasattr(self.notice, "begin_wait"):
             self.notice.begin_wait()
         hooks.phase("wait", self.last_step)

@@ -162,16 +162,21 @@ class PreemptionNotice:
             logger.warning("SIGTERM again (%d): ignored, already stopping", self._signals)
 
     def begin_wait(self) -> None:
-        """The run starts waiting (for slices): a notice that arrives now raises
-        :class:`NoticeInWait` from the handler at once.
+        """The run starts waiting (for slices): a notice ends the wait at once.
 
-        A notice that arrived before the wait is left to the step boundary after it (the
-        run already stops there, with the agreed step's checkpoint). Outside a pool only: a
-        pool's notice comes through JAX's preemption service, which is asked at step
-        boundaries, so a pooled wait ends on its own ``timeout``.
+        A notice that arrived before the wait (a SIGTERM just before a slice loss, whose
+        step boundary never came) raises :class:`NoticeInWait` here, and one that arrives
+        during the wait raises it from the handler: either way the run stops now, not at
+        a step boundary after a wait the scheduler's grace period may not outlast.
+        Outside a pool only: a pool's notice comes through JAX's preemption service, which
+        agrees one stop step on every process at step boundaries, so a pooled wait ends
+        on its own ``timeout`` and the agreed step's boundary stops the run after it.
         """
-        if self._pooled or self._closed or self._signals:
+        if self._pooled or self._closed:
             return
+        if self._signals:
+            logger.warning("a preemption notice is pending as the wait for slices begins: ending the wait")
+            raise NoticeInWait()
         self._waiting = True
 
     def end_wait(self) -> None:

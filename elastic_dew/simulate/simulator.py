@@ -17,9 +17,10 @@ health check, Orbax's ``Snapshotter`` and a user's own loop run unchanged:
   probe of the slice fails the same way, so it reports the slice down; pinned host snapshot
   replicas on the slice become unreadable while the survivors stay readable.
 * :meth:`SimulatedSlices.hang` makes a slice stop answering: reading a result that was on
-  it (or computed from one) blocks until the slice is lost, restored or the simulator
-  exits; fresh work on it (the health check's probe) fails with ``DEADLINE_EXCEEDED``, as
-  Pathways reports a worker that stopped answering.
+  it, computed from one, or produced there afterwards (the health check's probe) blocks
+  until the slice is lost, restored or the simulator exits, as a read from a Pathways
+  worker that stopped answering does. Only a bound on the read (the step deadline, the
+  health check's probe timeout) ends such a wait.
 * :meth:`SimulatedSlices.restore` makes the slice healthy again. Arrays that lived on it
   while it was lost stay unreadable: their data is gone. The Manager sees a returned slice at
   once: every lose, hang and restore re-runs the Manager's own check of its inactive slices
@@ -72,7 +73,8 @@ logger = logging.getLogger(__name__)
 
 _MARK = "_elastic_dew_simulated_loss"
 _HUNG = "_elastic_dew_simulated_hang"
-#: The code fresh work on a hung slice fails with (a worker that stopped answering).
+#: The code a read blocked on a hung slice fails with when the simulator exits under it
+#: (a worker that stopped answering).
 HUNG_CODE = "DEADLINE_EXCEEDED"
 
 
@@ -226,7 +228,7 @@ class SimulatedSlices:
         registry.refresh_managers()
 
     def hang(self, i: int) -> None:
-        """Slice ``i`` stops answering: reads of its results block; fresh work on it fails."""
+        """Slice ``i`` stops answering: reads of its results, old and new, block."""
         self._check_index(i)
         with self._answered:
             if i in self._codes:
@@ -299,10 +301,21 @@ class SimulatedSlices:
             if d.id in lost_ids
         }
 
+    def _hung_slice_of(self, array: Any) -> int | None:
+        """A hung slice holding part of ``array`` in device memory, or None."""
+        hung = self._hung
+        if not hung or array.sharding.memory_kind == "pinned_host":
+            return None  # host memory has no computation in flight: it fails at once
+        device_slice = self.topology.device_slice
+        return next((device_slice[d.id] for d in array.sharding.device_set
+                     if device_slice.get(d.id) in hung), None)
+
     def check_readable(self, array: Any) -> None:
-        """Block while ``array`` is a hung slice's result; raise the slice-down error Pathways
-        raises when its data is lost or it is on a lost slice."""
+        """Block while ``array`` is a hung slice's result or lives on a hung slice; raise the
+        slice-down error Pathways raises when its data is lost or it is on a lost slice."""
         hung = self._mark_of(array, _HUNG)
+        if hung is None:
+            hung = self._hung_slice_of(array)
         if hung is not None:
             with self._answered:
                 while self._active and hung in self._hung:
