@@ -18,6 +18,7 @@ from elastic_dew import testing as chaos
 from elastic_dew.commands import chaos as chaos_command
 
 from conftest import REPO
+from faultlib import assert_all_fired, assert_invariants, events, kinds
 
 #: Seeds CI runs (about 5 s each on two cores): the first few, and 21 and 26, which found
 #: a slice lost while a finished run's state was restored crashing the caller (fixed).
@@ -27,6 +28,28 @@ SEEDS = (0, 1, 2, 3, 21, 26)
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("chaos")
+
+
+def test_the_generator_draws_the_dispatch_phase():
+    assert any("/dispatch" in chaos.draw(seed).schedule for seed in range(200))
+
+
+def test_a_slice_lost_at_a_dispatch_resumes_with_exactly_once_data(tmp_path):
+    """``lose:2@10/dispatch``: step 10's dispatch itself fails (the simulator refuses a
+    compiled program whose input is on the lost slice, as Pathways fails work sent to a
+    slice it knows is down); the run resumes on 3 slices and every example is used once."""
+    expected = chaos.reference(12, tmp_path / "reference")
+    outcome = chaos.run(chaos.Scenario(schedule="lose:2@10/dispatch"), tmp_path / "run")
+    assert_all_fired(outcome)
+    assert_invariants(outcome, expected)
+    turns = kinds(outcome)
+    # Step 10 is dispatched before step 9's result is read (steps run one ahead), so the
+    # loss comes after step 8, with step 9 in flight and dropped.
+    assert [t for t in turns if t[1] == "slice_lost"] == [("stop", "slice_lost", 8)]
+    resumed = [t for t in turns if t[0] == "resume"][1:]
+    assert resumed and resumed[0][2] <= 9, turns
+    assert turns[-1] == ("stop", "done", 12)
+    assert [e["slices"] for e in events(outcome) if e["event"] == "step"][-1] == chaos.TOTAL_SLICES - 1
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -93,14 +93,15 @@ def model() -> dict[str, Any]:
 
 
 #: Phases that happen at any step, and those that happen only while recovering.
-_RUNNING_PHASES = ("step", "step", "step", "snapshot", "checkpoint")
+_RUNNING_PHASES = ("step", "step", "step", "dispatch", "snapshot", "checkpoint")
 _RECOVERY_PHASES = ("snapshot_load", "compile", "checkpoint_restore")
 
 
 def draw(seed: int) -> Scenario:
     """A random scenario from ``seed``: 1-5 faults at random steps and phases.
 
-    The first fault hits a running step (a step, a snapshot or a checkpoint save); each later
+    The first fault hits a running step (its computation, its dispatch, a snapshot or a
+    checkpoint save); each later
     one either hits a running step too, or the recovery from an earlier fault (its snapshot
     load, compile or checkpoint restore), or, after a slice's return, the scale-up or the
     step that notices it. Slices ``lose`` and ``restore`` (a restore only of a slice the
