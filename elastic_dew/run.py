@@ -120,8 +120,10 @@ class RunSpec:
         bound=Bound(1), flag="--devices-per-slice", metavar="D",
     )
     chaos: str = setting(
-        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 "
-        "(grammar ACTION[:SLICE]@STEP[/PHASE])", flag="--chaos", metavar="SCHEDULE",
+        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 "
+        "(grammar ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the "
+        "previous fault fired; actions lose, restore, hang (the slice stops answering), error (a "
+        "runtime error that is not a slice loss), preempt, kill)", flag="--chaos", metavar="SCHEDULE",
     )
     run_dir: str | None = setting(
         None, "the run directory; an existing one is resumed", flag="--run-dir", metavar="DIR"

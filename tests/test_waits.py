@@ -69,6 +69,14 @@ def test_the_train_command_offers_the_waits_flags():
         assert flag in proc.stdout
 
 
+def test_the_chaos_flags_help_names_time_keyed_faults_hang_and_error():
+    proc = subprocess.run([sys.executable, "-m", "elastic_dew", "train", "--help"], capture_output=True,
+                          text=True, timeout=120, env=_env())
+    chaos = " ".join(proc.stdout.split("--chaos SCHEDULE")[-1].split("--run-dir")[0].split())
+    for text in ("@+SECONDS", "restore:3@+3", "hang (the slice stops answering)", "error (a runtime error"):
+        assert text in chaos, chaos
+
+
 def test_a_paused_run_whose_slice_returns_after_three_seconds_finishes_on_four_slices(tmp_path):
     run_dir = tmp_path / "r"
     _status(_train(run_dir, 30, "--chaos", "lose:3@17,restore:3@+3"), 0)

@@ -12,14 +12,17 @@
 * CheckpointConfiguration: a GKE CRD with no published schema here, so semantic checks only.
 * Every JobSet: the semantics of an elastic Pathways run (``semantic_errors``).
 
-``jsonschema`` and ``kubernetes-validate`` are the project's test extras; they are imported
-only when a schema check runs. Every function returns a list of messages, empty when valid.
+``jsonschema`` and ``kubernetes-validate`` are the project's ``k8s`` extra
+(:data:`INSTALL_K8S`; the ``test`` extra holds them too); they are imported only when a
+schema check runs, and a missing one is a ``ParameterError`` naming that install command.
+Every function returns a list of messages, empty when valid.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import json
 import re
 from importlib import resources
@@ -30,10 +33,11 @@ import yaml
 
 from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
-from elastic_dew.k8s.params import PROXY_FLAG_SPELLINGS
+from elastic_dew.k8s.params import PROXY_FLAG_SPELLINGS, ParameterError
 from elastic_dew.k8s.tpus import by_accelerator
 
 __all__ = [
+    "INSTALL_K8S",
     "KUBERNETES_VERSION",
     "SCHEMA_RESOURCE",
     "load_jobset_schema",
@@ -86,9 +90,24 @@ def _path(error: Any) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "<root>"
 
 
+#: What installs the schema checks' libraries (``jsonschema``, ``kubernetes-validate``).
+INSTALL_K8S = "pip install 'elastic-dew[k8s]'"
+
+
+def _schema_library(module: str) -> Any:
+    """Import a schema check's library, or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ParameterError(
+            "validate", f"{error.name or module} is not installed (the schema checks need it)",
+            f"install the k8s extra: {INSTALL_K8S}",
+        ) from error
+
+
 def jobset_schema_errors(jobset: dict[str, Any], crd_path: str | None = None) -> list[str]:
     """Schema violations of a JobSet (CRD schema) and of its Job templates (batch/v1 schema)."""
-    import jsonschema
+    jsonschema = _schema_library("jsonschema")
 
     validator = jsonschema.Draft7Validator(load_jobset_schema(crd_path))
     errors = [f"JobSet {_path(e)}: {e.message}" for e in validator.iter_errors(jobset)]
@@ -102,7 +121,7 @@ def jobset_schema_errors(jobset: dict[str, Any], crd_path: str | None = None) ->
 
 def core_schema_errors(obj: dict[str, Any], version: str = KUBERNETES_VERSION) -> list[str]:
     """Violations of Kubernetes' published (strict) schema for a core kind."""
-    import kubernetes_validate
+    kubernetes_validate = _schema_library("kubernetes_validate")
 
     try:
         kubernetes_validate.validate(obj, version, strict=True)
