@@ -90,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, module = _parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from elastic_dew.observe.logs import TEXT_FORMAT, set_verbose
+
+    # -v is elastic_dew's debug lines; third-party libraries stay at INFO.
+    logging.basicConfig(level=logging.INFO, format=TEXT_FORMAT)
+    set_verbose(args.verbose)
     if module is None:  # argparse already refused an unknown command
         parser.error(f"unknown command {args.command!r}")
     return int(module.run(args) or 0)

@@ -92,8 +92,8 @@ def setup(args: argparse.Namespace, prog: str) -> Terminal:
     except ValueError as err:
         sys.stderr.write(f"{prog}: error: {err}\n")
         raise SystemExit(run.USAGE_EXIT) from None
-    verbose = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
-    setup_logging(options.log_format, level=logging.DEBUG if verbose else logging.INFO)
+    # Third-party libraries stay at INFO; -v (set by the command line) is elastic_dew's own.
+    setup_logging(options.log_format, level=logging.INFO)
     return Terminal(prog, observe=options)
 
 
@@ -122,8 +122,10 @@ def _quiet_logs(tty: bool) -> Iterator[None]:
     step lines would repeat them), and Orbax's per-file INFO lines (through absl) drown
     everything else unless ``-v`` asked for debug output. On a terminal, where the bar shows
     every stop and resume, pathwaysutils' INFO lines about attempts are left out too."""
+    from elastic_dew.observe.logs import is_verbose
+
     quiet = [logging.getLogger("elastic_dew.trainer")]
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+    if not is_verbose():
         quiet.append(logging.getLogger("absl"))
         if tty:
             quiet.append(logging.getLogger("pathwaysutils"))

@@ -319,3 +319,21 @@ def test_the_train_options_come_from_the_settings_own_declarations():
     assert "steps between in-memory snapshots; 0 turns them off (default 10)" in " ".join(text.split())
     spec = console.spec_of(parser.parse_args(["mlp", "--snapshot-every", "3", "--set", "hidden=4"]))
     assert spec.elastic == {"snapshot_every": 3} and spec.overrides == ("hidden=4",)
+
+
+def test_demo_passes_its_log_format_to_every_training_process(tmp_path):
+    from elastic_dew.commands import demo, train
+
+    parser = argparse.ArgumentParser()
+    demo.configure(parser)
+    args = parser.parse_args(["--quick", "--log-format", "json"])
+    cmd = demo.command(demo.QUICK, tmp_path / "d", args.log_format)
+    assert cmd[cmd.index("--log-format") + 1] == "json"
+    assert demo.command(demo.QUICK, tmp_path / "d")[cmd.index("--log-format") + 1] == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--log-format", "yaml"])
+    # One declaration: demo's choices and default are train's.
+    trained = argparse.ArgumentParser()
+    train.configure(trained)
+    ours, theirs = (next(a for a in p._actions if a.dest == "log_format") for p in (parser, trained))
+    assert (ours.choices, ours.default, ours.help) == (theirs.choices, theirs.default, theirs.help)

@@ -148,7 +148,11 @@ def test_the_export_maps_elastic_waits_and_reinitialisations_onto_the_recorders_
         export(event.to_json())  # run-record lines work as well as typed events
     entries = [entry for _, entry in memory.entries]
     assert sum("job_start_time" in e for e in entries) == 2
-    assert sum("job_end_time" in e for e in entries) == 1
+    assert sum("job_end_time" in e for e in entries) == 2  # the preempted process's and the last
+    saves = [e for e in entries if e.get("event_type") == "save"]
+    assert [(e["step"], e["checkpoint_manager_blocking_duration_secs"]) for e in saves] == [
+        ("10", pytest.approx(0.2))
+    ]
     waits = [e for e in entries if "elastic_wait_start_time" in e]
     assert [e["elastic_wait_event_type"] for e in waits] == ["slice_down"]
     ends = [e for e in entries if "elastic_wait_end_time" in e]
@@ -167,3 +171,51 @@ def test_the_export_maps_elastic_waits_and_reinitialisations_onto_the_recorders_
 def test_the_export_refuses_an_empty_job_name():
     with pytest.raises(ValueError, match="job_name"):
         GoodputExport("", cloud_logger=MemoryLogger())
+
+
+def test_every_process_records_a_job_end_however_it_ends():
+    """Done and preempted stops end a process; a process that fails records its end when
+    the export closes."""
+    memory = MemoryLogger()
+    export = GoodputExport("run", cloud_logger=memory)
+    for event in preempted_run_with_gap(gap=10.0):
+        export(event)
+    ends = [e["job_end_time"] for _, e in memory.entries if "job_end_time" in e]
+    stops = [e.wall for e in preempted_run_with_gap(gap=10.0)
+             if isinstance(e, Stop) and e.reason in ("preempted", "done")]
+    assert ends == pytest.approx(stops)
+
+    failed = MemoryLogger()
+    export = GoodputExport("run", cloud_logger=failed)
+    export(Start(wall=T0 + 1, process_start=T0, pid=3))
+    export(Resume(wall=T0 + 2, source="fresh", step=1,
+                  durations={"mesh_and_compile": 0.5, "restore": 0.5}))
+    export(Step(wall=T0 + 3, step=1, slices=4, loss=1.0, examples=(0, 8), seconds=1.0))
+    assert not [e for _, e in failed.entries if "job_end_time" in e]
+    export.close()  # the run failed: no stop line, and the display closes its sinks
+    (end,) = [e["job_end_time"] for _, e in failed.entries if "job_end_time" in e]
+    assert end >= T0 + 3
+    export.close()
+    assert len([e for _, e in failed.entries if "job_end_time" in e]) == 1
+
+
+def test_a_graceful_preemption_leaves_the_gap_productive_to_the_library(tmp_path):
+    """ml-goodput-measurement 0.2.3 finds a disruption only where a step is recorded twice;
+    after a preemption whose checkpoint is the last step (elastic_dew's graceful stop) the
+    re-run starts at the next step, so the library counts the gap as productive. This pins
+    the documented difference (docs/observability.md)."""
+    events = [Start(wall=T0 + 1.0, process_start=T0, pid=1),
+              Resume(wall=T0 + 2.0, source="fresh", step=1,
+                     durations={"mesh_and_compile": 0.5, "restore": 0.5})]
+    steps, t = _steps(1, 20, T0 + 2.0, slices=4)
+    events += steps + [Stop(wall=t + 0.1, reason="preempted", step=20)]
+    begin = t + 0.1 + 60.0
+    events += [Start(wall=begin + 1.0, process_start=begin, pid=2),
+               Resume(wall=begin + 2.0, source="checkpoint", step=21,
+                      durations={"mesh_and_compile": 0.5, "restore": 0.5})]
+    steps, t = _steps(21, 40, begin + 2.0, slices=4)
+    events += steps + [Stop(wall=t + 0.1, reason="done", step=40)]
+    ours = account(events)
+    assert ours.badput["infrastructure_recovery_from_disruption"] == pytest.approx(60.0)
+    theirs = library_goodput(events, tmp_path)
+    assert theirs - 100 * ours.goodput > 100 * 60 / ours.wall_seconds - 5

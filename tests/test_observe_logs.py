@@ -94,3 +94,48 @@ def test_an_unknown_format_is_refused_before_the_handlers_change():
     with pytest.raises(ValueError, match="auto.*text.*json"):
         setup_logging("yaml", io.StringIO())  # type: ignore[arg-type]
     assert logging.getLogger().handlers == before
+
+
+def test_verbose_turns_on_elastic_dews_debug_lines_and_leaves_other_libraries_at_info():
+    from elastic_dew import cli
+    from elastic_dew.observe.logs import set_verbose
+
+    assert cli.main(["-v", "report", "/nonexistent-run"]) != 0  # refused; -v is set by then
+    try:
+        stream = io.StringIO()
+        setup_logging("json", stream)
+        logging.getLogger("elastic_dew.report").debug("ours")
+        logging.getLogger("matplotlib.font_manager").debug("findfont: a page of these")
+        logging.getLogger("matplotlib.font_manager").info("kept")
+        assert [line["message"] for line in _lines(stream)] == ["ours", "kept"]
+    finally:
+        set_verbose(False)
+    assert not logging.getLogger("elastic_dew.report").isEnabledFor(logging.DEBUG)
+
+
+def _slice_loss_record(error: BaseException, message: str = "Elastic event detected") -> str:
+    stream = io.StringIO()
+    setup_logging("json", stream)
+    manager = logging.getLogger("pathwaysutils.elastic.manager")
+    try:
+        raise error
+    except BaseException:
+        manager.exception(message)  # as Manager.elastic_retry logs a handled slice loss
+    (line,) = _lines(stream)
+    return line
+
+
+def test_pathwaysutils_handled_slice_loss_is_filed_as_a_warning_with_its_traceback():
+    import jax
+
+    line = _slice_loss_record(jax.errors.JaxRuntimeError("DATA_LOSS: slice 3 is gone"))
+    assert line["severity"] == "WARNING"
+    assert "Traceback" in line["message"] and "DATA_LOSS" in line["message"]
+
+
+def test_other_errors_of_pathwaysutils_stay_errors():
+    import jax
+
+    assert _slice_loss_record(RuntimeError("not a slice loss"))["severity"] == "ERROR"
+    assert _slice_loss_record(jax.errors.JaxRuntimeError("DATA_LOSS"),
+                              "Error in monitor thread loop")["severity"] == "ERROR"

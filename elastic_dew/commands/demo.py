@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from elastic_dew.observe import sinks as observing
 from elastic_dew.supervisor import supervise
 
 __all__ = ["configure", "run", "DemoPlan", "FULL", "QUICK", "story"]
@@ -66,14 +67,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-dir", metavar="DIR", help="where the run lives (default runs/demo_TIMESTAMP)"
     )
+    # The training processes' option, declared where train declares it.
+    observing.add_log_format(parser)
 
 
-def command(plan: DemoPlan, run_dir: Path) -> list[str]:
-    """The training command the demo runs (and runs again after a preemption)."""
+def command(plan: DemoPlan, run_dir: Path, log_format: str = "auto") -> list[str]:
+    """The training command the demo runs (and runs again after a preemption).
+
+    ``log_format`` is the training processes' ``--log-format``; they inherit the demo's
+    standard error, so ``auto`` resolves there as it would for the demo itself.
+    """
     return [
         sys.executable, "-m", "elastic_dew", "train", "lm",
         "--steps", str(plan.steps), "--chaos", plan.chaos, "--run-dir", str(run_dir),
-        *plan.train_args, "--no-summary",
+        *plan.train_args, "--log-format", log_format, "--no-summary",
     ]
 
 
@@ -107,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_dir and run_dir.exists():
         print(f"elastic-dew demo: error: {run_dir} exists; give --run-dir", file=sys.stderr)
         return 2
-    cmd = command(plan, run_dir)
+    cmd = command(plan, run_dir, args.log_format)
     print(
         f"elastic-dew demo: training the lm recipe for {plan.steps} steps on 4 simulated slices "
         f"of 2 CPU devices,\nwith the faults {plan.chaos} (lose slice 1, get it back, preempt).\n"

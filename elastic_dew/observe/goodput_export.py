@@ -17,11 +17,26 @@ elastic_dew event            recorder entry
                              elastic reinitialisation (``mesh_and_compile`` + ``restore``),
                              both ending at the resume's ``wall``
 first ``fresh`` resume       training preparation (its ``restore``: building the state)
-``stop`` with ``done``       job end
+``stop`` with ``done`` or    job end, at the stop
+``preempted``
+:meth:`~GoodputExport.close` job end, now, for a process that recorded none since its
+                             start (it failed: an error not retried, or retries exhausted)
 ===========================  =============================================================
 
-Saves and faults have no recorder entry (the library reads checkpoint time from Orbax's own
-logger). Nothing here talks to the network unless no ``cloud_logger`` is given, in which
+Every process records a job end however it ends, so the library never reads a process that
+has exited as one still running. The library's calculator takes the job's span from the
+earliest job start to the *latest* job end, and counts the time from the last step start to
+that end as productive only because the end says the job completed: a preempted process's
+end is therefore superseded once the re-run records its own start, steps and end, and the
+re-done steps and the gap are then badput as usual. Between the two processes the library
+reads the job as ended at the preemption, as it would any job that stopped there.
+
+Saves are written as the entries Orbax's step-statistics logger writes for a blocking
+checkpoint save (``event_type`` ``save``, the step, ``checkpoint_manager_blocking_duration_secs``),
+which the library's checkpoint calculator reads from the same log and takes out of productive
+time. The library averages entries with the same step (it takes them for the hosts of one
+save), so the saves of one step (a snapshot and a checkpoint) are summed into one entry,
+written when the next event arrives. Faults have no entry. Nothing here talks to the network unless no ``cloud_logger`` is given, in which
 case the library creates its Cloud Logging client.
 """
 
@@ -32,7 +47,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from elastic_dew.elastic.events import Event, Resume, Start, Step, Stop, from_json
+from elastic_dew.elastic.events import Event, Resume, Save, Start, Step, Stop, from_json
 
 __all__ = ["GoodputExport"]
 
@@ -86,14 +101,20 @@ class GoodputExport:
         self._most_slices = 0
         self._stopped = False  # a stop since this process's last resume
         self._resumed = False  # this process has resumed once
+        self._open = False  # a job start with no job end recorded after it
+        self._save: tuple[int, float, float] | None = None  # step, began, seconds: unwritten
 
     def __call__(self, event: Event | Mapping[str, Any]) -> None:
         """Record one event (typed, or a run-record line)."""
         if not isinstance(event, Event):
             event = from_json(event)
         rec = self.recorder
+        if isinstance(event, Save):
+            self._add_save(event)
+            return
+        self._write_save()
         if isinstance(event, Start):
-            self._stopped, self._resumed = False, False
+            self._stopped, self._resumed, self._open = False, False, True
             rec.record_job_start_time(_utc(event.process_start))
         elif isinstance(event, Step):
             rec.record_step_start_time(event.step, _utc(event.wall - event.seconds))
@@ -107,8 +128,9 @@ class GoodputExport:
             )
         elif isinstance(event, Stop):
             self._stopped = True
-            if event.reason == "done":
+            if event.reason in ("done", "preempted"):  # the process ends here
                 rec.record_job_end_time(_utc(event.wall))
+                self._open = False
         elif isinstance(event, Resume):
             self._record_resume(event)
 
@@ -133,6 +155,41 @@ class GoodputExport:
             rec.record_training_preparation_end_time(_utc(event.wall))
         self._resumed, self._stopped = True, False
 
+    def _add_save(self, event: Save) -> None:
+        if self._save is not None and self._save[0] != event.step:
+            self._write_save()
+        if self._save is None:
+            self._save = (event.step, event.wall - event.seconds, 0.0)
+        step, began, seconds = self._save
+        self._save = (step, began, seconds + float(event.seconds))
+
+    def _write_save(self) -> None:
+        """Write the pending saves as one Orbax save-statistics entry (see the module)."""
+        if self._save is None:
+            return
+        step, began, seconds = self._save
+        self._save = None
+        logger = self.recorder._cloud_logger  # the recorder's own log, where the calculator reads
+        if logger is None:
+            return
+        logger.write_cloud_logging_entry({
+            "job_name": self.job_name,
+            # The first key with "time" in its name is the entry's timestamp to the library.
+            "checkpoint_manager_blocking_start_time": began,
+            "event_type": "save",
+            "step": str(step),
+            "directory": "",
+            "checkpoint_manager_blocking_duration_secs": seconds,
+            "checkpointer_blocking_duration_secs": seconds,
+            "wait_for_prev_duration_secs": 0.0,
+            "get_old_steps_duration_secs": 0.0,
+        })
+
     def close(self) -> None:
-        """Block until the recorder's pending writes are committed."""
+        """Record the job end of a process that ended without a ``done`` or ``preempted``
+        stop (it failed), then block until the recorder's pending writes are committed."""
+        self._write_save()
+        if self._open:
+            self.recorder.record_job_end_time(datetime.datetime.now(datetime.timezone.utc))
+            self._open = False
         self.recorder.flush()

@@ -18,6 +18,15 @@ the entry. :class:`JsonFormatter` writes one such line per record:
 :func:`setup_logging` installs one handler on the root logger, text on a terminal and JSON
 lines elsewhere (``"auto"``), or either on request. Library code keeps logging through
 :mod:`logging`; only the program's entry point calls :func:`setup_logging`.
+
+Two policies live here too, so every entry point applies them alike. ``-v`` asks for
+elastic_dew's own debug lines (:func:`set_verbose`), not every library's: turning the root
+logger to DEBUG drowns a run in matplotlib's font lines and JAX's compilation traces.
+And pathwaysutils logs every slice loss it handles at ERROR with a traceback
+(``pathwaysutils.elastic.manager``: ``"Elastic event detected"``), which Cloud Logging and
+Error Reporting would show as an error although the retry recovers from it;
+:class:`HandledSliceLossFilter` files exactly those records as WARNING. When the retry
+policy then gives up, the run's own ERROR line says so.
 """
 
 from __future__ import annotations
@@ -32,9 +41,13 @@ from typing import Any, Literal, TextIO
 __all__ = [
     "LOG_FORMATS",
     "TEXT_FORMAT",
+    "VERBOSE_LOGGERS",
+    "HandledSliceLossFilter",
     "JsonFormatter",
     "LogContext",
+    "is_verbose",
     "log_context",
+    "set_verbose",
     "severity",
     "setup_logging",
 ]
@@ -43,6 +56,9 @@ __all__ = [
 LOG_FORMATS = ("auto", "text", "json")
 #: The plain-text line.
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: The loggers ``-v`` turns to DEBUG: elastic_dew's own. Third-party loggers stay at INFO.
+VERBOSE_LOGGERS = ("elastic_dew",)
 
 _SEVERITIES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"),
                (logging.WARNING, "WARNING"), (logging.INFO, "INFO"))
@@ -120,6 +136,54 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+def set_verbose(verbose: bool) -> None:
+    """DEBUG for :data:`VERBOSE_LOGGERS` when ``verbose``, else their level from the root."""
+    for name in VERBOSE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.NOTSET)
+
+
+def is_verbose() -> bool:
+    """Whether elastic_dew's debug lines are on (``-v``, or a root logger at DEBUG)."""
+    return logging.getLogger(VERBOSE_LOGGERS[0]).isEnabledFor(logging.DEBUG)
+
+
+class HandledSliceLossFilter(logging.Filter):
+    """File pathwaysutils' "Elastic event detected" ERROR as a WARNING.
+
+    pathwaysutils' ``Manager.elastic_retry`` logs that record (with the traceback) only
+    after ``is_error_due_to_slice_down`` accepted the error, just before it consults the
+    retry policy: it is a slice loss being handled, not a failure. Installed on the
+    manager's logger, the filter sees only that logger's own records, and changes only an
+    ERROR with that message whose exception is a ``JaxRuntimeError``; the traceback stays.
+    """
+
+    LOGGER = "pathwaysutils.elastic.manager"
+    MESSAGE = "Elastic event detected"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            record.name == self.LOGGER
+            and record.levelno == logging.ERROR
+            and record.msg == self.MESSAGE
+            and record.exc_info
+            and _is_jax_runtime_error(record.exc_info[1])
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _is_jax_runtime_error(error: BaseException | None) -> bool:
+    jax_errors = sys.modules.get("jax.errors")  # loaded: pathwaysutils imports JAX
+    runtime_error = getattr(jax_errors, "JaxRuntimeError", None)
+    return runtime_error is not None and isinstance(error, runtime_error)
+
+
+def _install_slice_loss_filter() -> None:
+    logger = logging.getLogger(HandledSliceLossFilter.LOGGER)
+    if not any(isinstance(f, HandledSliceLossFilter) for f in logger.filters):
+        logger.addFilter(HandledSliceLossFilter())
+
+
 def _is_terminal(stream: TextIO) -> bool:
     try:
         return bool(stream.isatty())
@@ -137,7 +201,8 @@ def setup_logging(
 
     ``"auto"`` is text when ``stream`` is a terminal and JSON lines otherwise (a pod's log,
     a pipe, CI). Replaces the root logger's handlers, so calling it again switches format.
-    Returns the installed handler.
+    ``level`` is the root logger's, so third-party libraries' too; ``-v`` is
+    :func:`set_verbose`. Installs :class:`HandledSliceLossFilter`. Returns the handler.
     """
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format {fmt!r} is not one of {LOG_FORMATS}; pass --log-format "
@@ -152,4 +217,5 @@ def setup_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    _install_slice_loss_filter()
     return handler

@@ -35,6 +35,7 @@ from elastic_dew.observe.logs import LOG_FORMATS, log_context
 __all__ = [
     "ObserveOptions",
     "Sinks",
+    "add_log_format",
     "add_options",
     "options_of",
     "progress_bar_available",
@@ -81,13 +82,18 @@ class ObserveOptions:
         return tensorboard_available() if self.tensorboard is None else self.tensorboard
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """``--log-format``, ``--tensorboard/--no-tensorboard`` and ``--goodput-export``."""
+def add_log_format(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``, declared once for every command that takes it (``train``, ``demo``)."""
     parser.add_argument(
         "--log-format", choices=LOG_FORMATS, default="auto",
         help="log lines as text or as JSON lines with a Cloud Logging severity; auto is text "
         "on a terminal and JSON lines otherwise (default: %(default)s)",
     )
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``, ``--tensorboard/--no-tensorboard`` and ``--goodput-export``."""
+    add_log_format(parser)
     parser.add_argument(
         "--tensorboard", action=argparse.BooleanOptionalAction, default=None,
         help="write TensorBoard event files under RUN_DIR/tensorboard/ (default: on when "
