@@ -40,10 +40,13 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_dew import rundir
 from elastic_dew.elastic.config import SHARDINGS, Bound, ElasticConfig, setting
+
+if TYPE_CHECKING:
+    from elastic_dew.elastic.protocol import BatchError
 
 __all__ = [
     "RunSpec",
@@ -399,6 +402,11 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
         raise UsageError(problem)
 
 
+def _batch_refusal(error: BatchError) -> UsageError:
+    """A :class:`~elastic_dew.elastic.protocol.BatchError` worded with the flag it is about."""
+    return UsageError(f"{error.flag}: {error}")
+
+
 def plan(spec: RunSpec) -> Plan:
     """Check every setting and decide the run, touching nothing; raises :class:`UsageError`."""
     simulate = simulating()
@@ -414,17 +422,13 @@ def plan(spec: RunSpec) -> Plan:
     steps = spec.steps or defaults.get("steps", 100)
     global_batch = spec.elastic.get("global_batch") or defaults.get("global_batch", 32)
     config = _config(spec, simulate, global_batch)
-    if simulate:
-        from elastic_dew.elastic.protocol import check_batch_for_every_slice_count
+    if simulate:  # real slices are counted when the protocol is built: execute refuses there
+        from elastic_dew.elastic.protocol import BatchError, check_batch_for_every_slice_count
 
         try:
-            check_batch_for_every_slice_count(config, slices, devices_per_slice)
-        except ValueError as err:
-            raise UsageError(f"--global-batch: {err}") from None
-        try:
             check_batch_for_every_slice_count(config, slices, devices_per_slice, spec.microbatch)
-        except ValueError as err:
-            raise UsageError(f"--microbatch: {err}") from None
+        except BatchError as err:
+            raise _batch_refusal(err) from None
 
     result = Plan(
         recipe=module.__name__,
@@ -491,12 +495,15 @@ def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
 def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display | None = None) -> Outcome:
     """Train the planned run (after ``prepare_process``) with ``build``, else the recipe's.
 
-    Raises :class:`UsageError` for recipe settings its ``build`` refuses; a preemption is
-    an :class:`Outcome` with status 143.
+    Raises :class:`UsageError` for recipe settings its ``build`` refuses and, on real slices
+    (whose count is known only once the protocol is built), for a batch they cannot take;
+    ``command.json`` is written only after those checks. A preemption is an
+    :class:`Outcome` with status 143.
     """
     import jax
     from pathwaysutils.elastic.manager import ElasticRuntimeError
 
+    from elastic_dew.elastic.protocol import BatchError
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
 
@@ -510,7 +517,6 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     if missing:
         raise UsageError(f"recipe {p.recipe}.build() returned no {', '.join(sorted(missing))}")
     resuming = (run_dir / rundir.EVENTS_FILE).exists()
-    rundir.write_identity(run_dir, {**p.identity(), "steps": p.steps, "argv": sys.argv})
     logger.info(
         "%s %s in %s: %d steps, global batch %d, %s",
         "resuming" if resuming else "training",
@@ -533,9 +539,14 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             # A recipe that knows its tensor-parallel split gives it as "model_sharding".
             model_sharding=parts.get("model_sharding"),
             **({"microbatch": p.microbatch} if p.microbatch is not None else {}),
+            # Written by the trainer once the protocol has accepted the slices and the batch,
+            # so a refused run leaves its directory untouched.
+            identity={**p.identity(), "steps": p.steps, "argv": sys.argv},
         )
         try:
             result = trainer.fit(p.steps)
+        except BatchError as err:  # real slices: counted only once the protocol is built
+            raise _batch_refusal(err) from None
         except Preempted as stop:
             logger.warning(
                 "preempted at step %d; its checkpoint is in %s: run the same command again to resume",

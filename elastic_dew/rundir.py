@@ -233,7 +233,12 @@ def fsync_append(path: Path, line: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FaultEntry:
-    """One fired fault: its place in the schedule, its text, and where it fired."""
+    """One fired fault: its place in the schedule, its text, what it did and where it fired.
+
+    ``action`` and ``slice`` are the schedule's own reading of the fault (the simulator's
+    grammar, :mod:`elastic_dew.simulate.schedule`, passes them in), stored on the log line
+    so no reader parses the text again.
+    """
 
     index: int
     fault: str
@@ -241,16 +246,16 @@ class FaultEntry:
     step: int
     time: float
     pid: int = 0
+    action: str = ""
+    slice: int | None = None
 
-    @property
-    def action(self) -> str:
-        return self.fault.split("@", 1)[0].split(":", 1)[0]
 
-    @property
-    def slice(self) -> int | None:
-        head = self.fault.split("@", 1)[0]
-        _, _, index = head.partition(":")
-        return int(index) if index.isdigit() else None
+def _legacy_action_and_slice(fault: str) -> tuple[str, int | None]:
+    """``ACTION[:SLICE]`` read from a fault's text, for logs written before the log lines
+    carried ``action`` and ``slice``; newer lines are never parsed here."""
+    head = fault.split("@", 1)[0]
+    action, _, index = head.partition(":")
+    return action, int(index) if index.isdigit() else None
 
 
 class FaultLog:
@@ -274,9 +279,16 @@ class FaultLog:
                 continue
             try:
                 raw = json.loads(line)
+                fault = str(raw["fault"])
+                if "action" in raw:
+                    action = str(raw["action"])
+                    slice_index = None if raw.get("slice") is None else int(raw["slice"])
+                else:
+                    action, slice_index = _legacy_action_and_slice(fault)
                 entry = FaultEntry(
-                    index=int(raw["index"]), fault=str(raw["fault"]), phase=str(raw.get("phase", "step")),
+                    index=int(raw["index"]), fault=fault, phase=str(raw.get("phase", "step")),
                     step=int(raw.get("step", 0)), time=float(raw.get("time", 0.0)), pid=int(raw.get("pid", 0)),
+                    action=action, slice=slice_index,
                 )
             except (ValueError, KeyError, TypeError):
                 if number == len(lines):
@@ -304,8 +316,15 @@ class FaultLog:
             fired.add(entry.index)
         return fired
 
-    def append(self, index: int, fault: str, phase: str, step: int) -> FaultEntry:
-        entry = FaultEntry(index=index, fault=fault, phase=phase, step=step, time=time.time(), pid=os.getpid())
+    def append(
+        self, index: int, fault: str, phase: str, step: int, *, action: str, slice: int | None
+    ) -> FaultEntry:
+        """Record fault ``index`` of the schedule (its text ``fault``, its ``action`` on
+        ``slice``) as fired at ``phase`` of ``step``; durable before this returns."""
+        entry = FaultEntry(
+            index=index, fault=fault, phase=phase, step=step, time=time.time(), pid=os.getpid(),
+            action=action, slice=slice,
+        )
         fsync_append(self.path, json.dumps(dataclasses.asdict(entry)))
         return entry
 

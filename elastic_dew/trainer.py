@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +218,10 @@ class Trainer:
         ``lax.scan``): the update is the full batch's, and a lost slice under the
         ``constant`` batch policy adds micro-steps instead of memory per device. A
         slice count whose per-device batch it does not divide is refused before the run.
+      identity: the run's identity (``command.json``, :func:`elastic_dew.rundir.write_identity`),
+        or ``None`` to write none. It is written once the protocol has accepted the slices
+        and the batch, beside the run record's first line, so a refused run leaves its
+        directory untouched.
     """
 
     def __init__(
@@ -238,6 +242,7 @@ class Trainer:
         sharding: shardings.Policy = "fsdp",
         model_sharding: Callable[[tuple, Any, jax.sharding.Mesh], PartitionSpec] | None = None,
         microbatch: int | None = None,
+        identity: Mapping[str, Any] | None = None,
     ) -> None:
         shardings.check_policy(sharding)
         if model_sharding is not None and not callable(model_sharding):
@@ -276,13 +281,14 @@ class Trainer:
         self.run_dir = Path(run_dir)
         rundir.check(self.run_dir)  # the one rule; refused before anything is written
         if config.checkpoint_dir is None:
-            config = dataclasses.replace(config, checkpoint_dir=str(self.run_dir.resolve() / "checkpoints"))
+            config = dataclasses.replace(config, checkpoint_dir=str(self.run_dir.resolve() / rundir.CHECKPOINTS_DIR))
         self.config = config
         self.dataset = dataset
         self.log_every = log_every
         self.progress = progress
         self.notice = notice
         self.manager = manager
+        self.identity = dict(identity) if identity is not None else None
         self._program = _Program(
             init, loss, optimizer, dataset[0], seed, host, shardings.with_model_rule(sharding, model_sharding), microbatch
         )
@@ -329,6 +335,8 @@ class Trainer:
             manager = run.manager
             devices = [d for i in sorted(manager.slice_to_devices) for d in manager.slice_to_devices[i]]
             self._program.abstract_state(mesh_of(devices, manager.total_slice_count, self.config.model_axis or 1))
+            if self.identity is not None:
+                rundir.write_identity(self.run_dir, self.identity)
             record = RunRecord(self.run_dir)
             records.append(record)
             record.append(events.to_json(start))

@@ -7,6 +7,9 @@ each micro-step holds per device and how many micro-steps a step takes.
 
 from __future__ import annotations
 
+import re
+import types
+
 import grain
 import jax
 import jax.numpy as jnp
@@ -109,4 +112,58 @@ def test_the_command_line_refuses_a_microbatch_before_anything_runs(tmp_path):
     )
     with pytest.raises(runs.UsageError, match=r"^--microbatch: microbatch=5 does not divide.*microbatch 1, 2 divide"):
         runs.plan(spec)
+    assert not (tmp_path / "run").exists()
+
+
+class _Refusals:
+    """A display that keeps the refusals it is shown (run.Display)."""
+
+    def __init__(self):
+        self.refusals = []
+
+    def refused(self, error):
+        self.refusals.append(str(error))
+
+    def running(self, plan):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def finished(self, plan, outcome):
+        raise AssertionError(f"a refused run finished: {outcome}")
+
+
+@pytest.mark.parametrize(
+    ("given", "refusal"),
+    [
+        (dict(microbatch=5), r"^--microbatch: microbatch=5 does not divide.*microbatch 1, 2 divide"),
+        (dict(global_batch=20), r"^--global-batch: global_batch=20 .* divisible by"),
+    ],
+)
+def test_on_real_slices_a_batch_they_cannot_take_exits_2_and_leaves_the_run_directory_untouched(
+    tmp_path, monkeypatch, given, refusal
+):
+    """Real slices are counted only when the protocol is built, after planning.
+
+    Mocked, because they cannot exist here: real slices (``run.simulating`` says no) and
+    pathwaysutils' Manager over them, a stand-in holding four slices of two of the test's
+    CPU devices. ``prepare_process`` is stubbed: on a real allocation it joins the pool and
+    installs the process's exit hook, which a test process must not get.
+    """
+    devices = jax.devices()[:8]
+    manager = types.SimpleNamespace(
+        slice_to_devices={i: devices[2 * i:2 * i + 2] for i in range(4)}, total_slice_count=4
+    )
+    monkeypatch.setattr(runs, "simulating", lambda: False)
+    monkeypatch.setattr("elastic_dew.elastic.protocol.make_manager", lambda: manager)
+    monkeypatch.setattr("elastic_dew.runtime.prepare_process", lambda **options: None)
+    spec = runs.RunSpec(
+        recipe="mlp", run_dir=str(tmp_path / "run"), microbatch=given.get("microbatch"),
+        elastic={"global_batch": given.get("global_batch", GLOBAL_BATCH), "minimum_slice_count": 2},
+    )
+    display = _Refusals()
+
+    assert runs.main(spec, display=display) == runs.USAGE_EXIT
+
+    assert len(display.refusals) == 1 and re.search(refusal, display.refusals[0]), display.refusals
     assert not (tmp_path / "run").exists()

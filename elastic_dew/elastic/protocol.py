@@ -81,6 +81,7 @@ __all__ = [
     "Program",
     "StepFn",
     "ElasticRun",
+    "BatchError",
     "check_batch_for_every_slice_count",
 ]
 
@@ -107,6 +108,22 @@ class Program(Protocol):
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn: ...
 
 
+class BatchError(ValueError):
+    """A batch the slices cannot take: a global batch, microbatch, model axis or minimum slice
+    count that some reachable slice count cannot divide or meet.
+
+    Raised before anything runs (by :func:`check_batch_for_every_slice_count`, which
+    :class:`ElasticRun` calls as it is built), so a caller can tell a bad setting from a
+    failure of the run. ``flag`` is the command-line option the refusal is about
+    (``--global-batch``, ``--microbatch``, ``--model-axis``, ``--min-slices``); the message
+    names the values that work.
+    """
+
+    def __init__(self, message: str, *, flag: str) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
 def check_batch_for_every_slice_count(
     config: ElasticConfig, total_slices: int, devices_per_slice: int, microbatch: int | None = None
 ) -> None:
@@ -117,13 +134,18 @@ def check_batch_for_every_slice_count(
     a failure hours into a run (the first lost slice) into an error at start. With
     ``microbatch`` (examples per data-parallel device per micro-step), every reachable
     per-device batch must also be a multiple of it; the refusal names the values that are.
+    Every refusal is a :class:`BatchError`.
     """
-    config.check_slices(total_slices)
+    try:
+        config.check_slices(total_slices)
+    except ValueError as err:
+        raise BatchError(str(err), flag="--min-slices") from None
     model = config.model_axis or 1
     if devices_per_slice % model:
-        raise ValueError(
+        raise BatchError(
             f"model_axis={model} does not divide the {devices_per_slice} devices of a slice; "
-            f"choose a model_axis that divides {devices_per_slice}"
+            f"choose a model_axis that divides {devices_per_slice}",
+            flag="--model-axis",
         )
     lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
     per_device: dict[int, int] = {}
@@ -131,27 +153,32 @@ def check_batch_for_every_slice_count(
         batch = global_batch_for(config.global_batch, config.batch_policy, active, total_slices)
         shards = active * (devices_per_slice // model)
         if batch % shards:
-            raise ValueError(
+            raise BatchError(
                 f"global_batch={config.global_batch} (policy {config.batch_policy!r}) gives a batch "
                 f"of {batch} on {active} active slices, which their {shards} data-parallel devices "
                 f"cannot divide; choose a global batch divisible by {shards} for every slice count "
-                f"from {lowest} to {total_slices}, or raise minimum_slice_count"
+                f"from {lowest} to {total_slices}, or raise minimum_slice_count",
+                flag="--global-batch",
             )
         per_device[active] = batch // shards
     if microbatch is None:
         return
     if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1:
-        raise ValueError(f"microbatch={microbatch!r} must be an int >= 1 (examples per device per micro-step)")
+        raise BatchError(
+            f"microbatch={microbatch!r} must be an int >= 1 (examples per device per micro-step)",
+            flag="--microbatch",
+        )
     for active, examples in per_device.items():
         if examples % microbatch:
             common = math.gcd(*per_device.values())
             working = [m for m in range(1, common + 1) if common % m == 0]
-            raise ValueError(
+            raise BatchError(
                 f"microbatch={microbatch} does not divide the per-device batch of {examples} on "
                 f"{active} active slices (global batch {config.global_batch}, policy "
                 f"{config.batch_policy!r}); the per-device batches from {lowest} to {total_slices} "
                 f"slices are {', '.join(str(per_device[a]) for a in sorted(per_device))}, which "
-                f"microbatch {', '.join(map(str, working))} divide{'s' if len(working) == 1 else ''}"
+                f"microbatch {', '.join(map(str, working))} divide{'s' if len(working) == 1 else ''}",
+                flag="--microbatch",
             )
 
 

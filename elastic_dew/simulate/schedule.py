@@ -439,7 +439,9 @@ class ScheduleRunner:
             elif fault.phase != phase or step < fault.step:
                 continue
             if self.fault_log is not None:
-                fired_at = self.fault_log.append(index, str(fault), phase, step).time
+                fired_at = self.fault_log.append(
+                    index, str(fault), phase, step, action=fault.action, slice=fault.slice
+                ).time
             else:
                 fired_at = time.time()
             self._fired.add(index)
