@@ -130,17 +130,19 @@ def read_each(
         reader = _Reader()
         submitted = [(key, reader.submit(reads[key])) for key in pending]
         pending = []
-        for position, (key, future) in enumerate(submitted):
-            finished, _ = concurrent.futures.wait([future], timeout=seconds)
-            if finished:
-                done[key] = future
-                continue
-            late.append(key)
-            for later_key, later in submitted[position + 1:]:
-                later.cancel()  # the stuck thread skips it if it ever gets there
-                pending.append(later_key)
-            break
-        reader.stop()
+        try:
+            for position, (key, future) in enumerate(submitted):
+                finished, _ = concurrent.futures.wait([future], timeout=seconds)
+                if finished:
+                    done[key] = future
+                    continue
+                late.append(key)
+                for later_key, later in submitted[position + 1:]:
+                    later.cancel()  # the stuck thread skips it if it ever gets there
+                    pending.append(later_key)
+                break
+        finally:  # also when a signal handler raises here (a preemption notice in a wait)
+            reader.stop()
     return done, late
 
 
