@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastic_dew import cli, console, record
+from elastic_dew import cli, console, record, rundir
 from elastic_dew import run as runs
 from elastic_dew.commands import train
 from elastic_dew.elastic.config import ElasticConfig
@@ -149,6 +149,7 @@ def test_a_preempted_run_resumed_by_the_same_command_ends_as_the_uninterrupted_r
     first = _ok(_train(run_dir, "--chaos", "preempt@12"), status=143)
     assert "run the same command again to resume" in first.stderr
     assert not (run_dir / "summary.json").exists()
+    assert rundir.read_identity(run_dir)["chaos"] == "preempt@12"  # the schedule is the run's identity
     _ok(_train(run_dir, "--chaos", "preempt@12"))
 
     events = record.read_events(run_dir)

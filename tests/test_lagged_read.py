@@ -2,12 +2,18 @@
 
 A recording program wraps a small linear model's compiled step: every call of the step
 function logs a dispatch, and the loss it returns logs a read when the protocol converts it
-to a float (the one read of a step's result the loop makes). The run's events go to the
-same log, so the tests can check the order of dispatches, reads, step lines and saves, on
-the simulator's CPU slices, including around a lost slice and a preemption stop.
+to a float (the one read of a step's result the loop makes). Every other way to wait for a
+step's outputs, ``jax.block_until_ready`` and ``jax.device_get`` on its state or metrics,
+is logged too as a wait (the real functions, wrapped to see their arguments). The run's
+events go to the same log, so the tests can check the order of dispatches, reads, waits,
+step lines and saves, on the simulator's CPU slices, including around a lost slice and a
+preemption stop.
 """
 
 from __future__ import annotations
+
+import contextlib
+from unittest import mock
 
 import grain
 import jax
@@ -51,6 +57,26 @@ class RecordingProgram:
     def __init__(self, log: list) -> None:
         self.log = log
         self.calls = 0
+        self.outputs: dict[int, tuple[int, object]] = {}  # id -> (step, the output, kept alive)
+
+    def step_of(self, tree) -> list[int]:
+        """The steps whose outputs (state leaves or loss) ``tree`` holds."""
+        return sorted({self.outputs[id(leaf)][0] for leaf in jax.tree.leaves(tree) if id(leaf) in self.outputs})
+
+    @contextlib.contextmanager
+    def watching_waits(self):
+        """Log ``("wait", step, how)`` whenever the run blocks on or fetches a step's outputs."""
+
+        def watched(real, how):
+            def wait(tree, *args, **kwargs):
+                self.log.extend(("wait", step, how) for step in self.step_of(tree))
+                return real(tree, *args, **kwargs)
+
+            return wait
+
+        with mock.patch.object(jax, "block_until_ready", watched(jax.block_until_ready, "block_until_ready")), \
+                mock.patch.object(jax, "device_get", watched(jax.device_get, "device_get")):
+            yield
 
     def abstract_state(self, mesh):
         s = replicated(mesh)
@@ -83,7 +109,10 @@ class RecordingProgram:
             self.calls += 1
             self.log.append(("dispatch", self.calls))
             new_state, metrics = compiled(state, batch)
-            return new_state, {"loss": _Loss(metrics["loss"], self.calls, self.log)}
+            loss = _Loss(metrics["loss"], self.calls, self.log)
+            for output in [*jax.tree.leaves(new_state), metrics["loss"], loss]:
+                self.outputs[id(output)] = (self.calls, output)
+            return new_state, {"loss": loss}
 
         return recorded
 
@@ -124,7 +153,8 @@ def _run(tmp_path, steps, *, schedule=None, notice=None, **overrides):
     with SimulatedSlices(4, 2, schedule=schedule, fault_log=tmp_path / "faults.jsonl"):
         run = ElasticRun(program, ElasticData(_dataset()), config, emit=emit, notice=notice)
         try:
-            state, _ = run.run(steps)
+            with program.watching_waits():
+                state, _ = run.run(steps)
             return jax.device_get(state), log
         except Preempted:
             return None, log
@@ -134,6 +164,10 @@ def test_no_step_result_is_read_before_the_next_step_is_dispatched(tmp_path):
     _, log = _run(tmp_path, 8)
     for n in range(1, 8):
         assert log.index(("dispatch", n + 1)) < log.index(("read", n)), log
+        waits = [i for i, entry in enumerate(log) if entry[:2] == ("wait", n)]
+        assert all(log.index(("dispatch", n + 1)) < i for i in waits), log
+    # The snapshots wait on a step's state (every second step), after the next dispatch.
+    assert any(entry[0] == "wait" for entry in log), log
     # The final step is read, and nothing past it is dispatched.
     assert ("read", 8) in log and ("dispatch", 9) not in log
 

@@ -1,10 +1,13 @@
-"""Data flows one way: runtime -> elastic layer -> trainer -> recipes.
+"""Data flows one way: runtime -> elastic layer -> training -> run -> recipes -> command line.
 
 Each module's imports (read from its source, top level and inside functions alike) may name
-only its own layer or lower ones. The simulator sits beside the elastic layer: it may use the
-elastic layer's hooks, and nothing in the library imports it except the run (which wires
-simulated slices when it simulates), the commands and the chaos harness. Nothing below the
-command line imports the commands: recipes call the library (``elastic_dew.run``).
+only its own layer or a layer its layer may import (:data:`LAYERS`). The rules are the
+layers' own, with no exception for any module: the simulator sits beside the elastic layer
+(it imports what that layer does) and below the run, so the training layer cannot import it
+and the run (which wires simulated slices when it simulates), the harness and the command
+line can. Nothing outside the command line imports the commands: recipes call the library
+(``elastic_dew.run``), and the chaos harness (``elastic_dew.testing``) is below the command
+that drives it.
 """
 
 from __future__ import annotations
@@ -14,41 +17,56 @@ from pathlib import Path
 
 from conftest import REPO
 
-#: Layer of each module path prefix (longest prefix wins); a higher number is a higher layer.
-LAYERS = {
-    "elastic_dew.runtime": 0,
-    "elastic_dew.launch": 0,
-    "elastic_dew.elastic": 1,
-    "elastic_dew.simulate": 1,
-    "elastic_dew.rundir": 1,  # the run directory's formats: below everything that reads them
-    "elastic_dew.trainer": 2,
-    "elastic_dew.record": 2,
-    "elastic_dew.progress": 2,
-    "elastic_dew.observe": 2,  # goodput, export, TensorBoard, logs, progress bar
-    "recipes": 3,
+#: Each layer: the module path prefixes it holds (the longest prefix wins), and the layers
+#: below it that it may import. Listed bottom up.
+LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "runtime": (("elastic_dew.runtime", "elastic_dew.launch"), ()),
+    # the elastic layer and the run directory's formats: below everything that reads them
+    "elastic": (("elastic_dew.elastic", "elastic_dew.rundir"), ("runtime",)),
+    "simulator": (("elastic_dew.simulate",), ("runtime", "elastic")),
+    # the package root only re-exports the Trainer (lazily)
+    "training": (
+        ("elastic_dew.trainer", "elastic_dew.record", "elastic_dew.progress", "elastic_dew.observe", "elastic_dew"),
+        ("runtime", "elastic"),
+    ),
     # The run (plan, check, execute) and its terminal face: recipes call them from main(),
     # and they load recipes by name at run time, never by import.
-    "elastic_dew.run": 2,
-    "elastic_dew.console": 2,
-    "elastic_dew.commands": 4,
-    "elastic_dew.cli": 4,
-    "elastic_dew.k8s": 4,
-    "elastic_dew.chaos": 4,
-    "elastic_dew.testing": 4,  # the chaos harness: scenarios, runner, invariants
-    "elastic_dew.supervisor": 4,  # re-run a program after 143 or a kill, as a JobSet does
-    "elastic_dew.__main__": 4,
-    "elastic_dew": 2,  # the package root only re-exports the Trainer (lazily)
+    "run": (("elastic_dew.run", "elastic_dew.console"), ("runtime", "elastic", "simulator", "training")),
+    "recipes": (("recipes",), ("runtime", "elastic", "training", "run")),
+    # the chaos harness (scenarios, runner, invariants) and the supervisor that re-runs a
+    # program after 143 or a kill, as a JobSet does
+    "harness": (
+        ("elastic_dew.testing", "elastic_dew.supervisor"),
+        ("runtime", "elastic", "simulator", "training", "run"),
+    ),
+    # the command line and its program entry points (python -m elastic_dew, python -m
+    # elastic_dew.chaos)
+    "cli": (
+        ("elastic_dew.commands", "elastic_dew.cli", "elastic_dew.k8s", "elastic_dew.chaos", "elastic_dew.__main__"),
+        ("runtime", "elastic", "simulator", "training", "run", "recipes", "harness"),
+    ),
 }
 
 
-def _layer(module: str) -> int | None:
+def _home(module: str) -> tuple[str, str] | None:
+    """The longest prefix in :data:`LAYERS` that holds ``module``, and its layer."""
     best = None
-    for prefix, layer in LAYERS.items():
-        if (module == prefix or module.startswith(prefix + ".")) and (
-            best is None or len(prefix) > len(best[0])
-        ):
-            best = (prefix, layer)
-    return None if best is None else best[1]
+    for name, (prefixes, _) in LAYERS.items():
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > len(best[0])
+            ):
+                best = (prefix, name)
+    return best
+
+
+def _layer(module: str) -> str | None:
+    home = _home(module)
+    return None if home is None else home[1]
+
+
+def _may_import(layer: str) -> set[str]:
+    return {layer, *LAYERS[layer][1]}
 
 
 def _modules():
@@ -71,41 +89,41 @@ def _imports(path: Path) -> set[str]:
     return {n for n in names if n.split(".")[0] in ("elastic_dew", "recipes")}
 
 
-def test_no_module_imports_a_layer_above_its_own():
+def test_the_layers_import_only_layers_below_them():
+    order = list(LAYERS)
+    for layer, (_, below) in LAYERS.items():
+        assert all(order.index(other) < order.index(layer) for other in below), layer
+
+
+def test_no_module_imports_a_layer_its_own_may_not():
     violations = []
     for module, path in _modules():
-        own = _layer(module)
-        listed = any(module == p or module.startswith(p + ".") for p in LAYERS if p != "elastic_dew")
-        assert listed or module == "elastic_dew", f"{module} has no layer in LAYERS; add it"
+        home = _home(module)
+        listed = home is not None and (home[0] != "elastic_dew" or module == "elastic_dew")
+        assert listed, f"{module} has no layer in LAYERS; add it"
+        own = home[1]
         for imported in _imports(path):
             other = _layer(imported)
-            if other is not None and other > own:
-                violations.append(f"{module} (layer {own}) imports {imported} (layer {other})")
+            if other is not None and other not in _may_import(own):
+                violations.append(f"{module} ({own}) imports {imported} ({other})")
     assert not violations, "\n".join(violations)
 
 
-def test_only_the_commands_import_the_simulator():
-    offenders = [
+def test_the_simulator_is_imported_only_from_the_run_upward():
+    allowed = {layer for layer in LAYERS if "simulator" in _may_import(layer)}
+    assert allowed == {"simulator", "run", "harness", "cli"}
+    importers = {
         module
         for module, path in _modules()
-        if any(name == "elastic_dew.simulate" or name.startswith("elastic_dew.simulate.") for name in _imports(path))
-        and not module.startswith(("elastic_dew.commands", "elastic_dew.chaos", "elastic_dew.testing", "elastic_dew.simulate"))
-        and module != "elastic_dew.run"  # the run wires simulated slices when it simulates
-    ]
-    assert offenders == []
-
-
-#: The command line, its program entry points (``python -m elastic_dew``, ``python -m
-#: elastic_dew.chaos``) and the test harness; everything else is below it.
-_CLI = (
-    "elastic_dew.commands", "elastic_dew.cli", "elastic_dew.k8s", "elastic_dew.__main__",
-    "elastic_dew.testing", "elastic_dew.chaos",
-)
+        if any(_layer(name) == "simulator" for name in _imports(path)) and _layer(module) != "simulator"
+    }
+    assert "elastic_dew.run" in importers
+    assert {module for module in importers if _layer(module) not in allowed} == set()
 
 
 def test_no_module_below_the_command_line_imports_the_commands():
-    below = [(module, path) for module, path in _modules() if not module.startswith(_CLI)]
-    assert any(module == "elastic_dew.run" for module, _ in below)
+    below = [(module, path) for module, path in _modules() if _layer(module) != "cli"]
+    assert {"elastic_dew.run", "elastic_dew.testing", "recipes.lm"} <= {module for module, _ in below}
     offenders = [
         f"{module} imports {imported}"
         for module, path in below

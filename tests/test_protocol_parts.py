@@ -6,14 +6,17 @@ these pin each one's contract on the 8-CPU-device mesh, with real Orbax tiers.
 
 from __future__ import annotations
 
+import gc
+import logging
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elastic_dew.elastic import events
+from elastic_dew.elastic import events, hooks
 from elastic_dew.elastic.compiler import StepCompiler
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
@@ -177,3 +180,61 @@ def test_the_protocol_emits_typed_events_and_keeps_no_device_array_after_a_run(t
     assert not [v for d in held for v in d.values() if isinstance(v, jax.Array)]
     del state
 
+
+
+class _WatchedProgram(LinearProgram):
+    """A :class:`LinearProgram` whose steps keep weak references to every state they take
+    and return, so a test can see which of them are still alive (and nothing else)."""
+
+    def __init__(self) -> None:
+        self.states: list[tuple[int, weakref.ref]] = []
+        self.attempt = 0  # numbered from 1 as each attempt announces its compile
+
+    def compile(self, mesh, global_batch):
+        step_fn = super().compile(mesh, global_batch)
+
+        def watched(state, batch):
+            new_state, metrics = step_fn(state, batch)
+            for tree in (state, new_state):
+                self.states.extend((self.attempt, weakref.ref(leaf)) for leaf in jax.tree.leaves(tree))
+            return new_state, metrics
+
+        return watched
+
+
+def test_a_failed_attempts_state_is_freed_before_the_next_attempt_starts(tmp_path, monkeypatch):
+    """Weak references to every state a step took or returned: at the next attempt's first
+    announcement none of the failed attempt's may be alive.
+
+    pathwaysutils logs the slice loss with its traceback (``_logger.exception``), and
+    pytest's log capture keeps every record, traceback and frames included, which would keep
+    the failed attempt's arrays alive; a run's own log handlers format a record and drop it.
+    So that logger's records stop at a handler that drops them here.
+    """
+    pathways_log = logging.getLogger("pathwaysutils.elastic.manager")
+    monkeypatch.setattr(pathways_log, "propagate", False)
+    monkeypatch.setattr(pathways_log, "handlers", [logging.NullHandler()])
+    program = _WatchedProgram()
+    alive_at_start: list[int] = []
+
+    def on_phase(phase, step):
+        if phase != "compile":  # an attempt's first announcement, before it restores
+            return
+        if program.attempt > 0:
+            gc.collect()
+            alive_at_start.append(
+                sum(ref() is not None for attempt, ref in program.states if attempt == program.attempt)
+            )
+        program.attempt += 1
+
+    hooks.add_listener(on_phase)
+    try:
+        with SimulatedSlices(4, 2, schedule="lose:1@3", fault_log=tmp_path / "faults.jsonl"):
+            run = ElasticRun(program, ElasticData(_dataset()), _config(tmp_path, snapshot_every=2))
+            state, step = run.run(6)
+    finally:
+        hooks.remove_listener(on_phase)
+    assert step == 6 and program.attempt == 2
+    assert sum(attempt == 1 for attempt, _ in program.states) >= 4  # the failed attempt stepped
+    assert alive_at_start == [0]
+    del state
