@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, median, worker_command, worker_env
-from elastic_dew.rundir import CHECKPOINTS_DIR, committed_steps
+from elastic_dew.rundir import CHECKPOINTS_DIR, committed_checkpoint_steps
 
 __all__ = ["measure", "disk_write_seconds"]
 
@@ -71,7 +71,7 @@ def preempt_once(directory: Path, megabytes: int) -> tuple[float, float]:
     elapsed = time.monotonic() - t
     if code != 143:
         raise RuntimeError(f"preempted worker exited {code}, not 143: {log.read_text()[-2000:]}")
-    if not committed_steps(directory / CHECKPOINTS_DIR) or save is None:
+    if not committed_checkpoint_steps(directory / CHECKPOINTS_DIR) or save is None:
         raise RuntimeError("preempted worker exited 143 without a committed checkpoint")
     return elapsed, save
 

@@ -32,7 +32,7 @@ from benchmarks.common import REPO, median, p90, worker_command, worker_env
 from benchmarks.work_lost import work_lost
 from elastic_dew.elastic.events import DURATION_KEYS, Resume, Step
 from elastic_dew.record import as_event
-from elastic_dew.rundir import CHECKPOINTS_DIR, committed_steps
+from elastic_dew.rundir import CHECKPOINTS_DIR, committed_checkpoint_steps
 
 __all__ = ["measure", "restart_once", "POLICY"]
 
@@ -49,7 +49,7 @@ class _Finished(Exception):
 
 def _newest_committed(directory: Path) -> Path | None:
     """The newest committed step directory under ``directory`` (rundir's commit rule)."""
-    steps = committed_steps(directory)
+    steps = committed_checkpoint_steps(directory)
     return directory / str(steps[-1]) if steps else None
 
 

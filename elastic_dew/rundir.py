@@ -49,7 +49,7 @@ __all__ = [
     "read_identity",
     "write_identity",
     "committed",
-    "committed_steps",
+    "committed_checkpoint_steps",
     "FaultEntry",
     "FaultLog",
     "read_faults",
@@ -194,8 +194,9 @@ def committed(step_dir: Any) -> bool:
     return all((step_dir / item).exists() for item in _ITEMS)
 
 
-def committed_steps(directory: Any) -> list[int]:
-    """The committed steps under a checkpoint directory, oldest first."""
+def committed_checkpoint_steps(directory: Any) -> list[int]:
+    """The committed Orbax steps under a checkpoint directory, oldest first (the step lines
+    the run record counts as committed are :func:`elastic_dew.record.committed_steps`)."""
     if not directory.exists():
         return []
     steps = (int(p.name) for p in directory.iterdir() if p.name.isdigit())

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from elastic_dew import chaos, cli, record
+from elastic_dew import cli, record
+from elastic_dew import testing as chaos
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.simulate import SimulatedSlices, parse_schedule
 from elastic_dew.trainer import Trainer

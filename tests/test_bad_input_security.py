@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from elastic_dew import chaos, cli, record
+from elastic_dew import cli, record
+from elastic_dew import testing as chaos
 
 from conftest import REPO
 

@@ -18,10 +18,17 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from elastic_dew.observe import sinks as observing
+from elastic_dew.run import RUNS_DIR
+from elastic_dew.runtime import run_timestamp
 from elastic_dew.supervisor import supervise
+
+if TYPE_CHECKING:
+    from elastic_dew.elastic.events import Event
 
 __all__ = ["configure", "run", "DemoPlan", "FULL", "QUICK", "story"]
 
@@ -84,24 +91,30 @@ def command(plan: DemoPlan, run_dir: Path, log_format: str = "auto") -> list[str
     ]
 
 
-def story(events: list[dict]) -> list[str]:
-    """What happened, one line per fault, stop, resume and process start, in order."""
+def story(events: Iterable[Event | Mapping[str, Any]]) -> list[str]:
+    """What happened, one line per fault, stop, resume and process start, in order.
+
+    ``events`` are the run's events, typed or as their JSON lines (read through the run
+    record's typed reader).
+    """
+    from elastic_dew.elastic import events as ev
+    from elastic_dew.record import as_events
+
     lines = []
-    for event in events:
-        kind = event.get("event")
-        if kind == "fault":
-            target = f" slice {event['slice']}" if event.get("slice") is not None else ""
-            lines.append(f"  fault   {event['action']}{target} during step {event['step']}")
-        elif kind == "stop":
-            lines.append(f"  stop    {event['reason']} after step {event['step']}")
-        elif kind == "resume":
-            d = event.get("durations", {})
+    for event in as_events(events):
+        if isinstance(event, ev.Fault):
+            target = f" slice {event.slice}" if event.slice is not None else ""
+            lines.append(f"  fault   {event.action}{target} during step {event.step}")
+        elif isinstance(event, ev.Stop):
+            lines.append(f"  stop    {event.reason} after step {event.step}")
+        elif isinstance(event, ev.Resume):
+            d = event.durations
             lines.append(
-                f"  resume  from {event['source']} at step {event['step']} "
+                f"  resume  from {event.source} at step {event.step} "
                 f"({sum(d.values()):.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in d.items()) + ")"
             )
-        elif kind == "start":
-            lines.append(f"  process {event.get('pid')} started")
+        elif isinstance(event, ev.Start):
+            lines.append(f"  process {event.pid} started")
     return lines
 
 
@@ -110,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from elastic_dew.commands.report import report
 
     plan = QUICK if args.quick else FULL
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"demo_{time.strftime('%Y-%m-%d_%H:%M:%S')}"
+    run_dir = Path(args.run_dir) if args.run_dir else RUNS_DIR / f"demo_{run_timestamp()}"
     if not args.run_dir and run_dir.exists():
         print(f"elastic-dew demo: error: {run_dir} exists; give --run-dir", file=sys.stderr)
         return 2

@@ -188,7 +188,7 @@ class _OrbaxKind:
         return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
 
     def latest_step(self) -> int | None:
-        steps = rundir.committed_steps(self.directory)
+        steps = rundir.committed_checkpoint_steps(self.directory)
         return steps[-1] if steps else None
 
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:

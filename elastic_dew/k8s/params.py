@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type, parse_tpu_type
+from elastic_dew.run import MULTI_TIER_DIR, available_recipes
 
 __all__ = [
     "KNOWN_RECIPES",
@@ -30,11 +31,7 @@ __all__ = [
 ]
 
 def known_recipes() -> tuple[str, ...]:
-    """The recipe names ``elastic-dew train RECIPE`` ships (the train command's own list)."""
-    try:  # the train command's recipe resolution is moving to elastic_dew.run
-        from elastic_dew.run import available_recipes
-    except ImportError:
-        from elastic_dew.commands.train import available_recipes
+    """The recipe names ``elastic-dew train RECIPE`` ships (the run's own list)."""
     return tuple(available_recipes())
 
 
@@ -143,7 +140,7 @@ class JobSetParams:
     grace_seconds: int = 300
     max_restarts: int = 5
     slice_restarts: int = 1_000_000
-    mtc_ramdisk_dir: str = "/tmp/mtc_checkpoints"
+    mtc_ramdisk_dir: str = MULTI_TIER_DIR
     service_account: str = "default"
     queue: str | None = None
     on_controller_failure: str = CONTROLLER_FAILURE_MODES[0]
@@ -291,7 +288,7 @@ class JobSetParams:
             )
         if not self.mtc_ramdisk_dir.startswith("/"):
             raise ParameterError("--mtc-ramdisk-dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
-                                 "use an absolute path such as /tmp/mtc_checkpoints")
+                                 f"use an absolute path such as {MULTI_TIER_DIR}")
         return self
 
 

@@ -76,7 +76,7 @@ def committed_checkpoints(directory: str | os.PathLike[str]) -> dict[int, str]:
     if not directory.is_dir():
         return {}
     found = {}
-    for step in rundir.committed_steps(directory):
+    for step in rundir.committed_checkpoint_steps(directory):
         try:
             found[step] = _hash_dir(directory / str(step))
         except OSError:  # vanished while being read: the next look reports it
