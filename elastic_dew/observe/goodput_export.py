@@ -10,34 +10,57 @@ elastic_dew run like any other. The mapping:
 elastic_dew event            recorder entry
 ===========================  =============================================================
 ``start``                    job start at the process's own start (``process_start``)
-``step``                     step start (the step's ``wall`` less its ``seconds``), and the
-                             active slice count at ``wall``
+``step``                     step start (the step's ``wall`` less its ``seconds``), the
+                             active slice count at ``wall``, a custom badput event
+                             ``data_loading_sync`` as long as the step's ``data_seconds``,
+                             and custom badput events for the time since the previous
+                             step's end (below)
+``save``                     a custom badput event ``unproductive_checkpoint_save_time``
+                             over the save; the saves after a process's last step, when it
+                             stops ``done``, as one Orbax save-statistics entry per step
 ``resume`` after a stop      elastic wait (``detection`` + ``wait_for_slices``; event type
                              ``slice_down``, or ``scale_up`` for a ``live`` resume), then an
                              elastic reinitialisation (``mesh_and_compile`` + ``restore``),
                              both ending at the resume's ``wall``
 first ``fresh`` resume       training preparation (its ``restore``: building the state)
-``stop`` with ``done`` or    job end, at the stop
-``preempted``
+``stop`` ``preempted``       a step start for the step after the stopped one, at the stop
+                             (the in-flight step the stop dropped), then job end
+``stop`` ``done``            job end, at the stop
 :meth:`~GoodputExport.close` job end, now, for a process that recorded none since its
                              start (it failed: an error not retried, or retries exhausted)
 ===========================  =============================================================
 
-Every process records a job end however it ends, so the library never reads a process that
-has exited as one still running. The library's calculator takes the job's span from the
-earliest job start to the *latest* job end, and counts the time from the last step start to
-that end as productive only because the end says the job completed: a preempted process's
-end is therefore superseded once the re-run records its own start, steps and end, and the
-re-done steps and the gap are then badput as usual. Between the two processes the library
-reads the job as ended at the preemption, as it would any job that stopped there.
+Why these entries. The library's calculator (``goodput.py``,
+``_get_current_productive_and_unproductive_time``) measures each step from its start to the
+next step's start, and takes out of that span only the custom badput events that lie wholly
+inside it. elastic_dew's productive time is a committed step's ``seconds`` less its
+``data_seconds`` (``docs/trainer.md``), so everything else between two step starts is
+written as a custom badput event: the data wait (placed at the step's start: the library
+uses only its length and the step it lies in), each save, and the rest of the time from one
+step's end to the next one's start (type ``between_steps``: host time, and a resume within
+the process when the run did not step back). Saves are custom events rather than Orbax's
+save entries because the library's checkpoint calculator averages the entries that share a
+step (``checkpoint_badput_calculator.py``, ``calculate_save_operation_...``: it takes them
+for the hosts of one save) and subtracts the total from all productive time, also for saves
+of steps that a later process re-did, whose time its wasted progress already counts. The
+saves after the last step are the exception: the library counts the time from the last
+step start to the job end as productive without looking at custom events, and takes only
+Orbax's save entries out of it.
 
-Saves are written as the entries Orbax's step-statistics logger writes for a blocking
-checkpoint save (``event_type`` ``save``, the step, ``checkpoint_manager_blocking_duration_secs``),
-which the library's checkpoint calculator reads from the same log and takes out of productive
-time. The library averages entries with the same step (it takes them for the hosts of one
-save), so the saves of one step (a snapshot and a checkpoint) are summed into one entry,
-written when the next event arrives. Faults have no entry. Nothing here talks to the network unless no ``cloud_logger`` is given, in which
-case the library creates its Cloud Logging client.
+The library finds a disruption only where a step is recorded twice. A graceful preemption
+checkpoints the stopped step and the re-run starts at the next one, so the export records
+the next step's start at the stop: the re-run records that step again, and the library
+counts the time from the stop to the re-run's job start as
+``infrastructure_recovery_from_disruption``, as elastic_dew does.
+
+Two rules of the library remain that no entry can match without misstating the run (see
+``docs/observability.md``): it takes the excess of each segment's first step over the
+segment's average step as program start-up, and it counts the last step up to the job end.
+
+Every process records a job end however it ends, so the library never reads a process that
+has exited as one still running. Faults have no entry. Nothing here talks to the network
+unless no ``cloud_logger`` is given, in which case the library creates its Cloud Logging
+client.
 """
 
 from __future__ import annotations
@@ -49,9 +72,14 @@ from typing import Any
 
 from elastic_dew.elastic.events import Event, Resume, Save, Start, Step, Stop, from_json
 
-__all__ = ["GoodputExport"]
+__all__ = ["BETWEEN_STEPS", "DATA_WAIT", "SAVE", "GoodputExport"]
 
 log = logging.getLogger(__name__)
+
+#: Custom badput event types the export writes (the first two are elastic_dew's categories).
+DATA_WAIT = "data_loading_sync"
+SAVE = "unproductive_checkpoint_save_time"
+BETWEEN_STEPS = "between_steps"
 
 
 def _utc(seconds: float) -> datetime.datetime:
@@ -102,7 +130,9 @@ class GoodputExport:
         self._stopped = False  # a stop since this process's last resume
         self._resumed = False  # this process has resumed once
         self._open = False  # a job start with no job end recorded after it
-        self._save: tuple[int, float, float] | None = None  # step, began, seconds: unwritten
+        self._step_end: float | None = None  # the wall of this process's last step
+        self._last_step: int | None = None
+        self._saves: list[Save] = []  # since this process's last step: not yet written
 
     def __call__(self, event: Event | Mapping[str, Any]) -> None:
         """Record one event (typed, or a run-record line)."""
@@ -110,14 +140,20 @@ class GoodputExport:
             event = from_json(event)
         rec = self.recorder
         if isinstance(event, Save):
-            self._add_save(event)
-            return
-        self._write_save()
-        if isinstance(event, Start):
+            self._saves.append(event)
+        elif isinstance(event, Start):
+            self._end_between_steps(None)
             self._stopped, self._resumed, self._open = False, False, True
+            self._step_end, self._last_step = None, None
             rec.record_job_start_time(_utc(event.process_start))
         elif isinstance(event, Step):
-            rec.record_step_start_time(event.step, _utc(event.wall - event.seconds))
+            began = event.wall - event.seconds
+            self._end_between_steps(began)
+            rec.record_step_start_time(event.step, _utc(began))
+            data = min(float(event.data_seconds), float(event.seconds))
+            if data > 0:
+                self._custom(DATA_WAIT, began, began + data)
+            self._step_end, self._last_step = event.wall, event.step
             self._most_slices = max(self._most_slices, event.slices)
             total = self._total_slices or self._most_slices
             rec.record_elastic_slice_counts(
@@ -128,11 +164,66 @@ class GoodputExport:
             )
         elif isinstance(event, Stop):
             self._stopped = True
+            if event.reason == "preempted":
+                self._end_between_steps(event.wall)
+                if self._last_step is not None:
+                    rec.record_step_start_time(self._last_step + 1, _utc(event.wall))
+            elif event.reason == "done":
+                self._write_orbax_saves()
             if event.reason in ("done", "preempted"):  # the process ends here
                 rec.record_job_end_time(_utc(event.wall))
                 self._open = False
         elif isinstance(event, Resume):
             self._record_resume(event)
+
+    def _custom(self, kind: str, began: float, ended: float) -> None:
+        if ended > began:
+            self.recorder.record_custom_badput_event_start_time(_utc(began), kind)
+            self.recorder.record_custom_badput_event_end_time(_utc(ended), kind)
+
+    def _end_between_steps(self, until: float | None) -> None:
+        """Write the pending saves, and the rest of the time from the last step's end to
+        ``until`` (the next step's start; ``None``: none follows), as custom events."""
+        at = self._step_end
+        for save in sorted(self._saves, key=lambda s: s.wall):
+            began = save.wall - float(save.seconds)
+            if at is not None and until is not None:
+                began = max(began, at)
+                if began > at:
+                    self._custom(BETWEEN_STEPS, at, min(began, until))
+            ended = save.wall if until is None else min(save.wall, until)
+            self._custom(SAVE, began, ended)
+            at = ended if at is None else max(at, ended)
+        self._saves = []
+        if at is not None and until is not None:
+            self._custom(BETWEEN_STEPS, at, until)
+        self._step_end = None
+
+    def _write_orbax_saves(self) -> None:
+        """Write the saves after the last step as Orbax save-statistics entries, one per
+        step (see the module)."""
+        logger = self.recorder._cloud_logger  # the recorder's own log, where the calculator reads
+        by_step: dict[int, tuple[float, float]] = {}
+        for save in self._saves:
+            began, seconds = by_step.get(save.step, (save.wall - save.seconds, 0.0))
+            by_step[save.step] = (min(began, save.wall - save.seconds), seconds + float(save.seconds))
+        self._saves = []
+        self._step_end = None
+        if logger is None:
+            return
+        for step, (began, seconds) in by_step.items():
+            logger.write_cloud_logging_entry({
+                "job_name": self.job_name,
+                # The first key with "time" in its name is the entry's timestamp to the library.
+                "checkpoint_manager_blocking_start_time": began,
+                "event_type": "save",
+                "step": str(step),
+                "directory": "",
+                "checkpoint_manager_blocking_duration_secs": seconds,
+                "checkpointer_blocking_duration_secs": seconds,
+                "wait_for_prev_duration_secs": 0.0,
+                "get_old_steps_duration_secs": 0.0,
+            })
 
     def _record_resume(self, event: Resume) -> None:
         rec = self.recorder
@@ -155,40 +246,10 @@ class GoodputExport:
             rec.record_training_preparation_end_time(_utc(event.wall))
         self._resumed, self._stopped = True, False
 
-    def _add_save(self, event: Save) -> None:
-        if self._save is not None and self._save[0] != event.step:
-            self._write_save()
-        if self._save is None:
-            self._save = (event.step, event.wall - event.seconds, 0.0)
-        step, began, seconds = self._save
-        self._save = (step, began, seconds + float(event.seconds))
-
-    def _write_save(self) -> None:
-        """Write the pending saves as one Orbax save-statistics entry (see the module)."""
-        if self._save is None:
-            return
-        step, began, seconds = self._save
-        self._save = None
-        logger = self.recorder._cloud_logger  # the recorder's own log, where the calculator reads
-        if logger is None:
-            return
-        logger.write_cloud_logging_entry({
-            "job_name": self.job_name,
-            # The first key with "time" in its name is the entry's timestamp to the library.
-            "checkpoint_manager_blocking_start_time": began,
-            "event_type": "save",
-            "step": str(step),
-            "directory": "",
-            "checkpoint_manager_blocking_duration_secs": seconds,
-            "checkpointer_blocking_duration_secs": seconds,
-            "wait_for_prev_duration_secs": 0.0,
-            "get_old_steps_duration_secs": 0.0,
-        })
-
     def close(self) -> None:
         """Record the job end of a process that ended without a ``done`` or ``preempted``
         stop (it failed), then block until the recorder's pending writes are committed."""
-        self._write_save()
+        self._end_between_steps(None)
         if self._open:
             self.recorder.record_job_end_time(datetime.datetime.now(datetime.timezone.utc))
             self._open = False
