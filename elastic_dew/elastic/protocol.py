@@ -348,24 +348,34 @@ class ElasticRun:
     def _preempted_in_wait(self) -> Preempted:
         """A preemption notice ended a wait for slices: persist the newest snapshot as a
         checkpoint when it is newer than the newest checkpoint (so the re-run resumes from
-        it), then stop as a preemption does."""
-        step = self.last_step
+        it), then stop as a preemption does. The stop's step is the one the re-run resumes
+        after: the persisted snapshot's, else the newest committed checkpoint's."""
+        step = None
         if self.tiers.newest()[0] == "snapshot" and self.checkpoints is not None:
             try:
                 step = self._persist_snapshot()
             except Exception:  # noqa: BLE001 - the grace period is short: stop all the same
                 logger.exception("could not persist the newest snapshot while stopping")
+        if step is None and self.checkpoints is not None:
+            try:
+                self.checkpoints.wait()  # one in flight may commit
+            except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
+                logger.warning("the checkpoint in flight did not commit: %s", error)
+            step = self.checkpoints.latest_step()
+        if step is None:
+            step = self.last_step
         logger.warning("preemption notice while waiting for slices: stopping at step %d", step)
         self.emit(Stop(reason="preempted", step=step))
         return Preempted(step)
 
-    def _persist_snapshot(self) -> int:
-        """Load the newest snapshot onto the healthy slices and commit it as a checkpoint."""
+    def _persist_snapshot(self) -> int | None:
+        """Load the newest snapshot onto the healthy slices and commit it as a checkpoint;
+        its step, or ``None`` when no snapshot could be loaded."""
         self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
         mesh = build_mesh(self.manager, self.config.model_axis)
         source, step, state, meta = self.tiers.restore(self.program.abstract_state(mesh))
         if source != "snapshot":
-            return self.last_step
+            return None
         logger.warning("writing snapshot %d as a checkpoint before stopping", step)
         saved = self.tiers.checkpoint.commit(step, state, meta)
         if saved is not None:
