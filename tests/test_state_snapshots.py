@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -94,8 +95,8 @@ def test_meta_that_is_not_json_is_refused_and_nothing_is_pickled():
 def test_a_save_while_the_previous_one_is_in_flight_is_counted_as_requested_but_not_taken():
     """The state's computation blocks on an event, so Orbax's transfer stays in flight.
 
-    The leaf is sharded along ``data``, so it passes through unpacked and the save only
-    queues Orbax's transfer (on CPU, a jitted pack of a leaf whose host callback is
+    A lone leaf is not packed (packing needs two or more), so the save only queues
+    Orbax's transfer (on CPU, a jitted pack of a leaf whose host callback is
     blocked would itself wait for it on the training thread).
     """
     mesh = mesh_of(4)
@@ -112,7 +113,13 @@ def test_a_save_while_the_previous_one_is_in_flight_is_counted_as_requested_but_
     x = slow(jax.device_put(jnp.zeros(8), NamedSharding(mesh, P("data"))))
     snapshots = Snapshots()
     try:
-        results = [snapshots.save(step, {"x": x}, {"step": step}, mesh) for step in (1, 2, 3)]
+        results = [snapshots.save(1, {"x": x}, {"step": 1}, mesh)]
+        # Orbax's worker takes the first request off its one-slot queue and blocks on it; only
+        # then is the second queued and the third skipped (a loaded machine may be slow to start it).
+        deadline = time.monotonic() + 20
+        while snapshots._snapshotter.busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        results += [snapshots.save(step, {"x": x}, {"step": step}, mesh) for step in (2, 3)]
     finally:
         release.set()
 
