@@ -104,6 +104,41 @@ def test_a_hung_slice_blocks_the_read_of_its_result_until_it_is_lost():
         assert "DATA_LOSS" in str(outcome["error"])
 
 
+def test_a_hung_slices_result_is_never_ready_and_asking_does_not_block():
+    with SimulatedSlices(4, 2) as sim:
+        x = _on_slice(sim, 1)
+        result = _compiled_for(x)(x)
+        healthy = _compiled_for(_on_slice(sim, 2))(_on_slice(sim, 2))
+        jax.block_until_ready(result)
+        assert result.is_ready()
+        sim.hang(1)
+        assert not result.is_ready()  # returns at once: a waiting loop can bound its wait
+        assert healthy.is_ready()
+        sim.lose(1)
+        assert result.is_ready()  # its error has arrived: the read raises instead of blocking
+        assert "DATA_LOSS" in str(_read_error(result))
+
+
+def test_the_step_deadline_reads_a_ready_result_on_the_calling_thread_and_a_pending_one_on_its_reader():
+    from elastic_dew.elastic.deadline import StepDeadline
+
+    deadline = StepDeadline(fixed=5.0)
+    readers = []
+
+    def read():
+        readers.append(threading.current_thread())
+        return 1.0
+
+    try:
+        assert deadline.read(read, 1, ready=lambda: True) == 1.0
+        assert deadline.read(read, 2, ready=lambda: False) == 1.0
+        assert deadline.read(read, 3) == 1.0
+    finally:
+        deadline.close()
+    assert readers[0] is threading.current_thread()
+    assert readers[1] is not threading.current_thread() and readers[2] is readers[1]
+
+
 def test_a_read_of_fresh_work_on_a_hung_slice_blocks_as_on_pathways_until_the_slice_returns():
     """Pathways answers no read from a worker that stopped answering, old work or new: the
     health probe's read must block too, so that only its bound ends it."""

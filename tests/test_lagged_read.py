@@ -49,6 +49,9 @@ class _Loss:
         self.log.append(("read", self.step))
         return float(self.value)
 
+    def is_ready(self) -> bool:  # asks, never waits: not a read
+        return self.value.is_ready()
+
 
 class RecordingProgram:
     """A linear model whose step function logs each dispatch (numbered in call order) and

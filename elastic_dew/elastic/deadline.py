@@ -74,12 +74,18 @@ class StepDeadline:
             return BEFORE_TIMED
         return max(FLOOR, MULTIPLE * statistics.median(self._times))
 
-    def read(self, read: Callable[[], _T], step: int) -> _T:
+    def read(self, read: Callable[[], _T], step: int, ready: Callable[[], bool] | None = None) -> _T:
         """``read()`` (a read of step ``step``'s result), within :meth:`seconds`.
+
+        ``ready`` (the result's ``is_ready``) says whether the result has arrived: then
+        nothing can hang and it is read on the calling thread, without the hand-off to the
+        reading thread (with the read one step behind, the common case).
 
         Raises ``jax.errors.JaxRuntimeError`` with ``DEADLINE_EXCEEDED`` when the result does
         not arrive in time; an error of the read itself is raised as it is.
         """
+        if ready is not None and ready():
+            return read()
         bound = self.seconds()
         with self._lock:
             if self._reader is None:

@@ -487,7 +487,9 @@ class ElasticRun:
         """
         hooks.phase("step", done.step)
         # Reading a result is where a lost slice surfaces; a hung one, past the step deadline.
-        loss = self.deadline.read(lambda: float(done.metrics["loss"]), done.step)
+        loss = self.deadline.read(
+            lambda: float(done.metrics["loss"]), done.step, ready=getattr(done.metrics["loss"], "is_ready", None)
+        )
         self.deadline.observe(time.monotonic() - started)
         attempt.state, attempt.step, attempt.data = done.state, done.step, done.data
         self.last_step = done.step

@@ -62,6 +62,8 @@ class Simulator(Protocol):
 
     def check_dispatch(self, arrays: list[Any]) -> None: ...
 
+    def answering(self, array: Any) -> bool: ...
+
     def derive(self, inputs: list[Any], outputs: list[Any]) -> None: ...
 
     lock: Any
@@ -114,6 +116,10 @@ class Registry:
         simulator = self._active
         if simulator is not None and type(array) is _ArrayImpl:
             simulator.check_readable(array)
+
+    def answering(self, array: Any) -> bool:
+        simulator = self._active
+        return simulator is None or type(array) is not _ArrayImpl or simulator.answering(array)
 
     def inherit_mark(self, parent: Any, child: Any) -> None:
         simulator = self._active
@@ -182,6 +188,7 @@ class Registry:
             self._replace(_ArrayImpl, name, _guard_method(self, getattr(_ArrayImpl, name)))
         for name in self._ARRAY_PROPERTIES:
             self._replace(_ArrayImpl, name, _guard_property(self, vars(_ArrayImpl)[name]))
+        self._replace(_ArrayImpl, "is_ready", _readiness(self, _ArrayImpl.is_ready))
         self._replace(_ArrayImpl, "addressable_data", _marking_method(self, _ArrayImpl.addressable_data))
         self._replace(
             _ArrayImpl, "addressable_shards", _marking_property(self, vars(_ArrayImpl)["addressable_shards"])
@@ -213,6 +220,16 @@ def _guard_method(reg: Registry, original: Callable[..., Any]) -> Callable[..., 
     guarded.__name__ = getattr(original, "__name__", "guarded")
     guarded.__doc__ = getattr(original, "__doc__", None)
     return guarded
+
+
+def _readiness(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``is_ready``: a result owed by a hung slice is never ready (it does not block)."""
+
+    def is_ready(self):
+        return reg.answering(self) and original(self)
+
+    is_ready.__doc__ = getattr(original, "__doc__", None)
+    return is_ready
 
 
 def _guard_property(reg: Registry, original: property) -> property:

@@ -334,6 +334,17 @@ class SimulatedSlices:
             slices = ", ".join(map(str, sorted(touched)))
             raise _error(touched[min(touched)], f"slice {slices} holding this array is lost")
 
+    def answering(self, array: Any) -> bool:
+        """Whether ``array``'s result can arrive: not while it waits on a hung slice.
+
+        ``jax.Array.is_ready()`` says ``False`` for such an array, as on Pathways, where a
+        result a stopped worker owes never becomes ready.
+        """
+        hung = self._mark_of(array, _HUNG)
+        if hung is None:
+            hung = self._hung_slice_of(array)
+        return hung is None or hung not in self._hung
+
     def check_dispatch(self, arrays: list[Any]) -> None:
         """Raise at dispatch when an input's data is lost or it is on a lost (not hung) slice.
 
