@@ -1,15 +1,16 @@
 """Item 7: the toolkit's own cost: ``Trainer.fit`` against a bare jitted loop.
 
 Both train ``lm`` with the same step (the trainer's), the same data (the recipe's dataset,
-batched by Grain in order), the same shardings (the trainer's default ``fsdp`` state: each
-large parameter and its moments split over a slice's ``data`` devices, replicated across the
-four slices; the batch split over ``(replica, data)``) and the same lagged read (step N+1
-is dispatched before step N's loss is read, every step, as the protocol does), under
-:class:`SimulatedSlices` (both pay its read checks). The bare loop takes its program from a
-``Trainer`` built with the same arguments, so its shardings are the trainer's own.
-``Trainer.fit`` runs with no faults, snapshots off and no periodic checkpoints. The figure
-is the steady step time (from step ``WARMUP`` to the last, so compiling and the final
-checkpoint are outside it), alternating the two, median over rounds.
+batched by Grain in order, with the trainer's read-ahead options), the same shardings (the
+trainer's default ``fsdp`` state: each large parameter and its moments split over a slice's
+``data`` devices, replicated across the four slices; the batch split over ``(replica,
+data)``) and the same lagged read (step N+1 is dispatched before step N's loss is read,
+every step, as the protocol does), under :class:`SimulatedSlices` (both pay its read
+checks). The bare loop takes its program from a ``Trainer`` built with the same arguments,
+so its shardings are the trainer's own. ``Trainer.fit`` runs with no faults, snapshots off
+and no periodic checkpoints. The figure is the steady step time (from step ``WARMUP`` to the
+last, so compiling and the final checkpoint are outside it), alternating the two, median
+over rounds.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ def _config():
 
 
 def _bare(parts: dict, steps: int, workdir: Path) -> float:
-    import grain
     import jax
 
     from elastic_dew import Trainer
+    from elastic_dew.elastic.data import default_read_options
     from elastic_dew.elastic.slices import batch_sharding, mesh_of
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="bare-"))
@@ -50,7 +51,10 @@ def _bare(parts: dict, steps: int, workdir: Path) -> float:
     state = program.init_state(mesh)
     step_fn = program.compile(mesh, GLOBAL_BATCH)
     split = batch_sharding(mesh)
-    batches = iter(parts["dataset"].batch(GLOBAL_BATCH, drop_remainder=True).to_iter_dataset(grain.ReadOptions()))
+    # The trainer's read-ahead: Grain's default (500 batches) never refills in a run this
+    # short, so the bare loop would skip the one read-ahead hand-off a step that ``fit`` pays.
+    read_options = default_read_options(GLOBAL_BATCH)
+    batches = iter(parts["dataset"].batch(GLOBAL_BATCH, drop_remainder=True).to_iter_dataset(read_options))
     started = None
     in_flight = None
     for step in range(1, steps + 1):
