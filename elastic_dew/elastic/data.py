@@ -41,12 +41,14 @@ def default_read_options(batch: int) -> grain.ReadOptions:
     """Read-ahead of two batches on at most as many threads as there are cores.
 
     Every attempt and every scale-up starts a new iterator, whose first batch waits for its
-    read-ahead to fill. Grain's default (16 threads, 500 examples) made that first step the
+    read-ahead to fill. Grain's default (16 threads, 500 elements) made that first step the
     largest part of recovery on a small host (the benchmarks measured it); two batches keep
-    the next step's data ready without delaying the first.
+    the next step's data ready without delaying the first. ``ElasticIterator`` batches before
+    ``to_iter_dataset``, so the buffer counts batches: ``batch`` (the global batch) only
+    names the caller's batch and does not size the buffer.
     """
     return grain.ReadOptions(
-        num_threads=max(1, min(16, os.cpu_count() or 1)), prefetch_buffer_size=max(2 * batch, 1)
+        num_threads=max(1, min(16, os.cpu_count() or 1)), prefetch_buffer_size=2
     )
 
 
