@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "recoveries",
     "DEVICES",
     "XLA_FLAGS",
     "Sizes",
@@ -299,3 +300,25 @@ def write_results(out: Path, results: dict[str, Any], notes: list[str], mode: st
     if notes:
         md += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     (out / "results.md").write_text("\n".join(md) + "\n")
+
+
+def recoveries(losses: list[float], events: list[tuple[float, Any]]) -> list[tuple[float, Any, float]]:
+    """For each slice loss at wall time ``t_loss``: ``(t_loss, resume, t_first_step)``, the
+    first non-``live`` resume after it and when the first step after that resume completed.
+
+    ``events`` is ``[(monotonic time, typed event)]`` as a benchmark collects them; a loss
+    with no resume or no step after it (the run ended first) is left out.
+    """
+    from elastic_dew.elastic.events import Resume, Step
+
+    out = []
+    for t_loss in losses:
+        later = [(t, e) for t, e in events if t >= t_loss]
+        resume = next(((t, e) for t, e in later if isinstance(e, Resume) and e.source != "live"), None)
+        if resume is None:
+            continue
+        step = next((t for t, e in later if t >= resume[0] and isinstance(e, Step)), None)
+        if step is None:
+            continue
+        out.append((t_loss, resume, step))
+    return out

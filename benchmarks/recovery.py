@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, median, p90, worker_command, worker_env
+from benchmarks.common import REPO, median, p90, recoveries as recoveries_after, worker_command, worker_env
 from benchmarks.work_lost import work_lost
 from elastic_dew.elastic.events import DURATION_KEYS, Resume, Step
 from elastic_dew.record import as_event
@@ -168,18 +168,11 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
             box["profile"].dump_stats(profile_path)
 
     recoveries, parts_by_key = [], {k: [] for k in (*DURATION_KEYS, "first_step")}
-    for t_loss in state["losses"]:
-        later = [(t, e) for t, e in events if t >= t_loss]
-        resume = next(((t, e) for t, e in later if isinstance(e, Resume) and e.source != "live"), None)
-        if resume is None:
-            continue
-        step = next(((t, e) for t, e in later if t >= resume[0] and isinstance(e, Step)), None)
-        if step is None:
-            continue
-        recoveries.append(step[0] - t_loss)
+    for t_loss, (t_resume, resume), t_step in recoveries_after(state["losses"], events):
+        recoveries.append(t_step - t_loss)
         for k in DURATION_KEYS:
-            parts_by_key[k].append(resume[1].durations[k])
-        parts_by_key["first_step"].append(step[0] - resume[0])
+            parts_by_key[k].append(resume.durations[k])
+        parts_by_key["first_step"].append(t_step - t_resume)
     return {
         "recoveries": recoveries,
         "parts": parts_by_key,

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, median, worker_env
+from benchmarks.common import REPO, median, recoveries as recoveries_after, worker_env
 
 __all__ = ["measure", "SLICE_COUNTS"]
 
@@ -102,17 +102,10 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
         hooks.remove_listener(listener)
 
     recoveries, waits, parts = [], [], []
-    for t_loss in state["losses"]:
-        later = [(t, e) for t, e in events if t >= t_loss]
-        resume = next(((t, e) for t, e in later if isinstance(e, Resume) and e.source != "live"), None)
-        if resume is None:
-            continue
-        step = next(((t, e) for t, e in later if t >= resume[0] and isinstance(e, Step)), None)
-        if step is None:
-            continue
-        recoveries.append(step[0] - t_loss)
-        waits.append(resume[1].durations["wait_for_slices"])
-        parts.append(dict(resume[1].durations))
+    for t_loss, (_, resume), t_step in recoveries_after(state["losses"], events):
+        recoveries.append(t_step - t_loss)
+        waits.append(resume.durations["wait_for_slices"])
+        parts.append(dict(resume.durations))
     steps = [t for t, e in events if isinstance(e, Step)]
     step_s = median([b - a for a, b in zip(steps, steps[1:])])
     print("RESULT " + json.dumps({"recoveries": recoveries, "waits": waits, "parts": parts, "step_s": step_s}), flush=True)

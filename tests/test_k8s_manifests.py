@@ -81,7 +81,7 @@ def test_the_controller_and_sidecar_images_pin_the_same_jax_jaxlib_and_python():
 
 def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_manifests(tmp_path):
     """What a fresh clone or a plain pip install has: the package and the manifests, and no
-    ../shared. The copy (the working tree's package and k8s/, so uncommitted changes are what
+    development-only directory beside them. The copy (the working tree's package and k8s/, so uncommitted changes are what
     is tested) runs ``elastic-dew k8s validate`` in a separate process whose import path holds
     only the copy and the installed libraries, in a directory with no sibling."""
     clone = tmp_path / "alone" / "elastic-dew"
@@ -90,7 +90,6 @@ def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_mani
     shutil.copytree(REPO / "recipes", clone / "recipes", ignore=shutil.ignore_patterns("__pycache__", "data"))
     shutil.copytree(K8S, clone / "k8s")
     assert sorted(p.name for p in clone.parent.parent.iterdir()) == ["alone"]
-    assert not (clone.parent / "shared").exists() and not (clone.parent.parent / "shared").exists()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ELASTIC_DEW_JOBSET_CRD")}
     env["PYTHONPATH"] = str(clone)
     code = ("import sys, elastic_dew; assert elastic_dew.__file__.startswith(sys.argv[1]), elastic_dew.__file__; "
@@ -103,7 +102,7 @@ def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_mani
 
 
 def test_the_schema_generator_skips_its_drift_check_with_a_message_when_the_crd_is_absent(tmp_path):
-    """CI's clean clone may have no ../shared: the check says so and passes; with a CRD given
+    """CI's clean clone may have no CRD beside it: the check says so and passes; with a CRD given
     it compares (here a CRD that is not the JobSet one is refused by name)."""
     script = REPO / "scripts" / "jobset_schema.py"
     missing = subprocess.run([sys.executable, str(script), "--check", "--crd", str(tmp_path / "none.yaml")],

@@ -15,28 +15,18 @@ from __future__ import annotations
 import contextlib
 from unittest import mock
 
-import grain
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.protocol import ElasticRun
-from elastic_dew.elastic.slices import batch_sharding, replicated
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 
-FEATURES = 4
+from linear import LinearProgram, dataset
+
 GLOBAL_BATCH = 24
-
-
-def _dataset(n: int = 2048) -> grain.MapDataset:
-    rng = np.random.default_rng(0)
-    xs = rng.normal(size=(n, FEATURES)).astype(np.float32)
-    ys = (xs @ np.arange(1, FEATURES + 1, dtype=np.float32)).astype(np.float32)
-    return grain.MapDataset.range(n).map(lambda i: {"x": xs[i], "y": ys[i], "index": np.int32(i)})
 
 
 class _Loss:
@@ -53,7 +43,7 @@ class _Loss:
         return self.value.is_ready()
 
 
-class RecordingProgram:
+class RecordingProgram(LinearProgram):
     """A linear model whose step function logs each dispatch (numbered in call order) and
     hands back a loss that logs its read. ``seen`` sums the example indices trained on."""
 
@@ -81,32 +71,8 @@ class RecordingProgram:
                 mock.patch.object(jax, "device_get", watched(jax.device_get, "device_get")):
             yield
 
-    def abstract_state(self, mesh):
-        s = replicated(mesh)
-        return {
-            "w": jax.ShapeDtypeStruct((FEATURES,), jnp.float32, sharding=s),
-            "seen": jax.ShapeDtypeStruct((), jnp.int32, sharding=s),
-        }
-
-    def init_state(self, mesh):
-        s = replicated(mesh)
-        return {"w": jax.device_put(jnp.zeros(FEATURES), s), "seen": jax.device_put(jnp.int32(0), s)}
-
     def compile(self, mesh, global_batch):
-        def step(state, batch):
-            def loss(w):
-                return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
-
-            value, grad = jax.value_and_grad(loss)(state["w"])
-            return {"w": state["w"] - 0.05 * grad, "seen": state["seen"] + jnp.sum(batch["index"])}, {"loss": value}
-
-        s, b = replicated(mesh), batch_sharding(mesh)
-        batch = {
-            "x": jax.ShapeDtypeStruct((global_batch, FEATURES), jnp.float32, sharding=b),
-            "y": jax.ShapeDtypeStruct((global_batch,), jnp.float32, sharding=b),
-            "index": jax.ShapeDtypeStruct((global_batch,), jnp.int32, sharding=b),
-        }
-        compiled = jax.jit(step, out_shardings=(s, s)).lower(self.abstract_state(mesh), batch).compile()
+        compiled = super().compile(mesh, global_batch)
 
         def recorded(state, batch):
             self.calls += 1
@@ -154,7 +120,7 @@ def _run(tmp_path, steps, *, schedule=None, notice=None, **overrides):
 
     program = RecordingProgram(log)
     with SimulatedSlices(4, 2, schedule=schedule, fault_log=tmp_path / "faults.jsonl"):
-        run = ElasticRun(program, ElasticData(_dataset()), config, emit=emit, notice=notice)
+        run = ElasticRun(program, ElasticData(dataset(2048)), config, emit=emit, notice=notice)
         try:
             with program.watching_waits():
                 state, _ = run.run(steps)

@@ -13,9 +13,7 @@ import gc
 import threading
 import weakref
 
-import grain
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -24,59 +22,18 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.events import Event
 from elastic_dew.elastic.protocol import ElasticRun, check_batch_for_every_slice_count
-from elastic_dew.elastic.slices import batch_sharding, replicated
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices
 
 from conftest import REPO
+from linear import LinearProgram
+from linear import dataset as _dataset
 
 #: When the mesh changes under a constant global batch, the gradient's all-reduce sums
 #: in another order; float32 results then agree to this tolerance, not bitwise.
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
-FEATURES = 4
 GLOBAL_BATCH = 24  # divisible by the data-parallel devices of 4, 3, 2 and 1 slices of 2
-
-
-def _dataset(n: int = 4096) -> grain.MapDataset:
-    rng = np.random.default_rng(0)
-    xs = rng.normal(size=(n, FEATURES)).astype(np.float32)
-    ys = (xs @ np.arange(1, FEATURES + 1, dtype=np.float32)).astype(np.float32)
-    return grain.MapDataset.range(n).map(lambda i: {"x": xs[i], "y": ys[i], "index": np.int32(i)})
-
-
-class LinearProgram:
-    """A linear regression trained by SGD: small, deterministic, and sensitive to every example."""
-
-    def abstract_state(self, mesh):
-        s = replicated(mesh)
-        return {
-            "w": jax.ShapeDtypeStruct((FEATURES,), jnp.float32, sharding=s),
-            "seen": jax.ShapeDtypeStruct((), jnp.int32, sharding=s),
-        }
-
-    def init_state(self, mesh):
-        s = replicated(mesh)
-        return {"w": jax.device_put(jnp.zeros(FEATURES), s), "seen": jax.device_put(jnp.int32(0), s)}
-
-    def compile(self, mesh, global_batch):
-        def step(state, batch):
-            def loss(w):
-                return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
-
-            value, grad = jax.value_and_grad(loss)(state["w"])
-            # "seen" sums example indices: a skipped or repeated example changes it.
-            seen = state["seen"] + jnp.sum(batch["index"])
-            return {"w": state["w"] - 0.05 * grad, "seen": seen}, {"loss": value}
-
-        s = replicated(mesh)
-        b = batch_sharding(mesh)
-        batch = {
-            "x": jax.ShapeDtypeStruct((global_batch, FEATURES), jnp.float32, sharding=b),
-            "y": jax.ShapeDtypeStruct((global_batch,), jnp.float32, sharding=b),
-            "index": jax.ShapeDtypeStruct((global_batch,), jnp.int32, sharding=b),
-        }
-        return jax.jit(step, out_shardings=(s, s)).lower(self.abstract_state(mesh), batch).compile()
 
 
 def _config(tmp_path, **overrides) -> ElasticConfig:
