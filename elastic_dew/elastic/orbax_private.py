@@ -29,12 +29,17 @@ registered ``jax.Array`` handler's private attributes of the same names
 (:data:`HANDLER_SETTINGS`). :func:`slice_replicas` runs them.
 
 **The Pathways backend test** (the multi-tier guard), ``orbax/checkpoint/_src/multihost/
-multihost.py``'s ``is_pathways_backend()``: :func:`is_pathways_backend`.
+multihost.py``'s ``is_pathways_backend()``: :func:`is_pathways_backend`. Orbax's callers ask
+it by that module attribute, and ``orbax/checkpoint/utils.py`` binds the same function again
+as ``utils.is_pathways_backend``; :data:`PATHWAYS_BACKEND_BINDINGS` names both bindings, so
+the simulator (:mod:`elastic_dew.simulate.patches`) can answer ``True`` at each while it
+stands in for Pathways.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import queue
 import threading
@@ -56,6 +61,8 @@ __all__ = [
     "incompatibilities",
     "slice_replicas",
     "is_pathways_backend",
+    "PATHWAYS_BACKEND_BINDINGS",
+    "pathways_backend_bindings",
 ]
 
 #: The orbax-checkpoint release whose internals this adapter was written against.
@@ -226,15 +233,35 @@ def replica_slicing_incompatibilities(handler: Any = None) -> list[str]:
     return problems
 
 
+#: The modules that bind Orbax's Pathways backend test by the name ``is_pathways_backend``:
+#: where it is defined, and ``orbax.checkpoint.utils``, which binds it again at import.
+PATHWAYS_BACKEND_BINDINGS: tuple[str, ...] = (
+    "orbax.checkpoint._src.multihost.multihost",
+    "orbax.checkpoint.utils",
+)
+
+
+def pathways_backend_bindings() -> list[Any]:
+    """The modules of :data:`PATHWAYS_BACKEND_BINDINGS`, imported, defining module first."""
+    return [importlib.import_module(name) for name in PATHWAYS_BACKEND_BINDINGS]
+
+
 def pathways_incompatibilities() -> list[str]:
-    """Whether ``multihost.is_pathways_backend``, which :func:`is_pathways_backend` calls, is gone."""
+    """Whether ``multihost.is_pathways_backend``, which :func:`is_pathways_backend` calls and
+    the simulator answers for, is gone or no longer bound where :data:`PATHWAYS_BACKEND_BINDINGS` says."""
     try:
-        from orbax.checkpoint._src.multihost import multihost
+        modules = pathways_backend_bindings()
     except ImportError as error:
-        return [f"orbax.checkpoint._src.multihost.multihost cannot be imported ({error})"]
-    if not callable(getattr(multihost, "is_pathways_backend", None)):
+        return [f"a module binding Orbax's is_pathways_backend cannot be imported ({error})"]
+    defining = getattr(modules[0], "is_pathways_backend", None)
+    if not callable(defining):
         return ["multihost.is_pathways_backend is gone (this adapter calls it)"]
-    return []
+    return [
+        f"{module.__name__}.is_pathways_backend is no longer multihost.is_pathways_backend "
+        "(the simulator answers at both bindings)"
+        for module in modules[1:]
+        if getattr(module, "is_pathways_backend", None) is not defining
+    ]
 
 
 def incompatibilities() -> list[str]:

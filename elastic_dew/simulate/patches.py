@@ -11,8 +11,16 @@ its shards, and ``jax.device_put`` to its copies. Dispatch is intercepted at
 ``jax.stages.Compiled.__call__`` (what ``jit(...).lower(...).compile()`` returns: the
 protocol's compiled steps and the health check's probes), the one Python seam JAX's dispatch
 has; a plain ``jax.jit`` call goes through C++ and is not seen.
+Every ``jax.Device`` has a ``slice_index`` attribute, its simulated slice (``None`` for a
+host device outside every slice), as every Pathways device has: pathwaysutils' own
+``get_slice_to_devices``, Orbax's Pathways worker grouping (keyed ``(task, slice)``, so each
+simulated slice is one worker) and code that groups devices itself read it.
 ``pathwaysutils.elastic.elastic.get_slice_to_devices`` answers from the active simulator's
-topology. Every pathwaysutils ``Manager`` created while a simulator is active is remembered
+topology too, leaving out devices outside every slice. The Pathways backend tests answer
+``True``: ``pathwaysutils.is_pathways_backend_used`` (at ``pathwaysutils`` and
+``pathwaysutils._initialize``) and Orbax's ``multihost.is_pathways_backend`` (at each binding
+:data:`elastic_dew.elastic.orbax_private.PATHWAYS_BACKEND_BINDINGS` names). Every
+pathwaysutils ``Manager`` created while a simulator is active is remembered
 (weakly), and its ``_check_inactive_slices`` (the monitor thread's check) runs under the
 simulator's lock, so :meth:`Registry.refresh_managers` can make each see a change of slice
 health at once and no check in flight can overwrite that with an older answer.
@@ -38,11 +46,15 @@ from typing import Any, Protocol
 
 import jax
 import numpy as np
+import pathwaysutils
 from jax._src import array as _jax_array
 from jax._src import stages as _stages
 from jax._src.lib import xla_client as _xla_client
 from pathwaysutils.elastic import elastic as _pw_elastic
+from pathwaysutils import _initialize as _pw_initialize
 from pathwaysutils.elastic import manager as _pw_manager
+
+from elastic_dew.elastic import orbax_private
 
 __all__ = ["Simulator", "Registry", "registry"]
 
@@ -65,6 +77,8 @@ class Simulator(Protocol):
     def answering(self, array: Any) -> bool: ...
 
     def derive(self, inputs: list[Any], outputs: list[Any]) -> None: ...
+
+    def slice_of(self, device: jax.Device) -> int | None: ...
 
     lock: Any
 
@@ -159,6 +173,13 @@ class Registry:
             except Exception:  # noqa: BLE001 - the monitor thread logs and carries on too
                 logger.exception("the Manager's check of its inactive slices failed")
 
+    def slice_index(self, device: jax.Device) -> int | None:
+        """``device.slice_index``: its simulated slice, ``None`` outside every slice."""
+        simulator = self._active
+        if simulator is None:
+            raise AttributeError("'Device' object has no attribute 'slice_index'")
+        return simulator.slice_of(device)
+
     def get_slice_to_devices(self, devices: Sequence[jax.Device]) -> Mapping[int, Sequence[jax.Device]]:
         simulator = self._active
         if simulator is None:
@@ -170,7 +191,7 @@ class Registry:
 
     def _replace(self, owner: Any, name: str, replacement: Any) -> None:
         had = name in vars(owner)
-        original = vars(owner)[name] if had else getattr(owner, name)
+        original = vars(owner)[name] if had else getattr(owner, name, None)
         setattr(owner, name, replacement)
 
         def undo() -> None:
@@ -184,6 +205,11 @@ class Registry:
     def _patch(self) -> None:
         self._original_get_slice_to_devices = _pw_elastic.get_slice_to_devices
         self._replace(_pw_elastic, "get_slice_to_devices", self.get_slice_to_devices)
+        self._replace(jax.Device, "slice_index", property(self.slice_index, doc=self.slice_index.__doc__))
+        for owner in (pathwaysutils, _pw_initialize):
+            self._replace(owner, "is_pathways_backend_used", _pathways_backend)
+        for owner in orbax_private.pathways_backend_bindings():
+            self._replace(owner, "is_pathways_backend", _pathways_backend)
         for name in self._ARRAY_METHODS:
             self._replace(_ArrayImpl, name, _guard_method(self, getattr(_ArrayImpl, name)))
         for name in self._ARRAY_PROPERTIES:
@@ -210,6 +236,11 @@ class Registry:
 
 #: The process's one registry: the simulator installs itself here.
 registry = Registry()
+
+
+def _pathways_backend() -> bool:
+    """The Pathways backend tests' answer while a simulator stands in for Pathways."""
+    return True
 
 
 def _guard_method(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,9 +4,12 @@
 way Pathways slices fail, so the real pathwaysutils ``Manager``, ``elastic_retry`` and
 health check, Orbax's ``Snapshotter`` and a user's own loop run unchanged:
 
-* ``Manager()`` with no arguments sees the devices grouped into slices. CPU devices have no
-  ``slice_index``; the one seam that reads it,
-  ``pathwaysutils.elastic.elastic.get_slice_to_devices``, is patched.
+* Devices and backend are Pathways-shaped: every simulated device carries its
+  ``slice_index`` (host devices outside every slice carry ``None``), ``Manager()`` with no
+  arguments sees the devices grouped into slices (``get_slice_to_devices`` is patched to
+  leave the outside devices out), Orbax groups its Pathways workers one per slice, and
+  ``pathwaysutils.is_pathways_backend_used()`` and Orbax's ``multihost.is_pathways_backend()``
+  answer ``True``.
 * :meth:`SimulatedSlices.lose` makes a slice fail as on Pathways, with one of the error codes
   pathwaysutils counts as slice-down (``DATA_LOSS`` by default; a schedule's ``lose`` faults
   take ``DATA_LOSS``, ``INTERNAL``, ``NOT_FOUND``, ``DEADLINE_EXCEEDED`` in turn). Work

@@ -1,10 +1,11 @@
 """Which host CPU devices form which simulated slice, and the one pathwaysutils seam that asks.
 
 Slice ``k`` of a :class:`Topology` is devices ``k*D .. k*D+D-1`` of ``jax.devices()``
-ordered by id. CPU devices carry no ``slice_index``; pathwaysutils reads it in exactly one
-place, ``pathwaysutils.elastic.elastic.get_slice_to_devices``, and :meth:`Topology.group`
-is what the simulator answers there instead (:mod:`elastic_dew.simulate.patches` installs
-it), so ``Manager()`` with no arguments sees the devices grouped into slices.
+ordered by id. :meth:`Topology.slice_of` is each device's ``slice_index`` while a simulator
+is active, and :meth:`Topology.group` is what the simulator answers at
+``pathwaysutils.elastic.elastic.get_slice_to_devices`` (:mod:`elastic_dew.simulate.patches`
+installs both), so ``Manager()`` with no arguments sees the devices grouped into slices and
+leaves out host devices outside every slice.
 """
 
 from __future__ import annotations
