@@ -187,9 +187,9 @@ def test_replicated_leaves_are_packed_flat_per_dtype_and_a_sharded_leaf_into_row
 
 def test_large_leaves_and_a_lone_small_leaf_are_not_packed_and_still_round_trip(monkeypatch):
     """Packing saves per-leaf dispatch; a large leaf would only pay an extra copy each way."""
-    from elastic_dew.elastic import snapshots as module
+    from elastic_dew.elastic import packing
 
-    monkeypatch.setattr(module, "PACK_MAX_BYTES", 64)
+    monkeypatch.setattr(packing, "PACK_MAX_BYTES", 64)
     mesh = model_mesh_of(4)
     replicated = NamedSharding(mesh, P())
     state = {
