@@ -79,6 +79,8 @@ ENTRIES = frozenset({
 IDENTITY_KEYS = ("recipe", "overrides", "seed", "global_batch", "chaos")
 
 #: Orbax's per-step metadata file and the items every committed step holds.
+#: Orbax's marker of a finalized step written in place (``gs://``).
+_COMMIT_SUCCESS = "commit_success.txt"
 _ORBAX_METADATA = "_CHECKPOINT_METADATA"
 _ITEMS = ("state", "meta")
 
@@ -184,12 +186,21 @@ def write_identity(run_dir: str | os.PathLike[str], identity: Mapping[str, Any])
 
 
 def committed(step_dir: Any) -> bool:
-    """Whether one Orbax step directory is committed (any ``pathlib``-like path, ``epath`` too)."""
+    """Whether one Orbax step directory is committed (any ``pathlib``-like path, ``epath`` too).
+
+    Its step metadata carries the commit timestamp and both items are present. On ``gs://``,
+    where Orbax writes a step in place (no rename) and records the commit timestamp just
+    before it writes ``commit_success.txt``, that file must be there too: Orbax's own rule
+    for a finalized step, so a controller killed between the two leaves a step that neither
+    Orbax nor this function counts.
+    """
     try:
         metadata = json.loads((step_dir / _ORBAX_METADATA).read_text())
     except (OSError, ValueError):
         return False
     if not isinstance(metadata, dict) or not metadata.get("commit_timestamp_nsecs"):
+        return False
+    if str(step_dir).startswith("gs://") and not (step_dir / _COMMIT_SUCCESS).exists():
         return False
     return all((step_dir / item).exists() for item in _ITEMS)
 

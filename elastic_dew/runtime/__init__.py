@@ -15,6 +15,8 @@ The package is split by job; this module re-exports its public names, so
   ``elastic-dew launch``, Pathways);
 - :mod:`~elastic_dew.runtime.layout`: :class:`Layout` and its check;
 - :mod:`~elastic_dew.runtime.limits`: rlimits;
+- :mod:`~elastic_dew.runtime.local_bucket`: :func:`use_local_bucket`, the one switch
+  (``STORAGE_EMULATOR_HOST``) that points every Cloud Storage client at a local server;
 - :mod:`~elastic_dew.runtime.timestamp`: :func:`run_timestamp`.
 
 Importing the package changes nothing in the process: it imports no JAX (the XLA flags
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from elastic_dew.runtime.backend import cuda_plugin
 from elastic_dew.runtime.layout import Layout
+from elastic_dew.runtime.local_bucket import use_local_bucket
 from elastic_dew.runtime.preemption import (
     PREEMPTED_EXIT,
     Preempted,
@@ -48,4 +51,5 @@ __all__ = [
     "install_exit_hook",
     "prepare_process",
     "run_timestamp",
+    "use_local_bucket",
 ]

@@ -17,7 +17,7 @@ import logging
 import os
 import shlex
 
-from elastic_dew.runtime import backend, compilation_cache, limits, pool
+from elastic_dew.runtime import backend, compilation_cache, limits, local_bucket, pool
 from elastic_dew.runtime import layout as layout_
 from elastic_dew.runtime import xla_flags as xla_flags_
 from elastic_dew.runtime.layout import Layout
@@ -80,6 +80,11 @@ def prepare_process(
     started the ranks; a Slurm step of several tasks with fewer on this node than the GPUs
     its task sees is refused.
 
+    With ``STORAGE_EMULATOR_HOST`` set (a local Cloud Storage server), every ``gs://``
+    client is pointed at it and kept off the cloud metadata server
+    (:func:`~elastic_dew.runtime.local_bucket.use_local_bucket`); a malformed address is a
+    ``ValueError``.
+
     ``layout`` with ``"params"`` in ``host`` needs ``JAX_PLATFORMS`` to permit CPU beside
     the accelerator and one CPU device per local accelerator, established before this
     call (``JAX_NUM_CPU_DEVICES`` or ``--xla_force_host_platform_device_count``).
@@ -105,6 +110,9 @@ def prepare_process(
     for token in shlex.split(xla_flags or ""):
         if not token.startswith("--"):
             raise ValueError(f"xla_flags: {token!r} is not an XLA flag (--name=value)")
+    bucket_problem = local_bucket.local_bucket_problem(os.environ)
+    if bucket_problem:
+        raise ValueError(bucket_problem)
 
     pathways = backend._pathways_controller()
     started = backend._backend_started()
@@ -118,6 +126,7 @@ def prepare_process(
     plan = pool._pool_plan(multi_host, os.environ, pathways)
 
     # ---- then change things
+    local_bucket.use_local_bucket()  # before a Cloud Storage client is imported
     limits._raise_limits()
     if wandb is not None and wandb.offline:
         os.environ["WANDB_MODE"] = "offline"
