@@ -183,3 +183,60 @@ def test_a_step_killed_half_written_in_a_bucket_is_skipped_and_saved_again_clean
     assert {name.split("/")[1] for name in resaved} == {"2"}
     killed_data = {name for name in left if "/ocdbt.process_0/d/" in name}  # random names per write
     assert not killed_data & set(resaved), killed_data & set(resaved)
+
+
+def _one_switch_env(gcs_server, **extra: str) -> dict[str, str]:
+    """This process's environment with the local bucket given by ``STORAGE_EMULATOR_HOST`` alone."""
+    from elastic_dew.runtime.local_bucket import local_bucket_env
+
+    derived = local_bucket_env({"STORAGE_EMULATOR_HOST": gcs_server.url})
+    env = {key: value for key, value in os.environ.items() if key not in derived}
+    env.update(gcs_server.env, PYTHONPATH=str(REPO), **extra)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def test_a_preempted_run_exits_143_and_the_same_command_resumes_from_its_gs_checkpoint(bucket, gcs_server, tmp_path):
+    from elastic_dew import record
+
+    checkpoints = f"{bucket}/runs/a/checkpoints"
+    command = [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", "12", "--run-dir", str(tmp_path / "a"),
+               "--checkpoint-dir", checkpoints, "--chaos", "preempt@6"]
+    env = _one_switch_env(gcs_server)
+    first = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert first.returncode == 143, first.stderr[-4000:]
+    assert rundir.committed_checkpoint_steps(epath.Path(checkpoints)) == [6]
+    second = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-4000:]
+    events = record.read_events(tmp_path / "a")
+    assert [(e["source"], e["step"]) for e in events if e["event"] == "resume"] == [("fresh", 1), ("checkpoint", 7)]
+    assert [(e["reason"], e["step"]) for e in events if e["event"] == "stop"] == [("preempted", 6), ("done", 12)]
+
+
+def test_a_large_state_is_committed_to_the_bucket_on_sigterm_before_the_grace_period_ends(bucket, gcs_server):
+    """128 MB saved by a real preempted process; SIGKILLed at the grace period's end, as the kubelet does."""
+    grace = 30.0
+    checkpoints = f"{bucket}/ckpt"
+    env = _one_switch_env(gcs_server, JAX_PLATFORMS="cpu", BENCH_DEVICES="1")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.worker", "preempt", checkpoints, "128"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert worker.stdout.readline().strip() == "READY"
+        worker.send_signal(signal.SIGTERM)
+        try:
+            code = worker.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            code = worker.wait()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert code == 143  # not -9: it finished inside the grace period
+    steps = rundir.committed_checkpoint_steps(epath.Path(checkpoints))
+    assert len(steps) == 1
+    import orbax.checkpoint as ocp
+
+    stored = ocp.StandardCheckpointHandler().metadata(epath.Path(f"{checkpoints}/{steps[0]}/state"))
+    assert tuple(stored["w"].shape) == (128 * 2**20 // 4,)  # the whole state, float32

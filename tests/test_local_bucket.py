@@ -21,6 +21,7 @@ def test_the_emulator_address_alone_points_every_client_at_it_and_keeps_what_the
     assert env == {
         "STORAGE_EMULATOR_HOST": "http://127.0.0.1:4443/",
         "TENSORSTORE_GCS_HTTP_URL": "http://127.0.0.1:4443",  # TensorStore's gcs driver
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-bucket",  # TensorStore: no credential search
         "FSSPEC_GCS_TOKEN": "anon",  # gcsfs: no credential discovery
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # gcsfs: no gRPC bucket-layout probe
         "GCE_METADATA_HOST": "10.0.0.1:80",  # the user's own value is kept

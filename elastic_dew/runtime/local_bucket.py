@@ -8,7 +8,9 @@ the same way:
 - **google-cloud-storage** (Orbax asks it whether a bucket has a hierarchical namespace
   before it deletes an old step) reads it and then uses anonymous credentials: nothing to do.
 - **TensorStore's** ``gcs`` **driver** (the arrays) reads ``TENSORSTORE_GCS_HTTP_URL``
-  instead, and looks for credentials on the metadata server at ``GCE_METADATA_ROOT``.
+  instead, and looks for credentials (ending on the metadata server at
+  ``GCE_METADATA_ROOT``) unless its fixed-token hook ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` is
+  set; a local server takes any token, so that hook is set and no search happens.
 - **gcsfs** (``etils.epath``: directories, metadata, ``commit_success.txt``) reads it, but
   first tries Google's default credentials (which probe the metadata server), and its
   default ``ExtendedGcsFileSystem`` asks the Storage Control API over gRPC for every
@@ -78,6 +80,7 @@ def local_bucket_env(env: Mapping[str, str]) -> dict[str, str]:
     url = (value if "://" in value else f"http://{value}").rstrip("/")
     wanted = {
         "TENSORSTORE_GCS_HTTP_URL": url,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-bucket",
         "FSSPEC_GCS_TOKEN": "anon",
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
         "GCE_METADATA_HOST": METADATA_GUARD,
