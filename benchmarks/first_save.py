@@ -1,18 +1,19 @@
-"""Issue 11, item 7: what the first persistent checkpoint of a process costs the loop.
+"""Issues 11 and 19: what the first persistent checkpoint of a process costs the loop.
 
 Orbax saves replicated arrays replica-parallel: each replica transfers its own slice, cut by
 a small ``jax.lax.slice_in_dim`` program per device, shard shape and slice. A process's
 first save compiled all of those programs inside the loop (profiled with cProfile: nearly
 all of the first save's time is ``replica_slices.transfer_arrays_to_host`` ->
-``slice_in_dim`` -> compile); later saves find them cached. ``Checkpoints.prepare``
-compiles them in a background thread from the first step's output on, so the first save
-finds them ready (see ``docs/performance.md``).
+``slice_in_dim`` -> compile); later saves find them cached. Tier 2 now writes a leaf whose
+per-replica slice is under ``orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES`` whole from one
+replica (Orbax's ``min_slice_bytes_for_replica_parallel``), which compiles nothing, and
+``Checkpoints.prepare`` compiles the slicing of the larger leaves in the background.
 
 Each variant is a fresh process (compiled programs are per process): ``elastic-dew train
 lm`` on four simulated slices with a checkpoint every ``K`` steps, once as shipped and once
-with ``Checkpoints.prepare`` made a no-op (the baseline, as before the change). A save's
-cost to the loop is its ``save`` event's seconds; the figure is the first save over the
-median of the later ones.
+as before issue 11 (the baseline: every leaf replica-parallel, the bound 0, and
+``Checkpoints.prepare`` a no-op). A save's cost to the loop is its ``save`` event's seconds;
+the figure is the first save over the median of the later ones.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = ["measure", "saves_of"]
 
 _UNPREPARED = (
     "import sys; from elastic_dew.elastic.checkpoints import Checkpoints; "
+    "from elastic_dew.elastic import orbax_private; orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES = 0; "
     "Checkpoints.prepare = lambda self, state: None; "
     "from elastic_dew.cli import main; sys.exit(main(sys.argv[1:]))"
 )
@@ -65,9 +67,9 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     results["first_save_over_later"] = results["first_save_prepared_over_later"]
     notes.append(
         f"first checkpoint save: lm on 4x2 simulated slices, a checkpoint every {every} steps, "
-        f"{steps} steps, one fresh process per variant; without preparing, the first save took "
-        f"{results['first_save_unprepared_s']:.2f} s against {results['later_save_unprepared_s_p50']:.2f} s "
-        "for later ones. On this 2-core host the background compile competes with the steps for "
-        "the cores, so a first save soon after the start finds part of it undone and compiles the rest."
+        f"{steps} steps, one fresh process per variant; the baseline (every leaf replica-parallel, "
+        f"nothing prepared) took {results['first_save_unprepared_s']:.2f} s for the first save against "
+        f"{results['later_save_unprepared_s_p50']:.2f} s for later ones; as shipped, leaves under "
+        "4 MiB a replica are written whole by one replica and nothing is compiled."
     )
     return results

@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic import checkpoints as checkpoints_module
+from elastic_dew.elastic import orbax_private
 from elastic_dew.elastic.checkpoints import Checkpoints
 
 AXES = ("replica", "data", "model")
@@ -326,9 +327,27 @@ def _compiles_during(action) -> int:
     return len(compiles)
 
 
-def test_a_prepared_first_save_compiles_nothing_in_the_loop_and_an_unprepared_one_does(tmp_path):
-    """pathwaysutils runs each attempt under ``jax.default_device``; so does this test, since
-    JAX caches a compile under the calling thread's context."""
+def test_a_first_save_of_small_leaves_compiles_nothing_unprepared_and_leaves_orbax_registry_as_it_was(tmp_path):
+    """Leaves whose per-replica slice is under the bound are written whole by one replica."""
+    from orbax.checkpoint import type_handlers
+
+    mesh = mesh_of(4)
+    with jax.default_device(jax.devices()[0]):
+        checkpoints = Checkpoints(str(tmp_path / "small"))
+        state = _fresh_state(mesh, 72)
+        assert _compiles_during(lambda: checkpoints.save(1, state, {"step": 1})) == 0
+        checkpoints.wait()
+        restored, _ = checkpoints.restore(1, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state))
+        checkpoints.close()
+    np.testing.assert_array_equal(np.asarray(restored["params"]), np.ones((72, 16), np.float32))
+    assert type_handlers.get_type_handler(jax.Array)._min_slice_bytes_for_replica_parallel is None
+
+
+def test_a_leaf_saved_replica_parallel_is_prepared_so_its_first_save_compiles_nothing_in_the_loop(tmp_path, monkeypatch):
+    """The bound is lowered so that a small leaf stands in for a large one. pathwaysutils runs
+    each attempt under ``jax.default_device``; so does this test, since JAX caches a compile
+    under the calling thread's context."""
+    monkeypatch.setattr(orbax_private, "REPLICA_PARALLEL_MIN_SLICE_BYTES", 64)
     mesh = mesh_of(4)
     with jax.default_device(jax.devices()[0]):
         checkpoints = Checkpoints(str(tmp_path / "prepared"))

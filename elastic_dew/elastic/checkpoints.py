@@ -104,7 +104,7 @@ def _leaf_shapes(tree: Any) -> dict[str, tuple]:
     }
 
 
-def _prepare_replica_slices(state: Any, stop: threading.Event | None = None) -> None:
+def _prepare_replica_slices(state: Any, stop: threading.Event | None = None, handler: Any = None) -> None:
     """Compile, off the training loop, the per-device slicing Orbax's first save would compile.
 
     Orbax saves a replicated array replica-parallel: each replica transfers its own slice,
@@ -122,7 +122,7 @@ def _prepare_replica_slices(state: Any, stop: threading.Event | None = None) -> 
             return
         if not isinstance(leaf, jax.Array) or leaf.is_deleted():
             continue
-        orbax_private.slice_replicas(leaf)
+        orbax_private.slice_replicas(leaf, handler)
 
 
 class _OrbaxKind:
@@ -133,8 +133,13 @@ class _OrbaxKind:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True
         )
+        # Small leaves are saved whole by one replica: nothing to compile on a first save
+        # (orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES); large ones replica-parallel.
+        self._arrays = orbax_private.replica_parallel_array_handler()
         self.manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=(_STATE, _META)
+            self.directory,
+            options=options,
+            item_handlers={_STATE: orbax_private.state_item_handler(self._arrays), _META: ocp.JsonCheckpointHandler()},
         )
         self._preparing: threading.Thread | None = None
         self._stop_preparing = threading.Event()
@@ -160,7 +165,7 @@ class _OrbaxKind:
         def work() -> None:
             try:
                 with jax.default_device(device):
-                    _prepare_replica_slices(state, self._stop_preparing)
+                    _prepare_replica_slices(state, self._stop_preparing, self._arrays)
             except Exception:  # only a warm-up: the save itself compiles what is missing
                 logger.debug("preparing the checkpoint's replica slices failed", exc_info=True)
 

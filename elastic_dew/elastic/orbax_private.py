@@ -59,6 +59,10 @@ __all__ = [
     "replica_slicing_incompatibilities",
     "pathways_incompatibilities",
     "incompatibilities",
+    "REPLICA_PARALLEL_MIN_SLICE_BYTES",
+    "replica_parallel_array_handler",
+    "state_item_handler",
+    "standard_handler_incompatibilities",
     "slice_replicas",
     "is_pathways_backend",
     "PATHWAYS_BACKEND_BINDINGS",
@@ -264,12 +268,26 @@ def pathways_incompatibilities() -> list[str]:
     ]
 
 
+def standard_handler_incompatibilities() -> list[str]:
+    """Whether ``StandardCheckpointHandler`` still delegates to a ``PyTreeCheckpointHandler``
+    ``_impl`` that takes a ``type_handler_registry`` (:func:`state_item_handler` replaces it)."""
+    import orbax.checkpoint as ocp
+
+    problems = []
+    if not isinstance(getattr(ocp.StandardCheckpointHandler(), "_impl", None), ocp.PyTreeCheckpointHandler):
+        problems.append("StandardCheckpointHandler._impl is no longer a PyTreeCheckpointHandler (this adapter replaces it)")
+    if "type_handler_registry" not in inspect.signature(ocp.PyTreeCheckpointHandler).parameters:
+        problems.append("PyTreeCheckpointHandler no longer takes type_handler_registry (this adapter passes one)")
+    return problems
+
+
 def incompatibilities() -> list[str]:
     """Every private Orbax member this module uses that the installed release lacks or changed."""
     return (
         class_incompatibilities(Snapshotter)
         + instance_incompatibilities(Snapshotter(replica_axis_index=0))
         + replica_slicing_incompatibilities()
+        + standard_handler_incompatibilities()
         + pathways_incompatibilities()
     )
 
@@ -286,16 +304,100 @@ def _check_replica_slicing() -> None:
         )
 
 
-def slice_replicas(leaf: Any) -> None:
+#: A leaf is saved replica-parallel only when each replica's slice of it is at least this many
+#: bytes (``ArrayHandler(min_slice_bytes_for_replica_parallel=...)``, Orbax's own option).
+#: Below it one replica writes the leaf whole, which compiles nothing: a replica-parallel
+#: save cuts each replica's slice with a program per device, shard shape and slice, and
+#: compiling those for a state of many small leaves (480 for ``lm`` on 4x2 slices) was the
+#: whole of a process's first checkpoint save. Splitting a small leaf's transfer over the
+#: replicas gains nothing its per-slice dispatch does not cost; a large leaf's bytes still
+#: go out in parallel. The bound is the snapshot's packing bound
+#: (:data:`elastic_dew.elastic.packing.PACK_MAX_BYTES`), for the same reason.
+REPLICA_PARALLEL_MIN_SLICE_BYTES = 4 * 2**20
+
+
+def replica_parallel_array_handler(min_slice_bytes: int | None = None) -> Any:
+    """A copy of the registered ``jax.Array`` handler that saves replica-parallel only the
+    leaves whose per-replica slice is at least ``min_slice_bytes`` (default
+    :data:`REPLICA_PARALLEL_MIN_SLICE_BYTES`, read at the call); every other setting is the
+    registered handler's. The registered handler itself is left as it is."""
+    import copy
+
+    _check_replica_slicing()
+    handler = copy.copy(_array_handler())
+    bound = REPLICA_PARALLEL_MIN_SLICE_BYTES if min_slice_bytes is None else int(min_slice_bytes)
+    setattr(handler, HANDLER_SETTINGS["min_slice_bytes_for_replica_parallel"], bound)
+    return handler
+
+
+class _ArrayFirstRegistry:
+    """A ``TypeHandlerRegistry`` that answers ``jax.Array`` (by type or typestr) with one
+    handler and every other type with Orbax's global registry, as the default would."""
+
+    def __init__(self, array_handler: Any) -> None:
+        self._array = array_handler
+
+    def _global(self) -> Any:
+        from orbax.checkpoint._src.serialization import type_handler_registry
+
+        return type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY
+
+    def add(self, ty: Any, handler: Any, func: Any = None, override: bool = False, ignore_warnings: bool = False) -> None:
+        raise ValueError("elastic_dew's checkpoint state registry is fixed; register types with Orbax's global registry")
+
+    def get(self, ty: Any) -> Any:
+        import jax
+
+        if ty == self._array.typestr() or (isinstance(ty, type) and issubclass(ty, jax.Array)):
+            return self._array
+        return self._global().get(ty)
+
+    def has(self, ty: Any) -> bool:
+        try:
+            self.get(ty)
+            return True
+        except ValueError:
+            return False
+
+
+def state_item_handler(array_handler: Any) -> Any:
+    """Orbax's ``StandardCheckpointHandler`` (its defaults; ``StandardSave``/``StandardRestore``
+    and the on-disk format unchanged) whose ``jax.Array`` leaves go through ``array_handler``.
+
+    ``StandardCheckpointHandler`` takes no type-handler registry, so its inner
+    ``PyTreeCheckpointHandler`` (``_impl``) is replaced by one built with the same defaults
+    and a registry that answers ``jax.Array`` with ``array_handler``.
+    """
+    import orbax.checkpoint as ocp
+
+    problems = standard_handler_incompatibilities()
+    if problems:
+        raise RuntimeError(
+            f"the installed orbax-checkpoint's StandardCheckpointHandler differs from the one "
+            f"elastic_dew.elastic.orbax_private was written against ({ORBAX_VERSION_READ}): "
+            f"{'; '.join(problems)}; install orbax-checkpoint {ORBAX_VERSION_READ} or update the adapter"
+        )
+    handler = ocp.StandardCheckpointHandler()
+    handler._impl = ocp.PyTreeCheckpointHandler(
+        save_concurrent_gb=96,
+        restore_concurrent_gb=96,
+        use_ocdbt=True,
+        type_handler_registry=_ArrayFirstRegistry(array_handler),
+    )
+    return handler
+
+
+def slice_replicas(leaf: Any, handler: Any = None) -> None:
     """Cut ``leaf`` (a ``jax.Array``) into the slices Orbax's replica-parallel save would
     write from this process, and drop them: the slicing programs are compiled and cached,
-    the devices copy a fraction of the leaf, and nothing reaches the host.
+    the devices copy a fraction of the leaf, and nothing reaches the host. A leaf the
+    settings save whole by one replica compiles nothing.
 
-    The settings are read from the ``jax.Array`` handler registered at the call, as a save
-    reads them.
+    The settings are ``handler``'s (a ``jax.Array`` type handler; default: the one
+    registered at the call), as a save through that handler reads them.
     """
     _check_replica_slicing()
-    handler = _array_handler()
+    handler = _array_handler() if handler is None else handler
     settings = {name: getattr(handler, attribute) for name, attribute in HANDLER_SETTINGS.items()}
     for piece in _replica_slices_module().get_replica_slices(leaf, **settings).replica_slices:
         piece.data()
