@@ -71,18 +71,15 @@ def _bare(parts: dict, steps: int, workdir: Path) -> float:
 def _trainer(parts: dict, steps: int, workdir: Path) -> float:
     from elastic_dew import Trainer
     from elastic_dew.elastic.events import Step
-    from elastic_dew.record import as_event
-
     times: dict[int, float] = {}
 
-    def progress(line) -> None:
-        event = as_event(line)
+    def progress(event) -> None:
         if isinstance(event, Step):
             times[event.step] = time.monotonic()
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="fit-"))
     Trainer(
-        **parts, config=_config(), run_dir=run_dir, log_every=10**9, progress=progress, sharding=POLICY
+        **parts, config=_config(), run_dir=run_dir, log_every=10**9, sinks=[progress], sharding=POLICY
     ).fit(steps)
     return (times[steps] - times[WARMUP]) / (steps - WARMUP)
 

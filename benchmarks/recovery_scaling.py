@@ -47,7 +47,6 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.events import Resume, Step
     from elastic_dew.elastic.retry import make_manager
-    from elastic_dew.record import as_event
     from elastic_dew.simulate import SimulatedSlices
     from recipes import mlp
 
@@ -82,8 +81,8 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
         elif state["phase"] == "returning":
             state["phase"] = "lose"
 
-    def progress(line: Any) -> None:
-        events.append((time.monotonic(), as_event(line)))
+    def progress(event: Any) -> None:
+        events.append((time.monotonic(), event))
 
     hooks.add_listener(listener)
     try:
@@ -91,7 +90,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
             box["sim"] = sim
             box["manager"] = make_manager()
             trainer = Trainer(
-                **mlp.build(), config=config, run_dir=run_dir, progress=progress,
+                **mlp.build(), config=config, run_dir=run_dir, sinks=[progress],
                 log_every=10**9, manager=box["manager"],
             )
             try:

@@ -47,7 +47,6 @@ def restart(checkpoint_dir: str, run_dir: str) -> int:
     from elastic_dew import Trainer
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.events import Resume, Step
-    from elastic_dew.record import as_event
     from elastic_dew.simulate import SimulatedSlices
 
     config = ElasticConfig(
@@ -55,8 +54,7 @@ def restart(checkpoint_dir: str, run_dir: str) -> int:
         checkpoint_every=0, checkpoint_dir=checkpoint_dir, precompile_smaller_meshes=False,
     )
 
-    def first_step(line: dict) -> None:
-        event = as_event(line)  # the trainer hands its progress callback the JSON line
+    def first_step(event) -> None:
         if isinstance(event, Resume):
             print(f"RESUME {event.source} {event.step}", flush=True)
         if isinstance(event, Step):
@@ -64,7 +62,7 @@ def restart(checkpoint_dir: str, run_dir: str) -> int:
             os._exit(0)
 
     with SimulatedSlices(4, 2):
-        Trainer(**lm_parts(), config=config, run_dir=run_dir, progress=first_step).fit(10**9)
+        Trainer(**lm_parts(), config=config, run_dir=run_dir, sinks=[first_step]).fit(10**9)
     return 1  # never reached: the first step exits
 
 

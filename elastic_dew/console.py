@@ -142,7 +142,7 @@ def _quiet_logs(tty: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def _log_above(progress: Any) -> Iterator[None]:
     """On a terminal, route the root logger's terminal output above the progress bar."""
-    from elastic_dew.progress import ProgressLogHandler
+    from elastic_dew.observe.progress import ProgressLogHandler
 
     root = logging.getLogger()
     swapped = []
@@ -179,14 +179,14 @@ class Terminal:
         self._out = out
         self._err = err
         self.observe = observe if observe is not None else observing.ObserveOptions()
-        self._sinks: observing.Sinks | None = None
+        self._observers: list[Any] | None = None
 
     def refused(self, error: run.UsageError) -> None:
         (self._err or sys.stderr).write(f"{self.prog}: error: {error}\n")
 
     @contextlib.contextmanager
-    def running(self, plan: run.Plan) -> Iterator[Callable[[dict], None]]:
-        from elastic_dew.progress import Progress
+    def running(self, plan: run.Plan) -> Iterator[list[Any]]:
+        from elastic_dew.observe.progress import Progress
 
         total_slices = plan.slices if plan.simulate else None
         progress: Any = Progress(plan.steps, total_slices=total_slices, log_every=plan.log_every)
@@ -198,24 +198,24 @@ class Terminal:
             progress = ProgressBar(plan.steps, total_slices=total_slices)
             above = progress.redirect_logging()
         assert plan.run_dir is not None, "the run hands the display its chosen run directory"
-        self._sinks = sinks = observing.Sinks(
-            self.observe, plan.run_dir, job_name=plan.run_dir.name,
-            total_slices=total_slices, display=progress,
+        self._observers = observers = observing.chosen(
+            self.observe, plan.run_dir, job_name=plan.run_dir.name, total_slices=total_slices,
         )
         try:
             with above, _quiet_logs(tty):
-                yield sinks
+                yield [progress, *observers]
         except BaseException:
-            sinks.close()
+            observing.close(observers)
+            self._observers = None
             raise
         finally:
             progress.close()
 
     def finished(self, plan: run.Plan, outcome: run.Outcome) -> None:
-        if self._sinks is not None:  # TensorBoard's last points are the summary's goodput
+        if self._observers is not None:  # TensorBoard's last points are the summary's goodput
             ok = outcome.status == 0 and outcome.result is not None
-            self._sinks.close(outcome.result.summary if ok else None)
-            self._sinks = None
+            observing.close(self._observers, outcome.result.summary if ok else None)
+            self._observers = None
         if outcome.status != 0 or not plan.print_summary:
             return
         from elastic_dew import record

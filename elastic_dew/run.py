@@ -37,13 +37,14 @@ import os
 import pkgutil
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_dew import rundir
 from elastic_dew.elastic.config import SHARDINGS, Bound, ElasticConfig, setting
+from elastic_dew.elastic.events import Sink
 
 if TYPE_CHECKING:
     from elastic_dew.elastic.protocol import BatchError
@@ -206,7 +207,8 @@ class Display(Protocol):
 
     def refused(self, error: UsageError) -> None: ...
 
-    def running(self, plan: Plan) -> contextlib.AbstractContextManager[Callable[[dict], None] | None]: ...
+    def running(self, plan: Plan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
+        """While the run trains: the sinks that show it (each gets every typed event)."""
 
     def finished(self, plan: Plan, outcome: Outcome) -> None: ...
 
@@ -217,8 +219,8 @@ class _Quiet:
     def refused(self, error: UsageError) -> None:
         logger.error("%s", error)
 
-    def running(self, plan: Plan) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    def running(self, plan: Plan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
+        return contextlib.nullcontext(())
 
     def finished(self, plan: Plan, outcome: Outcome) -> None:
         pass
@@ -527,14 +529,14 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
         f"{p.slices} simulated slices of {p.devices_per_slice} devices" if p.simulate else "real slices",
     )
     # The display learns the run directory chosen here (a timestamp when none was planned).
-    with _slices(p, run_dir), display.running(dataclasses.replace(p, run_dir=run_dir)) as progress:
+    with _slices(p, run_dir), display.running(dataclasses.replace(p, run_dir=run_dir)) as sinks:
         trainer = Trainer(
             **{name: parts[name] for name in _PARTS},
             config=p.config,
             run_dir=run_dir,
             log_every=p.log_every,
             seed=p.seed,
-            progress=progress,
+            sinks=sinks,
             sharding=p.sharding,
             # A recipe that knows its tensor-parallel split gives it as "model_sharding".
             model_sharding=parts.get("model_sharding"),

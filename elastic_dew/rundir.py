@@ -261,6 +261,19 @@ class FaultEntry:
     action: str = ""
     slice: int | None = None
 
+    @classmethod
+    def now(cls, index: int, fault: str, phase: str, step: int, *, action: str, slice: int | None) -> FaultEntry:
+        """Fault ``index`` of the schedule (its text ``fault``) firing now, in this process."""
+        return cls(index=index, fault=fault, phase=phase, step=step, time=time.time(), pid=os.getpid(),
+                   action=action, slice=slice)
+
+    def event(self) -> Any:
+        """The fault as the run's typed ``fault`` event."""
+        from elastic_dew.elastic.events import Fault
+
+        return Fault(action=self.action, slice=self.slice, step=self.step, phase=self.phase,
+                     scheduled=self.fault, wall=self.time)
+
 
 def _legacy_action_and_slice(fault: str) -> tuple[str, int | None]:
     """``ACTION[:SLICE]`` read from a fault's text, for logs written before the log lines
@@ -333,21 +346,11 @@ class FaultLog:
     ) -> FaultEntry:
         """Record fault ``index`` of the schedule (its text ``fault``, its ``action`` on
         ``slice``) as fired at ``phase`` of ``step``; durable before this returns."""
-        entry = FaultEntry(
-            index=index, fault=fault, phase=phase, step=step, time=time.time(), pid=os.getpid(),
-            action=action, slice=slice,
-        )
+        entry = FaultEntry.now(index, fault, phase, step, action=action, slice=slice)
         fsync_append(self.path, json.dumps(dataclasses.asdict(entry)))
         return entry
 
 
 def read_faults(run_dir: str | os.PathLike[str]) -> list[Any]:
     """The faults fired in ``run_dir`` as typed ``fault`` events (none without a fault log)."""
-    from elastic_dew.elastic.events import Fault
-
-    return [
-        Fault(
-            action=e.action, slice=e.slice, step=e.step, phase=e.phase, scheduled=e.fault, wall=e.time,
-        )
-        for e in FaultLog(Path(run_dir) / FAULTS_FILE).entries()
-    ]
+    return [entry.event() for entry in FaultLog(Path(run_dir) / FAULTS_FILE).entries()]

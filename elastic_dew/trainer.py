@@ -3,8 +3,9 @@
 The trainer is thin on purpose: it turns ordinary JAX pytree functions (``init(key) ->
 params`` and ``loss(params, batch, key) -> scalar``; a Flax model works through the same
 two functions) and an Optax optimizer into the :class:`~elastic_dew.elastic.protocol.Program`
-the protocol runs, and writes the protocol's events to the run record
-(:mod:`elastic_dew.record`). Everything about surviving faults is the protocol's.
+the protocol runs, and feeds the protocol's typed events to one stream
+(:class:`~elastic_dew.observe.sinks.Sinks`): the run record (:mod:`elastic_dew.record`)
+first, then the caller's sinks. Everything about surviving faults is the protocol's.
 
 The training state is ``{"params", "opt_state", "rng"}``. It is replicated across slices
 (the ``replica`` axis), which is what the in-memory snapshots need: every slice holds a whole
@@ -19,7 +20,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.protocol import ElasticRun
 from elastic_dew.elastic.slices import AXES, batch_sharding, mesh_of, replicated
+from elastic_dew.observe.sinks import Sinks
 from elastic_dew.runtime import Layout, PreemptionNotice
 
 __all__ = ["Trainer", "FitResult"]
@@ -197,9 +199,11 @@ class Trainer:
         Host-owned parts live in pinned host memory between steps; in-memory snapshots need
         the state replicated on the slices' mesh, so ``Layout(host=...)`` requires
         ``snapshot_every=0`` (persistent checkpoints still protect the run).
-      log_every: steps between progress log lines.
+      log_every: steps between the trainer's step log lines.
       seed: the seed of parameters and of the per-step keys.
-      progress: a callable that receives every event (for a progress bar), or ``None``.
+      sinks: callables that each receive every typed event of the run, in order, after
+        the run record has it (a progress display, TensorBoard, the goodput export, your
+        own); a sink that raises is logged and dropped. Their owner closes them.
       notice: a ``PreemptionNotice``; by default one is created for the duration of ``fit``.
       manager: a pathwaysutils ``Manager`` to use instead of creating one.
       sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.sharding`):
@@ -236,7 +240,7 @@ class Trainer:
         layout: Layout | None = None,
         log_every: int = 10,
         seed: int = 0,
-        progress: Callable[[dict], None] | None = None,
+        sinks: Sequence[events.Sink] = (),
         notice: PreemptionNotice | None = None,
         manager: Any = None,
         sharding: shardings.Policy = "fsdp",
@@ -285,7 +289,7 @@ class Trainer:
         self.config = config
         self.dataset = dataset
         self.log_every = log_every
-        self.progress = progress
+        self.sinks = list(sinks)
         self.notice = notice
         self.manager = manager
         self.identity = dict(identity) if identity is not None else None
@@ -293,16 +297,13 @@ class Trainer:
             init, loss, optimizer, dataset[0], seed, host, shardings.with_model_rule(sharding, model_sharding), microbatch
         )
 
-    def _emit(self, record, event: events.Event) -> None:
-        line = events.to_json(event)
-        record.append(line)
-        if self.progress is not None:
-            self.progress(line)
+    def _log_line(self, event: events.Event) -> None:
+        """The trainer's own log lines: a step every ``log_every``, each stop and resume."""
         if isinstance(event, events.Step):
             if event.step % self.log_every == 0:
                 logger.info("step %d loss %.4f on %d slices", event.step, event.loss, event.slices)
         elif isinstance(event, (events.Stop, events.Resume)):
-            logger.info("%s", {k: v for k, v in line.items() if k != "wall"})
+            logger.info("%s", {k: v for k, v in event.to_json().items() if k != "wall"})
 
     def fit(self, steps: int) -> FitResult:
         """Train until ``steps`` steps are complete, resuming the run directory's newest state.
@@ -316,7 +317,7 @@ class Trainer:
         from elastic_dew.record import RunRecord, process_start_time, write_summary
 
         start = events.Start(process_start=process_start_time(), pid=os.getpid())
-        records: list[RunRecord] = []
+        record: RunRecord | None = None
         notice = self.notice if self.notice is not None else PreemptionNotice()
         try:
             # The protocol refuses slices, batch and minimum slice count that cannot work as
@@ -325,7 +326,6 @@ class Trainer:
                 self._program,
                 ElasticData(self.dataset),
                 self.config,
-                emit=lambda event: self._emit(records[0], event),
                 notice=notice,
                 manager=self.manager,
                 run_name=self.run_dir.name,
@@ -338,8 +338,8 @@ class Trainer:
             if self.identity is not None:
                 rundir.write_identity(self.run_dir, self.identity)
             record = RunRecord(self.run_dir)
-            records.append(record)
-            record.append(events.to_json(start))
+            run.emit = stream = Sinks([*self.sinks, self._log_line], required=[record])
+            stream(start)
             state, step = run.run(steps)
             params = jax.device_get(state["params"])
             placed = jax.tree.map(lambda a: a.sharding, state)
@@ -354,7 +354,7 @@ class Trainer:
         finally:
             if self.notice is None:
                 notice.close()
-            for opened in records:
-                opened.close()
+            if record is not None:
+                record.close()
         summary = write_summary(self.run_dir, record.events(), params, memory=memory)
         return FitResult(final_step=step, params=params, summary=summary, run_dir=self.run_dir, shardings=placed)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import logging
 
-from elastic_dew.progress import Progress, ProgressLogHandler
+from elastic_dew.elastic.events import Resume, Save, Step, Stop
+from elastic_dew.observe.progress import Progress, ProgressLogHandler
 
 
 class _Clock:
@@ -16,8 +17,8 @@ class _Clock:
         return self.now
 
 
-def _step(step: int, loss: float = 1.5, slices: int = 4) -> dict:
-    return {"event": "step", "step": step, "slices": slices, "loss": loss, "examples": [0, 1], "wall": 0.0}
+def _step(step: int, loss: float = 1.5, slices: int = 4) -> Step:
+    return Step(step=step, slices=slices, loss=loss, examples=(0, 1), seconds=0.1, wall=0.0)
 
 
 def test_on_a_terminal_one_line_shows_step_loss_slices_rate_and_the_last_event():
@@ -26,7 +27,7 @@ def test_on_a_terminal_one_line_shows_step_loss_slices_rate_and_the_last_event()
     for step in range(1, 11):
         clock.now = step * 0.5  # two steps a second
         progress(_step(step, loss=2.0 / step, slices=3))
-    progress({"event": "stop", "reason": "slice_lost", "step": 10, "wall": 0.0})
+    progress(Stop(reason="slice_lost", step=10, wall=0.0))
     frames = out.getvalue().split("\r\x1b[2K")
     last = frames[-1]
     assert "\n" not in out.getvalue()  # redrawn in place
@@ -45,8 +46,8 @@ def test_in_a_log_a_line_every_log_every_steps_and_one_per_stop_and_resume():
         clock.now = step
         progress(_step(step))
         if step == 12:
-            progress({"event": "resume", "source": "snapshot", "step": 11, "wall": 0.0})
-    progress({"event": "save", "tier": "snapshot", "step": 30, "seconds": 0.1, "taken": True, "wall": 0.0})
+            progress(Resume(source="snapshot", step=11, wall=0.0))
+    progress(Save(tier="snapshot", step=30, seconds=0.1, taken=True, wall=0.0))
     lines = out.getvalue().splitlines()
     assert [line.split("  ")[0] for line in lines] == [
         "step 10/30", "resume from snapshot at step 11", "step 20/30", "step 30/30",
@@ -57,7 +58,7 @@ def test_in_a_log_a_line_every_log_every_steps_and_one_per_stop_and_resume():
 
 def test_without_a_stream_log_lines_go_through_the_logger(caplog):
     progress = Progress(5, tty=False, log_every=5)
-    with caplog.at_level(logging.INFO, logger="elastic_dew.progress"):
+    with caplog.at_level(logging.INFO, logger="elastic_dew.observe.progress"):
         for step in range(1, 6):
             progress(_step(step))
     assert [r.getMessage().split("  ")[0] for r in caplog.records] == ["step 5/5"]

@@ -96,7 +96,7 @@ def library_goodput(events, tmp_path) -> float:
     """ml-goodput-measurement's own goodput (percent) of ``events``, fed through its recorder."""
     memory = MemoryLogger()
     export = GoodputExport("run", cloud_logger=memory, total_slices=4)
-    for event in events:
+    for event in as_events(events):
         export(event)
     export.close()
     calculator = goodput_elastic.ElasticGoodputCalculator(
@@ -147,7 +147,7 @@ def test_the_export_maps_elastic_waits_and_reinitialisations_onto_the_recorders_
     memory = MemoryLogger()
     export = GoodputExport("run", cloud_logger=memory)
     for event in preempted_run_with_gap(gap=10.0):
-        export(event.to_json())  # run-record lines work as well as typed events
+        export(event)
     entries = [entry for _, entry in memory.entries]
     assert sum("job_start_time" in e for e in entries) == 2
     assert sum("job_end_time" in e for e in entries) == 2  # the preempted process's and the last
@@ -241,7 +241,7 @@ def library_breakdown(events, tmp_path):
     total job time, of ``events`` fed through the export."""
     memory = MemoryLogger()
     export = GoodputExport("run", cloud_logger=memory, total_slices=4)
-    for event in events:
+    for event in as_events(events):
         export(event)
     export.close()
     calculator = goodput_elastic.ElasticGoodputCalculator(

@@ -47,7 +47,7 @@ def test_the_postfix_carries_loss_slices_and_the_last_event_when_there_is_room()
     bar.close()
     final = _frames(stream.getvalue())[-1]
     assert "11/50" in final
-    assert "loss 0.0909" in final and "slices 3/4" in final and "snapshot resume at 11" in final
+    assert "loss 0.0909" in final and "slices 3/4" in final and "resume from snapshot at step 11" in final
 
 
 def test_log_records_are_written_above_the_bar_on_their_own_lines(monkeypatch):

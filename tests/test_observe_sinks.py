@@ -1,4 +1,4 @@
-"""The observability options and the fan-out that feeds every chosen sink."""
+"""The observability options, the sinks they choose, and the one stream that feeds them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from elastic_dew.observe.logs import log_context
-from elastic_dew.observe.sinks import ObserveOptions, Sinks, add_options, options_of
+from elastic_dew.observe.sinks import ObserveOptions, Sinks, add_options, chosen, close, options_of
 from test_observe_goodput import MemoryLogger, preempted_run_with_gap
 
 
@@ -34,37 +34,51 @@ def test_an_unknown_log_format_is_a_usage_error(capsys):
     assert "invalid choice: 'yaml'" in capsys.readouterr().err
 
 
-def test_every_sink_sees_every_event_and_the_log_context_follows_the_steps(tmp_path):
-    seen = []
+def test_every_sink_sees_every_event_in_order_and_the_log_context_follows_the_steps(tmp_path):
+    seen, record = [], []
     memory = MemoryLogger()
-    sinks = Sinks(ObserveOptions(tensorboard=True, goodput_export=True), tmp_path,
-                  job_name="run", display=seen.append, cloud_logger=memory)
-    assert sinks.names == ["progress display", "TensorBoard", "goodput export"]
+    observers = chosen(ObserveOptions(tensorboard=True, goodput_export=True), tmp_path,
+                       job_name="run", cloud_logger=memory)
+    sinks = Sinks([seen.append, *observers], required=[record.append])
+    assert sinks.names == ["append", "append", "TensorBoard", "goodput export"]
     events = preempted_run_with_gap(gap=5.0)
     try:
         for event in events:
-            sinks(event.to_json())
+            sinks(event)
         assert log_context.fields() == {"step": 40, "slices": 3}
     finally:
         log_context.clear()
-    sinks.close({"goodput": 0.5, "badput": {"other": 1.0}, "final_step": 40})
-    assert len(seen) == len(events)
+    close(observers, {"goodput": 0.5, "badput": {"other": 1.0}, "final_step": 40})
+    assert seen == record == events
     assert sum("job_end_time" in entry for _, entry in memory.entries) == 2  # one per process
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert acc.Scalars("goodput/goodput")[0].value == 0.5
 
 
+def test_the_stream_takes_typed_events_only():
+    with pytest.raises(TypeError, match="typed events"):
+        Sinks([])({"event": "step", "step": 1})
+
+
 def test_a_failing_sink_is_dropped_with_one_error_line_and_the_run_goes_on(tmp_path, caplog):
     def broken(event):
         raise OSError("disk full")
 
-    sinks = Sinks(ObserveOptions(tensorboard=False), tmp_path, display=broken)
+    kept = []
+    sinks = Sinks([broken, kept.append])
     with caplog.at_level(logging.ERROR, logger="elastic_dew.observe.sinks"):
         for event in preempted_run_with_gap(gap=1.0)[:5]:
             sinks(event)
-    assert [r.getMessage() for r in caplog.records] == [
-        "the progress display failed; the run goes on without it"
-    ]
-    assert sinks.names == []
+    assert [r.getMessage() for r in caplog.records] == ["the broken failed; the run goes on without it"]
+    assert sinks.names == ["append"] and len(kept) == 5
+    assert chosen(ObserveOptions(tensorboard=False), tmp_path) == []
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_a_failing_required_sink_fails_the_run():
+    def record(event):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        Sinks([], required=[record])(preempted_run_with_gap(gap=1.0)[0])

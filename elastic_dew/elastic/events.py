@@ -21,13 +21,18 @@ fault      ``action``, ``slice``, ``step``, ``phase``, ``scheduled`` (the schedu
 Every event has ``wall``: when it happened, in seconds since the epoch. Keys a reader does
 not know are kept in ``extra`` and written back, so a record written by a newer version
 survives a round trip through an older one.
+
+A :data:`Sink` is anything that takes the run's events one at a time, in order
+(:class:`~elastic_dew.observe.sinks.Sinks` feeds one list of them: the run record, the
+progress display, TensorBoard, the goodput export); :func:`describe` is the one human
+wording of an event that every display uses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 __all__ = [
@@ -42,6 +47,8 @@ __all__ = [
     "Resume",
     "Fault",
     "KINDS",
+    "Sink",
+    "describe",
     "from_json",
     "to_json",
 ]
@@ -151,6 +158,28 @@ class Fault(Event):
 
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault)}
+
+
+#: What takes the run's typed events, one at a time and in order.
+Sink = Callable[[Event], None]
+
+
+def describe(event: Event) -> str:
+    """A short human description of an event, the wording every display shows."""
+    if isinstance(event, Stop):
+        return f"stop {event.reason} after step {event.step}"
+    if isinstance(event, Resume):
+        return f"resume from {event.source} at step {event.step}"
+    if isinstance(event, Save):
+        return f"{event.tier} of step {event.step}"
+    if isinstance(event, Fault):
+        where = f" slice {event.slice}" if event.slice is not None else ""
+        return f"fault {event.action}{where} at step {event.step} ({event.phase})"
+    if isinstance(event, Start):
+        return f"process {event.pid} started"
+    if isinstance(event, Step):
+        return f"step {event.step} loss {event.loss:.4f} on {event.slices} slices"
+    return event.kind
 
 
 def from_json(line: Mapping[str, Any]) -> Event:

@@ -6,14 +6,20 @@ phase costs one empty-list check. The simulator (:mod:`elastic_dew.simulate`) re
 listener that fires scheduled faults at the first announcement of a phase whose step is at
 or after the fault's step. The elastic layer never imports the simulator; the simulator
 imports this module.
+
+Events travel back the same way: while an :class:`~elastic_dew.elastic.protocol.ElasticRun`
+runs, it receives every event :func:`report` is given (a fault the simulator fires), so a
+fault joins the run's one event stream when it fires, in order with the loop's own events.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["PHASES", "phase", "add_listener", "remove_listener", "Listener"]
+__all__ = ["PHASES", "phase", "add_listener", "remove_listener", "Listener", "report", "receiving"]
 
 #: Every phase the elastic layer announces, with the step it belongs to:
 #: ``step``            during step S's computation (after dispatch, before its result is read)
@@ -42,6 +48,7 @@ PHASES: tuple[str, ...] = (
 Listener = Callable[[str, int], None]
 
 _listeners: list[Listener] = []
+_receivers: list[Callable[[Any], None]] = []
 _lock = threading.Lock()
 
 
@@ -72,3 +79,27 @@ def phase(name: str, step: int) -> None:
         listeners = list(_listeners)
     for listener in listeners:
         listener(name, step)
+
+
+@contextmanager
+def receiving(receiver: Callable[[Any], None]) -> Iterator[None]:
+    """While inside, ``receiver(event)`` is called with every event :func:`report` is given."""
+    with _lock:
+        _receivers.append(receiver)
+    try:
+        yield
+    finally:
+        with _lock:
+            _receivers.remove(receiver)
+
+
+def report(event: Any) -> None:
+    """Hand an event that happened outside the loop (a fault firing) to the running run.
+
+    With no run receiving (the simulator under someone else's loop) it goes nowhere; the
+    fault log still holds every fault.
+    """
+    with _lock:
+        receivers = list(_receivers)
+    for receiver in receivers:
+        receiver(event)

@@ -227,7 +227,8 @@ class ElasticRun:
     Create one per process, after ``prepare_process()``: it creates the pathwaysutils
     ``Manager`` and the state tiers once, outside the retry, as the guide requires.
     ``emit`` receives every event (a typed :class:`~elastic_dew.elastic.events.Event`) in
-    order; a trainer writes them to its run record.
+    order, the faults fired while it runs among them (:func:`~elastic_dew.elastic.hooks.report`);
+    a trainer gives it its :class:`~elastic_dew.observe.sinks.Sinks`.
     """
 
     def __init__(
@@ -328,22 +329,24 @@ class ElasticRun:
             on_elastic_event_callback=self._on_slice_lost,
         )(self._attempt)
         self.compiler.allow_precompiling()
-        try:
-            return attempt(final_step)
-        except NoticeInWait:
-            raise self._preempted_in_wait() from None
-        except TimeoutError as error:
-            raise self._timed_out(error) from error
-        except ElasticRuntimeError as error:
-            raise ElasticRuntimeError(
-                f"gave up after step {self.last_step}: slice losses reached "
-                f"max_attempts={self.config.max_attempts} ({error}); {self.tiers.kept()}, or raise "
-                "ElasticConfig.max_attempts"
-            ) from error
-        finally:
-            self.compiler.stop_precompiling()
-            self.deadline.close()
-            self.tiers.close()
+        # A fault the simulator fires joins the stream as it fires (hooks.report).
+        with hooks.receiving(lambda event: self.emit(event)):
+            try:
+                return attempt(final_step)
+            except NoticeInWait:
+                raise self._preempted_in_wait() from None
+            except TimeoutError as error:
+                raise self._timed_out(error) from error
+            except ElasticRuntimeError as error:
+                raise ElasticRuntimeError(
+                    f"gave up after step {self.last_step}: slice losses reached "
+                    f"max_attempts={self.config.max_attempts} ({error}); {self.tiers.kept()}, or raise "
+                    "ElasticConfig.max_attempts"
+                ) from error
+            finally:
+                self.compiler.stop_precompiling()
+                self.deadline.close()
+                self.tiers.close()
 
     def _preempted_in_wait(self) -> Preempted:
         """A preemption notice ended a wait for slices: persist the newest snapshot as a

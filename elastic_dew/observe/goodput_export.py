@@ -70,7 +70,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from elastic_dew.elastic.events import Event, Resume, Save, Start, Step, Stop, from_json
+from elastic_dew.elastic.events import Event, Resume, Save, Start, Step, Stop
 
 __all__ = ["BETWEEN_STEPS", "DATA_WAIT", "SAVE", "GoodputExport"]
 
@@ -100,6 +100,8 @@ class GoodputExport:
 
     Raises ``ImportError`` naming the extra to install when the library is missing.
     """
+
+    name = "goodput export"
 
     def __init__(
         self,
@@ -134,10 +136,8 @@ class GoodputExport:
         self._last_step: int | None = None
         self._saves: list[Save] = []  # since this process's last step: not yet written
 
-    def __call__(self, event: Event | Mapping[str, Any]) -> None:
-        """Record one event (typed, or a run-record line)."""
-        if not isinstance(event, Event):
-            event = from_json(event)
+    def __call__(self, event: Event) -> None:
+        """Record one event."""
         rec = self.recorder
         if isinstance(event, Save):
             self._saves.append(event)
@@ -246,9 +246,11 @@ class GoodputExport:
             rec.record_training_preparation_end_time(_utc(event.wall))
         self._resumed, self._stopped = True, False
 
-    def close(self) -> None:
+    def close(self, summary: Mapping[str, Any] | None = None) -> None:
         """Record the job end of a process that ended without a ``done`` or ``preempted``
-        stop (it failed), then block until the recorder's pending writes are committed."""
+        stop (it failed), then block until the recorder's pending writes are committed.
+
+        ``summary`` is taken, as every sink's ``close`` takes it, and not needed here."""
         self._end_between_steps(None)
         if self._open:
             self.recorder.record_job_end_time(datetime.datetime.now(datetime.timezone.utc))

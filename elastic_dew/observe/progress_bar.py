@@ -9,7 +9,7 @@ redraws the bar below it. tqdm is maintained, small, pure Python and already pul
 the JAX ecosystem (Grain, Orbax's tooling), which is why it was chosen over rich.
 
 :class:`ProgressBar` is for terminals only; where the output is a file or a pipe the
-trainer's :class:`~elastic_dew.progress.Progress` writes plain log lines instead.
+plain :class:`~elastic_dew.observe.progress.Progress` writes plain log lines instead.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any, TextIO
+from collections.abc import Iterator
+from typing import TextIO
 
-from elastic_dew.elastic.events import Event, Fault, Resume, Stop, Step, from_json
+from elastic_dew.elastic.events import Event, Fault, Resume, Step, Stop, describe
 
 __all__ = ["ProgressBar"]
 
@@ -28,16 +28,6 @@ log = logging.getLogger(__name__)
 
 #: Columns from which the bar also shows the last stop, resume or fault.
 _ROOM_FOR_LAST_EVENT = 110
-
-
-def _describe(event: Event) -> str:
-    if isinstance(event, Stop):
-        return f"{event.reason} after {event.step}"
-    if isinstance(event, Resume):
-        return f"{event.source} resume at {event.step}"
-    if isinstance(event, Fault):
-        return f"fault {event.action} at {event.step}"
-    return event.kind
 
 
 class ProgressBar:
@@ -52,6 +42,8 @@ class ProgressBar:
 
     Raises ``ImportError`` naming the extra to install when tqdm is missing.
     """
+
+    name = "progress display"
 
     def __init__(
         self,
@@ -103,10 +95,8 @@ class ProgressBar:
             parts.append(self._last)
         return " ".join(parts)
 
-    def __call__(self, event: Event | Mapping[str, Any]) -> None:
-        """Advance or annotate the bar with one event (typed, or a run-record line)."""
-        if not isinstance(event, Event):
-            event = from_json(event)
+    def __call__(self, event: Event) -> None:
+        """Advance or annotate the bar with one event."""
         bar = self._bar
         if isinstance(event, Step):
             self._loss, self._slices = event.loss, event.slices
@@ -114,12 +104,12 @@ class ProgressBar:
             bar.update(max(0, min(event.step, self.total_steps) - bar.n))
         elif isinstance(event, Resume):
             # A new attempt: its rate (and so the ETA) starts afresh from the resumed step.
-            self._last = _describe(event)
+            self._last = describe(event)
             bar.reset()
             bar.initial = bar.n = min(event.step - 1, self.total_steps)
             bar.set_postfix_str(self._postfix(), refresh=True)
         elif isinstance(event, Stop | Fault):
-            self._last = _describe(event)
+            self._last = describe(event)
             bar.set_postfix_str(self._postfix(), refresh=True)
 
     @contextlib.contextmanager
@@ -130,6 +120,7 @@ class ProgressBar:
         with logging_redirect_tqdm(loggers=loggers, tqdm_class=self._tqdm):
             yield
 
-    def close(self) -> None:
-        """Draw the bar a last time and leave it on its own line."""
+    def close(self, summary: object = None) -> None:
+        """Draw the bar a last time and leave it on its own line (``summary``: as every
+        sink's ``close`` takes it)."""
         self._bar.close()

@@ -1,8 +1,11 @@
-"""The observability options of a run, and the one callable that feeds every chosen sink.
+"""The run's one event stream, and the observability options that choose its sinks.
 
-A program's entry point adds the options with :func:`add_options`, reads them back with
-:func:`options_of`, calls :func:`~elastic_dew.observe.logs.setup_logging` with the log
-format, and hands a :class:`Sinks` the trainer's events (it is a ``progress`` callable).
+:class:`Sinks` is the one fan-out: the protocol emits each typed event to it and it hands
+the event, in order, to each sink of one list (the run record, the progress display,
+TensorBoard, the goodput export, a user's own callable). A program's entry point adds the
+options with :func:`add_options`, reads them back with :func:`options_of`, calls
+:func:`~elastic_dew.observe.logs.setup_logging` with the log format, and gives the trainer
+:func:`chosen`'s sinks beside its display:
 
 - ``--log-format {auto,text,json}`` (default ``auto``: text on a terminal, JSON lines
   otherwise);
@@ -15,7 +18,7 @@ format, and hands a :class:`Sinks` the trainer's events (it is a ``progress`` ca
   Logging (the ``gke`` extra); off by default because it writes outside the run directory.
 
 A sink that fails while the run goes on is logged once and dropped: observing a run must
-never stop it.
+never stop it. A *required* sink (the run record) is not: its failure is the run's.
 """
 
 from __future__ import annotations
@@ -25,16 +28,20 @@ import dataclasses
 import importlib.util
 import logging
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.elastic.events import Event, Step, from_json
+from elastic_dew.elastic.events import Event, Sink, Step
 from elastic_dew.observe.logs import LOG_FORMATS, log_context
 
 __all__ = [
     "ObserveOptions",
     "Sinks",
+    "chosen",
+    "close",
+    "name_of",
     "add_log_format",
     "add_options",
     "options_of",
@@ -115,73 +122,82 @@ def options_of(args: argparse.Namespace) -> ObserveOptions:
     )
 
 
-class Sinks:
-    """Every chosen sink behind one callable: call it with each event, close it at the end.
+def name_of(sink: Sink) -> str:
+    """How logs name a sink: its ``name`` attribute, else its type's or function's name."""
+    return getattr(sink, "name", None) or getattr(sink, "__name__", None) or type(sink).__name__
 
-    Arguments:
-      options: what to write.
-      run_dir: the run directory (TensorBoard files go under it).
-      job_name: the run's name for the goodput export (default: the run directory's name).
-      total_slices: the allocation's slices, for the export's slice counts.
-      display: a further callable to feed first (the progress display), or ``None``.
-      cloud_logger: the goodput export's logger object (``None``: Cloud Logging).
+
+class Sinks:
+    """The run's one event stream: each typed event, in order, to every sink of one list.
+
+    ``sinks`` are fed in order; ``required`` ones (the run record) first, and their failure
+    propagates. A failing optional sink is logged and dropped. Events may come from more
+    than one thread (a fault fired while the run waits for slices); each is handed to every
+    sink before the next one is.
     """
 
-    def __init__(
-        self,
-        options: ObserveOptions,
-        run_dir: str | os.PathLike[str],
-        *,
-        job_name: str | None = None,
-        total_slices: int | None = None,
-        display: Callable[[Any], None] | None = None,
-        cloud_logger: Any = None,
-    ) -> None:
-        self.options = options
-        self._sinks: list[tuple[str, Any]] = []
-        if display is not None:
-            self._sinks.append(("progress display", display))
-        if options.writes_tensorboard:
-            from elastic_dew.observe.tensorboard import TensorBoardSink
-
-            self._sinks.append(("TensorBoard", TensorBoardSink(run_dir)))
-        elif options.tensorboard is None:
-            log.info("no TensorBoard files: tensorboardX is not installed (the observe extra)")
-        if options.goodput_export:
-            from elastic_dew.observe.goodput_export import GoodputExport
-
-            self._sinks.append(("goodput export", GoodputExport(
-                job_name or Path(run_dir).resolve().name,
-                cloud_logger=cloud_logger,
-                total_slices=total_slices,
-            )))
+    def __init__(self, sinks: Iterable[Sink] = (), *, required: Iterable[Sink] = ()) -> None:
+        self._required = list(required)
+        self._optional = list(sinks)
+        self._lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:
         """The sinks being fed, in order."""
-        return [name for name, _ in self._sinks]
+        return [name_of(sink) for sink in self._required + self._optional]
 
-    def __call__(self, event: Event | Mapping[str, Any]) -> None:
-        typed = event if isinstance(event, Event) else from_json(event)
-        if isinstance(typed, Step):
-            log_context.update(step=typed.step, slices=typed.slices)
-        for name, sink in list(self._sinks):
-            try:
-                # The progress display predates typed events and takes either.
-                sink(event if name == "progress display" else typed)
-            except Exception:
-                log.exception("the %s failed; the run goes on without it", name)
-                self._sinks.remove((name, sink))
+    def __call__(self, event: Event) -> None:
+        if not isinstance(event, Event):
+            raise TypeError(f"the event stream takes typed events (elastic_dew.elastic.events), not {type(event).__name__}")
+        with self._lock:
+            if isinstance(event, Step):
+                log_context.update(step=event.step, slices=event.slices)
+            for sink in self._required:
+                sink(event)
+            for sink in list(self._optional):
+                try:
+                    sink(event)
+                except Exception:
+                    log.exception("the %s failed; the run goes on without it", name_of(sink))
+                    self._optional.remove(sink)
 
-    def close(self, summary: Mapping[str, Any] | None = None) -> None:
-        """Close every sink but the display, whose owner closes it (TensorBoard gets the
-        summary's goodput and badput)."""
-        for name, sink in self._sinks:
-            close = getattr(sink, "close", None)
-            if close is None or name == "progress display":
-                continue
-            try:
-                close(summary) if name == "TensorBoard" else close()
-            except Exception:
-                log.exception("closing the %s failed", name)
-        self._sinks = []
+
+def chosen(
+    options: ObserveOptions,
+    run_dir: str | os.PathLike[str],
+    *,
+    job_name: str | None = None,
+    total_slices: int | None = None,
+    cloud_logger: Any = None,
+) -> list[Sink]:
+    """The sinks ``options`` ask for: TensorBoard files under ``run_dir``, the goodput export
+    (as ``job_name``, default the run directory's name; ``cloud_logger`` ``None`` is Cloud
+    Logging; ``total_slices`` for its slice counts). Their owner closes them with
+    :func:`close`."""
+    out: list[Sink] = []
+    if options.writes_tensorboard:
+        from elastic_dew.observe.tensorboard import TensorBoardSink
+
+        out.append(TensorBoardSink(run_dir))
+    elif options.tensorboard is None:
+        log.info("no TensorBoard files: tensorboardX is not installed (the observe extra)")
+    if options.goodput_export:
+        from elastic_dew.observe.goodput_export import GoodputExport
+
+        out.append(GoodputExport(
+            job_name or Path(run_dir).resolve().name, cloud_logger=cloud_logger, total_slices=total_slices,
+        ))
+    return out
+
+
+def close(sinks: Iterable[Sink], summary: Mapping[str, Any] | None = None) -> None:
+    """Close each sink that can be closed, with the run's summary (``summary.json``'s
+    content, or ``None`` when the run did not finish); a failure is logged, never raised."""
+    for sink in sinks:
+        closer = getattr(sink, "close", None)
+        if closer is None:
+            continue
+        try:
+            closer(summary)
+        except Exception:
+            log.exception("closing the %s failed", name_of(sink))

@@ -26,25 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.elastic.events import Event, Fault, Resume, Start, Step, Stop, from_json
+from elastic_dew.elastic.events import Event, Fault, Resume, Start, Step, Stop, describe
 from elastic_dew.rundir import TENSORBOARD_DIR
 
-__all__ = ["TENSORBOARD_DIR", "TensorBoardSink", "describe"]
+__all__ = ["TENSORBOARD_DIR", "TensorBoardSink"]
 
 log = logging.getLogger(__name__)
-
-
-
-def describe(event: Event) -> str:
-    """A one-line description of a stop, resume or fault, for the ``events`` text."""
-    if isinstance(event, Stop):
-        return f"stop ({event.reason}) after step {event.step}"
-    if isinstance(event, Resume):
-        return f"resume from {event.source} at step {event.step}"
-    if isinstance(event, Fault):
-        where = f" on slice {event.slice}" if event.slice is not None else ""
-        return f"fault {event.action}{where} at step {event.step} ({event.phase})"
-    return event.kind
 
 
 class TensorBoardSink:
@@ -52,6 +39,8 @@ class TensorBoardSink:
 
     Raises ``ImportError`` naming the extra to install when tensorboardX is missing.
     """
+
+    name = "TensorBoard"
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         try:
@@ -74,10 +63,8 @@ class TensorBoardSink:
         self._wall = 0.0
         self._closed = False
 
-    def __call__(self, event: Event | Mapping[str, Any]) -> None:
-        """Write one event (typed, or a run-record line)."""
-        if not isinstance(event, Event):
-            event = from_json(event)
+    def __call__(self, event: Event) -> None:
+        """Write one event."""
         if self._closed:
             raise ValueError(f"the TensorBoard sink of {self.log_dir} is closed")
         w = self._writer

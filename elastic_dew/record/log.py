@@ -63,8 +63,11 @@ class RunRecord:
     """Append-only writer (and reader) of a run directory's ``events.jsonl``.
 
     Creating one creates ``run_dir``. Appends are serialised by a lock, so threads (an
-    asynchronous save reporting its duration, say) can share one record.
+    asynchronous save reporting its duration, say) can share one record. It is a sink of
+    the run's event stream: calling it with an event appends it.
     """
+
+    name = "run record"
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir)
@@ -106,11 +109,16 @@ class RunRecord:
             if line["event"] in _DURABLE_EVENTS:
                 os.fsync(self._file.fileno())
 
+    def __call__(self, event: ev.Event) -> None:
+        """The record as a sink: append ``event``."""
+        self.append(event)
+
     def events(self) -> list[dict[str, Any]]:
         """Every complete event written so far, by any process, in file order."""
         return read_events(self.path)
 
-    def close(self) -> None:
+    def close(self, summary: object = None) -> None:
+        """Flush, fsync and close (``summary``: as every sink's ``close`` takes it)."""
         with self._lock:
             if not self._file.closed:
                 self._file.flush()

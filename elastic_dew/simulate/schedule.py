@@ -25,7 +25,8 @@ the schedule before anything runs.
 
 :class:`ScheduleRunner` fires a schedule: it listens to :mod:`elastic_dew.elastic.hooks`,
 records each due fault in the run directory's fault log (:class:`elastic_dew.rundir.FaultLog`,
-flushed and fsynced, with the wall time it fired) *before* firing it, and never fires a
+flushed and fsynced, with the wall time it fired) *before* firing it, reports it to the
+running run as a ``fault`` event (:func:`elastic_dew.elastic.hooks.report`), and never fires a
 fault the log already holds, so a process restarted with the same schedule and log does not
 fire it again; a time-keyed fault counts from the time its predecessor's record holds.
 """
@@ -45,7 +46,7 @@ from typing import Protocol
 import jax
 
 from elastic_dew.elastic import hooks
-from elastic_dew.rundir import FaultLog
+from elastic_dew.rundir import FaultEntry, FaultLog
 
 __all__ = [
     "ACTIONS",
@@ -424,9 +425,9 @@ class ScheduleRunner:
         previous = self._fired_at.get(index - 1)
         return None if previous is None else previous + after
 
-    def _collect(self, phase: str, step: int, *, waiting: bool) -> list[Fault]:
+    def _collect(self, phase: str, step: int, *, waiting: bool) -> list[tuple[Fault, FaultEntry]]:
         """Record every fault due at this moment, in schedule order (call under the lock)."""
-        due: list[Fault] = []
+        due: list[tuple[Fault, FaultEntry]] = []
         for index, fault in enumerate(self.schedule.faults):
             if index in self._fired:
                 continue
@@ -438,21 +439,18 @@ class ScheduleRunner:
                     continue
             elif fault.phase != phase or step < fault.step:
                 continue
-            if self.fault_log is not None:
-                fired_at = self.fault_log.append(
-                    index, str(fault), phase, step, action=fault.action, slice=fault.slice
-                ).time
-            else:
-                fired_at = time.time()
+            record = self.fault_log.append if self.fault_log is not None else FaultEntry.now
+            entry = record(index, str(fault), phase, step, action=fault.action, slice=fault.slice)
             self._fired.add(index)
-            self._fired_at[index] = fired_at
-            due.append(fault)
+            self._fired_at[index] = entry.time
+            due.append((fault, entry))
         return due
 
-    def _fire(self, due: list[Fault], phase: str, step: int) -> None:
+    def _fire(self, due: list[tuple[Fault, FaultEntry]], phase: str, step: int) -> None:
         raised: BaseException | None = None
-        for fault in due:
+        for fault, entry in due:
             logger.warning("firing scheduled fault %s at %s of step %d", fault, phase, step)
+            hooks.report(entry.event())  # the fault joins the run's event stream as it fires
             try:
                 action_of(fault).fire(self.target, fault)
             except Exception as error:  # noqa: BLE001 - fire the rest, then raise the first

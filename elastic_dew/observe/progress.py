@@ -1,7 +1,7 @@
 """A progress display fed by the run's events: a live bar on a terminal, log lines elsewhere.
 
-:class:`Progress` is the ``progress`` callable a :class:`~elastic_dew.trainer.Trainer`
-takes: it receives every event the elastic protocol emits (the run record's events) and
+:class:`Progress` is a sink of the run's event stream (one of a
+:class:`~elastic_dew.trainer.Trainer`'s ``sinks``): it receives every typed event and
 shows the step, the loss, the active slices, the step rate and the last stop, resume or
 fault. On a terminal it redraws one line in place; when the output is a file or a pipe
 (a pod's log, CI) it writes a plain line every ``log_every`` steps and one per stop and
@@ -14,37 +14,18 @@ import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from elastic_dew.elastic import events as ev
-from elastic_dew.elastic.events import Event
-from elastic_dew.record.log import as_event
 
-__all__ = ["Progress", "ProgressLogHandler", "describe"]
+__all__ = ["Progress", "ProgressLogHandler"]
 
 logger = logging.getLogger(__name__)
 
 
-def describe(event: Event | Mapping[str, Any]) -> str:
-    """A short human description of a stop, resume, save or fault event (typed, or its JSON line)."""
-    typed = as_event(event)
-    if isinstance(typed, ev.Stop):
-        return f"stop {typed.reason} after step {typed.step}"
-    if isinstance(typed, ev.Resume):
-        return f"resume from {typed.source} at step {typed.step}"
-    if isinstance(typed, ev.Save):
-        return f"{typed.tier} of step {typed.step}"
-    if isinstance(typed, ev.Fault):
-        where = f" slice {typed.slice}" if typed.slice is not None else ""
-        return f"fault {typed.action}{where} at step {typed.step}"
-    if isinstance(typed, ev.Start):
-        return f"process {typed.pid} started"
-    return str(event.get("event") if isinstance(event, Mapping) else typed.kind)
-
-
 class Progress:
-    """Show a run's progress from its events; call it with each event.
+    """Show a run's progress from its events; call it with each event (a sink).
 
     Arguments:
       total_steps: the step the run trains to (for ``step/total`` and the bar).
@@ -56,6 +37,8 @@ class Progress:
       log_every: steps between log lines in the log-line style.
       clock: seconds for the step rate (a test can pass its own).
     """
+
+    name = "progress display"
 
     def __init__(
         self,
@@ -114,8 +97,7 @@ class Progress:
         return "[" + "#" * filled + "." * (width - filled) + "] " + self.line()
 
     # -- events --------------------------------------------------------------------------
-    def __call__(self, event: Event | Mapping[str, Any]) -> None:
-        typed = as_event(event)
+    def __call__(self, typed: ev.Event) -> None:
         if isinstance(typed, ev.Step):
             self.step = int(typed.step)
             self.loss = float(typed.loss) if typed.loss is not None else None
@@ -130,7 +112,7 @@ class Progress:
         if isinstance(typed, (ev.Stop, ev.Resume, ev.Fault)) or (
             isinstance(typed, ev.Save) and typed.tier == "checkpoint"
         ):
-            self.last_event = describe(typed)
+            self.last_event = ev.describe(typed)
             if isinstance(typed, ev.Resume):
                 self._recent.clear()  # the rate of a new attempt starts afresh
             if isinstance(typed, ev.Stop) and typed.reason == "done":
@@ -162,8 +144,8 @@ class Progress:
         if self.tty and self._drawn:
             self._draw()
 
-    def close(self) -> None:
-        """Leave the last bar on its own line."""
+    def close(self, summary: object = None) -> None:
+        """Leave the last bar on its own line (``summary``: as every sink's ``close`` takes it)."""
         if self.tty and self._drawn:
             self.stream.write("\n")
             self.stream.flush()
