@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("elastic_dew.commands.report", "print a run's summary and redraw its timeline"),
     "chaos": ("elastic_dew.commands.chaos", "run seeded random fault schedules and check every invariant"),
     "k8s": ("elastic_dew.k8s.cli", "render JobSet manifests for Pathways on GKE"),
+    "data": ("elastic_dew.commands.data", "prepare text files as ArrayRecord shards for training"),
     "gcs-server": ("elastic_dew.commands.gcs_server", "serve a local Cloud Storage bucket for gs:// runs on one machine"),
 }
 

@@ -540,6 +540,8 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             sharding=p.sharding,
             # A recipe that knows its tensor-parallel split gives it as "model_sharding".
             model_sharding=parts.get("model_sharding"),
+            # A recipe that reads files may ask for Grain worker processes.
+            data_workers=parts.get("data_workers", 0),
             **({"microbatch": p.microbatch} if p.microbatch is not None else {}),
             # Written by the trainer once the protocol has accepted the slices and the batch,
             # so a refused run leaves its directory untouched.

@@ -226,6 +226,8 @@ class Trainer:
         or ``None`` to write none. It is written once the protocol has accepted the slices
         and the batch, beside the run record's first line, so a refused run leaves its
         directory untouched.
+      data_workers: Grain worker processes reading ``dataset`` (0, the default: read in this
+        process); see :class:`~elastic_dew.elastic.data.ElasticData`.
     """
 
     def __init__(
@@ -247,6 +249,7 @@ class Trainer:
         model_sharding: Callable[[tuple, Any, jax.sharding.Mesh], PartitionSpec] | None = None,
         microbatch: int | None = None,
         identity: Mapping[str, Any] | None = None,
+        data_workers: int = 0,
     ) -> None:
         shardings.check_policy(sharding)
         if model_sharding is not None and not callable(model_sharding):
@@ -282,6 +285,9 @@ class Trainer:
             )
         if len(dataset) < 1:
             raise ValueError("the dataset is empty; give a MapDataset with at least one example")
+        if not isinstance(data_workers, int) or isinstance(data_workers, bool) or data_workers < 0:
+            raise ValueError(f"data_workers={data_workers!r} must be an int >= 0 (Grain worker processes)")
+        self.data_workers = data_workers
         self.run_dir = Path(run_dir)
         rundir.check(self.run_dir)  # the one rule; refused before anything is written
         if config.checkpoint_dir is None:
@@ -324,7 +330,7 @@ class Trainer:
             # it is built; the run directory is written only once it has accepted them.
             run = ElasticRun(
                 self._program,
-                ElasticData(self.dataset),
+                ElasticData(self.dataset, workers=self.data_workers),
                 self.config,
                 notice=notice,
                 manager=self.manager,

@@ -1,6 +1,9 @@
 """``lm``: a small decoder-only transformer language model, in plain JAX.
 
-Characters of the synthetic corpus in :mod:`recipes.data` are the tokens. The model is a
+Characters of the synthetic corpus in :mod:`recipes.data` are the tokens; ``data=DIR`` trains
+on text files tokenized the same way into ArrayRecord shards instead (``elastic-dew data
+prepare``, :mod:`recipes.data.files`), and ``data_workers=N`` reads them through ``N`` Grain
+worker processes. The model is a
 GPT-style stack (token and learned position embeddings, pre-norm blocks of causal
 multi-head attention and a GELU MLP, a final norm, the output tied to the token embedding)
 written over ordinary pytrees, so it needs nothing beyond JAX and Optax, and the same file
@@ -55,9 +58,17 @@ class LMConfig:
     examples: int = 1_000_000
     stride: int = 37
     compute_dtype: str = "float32"
+    #: a directory from ``elastic-dew data prepare`` ("": the synthetic corpus)
+    data: str = ""
+    #: Grain worker processes reading the data (0: read in the training process)
+    data_workers: int = 0
 
     def __post_init__(self) -> None:
         problems = []
+        if not isinstance(self.data, str):
+            problems.append(f"data={self.data!r} must be a directory (from `elastic-dew data prepare`)")
+        if not isinstance(self.data_workers, int) or isinstance(self.data_workers, bool) or self.data_workers < 0:
+            problems.append(f"data_workers={self.data_workers!r} must be an int >= 0")
         for name in ("seq_len", "d_model", "heads", "layers", "mlp_ratio", "corpus_chars", "examples", "stride"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
@@ -177,13 +188,27 @@ def forward(params: dict, tokens: jax.Array, cfg: LMConfig) -> jax.Array:
 
 
 def build(**overrides) -> dict:
-    """The recipe's parts: ``init``, ``loss``, ``optimizer``, ``dataset`` and ``model_sharding``.
+    """The recipe's parts: ``init``, ``loss``, ``optimizer``, ``dataset``, ``model_sharding``
+    and ``data_workers``.
 
-    ``overrides`` set :class:`LMConfig` fields (``d_model=128``, ``layers=4``, ...).
+    ``overrides`` set :class:`LMConfig` fields (``d_model=128``, ``layers=4``, ...); with
+    ``data=DIR`` the examples are the prepared files' and ``seq_len`` is theirs.
     """
+    data = overrides.get("data")
+    if data:
+        from recipes.data.files import load
+
+        dataset, manifest = load(data)
+        if overrides.get("seq_len", manifest["seq_len"]) != manifest["seq_len"]:
+            raise ValueError(
+                f"seq_len={overrides['seq_len']} differs from the seq_len={manifest['seq_len']} "
+                f"{data} was prepared with; drop seq_len or prepare the data again"
+            )
+        overrides = {**overrides, "seq_len": manifest["seq_len"]}
     cfg = make_config(LMConfig, overrides, "lm")
-    tokens = encode(corpus(cfg.corpus_chars))
-    dataset = grain.MapDataset.source(_Windows(tokens, cfg.seq_len, cfg.stride, cfg.examples))
+    if not data:
+        tokens = encode(corpus(cfg.corpus_chars))
+        dataset = grain.MapDataset.source(_Windows(tokens, cfg.seq_len, cfg.stride, cfg.examples))
 
     def init(key: jax.Array) -> dict:
         return init_params(key, cfg)
@@ -198,7 +223,7 @@ def build(**overrides) -> dict:
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     return {
         "init": init, "loss": loss, "optimizer": optimizer, "dataset": dataset,
-        "model_sharding": model_sharding,
+        "model_sharding": model_sharding, "data_workers": cfg.data_workers,
     }
 
 

@@ -56,7 +56,8 @@ def test_lm_examples_are_windows_of_the_corpus_one_token_longer_than_the_context
     example = dataset[3]
     assert example["tokens"].shape == (17,) and example["tokens"].dtype == np.int32
     assert decode(example["tokens"]) in corpus(1000)
-    assert {"init", "loss", "optimizer", "dataset", "model_sharding"} == set(parts)
+    assert {"init", "loss", "optimizer", "dataset", "model_sharding", "data_workers"} == set(parts)
+    assert parts["data_workers"] == 0
 
 
 def test_lm_logits_cover_the_vocabulary_and_the_untrained_loss_is_a_uniform_guess():

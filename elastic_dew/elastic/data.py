@@ -16,10 +16,28 @@ dataset must be deterministic (index ``i`` always gives the same example) and mu
 Pathways runs a single controller, so there is one shard; under multi-controller JAX each
 process reads its own shard (``jax.process_index()`` of ``jax.process_count()``) and
 :meth:`ElasticData.next` returns that process's part of the global batch.
+
+**Worker processes.** ``workers=N`` reads through ``N`` Grain worker processes
+(``grain.MultiprocessingOptions``, which ``ElasticIterator`` applies after batching), as a
+file-backed dataset (``grain.sources.ArrayRecordDataSource``) usually is. The batches are
+the same as without workers. Grain's workers read absl flags, so absl's flags are marked
+parsed first when the program has not parsed them (``UnparsedFlagAccessError`` otherwise).
+Starting workers costs seconds (a ``spawn`` per worker, each importing the dataset's code).
+A restart at the same global batch and shard count, at a position the running iterator has
+passed since it started (a restore of the newest snapshot, a retry at the same batch) does
+not pay it: the running workers are sent Grain's own iterator state for that position
+(``set_state``, no new process). Any other restart (another global batch, a position ahead
+of or before the running iterator's) starts new workers.
+
+**Grain's API.** The installed releases' ``ElasticIterator`` is an ``IterDataset`` whose
+iterator is ``_default_iterator``; Grain's main branch (after 0.2.18) makes it a
+``DatasetIterator`` whose iterator is ``base_iterator`` and whose ``close()`` does not close
+it. :func:`_base_iterator` and :func:`_close` handle both, so neither leaks workers.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -53,23 +71,40 @@ def default_read_options(batch: int) -> grain.ReadOptions:
 
 
 class ElasticData:
-    """A deterministic ``MapDataset`` read in global batches that may change between attempts."""
+    """A deterministic ``MapDataset`` read in global batches that may change between attempts.
+
+    ``workers`` (default 0: read in this process) is the number of Grain worker processes;
+    ``read_options`` the read-ahead (default :func:`default_read_options`).
+    """
+
+    #: How many recent positions of the running iterator keep Grain's state for a rewind.
+    REWINDABLE = 256
 
     def __init__(
-        self, dataset: grain.MapDataset, *, read_options: grain.ReadOptions | None = None
+        self,
+        dataset: grain.MapDataset,
+        *,
+        read_options: grain.ReadOptions | None = None,
+        workers: int = 0,
     ) -> None:
         if not isinstance(dataset, grain.MapDataset):
             raise TypeError(
                 f"ElasticData needs a grain.MapDataset (random access by index), got "
                 f"{type(dataset).__name__}; build it with grain.MapDataset.source(...)"
             )
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise ValueError(f"workers={workers!r} must be an int >= 0 (Grain worker processes; 0: none)")
         length = len(dataset)
         if length < 1:
             raise ValueError("the dataset is empty; ElasticData needs at least one example")
         self.length = length
+        self.workers = workers
         self._dataset = dataset if length >= sys.maxsize else dataset.repeat()
         self._read_options = read_options
         self._iterator: Any = None
+        self._layout: tuple[int, int, int] | None = None  # global batch, shard index, shard count
+        #: position -> the worker pipeline's Grain state before the batch at that position
+        self._rewind: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._position = 0
         self.global_batch: int | None = None
 
@@ -77,7 +112,8 @@ class ElasticData:
         """(Re)create the iterator for this attempt's ``global_batch``, at ``state``'s position.
 
         ``state`` is a dict from :meth:`get_state` (``None``: the start of the data). It is
-        checked before the current iterator is touched.
+        checked before the current iterator is touched. With workers, a position the
+        running iterator has passed at the same batch reuses its workers (module docstring).
         """
         shards = jax.process_count()
         if not isinstance(global_batch, int) or global_batch < 1:
@@ -88,19 +124,41 @@ class ElasticData:
                 f"(JAX processes); use a multiple of {shards}"
             )
         position = 0 if state is None else self._position_from(state)
-        if self._iterator is not None:
-            self._iterator.close()
+        layout = (global_batch, jax.process_index(), shards)
+        if self._iterator is not None and layout == self._layout and self._rewind_to(position):
+            logger.info("data at example %d, global batch %d (workers kept)", position, global_batch)
+            return
+        self._close_iterator()
+        options = None
+        if self.workers:
+            _absl_flags_parsed()
+            options = grain.MultiprocessingOptions(num_workers=self.workers)
         iterator = grain.experimental.ElasticIterator(
             self._dataset,
             global_batch,
             grain.sharding.ShardOptions(shard_index=jax.process_index(), shard_count=shards),
             read_options=self._read_options or default_read_options(global_batch // shards),
+            multiprocessing_options=options,
         )
         iterator.set_state({POSITION_KEY: position})
         self._iterator = iterator
+        self._layout = layout
         self._position = position
         self.global_batch = global_batch
         logger.info("data at example %d, global batch %d", position, global_batch)
+
+    def _rewind_to(self, position: int) -> bool:
+        """Move the running worker pipeline to ``position`` by Grain's own state; whether it could."""
+        if not self.workers or position not in self._rewind:
+            return False
+        base = _base_iterator(self._iterator)
+        pipeline = None if base is None else vars(base).get("_iterator")
+        if pipeline is None:
+            return False
+        pipeline.set_state(self._rewind[position])
+        base._global_next_index = position  # Grain's position bookkeeping (a private field)
+        self._position = position
+        return True
 
     def _position_from(self, state: dict) -> int:
         if not isinstance(state, dict) or POSITION_KEY not in state:
@@ -122,6 +180,13 @@ class ElasticData:
         """The next batch (a numpy pytree) and the half-open range of global indices it consumed."""
         if self._iterator is None:
             raise RuntimeError("ElasticData.next() before start(global_batch, state)")
+        if self.workers:
+            base = _base_iterator(self._iterator)
+            pipeline = None if base is None else vars(base).get("_iterator")
+            if pipeline is not None:  # created by the first next(); nothing to rewind to before it
+                self._rewind[self._position] = pipeline.get_state()
+                while len(self._rewind) > self.REWINDABLE:
+                    self._rewind.popitem(last=False)
         batch = next(self._iterator)
         start = self._position
         self._position = self._iterator.get_state()[POSITION_KEY]
@@ -136,8 +201,37 @@ class ElasticData:
         """The global index of the next example."""
         return self._position
 
-    def close(self) -> None:
-        """Stop the iterator's read-ahead threads."""
+    def _close_iterator(self) -> None:
         if self._iterator is not None:
-            self._iterator.close()
+            _close(self._iterator)
             self._iterator = None
+        self._layout = None
+        self._rewind.clear()
+
+    def close(self) -> None:
+        """Stop the iterator's read-ahead threads and its worker processes."""
+        self._close_iterator()
+
+
+def _base_iterator(iterator: Any) -> Any:
+    """The iterator ``ElasticIterator`` reads through, if it was created (both Grain APIs)."""
+    state = vars(iterator)
+    return state.get("base_iterator", state.get("_default_iterator"))
+
+
+def _close(iterator: Any) -> None:
+    """Close an ``ElasticIterator`` and the iterator under it (whose workers Grain main's
+    ``close()`` leaves running: it looks for ``_base_iterator``, not ``base_iterator``)."""
+    iterator.close()
+    base = _base_iterator(iterator)
+    if base is not None:
+        base.close()
+
+
+def _absl_flags_parsed() -> None:
+    """Mark absl's flags parsed if the program did not parse them: Grain's worker set-up reads
+    its debug flags, and an unparsed flag raises ``UnparsedFlagAccessError``."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()

@@ -1,0 +1,256 @@
+"""Training data from files: ArrayRecord shards (``elastic-dew data prepare``) read through Grain,
+in this process and through real Grain worker processes (``spawn``), and Grain's next
+``ElasticIterator`` (its main branch) beside the installed one."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+
+import grain
+import numpy as np
+import pytest
+
+from conftest import REPO
+from elastic_dew import cli
+from elastic_dew.elastic import data as data_module
+from elastic_dew.elastic.data import ElasticData
+from recipes.data import encode
+from recipes.data.files import load, tokenize
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs!\n"
+    "How vexingly quick daft zebras jump?\tSphinx of black quartz, judge my vow.\n"
+) * 40
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """Two text files through ``elastic-dew data prepare`` (seq_len 15, 3 shards)."""
+    root = tmp_path_factory.mktemp("text")
+    (root / "a.txt").write_text(TEXT[: len(TEXT) // 2])
+    (root / "b.txt").write_text(TEXT[len(TEXT) // 2 :])
+    out = root / "prepared"
+    assert cli.main(["data", "prepare", "--out", str(out), "--seq-len", "15", "--shards", "3",
+                     str(root / "a.txt"), str(root / "b.txt")]) == 0
+    return out
+
+
+def test_prepared_shards_hold_the_text_tokenized_as_lm_does_in_windows_of_seq_len_plus_one(prepared):
+    manifest = json.loads((prepared / "dataset.json").read_text())
+    assert manifest["seq_len"] == 15 and len(manifest["shards"]) == 3
+    assert sorted(p.name for p in prepared.glob("*.array_record")) == manifest["shards"]
+    dataset, _ = load(prepared)
+    expected, dropped = tokenize(TEXT)
+    assert dropped == TEXT.count(",")  # outside the vocabulary; every whitespace run became a space
+    normal = " ".join(TEXT.lower().replace(",", "").split())
+    np.testing.assert_array_equal(expected[: len(normal)], encode(normal))
+    assert len(dataset) == manifest["examples"] == len(expected) // 16
+    for index in (0, 1, len(dataset) // 2, len(dataset) - 1):
+        np.testing.assert_array_equal(dataset[index]["tokens"], expected[index * 16 : (index + 1) * 16])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seq-len", "0"], "seq_len=0 must be an int >= 1"),
+        (["--shards", "100000"], "fewer than the 100000 shards"),
+        (["--missing"], "no such file"),
+        (["--nonempty"], "is not an empty directory"),
+    ],
+)
+def test_prepare_refuses_bad_input_with_exit_2_before_writing(tmp_path, capsys, args, message):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "out"
+    files = [str(text)]
+    if args == ["--missing"]:
+        files, args = [str(tmp_path / "nope.txt")], []
+    if args == ["--nonempty"]:
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+        args = []
+    assert cli.main(["data", "prepare", "--out", str(out), *args, *files]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists() or sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def _read(data: ElasticData, steps: int) -> list[tuple[np.ndarray, tuple[int, int]]]:
+    out = []
+    for _ in range(steps):
+        batch, span = data.next()
+        out.append((batch["tokens"], span))
+    return out
+
+
+def _workers() -> set[int]:
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_worker_processes_give_the_batches_of_no_workers_across_a_resize_and_reuse_workers_on_a_rewind(prepared):
+    dataset, _ = load(prepared)
+    plain = ElasticData(dataset)
+    plain.start(12)
+    want = _read(plain, 3)
+    plain.start(8, plain.get_state())
+    want += _read(plain, 4)
+    plain.close()
+
+    data = ElasticData(dataset, workers=2)
+    data.start(12)
+    got = _read(data, 3)
+    started = _workers()
+    assert len(started) >= 2  # real worker processes
+    data.start(8, data.get_state())  # another global batch: new workers, exactly once
+    got += _read(data, 2)
+    saved = data.get_state()
+    resized = _workers()
+    assert resized and not resized & started
+    got += _read(data, 2)
+    assert [span for _, span in got] == [span for _, span in want]
+    for (g, _), (w, _) in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+    data.start(8, saved)  # a restore to a position these workers passed: the same processes
+    again = _read(data, 2)
+    assert _workers() == resized
+    assert [span for _, span in again] == [span for _, span in want[-2:]]
+    for (g, _), (w, _) in zip(again, want[-2:]):
+        np.testing.assert_array_equal(g, w)
+    data.close()
+    assert not _workers() & resized
+
+
+def _grain_main_elastic_iterator():
+    """Grain main's ``ElasticIterator`` module (tests/grain_main/elastic_iterator.py, copied from
+    google/grain at f5dd0d8, after 0.2.18: no release has it yet) over the installed Grain."""
+    path = Path(REPO) / "tests" / "grain_main" / "elastic_iterator.py"
+    spec = importlib.util.spec_from_file_location("grain_main_elastic_iterator", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grain_mains_elastic_iterator_reads_the_same_batches_and_its_workers_stop_on_close(prepared, monkeypatch):
+    main = _grain_main_elastic_iterator()
+    assert issubclass(main.ElasticIterator, grain.DatasetIterator)  # the new shape, not an IterDataset
+    dataset, _ = load(prepared)
+    current = ElasticData(dataset)
+    current.start(8, {"global_next_index": 16})
+    want = _read(current, 3)
+    current.close()
+
+    monkeypatch.setattr(grain.experimental, "ElasticIterator", main.ElasticIterator)
+    data = ElasticData(dataset, workers=1)
+    data.start(8, {"global_next_index": 16})
+    got = _read(data, 3)
+    assert isinstance(data._iterator, main.ElasticIterator)
+    assert [span for _, span in got] == [span for _, span in want]
+    for (g, _), (w, _) in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    workers = _workers()
+    assert workers
+    data.close()  # Grain main's own close() would leave them running
+    assert not _workers() & workers
+
+
+def test_a_bad_worker_count_is_refused():
+    with pytest.raises(ValueError, match="workers=-1 must be an int >= 0"):
+        ElasticData(grain.MapDataset.range(4), workers=-1)
+
+
+class _TokenProgram:
+    """Folds every batch of token windows into one int32 (exact on any mesh): a skipped,
+    repeated or reordered example, or another example's tokens, change it."""
+
+    width = 16
+
+    def abstract_state(self, mesh):
+        import jax
+        import jax.numpy as jnp
+
+        from elastic_dew.elastic.slices import replicated
+
+        return {"acc": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated(mesh))}
+
+    def init_state(self, mesh):
+        import jax
+        import jax.numpy as jnp
+
+        from elastic_dew.elastic.slices import replicated
+
+        return {"acc": jax.device_put(jnp.int32(1), replicated(mesh))}
+
+    def compile(self, mesh, global_batch):
+        import jax
+        import jax.numpy as jnp
+
+        from elastic_dew.elastic.slices import batch_sharding, replicated
+
+        def step(state, batch):
+            folded = jnp.sum(batch["tokens"] * (jnp.arange(self.width, dtype=jnp.int32) + 1))
+            acc = state["acc"] * 7 + folded
+            return {"acc": acc}, {"loss": acc.astype(jnp.float32)}
+
+        s = replicated(mesh)
+        tokens = jax.ShapeDtypeStruct((global_batch, self.width), jnp.int32, sharding=batch_sharding(mesh))
+        return jax.jit(step, out_shardings=(s, s)).lower(self.abstract_state(mesh), {"tokens": tokens}).compile()
+
+
+def _run_files(prepared, tmp_path, workers):
+    import jax
+
+    from elastic_dew.elastic.config import ElasticConfig
+    from elastic_dew.elastic.protocol import ElasticRun
+    from elastic_dew.simulate import SimulatedSlices
+
+    dataset, _ = load(prepared)
+    config = ElasticConfig(
+        minimum_slice_count=3, poll_interval=0.05, timeout=60, global_batch=24, snapshot_every=2,
+        checkpoint_every=0, checkpoint_dir=str(tmp_path / f"w{workers}"), precompile_smaller_meshes=False,
+    )
+    events, pids = [], []
+    data = ElasticData(dataset, workers=workers)
+
+    def emit(event):
+        events.append(event)
+        if event.kind == "step":
+            pids.append(frozenset(_workers()))
+
+    with SimulatedSlices(4, 2, schedule="lose:1@5", fault_log=tmp_path / f"faults{workers}.jsonl"):
+        state, step = ElasticRun(_TokenProgram(), data, config, emit=emit).run(8)
+    data.close()
+    assert step == 8
+    return jax.device_get(state)["acc"], events, pids
+
+
+def test_file_data_through_workers_survives_a_slice_loss_exactly_once_and_equals_no_workers(prepared, tmp_path):
+    """Four simulated slices lose one at step 5 (constant global batch): the run restores the
+    snapshot of step 4 on three slices, and its workers are rewound, not started again."""
+    plain, _, _ = _run_files(prepared, tmp_path, workers=0)
+    acc, events, pids = _run_files(prepared, tmp_path, workers=2)
+    assert acc == plain
+    resumes = [(e.source, e.step) for e in events if e.kind == "resume"]
+    assert resumes == [("fresh", 1), ("snapshot", 5)]
+    committed = [e for i, e in enumerate(events) if e.kind == "step"
+                 and not any(r.kind == "resume" and r.step <= e.step for r in events[i + 1:])]
+    assert [tuple(e.examples) for e in committed] == [(24 * k, 24 * (k + 1)) for k in range(8)]
+    assert len(set(pids)) == 1 and pids[0]  # the same worker processes before and after the loss
+
+
+def test_lm_with_data_reads_the_prepared_files_at_their_seq_len_and_refuses_another(prepared):
+    from recipes import lm
+
+    parts = lm.build(data=str(prepared), data_workers=2)
+    dataset, _ = load(prepared)
+    assert len(parts["dataset"]) == len(dataset) and parts["data_workers"] == 2
+    np.testing.assert_array_equal(parts["dataset"][5]["tokens"], dataset[5]["tokens"])
+    with pytest.raises(ValueError, match="seq_len=32 differs from the seq_len=15"):
+        lm.build(data=str(prepared), seq_len=32)
+    with pytest.raises(ValueError, match="holds no dataset.json: prepare it with `elastic-dew data prepare"):
+        lm.build(data=str(prepared.parent))
+    with pytest.raises(ValueError, match="data_workers=-1 must be an int >= 0"):
+        lm.build(data_workers=-1)
