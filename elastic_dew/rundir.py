@@ -287,14 +287,16 @@ class FaultLog:
     """``faults.jsonl``: the simulator's durable record of the faults it fired.
 
     Each fault is appended (flushed and fsynced) *before* it fires, so a process killed by
-    its own fault, or preempted and re-run, never fires it twice. A torn last line is a
-    write cut short by a kill (the fault did not fire); any other bad line is refused.
+    its own fault, or preempted and re-run, never fires it twice. A process that ends its
+    simulation normally with faults still unfired appends one ``"never_fired": true`` line
+    for each. A torn last line is a write cut short by a kill (the fault did not fire); any
+    other bad line is refused.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
-    def entries(self) -> list[FaultEntry]:
+    def _read(self) -> list[tuple[FaultEntry, bool]]:
         if not self.path.exists():
             return []
         out = []
@@ -315,13 +317,23 @@ class FaultLog:
                     step=int(raw.get("step", 0)), time=float(raw.get("time", 0.0)), pid=int(raw.get("pid", 0)),
                     action=action, slice=slice_index,
                 )
+                never_fired = raw.get("never_fired", False) is True
             except (ValueError, KeyError, TypeError):
                 if number == len(lines):
                     logger.warning("ignoring a torn last line of fault log %s", self.path)
                     continue
                 raise ValueError(f"fault log {self.path} line {number} is not a fault record: {line!r}") from None
-            out.append(entry)
+            out.append((entry, never_fired))
         return out
+
+    def entries(self) -> list[FaultEntry]:
+        """The fired faults, in the order they fired."""
+        return [entry for entry, never_fired in self._read() if not never_fired]
+
+    def never_fired(self) -> list[FaultEntry]:
+        """The faults a process recorded as never fired when it exited (``step``: the last
+        step it saw, -1 for none); a later process of the run may still fire them."""
+        return [entry for entry, never_fired in self._read() if never_fired]
 
     def fired(self, schedule: Iterable[str]) -> set[int]:
         """The indices of ``schedule`` (its faults' texts, in order) that already fired.
@@ -348,6 +360,19 @@ class FaultLog:
         ``slice``) as fired at ``phase`` of ``step``; durable before this returns."""
         entry = FaultEntry.now(index, fault, phase, step, action=action, slice=slice)
         fsync_append(self.path, json.dumps(dataclasses.asdict(entry)))
+        return entry
+
+    def append_never_fired(
+        self, index: int, fault: str, phase: str, step: int | None, *, action: str, slice: int | None
+    ) -> FaultEntry:
+        """Record, as a process exits, that fault ``index`` never fired (``step``: the last
+        step it saw, ``None`` for none): a line like a fired one with ``"never_fired": true``,
+        which :meth:`entries` and :meth:`fired` leave out and :meth:`never_fired` returns."""
+        entry = FaultEntry(
+            index=index, fault=fault, phase=phase, step=-1 if step is None else step, time=time.time(),
+            pid=os.getpid(), action=action, slice=slice,
+        )
+        fsync_append(self.path, json.dumps({**dataclasses.asdict(entry), "never_fired": True}))
         return entry
 
 

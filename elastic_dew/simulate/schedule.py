@@ -368,23 +368,45 @@ def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | 
 
 
 class ScheduleRunner:
-    """Fire ``schedule``'s faults on ``target`` at the phases the elastic layer announces.
+    """Fire ``schedule``'s faults on ``target`` at the phases the elastic layer announces, or,
+    in a loop that announces nothing, at its own step program's dispatches.
 
     With ``fault_log`` each fault is recorded durably before it fires and a fault the log
     already holds never fires; a log from another schedule is refused (``ValueError``) here,
     before anything is listened to. Use as a context manager (listens while inside).
 
+    Two seams, one at a time. Announcements (:mod:`elastic_dew.elastic.hooks`, elastic_dew's
+    own loop) are the precise one: once one is heard, only announcements fire faults.
+    Until then :meth:`on_dispatch` is the seam: the simulator calls it just before
+    (``dispatch``) and just after (``step``) each dispatch of the loop's step program, with
+    the number of that dispatch, so a step-keyed fault fires at the step program's
+    ``STEP``-th dispatch (counted across attempts).
+
     A time-keyed fault is due ``after`` seconds after its predecessor fired (the first fault
-    of a schedule counts from the runner's creation). It fires at the next announcement of
-    its phase once due; while the run waits for slices (between a ``wait`` announcement and
-    the next announcement of any other phase) the runner's clock thread fires it at once,
-    whatever its phase, unless it raises where it fires (``error``).
+    of a schedule counts from the runner's creation). It fires at the next boundary of its
+    phase once due (an announcement, or a counted dispatch); while nothing can reach such a
+    boundary (the run waits for slices after a ``wait`` announcement, or, in a loop that
+    announces nothing, ``idle()`` says the loop is blocked in a read or in pathwaysutils'
+    wait for slices) the runner's clock thread fires it at once, whatever its phase, unless
+    it raises where it fires (``error``).
     """
 
-    def __init__(self, schedule: Schedule, target: Target, fault_log: FaultLog | None) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        target: Target,
+        fault_log: FaultLog | None,
+        *,
+        idle: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.schedule = schedule
         self.target = target
         self.fault_log = fault_log
+        self.idle = idle
+        #: Whether the loop announces its phases (elastic_dew's loop): then only
+        #: announcements fire faults, never counted dispatches.
+        self.announced = False
+        self._last_step: int | None = None
         texts = [str(fault) for fault in schedule]
         self._fired: set[int] = fault_log.fired(texts) if fault_log is not None else set()
         self._fired_at: dict[int, float] = (
@@ -401,6 +423,32 @@ class ScheduleRunner:
     def fired(self) -> frozenset[Fault]:
         """Scheduled faults fired so far in this run (this process or an earlier one)."""
         return frozenset(self.schedule.faults[index] for index in self._fired)
+
+    @property
+    def unfired(self) -> tuple[Fault, ...]:
+        """Scheduled faults that have not fired in this run, in schedule order."""
+        return tuple(f for index, f in enumerate(self.schedule.faults) if index not in self._fired)
+
+    def report_unfired(self) -> tuple[Fault, ...]:
+        """Warn of every fault that never fired, and record each in the fault log, so a test
+        of a loop the schedule never reached cannot pass by accident; returns them."""
+        unfired = self.unfired
+        if not unfired:
+            return unfired
+        step = self._last_step
+        where = f"the last step seen was {step}" if step is not None else "no step was seen"
+        logger.warning(
+            "scheduled faults never fired: %s (%s; %s)", [str(f) for f in unfired], where,
+            "elastic_dew's loop announces its phases" if self.announced
+            else "the loop announced nothing: steps are its step program's dispatches",
+        )
+        if self.fault_log is not None:
+            for index, fault in enumerate(self.schedule.faults):
+                if index not in self._fired:
+                    self.fault_log.append_never_fired(
+                        index, str(fault), fault.phase, step, action=fault.action, slice=fault.slice
+                    )
+        return unfired
 
     def __enter__(self) -> ScheduleRunner:
         hooks.add_listener(self._listener)
@@ -461,15 +509,29 @@ class ScheduleRunner:
     def on_phase(self, phase: str, step: int) -> None:
         """Record, then fire, every fault due at this announcement, in schedule order."""
         with self._lock:
+            self.announced = True
+            self._last_step = step
             self._waiting = step if phase == "wait" else None
             due = self._collect(phase, step, waiting=self._waiting is not None)
         self._fire(due, phase, step)
 
+    def on_dispatch(self, phase: str, step: int) -> None:
+        """The loop's step program is being dispatched (``dispatch``) or was (``step``), for the
+        ``step``-th time: fire what is due there, unless the loop announces its own phases."""
+        with self._lock:
+            if self.announced:
+                return
+            self._last_step = step
+            due = self._collect(phase, step, waiting=False)
+        self._fire(due, phase, step)
+
     def _tick(self) -> None:
-        """While the run waits for slices, fire time-keyed faults as they fall due."""
+        """While nothing can reach a boundary, fire time-keyed faults as they fall due."""
         while not self._stop.wait(_TICK):
             with self._lock:
                 step = self._waiting
+                if step is None and not self.announced and self.idle():
+                    step = self._last_step or 0
                 due = self._collect("wait", step, waiting=True) if step is not None else []
             if due:
                 self._fire(due, "wait", step)

@@ -41,11 +41,17 @@ and misreports healthy slices and fresh arrays). An array fails while any of its
 on a lost slice; at ``lose``, ``hang`` and ``restore`` every live array on the slice is
 marked, on the array object itself. Arrays created after ``restore`` carry no mark.
 
-Limits (see ``docs/simulator.md``'s fidelity table): CPU computations really run; a plain
-``jax.jit`` call dispatches through JAX's C++ path, which has no Python seam, so its errors
-surface at the read rather than the dispatch, and a ``jax.jit`` result placed on healthy
-devices only from a lost input stays readable; NumPy functions that convert a single-device
-array internally in C (``np.add(x, 1)``) bypass the read check.
+Faults fire in any loop: at elastic_dew's phase announcements in its own loop, and at the
+dispatches of the step program in a loop that announces nothing (:meth:`SimulatedSlices.step_of`
+says which dispatch is a step; ``docs/simulator.md``, "Loops elastic_dew did not write").
+A fault that never fired is reported when the context exits normally (a warning,
+:attr:`SimulatedSlices.unfired`, a ``never_fired`` line in the fault log). While the context
+is active pathwaysutils' health check is elastic_dew's (:mod:`elastic_dew.elastic.health`).
+
+Limits (see ``docs/simulator.md``'s fidelity table): CPU computations really run; primitives
+applied one by one outside ``jit`` keep JAX's C++ fast path, so their errors surface at the
+read rather than the dispatch; NumPy functions that convert a single-device array
+internally in C (``np.add(x, 1)``) bypass the read check.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from typing import Any
 
 import jax
 
+from elastic_dew.elastic import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.patches import registry
 from elastic_dew.simulate.schedule import (
@@ -81,6 +88,33 @@ _HUNG = "_elastic_dew_simulated_hang"
 HUNG_CODE = "DEADLINE_EXCEEDED"
 
 
+#: elastic_dew's own loop and what runs it (it announces its steps): a dispatch with any
+#: of these on the stack is never a counted step.
+OWN_LOOP_MODULES: tuple[str, ...] = ("elastic_dew.elastic", "elastic_dew.trainer", "elastic_dew.run")
+#: Callers whose dispatches are never a step: JAX itself (a primitive applied outside
+#: ``jit``, ``jax.numpy``'s own helpers), and libraries a step may call that dispatch
+#: programs of their own (Orbax's saves and loads, Grain, pathwaysutils' health probes).
+LIBRARY_MODULES: tuple[str, ...] = ("jax", "jaxlib", "orbax", "grain", "pathwaysutils.elastic")
+
+
+def _in(name: str, modules: tuple[str, ...]) -> bool:
+    return any(name == module or name.startswith(module + ".") for module in modules)
+
+
+def _not_a_step_caller(caller: Any) -> bool:
+    """Whether a dispatch whose caller is frame ``caller`` is made by a library
+    (:data:`LIBRARY_MODULES`) or inside elastic_dew's own loop (:data:`OWN_LOOP_MODULES`,
+    anywhere on the stack)."""
+    if caller is None or _in(caller.f_globals.get("__name__", ""), LIBRARY_MODULES):
+        return True
+    frame = caller
+    while frame is not None:
+        if _in(frame.f_globals.get("__name__", ""), OWN_LOOP_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _error(code: str, what: str) -> jax.errors.JaxRuntimeError:
     return jax.errors.JaxRuntimeError(f"{code}: simulated slice failure: {what} (elastic_dew.simulate)")
 
@@ -93,7 +127,8 @@ class SimulatedSlices:
     ``k*D .. k*D+D-1`` of ``jax.devices()`` ordered by id. One simulator is active at a time.
 
     ``schedule`` (text or :class:`Schedule`) fires faults at the elastic layer's phase
-    announcements; ``fault_log`` (a JSON-lines file, :class:`elastic_dew.rundir.FaultLog`)
+    announcements, or at the step program's dispatches in a loop that announces nothing
+    (``step_program`` names that program; by default :meth:`step_of` finds it); ``fault_log`` (a JSON-lines file, :class:`elastic_dew.rundir.FaultLog`)
     records each fault, flushed and fsynced, before it fires, so a process restarted with the
     same schedule and log does not fire it again. Without ``fault_log`` a restarted process
     fires every fault again.
@@ -106,6 +141,7 @@ class SimulatedSlices:
         *,
         schedule: str | Schedule | None = None,
         fault_log: str | os.PathLike[str] | None = None,
+        step_program: str | None = None,
     ) -> None:
         Topology.check_shape(num_slices, devices_per_slice)
         schedule = as_schedule(schedule)
@@ -119,9 +155,22 @@ class SimulatedSlices:
         self.devices_per_slice = devices_per_slice
         self.schedule = schedule
         self.fault_log = Path(fault_log) if fault_log is not None else None
+        self.step_program = step_program
         self._runner = ScheduleRunner(
-            schedule, self, FaultLog(self.fault_log) if self.fault_log is not None else None
+            schedule, self, FaultLog(self.fault_log) if self.fault_log is not None else None,
+            idle=self._idle,
         )
+        self._steps_lock = threading.Lock()
+        self._steps = 0
+        self._largest = 0
+        self._blocked_reads = 0
+        self._waits = 0
+        self._installed_health = False
+        #: The active slices of each attempt pathwaysutils' ``elastic_retry`` started (the
+        #: answer of each of its waits for slices), in order.
+        self.attempts: list[tuple[int, ...]] = []
+        #: The scheduled faults that never fired, set when the context exits normally.
+        self.unfired: tuple[Fault, ...] = ()
         if self.fault_log is None and any(action_of(f).ends_process for f in schedule):
             logger.warning(
                 "schedule %s ends this process but has no fault_log: a restarted process fires "
@@ -147,7 +196,12 @@ class SimulatedSlices:
         self._topology = topology
         self._codes, self._hung = {}, frozenset()
         self._lost_device_ids = frozenset()
+        self._steps, self._largest, self._blocked_reads, self._waits = 0, 0, 0, 0
+        self.attempts = []
         self._active = True
+        if not health.installed():
+            health.install()
+            self._installed_health = True
         self._runner.__enter__()
         logger.info(
             "simulating %d slices of %d CPU devices; schedule %s",
@@ -159,6 +213,13 @@ class SimulatedSlices:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._runner.__exit__(*exc_info)
+        if exc_info[0] is None:
+            # A process that ends with an error or a preemption leaves its faults to the
+            # next process of the run; one that ends normally will never fire them.
+            self.unfired = self._runner.report_unfired()
+        if self._installed_health:
+            health.uninstall()
+            self._installed_health = False
         with self._answered:
             self._active = False
             self._answered.notify_all()  # readers blocked on a hung slice give up
@@ -199,6 +260,53 @@ class SimulatedSlices:
     def fired(self) -> frozenset[Fault]:
         """Scheduled faults fired so far in this run (this process or an earlier one)."""
         return self._runner.fired
+
+    @property
+    def steps(self) -> int:
+        """How many dispatches of the loop's step program were counted (see :meth:`step_of`)."""
+        return self._steps
+
+    def step_of(self, arrays: list[Any], name: str | None, caller: Any) -> int | None:
+        """Whether this dispatch of program ``name`` on ``arrays``, called from frame
+        ``caller``, is a step of the loop, and its number (1 for the first), or ``None``.
+
+        With ``step_program`` set, a step is a dispatch of the program of that name (a
+        ``jax.jit`` function's name, or a compiled program's). Otherwise it is a dispatch
+        made by the loop itself (not by :data:`LIBRARY_MODULES`, not inside elastic_dew's
+        own loop, :data:`OWN_LOOP_MODULES`) whose inputs hold at least half as many bytes
+        as the largest such dispatch so far: the training step's inputs are the state and a
+        batch, more than anything else a loop dispatches. The rule reads only the program
+        and its inputs, never the time, so the same loop counts the same steps.
+        """
+        if self.step_program is not None:
+            if name != self.step_program:
+                return None
+        else:
+            size = sum(int(a.nbytes) for a in arrays)
+            if size == 0 or 2 * size < self._largest or _not_a_step_caller(caller):
+                return None
+        with self._steps_lock:
+            self._largest = max(self._largest, sum(int(a.nbytes) for a in arrays))
+            self._steps += 1
+            return self._steps
+
+    def on_dispatch(self, phase: str, step: int) -> None:
+        """Fire what is due at ``phase`` (``dispatch`` or ``step``) of counted step ``step``."""
+        self._runner.on_dispatch(phase, step)
+
+    def waiting_for_slices(self, delta: int) -> None:
+        """pathwaysutils' wait for slices began (``+1``) or ended (``-1``)."""
+        with self._answered:
+            self._waits += delta
+
+    def attempted(self, active: Any) -> None:
+        """pathwaysutils' wait for slices returned ``active``: an ``elastic_retry`` attempt starts."""
+        self.attempts.append(tuple(sorted(active)))
+
+    def _idle(self) -> bool:
+        """Whether the loop can reach no step boundary now: a read waits on a hung slice, or
+        pathwaysutils waits for slices."""
+        return self._blocked_reads > 0 or self._waits > 0
 
     def slice_of(self, device: jax.Device) -> int | None:
         """The simulated slice a device belongs to, or None for a device outside every slice."""
@@ -321,8 +429,12 @@ class SimulatedSlices:
             hung = self._hung_slice_of(array)
         if hung is not None:
             with self._answered:
-                while self._active and hung in self._hung:
-                    self._answered.wait()
+                self._blocked_reads += 1
+                try:
+                    while self._active and hung in self._hung:
+                        self._answered.wait()
+                finally:
+                    self._blocked_reads -= 1
                 released = self._active
         code = self._mark_of(array, _MARK)
         if code is not None:
