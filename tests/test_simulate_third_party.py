@@ -105,17 +105,6 @@ def test_a_time_keyed_loss_of_a_hung_slice_fails_the_read_the_loop_is_blocked_in
     assert sim.unfired == ()
 
 
-def test_a_result_computed_from_a_lost_slices_data_is_lost_wherever_it_lies():
-    with SimulatedSlices(2, 2) as sim:
-        on_one = jax.device_put(jnp.arange(4.0), sim.slice_to_devices[1][0])
-        sim.lose(1)
-        copy = jax.device_put(on_one, sim.slice_to_devices[0][0])
-        with pytest.raises(jax.errors.JaxRuntimeError, match="DATA_LOSS"):
-            jax.jit(lambda x: x * 2)(copy)
-        with pytest.raises(jax.errors.JaxRuntimeError, match="DATA_LOSS"):
-            jax.jit(lambda x: x * 2).lower(copy).compile()(copy)
-
-
 def test_the_health_check_inside_the_simulator_is_elastic_dews_for_any_code():
     was = health.installed()
     health.uninstall()

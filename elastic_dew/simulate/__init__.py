@@ -7,7 +7,8 @@ The package by job:
 * :mod:`~elastic_dew.simulate.patches`: the read guards on JAX and NumPy and the registry of
   the one active simulator (install/uninstall);
 * :mod:`~elastic_dew.simulate.schedule`: the fault grammar, the table of actions, and firing
-  a schedule at the elastic layer's phases through the run directory's fault log;
+  a schedule at the elastic layer's phases, or at the step program's dispatches in a loop
+  that announces nothing, through the run directory's fault log;
 * :mod:`~elastic_dew.simulate.simulator`: :class:`SimulatedSlices`, the context manager that
   puts them together.
 """
