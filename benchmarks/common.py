@@ -57,6 +57,7 @@ class Sizes:
     overhead_steps: int
     reposition_repeats: int
     first_save_every: int = 40  # steps before each checkpoint in the first-save runs
+    losses_file_workers: int = 0  # the same over ArrayRecord files read by 2 Grain workers
 
 
 SIZES = {
@@ -64,11 +65,13 @@ SIZES = {
         losses=12, losses_no_precompile=4, losses_small_readahead=12, restarts=10, snapshot_rounds=4, snapshot_block=40,
         preempt_mb=(64, 256, 1024), preempt_repeats=3, restore_mb=512, restore_repeats=5,
         goodput_steps=600, overhead_rounds=3, overhead_steps=150, reposition_repeats=30,
+        losses_file_workers=6,
     ),
     "quick": Sizes(
         losses=10, losses_no_precompile=2, losses_small_readahead=0, restarts=3, snapshot_rounds=2, snapshot_block=20,
         preempt_mb=(64, 256, 1024), preempt_repeats=1, restore_mb=256, restore_repeats=3,
         goodput_steps=100, overhead_rounds=2, overhead_steps=40, reposition_repeats=10, first_save_every=20,
+        losses_file_workers=3,
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
@@ -184,6 +187,8 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
     ("  restore, p50 (s)", "recovery_restore_s_p50", None, None, None),
     ("  first step after restore, p50 (s)", "recovery_first_step_s_p50", None, None, None),
     ("recovery with a small Grain read-ahead, p50 (s)", "recovery_small_readahead_s_p50", "restart_s_p50", "recovery_small_readahead_speedup", None),
+    ("recovery with file data and 2 Grain workers, p50 (s)", "recovery_file_workers_s_p50", "restart_s_p50", "recovery_file_workers_speedup", None),
+    ("  2 new Grain workers to the first batch (baseline: their rewind) (s)", "data_workers_start_s", "data_workers_rewind_s", None, None),
     ("  first loss of each slice, p50 (s)", "recovery_first_per_slice_s_p50", "restart_s_p50", None, None),
     ("first loss of each slice without precompiling, p50 (s)", "recovery_no_precompile_s_p50", "recovery_first_per_slice_s_p50", "recovery_no_precompile_over_precompile", None),
     ("snapshot every step (fsdp): step-time overhead (%)", "snapshot_overhead_pct_k1", None, None, "snapshot_overhead_pct_k1"),
@@ -197,6 +202,8 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
     ("steps recomputed per failure", "steps_recomputed", None, None, None),
     ("examples lost", "examples_lost", None, None, "examples_lost"),
     ("examples duplicated", "examples_duplicated", None, None, "examples_duplicated"),
+    ("checkpoint save to gs:// on a local server (GiB/s; baseline: local disk)", "checkpoint_save_gcs_gib_s", "checkpoint_save_disk_gib_s", "checkpoint_save_gcs_over_disk", None),
+    ("checkpoint restore from gs:// on a local server (GiB/s; baseline: local disk)", "checkpoint_restore_gcs_gib_s", "checkpoint_restore_disk_gib_s", "checkpoint_restore_gcs_over_disk", None),
     ("preemption save, 64 MB (s)", "preempt_save_s_64MB", None, None, None),
     ("preemption save, 256 MB (s)", "preempt_save_s_256MB", None, None, None),
     ("preemption save, 1 GB (s)", "preempt_save_s_1024MB", None, None, "preempt_save_s_1024MB"),

@@ -34,7 +34,7 @@ from elastic_dew.elastic.events import DURATION_KEYS, Resume, Step
 from elastic_dew.record import as_event
 from elastic_dew.rundir import CHECKPOINTS_DIR, committed_checkpoint_steps
 
-__all__ = ["measure", "restart_once", "POLICY"]
+__all__ = ["measure", "restart_once", "file_parts", "worker_start_and_rewind", "POLICY"]
 
 POLICY = "fsdp"  # the restart baseline's Trainer uses its default, which is the same
 
@@ -80,7 +80,21 @@ def restart_once(checkpoint: Path, workdir: Path) -> float:
     return elapsed
 
 
-def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_options: Any = None) -> dict[str, Any]:
+def file_parts(workdir: Path) -> dict:
+    """The ``lm`` recipe over ArrayRecord files of its own corpus (``elastic-dew data prepare``)."""
+    from recipes import lm
+    from recipes.data import corpus
+    from recipes.data.files import prepare
+
+    text = workdir / "corpus.txt"
+    workdir.mkdir(parents=True, exist_ok=True)
+    text.write_text(corpus(lm.LMConfig.corpus_chars))
+    prepare([text], workdir / "data", seq_len=lm.LMConfig.seq_len, shards=4)
+    return lm.build(data=str(workdir / "data"))
+
+
+def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_options: Any = None,
+             parts: dict | None = None, workers: int = 0) -> dict[str, Any]:
     import jax
 
     from benchmarks.worker import lm_parts
@@ -91,7 +105,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     from elastic_dew.simulate import SimulatedSlices
     from elastic_dew.trainer import _Program
 
-    parts = lm_parts()
+    parts = parts or lm_parts()
     # Trainer.fit builds this same Program; the benchmark drives ElasticRun directly to see
     # the run object (its precompiler) and to inject faults at exact moments.
     program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset(), POLICY)
@@ -155,7 +169,8 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     try:
         with SimulatedSlices(4, 2) as sim:
             box["sim"] = sim
-            run = ElasticRun(program, ElasticData(parts["dataset"], read_options=read_options), config, emit=emit)
+            data = ElasticData(parts["dataset"], read_options=read_options, workers=workers)
+            run = ElasticRun(program, data, config, emit=emit)
             box["run"] = run
             try:
                 run.run(10**6)
@@ -163,6 +178,8 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
                 pass
     finally:
         hooks.remove_listener(listener)
+        if "run" in box:
+            box["run"].data.close()  # stops Grain's worker processes
         jax.clear_caches()
         if box.get("profile") is not None:
             box["profile"].dump_stats(profile_path)
@@ -234,6 +251,23 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
             f"{len(small['recoveries'])}), first step "
             f"{results['recovery_small_readahead_first_step_s_p50']:.2f} s."
         )
+    if sizes.losses_file_workers:
+        files = _elastic(sizes.losses_file_workers, 0, True, workdir / "file-workers",
+                         parts=file_parts(workdir / "files"), workers=2)
+        results["recovery_file_workers_s_p50"] = median(files["recoveries"])
+        results["recovery_file_workers_first_step_s_p50"] = median(files["parts"]["first_step"])
+        results["recovery_file_workers_speedup"] = results["restart_s_p50"] / results["recovery_file_workers_s_p50"]
+        results["data_workers_start_s"], results["data_workers_rewind_s"] = worker_start_and_rewind(workdir / "files")
+        notes.append(
+            "Recovery with file data: the lm recipe over ArrayRecord shards of its corpus "
+            "(elastic-dew data prepare, 4 shards) read by 2 Grain worker processes "
+            f"(--set data_workers=2), {len(files['recoveries'])} losses: p50 "
+            f"{results['recovery_file_workers_s_p50']:.2f} s, first step "
+            f"{results['recovery_file_workers_first_step_s_p50']:.2f} s. Under the constant batch "
+            "policy every resume rewinds the running workers (ElasticData keeps them); starting "
+            f"two new workers to the first batch takes {results['data_workers_start_s']:.2f} s on "
+            f"this machine, the rewind {results['data_workers_rewind_s'] * 1000:.1f} ms."
+        )
     notes.append(
         f"Recovery: {len(r)} slice losses on 4 simulated slices x 2 CPU devices, lm recipe under {POLICY}, "
         "replica-resize, snapshot every step, poll_interval 0.05 s; the restart baseline is a "
@@ -241,3 +275,27 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         "interleaved with the losses); a scheduler's pod restart would only add to it."
     )
     return results
+
+
+def worker_start_and_rewind(files: Path) -> tuple[float, float]:
+    """Seconds to the first batch through 2 new Grain workers, and to the first batch after a rewind."""
+    from elastic_dew.elastic.data import ElasticData
+    from recipes.data.files import load
+
+    dataset, _ = load(files / "data")
+    data = ElasticData(dataset, workers=2)
+    try:
+        t = time.perf_counter()
+        data.start(48)
+        data.next()
+        start = time.perf_counter() - t
+        saved = data.get_state()
+        for _ in range(3):
+            data.next()
+        t = time.perf_counter()
+        data.start(48, saved)
+        data.next()
+        return start, time.perf_counter() - t
+    finally:
+        data.close()
+

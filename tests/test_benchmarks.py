@@ -27,8 +27,8 @@ def test_the_tiny_mode_writes_results_json_and_a_markdown_table(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--tiny", "--only", "reposition,restore_bw,preemption", "--out", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "benchmarks", "--tiny", "--only", "reposition,restore_bw,storage_bw,preemption", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -36,6 +36,7 @@ def test_the_tiny_mode_writes_results_json_and_a_markdown_table(tmp_path):
         "reposition_ratio", "reposition_s_step10", "reposition_s_step1e6",
         "snapshot_restore_bw_over_memcpy", "checkpoint_restore_bw_over_memcpy", "memcpy_gib_s",
         "preempt_save_s_16MB", "preempt_checkpoint_s_16MB", "save_bw_over_disk",
+        "checkpoint_save_gcs_gib_s", "checkpoint_restore_gcs_gib_s", "checkpoint_save_gcs_over_disk",
     ):
         assert isinstance(results[key], float) and results[key] > 0, key
     assert results["mode"] == "tiny"

@@ -18,6 +18,7 @@ from conftest import REPO
 from elastic_dew import cli
 from elastic_dew.elastic import data as data_module
 from elastic_dew.elastic.data import ElasticData
+from elastic_dew.runtime import Preempted, PreemptionNotice
 from recipes.data import encode
 from recipes.data.files import load, tokenize
 
@@ -200,7 +201,7 @@ class _TokenProgram:
         return jax.jit(step, out_shardings=(s, s)).lower(self.abstract_state(mesh), {"tokens": tokens}).compile()
 
 
-def _run_files(prepared, tmp_path, workers):
+def _run_files(prepared, tmp_path, workers, schedule, steps=10, notice=None):
     import jax
 
     from elastic_dew.elastic.config import ElasticConfig
@@ -220,37 +221,37 @@ def _run_files(prepared, tmp_path, workers):
         if event.kind == "step":
             pids.append(frozenset(_workers()))
 
-    with SimulatedSlices(4, 2, schedule="lose:1@5", fault_log=tmp_path / f"faults{workers}.jsonl"):
-        state, step = ElasticRun(_TokenProgram(), data, config, emit=emit).run(8)
-    data.close()
-    assert step == 8
+    try:
+        with SimulatedSlices(4, 2, schedule=schedule, fault_log=tmp_path / f"faults{workers}.jsonl"):
+            state, step = ElasticRun(_TokenProgram(), data, config, emit=emit, notice=notice).run(steps)
+    except Preempted as stop:
+        return stop, events, pids
+    finally:
+        data.close()
+    assert step == steps
     return jax.device_get(state)["acc"], events, pids
 
 
-def test_file_data_through_workers_survives_a_slice_loss_exactly_once_and_equals_no_workers(prepared, tmp_path):
+def _committed(events):
+    return [e for i, e in enumerate(events) if e.kind == "step"
+            and not any(r.kind == "resume" and r.step <= e.step for r in events[i + 1:])]
+
+
+def test_file_data_through_workers_survives_a_slice_loss_and_a_preemption_exactly_once_as_without_workers(prepared, tmp_path):
     """Four simulated slices lose one at step 5 (constant global batch): the run restores the
-    snapshot of step 4 on three slices, and its workers are rewound, not started again."""
-    plain, _, _ = _run_files(prepared, tmp_path, workers=0)
-    acc, events, pids = _run_files(prepared, tmp_path, workers=2)
-    assert acc == plain
-    resumes = [(e.source, e.step) for e in events if e.kind == "resume"]
-    assert resumes == [("fresh", 1), ("snapshot", 5)]
-    committed = [e for i, e in enumerate(events) if e.kind == "step"
-                 and not any(r.kind == "resume" and r.step <= e.step for r in events[i + 1:])]
-    assert [tuple(e.examples) for e in committed] == [(24 * k, 24 * (k + 1)) for k in range(8)]
+    snapshot of step 4 on three slices with its workers rewound, not started again; a real
+    SIGTERM at step 8 stops it with a checkpoint, and a new run (new workers) resumes there."""
+    plain, _, _ = _run_files(prepared, tmp_path, 0, "lose:1@5")
+    notice = PreemptionNotice()
+    try:
+        stop, first, pids = _run_files(prepared, tmp_path, 2, "lose:1@5,preempt@8", notice=notice)
+    finally:
+        notice.close()
+    assert isinstance(stop, Preempted) and stop.step == 8
     assert len(set(pids)) == 1 and pids[0]  # the same worker processes before and after the loss
-
-
-def test_lm_with_data_reads_the_prepared_files_at_their_seq_len_and_refuses_another(prepared):
-    from recipes import lm
-
-    parts = lm.build(data=str(prepared), data_workers=2)
-    dataset, _ = load(prepared)
-    assert len(parts["dataset"]) == len(dataset) and parts["data_workers"] == 2
-    np.testing.assert_array_equal(parts["dataset"][5]["tokens"], dataset[5]["tokens"])
-    with pytest.raises(ValueError, match="seq_len=32 differs from the seq_len=15"):
-        lm.build(data=str(prepared), seq_len=32)
-    with pytest.raises(ValueError, match="holds no dataset.json: prepare it with `elastic-dew data prepare"):
-        lm.build(data=str(prepared.parent))
-    with pytest.raises(ValueError, match="data_workers=-1 must be an int >= 0"):
-        lm.build(data_workers=-1)
+    acc, second, _ = _run_files(prepared, tmp_path, 2, "lose:1@5,preempt@8")  # both already fired
+    assert acc == plain
+    resumes = [(e.source, e.step) for e in first + second if e.kind == "resume"]
+    assert resumes == [("fresh", 1), ("snapshot", 5), ("checkpoint", 9)]
+    steps = _committed(first) + _committed(second)
+    assert [tuple(e.examples) for e in steps] == [(24 * k, 24 * (k + 1)) for k in range(10)]
