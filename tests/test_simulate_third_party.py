@@ -144,3 +144,19 @@ def test_a_named_step_program_is_the_only_one_counted():
         assert sim.lost == frozenset()
         jax.jit(train_step)(small)
         assert sim.lost == {1} and sim.steps == 2
+        healthy = jax.device_put(jnp.ones(2), sim.slice_to_devices[0][0])
+        jax.jit(train_step).lower(healthy).compile()(healthy)  # compiled, the same name: a step
+        assert sim.steps == 3
+
+
+def test_the_step_program_still_counts_when_a_resize_shrinks_its_batch():
+    with SimulatedSlices(4, 2) as sim:
+        def train_step(w, batch):
+            return w + batch.mean()
+
+        w = jnp.zeros(4)
+        for slices in (4, 1, 1):  # a quarter of the batch after losing three slices
+            batch = jax.device_put(jnp.ones((64 * slices, 64)), sim.slice_to_devices[0][0])
+            w = jax.jit(train_step)(w, batch)
+        jax.jit(lambda x: x + 1)(w)  # a small program of another name is not a step
+        assert sim.steps == 3

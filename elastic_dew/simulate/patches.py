@@ -369,10 +369,25 @@ def _guard_dispatch(reg: Registry, original: Callable[..., Any]) -> Callable[...
     """``Compiled.__call__``: a dispatch (:meth:`Registry.dispatch`)."""
 
     def __call__(self, *args, **kwargs):
-        name = getattr(getattr(self, "_executable", None), "name", None)
-        return reg.dispatch((args, kwargs), lambda: original(self, *args, **kwargs), name, sys._getframe(1))
+        return reg.dispatch((args, kwargs), lambda: original(self, *args, **kwargs), _compiled_name(self),
+                            sys._getframe(1))
 
     return __call__
+
+
+def _compiled_name(compiled: Any) -> str | None:
+    """The name of the function a compiled program was lowered from (``train_step`` for
+    ``jit(train_step).lower(...).compile()``), kept on the object after the first ask."""
+    name = vars(compiled).get("_elastic_dew_name")
+    if name is None:
+        try:
+            name = compiled._executable.unsafe_call.name
+        except AttributeError:
+            return None
+        if name.startswith("jit(") and name.endswith(")"):
+            name = name[4:-1]
+        compiled._elastic_dew_name = name
+    return name
 
 
 #: Whether this JAX has the jit internals the jit seam replaces (read against jax 0.10.2

@@ -163,6 +163,7 @@ class SimulatedSlices:
         self._steps_lock = threading.Lock()
         self._steps = 0
         self._largest = 0
+        self._step_names: set[str] = set()
         self._blocked_reads = 0
         self._waits = 0
         self._installed_health = False
@@ -197,6 +198,7 @@ class SimulatedSlices:
         self._codes, self._hung = {}, frozenset()
         self._lost_device_ids = frozenset()
         self._steps, self._largest, self._blocked_reads, self._waits = 0, 0, 0, 0
+        self._step_names = set()
         self.attempts = []
         self._active = True
         if not health.installed():
@@ -270,23 +272,28 @@ class SimulatedSlices:
         """Whether this dispatch of program ``name`` on ``arrays``, called from frame
         ``caller``, is a step of the loop, and its number (1 for the first), or ``None``.
 
-        With ``step_program`` set, a step is a dispatch of the program of that name (a
-        ``jax.jit`` function's name, or a compiled program's). Otherwise it is a dispatch
-        made by the loop itself (not by :data:`LIBRARY_MODULES`, not inside elastic_dew's
-        own loop, :data:`OWN_LOOP_MODULES`) whose inputs hold at least half as many bytes
-        as the largest such dispatch so far: the training step's inputs are the state and a
-        batch, more than anything else a loop dispatches. The rule reads only the program
+        With ``step_program`` set, a step is a dispatch of the program of that name (the
+        name of the function given to ``jax.jit``, whether called or compiled). Otherwise it
+        is a dispatch made by the loop itself (not by :data:`LIBRARY_MODULES`, not inside
+        elastic_dew's own loop, :data:`OWN_LOOP_MODULES`) whose inputs hold at least half as
+        many bytes as the largest such dispatch so far, or of a program of the same name as
+        one already counted: the training step's inputs are the state and a batch, more
+        than anything else a loop dispatches, and its name stays when a resize shrinks
+        the batch. The rule reads only the program
         and its inputs, never the time, so the same loop counts the same steps.
         """
+        size = sum(int(a.nbytes) for a in arrays)
         if self.step_program is not None:
             if name != self.step_program:
                 return None
-        else:
-            size = sum(int(a.nbytes) for a in arrays)
-            if size == 0 or 2 * size < self._largest or _not_a_step_caller(caller):
-                return None
+        elif name not in self._step_names and (size == 0 or 2 * size < self._largest):
+            return None
+        elif _not_a_step_caller(caller):
+            return None
         with self._steps_lock:
-            self._largest = max(self._largest, sum(int(a.nbytes) for a in arrays))
+            if self.step_program is None and name is not None:
+                self._step_names.add(name)
+            self._largest = max(self._largest, size)
             self._steps += 1
             return self._steps
 
