@@ -1,5 +1,9 @@
 """elastic_dew's pytest plugin, run as a user runs it: a fresh ``pytest`` process on a test
-directory of their own, with the plugin loaded from its ``pytest11`` entry point."""
+directory of their own, with the plugin loaded from its ``pytest11`` entry point.
+
+The directory holds the complete example of ``docs/testing.md``
+(``tests/plugin_example/example_my_loop.py``, a user's guide-style loop, copied in as
+``test_my_loop.py``) and tests that fail on purpose, to read what the plugin reports."""
 
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ def test_a_failing_simulated_test(simulated_slices):
 
 
 def test_a_users_test_directory_runs_under_the_plugin_and_failures_say_what_the_slices_did(tmp_path):
-    shutil.copy(REPO / "tests" / "plugin_example" / "test_my_loop.py", tmp_path / "test_my_loop.py")
+    shutil.copy(REPO / "tests" / "plugin_example" / "example_my_loop.py", tmp_path / "test_my_loop.py")
     (tmp_path / "test_failing.py").write_text(FAILING)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--simulated-devices", "4", str(tmp_path)],
@@ -51,3 +55,8 @@ def test_a_users_test_directory_runs_under_the_plugin_and_failures_say_what_the_
     section = out[out.index("simulated slices"):]
     assert "schedule: lose:1@2/step" in section
     assert '"fault": "lose:1@2/step"' in section and "DATA_LOSS" in out
+
+
+def test_the_documented_example_is_the_file_the_suite_runs():
+    example = (REPO / "tests" / "plugin_example" / "example_my_loop.py").read_text()
+    assert f"```python\n{example}```" in (REPO / "docs" / "testing.md").read_text()
