@@ -11,18 +11,29 @@ so its shardings are the trainer's own. ``Trainer.fit`` runs with no faults, sna
 and no periodic checkpoints. The figure is the steady step time (from step ``WARMUP`` to the
 last, so compiling and the final checkpoint are outside it), alternating the two, median
 over rounds.
+
+Beside the wall time, the host CPU time per step, which load on the machine does not move
+the way it moves wall time: for the bare loop, the CPU time of its thread from one step's
+read to the next (``time.thread_time``); for ``Trainer.fit``, the same on the loop's thread
+(between consecutive step events) plus the CPU time of elastic_dew's own threads (those
+named ``elastic-dew-*``: the step deadline's reader, the checkpoint preparation, the
+precompiler) over the same interval, read from each thread's CPU clock. XLA's compute
+threads and Grain's read-ahead threads are counted in neither. The figure is the p50 over
+the steady steps of ``fit``'s per-step CPU time less the p50 of the bare loop's, median over
+rounds: the host CPU time elastic_dew adds to every step.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import median
 
-__all__ = ["measure", "POLICY"]
+__all__ = ["measure", "POLICY", "OwnThreads"]
 
 WARMUP = 10
 POLICY = "fsdp"
@@ -38,7 +49,39 @@ def _config():
     )
 
 
-def _bare(parts: dict, steps: int, workdir: Path) -> float:
+class OwnThreads:
+    """CPU seconds used by elastic_dew's own threads (named ``elastic-dew-*``) since the last call.
+
+    Each thread's CPU clock (``time.pthread_getcpuclockid``) is read; a thread seen for the
+    first time counts from its start. What a thread used between the last reading and its
+    end is not seen (it ended first).
+    """
+
+    PREFIX = "elastic-dew"
+
+    def __init__(self) -> None:
+        self._seen: dict[int, float] = {}
+
+    def __call__(self) -> float:
+        used = 0.0
+        for thread in threading.enumerate():
+            if not thread.name.startswith(self.PREFIX) or thread.ident is None:
+                continue
+            try:
+                now = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except (OSError, ProcessLookupError):  # it ended between enumerate and the read
+                continue
+            used += now - self._seen.get(thread.ident, 0.0)
+            self._seen[thread.ident] = now
+        return used
+
+
+def _steady(marks: dict[int, float], steps: int) -> list[float]:
+    """Per-step differences of ``marks`` (a value at each step) over the steady steps."""
+    return [marks[s + 1] - marks[s] for s in range(WARMUP, steps) if s in marks and s + 1 in marks]
+
+
+def _bare(parts: dict, steps: int, workdir: Path) -> tuple[float, float]:
     import jax
 
     from elastic_dew import Trainer
@@ -57,31 +100,43 @@ def _bare(parts: dict, steps: int, workdir: Path) -> float:
     batches = iter(parts["dataset"].batch(GLOBAL_BATCH, drop_remainder=True).to_iter_dataset(read_options))
     started = None
     in_flight = None
+    cpu: dict[int, float] = {}
     for step in range(1, steps + 1):
         state, metrics = step_fn(state, jax.device_put(next(batches), split))
         if in_flight is not None:
             float(in_flight["loss"])  # step - 1's loss, read once step is dispatched
+            cpu[step - 1] = time.thread_time()
             if step - 1 == WARMUP:
                 started = time.monotonic()
         in_flight = metrics
     float(in_flight["loss"])
-    return (time.monotonic() - started) / (steps - WARMUP)
+    cpu[steps] = time.thread_time()
+    return (time.monotonic() - started) / (steps - WARMUP), median(_steady(cpu, steps))
 
 
-def _trainer(parts: dict, steps: int, workdir: Path) -> float:
+def _trainer(parts: dict, steps: int, workdir: Path) -> tuple[float, float, float]:
     from elastic_dew import Trainer
     from elastic_dew.elastic.events import Step
+
     times: dict[int, float] = {}
+    cpu: dict[int, float] = {}
+    own: dict[int, float] = {}
+    own_threads = OwnThreads()
 
     def progress(event) -> None:
+        # It runs on the loop's thread, inside the measure: as cheap as a sink can be.
         if isinstance(event, Step):
             times[event.step] = time.monotonic()
+            cpu[event.step] = time.thread_time()
+            own[event.step] = own_threads() + own.get(event.step - 1, 0.0)
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="fit-"))
     Trainer(
         **parts, config=_config(), run_dir=run_dir, log_every=10**9, sinks=[progress], sharding=POLICY
     ).fit(steps)
-    return (times[steps] - times[WARMUP]) / (steps - WARMUP)
+    loop, threads = _steady(cpu, steps), _steady(own, steps)
+    total = [a + b for a, b in zip(loop, threads)]
+    return (times[steps] - times[WARMUP]) / (steps - WARMUP), median(total), median(threads)
 
 
 def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
@@ -93,18 +148,30 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     parts = lm_parts()
     workdir.mkdir(parents=True, exist_ok=True)
     fit, bare = [], []
+    cpu_fit, cpu_bare, cpu_own = [], [], []
     with SimulatedSlices(4, 2):
         for _ in range(sizes.overhead_rounds):
-            bare.append(_bare(parts, sizes.overhead_steps, workdir))
-            fit.append(_trainer(parts, sizes.overhead_steps, workdir))
+            wall, cpu = _bare(parts, sizes.overhead_steps, workdir)
+            bare.append(wall)
+            cpu_bare.append(cpu)
+            wall, cpu, own = _trainer(parts, sizes.overhead_steps, workdir)
+            fit.append(wall)
+            cpu_fit.append(cpu)
+            cpu_own.append(own)
             jax.clear_caches()
     notes.append(
         f"Framework overhead: lm recipe under {POLICY}, {sizes.overhead_steps} steps per run, steady "
         f"step time after step {WARMUP}, {sizes.overhead_rounds} alternating rounds; both loops "
         "read each step's loss one step late (after dispatching the next step), with the same "
-        "state and batch shardings."
+        "state and batch shardings. Host CPU time per step: the loop thread's CPU time between "
+        "consecutive steps (time.thread_time), plus for fit elastic_dew's own threads (elastic-dew-*) "
+        "over the same interval, p50 over the steady steps; XLA's and Grain's threads are not counted."
     )
     return {
+        "host_cpu_ms_per_step_added": (median(cpu_fit) - median(cpu_bare)) * 1e3,
+        "host_cpu_ms_per_step_trainer": median(cpu_fit) * 1e3,
+        "host_cpu_ms_per_step_bare": median(cpu_bare) * 1e3,
+        "host_cpu_ms_per_step_own_threads": median(cpu_own) * 1e3,
         "framework_step_s_trainer": median(fit),
         "framework_step_s_bare": median(bare),
         "framework_overhead_pct": (median(fit) / median(bare) - 1) * 100,

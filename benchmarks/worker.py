@@ -5,7 +5,9 @@
 * ``restart CHECKPOINT_DIR RUN_DIR``: the restart baseline. A new process starts,
   initialises JAX, compiles the ``lm`` step and restores the newest persistent checkpoint,
   as the whole workload does under the JobSet restart policy; it prints ``FIRST_STEP`` when
-  its first new step has completed and exits at once.
+  its first new step has completed and exits at once. With ``BENCH_COMPILATION_CACHE`` set
+  (a directory), JAX's persistent compilation cache is on there (``prepare_process``'s
+  ``compilation_cache_dir``), as ``elastic-dew train`` turns it on for simulated runs.
 * ``train RUN_DIR STEPS SCHEDULE SNAPSHOT_EVERY CHECKPOINT_EVERY``: ``Trainer.fit`` of ``lm``
   on four simulated slices under a fault schedule (empty: none; exit 143 after a preemption,
   -9 after a ``kill``); the parent restarts it, as a JobSet would.
@@ -28,7 +30,10 @@ def _prepare() -> None:
 
     devices = int(os.environ.get("BENCH_DEVICES", "8"))
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    prepare_process(xla_flags=f"--xla_force_host_platform_device_count={devices}")
+    prepare_process(
+        xla_flags=f"--xla_force_host_platform_device_count={devices}",
+        compilation_cache_dir=os.environ.get("BENCH_COMPILATION_CACHE") or None,
+    )
     logging.basicConfig(level=logging.WARNING)
 
 

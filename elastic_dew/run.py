@@ -59,6 +59,7 @@ __all__ = [
     "execute",
     "main",
     "process_options",
+    "compilation_cache_dir",
     "choose_run_dir",
     "simulating",
     "available_recipes",
@@ -459,11 +460,35 @@ def plan(spec: RunSpec) -> Plan:
     return result
 
 
+def compilation_cache_dir() -> Path:
+    """Where simulated runs keep JAX's persistent compilation cache:
+    ``$XDG_CACHE_HOME/elastic_dew/jax-compilation-cache`` (``~/.cache`` without it).
+
+    One per user, not per run: JAX keys an entry by the program, its devices, the flags and
+    the jax version, so runs can share it, and the run directory is chosen only after the
+    process is prepared.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "elastic_dew" / "jax-compilation-cache"
+
+
 def process_options(p: Plan) -> dict[str, Any]:
-    """The ``prepare_process`` arguments of a planned run: on CPU, the host device count."""
+    """The ``prepare_process`` arguments of a planned run: on CPU, the host device count and
+    JAX's persistent compilation cache (:func:`compilation_cache_dir`), so a restarted
+    process loads the programs the previous one compiled. Without a writable cache
+    directory the run compiles without one. On real slices (Pathways) nothing: Pathways
+    keeps its own compilation cache."""
     if not p.simulate:
         return {}
-    return {"xla_flags": f"--xla_force_host_platform_device_count={p.slices * p.devices_per_slice}"}
+    options: dict[str, Any] = {"xla_flags": f"--xla_force_host_platform_device_count={p.slices * p.devices_per_slice}"}
+    cache = compilation_cache_dir()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        logger.info("compiling without a persistent compilation cache: %s is not writable (%s)", cache, error)
+    else:
+        options["compilation_cache_dir"] = str(cache)
+    return options
 
 
 def choose_run_dir(p: Plan) -> Path:

@@ -171,15 +171,19 @@ def test_the_issue_11_benchmarks_run_under_fsdp_and_report_their_rows(tmp_path):
         "snapshot_overhead_pct_k1", "snapshots_taken_fraction_k1", "snapshot_host_memory_ratio",
         "snapshot_host_memory_ratio_replicated", "framework_step_s_trainer", "framework_step_s_bare",
         "framework_overhead_pct", "first_save_s", "first_save_unprepared_s", "first_save_over_later",
+        "host_cpu_ms_per_step_added", "host_cpu_ms_per_step_trainer", "host_cpu_ms_per_step_bare",
+        "host_cpu_ms_per_step_own_threads",
     ):
         assert isinstance(results[key], float), key
+    assert results["host_cpu_ms_per_step_bare"] > 0 and results["host_cpu_ms_per_step_own_threads"] >= 0
     assert results["snapshot_host_memory_ratio"] <= 1.1
     assert results["snapshot_host_bytes_per_device"] > 0
     assert {"snapshot_host_memory_ratio", "framework_overhead_pct", "first_save_over_later",
-            "snapshot_overhead_pct_k1"} <= set(results["targets_met"])
+            "snapshot_overhead_pct_k1", "host_cpu_ms_per_step_added"} <= set(results["targets_met"])
     md = (tmp_path / "results.md").read_text()
     assert "| snapshot host memory per device / (state bytes / devices per slice), fsdp" in md
     assert "| framework overhead vs a bare jitted loop, same fsdp shardings and lagged read (%) |" in md
+    assert "| host CPU time elastic_dew adds per step, loop thread + its own threads, p50 (ms) |" in md
 
 
 def test_the_host_memory_row_is_met_at_one_copy_per_slice_and_not_at_two():

@@ -13,11 +13,13 @@ preemption stop.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from unittest import mock
 
 import jax
 import pytest
 
+from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.protocol import ElasticRun
@@ -129,16 +131,39 @@ def _run(tmp_path, steps, *, schedule=None, notice=None, **overrides):
             return None, log
 
 
-def test_no_step_result_is_read_before_the_next_step_is_dispatched(tmp_path):
+def test_no_step_result_is_read_before_the_next_step_is_dispatched_and_a_save_first_waits_for_the_step_in_flight(tmp_path):
+    """On these CPU slices a save's first dispatch would wait for the step in flight anyway;
+    the loop waits for it first (so that wait is step time, not saving), and nowhere else."""
     _, log = _run(tmp_path, 8)
+    saved = {entry[2] for entry in log if entry[0] == "save"}  # snapshot every 2, checkpoint every 3
     for n in range(1, 8):
         assert log.index(("dispatch", n + 1)) < log.index(("read", n)), log
         waits = [i for i, entry in enumerate(log) if entry[:2] == ("wait", n)]
-        assert all(log.index(("dispatch", n + 1)) < i for i in waits), log
-    # The snapshots wait on a step's state (every second step), after the next dispatch.
-    assert any(entry[0] == "wait" for entry in log), log
+        early = [i for i in waits if i < log.index(("dispatch", n + 1))]
+        if n - 1 in saved:
+            first_save = min(i for i, entry in enumerate(log) if entry[0] == "save" and entry[2] == n - 1)
+            assert len(early) == 1 and log.index(("step", None, n - 1)) < early[0] < first_save, log
+        else:
+            assert early == [], log
     # The final step is read, and nothing past it is dispatched.
     assert ("read", 8) in log and ("dispatch", 9) not in log
+
+
+def test_step_and_save_seconds_never_overlap_so_they_add_up_to_at_most_the_loops_time(tmp_path):
+    """Counted, not timed: with the wait for the step in flight booked to that step, no
+    second is in a step line and a save at once."""
+    events: list = []
+    config = ElasticConfig(
+        minimum_slice_count=1, poll_interval=0.05, timeout=60, global_batch=GLOBAL_BATCH,
+        snapshot_every=1, checkpoint_every=2, checkpoint_dir=str(tmp_path / "checkpoints"),
+        precompile_smaller_meshes=False,
+    )
+    with SimulatedSlices(4, 2):
+        ElasticRun(LinearProgram(), ElasticData(dataset(2048)), config, emit=events.append).run(8)
+    steps = {e.step: e for e in events if e.kind == "step"}
+    saves = [e for e in events if e.kind == "save" and 1 <= e.step < 7]
+    booked = sum(steps[n].seconds for n in range(2, 8)) + sum(e.seconds for e in saves)
+    assert booked <= steps[7].wall - steps[1].wall + 1e-3, (booked, steps[7].wall - steps[1].wall)
 
 
 def test_a_step_line_and_its_saves_follow_its_read_and_the_next_dispatch(tmp_path):
@@ -184,3 +209,51 @@ def test_a_run_of_one_or_two_steps_reads_every_step_once(tmp_path, steps):
     _, log = _run(tmp_path, steps)
     assert [e for e in log if e[0] in ("dispatch", "read")].count(("read", steps)) == 1
     assert [e[1] for e in log if e[0] == "dispatch"] == list(range(1, steps + 1))
+
+
+class _WeakProgram(LinearProgram):
+    """A linear model whose step function keeps only weak references to each step's state."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.states: dict[int, list[weakref.ref]] = {}
+
+    def alive(self) -> list[int]:
+        return sorted(n for n, refs in self.states.items() if any(r() is not None for r in refs))
+
+    def compile(self, mesh, global_batch):
+        compiled = super().compile(mesh, global_batch)
+
+        def step(state, batch):
+            self.calls += 1
+            new_state, metrics = compiled(state, batch)
+            self.states[self.calls] = [weakref.ref(leaf) for leaf in jax.tree.leaves(new_state)]
+            return new_state, metrics
+
+        return step
+
+
+def test_the_loop_lets_go_of_a_state_once_the_step_that_reads_it_is_dispatched(tmp_path):
+    """So its buffers are freed by the runtime when that step has run, not on the loop's
+    thread after the step's read: when step N's read begins, only the states of the steps
+    in flight (N and N+1) are held; the final step's state is kept for the run's result."""
+    program = _WeakProgram()
+    held: dict[int, list[int]] = {}
+
+    def listen(phase: str, step: int) -> None:
+        if phase == "step":
+            held[step] = program.alive()
+
+    config = ElasticConfig(
+        minimum_slice_count=1, poll_interval=0.05, timeout=60, global_batch=GLOBAL_BATCH,
+        snapshot_every=0, checkpoint_every=0, precompile_smaller_meshes=False,
+    )
+    hooks.add_listener(listen)
+    try:
+        with SimulatedSlices(4, 2):
+            state, _ = ElasticRun(program, ElasticData(dataset(2048)), config).run(8)
+    finally:
+        hooks.remove_listener(listen)
+    for step in range(2, 8):
+        assert held[step] == [step, step + 1], held
+    assert held[8] == [8] and int(state["seen"]) == sum(range(8 * GLOBAL_BATCH))

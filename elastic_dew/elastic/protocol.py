@@ -417,9 +417,11 @@ class ElasticRun:
         """
         attempt = self._resume(self.timer.recover())
         current: _InFlight | None = None
+        carried: tuple[float, float] | None = None  # see _wait_before_saving
         while attempt.step < final_step:
-            started = time.monotonic()
-            self.timer.step_started(started)
+            now = time.monotonic()
+            self.timer.step_started(now)
+            started, held = carried if carried is not None else (now, 0.0)
             taken = []  # the steps dispatched in this stretch, for its data time
             if current is None:  # the attempt's first step, or the first after a scale-up
                 current = self._dispatch(attempt, attempt.state, attempt.step + 1)
@@ -428,7 +430,7 @@ class ElasticRun:
             if current.step < final_step:
                 ahead = self._dispatch(attempt, current.state, current.step + 1)
                 taken.append(ahead)
-            self._complete(attempt, current, started, sum(t.data_seconds for t in taken))
+            self._complete(attempt, current, started, sum(t.data_seconds for t in taken), held)
             if not attempt.prepared:
                 # A step's output, not the restored state: the layout every later save sees.
                 self.tiers.prepare(attempt.state)
@@ -436,14 +438,24 @@ class ElasticRun:
             meta = {"step": attempt.step, "data": attempt.data}
             if self.notice is not None and self.notice.reached(attempt.step):
                 self._stop_for_preemption(attempt, meta)
+            waited = self._wait_before_saving(attempt, ahead)
+            saving = time.monotonic()
             for tier in self.tiers:
                 saved = tier.on_step(attempt.step, attempt.state, meta, attempt.mesh)
                 if saved is not None:
                     self.emit(saved)
+            # The saves (and their lines) are not the next step's time; the wait before them is.
+            carried = (waited, time.monotonic() - saving) if waited is not None else None
             current = ahead
             if self.manager.available_inactive_slices and attempt.step < final_step:
                 current = ahead = None  # dispatched on the smaller mesh: redone on the larger one
+                carried = None  # the step waited for is dropped: its time is the scale-up's
                 self._scale_up(attempt)
+            if current is not None:
+                # The step in flight holds the buffers it reads; the loop lets go of them, so
+                # the runtime frees them once that step has run instead of this thread
+                # freeing them after its read (the next _complete sets the state again).
+                attempt.state = None
         return self._finish(attempt)
 
     def _resume(self, recovery: Recovery) -> _Attempt:
@@ -480,20 +492,44 @@ class ElasticRun:
         return _InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
 
-    def _complete(self, attempt: _Attempt, done: _InFlight, started: float, data_seconds: float) -> None:
+    def _wait_before_saving(self, attempt: _Attempt, ahead: _InFlight | None) -> float | None:
+        """Wait for the step in flight before the saves of this step where a save would wait
+        for it anyway; when the wait began, or ``None`` when there was none.
+
+        On a CPU backend a program runs only after the programs dispatched before it on the
+        same devices, so a save's first dispatch (the snapshot's pack, the checkpoint's
+        copy to the host) would wait there for the step in flight, and that time would be
+        booked as saving. Waiting first, within the step deadline, makes a save's ``seconds``
+        the time the loop was held by the save itself; the wait is counted in the next
+        step's ``seconds`` (which then run from this wait to that step's read, less the
+        saves). On an accelerator a save's dispatch does not wait, and neither does this.
+        """
+        if ahead is None or not self.tiers.due(attempt.step):
+            return None
+        if next(iter(attempt.mesh.devices.flat)).platform != "cpu":
+            return None
+        waited = time.monotonic()
+        state = ahead.state
+        self.deadline.read(lambda: jax.block_until_ready(state), ahead.step)
+        return waited
+
+    def _complete(
+        self, attempt: _Attempt, done: _InFlight, started: float, data_seconds: float, held: float = 0.0
+    ) -> None:
         """Read ``done``'s result, make it the attempt's last completed step, emit its line.
 
         ``started`` is when this stretch of the loop began: a step's ``seconds`` run from
-        the end of the previous step's saves to its own read, so they add up to the loop's
-        time as an unlagged loop's do; ``data_seconds`` is the time the batches taken in
-        that stretch waited for data.
+        the end of the previous step's saves (or from the wait for this step before them,
+        see :meth:`_wait_before_saving`, less ``held``, those saves' seconds) to its own
+        read, so steps and saves add up to the loop's time as an unlagged loop's do;
+        ``data_seconds`` is the time the batches taken in that stretch waited for data.
         """
         hooks.phase("step", done.step)
         # Reading a result is where a lost slice surfaces; a hung one, past the step deadline.
         loss = self.deadline.read(
             lambda: float(done.metrics["loss"]), done.step, ready=getattr(done.metrics["loss"], "is_ready", None)
         )
-        self.deadline.observe(time.monotonic() - started)
+        self.deadline.observe(time.monotonic() - started - held)
         attempt.state, attempt.step, attempt.data = done.state, done.step, done.data
         self.last_step = done.step
         self.emit(Step(
@@ -501,7 +537,7 @@ class ElasticRun:
             slices=self.manager.active_slice_count,
             loss=loss,
             examples=done.examples,
-            seconds=time.monotonic() - started,
+            seconds=time.monotonic() - started - held,
             data_seconds=data_seconds,
         ))
 

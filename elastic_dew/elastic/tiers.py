@@ -48,9 +48,13 @@ class SnapshotTier:
         self.snapshots = snapshots
         self.every = every
 
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
+        return bool(self.every) and not step % self.every
+
     def on_step(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> Save | None:
         """Snapshot ``state`` if ``step`` is on the cadence; the save event, or ``None``."""
-        if not self.every or step % self.every:
+        if not self.due(step):
             return None
         hooks.phase(self.name, step)
         return timed_save(self.name, step, lambda: self.snapshots.save(step, state, meta, mesh))
@@ -69,9 +73,13 @@ class CheckpointTier:
         self.checkpoints = checkpoints
         self.every = every
 
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
+        return self.checkpoints is not None and bool(self.every) and not step % self.every
+
     def on_step(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> Save | None:
         """Start the checkpoint of ``step`` if it is on the cadence; the save event, or ``None``."""
-        if self.checkpoints is None or not self.every or step % self.every:
+        if not self.due(step):
             return None
         hooks.phase(self.name, step)
         return timed_save(self.name, step, lambda: self.checkpoints.save(step, state, meta) or True)
@@ -162,6 +170,10 @@ class Tiers:
         a fault inside the checkpoint save cannot lose the event of the snapshot before it.
         """
         return iter((self.snapshot, self.checkpoint))
+
+    def due(self, step: int) -> bool:
+        """Whether either tier saves at ``step``."""
+        return any(tier.due(step) for tier in self)
 
     def newest(self) -> tuple[str, int | None]:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`)."""
