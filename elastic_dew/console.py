@@ -21,20 +21,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from elastic_dew import run
-from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.observe import sinks as observing
 
-__all__ = ["add_options", "spec_of", "setup", "Terminal", "main"]
+__all__ = ["add_options", "flag_of", "refusal", "spec_of", "setup", "train", "Terminal", "main"]
 
 logger = logging.getLogger(__name__)
-
-_FILLS = {
-    "simulated_poll": run.SIMULATED_POLL_INTERVAL,
-    "multi_tier_dir": run.MULTI_TIER_DIR,
-    "default_slices": run.DEFAULT_SLICES,
-    "default_devices_per_slice": run.DEFAULT_DEVICES_PER_SLICE,
-}
-
 
 def _flagged(cls: type) -> list[tuple[dataclasses.Field, type]]:
     hints = typing.get_type_hints(cls)
@@ -51,8 +43,7 @@ def _flagged(cls: type) -> list[tuple[dataclasses.Field, type]]:
 
 def _add(parser: argparse.ArgumentParser, field: dataclasses.Field, kind: Any, *, dest: str) -> None:
     meta = field.metadata
-    fills = {**_FILLS, "default": field.default}
-    options: dict[str, Any] = {"dest": dest, "help": meta.get("help", "").format(**fills)}
+    options: dict[str, Any] = {"dest": dest, "help": meta.get("help", "").format(default=field.default)}
     if "metavar" in meta:
         options["metavar"] = meta["metavar"]
     if "choices" in meta:
@@ -62,6 +53,27 @@ def _add(parser: argparse.ArgumentParser, field: dataclasses.Field, kind: Any, *
     elif kind in (int, float):
         options["type"] = kind
     parser.add_argument(meta["flag"], **options)
+
+
+#: The configurations whose flagged fields are the run's options (field names are unique
+#: across them).
+_OPTION_CLASSES: tuple[type, ...] = (run.RunSpec, ElasticConfig)
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag of a run setting, by field name (``snapshot_every`` ->
+    ``--snapshot-every``), read from its declaration; the field name itself when it has none."""
+    for cls in _OPTION_CLASSES:
+        for f in dataclasses.fields(cls):
+            if f.name == field:
+                return f.metadata.get("flag", field)
+    return field
+
+
+def refusal(error: ValueError) -> str:
+    """A refused setting worded for the command line: a
+    :class:`~elastic_dew.elastic.config.SettingError` with its field's flag, anything else as it is."""
+    return error.wording(flag_of(error.field)) if isinstance(error, SettingError) else str(error)
 
 
 def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None:
@@ -181,8 +193,8 @@ class Terminal:
         self.observe = observe if observe is not None else observing.ObserveOptions()
         self._observers: list[Any] | None = None
 
-    def refused(self, error: run.UsageError) -> None:
-        (self._err or sys.stderr).write(f"{self.prog}: error: {error}\n")
+    def refused(self, error: run.UsageError | SettingError) -> None:
+        (self._err or sys.stderr).write(f"{self.prog}: error: {refusal(error)}\n")
 
     @contextlib.contextmanager
     def running(self, plan: run.Plan) -> Iterator[list[Any]]:
@@ -239,6 +251,19 @@ def main(recipe: str, build: Callable[..., dict], argv: list[str] | None = None)
     )
     add_options(parser, recipe=False)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    # This is a program's entry point: log as elastic-dew does (setup replaces any handler
-    # absl, imported by the recipe's libraries, may have put on the root logger already).
-    return run.main(spec_of(args, recipe), build, setup(args, prog))
+    return train(args, prog, recipe=recipe, build=build)
+
+
+def train(args: argparse.Namespace, prog: str, *, recipe: str | None = None,
+          build: Callable[..., dict] | None = None) -> int:
+    """Run what parsed options ask for on this terminal; the exit status (0, 143, 1 or 2).
+
+    This is a program's entry point: it logs as elastic-dew does (:func:`setup` replaces any
+    handler absl, imported by the recipe's libraries, may have put on the root logger)."""
+    terminal = setup(args, prog)
+    try:
+        spec = spec_of(args, recipe)
+    except SettingError as err:  # a run setting outside its declaration
+        terminal.refused(err)
+        return run.USAGE_EXIT
+    return run.main(spec, build, terminal)

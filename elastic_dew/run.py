@@ -40,14 +40,12 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from elastic_dew import rundir
-from elastic_dew.elastic.config import SHARDINGS, Bound, ElasticConfig, setting
+from elastic_dew.elastic.config import SHARDINGS, Bound, ElasticConfig, SettingError, check_fields, setting
 from elastic_dew.elastic.events import Sink
 
-if TYPE_CHECKING:
-    from elastic_dew.elastic.protocol import BatchError
 
 __all__ = [
     "RunSpec",
@@ -68,8 +66,6 @@ __all__ = [
     "RUNS_DIR",
     "DEFAULT_SLICES",
     "DEFAULT_DEVICES_PER_SLICE",
-    "SIMULATED_POLL_INTERVAL",
-    "MULTI_TIER_DIR",
     "RUN_DIR_OPTION",
     "USAGE_EXIT",
     "FAILED_EXIT",
@@ -80,12 +76,6 @@ logger = logging.getLogger(__name__)
 RUNS_DIR = Path("runs")
 DEFAULT_SLICES = 4
 DEFAULT_DEVICES_PER_SLICE = 2
-#: Seconds between slice health checks under the simulator (a real allocation uses the
-#: ElasticConfig default): simulated slices come back at once, so polling fast keeps the
-#: demo's waits short.
-SIMULATED_POLL_INTERVAL = 0.5
-#: The workers' local multi-tier checkpoint directory (the guide's --gke-mtc-ramdisk-dir).
-MULTI_TIER_DIR = "/tmp/mtc_checkpoints"
 #: How a user names the run directory, in refusals of one.
 RUN_DIR_OPTION = "--run-dir or --name"
 #: The exit status of a bad argument (argparse's).
@@ -108,7 +98,9 @@ class RunSpec:
 
     ``elastic`` holds the :class:`ElasticConfig` settings that were given (by field name);
     the others take the recipe's or the config's defaults. ``overrides`` are the recipe's
-    ``KEY=VALUE`` settings as written.
+    ``KEY=VALUE`` settings as written. Each field is checked against its declaration as the
+    spec is built (:class:`~elastic_dew.elastic.config.SettingError`); the elastic settings
+    are checked once, when :func:`plan` builds their :class:`ElasticConfig`.
     """
 
     recipe: str = setting(
@@ -118,10 +110,10 @@ class RunSpec:
         None, "train until step N (default: the recipe's)", bound=Bound(1), flag="--steps", metavar="N"
     )
     slices: int | None = setting(
-        None, "simulated slices (default {default_slices})", bound=Bound(1), flag="--slices", metavar="S"
+        None, f"simulated slices (default {DEFAULT_SLICES})", bound=Bound(1), flag="--slices", metavar="S"
     )
     devices_per_slice: int | None = setting(
-        None, "CPU devices per simulated slice (default {default_devices_per_slice})",
+        None, f"CPU devices per simulated slice (default {DEFAULT_DEVICES_PER_SLICE})",
         bound=Bound(1), flag="--devices-per-slice", metavar="D",
     )
     chaos: str = setting(
@@ -159,6 +151,9 @@ class RunSpec:
     elastic: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: Whether the display shows the summary at the end (the demo shows its own).
     summary: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # the run's own settings; the elastic ones check themselves in plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +201,7 @@ class Outcome:
 class Display(Protocol):
     """How a run is shown: the refusal of a bad argument, the run itself, its end."""
 
-    def refused(self, error: UsageError) -> None: ...
+    def refused(self, error: UsageError | SettingError) -> None: ...
 
     def running(self, plan: Plan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
         """While the run trains: the sinks that show it (each gets every typed event)."""
@@ -217,7 +212,7 @@ class Display(Protocol):
 class _Quiet:
     """The display of a run nobody watches: refusals are logged, nothing else is shown."""
 
-    def refused(self, error: UsageError) -> None:
+    def refused(self, error: UsageError | SettingError) -> None:
         logger.error("%s", error)
 
     def running(self, plan: Plan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
@@ -284,22 +279,6 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return overrides
 
 
-def _check_bounds(spec: RunSpec) -> None:
-    """Each given setting against the range its field declares, worded with its flag."""
-    config_fields = {f.name: f for f in dataclasses.fields(ElasticConfig)}
-    unknown = sorted(set(spec.elastic) - set(config_fields))
-    if unknown:
-        raise UsageError(
-            f"{', '.join(unknown)} are not ElasticConfig settings; they are {', '.join(config_fields)}"
-        )
-    given = [(f, getattr(spec, f.name)) for f in dataclasses.fields(RunSpec)]
-    given += [(config_fields[name], value) for name, value in spec.elastic.items()]
-    for field, value in given:
-        bound = field.metadata.get("bound")
-        if bound is not None and value is not None and not bound.holds(value):
-            raise UsageError(bound.refusal(value, flag=field.metadata.get("flag", field.name)))
-
-
 def _run_dir_of(spec: RunSpec) -> Path | None:
     if spec.run_dir and spec.name:
         raise UsageError("give --run-dir or --name, not both (--name NAME means --run-dir runs/NAME)")
@@ -347,11 +326,6 @@ def _check_simulator_settings(spec: RunSpec, simulate: bool, slices: int) -> Non
             "under Pathways (JAX_PLATFORMS=proxy); simulated slices use --checkpoint-kind orbax"
         )
     minimum = spec.elastic.get("minimum_slice_count")
-    if minimum is not None and simulate and minimum > slices:
-        raise UsageError(
-            f"--min-slices {minimum} is above the {slices} slices; use at most {slices}, "
-            "or leave it out for pause-resume"
-        )
     if spec.chaos:
         from elastic_dew.simulate import parse_schedule
 
@@ -372,20 +346,17 @@ def _check_simulator_settings(spec: RunSpec, simulate: bool, slices: int) -> Non
             raise UsageError(f"--chaos: {never}")
 
 
-def _config(spec: RunSpec, simulate: bool, global_batch: int) -> ElasticConfig:
-    settings = dict(spec.elastic)
-    settings["global_batch"] = global_batch
-    checkpoint_dir = settings.get("checkpoint_dir")
+def _config(spec: RunSpec, global_batch: int) -> ElasticConfig:
+    """The run's :class:`ElasticConfig`, built (and so checked) once from the settings given."""
+    fields = [f.name for f in dataclasses.fields(ElasticConfig)]
+    unknown = sorted(set(spec.elastic) - set(fields))
+    if unknown:
+        raise UsageError(f"{', '.join(unknown)} are not ElasticConfig settings; they are {', '.join(fields)}")
+    checkpoint_dir = spec.elastic.get("checkpoint_dir")
     if checkpoint_dir is not None and _URL.match(checkpoint_dir) is None and not os.path.isabs(checkpoint_dir):
         raise UsageError(f"--checkpoint-dir {checkpoint_dir} must be an absolute path or a gs:// URL")
-    if checkpoint_dir is None and settings.get("checkpoint_kind") == "multi_tier":
-        settings["checkpoint_dir"] = MULTI_TIER_DIR
-    if settings.get("poll_interval") is None and simulate:
-        settings["poll_interval"] = SIMULATED_POLL_INTERVAL
-    try:
-        return ElasticConfig(**{k: v for k, v in settings.items() if v is not None})
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    given = {k: v for k, v in spec.elastic.items() if v is not None}
+    return ElasticConfig(**{**given, "global_batch": global_batch})
 
 
 def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
@@ -399,39 +370,31 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
         return
     from elastic_dew.elastic.persistence import checkpoint_dir_problem
 
-    directory = config.checkpoint_dir or f"{run_dir or RUNS_DIR / 'NAME'}/{rundir.CHECKPOINTS_DIR}"
+    directory = config.checkpoint_dir_for(run_dir or RUNS_DIR / "NAME")
     problem = checkpoint_dir_problem(directory, os.environ)
     if problem is not None:
         raise UsageError(problem)
 
 
-def _batch_refusal(error: BatchError) -> UsageError:
-    """A :class:`~elastic_dew.elastic.protocol.BatchError` worded with the flag it is about."""
-    return UsageError(f"{error.flag}: {error}")
-
-
 def plan(spec: RunSpec) -> Plan:
-    """Check every setting and decide the run, touching nothing; raises :class:`UsageError`."""
+    """Check every setting and decide the run, touching nothing.
+
+    Raises :class:`UsageError`, or :class:`~elastic_dew.elastic.config.SettingError` for a
+    setting outside its declaration (a batch some slice count cannot take among them).
+    """
     simulate = simulating()
-    _check_bounds(spec)
-    if spec.sharding not in SHARDINGS:
-        raise UsageError(f"--sharding {spec.sharding} must be one of {', '.join(SHARDINGS)}")
     slices = spec.slices or DEFAULT_SLICES
     devices_per_slice = spec.devices_per_slice or DEFAULT_DEVICES_PER_SLICE
-    _check_simulator_settings(spec, simulate, slices)
-
     module = load_recipe(spec.recipe)
     defaults = getattr(module, "DEFAULTS", {})
     steps = spec.steps or defaults.get("steps", 100)
     global_batch = spec.elastic.get("global_batch") or defaults.get("global_batch", 32)
-    config = _config(spec, simulate, global_batch)
+    config = _config(spec, global_batch)
     if simulate:  # real slices are counted when the protocol is built: execute refuses there
-        from elastic_dew.elastic.protocol import BatchError, check_batch_for_every_slice_count
+        from elastic_dew.elastic.protocol import check_batch_for_every_slice_count
 
-        try:
-            check_batch_for_every_slice_count(config, slices, devices_per_slice, spec.microbatch)
-        except BatchError as err:
-            raise _batch_refusal(err) from None
+        check_batch_for_every_slice_count(config, slices, devices_per_slice, spec.microbatch)
+    _check_simulator_settings(spec, simulate, slices)
 
     result = Plan(
         recipe=module.__name__,
@@ -523,14 +486,14 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     """Train the planned run (after ``prepare_process``) with ``build``, else the recipe's.
 
     Raises :class:`UsageError` for recipe settings its ``build`` refuses and, on real slices
-    (whose count is known only once the protocol is built), for a batch they cannot take;
+    (whose count is known only once the protocol is built), a
+    :class:`~elastic_dew.elastic.protocol.BatchError` for a batch they cannot take;
     ``command.json`` is written only after those checks. A preemption is an
     :class:`Outcome` with status 143.
     """
     import jax
     from pathwaysutils.elastic.manager import ElasticRuntimeError
 
-    from elastic_dew.elastic.protocol import BatchError
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
 
@@ -574,8 +537,6 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
         )
         try:
             result = trainer.fit(p.steps)
-        except BatchError as err:  # real slices: counted only once the protocol is built
-            raise _batch_refusal(err) from None
         except Preempted as stop:
             logger.warning(
                 "preempted at step %d; its checkpoint is in %s: run the same command again to resume",
@@ -603,7 +564,7 @@ def main(spec: RunSpec, build: Callable[..., dict] | None = None, display: Displ
         p = plan(spec)
         prepare_process(**process_options(p))  # before the backend opens: the host device count
         outcome = execute(p, build, display)
-    except UsageError as err:
+    except (UsageError, SettingError) as err:
         display.refused(err)
         return USAGE_EXIT
     display.finished(p, outcome)

@@ -193,7 +193,8 @@ class Trainer:
       dataset: a ``grain.MapDataset`` of examples (pytrees of numpy arrays), finite and
         deterministic; the elastic layer batches it and keeps its position.
       config: the :class:`~elastic_dew.elastic.config.ElasticConfig`. Its
-        ``checkpoint_dir`` defaults to ``RUN_DIR/checkpoints``.
+        ``checkpoint_dir`` defaults to ``RUN_DIR/checkpoints`` (the workers' multi-tier
+        directory for ``multi_tier``: :meth:`~elastic_dew.elastic.config.ElasticConfig.checkpoint_dir_for`).
       run_dir: the run directory: run record, checkpoints, final parameters.
       layout: the same :class:`~elastic_dew.runtime.Layout` given to ``prepare_process``.
         Host-owned parts live in pinned host memory between steps; in-memory snapshots need
@@ -290,8 +291,8 @@ class Trainer:
         self.data_workers = data_workers
         self.run_dir = Path(run_dir)
         rundir.check(self.run_dir)  # the one rule; refused before anything is written
-        if config.checkpoint_dir is None:
-            config = dataclasses.replace(config, checkpoint_dir=str(self.run_dir.resolve() / rundir.CHECKPOINTS_DIR))
+        if config.checkpoint_dir is None:  # the one default (ElasticConfig.checkpoint_dir_for)
+            config = dataclasses.replace(config, checkpoint_dir=config.checkpoint_dir_for(self.run_dir))
         self.config = config
         self.dataset = dataset
         self.log_every = log_every

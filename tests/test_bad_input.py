@@ -272,7 +272,7 @@ def _cli(argv, capsys) -> tuple[int, str]:
     [
         (["nosuch"], "unknown recipe 'nosuch'; the recipes are lm, mlp"),
         (["mlp", "--global-batch", "20", "--min-slices", "1"], "--global-batch: global_batch=20"),
-        (["mlp", "--min-slices", "5"], "--min-slices 5 is above the 4 slices; use at most 4"),
+        (["mlp", "--min-slices", "5"], "--min-slices: minimum_slice_count=5 is above the 4 slices of the allocation; use at most 4"),
         (["mlp", "--snapshot-every", "-1"], "--snapshot-every -1 must be >= 0 (0 turns it off)"),
         (["mlp", "--checkpoint-every", "-2"], "--checkpoint-every -2 must be >= 0 (0 turns it off)"),
         (["mlp", "--steps", "0"], "--steps 0 must be >= 1"),

@@ -70,7 +70,7 @@ def uninterrupted(tmp_path_factory) -> Path:
         (["mlp", "--chaos", "lose@3"], "'lose@3'.*lose needs a slice"),
         (["mlp", "--chaos", "lose:7@3"], "names slice 7, but there are 4 slices"),
         (["mlp", "--global-batch", "20", "--min-slices", "3"], "cannot divide; choose a global batch divisible by"),
-        (["mlp", "--min-slices", "5"], "--min-slices 5 is above the 4 slices"),
+        (["mlp", "--min-slices", "5"], "--min-slices: minimum_slice_count=5 is above the 4 slices"),
         (["mlp", "--run-dir", "x", "--name", "y"], "give --run-dir or --name, not both"),
         (["mlp", "--set", "hidden"], "--set 'hidden' is not KEY=VALUE"),
     ],

@@ -22,6 +22,7 @@ import pytest
 from elastic_dew import cli
 from elastic_dew import run as runs
 from elastic_dew.commands import train
+from elastic_dew.elastic.config import MULTI_TIER_DIR
 from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import JobSetParams, jobset
 from elastic_dew.k8s import render as R
@@ -115,7 +116,7 @@ def test_the_rendered_controller_command_passes_the_train_commands_own_checks_un
     # The multi-tier variant's manifest is only worth its sidecars if the trainer uses them.
     assert plan.config.checkpoint_kind == ("multi_tier" if p.mtc else "orbax")
     if p.mtc:
-        assert plan.config.checkpoint_dir == p.mtc_ramdisk_dir == runs.MULTI_TIER_DIR
+        assert plan.config.checkpoint_dir == p.mtc_ramdisk_dir == MULTI_TIER_DIR
     else:  # the workers write the arrays under Pathways persistence: a gs:// URL, not the FUSE mount
         assert plan.config.checkpoint_dir == p.checkpoint_dir
         assert checkpoint_dir_problem(plan.config.checkpoint_dir, env) is None

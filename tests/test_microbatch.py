@@ -18,9 +18,10 @@ import optax
 import pytest
 
 from elastic_dew import Trainer
+from elastic_dew import console
 from elastic_dew import run as runs
 from elastic_dew.elastic import hooks
-from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.simulate import SimulatedSlices
 
 GLOBAL_BATCH = 48  # per device: 6 on 4 slices of 2, 8 on 3, 12 on 2; all divisible by 2
@@ -110,8 +111,9 @@ def test_the_command_line_refuses_a_microbatch_before_anything_runs(tmp_path):
         recipe="mlp", microbatch=5, run_dir=str(tmp_path / "run"), slices=4, devices_per_slice=2,
         elastic={"global_batch": GLOBAL_BATCH, "minimum_slice_count": 2},
     )
-    with pytest.raises(runs.UsageError, match=r"^--microbatch: microbatch=5 does not divide.*microbatch 1, 2 divide"):
+    with pytest.raises(SettingError) as refused:
         runs.plan(spec)
+    assert re.search(r"^--microbatch: microbatch=5 does not divide.*microbatch 1, 2 divide", console.refusal(refused.value))
     assert not (tmp_path / "run").exists()
 
 
@@ -122,12 +124,12 @@ class _Refusals:
         self.refusals = []
 
     def refused(self, error):
-        self.refusals.append(str(error))
+        self.refusals.append(console.refusal(error))
 
     def running(self, plan):
         import contextlib
 
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(())
 
     def finished(self, plan, outcome):
         raise AssertionError(f"a refused run finished: {outcome}")

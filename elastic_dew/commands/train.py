@@ -34,4 +34,4 @@ def plan(args: argparse.Namespace) -> runs.Plan:
 
 def run(args: argparse.Namespace) -> int:
     """The ``elastic-dew train`` command: plan once, prepare the process, train; the exit status."""
-    return runs.main(console.spec_of(args), display=console.setup(args, PROG))
+    return console.train(args, PROG)

@@ -44,13 +44,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew import rundir
 from elastic_dew.elastic import orbax_private
+from elastic_dew.elastic.config import CHECKPOINT_KINDS
 from elastic_dew.elastic.meta import meta_json
 
 __all__ = ["Checkpoints", "KINDS", "META_CAPACITY"]
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("orbax", "multi_tier")
+KINDS = CHECKPOINT_KINDS
 
 #: Bytes of JSON the multi-tier kind can carry as ``meta``.
 META_CAPACITY = 1 << 16

@@ -1,15 +1,46 @@
-"""Frozen configuration of the elastic layer, checked before any state is touched."""
+"""Frozen configuration of the elastic layer, checked once as it is built, before any state is touched.
+
+A setting is declared once, as a field made by :func:`setting`: its default, its help, its
+range (:class:`Bound`) or ``choices``, and the flag the command line offers it as. Every
+configuration dataclass checks its fields with :func:`check_fields` as it is built and
+raises one :class:`SettingError` naming the field, the value and the rule; only the console
+words that with the flag (:mod:`elastic_dew.console`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ElasticConfig", "Bound", "setting", "BATCH_POLICIES", "CHECKPOINT_KINDS", "SHARDINGS"]
+from elastic_dew.rundir import CHECKPOINTS_DIR
+
+__all__ = [
+    "ElasticConfig",
+    "Bound",
+    "SettingError",
+    "setting",
+    "check_fields",
+    "BATCH_POLICIES",
+    "CHECKPOINT_KINDS",
+    "SHARDINGS",
+    "SIMULATED_POLL_INTERVAL",
+    "PATHWAYS_POLL_INTERVAL",
+    "MULTI_TIER_DIR",
+]
 
 BATCH_POLICIES = ("constant", "scale_by_active_slices")
 CHECKPOINT_KINDS = ("orbax", "multi_tier")
+#: Seconds between slice health checks when ``poll_interval`` is left out, on simulated
+#: (CPU) slices, which come back at once, so polling fast keeps waits short ...
+SIMULATED_POLL_INTERVAL = 0.5
+#: ... and on real slices (pathwaysutils' own default).
+PATHWAYS_POLL_INTERVAL = 10.0
+#: The workers' local multi-tier checkpoint directory (the guide's --gke-mtc-ramdisk-dir).
+MULTI_TIER_DIR = "/tmp/mtc_checkpoints"
+
 #: The named sharding policies of the training state inside a slice (``elastic.sharding``).
 SHARDINGS: tuple[str, ...] = ("replicated", "fsdp")
 
@@ -52,13 +83,59 @@ class Bound:
 
 def setting(default: Any, help: str = "", *, bound: Bound | None = None, flag: str | None = None,
             metavar: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
-    """A configuration field with its range and, for settings the command line offers, its
-    flag and help: the command line builds its options from these (one declaration each).
+    """A configuration field with its range or choices and, for settings the command line
+    offers, its flag and help: the command line builds its options (and the controller
+    command the Kubernetes renderer writes) from these, one declaration each.
 
-    The help may name ``{default}`` and the run's own defaults (``{simulated_poll}``,
-    ``{multi_tier_dir}``), which the command line fills in."""
+    The help may name ``{default}``, which the command line fills in."""
     metadata = {"help": help, "bound": bound, "flag": flag, "metavar": metavar, "choices": choices}
     return dataclasses.field(default=default, metadata={k: v for k, v in metadata.items() if v is not None})
+
+
+class SettingError(ValueError):
+    """A setting outside what its field declares: which configuration, which field, the value.
+
+    Raised once, by the configuration's own check as it is built (:func:`check_fields`),
+    before any state is touched. ``str()`` is the Python wording (``invalid ElasticConfig:
+    snapshot_every=-1 must be >= 0 steps (0 turns it off)``); :meth:`wording` with a flag is
+    the command line's (``--snapshot-every -1 must be >= 0 (0 turns it off)``), which only
+    the console asks for.
+    """
+
+    def __init__(self, owner: type, field: str, value: Any, bound: Bound | None = None,
+                 *, choices: tuple[Any, ...] | None = None, problem: str | None = None) -> None:
+        self.owner, self.field, self.value, self.bound, self.choices = owner, field, value, bound, choices
+        self.problem = problem
+        super().__init__(problem if problem is not None else f"invalid {owner.__name__}: {self.wording()}")
+
+    def wording(self, flag: str | None = None) -> str:
+        """The refusal worded for Python (``name=value ...``) or for ``flag`` (``--flag value ...``).
+
+        A refusal that is not a range or a choice (``problem``: a batch some slice count
+        cannot divide, say) keeps its own text, after the flag."""
+        if self.problem is not None:
+            return self.problem if flag is None else f"{flag}: {self.problem}"
+        if self.bound is not None:
+            return self.bound.refusal(self.value, name=self.field, flag=flag)
+        allowed = ", ".join(map(str, self.choices or ()))
+        if flag is not None:
+            return f"{flag} {self.value} must be one of {allowed}"
+        return f"{self.field}={self.value!r} must be one of {allowed}"
+
+
+def check_fields(config: Any) -> None:
+    """Check every field of a configuration dataclass against its declared ``bound`` and
+    ``choices``; raises :class:`SettingError` for the first one outside them. ``None`` is
+    accepted where the bound allows it or the field's default is ``None`` (not given)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        bound, choices = field.metadata.get("bound"), field.metadata.get("choices")
+        if value is None and (field.default is None or (bound is not None and bound.none)):
+            continue
+        if bound is not None and not bound.holds(value):
+            raise SettingError(type(config), field.name, value, bound)
+        if choices is not None and value not in choices:
+            raise SettingError(type(config), field.name, value, choices=choices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +146,9 @@ class ElasticConfig:
       minimum_slice_count: ``None`` is the guide's pause-resume mode (wait until every
         slice is healthy again); a smaller number is replica-resize (carry on with at
         least that many slices and scale back up when the others return).
-      poll_interval: seconds between slice health checks (pathwaysutils' default is 10).
+      poll_interval: seconds between slice health checks; ``None`` is
+        :data:`SIMULATED_POLL_INTERVAL` on simulated (CPU) slices and pathwaysutils' 10
+        (:data:`PATHWAYS_POLL_INTERVAL`) on real ones (:meth:`poll_seconds`).
       timeout: seconds to wait for ``minimum_slice_count`` healthy slices before
         ``TimeoutError``; 300 (the guide's) so that a wait for a slice that never returns
         ends; ``None`` waits for ever.
@@ -92,7 +171,10 @@ class ElasticConfig:
       snapshot_every: steps between in-memory snapshots (tier 1); 0 turns them off.
       checkpoint_every: steps between persistent checkpoints (tier 2); 0 keeps only the
         checkpoints written at preemption stops.
-      checkpoint_dir: a local directory or ``gs://`` path for tier 2; ``None`` disables it.
+      checkpoint_dir: a local directory or ``gs://`` path for tier 2; ``None`` is the
+        default (:meth:`checkpoint_dir_for`: ``RUN_DIR/checkpoints``, or
+        :data:`MULTI_TIER_DIR` for ``multi_tier``) where a run directory is known, and no
+        tier 2 for an :class:`~elastic_dew.elastic.protocol.ElasticRun` built alone.
       checkpoint_kind: ``orbax`` (a ``CheckpointManager``) or ``multi_tier`` (the
         guide's ``ReplicatorCheckpointManager`` with colocated Python; TPU only).
       max_to_keep: persistent checkpoints kept.
@@ -109,10 +191,11 @@ class ElasticConfig:
         "(default: pause-resume, wait for every slice)",
         bound=Bound(1, none="pause-resume"), flag="--min-slices", metavar="K",
     )
-    poll_interval: float = setting(
-        10.0,
-        "seconds between slice health checks (default {simulated_poll} simulated, pathwaysutils' 10 on real slices)",
-        bound=Bound(0, strict=True, unit="seconds"), flag="--poll-interval", metavar="SECONDS",
+    poll_interval: float | None = setting(
+        None,
+        f"seconds between slice health checks (default {SIMULATED_POLL_INTERVAL:g} on simulated slices, "
+        f"pathwaysutils' {PATHWAYS_POLL_INTERVAL:g} on real ones)",
+        bound=Bound(0, strict=True, unit="seconds", none="automatic"), flag="--poll-interval", metavar="SECONDS",
     )
     timeout: float | None = setting(
         300.0, "seconds to wait for healthy slices before giving up (default {default})",
@@ -139,7 +222,7 @@ class ElasticConfig:
     global_batch: int = setting(
         32, "examples per step (default: the recipe's)", bound=Bound(1), flag="--global-batch", metavar="B"
     )
-    batch_policy: Literal["constant", "scale_by_active_slices"] = "constant"
+    batch_policy: Literal["constant", "scale_by_active_slices"] = setting("constant", choices=BATCH_POLICIES)
 
     snapshot_every: int = setting(
         10, "steps between in-memory snapshots; 0 turns them off (default {default})",
@@ -151,8 +234,8 @@ class ElasticConfig:
     )
     checkpoint_dir: str | None = setting(
         None,
-        "where the persistent tier writes (default RUN_DIR/checkpoints; for multi_tier the "
-        "workers' local directory, default {multi_tier_dir})",
+        f"where the persistent tier writes (default RUN_DIR/{CHECKPOINTS_DIR}; for multi_tier the "
+        f"workers' local directory, default {MULTI_TIER_DIR})",
         flag="--checkpoint-dir", metavar="DIR",
     )
     checkpoint_kind: Literal["orbax", "multi_tier"] = setting(
@@ -166,28 +249,32 @@ class ElasticConfig:
     precompile_smaller_meshes: bool = True
 
     def __post_init__(self) -> None:
-        problems = [
-            field.metadata["bound"].refusal(getattr(self, field.name), name=field.name)
-            for field in dataclasses.fields(self)
-            if "bound" in field.metadata and not field.metadata["bound"].holds(getattr(self, field.name))
-        ]
-        if self.batch_policy not in BATCH_POLICIES:
-            problems.append(
-                f"batch_policy={self.batch_policy!r} must be one of {', '.join(BATCH_POLICIES)}"
-            )
-        if self.checkpoint_kind not in CHECKPOINT_KINDS:
-            problems.append(
-                f"checkpoint_kind={self.checkpoint_kind!r} must be one of "
-                f"{', '.join(CHECKPOINT_KINDS)}"
-            )
-        if problems:
-            raise ValueError("invalid ElasticConfig: " + "; ".join(problems))
+        check_fields(self)
+
+    def poll_seconds(self, simulated: bool) -> float:
+        """The seconds between health checks: ``poll_interval``, else the default of
+        simulated or real slices."""
+        if self.poll_interval is not None:
+            return self.poll_interval
+        return SIMULATED_POLL_INTERVAL if simulated else PATHWAYS_POLL_INTERVAL
+
+    def checkpoint_dir_for(self, run_dir: str | os.PathLike[str]) -> str:
+        """Where the persistent tier writes for a run in ``run_dir``: ``checkpoint_dir``,
+        else the workers' :data:`MULTI_TIER_DIR` for ``multi_tier``, else
+        ``RUN_DIR/checkpoints`` (absolute)."""
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        if self.checkpoint_kind == "multi_tier":
+            return MULTI_TIER_DIR
+        return str(Path(run_dir).resolve() / CHECKPOINTS_DIR)
 
     def check_slices(self, total_slices: int) -> None:
-        """Refuse a minimum slice count the allocation can never meet."""
+        """Refuse a minimum slice count the allocation can never meet (:class:`SettingError`);
+        the one home of that rule."""
         if self.minimum_slice_count is not None and self.minimum_slice_count > total_slices:
-            raise ValueError(
-                f"minimum_slice_count={self.minimum_slice_count} is above the "
+            raise SettingError(
+                ElasticConfig, "minimum_slice_count", self.minimum_slice_count,
+                problem=f"minimum_slice_count={self.minimum_slice_count} is above the "
                 f"{total_slices} slices of the allocation; use at most {total_slices}, "
-                "or None for pause-resume"
+                "or leave it out (None) for pause-resume",
             )

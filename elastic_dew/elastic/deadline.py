@@ -103,7 +103,7 @@ class StepDeadline:
             logger.error("step %d's result did not arrive within %.3g s: treating it as a lost slice", step, bound)
             raise jax.errors.JaxRuntimeError(
                 f"DEADLINE_EXCEEDED: step {step}'s result did not arrive within {bound:.3g} s "
-                "(step_timeout, --step-timeout): a slice stopped answering (elastic_dew.elastic.deadline)"
+                "(ElasticConfig.step_timeout): a slice stopped answering (elastic_dew.elastic.deadline)"
             ) from None
         finally:
             del future  # its error's traceback holds this frame: no cycle keeps arrays alive

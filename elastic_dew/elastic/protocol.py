@@ -52,7 +52,7 @@ from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.compiler import StepCompiler, StepFn
-from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.events import (
@@ -108,20 +108,19 @@ class Program(Protocol):
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn: ...
 
 
-class BatchError(ValueError):
+class BatchError(SettingError):
     """A batch the slices cannot take: a global batch, microbatch, model axis or minimum slice
     count that some reachable slice count cannot divide or meet.
 
     Raised before anything runs (by :func:`check_batch_for_every_slice_count`, which
     :class:`ElasticRun` calls as it is built), so a caller can tell a bad setting from a
-    failure of the run. ``flag`` is the command-line option the refusal is about
-    (``--global-batch``, ``--microbatch``, ``--model-axis``, ``--min-slices``); the message
-    names the values that work.
+    failure of the run. ``field`` is the setting the refusal is about (``global_batch``,
+    ``microbatch``, ``model_axis``, ``minimum_slice_count``); the message names the values
+    that work.
     """
 
-    def __init__(self, message: str, *, flag: str) -> None:
-        super().__init__(message)
-        self.flag = flag
+    def __init__(self, message: str, *, field: str, value: Any) -> None:
+        super().__init__(ElasticConfig, field, value, problem=message)
 
 
 def check_batch_for_every_slice_count(
@@ -138,14 +137,14 @@ def check_batch_for_every_slice_count(
     """
     try:
         config.check_slices(total_slices)
-    except ValueError as err:
-        raise BatchError(str(err), flag="--min-slices") from None
+    except SettingError as err:
+        raise BatchError(str(err), field=err.field, value=err.value) from None
     model = config.model_axis or 1
     if devices_per_slice % model:
         raise BatchError(
             f"model_axis={model} does not divide the {devices_per_slice} devices of a slice; "
             f"choose a model_axis that divides {devices_per_slice}",
-            flag="--model-axis",
+            field="model_axis", value=config.model_axis,
         )
     lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
     per_device: dict[int, int] = {}
@@ -158,7 +157,7 @@ def check_batch_for_every_slice_count(
                 f"of {batch} on {active} active slices, which their {shards} data-parallel devices "
                 f"cannot divide; choose a global batch divisible by {shards} for every slice count "
                 f"from {lowest} to {total_slices}, or raise minimum_slice_count",
-                flag="--global-batch",
+                field="global_batch", value=config.global_batch,
             )
         per_device[active] = batch // shards
     if microbatch is None:
@@ -166,7 +165,7 @@ def check_batch_for_every_slice_count(
     if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1:
         raise BatchError(
             f"microbatch={microbatch!r} must be an int >= 1 (examples per device per micro-step)",
-            flag="--microbatch",
+            field="microbatch", value=microbatch,
         )
     for active, examples in per_device.items():
         if examples % microbatch:
@@ -178,7 +177,7 @@ def check_batch_for_every_slice_count(
                 f"{config.batch_policy!r}); the per-device batches from {lowest} to {total_slices} "
                 f"slices are {', '.join(str(per_device[a]) for a in sorted(per_device))}, which "
                 f"microbatch {', '.join(map(str, working))} divide{'s' if len(working) == 1 else ''}",
-                flag="--microbatch",
+                field="microbatch", value=microbatch,
             )
 
 

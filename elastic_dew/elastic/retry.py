@@ -106,13 +106,14 @@ def elastic_retry(
     ``config.pre_callback`` runs before ``pre_callback`` at the start of every attempt;
     ``config.on_elastic_event_callback`` before ``on_elastic_event_callback`` after every
     elastic event. The retry policy is :class:`SliceLossRetryLimit` of
-    ``config.max_attempts``. A ``minimum_slice_count`` above the allocation is refused here,
-    before anything runs.
+    ``config.max_attempts``; the poll interval :meth:`ElasticConfig.poll_seconds`. A
+    ``minimum_slice_count`` above the allocation is refused here, before anything runs.
     """
     config.check_slices(manager.total_slice_count)
     return manager.elastic_retry(
         minimum_slice_count=config.minimum_slice_count,
-        poll_interval=config.poll_interval,
+        # Simulated slices live on the CPU backend; real ones never do.
+        poll_interval=config.poll_seconds(simulated=jax.default_backend() == "cpu"),
         timeout=config.timeout,
         pre_callback=_chain(config.pre_callback, pre_callback),
         on_elastic_event_callback=_chain(config.on_elastic_event_callback, on_elastic_event_callback),

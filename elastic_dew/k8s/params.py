@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 
 from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type, parse_tpu_type
-from elastic_dew.run import MULTI_TIER_DIR, available_recipes
+from elastic_dew.elastic.config import MULTI_TIER_DIR
+from elastic_dew.run import available_recipes
 
 __all__ = [
     "KNOWN_RECIPES",
@@ -76,9 +77,11 @@ PROXY_FLAG_SPELLINGS: dict[str, str] = {
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+#: A Cloud Storage bucket name, and a Kubernetes quantity (50Gi): the renderer and the
+#: validator read these two.
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _INT32_MAX = 2**31 - 1
 
 
@@ -109,7 +112,7 @@ def parse_bucket(field: str, value: str) -> tuple[str, str]:
             "pass gs://BUCKET_NAME (the bucket that holds Pathways scratch files and the run directory)",
         )
     name, _, prefix = value[len("gs://"):].partition("/")
-    if not _BUCKET.match(name) or ".." in name:
+    if not BUCKET.match(name) or ".." in name:
         raise ParameterError(
             field, f"{name!r} is not a valid bucket name",
             "bucket names are 3-63 lowercase letters, digits, '-', '_' or '.', "
@@ -307,7 +310,7 @@ def _check_image(field: str, image: str, what: str) -> None:
 
 def check_quantity(field: str, value: str) -> None:
     """Refuse ``value`` unless it is a Kubernetes resource quantity such as ``50Gi``."""
-    if not _QUANTITY.match(value):
+    if not QUANTITY.match(value):
         raise ParameterError(field, f"{value!r} is not a Kubernetes quantity",
                              "use a size such as 50Gi or 200G")
 

@@ -34,7 +34,9 @@ from typing import Any, Iterable
 
 import yaml
 
+from elastic_dew.console import flag_of
 from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams, parse_bucket
+from elastic_dew.run import USAGE_EXIT
 from elastic_dew.runtime import PREEMPTED_EXIT
 
 __all__ = [
@@ -87,8 +89,8 @@ IMAGE_REPO = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways"
 #: The controller's exit code after SIGTERM once its checkpoint is written (128 + 15): the
 #: runtime's own constant, so the manifest and the program cannot disagree.
 PREEMPTED_EXIT_CODE = PREEMPTED_EXIT
-#: argparse's exit code for a bad command line: restarting cannot fix it.
-USAGE_EXIT_CODE = 2
+#: The exit code of a bad command line (the run's own constant): restarting cannot fix it.
+USAGE_EXIT_CODE = USAGE_EXIT
 
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
@@ -186,20 +188,18 @@ def controller_command(p: JobSetParams) -> list[str]:
     ``--name``: ``--run-dir`` names the run directory already, and the two exclude each other.
     tests/test_k8s_train_seam.py runs this command through the train command's own checks.
     """
-    command = [
-        "elastic-dew", "train", p.recipe,
-        "--run-dir", p.run_dir,
-        "--min-slices", str(p.min_slices),
-    ]
+    settings: dict[str, Any] = {"run_dir": p.run_dir, "minimum_slice_count": p.min_slices}
     if p.mtc:
         # The persistent tier is then the guide's ReplicatorCheckpointManager, writing through
         # the workers' colocated-Python sidecars into their multi-tier checkpoint volume.
-        command += ["--checkpoint-kind", "multi_tier", "--checkpoint-dir", p.mtc_ramdisk_dir]
+        settings.update(checkpoint_kind="multi_tier", checkpoint_dir=p.mtc_ramdisk_dir)
     else:
         # Under ENABLE_PATHWAYS_PERSISTENCE the workers write the arrays themselves: a gs://
         # URL they can all reach, not the FUSE mount that exists only in this pod.
-        command += ["--checkpoint-dir", p.checkpoint_dir]
-    return command
+        settings.update(checkpoint_dir=p.checkpoint_dir)
+    # Each flag is the one its setting declares (elastic_dew.console.flag_of).
+    return ["elastic-dew", "train", p.recipe,
+            *(word for field, value in settings.items() for word in (flag_of(field), str(value)))]
 
 
 def _controller(p: JobSetParams) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import yaml
 
 from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
-from elastic_dew.k8s.params import PROXY_FLAG_SPELLINGS, ParameterError
+from elastic_dew.k8s.params import BUCKET, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
 from elastic_dew.k8s.tpus import by_accelerator
 
 __all__ = [
@@ -400,10 +400,6 @@ def semantic_errors(jobset: dict[str, Any]) -> list[str]:
     return errs
 
 
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
-
-
 def checkpoint_configuration_errors(obj: dict[str, Any]) -> list[str]:
     """Semantic checks of GKE's CheckpointConfiguration (no schema is published for it here)."""
     errs = []
@@ -411,11 +407,11 @@ def checkpoint_configuration_errors(obj: dict[str, Any]) -> list[str]:
         errs.append("CheckpointConfiguration: apiVersion must be checkpointing.gke.io/v1")
     spec = obj.get("spec", {})
     bucket = spec.get("cloudStorageBucketName", "")
-    if not _BUCKET.match(bucket):
+    if not BUCKET.match(bucket):
         errs.append("CheckpointConfiguration: spec.cloudStorageBucketName must be a bare bucket name (no gs://)")
     if not spec.get("nodeSelector"):
         errs.append("CheckpointConfiguration: spec.nodeSelector must select the TPU nodes")
-    if not _QUANTITY.match(str(spec.get("inMemoryVolumeSize", ""))):
+    if not QUANTITY.match(str(spec.get("inMemoryVolumeSize", ""))):
         errs.append("CheckpointConfiguration: spec.inMemoryVolumeSize must be a quantity such as 50Gi")
     return errs
 
