@@ -60,3 +60,14 @@ def test_a_users_test_directory_runs_under_the_plugin_and_failures_say_what_the_
 def test_the_documented_example_is_the_file_the_suite_runs():
     example = (REPO / "tests" / "plugin_example" / "example_my_loop.py").read_text()
     assert f"```python\n{example}```" in (REPO / "docs" / "testing.md").read_text()
+
+
+def test_too_few_devices_for_the_marker_fail_the_test_naming_the_option(tmp_path):
+    (tmp_path / "test_big.py").write_text(
+        "import pytest\n\n@pytest.mark.slices(4, 2)\ndef test_big(simulated_slices):\n    pass\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--simulated-devices", "2", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "needs 8 host devices" in result.stdout and "pytest --simulated-devices 8" in result.stdout

@@ -40,7 +40,10 @@ A simulator registered here provides ``check_readable(array)`` (raise when the a
 is lost, block while it is a hung slice's result), ``check_dispatch(arrays)`` (raise when a
 program's input is lost), ``derive(inputs, outputs)`` (a program's results wait on hung
 inputs), ``inherit_mark(parent, child)`` (a shard or copy of a lost array is lost),
-``group(devices)`` (the slices of ``devices``) and ``lock``.
+``group(devices)`` (the slices of ``devices``), ``slice_of(device)``, ``step_of(arrays, name,
+caller)`` (whether a dispatch is the loop's step, and its number), ``on_dispatch(phase,
+step)`` (fire what is due there), ``waiting_for_slices(delta)`` and ``attempted(active)``
+(pathwaysutils' waits for slices) and ``lock``.
 """
 
 from __future__ import annotations
@@ -158,11 +161,6 @@ class Registry:
         if simulator is not None:
             simulator.inherit_mark(parent, child)
 
-    def check_dispatch(self, args: Any) -> None:
-        simulator = self._active
-        if simulator is not None:
-            simulator.check_dispatch([a for a in jax.tree_util.tree_leaves(args) if type(a) is _ArrayImpl])
-
     def dispatch(self, inputs: Any, call: Callable[[], Any], name: str | None, caller: Any,
                  outputs: Callable[[Any], Any] = lambda result: result) -> Any:
         """Run ``call`` (a dispatch of program ``name`` on ``inputs`` by frame ``caller``) as
@@ -186,13 +184,6 @@ class Registry:
         if step is not None:
             simulator.on_dispatch("step", step)
         return result
-
-    def derive(self, inputs: Any, outputs: Any) -> None:
-        simulator = self._active
-        if simulator is not None:
-            arrays = [a for a in jax.tree_util.tree_leaves(inputs) if type(a) is _ArrayImpl]
-            if arrays:
-                simulator.derive(arrays, [a for a in jax.tree_util.tree_leaves(outputs) if type(a) is _ArrayImpl])
 
     def copied(self, source: Any, copy: Any) -> None:
         """``jax.device_put``: each copy inherits its source's lost or hung mark."""

@@ -14,8 +14,9 @@ JAX is not imported at load).
   ``@pytest.mark.slices(num_slices, devices_per_slice, schedule="lose:1@7,restore:1@+2",
   step_program=None, allow_unfired=False)`` configures the fixture, which yields an entered
   :class:`elastic_dew.simulate.SimulatedSlices` whose fault log is ``faults.jsonl`` in the
-  test's ``tmp_path``. A fault of the schedule that never fired fails the test (unless
-  ``allow_unfired``), so a test of a loop the schedule never reached cannot pass.
+  test's ``tmp_path``. A fault of the schedule that never fired fails a test that passed
+  (in its teardown; unless ``allow_unfired``), so a test of a loop the schedule never
+  reached cannot pass. Too few host devices fails the test naming ``--simulated-devices``.
 * **What happened, on failure.** A failed simulated test's report has a ``simulated slices``
   section: the schedule, each fault log line, the faults that never fired and the slices of
   every ``elastic_retry`` attempt.
@@ -37,6 +38,7 @@ __all__ = ["DEVICE_FLAG", "set_host_devices"]
 #: The XLA flag that sets how many CPU devices the host has.
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 _KEY = pytest.StashKey["Any"]()
+_FAILED = pytest.StashKey[bool]()
 
 
 def set_host_devices(count: int) -> None:
@@ -132,9 +134,15 @@ def simulated_slices(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
         fault_log=tmp_path / "faults.jsonl", step_program=options.get("step_program"),
     )
     request.node.stash[_KEY] = sim
-    with sim:
-        yield sim
-    if sim.unfired and not allow_unfired:
+    try:
+        sim.__enter__()
+    except RuntimeError as error:
+        needed = options["num_slices"] * options["devices_per_slice"]
+        pytest.fail(f"{error}. With this plugin: pytest --simulated-devices {needed} (or simulated_devices = "
+                    f"{needed} in the pytest configuration) sets them before JAX starts", pytrace=False)
+    yield sim  # pytest never throws the test's failure in here: the exit is a normal one
+    sim.__exit__(None, None, None)
+    if sim.unfired and not allow_unfired and not request.node.stash.get(_FAILED, False):
         pytest.fail(
             f"scheduled faults never fired: {[str(f) for f in sim.unfired]} after {sim.steps} counted "
             f"steps ({_report(sim)}); the loop never reached them. Key them to an earlier step, or "
@@ -156,6 +164,8 @@ def _report(sim: Any) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed  # a failed test is not failed again for its faults
     sim = item.stash.get(_KEY, None)
     if sim is not None and report.failed:
         report.sections.append(("simulated slices", _report(sim)))
