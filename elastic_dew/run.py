@@ -320,10 +320,11 @@ def _check_simulator_settings(spec: RunSpec, simulate: bool, slices: int) -> Non
                 f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
                 "set JAX_PLATFORMS=cpu to simulate"
             )
-    if spec.elastic.get("checkpoint_kind") == "multi_tier" and simulate:
+    if spec.elastic.get("checkpoint_kind") == "multi_tier" and simulate and spec.elastic.get("checkpoint_dir"):
         raise UsageError(
-            "--checkpoint-kind multi_tier needs TPU workers with colocated-Python sidecars "
-            "under Pathways (JAX_PLATFORMS=proxy); simulated slices use --checkpoint-kind orbax"
+            f"--checkpoint-dir is the TPU workers' local volume for --checkpoint-kind multi_tier; "
+            f"simulated slices write to the replicator stand-in's RUN_DIR/{rundir.REPLICATOR_DIR}/local: "
+            "drop --checkpoint-dir"
         )
     minimum = spec.elastic.get("minimum_slice_count")
     if spec.chaos:
@@ -476,8 +477,10 @@ def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
         return
     from elastic_dew.simulate import SimulatedSlices
 
+    multi_tier = p.config.checkpoint_kind == "multi_tier"
     with SimulatedSlices(
-        p.slices, p.devices_per_slice, schedule=p.chaos or None, fault_log=run_dir / rundir.FAULTS_FILE
+        p.slices, p.devices_per_slice, schedule=p.chaos or None, fault_log=run_dir / rundir.FAULTS_FILE,
+        replicator=run_dir.resolve() / rundir.REPLICATOR_DIR if multi_tier else None,
     ):
         yield
 
@@ -518,9 +521,15 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     )
     # The display learns the run directory chosen here (a timestamp when none was planned).
     with _slices(p, run_dir), display.running(dataclasses.replace(p, run_dir=run_dir)) as sinks:
+        config = p.config
+        if p.simulate and config.checkpoint_kind == "multi_tier":
+            from elastic_dew.simulate.replicator import local_directory
+
+            local = local_directory(run_dir.resolve() / rundir.REPLICATOR_DIR)
+            config = dataclasses.replace(config, checkpoint_dir=str(local))
         trainer = Trainer(
             **{name: parts[name] for name in _PARTS},
-            config=p.config,
+            config=config,
             run_dir=run_dir,
             log_every=p.log_every,
             seed=p.seed,

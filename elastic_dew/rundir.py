@@ -42,6 +42,7 @@ __all__ = [
     "TIMELINE_FILE",
     "CHECKPOINTS_DIR",
     "TENSORBOARD_DIR",
+    "REPLICATOR_DIR",
     "ENTRIES",
     "IDENTITY_KEYS",
     "RunDirError",
@@ -68,11 +69,14 @@ TIMELINE_FILE = "timeline.png"
 CHECKPOINTS_DIR = "checkpoints"
 #: TensorBoard event files (:mod:`elastic_dew.observe.tensorboard`), one per process.
 TENSORBOARD_DIR = "tensorboard"
+#: A simulated multi-tier run's replicator stand-in (:mod:`elastic_dew.simulate.replicator`):
+#: ``local/`` (the checkpoint directory), ``replicas/``, ``backup/``.
+REPLICATOR_DIR = "replicator"
 
 #: Everything a run directory may hold (``*.tmp`` are atomic writes in progress).
 ENTRIES = frozenset({
     COMMAND_FILE, EVENTS_FILE, FAULTS_FILE, SUMMARY_FILE, PARAMS_FILE, TIMELINE_FILE,
-    CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", TENSORBOARD_DIR,
+    CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", TENSORBOARD_DIR, REPLICATOR_DIR,
 })
 
 #: The keys of ``command.json`` that must match for a run directory to be resumed.

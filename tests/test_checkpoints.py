@@ -1,7 +1,13 @@
-"""Tier 2: persistent Orbax checkpoints, commit safety, and the multi-tier rules."""
+"""Tier 2: persistent Orbax checkpoints, commit safety, and multi-tier checkpointing.
+
+Everything runs Orbax's real code. Multi-tier checkpointing runs under ``SimulatedSlices``
+with its replicator stand-in: TPU workers, their colocated-Python sidecars and GKE's
+replicator service cannot exist on CPU (what the stand-in reproduces is in
+``elastic_dew.simulate.replicator``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,9 +23,16 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elastic_dew.elastic import checkpoints as checkpoints_module
 from elastic_dew.elastic import orbax_private
-from elastic_dew.elastic.checkpoints import Checkpoints
+from elastic_dew.elastic.checkpoints import Checkpoints, MultiTierError
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.runtime import Preempted, PreemptionNotice
+from elastic_dew.simulate import SimulatedSlices
+
+from linear import LinearProgram
+from linear import dataset as linear_dataset
 
 AXES = ("replica", "data", "model")
 REPO = Path(__file__).resolve().parent.parent
@@ -194,7 +207,7 @@ def test_a_save_killed_mid_write_is_never_restored_and_keeps_the_previous_checkp
     checkpoints.close()
 
 
-def test_multi_tier_on_cpu_is_refused_at_construction_before_touching_the_directory(tmp_path):
+def test_multi_tier_without_a_pathways_backend_is_refused_at_construction_before_touching_the_directory(tmp_path):
     directory = tmp_path / "mtc"
     with pytest.raises(RuntimeError, match="colocated Python.*'cpu'.*checkpoint_kind='orbax'"):
         Checkpoints(str(directory), kind="multi_tier", run_name="run", mesh=mesh_of(4))
@@ -206,101 +219,152 @@ def test_an_unknown_kind_is_refused_with_the_choices():
         Checkpoints("/tmp/unused-elastic-dew", kind="s3")
 
 
-class FakeInitialization:
-    """Stands in for orbax's multi-tier ``initialization`` (needs TPU sidecars + the replicator)."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict] = []
-
-    def initialize_multi_tier_checkpointing(self, directory, **kwargs):
-        self.calls.append({"directory": str(directory), **kwargs})
+# -- multi-tier: Orbax's real initialize_multi_tier_checkpointing and colocated
+# ReplicatorCheckpointManager under SimulatedSlices, which stands in for Pathways (devices
+# with slice_index, the backend test) and, with replicator=, for GKE's replicator service
+# (elastic_dew.simulate.replicator: it follows the service's file protocol). Nothing of
+# Orbax is faked.
 
 
-class FakeReplicatorModule:
-    """Stands in for ``replicator_checkpoint_manager``: keeps saved items in memory."""
-
-    def __init__(self) -> None:
-        self.managers: list = []
-        self.saved: dict[int, object] = {}
-        module = self
-
-        class Options:
-            def __init__(self, **kwargs):
-                self.kwargs = kwargs
-
-        class Manager:
-            def __init__(self, directory, *, options, global_mesh):
-                self.options, self.global_mesh, self.closed = options, global_mesh, False
-                module.managers.append(self)
-
-            def save(self, step, args, force=False):
-                module.saved[step] = args["state"].item
-                return True
-
-            def latest_step(self):
-                return max(module.saved) if module.saved else None
-
-            def restore(self, step, args):
-                return {"state": module.saved[step]}
-
-            def wait_until_finished(self):
-                pass
-
-            def close(self):
-                self.closed = True
-
-        self.ReplicatorCheckpointManagerOptions = Options
-        self.ReplicatorCheckpointManager = Manager
+def slice_mesh(sim, slices) -> Mesh:
+    devices = [d for i in slices for d in sim.slice_to_devices[i]]
+    return Mesh(np.array(devices).reshape(len(slices), -1, 1), AXES)
 
 
-def test_multi_tier_initialises_again_exactly_when_the_active_slice_count_changes(tmp_path, monkeypatch):
-    """Orbax's multi-tier modules are faked: they need TPUs and colocated-Python sidecars."""
-    initialization, replicator = FakeInitialization(), FakeReplicatorModule()
-    monkeypatch.setattr(checkpoints_module, "_require_colocated_python", lambda: None)
-    monkeypatch.setattr(checkpoints_module, "_multi_tier_modules", lambda: (initialization, replicator))
+def bind(checkpoints: Checkpoints, mesh: Mesh) -> None:
+    checkpoints.on_active_slices_changed(list(mesh.devices.flat), mesh)
 
-    checkpoints = Checkpoints(str(tmp_path), kind="multi_tier", run_name="run-a")
-    assert checkpoints.latest_step() is None and initialization.calls == []
 
-    four = mesh_of(4)
-    checkpoints.on_active_slices_changed(list(four.devices.flat), four)
-    checkpoints.on_active_slices_changed(list(four.devices.flat), four)
-    assert [c["num_slices"] for c in initialization.calls] == [4]
-    first = initialization.calls[0]
-    assert first["use_colocated_python"] is True and first["run_name"] == "run-a"
-    assert first["devices"] == list(four.devices.flat)
-    assert replicator.managers[0].options.kwargs["use_colocated_python"] is True
+def multi_tier(sim, **kwargs) -> Checkpoints:
+    return Checkpoints(str(sim.replicator.local), kind="multi_tier", run_name="dew", **kwargs)
 
-    three = mesh_of(3)
-    checkpoints.on_active_slices_changed(list(three.devices.flat), three)
-    assert [c["num_slices"] for c in initialization.calls] == [4, 3]
-    assert initialization.calls[1]["devices"] == list(three.devices.flat)
-    assert replicator.managers[0].closed and replicator.managers[-1].global_mesh == three
 
-    # Same count on other devices: no new initialisation, but a manager bound to the new mesh.
-    other_three = mesh_of(3, first=2)
-    checkpoints.on_active_slices_changed(list(other_three.devices.flat), other_three)
-    assert len(initialization.calls) == 2
-    assert replicator.managers[-1].global_mesh == other_three
+def test_multi_tier_saves_and_restores_bitwise_through_orbaxs_colocated_manager(tmp_path):
+    with SimulatedSlices(2, 2, replicator=tmp_path) as sim:
+        mesh = slice_mesh(sim, [0, 1])
+        checkpoints = multi_tier(sim, mesh=mesh, backup_interval_minutes=7)
+        # One handshake per worker (one per slice), each told its peer in the other slice.
+        assert [(h.rank, h.nodes, h.peers, h.backup_interval_minutes) for h in sim.replicator.handshakes] == [
+            (0, 2, (1,), 7), (1, 2, (0,), 7)
+        ]
+        assert checkpoints.latest_step() is None
+        state = state_on(mesh)
+        with pytest.raises(ValueError, match="step=0"):
+            checkpoints.save(0, state, {"step": 0})
+        meta = {"step": 1, "data": {"global_next_index": 24}}
+        checkpoints.save(1, state, meta)
+        checkpoints.wait()
+        assert checkpoints.latest_step() == 1
+        restored, restored_meta = checkpoints.restore(1, abstract_on(state, mesh))
+        assert restored_meta == meta
+        assert_same(restored, state)
+        assert restored["params"].sharding.mesh == mesh
+        sim.replicator.sync()
+        checkpoints.close()
+    assert sorted(p.name for p in (tmp_path / "backup" / "dew").iterdir()) == ["1"]
 
-    state = state_on(other_three)
-    with pytest.raises(ValueError, match="step=0"):
-        checkpoints.save(0, state, {"step": 0})
-    assert replicator.saved == {}
 
-    meta = {"step": 1, "data": {"global_next_index": 24}}
-    checkpoints.save(1, state, meta)
-    checkpoints.wait()
-    assert checkpoints.latest_step() == 1
-    restored, restored_meta = checkpoints.restore(1, abstract_on(state, other_three))
-    assert restored_meta == meta
-    assert_same(restored, state)
-    checkpoints.close()
+class _Recorder:
+    """Wraps a manager and records every attribute asked of it (a call into its workers)."""
+
+    def __init__(self, manager) -> None:
+        self.manager, self.asked = manager, []
+
+    def __getattr__(self, name):
+        self.asked.append(name)
+        return getattr(self.manager, name)
+
+
+def test_multi_tier_initialises_again_for_a_new_slice_set_of_the_same_count_and_never_calls_the_lost_one(tmp_path):
+    """Replica-resize from slices {0, 1} to {0, 2}: the count is unchanged, the workers are not."""
+    with SimulatedSlices(3, 2, replicator=tmp_path) as sim:
+        checkpoints = multi_tier(sim)
+        first = slice_mesh(sim, [0, 1])
+        bind(checkpoints, first)
+        bind(checkpoints, first)  # the same devices again: nothing to do
+        assert checkpoints.backend.initializations == 1
+        checkpoints.save(1, state_on(first), {"step": 1})
+        checkpoints.wait()
+        recorder = checkpoints.backend.manager = _Recorder(checkpoints.backend.manager)
+
+        sim.lose(1)
+        checkpoints.on_slice_lost()
+        assert checkpoints.latest_step() == 1  # known committed, without asking the workers
+        other = slice_mesh(sim, [0, 2])
+        bind(checkpoints, other)
+        assert recorder.asked == []
+        assert checkpoints.backend.initializations == 2
+        assert checkpoints.latest_step() == 1
+        expected = state_on(other)  # the same values, on slices that are not lost
+        restored, meta = checkpoints.restore(1, abstract_on(expected, other))
+        assert meta == {"step": 1} and restored["params"].sharding.mesh == other
+        assert_same(restored, expected)
+
+        # Scale-up in place (no loss): the old manager's save commits, then a new setup.
+        checkpoints.save(2, restored, {"step": 2})
+        sim.restore(1)
+        everything = slice_mesh(sim, [0, 1, 2])
+        bind(checkpoints, everything)
+        assert checkpoints.backend.initializations == 3
+        assert checkpoints.latest_step() == 2
+        assert [h.nodes for h in sim.replicator.handshakes] == [2, 2, 2, 2, 3, 3, 3]
+        checkpoints.close()
+
+
+def test_a_replaced_node_is_restored_from_its_peer_only_by_initialising_again_on_the_same_devices(tmp_path):
+    """Pause-resume returns the same devices, but the returned slice may be a new node with an
+    empty local directory: only the initialisation's handshake makes the replicator restore it."""
+    with SimulatedSlices(2, 2, replicator=tmp_path) as sim:
+        mesh = slice_mesh(sim, [0, 1])
+        checkpoints = multi_tier(sim, mesh=mesh)
+        state = state_on(mesh, 3.0)
+        checkpoints.save(4, state, {"step": 4})
+        checkpoints.wait()
+        sim.replicator.sync()
+        sim.replicator.replace_node(1)
+
+        bind(checkpoints, mesh)  # the same devices and no loss reported: not initialised again
+        with pytest.raises(ValueError, match="No step path found"):
+            checkpoints.restore(4, abstract_on(state, mesh))
+
+        checkpoints.on_slice_lost()
+        bind(checkpoints, mesh)
+        assert [(r.rank, r.step, r.source) for r in sim.replicator.restores] == [(1, 4, "peer n0")]
+        assert checkpoints.latest_step() == 4
+        restored, meta = checkpoints.restore(4, abstract_on(state, mesh))
+        assert meta == {"step": 4}
+        assert_same(restored, state)
+        checkpoints.close()
+
+
+def test_a_replicator_failure_is_an_error_that_says_where_to_look_and_keeps_the_checkpoints(tmp_path):
+    with SimulatedSlices(1, 2, replicator=tmp_path) as sim:
+        mesh = slice_mesh(sim, [0])
+        checkpoints = multi_tier(sim, mesh=mesh)
+        checkpoints.save(1, state_on(mesh), {"step": 1})
+        checkpoints.wait()
+        sim.replicator.sync()
+        sim.replicator.fail("backup bucket not writable")
+        checkpoints.on_slice_lost()
+        with pytest.raises(MultiTierError, match="replicator failed.*backup bucket not writable.*kubectl logs"):
+            bind(checkpoints, mesh)
+        assert not (sim.replicator.local / "replicator.failed").exists()  # read and cleared by Orbax
+        bind(checkpoints, mesh)
+        assert checkpoints.latest_step() == 1
+        checkpoints.close()
+
+
+def test_an_initialisation_the_replicator_never_answers_ends_at_the_timeout_with_what_to_check(tmp_path):
+    with SimulatedSlices(1, 2, replicator=tmp_path) as sim:
+        sim.replicator.answering = False
+        started = time.monotonic()
+        with pytest.raises(MultiTierError, match="not initialised within 2 s.*replicator.yaml.*--mtc-init-timeout"):
+            multi_tier(sim, mesh=slice_mesh(sim, [0]), init_timeout_seconds=2)
+        assert time.monotonic() - started < 30
+        assert sim.replicator.handshakes == []
 
 
 def test_multi_tier_needs_a_run_name(tmp_path, monkeypatch):
-    """Orbax's multi-tier modules are faked: they need TPUs and colocated-Python sidecars."""
-    monkeypatch.setattr(checkpoints_module, "_require_colocated_python", lambda: None)
     monkeypatch.delenv("JOBSET_NAME", raising=False)
     with pytest.raises(ValueError, match="run_name or set JOBSET_NAME"):
         Checkpoints(str(tmp_path), kind="multi_tier")
@@ -364,3 +428,31 @@ def test_a_leaf_saved_replica_parallel_is_prepared_so_its_first_save_compiles_no
         unprepared.wait()
         unprepared.close()
     assert Checkpoints(str(tmp_path / "prepared")).latest_step() == 1
+
+
+def test_a_preemption_while_waiting_for_a_slice_commits_the_snapshot_through_multi_tier_on_the_healthy_slices(tmp_path):
+    """Pause-resume loses slice 1 for good; a real SIGTERM (``preempt@+1``) ends the wait. The
+    newest snapshot is committed through a multi-tier setup re-initialised on slice 0 alone,
+    and a re-run on both slices resumes from it."""
+    config = ElasticConfig(
+        poll_interval=0.05, timeout=60, global_batch=8, snapshot_every=2, checkpoint_every=0,
+        checkpoint_kind="multi_tier",
+    )
+    with SimulatedSlices(2, 2, schedule="lose:1@5,preempt@+1", replicator=tmp_path) as sim:
+        config = dataclasses.replace(config, checkpoint_dir=str(sim.replicator.local))
+        events: list = []
+        with PreemptionNotice() as notice, pytest.raises(Preempted) as stopped:
+            ElasticRun(LinearProgram(), ElasticData(linear_dataset()), config, emit=events.append,
+                       notice=notice, run_name="dew").run(8)
+        assert stopped.value.step == 4
+        assert [(e.reason, e.step) for e in events if e.kind == "stop"] == [("slice_lost", 4), ("preempted", 4)]
+        assert [(e.tier, e.step) for e in events if e.kind == "save" and e.tier == "checkpoint"] == [("checkpoint", 4)]
+        assert [h.nodes for h in sim.replicator.handshakes] == [2, 2, 1]  # start, then slice 0 alone
+
+        sim.restore(1)
+        again: list = []
+        _, step = ElasticRun(LinearProgram(), ElasticData(linear_dataset()), config, emit=again.append,
+                             run_name="dew").run(8)
+    assert step == 8
+    resumes = [(e.source, e.step) for e in again if e.kind == "resume"]
+    assert resumes == [("checkpoint", 5)]

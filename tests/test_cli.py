@@ -254,12 +254,24 @@ def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption(tmp_pa
     assert (run_dir / "timeline.png").exists()
 
 
-def test_multi_tier_checkpointing_is_refused_on_simulated_slices(tmp_path, monkeypatch, capsys):
-    """It needs TPU workers with colocated-Python sidecars, which a CPU cannot be."""
+def test_a_simulated_multi_tier_run_checkpoints_through_the_replicator_stand_in_in_its_run_directory(tmp_path):
+    """Orbax's real multi-tier manager, with the simulator's stand-in for GKE's replicator."""
+    run_dir = tmp_path / "mtc"
+    assert cli.main(["train", "mlp", "--checkpoint-kind", "multi_tier", "--slices", "2", "--steps", "6",
+                     "--checkpoint-every", "3", "--snapshot-every", "0", "--run-dir", str(run_dir)]) == 0
+    saves = [e["step"] for e in record.run_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
+    assert saves == [3, 6]
+    backup = run_dir / "replicator" / "backup" / run_dir.name
+    assert sorted(int(p.name) for p in backup.iterdir()) == [3, 6]
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_a_checkpoint_directory_for_multi_tier_is_refused_on_simulated_slices(tmp_path, monkeypatch, capsys):
+    """Simulated multi-tier checkpoints live in the replicator stand-in's directory of the run."""
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["train", "mlp", "--checkpoint-kind", "multi_tier"]) == 2
-    err = capsys.readouterr().err
-    assert "--checkpoint-kind multi_tier needs TPU workers" in err
+    args = ["train", "mlp", "--checkpoint-kind", "multi_tier", "--checkpoint-dir", str(tmp_path / "x")]
+    assert cli.main(args) == 2
+    assert "RUN_DIR/replicator/local: drop --checkpoint-dir" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

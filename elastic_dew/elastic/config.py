@@ -176,8 +176,15 @@ class ElasticConfig:
         :data:`MULTI_TIER_DIR` for ``multi_tier``) where a run directory is known, and no
         tier 2 for an :class:`~elastic_dew.elastic.protocol.ElasticRun` built alone.
       checkpoint_kind: ``orbax`` (a ``CheckpointManager``) or ``multi_tier`` (the
-        guide's ``ReplicatorCheckpointManager`` with colocated Python; TPU only).
+        guide's ``ReplicatorCheckpointManager`` with colocated Python: a Pathways backend,
+        or the simulator with its replicator stand-in).
       max_to_keep: persistent checkpoints kept.
+      mtc_backup_minutes: ``multi_tier`` only: the replicator's backup cadence to the
+        bucket (``backup_interval_minutes``; the guide's 10).
+      mtc_init_timeout: ``multi_tier`` only: seconds one initialisation of multi-tier
+        checkpointing may wait for the replicator (Orbax's
+        ``jax_initialization_timeout_seconds``, 900); initialisation runs at start, on every
+        attempt and at every scale-up.
 
     Recovery speed:
       precompile_smaller_meshes: in replica-resize mode, compile the training step for
@@ -241,10 +248,21 @@ class ElasticConfig:
     checkpoint_kind: Literal["orbax", "multi_tier"] = setting(
         "orbax",
         "persistent tier: orbax (a CheckpointManager in the run directory) or multi_tier "
-        "(the guide's ReplicatorCheckpointManager over colocated-Python sidecars; TPU only)",
+        "(the guide's ReplicatorCheckpointManager over colocated-Python sidecars; simulated "
+        "with a stand-in for GKE's replicator in RUN_DIR/replicator)",
         flag="--checkpoint-kind", choices=CHECKPOINT_KINDS,
     )
     max_to_keep: int = setting(3, bound=Bound(1))
+    mtc_backup_minutes: int = setting(
+        10, "multi_tier: minutes between the replicator's backups of the local checkpoints to "
+        "the bucket (default {default}, the guide's)",
+        bound=Bound(1, unit="minutes"), flag="--mtc-backup-minutes", metavar="MINUTES",
+    )
+    mtc_init_timeout: int = setting(
+        900, "multi_tier: seconds one initialisation (at start, every attempt and scale-up) may wait "
+        "for the replicator before the run fails (default {default}, Orbax's)",
+        bound=Bound(1, unit="seconds"), flag="--mtc-init-timeout", metavar="SECONDS",
+    )
 
     precompile_smaller_meshes: bool = True
 

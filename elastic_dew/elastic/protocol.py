@@ -300,6 +300,7 @@ class ElasticRun:
         self.timer.slice_lost()
         logger.warning("slice lost after step %d; waiting for slices", self.last_step)
         self.emit(Stop(reason="slice_lost", step=self.last_step))
+        self.tiers.slices_lost()
         # Until the next attempt starts, a preemption notice (one pending now, or one that
         # arrives) ends the wait at once (NoticeInWait, handled in run) instead of at a step
         # boundary a paused run never reaches.
@@ -375,6 +376,7 @@ class ElasticRun:
         its step, or ``None`` when no snapshot could be loaded."""
         self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
         mesh = build_mesh(self.manager, self.config.model_axis)
+        self.tiers.slices_changed(mesh)
         source, step, state, meta = self.tiers.restore(self.program.abstract_state(mesh))
         if source != "snapshot":
             return None

@@ -144,6 +144,8 @@ class Tiers:
                 max_to_keep=config.max_to_keep,
                 num_slices=num_slices,
                 run_name=run_name,
+                backup_interval_minutes=config.mtc_backup_minutes,
+                init_timeout_seconds=config.mtc_init_timeout,
             )
         return cls(
             SnapshotTier(snapshots, config.snapshot_every),
@@ -185,9 +187,19 @@ class Tiers:
             self.checkpoints.prepare(state)
 
     def slices_changed(self, mesh: jax.sharding.Mesh) -> None:
-        """Tell tier 2 about the mesh; the multi-tier kind re-initialises on a new slice count."""
+        """Bind tier 2 to ``mesh``'s devices before anything is saved or restored through it.
+
+        The protocol calls this at every attempt, at every scale-up and before it persists
+        a snapshot while stopping; the multi-tier kind initialises again whenever the active
+        devices changed or a slice was lost since it was last bound.
+        """
         if self.checkpoints is not None:
             self.checkpoints.on_active_slices_changed(list(mesh.devices.flat), mesh)
+
+    def slices_lost(self) -> None:
+        """A slice was lost: tier 2 forgets what is bound to the old devices without calling it."""
+        if self.checkpoints is not None:
+            self.checkpoints.on_slice_lost()
 
     def restore(self, abstract: Any) -> tuple[str, int, Any, dict] | None:
         """The newest complete state as ``(source, step, state, meta)`` on ``abstract``'s

@@ -67,6 +67,7 @@ import jax
 from elastic_dew.elastic import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.patches import registry
+from elastic_dew.simulate.replicator import Replicator
 from elastic_dew.simulate.schedule import (
     SLICE_DOWN_CODES,
     Fault,
@@ -132,6 +133,11 @@ class SimulatedSlices:
     records each fault, flushed and fsynced, before it fires, so a process restarted with the
     same schedule and log does not fire it again. Without ``fault_log`` a restarted process
     fires every fault again.
+
+    ``replicator`` (a directory) runs a stand-in for GKE's multi-tier checkpoint replicator
+    there while the simulator is active (:class:`elastic_dew.simulate.replicator.Replicator`,
+    :attr:`replicator`), so ``checkpoint_kind="multi_tier"`` runs Orbax's real multi-tier
+    code with its local directory at ``replicator.local``.
     """
 
     def __init__(
@@ -142,6 +148,7 @@ class SimulatedSlices:
         schedule: str | Schedule | None = None,
         fault_log: str | os.PathLike[str] | None = None,
         step_program: str | None = None,
+        replicator: str | os.PathLike[str] | None = None,
     ) -> None:
         Topology.check_shape(num_slices, devices_per_slice)
         schedule = as_schedule(schedule)
@@ -156,6 +163,8 @@ class SimulatedSlices:
         self.schedule = schedule
         self.fault_log = Path(fault_log) if fault_log is not None else None
         self.step_program = step_program
+        #: The multi-tier replicator stand-in, when ``replicator`` names its directory.
+        self.replicator = Replicator(replicator) if replicator is not None else None
         self._runner = ScheduleRunner(
             schedule, self, FaultLog(self.fault_log) if self.fault_log is not None else None,
             idle=self._idle,
@@ -205,6 +214,8 @@ class SimulatedSlices:
             health.install()
             self._installed_health = True
         self._runner.__enter__()
+        if self.replicator is not None:
+            self.replicator.__enter__()
         logger.info(
             "simulating %d slices of %d CPU devices; schedule %s",
             self.num_slices,
@@ -214,6 +225,8 @@ class SimulatedSlices:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
+        if self.replicator is not None:
+            self.replicator.__exit__(*exc_info)
         self._runner.__exit__(*exc_info)
         if exc_info[0] is None:
             # A process that ends with an error or a preemption leaves its faults to the

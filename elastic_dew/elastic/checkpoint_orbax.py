@@ -1,0 +1,184 @@
+"""The ``orbax`` checkpoint backend: an Orbax ``CheckpointManager`` on a directory or ``gs://`` path.
+
+Each step is saved as two items, ``state`` (the arrays, ``StandardSave``) and ``meta`` (the
+step, the data position and other small values, ``JsonSave``): nothing is pickled. Orbax
+writes a step into ``<step>.orbax-checkpoint-tmp-<n>`` and renames it to ``<step>`` when it
+commits (on ``gs://`` it writes ``commit_success.txt`` instead), and only then deletes the
+checkpoints beyond ``max_to_keep``. A save cut short (the process SIGKILLed mid-write)
+therefore leaves only a temporary directory, which is never listed and never costs the
+previous checkpoint. A step directory counts as committed only when Orbax's step metadata
+carries its commit timestamp and both items are present
+(:func:`elastic_dew.rundir.committed`), so a partial or corrupt ``<step>`` directory is
+skipped too; a committed step that cannot be read is diagnosed by :func:`unreadable`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.sharding import Mesh
+
+from elastic_dew import rundir
+from elastic_dew.elastic import orbax_private
+from elastic_dew.elastic.checkpoint_backend import abstract_key_data, rewrap_keys, unwrap_keys
+from elastic_dew.elastic.checkpoint_warmup import SaveWarmup
+
+__all__ = ["OrbaxBackend", "unreadable"]
+
+logger = logging.getLogger(__name__)
+
+_STATE = "state"
+_META = "meta"
+
+
+def _leaf_shapes(tree: Any) -> dict[str, tuple]:
+    """``{"params/w": shape}``; key names only, so a namedtuple and the dict Orbax stores it as agree."""
+    return {
+        "/".join(re.findall(r"\w+", jax.tree_util.keystr(path))): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+def unreadable(directory: epath.Path, step: int, abstract: Any, error: Exception) -> ValueError:
+    """Why committed ``step`` in ``directory`` cannot be restored onto ``abstract``, and the fix.
+
+    Either the checkpoint was written by a model of another shape (its stored metadata
+    names the leaves that differ: resume with that model, or train in a new run directory),
+    or it was damaged after it was committed (move it aside and resume from the previous
+    committed step, named, or from step 1).
+    """
+    path = directory / str(step)
+    try:
+        stored_shapes = _leaf_shapes(ocp.StandardCheckpointHandler().metadata(path / _STATE))
+    except Exception:  # noqa: BLE001 - unreadable metadata is damage, reported below
+        stored_shapes = None
+    if stored_shapes is not None:
+        wanted = _leaf_shapes(abstract)
+        differences = [
+            f"{name} is {stored_shapes.get(name, 'absent')} there and {shape} in the model"
+            for name, shape in wanted.items()
+            if stored_shapes.get(name) != shape
+        ]
+        differences += [f"{name} is there and not in the model" for name in stored_shapes if name not in wanted]
+        if differences:
+            return ValueError(
+                f"checkpoint step {step} in {directory} was written by a model of "
+                f"another shape ({'; '.join(differences[:3])}); resume it with the model "
+                "that wrote it, or train this model in a new run directory"
+            )
+    older = [s for s in rundir.committed_checkpoint_steps(directory) if s < step]
+    previous = (
+        f"to resume from the previous committed checkpoint {older[-1]}"
+        if older else "to start again from step 1"
+    )
+    return ValueError(
+        f"checkpoint step {step} in {directory} is committed but cannot be read, so it "
+        f"was damaged after it was written ({type(error).__name__}: {str(error)[:200]}); "
+        f"move it aside (mv {path} {path}.damaged) {previous}"
+    )
+
+
+class OrbaxBackend:
+    """``ocp.CheckpointManager`` with ``state`` + ``meta`` items and a strict commit check.
+
+    It does not depend on the mesh (``bind`` and ``drop`` do nothing); ``prepare`` compiles
+    a layout's first save in the background (:class:`~elastic_dew.elastic.checkpoint_warmup.SaveWarmup`).
+    """
+
+    def __init__(self, directory: str, max_to_keep: int) -> None:
+        self.directory = str(directory)
+        self.path = epath.Path(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True
+        )
+        # Small leaves are saved whole by one replica: nothing to compile on a first save
+        # (orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES); large ones replica-parallel.
+        arrays = orbax_private.replica_parallel_array_handler()
+        self.manager = ocp.CheckpointManager(
+            self.path,
+            options=options,
+            item_handlers={_STATE: orbax_private.state_item_handler(arrays), _META: ocp.JsonCheckpointHandler()},
+        )
+        self.warmup = SaveWarmup(arrays)
+
+    def latest_step(self) -> int | None:
+        steps = rundir.committed_checkpoint_steps(self.path)
+        return steps[-1] if steps else None
+
+    def _steps_on_disk(self) -> list[int]:
+        if not self.path.exists():
+            return []
+        return sorted(int(p.name) for p in self.path.iterdir() if p.name.isdigit())
+
+    def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
+        self.warmup.stop()
+        if step in self._steps_on_disk():
+            # A partial <step> directory (never committed): clear it so the step can be written.
+            self.manager.wait_until_finished()
+            partial = self.path / str(step)
+            logger.warning("removing uncommitted checkpoint directory %s", partial)
+            if os.path.islink(os.fspath(partial)):
+                # A link placed there: remove the link, never what it points to.
+                os.unlink(os.fspath(partial))
+            else:
+                partial.rmtree()
+            self.manager.reload()
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    _STATE: ocp.args.StandardSave(unwrap_keys(state)),
+                    _META: ocp.args.JsonSave(json.loads(meta_json)),
+                }
+            ),
+            force=force,
+        )
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.check_for_errors()
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+        if not rundir.committed(self.path / str(step)):
+            raise ValueError(
+                f"checkpoint step {step} is not committed in {self.directory}; "
+                f"the newest committed step is {self.latest_step()}"
+            )
+        abstract = abstract_key_data(abstract_state)
+        try:
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{_STATE: ocp.args.StandardRestore(abstract), _META: ocp.args.JsonRestore()}
+                ),
+            )
+        except (ValueError, OSError) as error:
+            raise unreadable(self.path, step, abstract, error) from error
+        return rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])
+
+    def bind(self, devices: list[jax.Device], mesh: Mesh) -> None:
+        return None
+
+    def drop(self) -> None:
+        return None
+
+    def prepare(self, state: Any) -> None:
+        self.warmup.start(state)
+
+    def prepared(self, timeout: float | None = None) -> bool:
+        return self.warmup.done(timeout)
+
+    def stop_preparing(self) -> None:
+        self.warmup.stop()
+
+    def close(self) -> None:
+        self.warmup.stop()
+        self.manager.wait_until_finished()
+        self.manager.close()
