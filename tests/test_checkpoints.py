@@ -438,21 +438,22 @@ def test_a_preemption_while_waiting_for_a_slice_commits_the_snapshot_through_mul
         poll_interval=0.05, timeout=60, global_batch=8, snapshot_every=2, checkpoint_every=0,
         checkpoint_kind="multi_tier",
     )
-    with SimulatedSlices(2, 2, schedule="lose:1@5,preempt@+1", replicator=tmp_path) as sim:
+    with SimulatedSlices(2, 2, schedule="lose:1@8,preempt@+1", replicator=tmp_path) as sim:
         config = dataclasses.replace(config, checkpoint_dir=str(sim.replicator.local))
         events: list = []
         with PreemptionNotice() as notice, pytest.raises(Preempted) as stopped:
             ElasticRun(LinearProgram(), ElasticData(linear_dataset()), config, emit=events.append,
-                       notice=notice, run_name="dew").run(8)
-        assert stopped.value.step == 4
-        assert [(e.reason, e.step) for e in events if e.kind == "stop"] == [("slice_lost", 4), ("preempted", 4)]
-        assert [(e.tier, e.step) for e in events if e.kind == "save" and e.tier == "checkpoint"] == [("checkpoint", 4)]
+                       notice=notice, run_name="dew").run(10)
+        # Snapshot 6 was taken two step boundaries before the loss, so it has landed.
+        assert stopped.value.step == 6
+        assert [(e.reason, e.step) for e in events if e.kind == "stop"] == [("slice_lost", 7), ("preempted", 6)]
+        assert [(e.tier, e.step) for e in events if e.kind == "save" and e.tier == "checkpoint"] == [("checkpoint", 6)]
         assert [h.nodes for h in sim.replicator.handshakes] == [2, 2, 1]  # start, then slice 0 alone
 
         sim.restore(1)
         again: list = []
         _, step = ElasticRun(LinearProgram(), ElasticData(linear_dataset()), config, emit=again.append,
-                             run_name="dew").run(8)
-    assert step == 8
+                             run_name="dew").run(10)
+    assert step == 10
     resumes = [(e.source, e.step) for e in again if e.kind == "resume"]
-    assert resumes == [("checkpoint", 5)]
+    assert resumes == [("checkpoint", 7)]

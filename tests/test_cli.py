@@ -255,15 +255,22 @@ def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption(tmp_pa
 
 
 def test_a_simulated_multi_tier_run_checkpoints_through_the_replicator_stand_in_in_its_run_directory(tmp_path):
-    """Orbax's real multi-tier manager, with the simulator's stand-in for GKE's replicator."""
+    """Orbax's real multi-tier manager, with the simulator's stand-in for GKE's replicator
+    (planned from the command line's options and executed in this process, whose 8 CPU
+    devices are 4 slices of 2)."""
     run_dir = tmp_path / "mtc"
-    assert cli.main(["train", "mlp", "--checkpoint-kind", "multi_tier", "--slices", "2", "--steps", "6",
-                     "--checkpoint-every", "3", "--snapshot-every", "0", "--run-dir", str(run_dir)]) == 0
+    parser = argparse.ArgumentParser()
+    console.add_options(parser)
+    args = parser.parse_args(["mlp", "--checkpoint-kind", "multi_tier", "--steps", "6", "--checkpoint-every", "3",
+                              "--snapshot-every", "0", "--mtc-backup-minutes", "5", "--run-dir", str(run_dir)])
+    plan = runs.plan(console.spec_of(args))
+    assert plan.config.mtc_backup_minutes == 5
+    assert runs.execute(plan).status == 0
     saves = [e["step"] for e in record.run_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
     assert saves == [3, 6]
-    backup = run_dir / "replicator" / "backup" / run_dir.name
+    backup = run_dir / rundir.REPLICATOR_DIR / "backup" / run_dir.name
     assert sorted(int(p.name) for p in backup.iterdir()) == [3, 6]
-    assert not (run_dir / "checkpoints").exists()
+    assert not (run_dir / rundir.CHECKPOINTS_DIR).exists()
 
 
 def test_a_checkpoint_directory_for_multi_tier_is_refused_on_simulated_slices(tmp_path, monkeypatch, capsys):

@@ -24,7 +24,7 @@ simulator puts it under the run directory): ``local/`` is the host's local check
 directory (what ``--checkpoint-dir`` points at), ``replicas/n{rank}/<step>`` what each
 node's RAM disk holds, ``backup/<job>/<step>`` the bucket. A background thread answers
 handshakes and copies each committed step of ``local/`` to every node's replica and to the
-backup (:meth:`Replicator.sync` does it at once).
+backup (:meth:`Replicator.sync` does it at once, and once more when the stand-in stops).
 
 What is **not** reproduced, and why:
 
@@ -190,6 +190,7 @@ class Replicator:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.sync()  # what was committed before the end is replicated and backed up
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
