@@ -52,7 +52,8 @@ is active, the colocated function of Orbax's initialisation runs once per worker
 worker's shard of each argument, as on Pathways (:func:`_per_worker`), and the colocated
 CPU device of a simulated device is the device itself (on CPU, JAX maps devices to the
 first CPU devices by position, which would put one slice's sidecar data on another's
-devices). A sidecar process
+devices). Colocated functions are handed to JAX's CPU fallback as objects, not pickled
+(:class:`_InProcessFunctions`: the simulator's patches do not pickle). A sidecar process
 parses its absl flags, which the sidecars' Orbax reads; this process plays the sidecars, so
 the stand-in marks absl's flags parsed (their defaults) when nothing has parsed them.
 """
@@ -61,6 +62,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import logging
 import os
 import re
@@ -290,10 +292,14 @@ class Replicator:
     # ------------------------------------------------------------------ per-worker dispatch
     def _install(self) -> None:
         import jax.experimental.colocated_python as colocated
+        from jax.experimental.colocated_python import func as colocated_func
         from absl import flags
         from orbax.checkpoint.experimental.emergency.multi_tier_checkpointing import initialization
 
         self._replace(initialization, "colocated_python", SimpleNamespace(colocated_python=_per_worker))
+        functions = _InProcessFunctions()
+        self._replace(colocated_func, "_serialize", functions.serialize)
+        self._replace(colocated_func, "_deserialize", functions.deserialize)
         self._replace(colocated, "colocated_cpu_devices", _colocated_cpu_devices(colocated.colocated_cpu_devices))
         if not flags.FLAGS.is_parsed():
             # The sidecars' Orbax reads absl flags (a restore reads
@@ -307,6 +313,29 @@ class Replicator:
         original = getattr(owner, name)
         setattr(owner, name, replacement)
         self._undo.append(lambda: setattr(owner, name, original))
+
+
+class _InProcessFunctions:
+    """Colocated Python's function serialisation, kept in this process.
+
+    JAX pickles a colocated function with cloudpickle and, on CPU, unpickles it at once to
+    run it here. The simulator's own patches are closures over its registry and locks,
+    which JAX functions reach (a colocated function's signature names ``jax.Array``), so
+    the pickle would fail for a reason no Pathways run has; the function object itself is
+    handed over instead.
+    """
+
+    def __init__(self) -> None:
+        self._functions: dict[int, Any] = {}
+        self._keys = itertools.count()
+
+    def serialize(self, obj: Any) -> bytes:
+        key = next(self._keys)
+        self._functions[key] = obj
+        return f"elastic-dew-colocated:{key}".encode()
+
+    def deserialize(self, data: bytes) -> Any:
+        return self._functions.pop(int(data.decode().rpartition(":")[2]))
 
 
 def _colocated_cpu_devices(original: Any) -> Any:
