@@ -125,7 +125,7 @@ def test_the_lm_recipes_parts_train_directly_with_its_weights_split_over_model(t
     from recipes import lm
 
     parts = lm.build(d_model=32, layers=1, seq_len=16, corpus_chars=5000)
-    assert set(parts) == {"init", "loss", "optimizer", "dataset", "model_sharding"}
+    assert set(parts) == {"init", "loss", "optimizer", "dataset", "model_sharding", "data_workers"}
     with SimulatedSlices(4, 2):
         result = Trainer(
             **parts, config=_config(model_axis=2, global_batch=12), run_dir=tmp_path / "run", sharding="fsdp"
