@@ -325,7 +325,7 @@ def test_workers_have_one_job_per_slice_tpu_selectors_exclusive_placement_and_a_
     assert "--instance_count=3" in rm and "--instance_type=tpuv5:2x2x4" in rm
 
 
-def test_the_mtc_variant_puts_the_sidecar_shared_memory_and_csi_volume_on_workers_only():
+def test_the_mtc_variant_puts_the_sidecar_with_its_requests_shared_memory_and_csi_volume_on_workers_only():
     js = jobset(params(mtc=True, sidecar_image="s/side:1"))
     proxy = named(pod(head(js))["initContainers"], "pathways-proxy")
     assert "--sidecar_name=external" in proxy["args"]
@@ -333,6 +333,7 @@ def test_the_mtc_variant_puts_the_sidecar_shared_memory_and_csi_volume_on_worker
     sidecar = named(wp["initContainers"], "colocated-python-sidecar")
     pw = named(wp["containers"], "pathways-worker")
     assert sidecar["image"] == "s/side:1"
+    assert sidecar["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"}}  # Google's launcher template
     assert "--cloud_pathways_sidecar_shm_directory=/tmp/sidecar" in pw["args"]
     volumes = {v["name"]: v for v in wp["volumes"]}
     assert volumes["checkpoint-mount"]["csi"]["driver"] == "multitier-checkpoint.csi.storage.gke.io"

@@ -3,8 +3,9 @@
 Each manifest's header names the command that renders it; re-running that command must give
 the same bytes (no hand edits, no drift when the renderer changes). They validate from a copy
 of the package with nothing beside it, as from a fresh clone or a plain pip install. The Dockerfiles must pin
-the same jax and jaxlib versions and the same Python as each other, as the resilience guide
-requires of the workload and colocated-Python sidecar images.
+the same jax and jaxlib, orbax-checkpoint and pathwaysutils versions and the same Python as
+each other, as the resilience guide requires of the workload and colocated-Python sidecar
+images.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 
 from conftest import REPO
 from elastic_dew.cli import main
+from elastic_dew.elastic import orbax_private
 from elastic_dew.k8s import validate as V
 
 K8S = REPO / "k8s"
@@ -64,19 +66,30 @@ def test_each_manifest_validates_against_its_schema_and_the_semantic_checks(path
 
 def _dockerfile(name):
     text = (K8S / name).read_text()
-    (jax_version,) = re.findall(r"^ARG JAX_VERSION=(\S+)$", text, re.M)
-    installs = re.findall(r'"(jax|jaxlib)==\$\{JAX_VERSION\}"', text)
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    pins = dict(re.findall(r'"([\w-]+)==\$\{(\w+)\}"', text))
     python = re.findall(r"python[_:-]?(3\.\d+)|PYTHON_VERSION=(3\.\d+)", text)
-    return jax_version, sorted(installs), {a or b for a, b in python}
+    return args, pins, {a or b for a, b in python}, text
 
 
-def test_the_controller_and_sidecar_images_pin_the_same_jax_jaxlib_and_python():
-    controller, sidecar = _dockerfile("Dockerfile.controller"), _dockerfile("Dockerfile.sidecar")
-    assert controller[0] == sidecar[0]
-    assert controller[1] == sidecar[1] == ["jax", "jaxlib"]
-    assert controller[2] == sidecar[2] == {"3.12"}
-    major, minor, patch = (int(x) for x in controller[0].split("."))
+def test_the_controller_and_sidecar_images_pin_the_same_jax_orbax_pathwaysutils_and_python():
+    """The sidecar unpickles what the controller sends, and multi-tier checkpointing runs Orbax
+    on both sides (Orbax 0.12.9 changed what step 0 means): one version of each, the tested one."""
+    (c_args, c_pins, c_python, _), (s_args, s_pins, s_python, sidecar) = (
+        _dockerfile("Dockerfile.controller"), _dockerfile("Dockerfile.sidecar"))
+    wanted = {"jax": "JAX_VERSION", "jaxlib": "JAX_VERSION", "orbax-checkpoint": "ORBAX_VERSION",
+              "pathwaysutils": "PATHWAYSUTILS_VERSION"}
+    assert c_pins == s_pins == wanted
+    for arg in set(wanted.values()):
+        assert c_args[arg] == s_args[arg], arg
+    assert c_args["ORBAX_VERSION"] == orbax_private.ORBAX_VERSION_READ  # the Orbax read and tested
+    assert c_python == s_python == {"3.12"}
+    major, minor, patch = (int(x) for x in c_args["JAX_VERSION"].split("."))
     assert (major, minor, patch) >= (0, 10, 1)  # the guide's minimum for colocated Python
+    # The sidecar's base is built for that jax and Python: nothing upgrades jax over it.
+    base_python, base_jax = re.fullmatch(r".*python_(3\.\d+)-jax_(\S+)", s_args["SIDECAR_BASE"]).groups()
+    assert (base_python, base_jax) == ("3.12", s_args["JAX_VERSION"])
+    assert "--upgrade" not in sidecar
 
 
 def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_manifests(tmp_path):

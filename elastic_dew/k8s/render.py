@@ -68,6 +68,8 @@ WORKER_PORT = 29005
 SIDECAR_PORT = 50051
 SIDECAR_SHM_DIR = "/tmp/sidecar"
 SIDECAR_SHM_VOLUME = "sidecar-shm"
+#: The colocated-Python sidecar's resource requests (Google's Pathways launcher template).
+SIDECAR_REQUESTS = {"cpu": "4", "memory": "16Gi"}
 #: pathwaysutils' generator shares the node's /tmp with the head's workload and the workers.
 SHARED_TMP = "shared-tmp"
 #: Images are pinned (``--pathways-version``, tagged ``--image``), so a restarted pod reuses
@@ -361,6 +363,8 @@ def _sidecar(p: JobSetParams) -> dict[str, Any]:
             _env("CLOUD_PATHWAYS_SIDECAR_SHM_DIRECTORY", SIDECAR_SHM_DIR),
         ],
         "ports": _ports(SIDECAR_PORT),
+        # What Google's Pathways launcher template asks for the colocated-Python sidecar.
+        "resources": {"requests": dict(SIDECAR_REQUESTS)},
         "volumeMounts": _mtc_mounts(p),
     }
 
