@@ -457,3 +457,24 @@ def test_a_preemption_while_waiting_for_a_slice_commits_the_snapshot_through_mul
     assert step == 10
     resumes = [(e.source, e.step) for e in again if e.kind == "resume"]
     assert resumes == [("checkpoint", 7)]
+
+
+def test_replica_resize_with_multi_tier_resumes_on_the_survivors_and_scales_back_through_new_setups(tmp_path):
+    """Slice 1 is lost and returns: the next attempt initialises for slice 0 alone (the manager
+    of the lost slice's mesh is never called again), resumes from the multi-tier checkpoint,
+    and the scale-up initialises for both."""
+    config = ElasticConfig(
+        minimum_slice_count=1, poll_interval=0.05, timeout=60, global_batch=8, snapshot_every=0,
+        checkpoint_every=1, checkpoint_kind="multi_tier",
+    )
+    with SimulatedSlices(2, 2, schedule="lose:1@4,restore:1@7", replicator=tmp_path) as sim:
+        config = dataclasses.replace(config, checkpoint_dir=str(sim.replicator.local))
+        events: list = []
+        _, step = ElasticRun(LinearProgram(), ElasticData(linear_dataset()), config, emit=events.append,
+                             run_name="dew").run(9)
+        nodes = [h.nodes for h in sim.replicator.handshakes]
+    assert step == 9
+    resumes = [(e.source, e.step) for e in events if e.kind == "resume"]
+    assert [source for source, _ in resumes] == ["fresh", "checkpoint", "live"]
+    assert resumes[1][1] - 1 in (2, 3)  # the newest committed step when slice 1 was lost
+    assert nodes == [2, 2, 1, 2, 2]

@@ -20,6 +20,7 @@ name                   what it is
                        scale-ups
 ``Snapshots``          tier 1: Orbax ``Snapshotter`` in pinned host memory
 ``Checkpoints``        tier 2: Orbax ``CheckpointManager`` or multi-tier replicator
+``MultiTierError``     multi-tier checkpointing could not be initialised (replicator)
 ``ElasticData``        Grain ``ElasticIterator`` with the attempt's global batch
 =====================  ===========================================================
 """
@@ -53,6 +54,7 @@ _EXPORTS = {
     "SliceLossRetryLimit": "retry",
     "Snapshots": "state",
     "Checkpoints": "state",
+    "MultiTierError": "checkpoints",
     "newest": "state",
     "ElasticData": "data",
     "POSITION_KEY": "data",
