@@ -255,3 +255,4 @@ def test_file_data_through_workers_survives_a_slice_loss_and_a_preemption_exactl
     assert resumes == [("fresh", 1), ("snapshot", 5), ("checkpoint", 9)]
     steps = _committed(first) + _committed(second)
     assert [tuple(e.examples) for e in steps] == [(24 * k, 24 * (k + 1)) for k in range(10)]
+

@@ -197,20 +197,25 @@ def _one_switch_env(gcs_server, **extra: str) -> dict[str, str]:
 
 
 def test_a_preempted_run_exits_143_and_the_same_command_resumes_from_its_gs_checkpoint(bucket, gcs_server, tmp_path):
+    """``elastic-dew train --checkpoint-dir gs://...`` under a real SIGTERM, then the same
+    command, with ``STORAGE_EMULATOR_HOST`` alone pointing every client at the local bucket."""
     from elastic_dew import record
 
     checkpoints = f"{bucket}/runs/a/checkpoints"
-    command = [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", "12", "--run-dir", str(tmp_path / "a"),
-               "--checkpoint-dir", checkpoints, "--chaos", "preempt@6"]
+    command = [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", "8", "--slices", "2",
+               "--run-dir", str(tmp_path / "a"), "--checkpoint-dir", checkpoints, "--chaos", "preempt@4"]
     env = _one_switch_env(gcs_server)
-    first = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert first.returncode == 143, first.stderr[-4000:]
-    assert rundir.committed_checkpoint_steps(epath.Path(checkpoints)) == [6]
-    second = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert rundir.committed_checkpoint_steps(epath.Path(checkpoints)) == [4]
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-4000:]
     events = record.read_events(tmp_path / "a")
-    assert [(e["source"], e["step"]) for e in events if e["event"] == "resume"] == [("fresh", 1), ("checkpoint", 7)]
-    assert [(e["reason"], e["step"]) for e in events if e["event"] == "stop"] == [("preempted", 6), ("done", 12)]
+    assert [(e["source"], e["step"]) for e in events if e["event"] == "resume"] == [("fresh", 1), ("checkpoint", 5)]
+    assert [(e["reason"], e["step"]) for e in events if e["event"] == "stop"] == [("preempted", 4), ("done", 8)]
+    spans = [tuple(e["examples"]) for e in record.committed_steps(events)]
+    width = spans[0][1]  # exactly once across the two processes
+    assert spans == [(width * k, width * (k + 1)) for k in range(8)]
 
 
 def test_a_large_state_is_committed_to_the_bucket_on_sigterm_before_the_grace_period_ends(bucket, gcs_server):
