@@ -128,9 +128,11 @@ class Checkpoints:
         """Get the first save of ``state``'s layout ready while training goes on.
 
         For ``orbax``: compile, in a background thread, the per-device slicing Orbax's
-        replica-parallel save compiles on its first save of a layout (the bulk of that
-        save's time); a save waits for it. The protocol calls this after every resume and
-        scale-up. Nothing for ``multi_tier``.
+        replica-parallel save compiles on its first save of a layout, for the leaves large
+        enough to be saved replica-parallel (``orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES``;
+        smaller ones are written whole by one replica and compile nothing); a save stops
+        it and compiles what it had not reached. The protocol calls this after every
+        resume and scale-up. Nothing for ``multi_tier``.
         """
         self.backend.prepare(state)
 
