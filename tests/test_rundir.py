@@ -60,3 +60,19 @@ def test_a_fault_log_written_before_lines_carried_action_and_slice_is_read_from_
     entries = rundir.FaultLog(path).entries()
 
     assert [(e.action, e.slice) for e in entries] == [("lose", 1), ("preempt", None)]
+
+
+def test_a_fault_recorded_as_never_fired_is_not_a_fired_one_and_a_later_process_fires_it(tmp_path):
+    log = rundir.FaultLog(tmp_path / rundir.FAULTS_FILE)
+    first = ScheduleRunner(parse_schedule("lose:1@3,lose:2@9"), _Slices(), log)
+    first.on_phase("step", 3)
+    assert [str(f) for f in first.report_unfired()] == ["lose:2@9/step"]
+    (unfired,) = log.never_fired()
+    assert (unfired.fault, unfired.step) == ("lose:2@9/step", 3)
+    assert [e.fault for e in log.entries()] == ["lose:1@3/step"] and log.fired(["lose:1@3/step", "lose:2@9/step"]) == {0}
+    assert [f.scheduled for f in rundir.read_faults(tmp_path)] == ["lose:1@3/step"]
+
+    slices = _Slices()
+    again = ScheduleRunner(parse_schedule("lose:1@3,lose:2@9"), slices, rundir.FaultLog(log.path))
+    again.on_phase("step", 9)
+    assert slices.lost == [2] and again.unfired == ()

@@ -160,3 +160,27 @@ def test_the_step_program_still_counts_when_a_resize_shrinks_its_batch():
             w = jax.jit(train_step)(w, batch)
         jax.jit(lambda x: x + 1)(w)  # a small program of another name is not a step
         assert sim.steps == 3
+
+
+def test_a_time_keyed_return_fires_at_the_next_step_dispatch_of_a_loop_that_keeps_stepping(tmp_path):
+    log = tmp_path / "faults.jsonl"
+    with SimulatedSlices(2, 2, schedule="lose:1@2,restore:1@+0.3", fault_log=log) as sim:
+        elastic_manager = manager.Manager()
+
+        @elastic_manager.elastic_retry(minimum_slice_count=1, poll_interval=0.05, timeout=30)
+        def loop():
+            mesh = Mesh(np.asarray([d for i in sorted(elastic_manager.active_slice_indices)
+                                    for d in elastic_manager.slice_to_devices[i]]), ("d",))
+            w = jax.device_put(jnp.zeros(4), NamedSharding(mesh, PartitionSpec()))
+            for _ in range(40 if elastic_manager.active_slice_count == 1 else 3):
+                w = jax.jit(lambda w: w + 1)(w)
+                jax.block_until_ready(w)
+                threading.Event().wait(0.05)
+                if elastic_manager.available_inactive_slices:
+                    raise manager.ScaleUpSignalError()
+            return w
+
+        loop()
+    assert sim.attempts == [(0, 1), (0,), (0, 1)]
+    restore = json.loads(log.read_text().splitlines()[1])
+    assert restore["fault"] == "restore:1@+0.3/step" and restore["phase"] == "step"
