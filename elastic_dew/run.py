@@ -145,6 +145,12 @@ class RunSpec:
         "the per-device batch in micro-steps of M (default: the whole per-device batch at once)",
         bound=Bound(1, none=True), flag="--microbatch", metavar="M",
     )
+    eval_every: int | None = setting(
+        None,
+        "evaluate the recipe's evaluation split every E steps (eval events in the run record and "
+        "TensorBoard; for recipes whose build() returns an eval_dataset: lm, mlp; default: never)",
+        bound=Bound(1, none=True), flag="--eval-every", metavar="E",
+    )
     overrides: tuple[str, ...] = setting(
         (), "a recipe setting, e.g. --set d_model=128 (repeatable)", flag="--set", metavar="KEY=VALUE"
     )
@@ -176,6 +182,7 @@ class Plan:
     print_summary: bool = True
     sharding: str = "fsdp"
     microbatch: int | None = None
+    eval_every: int | None = None
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs different runs (:data:`elastic_dew.rundir.IDENTITY_KEYS`)."""
@@ -414,6 +421,7 @@ def plan(spec: RunSpec) -> Plan:
         print_summary=spec.summary,
         sharding=spec.sharding,
         microbatch=spec.microbatch,
+        eval_every=spec.eval_every,
     )
     _check_checkpoint_dir(config, result.run_dir)
     if result.run_dir is not None:
@@ -509,6 +517,11 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     missing = set(_PARTS) - set(parts)
     if missing:
         raise UsageError(f"recipe {p.recipe}.build() returned no {', '.join(sorted(missing))}")
+    if p.eval_every is not None and parts.get("eval_dataset") is None:
+        raise UsageError(
+            f"--eval-every: recipe {p.recipe} has no evaluation split (its build() returns no "
+            "eval_dataset); drop --eval-every, or return eval_dataset from build()"
+        )
     resuming = (run_dir / rundir.EVENTS_FILE).exists()
     logger.info(
         "%s %s in %s: %d steps, global batch %d, %s",
@@ -540,6 +553,8 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             # A recipe that reads files may ask for Grain worker processes.
             data_workers=parts.get("data_workers", 0),
             **({"microbatch": p.microbatch} if p.microbatch is not None else {}),
+            **({"eval_dataset": parts["eval_dataset"], "eval_every": p.eval_every}
+               if p.eval_every is not None else {}),
             # Written by the trainer once the protocol has accepted the slices and the batch,
             # so a refused run leaves its directory untouched.
             identity={**p.identity(), "steps": p.steps, "argv": sys.argv},

@@ -57,6 +57,8 @@ class LMConfig:
     corpus_chars: int = 200_000
     examples: int = 1_000_000
     stride: int = 37
+    eval_fraction: float = 0.1
+    eval_examples: int = 192
     compute_dtype: str = "float32"
     #: a directory from ``elastic-dew data prepare`` ("": the synthetic corpus)
     data: str = ""
@@ -80,10 +82,23 @@ class LMConfig:
             problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
         if self.compute_dtype not in ("float32", "bfloat16"):
             problems.append(f"compute_dtype={self.compute_dtype!r} must be 'float32' or 'bfloat16'")
-        if self.corpus_chars <= self.seq_len + 1:
-            problems.append(f"corpus_chars={self.corpus_chars} must exceed seq_len + 1 = {self.seq_len + 1}")
+        if not 0 < self.eval_fraction < 1 or self.eval_examples < 1:
+            problems.append(
+                f"eval_fraction={self.eval_fraction} must be in (0, 1) and "
+                f"eval_examples={self.eval_examples} >= 1"
+            )
+        elif self.corpus_chars - _held_out(self) <= self.seq_len + 1:
+            problems.append(
+                f"corpus_chars={self.corpus_chars} less its evaluation split ({_held_out(self)} "
+                f"characters) must exceed seq_len + 1 = {self.seq_len + 1}"
+            )
         if problems:
             raise ValueError("invalid lm recipe settings: " + "; ".join(problems))
+
+
+def _held_out(cfg: LMConfig) -> int:
+    """The characters at the corpus's end kept for evaluation."""
+    return int(cfg.corpus_chars * cfg.eval_fraction)
 
 
 class _Windows:
@@ -188,8 +203,9 @@ def forward(params: dict, tokens: jax.Array, cfg: LMConfig) -> jax.Array:
 
 
 def build(**overrides) -> dict:
-    """The recipe's parts: ``init``, ``loss``, ``optimizer``, ``dataset``, ``model_sharding``
-    and ``data_workers``.
+    """The recipe's parts: ``init``, ``loss``, ``optimizer``, ``dataset``, ``eval_dataset`` (up to
+    ``eval_examples`` windows of the corpus's last ``eval_fraction``, which training never
+    sees; ``None`` with ``data=DIR``), ``model_sharding`` and ``data_workers``.
 
     ``overrides`` set :class:`LMConfig` fields (``d_model=128``, ``layers=4``, ...); with
     ``data=DIR`` the examples are the prepared files' and ``seq_len`` is theirs.
@@ -206,9 +222,15 @@ def build(**overrides) -> dict:
             )
         overrides = {**overrides, "seq_len": manifest["seq_len"]}
     cfg = make_config(LMConfig, overrides, "lm")
+    eval_dataset = None
     if not data:
         tokens = encode(corpus(cfg.corpus_chars))
-        dataset = grain.MapDataset.source(_Windows(tokens, cfg.seq_len, cfg.stride, cfg.examples))
+        # The corpus's end (eval_fraction of it) is the evaluation split: never trained on.
+        cut = len(tokens) - _held_out(cfg)
+        train, held_out = tokens[:cut], tokens[cut:]
+        dataset = grain.MapDataset.source(_Windows(train, cfg.seq_len, cfg.stride, cfg.examples))
+        windows = min(cfg.eval_examples, len(held_out) // (cfg.seq_len + 1))
+        eval_dataset = grain.MapDataset.source(_Windows(held_out, cfg.seq_len, cfg.seq_len + 1, windows))
 
     def init(key: jax.Array) -> dict:
         return init_params(key, cfg)
@@ -223,7 +245,7 @@ def build(**overrides) -> dict:
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     return {
         "init": init, "loss": loss, "optimizer": optimizer, "dataset": dataset,
-        "model_sharding": model_sharding, "data_workers": cfg.data_workers,
+        "eval_dataset": eval_dataset, "model_sharding": model_sharding, "data_workers": cfg.data_workers,
     }
 
 

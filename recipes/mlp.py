@@ -1,7 +1,8 @@
 """``mlp``: a small multilayer perceptron on a synthetic regression task, for tests and quick checks.
 
 The data are 16384 fixed examples ``x -> y`` with ``y = tanh(x W) v`` plus a little noise,
-drawn once from a seeded generator, so every machine trains on the same numbers. The model
+drawn once from a seeded generator, so every machine trains on the same numbers; the
+evaluation split (``--eval-every``) is 1152 more of them, drawn apart. The model
 is ``8 -> 32 -> 1`` with a tanh hidden layer, trained by plain SGD, whose updates are a
 smooth function of the gradients: runs on different meshes stay ``allclose``.
 
@@ -21,7 +22,7 @@ import optax
 
 from recipes._common import make_config
 
-__all__ = ["MLPConfig", "DEFAULTS", "build", "make_data", "main"]
+__all__ = ["MLPConfig", "DEFAULTS", "build", "make_data", "make_eval_data", "main"]
 
 #: Training settings this recipe runs well with; ``elastic-dew train mlp`` uses them unless told otherwise.
 DEFAULTS = {"steps": 40, "global_batch": 24}
@@ -34,6 +35,7 @@ class MLPConfig:
     inputs: int = 8
     hidden: int = 32
     examples: int = 16384
+    eval_examples: int = 1152
     learning_rate: float = 0.05
     noise: float = 0.01
     data_seed: int = 1234
@@ -41,7 +43,7 @@ class MLPConfig:
     def __post_init__(self) -> None:
         problems = [
             f"{name}={getattr(self, name)} must be >= 1"
-            for name in ("inputs", "hidden", "examples")
+            for name in ("inputs", "hidden", "examples", "eval_examples")
             if getattr(self, name) < 1
         ]
         if not self.learning_rate > 0:
@@ -52,13 +54,28 @@ class MLPConfig:
             raise ValueError("invalid mlp recipe settings: " + "; ".join(problems))
 
 
-def make_data(cfg: MLPConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The fixed regression data: ``x`` ``[examples, inputs]`` and ``y`` ``[examples, 1]``."""
+def _draw(cfg: MLPConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(cfg.data_seed)
     x = rng.standard_normal((cfg.examples, cfg.inputs)).astype(np.float32)
     w = rng.standard_normal((cfg.inputs, cfg.hidden)).astype(np.float32) / np.sqrt(cfg.inputs)
     v = rng.standard_normal((cfg.hidden, 1)).astype(np.float32) / np.sqrt(cfg.hidden)
     y = np.tanh(x @ w) @ v + cfg.noise * rng.standard_normal((cfg.examples, 1)).astype(np.float32)
+    return x, y.astype(np.float32), w, v
+
+
+def make_data(cfg: MLPConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed regression data: ``x`` ``[examples, inputs]`` and ``y`` ``[examples, 1]``."""
+    x, y, _, _ = _draw(cfg)
+    return x, y
+
+
+def make_eval_data(cfg: MLPConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation split: ``eval_examples`` more examples of the same function, drawn from
+    a generator of their own (the training data do not depend on their number)."""
+    _, _, w, v = _draw(cfg)
+    rng = np.random.default_rng([cfg.data_seed, 1])
+    x = rng.standard_normal((cfg.eval_examples, cfg.inputs)).astype(np.float32)
+    y = np.tanh(x @ w) @ v + cfg.noise * rng.standard_normal((cfg.eval_examples, 1)).astype(np.float32)
     return x, y.astype(np.float32)
 
 
@@ -74,7 +91,7 @@ class _Examples:
 
 
 def build(**overrides) -> dict:
-    """The recipe's parts: ``init``, ``loss``, ``optimizer`` and ``dataset``.
+    """The recipe's parts: ``init``, ``loss``, ``optimizer``, ``dataset`` and ``eval_dataset``.
 
     ``overrides`` set :class:`MLPConfig` fields (``hidden=64``, ``learning_rate=0.1``, ...).
     """
@@ -105,6 +122,7 @@ def build(**overrides) -> dict:
         "loss": loss,
         "optimizer": optax.sgd(cfg.learning_rate),
         "dataset": grain.MapDataset.source(_Examples(x, y)),
+        "eval_dataset": grain.MapDataset.source(_Examples(*make_eval_data(cfg))),
     }
 
 

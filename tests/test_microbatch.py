@@ -65,7 +65,9 @@ def _fit(run_dir, steps, *, lose_at=None, **trainer):
     try:
         with SimulatedSlices(4, 2) as sim:
             box["sim"] = sim
-            result = Trainer(**_model(seen), config=_config(), run_dir=run_dir, **trainer).fit(steps)
+            built = Trainer(**_model(seen), config=_config(), run_dir=run_dir, **trainer)
+            seen.clear()  # building traced the loss once on the whole batch, to check its form
+            result = built.fit(steps)
     finally:
         hooks.remove_listener(lose)
     return result, seen

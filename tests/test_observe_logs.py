@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from elastic_dew.observe.logs import JsonFormatter, LogContext, log_context, setup_logging
+from elastic_dew.observe.logs import JsonFormatter, LogContext, log_context, set_verbose, setup_logging
 
 
 class Terminal(io.StringIO):
@@ -98,7 +98,7 @@ def test_an_unknown_format_is_refused_before_the_handlers_change():
 
 def test_verbose_turns_on_elastic_dews_debug_lines_and_leaves_other_libraries_at_info():
     from elastic_dew import cli
-    from elastic_dew.observe.logs import set_verbose
+
 
     assert cli.main(["-v", "report", "/nonexistent-run"]) != 0  # refused; -v is set by then
     try:
@@ -125,12 +125,25 @@ def _slice_loss_record(error: BaseException, message: str = "Elastic event detec
     return line
 
 
-def test_pathwaysutils_handled_slice_loss_is_filed_as_a_warning_with_its_traceback():
+def test_pathwaysutils_handled_slice_loss_is_one_warning_line_naming_the_error():
     import jax
 
-    line = _slice_loss_record(jax.errors.JaxRuntimeError("DATA_LOSS: slice 3 is gone"))
+    line = _slice_loss_record(jax.errors.JaxRuntimeError("DATA_LOSS: slice 3 is gone\nmore detail"))
     assert line["severity"] == "WARNING"
-    assert "Traceback" in line["message"] and "DATA_LOSS" in line["message"]
+    assert line["message"] == (
+        "Elastic event detected: handled slice loss (DATA_LOSS: slice 3 is gone); recovering"
+    )
+
+
+def test_the_handled_slice_loss_keeps_its_traceback_with_elastic_dews_debug_lines_on():
+    import jax
+
+    set_verbose(True)
+    try:
+        line = _slice_loss_record(jax.errors.JaxRuntimeError("DATA_LOSS: slice 3 is gone"))
+    finally:
+        set_verbose(False)
+    assert line["severity"] == "WARNING" and "Traceback" in line["message"]
 
 
 def test_other_errors_of_pathwaysutils_stay_errors():

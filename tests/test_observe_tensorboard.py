@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from elastic_dew.elastic.events import Resume, Start, Step, Stop
+from elastic_dew.elastic.events import Eval, Resume, Start, Step, Stop
 from elastic_dew.record.goodput import account
 from elastic_dew.observe.tensorboard import TENSORBOARD_DIR, TensorBoardSink
 from test_observe_goodput import preempted_run_with_gap
@@ -72,3 +72,15 @@ def test_a_closed_sink_refuses_more_events(tmp_path):
     sink.close()
     with pytest.raises(ValueError, match="closed"):
         sink(Stop(wall=1.0, reason="done", step=1))
+
+
+def test_the_loss_functions_metrics_and_the_evaluation_passes_are_scalars_of_their_own(tmp_path):
+    sink = TensorBoardSink(tmp_path)
+    sink(Step(wall=10.0, step=1, slices=4, loss=0.5, examples=(0, 8), seconds=1.0, metrics={"accuracy": 0.25}))
+    sink(Eval(wall=12.0, step=1, slices=4, metrics={"loss": 0.75, "accuracy": 0.5}, batches=2,
+              examples_evaluated=16, seconds=1.5))
+    sink.close()
+    acc = _read(tmp_path)
+    assert [(s.step, s.value) for s in acc.Scalars("train/accuracy")] == [(1, 0.25)]
+    assert [(s.step, s.value, s.wall_time) for s in acc.Scalars("eval/loss")] == [(1, 0.75, 12.0)]
+    assert acc.Scalars("eval/accuracy")[0].value == 0.5 and acc.Scalars("eval/seconds")[0].value == 1.5

@@ -126,6 +126,31 @@ def test_fsdp_splits_large_parameters_and_their_adam_moments_over_data_and_repli
     assert all("replica" not in str(s.spec) for s in jax.tree.leaves(placed))
 
 
+def test_typed_prng_keys_and_integer_counters_are_replicated_whatever_their_size_and_the_policy():
+    """Flax NNX keeps an RNG stream's key and counter beside the parameters; neither can be
+    split, and a callable is never asked about a key (it has no dtype numpy knows)."""
+    mesh = mesh_of(jax.devices()[: SLICES * PER_SLICE], SLICES)
+    big = 2 * FSDP_MIN_BYTES
+    params = {
+        "w": jax.ShapeDtypeStruct((big // 4,), jnp.float32),
+        "keys": jax.eval_shape(lambda: jax.random.split(jax.random.key(0), big // 8)),
+        "count": jax.ShapeDtypeStruct((big // 4,), jnp.uint32),
+    }
+    asked = []
+
+    def rule(path, leaf, mesh):
+        asked.append(jax.tree_util.keystr(path))
+        return P("data")
+
+    for policy in ("fsdp", "replicated", rule):
+        placed = state_shardings(policy, {"params": params}, mesh)["params"]
+        assert placed["keys"].spec == P()
+        if policy != rule:
+            assert placed["count"].spec == P()
+    assert placed["w"].spec == placed["count"].spec == P("data")  # the callable decides integers
+    assert asked == ["['count']", "['w']"]
+
+
 def test_an_fsdp_run_that_loses_a_slice_and_gets_it_back_consumes_every_example_once_and_ends_allclose(
     tmp_path, reference
 ):

@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from elastic_dew import Trainer
+from elastic_dew.record import read_events
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.runtime import Layout
 from elastic_dew.simulate import SimulatedSlices
@@ -57,7 +58,7 @@ def test_fit_writes_the_run_record_and_a_summary_with_every_badput_category(tmp_
         "program_startup", "training_prep", "unproductive_checkpoint_save_time",
         "unproductive_checkpoint_restore_time", "elastic_slice_down", "elastic_scale_up",
         "elastic_reinitialization", "wasted_progress_from_disruption",
-        "infrastructure_recovery_from_disruption", "data_loading_sync", "other",
+        "infrastructure_recovery_from_disruption", "data_loading_sync", "custom_badput_events", "other",
     }
     assert summary["badput"]["elastic_slice_down"] > 0
     with np.load(run / "final_params.npz", allow_pickle=False) as saved:
@@ -121,18 +122,58 @@ def test_fit_refuses_a_non_positive_step_count(tmp_path):
 
 def test_the_lm_recipes_parts_train_directly_with_its_weights_split_over_model(tmp_path):
     """``Trainer(**lm.build())``: the recipe's ``model_sharding`` rule is a Trainer argument,
-    combined with the named ``sharding`` as the command line combines it."""
+    combined with the named ``sharding`` as the command line combines it; its evaluation split
+    is evaluated on the same tensor-parallel layout."""
     from recipes import lm
 
     parts = lm.build(d_model=32, layers=1, seq_len=16, corpus_chars=5000)
-    assert set(parts) == {"init", "loss", "optimizer", "dataset", "model_sharding", "data_workers"}
+    assert set(parts) == {"init", "loss", "optimizer", "dataset", "eval_dataset", "model_sharding", "data_workers"}
     with SimulatedSlices(4, 2):
         result = Trainer(
-            **parts, config=_config(model_axis=2, global_batch=12), run_dir=tmp_path / "run", sharding="fsdp"
+            **parts, config=_config(model_axis=2, global_batch=12), run_dir=tmp_path / "run", sharding="fsdp",
+            eval_every=2,
         ).fit(2)
     assert result.final_step == 2
+    assert result.summary["eval"]["step"] == 2 and 2 < result.summary["eval"]["metrics"]["loss"] < 4
     block = result.shardings["params"]["blocks"][0]
     assert block["qkv"].spec == P(None, "model") and block["mlp_in"].spec == P(None, "model")
     assert block["proj"].spec == P("model", None) and block["mlp_out"].spec == P("model", None)
     assert block["qkv"].shard_shape((32, 96)) == (32, 48)
     assert result.shardings["params"]["embed"].spec == P()  # not a block weight: whole
+
+
+def test_a_loss_returning_metrics_writes_them_averaged_over_the_step_to_each_step_line(tmp_path):
+    """A mean metric of a step accumulated in micro-steps is the whole batch's mean."""
+    model = _model()
+
+    def loss(params, batch, key):
+        error = batch["x"] @ params["w"] + params["b"] - batch["y"]
+        return jnp.mean(error**2), {"mae": jnp.mean(jnp.abs(error)), "largest": jnp.max(jnp.abs(error))}
+
+    model["loss"] = loss
+    with SimulatedSlices(4, 2):
+        Trainer(**model, config=_config(minimum_slice_count=None), run_dir=tmp_path / "a").fit(3)
+        Trainer(**model, config=_config(minimum_slice_count=None), run_dir=tmp_path / "b", microbatch=1).fit(3)
+    whole, micro = ([e for e in read_events(tmp_path / run) if e["event"] == "step"] for run in "ab")
+    for one, other in zip(whole, micro, strict=True):
+        assert set(one["metrics"]) == {"mae", "largest"}
+        assert other["metrics"]["mae"] == pytest.approx(one["metrics"]["mae"], rel=1e-5)
+        assert other["loss"] == pytest.approx(one["loss"], rel=1e-5)
+        assert other["metrics"]["largest"] <= one["metrics"]["largest"]  # a mean of per-micro-step maxima
+
+
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        (lambda error: error**2, r"returned a loss of shape \(24,\), not a scalar.*\(loss, metrics\)"),
+        (lambda error: (jnp.mean(error**2), [1.0]), r"returned a tuple of 2 items.*\(loss, metrics\)"),
+        (lambda error: (jnp.mean(error**2), {"per_example": error}), r"metrics must be a dict of scalars"),
+        (lambda error: (jnp.mean(error**2), {"loss": 0.0}), r"metrics name 'loss'"),
+    ],
+)
+def test_a_loss_of_the_wrong_form_is_refused_before_anything_is_written(tmp_path, output, message):
+    model = _model()
+    model["loss"] = lambda params, batch, key: output(batch["x"] @ params["w"] + params["b"] - batch["y"])
+    with pytest.raises(TypeError, match=message):
+        Trainer(**model, config=_config(), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -10,7 +10,12 @@ kind       fields
 =========  ==============================================================================
 start      ``process_start`` (the process's own start, epoch seconds), ``pid``
 step       ``step``, ``slices`` (active), ``loss``, ``examples`` ``[begin, end)``,
-           ``seconds`` (the step, host to result), ``data_seconds`` (waiting for the batch)
+           ``seconds`` (the step, host to result), ``data_seconds`` (waiting for the batch),
+           ``metrics`` (the loss function's own metrics, averaged over the step; left out
+           of the line when there are none)
+eval       ``step`` (the training step evaluated), ``slices``, ``metrics`` (``loss`` and the
+           loss function's metrics, averaged over the evaluation set), ``batches``,
+           ``examples_evaluated``, ``seconds`` (the pass, dispatch to read)
 save       ``tier`` (``snapshot``/``checkpoint``), ``step``, ``taken``, ``seconds``
 stop       ``reason`` (:data:`STOP_REASONS`), ``step`` (the last completed step)
 resume     ``source`` (:data:`RESUME_SOURCES`), ``step`` (the first step run next),
@@ -46,6 +51,7 @@ __all__ = [
     "Stop",
     "Resume",
     "Fault",
+    "Eval",
     "KINDS",
     "Sink",
     "describe",
@@ -101,6 +107,13 @@ class Step(Event):
     examples: tuple[int, int]
     seconds: float
     data_seconds: float = 0.0
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        if not out.get("metrics"):
+            out.pop("metrics", None)  # a loss without metrics keeps the step line as it was
+        return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,7 +170,25 @@ class Fault(Event):
     scheduled: str
 
 
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault)}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Eval(Event):
+    """An evaluation pass over the evaluation set, run on the state after ``step``.
+
+    A pass cut short by a fault is never emitted; it runs again once the protocol has
+    resumed and reached ``step`` again, so each evaluated step has one eval line that the
+    commit rule keeps (the same rule as step lines).
+    """
+
+    kind: ClassVar[str] = "eval"
+    step: int
+    slices: int
+    metrics: Mapping[str, float]
+    batches: int
+    examples_evaluated: int
+    seconds: float
+
+
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault, Eval)}
 
 
 #: What takes the run's typed events, one at a time and in order.

@@ -32,6 +32,7 @@ __all__ = ["PHASES", "phase", "add_listener", "remove_listener", "Listener", "re
 #: ``stop``            while the preemption stop at step S is being written
 #: ``dispatch``        just before step S is dispatched (a loss here fails the dispatch)
 #: ``wait``            when the run starts waiting for slices after step S (a loss)
+#: ``eval``            during the evaluation pass after step S (dispatched, result not read)
 PHASES: tuple[str, ...] = (
     "step",
     "snapshot",
@@ -43,6 +44,7 @@ PHASES: tuple[str, ...] = (
     "stop",
     "dispatch",
     "wait",
+    "eval",
 )
 
 Listener = Callable[[str, int], None]

@@ -54,6 +54,7 @@ from elastic_dew.elastic import hooks
 from elastic_dew.elastic.compiler import StepCompiler, StepFn
 from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.elastic.deadline import StepDeadline
+from elastic_dew.elastic.evaluation import Evaluation
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.events import (
     DURATION_KEYS,
@@ -98,7 +99,10 @@ class Program(Protocol):
     caches it per (devices, batch), so a pause-resume attempt on the same slices reuses it.
     A program that accumulates gradients may have a ``microbatch`` attribute (examples per
     data-parallel device per micro-step): :class:`ElasticRun` then refuses, before anything
-    runs, a slice count whose per-device batch it does not divide.
+    runs, a slice count whose per-device batch it does not divide. A run given an
+    :class:`~elastic_dew.elastic.evaluation.Evaluation` also needs ``compile_eval(mesh,
+    batch_size)`` (see that module). ``metrics`` of a step hold ``loss`` (a scalar array)
+    and may hold further scalars: the step line carries them, read with the loss.
     """
 
     def abstract_state(self, mesh: jax.sharding.Mesh) -> Any: ...
@@ -242,8 +246,10 @@ class ElasticRun:
         snapshots: Snapshots | None = None,
         checkpoints: Checkpoints | None = None,
         run_name: str | None = None,
+        evaluation: Evaluation | None = None,
     ) -> None:
         self.program = program
+        self.evaluation = evaluation
         self.data = data
         self.emit = emit
         self.notice = notice
@@ -255,6 +261,8 @@ class ElasticRun:
         check_batch_for_every_slice_count(
             config, self.manager.total_slice_count, self.devices_per_slice, getattr(program, "microbatch", None)
         )
+        if evaluation is not None:
+            evaluation.check(config, self.manager.total_slice_count, self.devices_per_slice)
         self.tiers = Tiers.from_config(
             config,
             num_slices=self.manager.total_slice_count,
@@ -436,6 +444,8 @@ class ElasticRun:
                 # A step's output, not the restored state: the layout every later save sees.
                 self.tiers.prepare(attempt.state)
                 attempt.prepared = True
+            if self.evaluation is not None and self.evaluation.due(attempt.step):
+                self._evaluate(attempt)
             meta = {"step": attempt.step, "data": attempt.data}
             if self.notice is not None and self.notice.reached(attempt.step):
                 self._stop_for_preemption(attempt, meta)
@@ -531,6 +541,11 @@ class ElasticRun:
             lambda: float(done.metrics["loss"]), done.step, ready=getattr(done.metrics["loss"], "is_ready", None)
         )
         self.deadline.observe(time.monotonic() - started - held)
+        # The loss function's own metrics come from the same program as the loss, so they
+        # are ready once it is: one batched transfer, no wait.
+        metrics = {k: v for k, v in done.metrics.items() if k != "loss"}
+        if metrics:
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         attempt.state, attempt.step, attempt.data = done.state, done.step, done.data
         self.last_step = done.step
         self.emit(Step(
@@ -540,6 +555,16 @@ class ElasticRun:
             examples=done.examples,
             seconds=time.monotonic() - started - held,
             data_seconds=data_seconds,
+            metrics=metrics,
+        ))
+
+    def _evaluate(self, attempt: _Attempt) -> None:
+        """The evaluation pass of the step just completed, before its saves (see
+        :mod:`~elastic_dew.elastic.evaluation`): a fault during it unwinds the attempt with
+        nothing emitted, and the pass runs again when the resumed run reaches the step."""
+        self.emit(self.evaluation.run(
+            self.program, self.config, attempt.mesh, attempt.state, attempt.step,
+            self.manager.active_slice_count, self.deadline.read,
         ))
 
     def _finish(self, attempt: _Attempt) -> tuple[Any, int]:

@@ -22,6 +22,12 @@ a callable ``(path, leaf, mesh) -> PartitionSpec``
 Only parameters take the policy. Optimizer-state subtrees that mirror the parameters (Optax
 moments: the parameters' tree structure and shapes) follow the parameters' shardings; every
 other leaf (step counts, the PRNG key) is replicated.
+
+Leaves that are not floating point (typed PRNG keys, integer counters such as Flax NNX's
+``RngCount``, booleans) are replicated under ``replicated`` and ``fsdp`` whatever their size:
+splitting a counter or a key saves nothing and every use would gather it. A callable is
+consulted for integer and boolean leaves (a large integer buffer may be worth splitting),
+never for typed PRNG keys, which are always replicated.
 """
 
 from __future__ import annotations
@@ -89,6 +95,8 @@ def fsdp_spec(path: tuple, leaf: Any, mesh: Mesh, *, base: PartitionSpec = Parti
     dimension leaves ``base`` as it is.
     """
     del path
+    if not _splittable(leaf):
+        return base
     size = mesh.shape[_DATA]
     nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
     dims = list(base) + [None] * (len(leaf.shape) - len(base))
@@ -102,6 +110,15 @@ def fsdp_spec(path: tuple, leaf: Any, mesh: Mesh, *, base: PartitionSpec = Parti
     while dims and dims[-1] is None:
         dims.pop()
     return PartitionSpec(*dims)
+
+
+def _is_key(leaf: Any) -> bool:
+    return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _splittable(leaf: Any) -> bool:
+    """Whether a named policy may split ``leaf``: floating point (or complex) leaves only."""
+    return not _is_key(leaf) and jax.dtypes.issubdtype(leaf.dtype, np.inexact)
 
 
 def with_model_rule(mode: str, rule: Callable[[tuple, Any, Mesh], PartitionSpec] | None) -> Policy:
@@ -168,7 +185,9 @@ def param_specs(policy: Policy, params: Any, mesh: Mesh) -> Any:
         return jax.tree.map(lambda _: PartitionSpec(), params)
     if policy == "fsdp":
         return jax.tree_util.tree_map_with_path(lambda p, x: fsdp_spec(p, x, mesh), params)
-    return jax.tree_util.tree_map_with_path(lambda p, x: _checked(policy(p, x, mesh), p, x, mesh), params)
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: PartitionSpec() if _is_key(x) else _checked(policy(p, x, mesh), p, x, mesh), params
+    )
 
 
 def state_shardings(policy: Policy, state: Any, mesh: Mesh, *, params_key: str = "params") -> Any:

@@ -18,6 +18,8 @@ elastic_dew event            recorder entry
 ``save``                     a custom badput event ``unproductive_checkpoint_save_time``
                              over the save; the saves after a process's last step, when it
                              stops ``done``, as one Orbax save-statistics entry per step
+``eval``                     a custom badput event ``eval_step`` over the pass (the type
+                             MaxText records its evaluation loop under)
 ``resume`` after a stop      elastic wait (``detection`` + ``wait_for_slices``; event type
                              ``slice_down``, or ``scale_up`` for a ``live`` resume), then an
                              elastic reinitialisation (``mesh_and_compile`` + ``restore``),
@@ -70,9 +72,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from elastic_dew.elastic.events import Event, Resume, Save, Start, Step, Stop
+from elastic_dew.elastic.events import Eval, Event, Resume, Save, Start, Step, Stop
 
-__all__ = ["BETWEEN_STEPS", "DATA_WAIT", "SAVE", "GoodputExport"]
+__all__ = ["BETWEEN_STEPS", "DATA_WAIT", "EVAL", "SAVE", "GoodputExport"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ log = logging.getLogger(__name__)
 DATA_WAIT = "data_loading_sync"
 SAVE = "unproductive_checkpoint_save_time"
 BETWEEN_STEPS = "between_steps"
+EVAL = "eval_step"
 
 
 def _utc(seconds: float) -> datetime.datetime:
@@ -135,12 +138,15 @@ class GoodputExport:
         self._step_end: float | None = None  # the wall of this process's last step
         self._last_step: int | None = None
         self._saves: list[Save] = []  # since this process's last step: not yet written
+        self._evals: list[Eval] = []  # likewise
 
     def __call__(self, event: Event) -> None:
         """Record one event."""
         rec = self.recorder
         if isinstance(event, Save):
             self._saves.append(event)
+        elif isinstance(event, Eval):
+            self._evals.append(event)
         elif isinstance(event, Start):
             self._end_between_steps(None)
             self._stopped, self._resumed, self._open = False, False, True
@@ -182,19 +188,21 @@ class GoodputExport:
             self.recorder.record_custom_badput_event_end_time(_utc(ended), kind)
 
     def _end_between_steps(self, until: float | None) -> None:
-        """Write the pending saves, and the rest of the time from the last step's end to
-        ``until`` (the next step's start; ``None``: none follows), as custom events."""
+        """Write the pending saves and evaluation passes, and the rest of the time from the
+        last step's end to ``until`` (the next step's start; ``None``: none follows), as
+        custom events."""
         at = self._step_end
-        for save in sorted(self._saves, key=lambda s: s.wall):
-            began = save.wall - float(save.seconds)
+        pending = [(SAVE, save) for save in self._saves] + [(EVAL, e) for e in self._evals]
+        for kind, done in sorted(pending, key=lambda item: item[1].wall):
+            began = done.wall - float(done.seconds)
             if at is not None and until is not None:
                 began = max(began, at)
                 if began > at:
                     self._custom(BETWEEN_STEPS, at, min(began, until))
-            ended = save.wall if until is None else min(save.wall, until)
-            self._custom(SAVE, began, ended)
+            ended = done.wall if until is None else min(done.wall, until)
+            self._custom(kind, began, ended)
             at = ended if at is None else max(at, ended)
-        self._saves = []
+        self._saves, self._evals = [], []
         if at is not None and until is not None:
             self._custom(BETWEEN_STEPS, at, until)
         self._step_end = None

@@ -25,7 +25,9 @@ logger to DEBUG drowns a run in matplotlib's font lines and JAX's compilation tr
 And pathwaysutils logs every slice loss it handles at ERROR with a traceback
 (``pathwaysutils.elastic.manager``: ``"Elastic event detected"``), which Cloud Logging and
 Error Reporting would show as an error although the retry recovers from it;
-:class:`HandledSliceLossFilter` files exactly those records as WARNING. When the retry
+:class:`~elastic_dew.elastic.retry.HandledSliceLossFilter` (installed by the elastic layer
+when it creates the manager, so a library user who never calls :func:`setup_logging` gets it
+too) files exactly those records as one WARNING line without the traceback. When the retry
 policy then gives up, the run's own ERROR line says so.
 """
 
@@ -37,6 +39,8 @@ import logging
 import sys
 import threading
 from typing import Any, Literal, TextIO
+
+from elastic_dew.elastic.retry import HandledSliceLossFilter, install_slice_loss_filter
 
 __all__ = [
     "LOG_FORMATS",
@@ -147,41 +151,8 @@ def is_verbose() -> bool:
     return logging.getLogger(VERBOSE_LOGGERS[0]).isEnabledFor(logging.DEBUG)
 
 
-class HandledSliceLossFilter(logging.Filter):
-    """File pathwaysutils' "Elastic event detected" ERROR as a WARNING.
-
-    pathwaysutils' ``Manager.elastic_retry`` logs that record (with the traceback) only
-    after ``is_error_due_to_slice_down`` accepted the error, just before it consults the
-    retry policy: it is a slice loss being handled, not a failure. Installed on the
-    manager's logger, the filter sees only that logger's own records, and changes only an
-    ERROR with that message whose exception is a ``JaxRuntimeError``; the traceback stays.
-    """
-
-    LOGGER = "pathwaysutils.elastic.manager"
-    MESSAGE = "Elastic event detected"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            record.name == self.LOGGER
-            and record.levelno == logging.ERROR
-            and record.msg == self.MESSAGE
-            and record.exc_info
-            and _is_jax_runtime_error(record.exc_info[1])
-        ):
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
-
-
-def _is_jax_runtime_error(error: BaseException | None) -> bool:
-    jax_errors = sys.modules.get("jax.errors")  # loaded: pathwaysutils imports JAX
-    runtime_error = getattr(jax_errors, "JaxRuntimeError", None)
-    return runtime_error is not None and isinstance(error, runtime_error)
-
-
 def _install_slice_loss_filter() -> None:
-    logger = logging.getLogger(HandledSliceLossFilter.LOGGER)
-    if not any(isinstance(f, HandledSliceLossFilter) for f in logger.filters):
-        logger.addFilter(HandledSliceLossFilter())
+    install_slice_loss_filter()
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -64,6 +64,7 @@ class Progress:
         self._recent: deque[tuple[float, int]] = deque(maxlen=20)
         self.step: int | None = None
         self.loss: float | None = None
+        self.metrics: dict[str, float] = {}
         self.slices: int | None = None
         self.last_event: str = ""
         self._drawn = False
@@ -81,6 +82,7 @@ class Progress:
         parts = [f"step {self.step if self.step is not None else '-'}/{self.total_steps}"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4f}")
+        parts.extend(f"{name} {value:.4g}" for name, value in self.metrics.items())
         if self.slices is not None:
             total = f"/{self.total_slices}" if self.total_slices else ""
             parts.append(f"slices {self.slices}{total}")
@@ -101,6 +103,7 @@ class Progress:
         if isinstance(typed, ev.Step):
             self.step = int(typed.step)
             self.loss = float(typed.loss) if typed.loss is not None else None
+            self.metrics = dict(typed.metrics)
             # A step runs on at least one slice: 0 is a line that left the count out.
             self.slices = typed.slices or self.slices
             self._recent.append((self._clock(), self.step))
@@ -108,6 +111,15 @@ class Progress:
                 self._draw()
             elif self.step % self.log_every == 0 or self.step == self.total_steps:
                 self._write_line(self.line())
+            return
+        if isinstance(typed, ev.Eval):
+            text = f"eval after step {typed.step}: " + "  ".join(
+                f"{name} {value:.4g}" for name, value in typed.metrics.items()
+            )
+            self.clear()
+            self._write_line(text)
+            if self.tty:
+                self._draw()
             return
         if isinstance(typed, (ev.Stop, ev.Resume, ev.Fault)) or (
             isinstance(typed, ev.Save) and typed.tier == "checkpoint"

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from elastic_dew.elastic.events import Event, Fault, Resume, Step, Stop, describe
+from elastic_dew.elastic.events import Eval, Event, Fault, Resume, Step, Stop, describe
 
 __all__ = ["ProgressBar"]
 
@@ -80,6 +80,7 @@ class ProgressBar:
             leave=True,
         )
         self._loss: float | None = None
+        self._metrics: dict[str, float] = {}
         self._slices: int | None = None
         self._last = ""
 
@@ -87,6 +88,7 @@ class ProgressBar:
         parts = []
         if self._loss is not None:
             parts.append(f"loss {self._loss:.4f}")
+        parts.extend(f"{name} {value:.4g}" for name, value in self._metrics.items())
         if self._slices is not None:
             total = f"/{self.total_slices}" if self.total_slices else ""
             parts.append(f"slices {self._slices}{total}")
@@ -99,7 +101,7 @@ class ProgressBar:
         """Advance or annotate the bar with one event."""
         bar = self._bar
         if isinstance(event, Step):
-            self._loss, self._slices = event.loss, event.slices
+            self._loss, self._slices, self._metrics = event.loss, event.slices, dict(event.metrics)
             bar.set_postfix_str(self._postfix(), refresh=False)
             bar.update(max(0, min(event.step, self.total_steps) - bar.n))
         elif isinstance(event, Resume):
@@ -107,6 +109,9 @@ class ProgressBar:
             self._last = describe(event)
             bar.reset()
             bar.initial = bar.n = min(event.step - 1, self.total_steps)
+            bar.set_postfix_str(self._postfix(), refresh=True)
+        elif isinstance(event, Eval):
+            self._last = "eval " + " ".join(f"{k} {v:.4g}" for k, v in event.metrics.items())
             bar.set_postfix_str(self._postfix(), refresh=True)
         elif isinstance(event, Stop | Fault):
             self._last = describe(event)

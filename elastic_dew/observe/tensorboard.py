@@ -5,9 +5,12 @@ tensorboardX's ``SummaryWriter`` (the ``observe`` extra), these scalars against 
 each stamped with the event's own ``wall`` time so TensorBoard's relative and wall-time axes
 show the run as it happened:
 
-- ``train/loss``, ``train/step_seconds``, ``train/steps_per_second`` (from the wall time
+- ``train/loss``, ``train/<metric>`` for each of the loss function's metrics,
+  ``train/step_seconds``, ``train/steps_per_second`` (from the wall time
   between consecutive steps of one attempt; ``1 / seconds`` for an attempt's first step),
   ``elastic/active_slices`` and ``data/examples_consumed``;
+- ``eval/loss`` and ``eval/<metric>`` at each evaluation pass's step, and
+  ``eval/seconds``;
 - ``events/stop``, ``events/resume`` and ``events/fault``: a marker of value 1 at the step
   of each stop, resume and fault, with a text entry (``events``) saying what it was;
 - at :meth:`~TensorBoardSink.close`: ``goodput/goodput`` (a fraction) and
@@ -26,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.elastic.events import Event, Fault, Resume, Start, Step, Stop, describe
+from elastic_dew.elastic.events import Eval, Event, Fault, Resume, Start, Step, Stop, describe
 from elastic_dew.rundir import TENSORBOARD_DIR
 
 __all__ = ["TENSORBOARD_DIR", "TensorBoardSink"]
@@ -82,8 +85,12 @@ class TensorBoardSink:
                 ("train/steps_per_second", rate),
                 ("elastic/active_slices", event.slices),
                 ("data/examples_consumed", event.examples[1]),
+                *((f"train/{name}", value) for name, value in event.metrics.items()),
             ):
                 w.add_scalar(tag, float(value), event.step, walltime=event.wall)
+        elif isinstance(event, Eval):
+            for name, value in (*event.metrics.items(), ("seconds", event.seconds)):
+                w.add_scalar(f"eval/{name}", float(value), event.step, walltime=event.wall)
         elif isinstance(event, Stop | Resume | Fault):
             if isinstance(event, Resume):
                 self._last_step_wall = None  # a new attempt's rate starts afresh

@@ -29,9 +29,11 @@ from elastic_dew.rundir import (
 )
 from elastic_dew.record.goodput import (
     BADPUT_CATEGORIES,
+    CUSTOM_BADPUT_TYPES,
     NOT_APPLICABLE,
     Goodput,
     account,
+    committed_evals,
     committed_steps,
     summarize,
 )
@@ -50,6 +52,7 @@ from elastic_dew.record.timeline import draw_timeline
 
 __all__ = [
     "BADPUT_CATEGORIES",
+    "CUSTOM_BADPUT_TYPES",
     "NOT_APPLICABLE",
     "Goodput",
     "account",
@@ -64,6 +67,7 @@ __all__ = [
     "run_events",
     "as_event",
     "as_events",
+    "committed_evals",
     "committed_steps",
     "summarize",
     "flatten_params",

@@ -27,9 +27,11 @@ from elastic_dew.record.params import state_digest
 
 __all__ = [
     "BADPUT_CATEGORIES",
+    "CUSTOM_BADPUT_TYPES",
     "NOT_APPLICABLE",
     "Goodput",
     "account",
+    "committed_evals",
     "committed_flags",
     "committed_steps",
     "summarize",
@@ -48,8 +50,15 @@ BADPUT_CATEGORIES: tuple[str, ...] = (
     "wasted_progress_from_disruption",
     "infrastructure_recovery_from_disruption",
     "data_loading_sync",
+    "custom_badput_events",
     "other",
 )
+
+#: The custom badput event types elastic_dew records, under ``custom_badput_events``: the
+#: names ml-goodput-measurement's ``record_custom_badput_event_start_time`` is given (MaxText
+#: records its evaluation loop as ``eval_step``); the summary's ``custom_badput`` splits the
+#: category by them, as the library's ``CUSTOM_BADPUT_EVENTS`` entry does.
+CUSTOM_BADPUT_TYPES: tuple[str, ...] = ("eval_step",)
 
 #: The library's other ``BadputType`` names, with why elastic_dew has no such time.
 NOT_APPLICABLE: dict[str, str] = {
@@ -62,24 +71,29 @@ NOT_APPLICABLE: dict[str, str] = {
         "the read-ahead threads load batches while steps run; the library itself leaves this "
         "time out of badput, and the time a step waits for a batch is data_loading_sync"
     ),
-    "custom_badput_events": (
-        "elastic_dew has no user-defined badput intervals; every interval it measures has a "
-        "category of its own"
-    ),
 }
 
 
-def committed_flags(events: list[ev.Event]) -> list[bool]:
-    """For each event, whether it is a committed step line (see :func:`committed_steps`)."""
+def committed_flags(events: list[ev.Event], kind: type[ev.Event] = ev.Step) -> list[bool]:
+    """For each event, whether it is a committed line of ``kind`` (step lines by default,
+    or ``ev.Eval``: see :func:`committed_steps`)."""
     flags = [False] * len(events)
     lowest_later_resume = float("inf")
     for i in range(len(events) - 1, -1, -1):
         event = events[i]
         if isinstance(event, ev.Resume):
             lowest_later_resume = min(lowest_later_resume, event.step)
-        elif isinstance(event, ev.Step):
+        elif isinstance(event, kind):
             flags[i] = event.step < lowest_later_resume
     return flags
+
+
+def committed_evals(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.Eval]:
+    """The evaluation passes that count, by the step lines' commit rule: an ``eval`` of step
+    S is committed unless a later ``resume`` went back to S or before it (the run re-did
+    the step, and evaluated it again). One per evaluated step."""
+    typed = as_events(events)
+    return [e for e, ok in zip(typed, committed_flags(typed, ev.Eval), strict=True) if ok]
 
 
 def committed_steps(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -133,6 +147,7 @@ class Goodput:
     productive_seconds: float
     badput: Mapping[str, float]
     processes: int
+    custom: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def goodput(self) -> float:
@@ -164,11 +179,15 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
     - ``infrastructure_recovery_from_disruption``: from each process's last event to the
       next process's start;
     - ``data_loading_sync``: the ``data_seconds`` of committed steps;
+    - ``custom_badput_events``: the ``seconds`` of ``eval`` events (every evaluation pass
+      that finished; a pass cut short by a fault is in the time it was lost in), split by
+      type in :attr:`Goodput.custom` (``eval_step``);
     - ``other``: the remainder, so that productive time and badput add up to the wall time.
     """
     events = as_events(events)
     flags = committed_flags(events)
     badput = dict.fromkeys(BADPUT_CATEGORIES, 0.0)
+    custom = dict.fromkeys(CUSTOM_BADPUT_TYPES, 0.0)
     productive = 0.0
     first_begin: float | None = None
     last_end: float | None = None
@@ -189,6 +208,9 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
         for event, is_committed in process:
             if isinstance(event, ev.Save):
                 badput["unproductive_checkpoint_save_time"] += float(event.seconds)
+            elif isinstance(event, ev.Eval):
+                badput["custom_badput_events"] += float(event.seconds)
+                custom["eval_step"] += float(event.seconds)
             elif isinstance(event, ev.Stop):
                 last_stop = event
             elif isinstance(event, ev.Resume):
@@ -232,6 +254,7 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
         productive_seconds=round(productive, 6),
         badput={k: round(v, 6) for k, v in badput.items()},
         processes=len(processes),
+        custom={k: round(v, 6) for k, v in custom.items()},
     )
 
 
@@ -246,7 +269,9 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
     they tile ``[0, examples_consumed)``.
     ``goodput``, ``badput``, ``wall_seconds``, ``productive_seconds``, ``processes``: see
     :func:`account`.
+    ``custom_badput``: ``custom_badput_events`` by type (``eval_step``).
     ``stops``, ``resumes``, ``faults``: counts by reason, source and action.
+    ``eval``: the last committed evaluation (``step`` and ``metrics``), or ``None``.
     """
     events = as_events(events)
     flags = committed_flags(events)
@@ -276,4 +301,8 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
         "stops": counts["stops"],
         "resumes": counts["resumes"],
         "faults": counts["faults"],
+        "custom_badput": dict(time.custom),
+        "eval": (
+            {"step": evals[-1].step, "metrics": dict(evals[-1].metrics)} if (evals := committed_evals(events)) else None
+        ),
     }
