@@ -210,6 +210,9 @@ def describe(event: Event) -> str:
         return f"process {event.pid} started"
     if isinstance(event, Step):
         return f"step {event.step} loss {event.loss:.4f} on {event.slices} slices"
+    if isinstance(event, Eval):
+        values = " ".join(f"{name} {value:.4g}" for name, value in event.metrics.items())
+        return f"eval after step {event.step}: {values}"
     return event.kind
 
 

@@ -113,9 +113,7 @@ class Progress:
                 self._write_line(self.line())
             return
         if isinstance(typed, ev.Eval):
-            text = f"eval after step {typed.step}: " + "  ".join(
-                f"{name} {value:.4g}" for name, value in typed.metrics.items()
-            )
+            text = ev.describe(typed)
             self.clear()
             self._write_line(text)
             if self.tty:

@@ -111,7 +111,7 @@ class ProgressBar:
             bar.initial = bar.n = min(event.step - 1, self.total_steps)
             bar.set_postfix_str(self._postfix(), refresh=True)
         elif isinstance(event, Eval):
-            self._last = "eval " + " ".join(f"{k} {v:.4g}" for k, v in event.metrics.items())
+            self._last = describe(event)
             bar.set_postfix_str(self._postfix(), refresh=True)
         elif isinstance(event, Stop | Fault):
             self._last = describe(event)
