@@ -56,8 +56,18 @@ def test_lm_examples_are_windows_of_the_corpus_one_token_longer_than_the_context
     example = dataset[3]
     assert example["tokens"].shape == (17,) and example["tokens"].dtype == np.int32
     assert decode(example["tokens"]) in corpus(1000)
-    assert {"init", "loss", "optimizer", "dataset", "model_sharding", "data_workers"} == set(parts)
+    assert {"init", "loss", "optimizer", "dataset", "eval_dataset", "model_sharding", "data_workers"} == set(parts)
     assert parts["data_workers"] == 0
+
+
+def test_lms_evaluation_split_is_the_corpus_end_that_training_never_reads():
+    parts = lm.build(seq_len=16, corpus_chars=1000, examples=500)
+    text = corpus(1000)
+    held_out = text[900:]  # eval_fraction 0.1
+    evaluated = [decode(parts["eval_dataset"][i]["tokens"]) for i in range(len(parts["eval_dataset"]))]
+    assert len(evaluated) == 100 // 17 and all(window in held_out for window in evaluated)
+    trained = {decode(parts["dataset"][i]["tokens"]) for i in range(500)}
+    assert all(window in text[:900] for window in trained)
 
 
 def test_lm_logits_cover_the_vocabulary_and_the_untrained_loss_is_a_uniform_guess():
