@@ -262,13 +262,10 @@ class _Program:
     def compile_eval(self, mesh: jax.sharding.Mesh, batch_size: int):
         """``(sums, state, batch) -> sums`` for :mod:`elastic_dew.elastic.evaluation`: the
         loss and metrics of one batch (the model in evaluation mode, one fixed key) added to
-        ``sums``. Two compiled programs: the first batch's, and every later one's."""
+        ``sums`` (zeros for a pass's first batch), one compiled program per mesh."""
         rep = replicated(mesh)
         abstract_state = self.abstract_state(mesh)
         abstract_batch = self._abstract_batch(mesh, batch_size)
-        first = (
-            jax.jit(self._eval_metrics, out_shardings=rep).lower(abstract_state, abstract_batch).compile()
-        )
         sums_shape = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
             jax.eval_shape(self._eval_metrics, abstract_state, abstract_batch),
@@ -277,12 +274,13 @@ class _Program:
         def add(sums: dict, state: dict, batch: Any) -> dict:
             return jax.tree.map(jnp.add, sums, self._eval_metrics(state, batch))
 
-        later = jax.jit(add, out_shardings=rep).lower(sums_shape, abstract_state, abstract_batch).compile()
+        compiled = jax.jit(add, out_shardings=rep).lower(sums_shape, abstract_state, abstract_batch).compile()
         on_device = self._on_device(mesh)
 
         def eval_fn(sums: dict | None, state: dict, batch: Any) -> dict:
-            state = on_device(state)
-            return first(state, batch) if sums is None else later(sums, state, batch)
+            if sums is None:
+                sums = jax.tree.map(lambda x: jax.device_put(np.zeros(x.shape, x.dtype), rep), sums_shape)
+            return compiled(sums, on_device(state), batch)
 
         return eval_fn
 
