@@ -40,11 +40,14 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_dew import rundir
 from elastic_dew.elastic.config import SHARDINGS, Bound, ElasticConfig, SettingError, check_fields, setting
 from elastic_dew.elastic.events import Sink
+
+if TYPE_CHECKING:
+    from elastic_dew.simulate import Schedule
 
 
 __all__ = [
@@ -174,7 +177,8 @@ class Plan:
     simulate: bool
     slices: int
     devices_per_slice: int
-    chaos: str
+    chaos: str  # as given: the run's identity records the text
+    schedule: Schedule | None  # parsed once, here; None: no faults
     config: ElasticConfig
     run_dir: Path | None  # None: runs/<run_timestamp()>, chosen after prepare_process
     log_every: int
@@ -317,11 +321,14 @@ def _run_dir_of(spec: RunSpec) -> Path | None:
     return None
 
 
-def _check_simulator_settings(spec: RunSpec, simulate: bool, slices: int) -> None:
+def _schedule_of(spec: RunSpec, simulate: bool, slices: int, minimum: int | None) -> Schedule | None:
+    """The fault schedule, parsed once and checked against the slices (``None``: no faults);
+    refuses the simulator's settings on real slices."""
     if not simulate:
-        given = [f for f in ("slices", "devices_per_slice") if getattr(spec, f) is not None]
-        if given or spec.chaos:
-            flags = [("--" + f.replace("_", "-")) for f in given] + (["--chaos"] if spec.chaos else [])
+        given = [f.name for f in dataclasses.fields(RunSpec)
+                 if f.name in ("slices", "devices_per_slice", "chaos") and getattr(spec, f.name)]
+        if given:
+            flags = [next(f.metadata["flag"] for f in dataclasses.fields(RunSpec) if f.name == name) for name in given]
             raise UsageError(
                 f"{', '.join(flags)} only apply to simulated slices, but JAX_PLATFORMS="
                 f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
@@ -333,25 +340,19 @@ def _check_simulator_settings(spec: RunSpec, simulate: bool, slices: int) -> Non
             f"simulated slices write to the replicator stand-in's RUN_DIR/{rundir.REPLICATOR_DIR}/local: "
             "drop --checkpoint-dir"
         )
-    minimum = spec.elastic.get("minimum_slice_count")
-    if spec.chaos:
-        from elastic_dew.simulate import parse_schedule
+    if not spec.chaos:
+        return None
+    from elastic_dew.simulate import check_slices, parse_schedule, unreachable
 
-        try:
-            schedule = parse_schedule(spec.chaos)
-        except ValueError as err:
-            raise UsageError(f"--chaos: {err}") from None
-        for fault in schedule:
-            if fault.slice is not None and fault.slice >= slices:
-                raise UsageError(
-                    f"--chaos fault {fault} names slice {fault.slice}, but there are {slices} slices "
-                    f"(0..{slices - 1}); fix the schedule or raise --slices"
-                )
-        from elastic_dew.simulate import unreachable
-
+    try:
+        schedule = parse_schedule(spec.chaos)
+        check_slices(schedule, slices)
         never = unreachable(schedule, slices, minimum)
         if never is not None:
-            raise UsageError(f"--chaos: {never}")
+            raise ValueError(never)
+    except ValueError as err:
+        raise SettingError(RunSpec, "chaos", spec.chaos, problem=str(err)) from None
+    return schedule
 
 
 def _config(spec: RunSpec, global_batch: int) -> ElasticConfig:
@@ -399,10 +400,10 @@ def plan(spec: RunSpec) -> Plan:
     global_batch = spec.elastic.get("global_batch") or defaults.get("global_batch", 32)
     config = _config(spec, global_batch)
     if simulate:  # real slices are counted when the protocol is built: execute refuses there
-        from elastic_dew.elastic.protocol import check_batch_for_every_slice_count
+        from elastic_dew.elastic.slices import check_batch_for_every_slice_count
 
         check_batch_for_every_slice_count(config, slices, devices_per_slice, spec.microbatch)
-    _check_simulator_settings(spec, simulate, slices)
+    schedule = _schedule_of(spec, simulate, slices, config.minimum_slice_count)
 
     result = Plan(
         recipe=module.__name__,
@@ -414,6 +415,7 @@ def plan(spec: RunSpec) -> Plan:
         slices=slices,
         devices_per_slice=devices_per_slice,
         chaos=spec.chaos,
+        schedule=schedule,
         config=config,
         run_dir=_run_dir_of(spec),
         log_every=spec.log_every,
@@ -487,7 +489,7 @@ def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
 
     multi_tier = p.config.checkpoint_kind == "multi_tier"
     with SimulatedSlices(
-        p.slices, p.devices_per_slice, schedule=p.chaos or None, fault_log=run_dir / rundir.FAULTS_FILE,
+        p.slices, p.devices_per_slice, schedule=p.schedule, fault_log=run_dir / rundir.FAULTS_FILE,
         replicator=run_dir.resolve() / rundir.REPLICATOR_DIR if multi_tier else None,
     ):
         yield
@@ -498,7 +500,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
 
     Raises :class:`UsageError` for recipe settings its ``build`` refuses and, on real slices
     (whose count is known only once the protocol is built), a
-    :class:`~elastic_dew.elastic.protocol.BatchError` for a batch they cannot take;
+    :class:`~elastic_dew.elastic.slices.BatchError` for a batch they cannot take;
     ``command.json`` is written only after those checks. A preemption is an
     :class:`Outcome` with status 143.
     """

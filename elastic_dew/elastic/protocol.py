@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 from pathwaysutils.elastic import elastic as pw_elastic
@@ -52,7 +51,7 @@ from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.compiler import StepCompiler, StepFn
-from elastic_dew.elastic.config import ElasticConfig, SettingError
+from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.evaluation import Evaluation
 from elastic_dew.elastic.data import ElasticData
@@ -67,7 +66,14 @@ from elastic_dew.elastic.events import (
 )
 from elastic_dew.elastic.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.retry import elastic_retry, make_manager
-from elastic_dew.elastic.slices import batch_sharding, build_mesh, check_batch, global_batch_for
+from elastic_dew.elastic.slices import (
+    BatchError,
+    batch_sharding,
+    build_mesh,
+    check_batch,
+    check_batch_for_every_slice_count,
+    global_batch_for,
+)
 from elastic_dew.elastic.state import Checkpoints, Snapshots
 from elastic_dew.elastic.tiers import Tiers
 from elastic_dew.runtime import Preempted
@@ -82,6 +88,7 @@ __all__ = [
     "Program",
     "StepFn",
     "ElasticRun",
+    "Finished",
     "BatchError",
     "check_batch_for_every_slice_count",
 ]
@@ -112,77 +119,12 @@ class Program(Protocol):
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn: ...
 
 
-class BatchError(SettingError):
-    """A batch the slices cannot take: a global batch, microbatch, model axis or minimum slice
-    count that some reachable slice count cannot divide or meet.
+class Finished(NamedTuple):
+    """What :meth:`ElasticRun.run` ends with: the final state and its step (it unpacks as
+    ``state, step``)."""
 
-    Raised before anything runs (by :func:`check_batch_for_every_slice_count`, which
-    :class:`ElasticRun` calls as it is built), so a caller can tell a bad setting from a
-    failure of the run. ``field`` is the setting the refusal is about (``global_batch``,
-    ``microbatch``, ``model_axis``, ``minimum_slice_count``); the message names the values
-    that work.
-    """
-
-    def __init__(self, message: str, *, field: str, value: Any) -> None:
-        super().__init__(ElasticConfig, field, value, problem=message)
-
-
-def check_batch_for_every_slice_count(
-    config: ElasticConfig, total_slices: int, devices_per_slice: int, microbatch: int | None = None
-) -> None:
-    """Refuse, before anything runs, a global batch some reachable slice count cannot divide.
-
-    A run in replica-resize mode may run on any count from ``minimum_slice_count`` to the
-    total; pause-resume only ever runs on all of them. Checking every count up front turns
-    a failure hours into a run (the first lost slice) into an error at start. With
-    ``microbatch`` (examples per data-parallel device per micro-step), every reachable
-    per-device batch must also be a multiple of it; the refusal names the values that are.
-    Every refusal is a :class:`BatchError`.
-    """
-    try:
-        config.check_slices(total_slices)
-    except SettingError as err:
-        raise BatchError(str(err), field=err.field, value=err.value) from None
-    model = config.model_axis or 1
-    if devices_per_slice % model:
-        raise BatchError(
-            f"model_axis={model} does not divide the {devices_per_slice} devices of a slice; "
-            f"choose a model_axis that divides {devices_per_slice}",
-            field="model_axis", value=config.model_axis,
-        )
-    lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
-    per_device: dict[int, int] = {}
-    for active in range(lowest, total_slices + 1):
-        batch = global_batch_for(config.global_batch, config.batch_policy, active, total_slices)
-        shards = active * (devices_per_slice // model)
-        if batch % shards:
-            raise BatchError(
-                f"global_batch={config.global_batch} (policy {config.batch_policy!r}) gives a batch "
-                f"of {batch} on {active} active slices, which their {shards} data-parallel devices "
-                f"cannot divide; choose a global batch divisible by {shards} for every slice count "
-                f"from {lowest} to {total_slices}, or raise minimum_slice_count",
-                field="global_batch", value=config.global_batch,
-            )
-        per_device[active] = batch // shards
-    if microbatch is None:
-        return
-    if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1:
-        raise BatchError(
-            f"microbatch={microbatch!r} must be an int >= 1 (examples per device per micro-step)",
-            field="microbatch", value=microbatch,
-        )
-    for active, examples in per_device.items():
-        if examples % microbatch:
-            common = math.gcd(*per_device.values())
-            working = [m for m in range(1, common + 1) if common % m == 0]
-            raise BatchError(
-                f"microbatch={microbatch} does not divide the per-device batch of {examples} on "
-                f"{active} active slices (global batch {config.global_batch}, policy "
-                f"{config.batch_policy!r}); the per-device batches from {lowest} to {total_slices} "
-                f"slices are {', '.join(str(per_device[a]) for a in sorted(per_device))}, which "
-                f"microbatch {', '.join(map(str, working))} divide{'s' if len(working) == 1 else ''}",
-                field="microbatch", value=microbatch,
-            )
+    state: Any
+    step: int
 
 
 @dataclasses.dataclass(eq=False)
@@ -322,8 +264,8 @@ class ElasticRun:
         self.timer.attempt_started()
 
     # -- the protocol --------------------------------------------------------------------
-    def run(self, final_step: int) -> tuple[Any, int]:
-        """Train until ``final_step`` is complete; return ``(state, final_step)``.
+    def run(self, final_step: int) -> Finished:
+        """Train until ``final_step`` is complete; return its :class:`Finished` state and step.
 
         Raises ``Preempted(step)`` after the checkpoint of the agreed step is committed, and
         pathwaysutils' ``ElasticRuntimeError`` when the retry policy gives up.
@@ -414,7 +356,7 @@ class ElasticRun:
         check_batch(batch, mesh)
         return mesh, batch
 
-    def _attempt(self, final_step: int) -> tuple[Any, int]:
+    def _attempt(self, final_step: int) -> Finished:
         """One ``elastic_retry`` attempt: resume, step to ``final_step``, finish.
 
         Steps run one ahead of their reads: step N+1 is dispatched before step N's result
@@ -567,7 +509,7 @@ class ElasticRun:
             self.manager.active_slice_count, self.deadline.read,
         ))
 
-    def _finish(self, attempt: _Attempt) -> tuple[Any, int]:
+    def _finish(self, attempt: _Attempt) -> Finished:
         """Commit the final checkpoint and hand the finished state out of the retry."""
         step = attempt.step
         saved = self.tiers.checkpoint.final(step, attempt.state, {"step": step, "data": attempt.data})
@@ -577,7 +519,7 @@ class ElasticRun:
         # must surface here, inside the retry, not in the caller's first read.
         state = jax.block_until_ready(attempt.state)
         self.emit(Stop(reason="done", step=step))
-        return state, step
+        return Finished(state, step)
 
     def _stop_for_preemption(self, attempt: _Attempt, meta: dict) -> None:
         """Write the agreed step's checkpoint, commit it, and raise ``Preempted``."""

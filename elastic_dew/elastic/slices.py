@@ -13,7 +13,9 @@ the client, lost slices included. Everything here therefore starts from the Mana
     model parallelism inside a slice (``model_axis`` devices).
 
 The batch is sharded over ``("replica", "data")``; state is replicated or sharded over
-``model`` only, never over ``replica``.
+``model`` only, never over ``replica``. Whether a batch fits is decided here, once: for one
+mesh (:func:`check_batch`) and, before a run, for every slice count it can reach
+(:func:`check_batch_for_every_slice_count`, :class:`BatchError`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elastic_dew.elastic.config import BATCH_POLICIES
+from elastic_dew.elastic.config import BATCH_POLICIES, ElasticConfig, SettingError
 
 __all__ = [
     "AXES",
@@ -35,6 +37,8 @@ __all__ = [
     "mesh_of",
     "global_batch_for",
     "check_batch",
+    "check_batch_for_every_slice_count",
+    "BatchError",
     "batch_sharding",
     "replicated",
 ]
@@ -154,3 +158,76 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
     """Fully replicated over the mesh (along the replica axis too, as snapshots need)."""
     return NamedSharding(mesh, PartitionSpec())
+
+
+class BatchError(SettingError):
+    """A batch the slices cannot take: a global batch, microbatch, model axis or minimum slice
+    count that some reachable slice count cannot divide or meet.
+
+    Raised before anything runs (by :func:`check_batch_for_every_slice_count`, which
+    :class:`ElasticRun` calls as it is built), so a caller can tell a bad setting from a
+    failure of the run. ``field`` is the setting the refusal is about (``global_batch``,
+    ``microbatch``, ``model_axis``, ``minimum_slice_count``); the message names the values
+    that work.
+    """
+
+    def __init__(self, message: str, *, field: str, value: Any) -> None:
+        super().__init__(ElasticConfig, field, value, problem=message)
+
+
+def check_batch_for_every_slice_count(
+    config: ElasticConfig, total_slices: int, devices_per_slice: int, microbatch: int | None = None
+) -> None:
+    """Refuse, before anything runs, a global batch some reachable slice count cannot divide.
+
+    A run in replica-resize mode may run on any count from ``minimum_slice_count`` to the
+    total; pause-resume only ever runs on all of them. Checking every count up front turns
+    a failure hours into a run (the first lost slice) into an error at start. With
+    ``microbatch`` (examples per data-parallel device per micro-step), every reachable
+    per-device batch must also be a multiple of it; the refusal names the values that are.
+    Every refusal is a :class:`BatchError`.
+    """
+    try:
+        config.check_slices(total_slices)
+    except SettingError as err:
+        raise BatchError(str(err), field=err.field, value=err.value) from None
+    model = config.model_axis or 1
+    if devices_per_slice % model:
+        raise BatchError(
+            f"model_axis={model} does not divide the {devices_per_slice} devices of a slice; "
+            f"choose a model_axis that divides {devices_per_slice}",
+            field="model_axis", value=config.model_axis,
+        )
+    lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
+    per_device: dict[int, int] = {}
+    for active in range(lowest, total_slices + 1):
+        batch = global_batch_for(config.global_batch, config.batch_policy, active, total_slices)
+        shards = active * (devices_per_slice // model)
+        if batch % shards:
+            raise BatchError(
+                f"global_batch={config.global_batch} (policy {config.batch_policy!r}) gives a batch "
+                f"of {batch} on {active} active slices, which their {shards} data-parallel devices "
+                f"cannot divide; choose a global batch divisible by {shards} for every slice count "
+                f"from {lowest} to {total_slices}, or raise minimum_slice_count",
+                field="global_batch", value=config.global_batch,
+            )
+        per_device[active] = batch // shards
+    if microbatch is None:
+        return
+    if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1:
+        raise BatchError(
+            f"microbatch={microbatch!r} must be an int >= 1 (examples per device per micro-step)",
+            field="microbatch", value=microbatch,
+        )
+    for active, examples in per_device.items():
+        if examples % microbatch:
+            common = math.gcd(*per_device.values())
+            working = [m for m in range(1, common + 1) if common % m == 0]
+            raise BatchError(
+                f"microbatch={microbatch} does not divide the per-device batch of {examples} on "
+                f"{active} active slices (global batch {config.global_batch}, policy "
+                f"{config.batch_policy!r}); the per-device batches from {lowest} to {total_slices} "
+                f"slices are {', '.join(str(per_device[a]) for a in sorted(per_device))}, which "
+                f"microbatch {', '.join(map(str, working))} divide{'s' if len(working) == 1 else ''}",
+                field="microbatch", value=microbatch,
+            )

@@ -21,6 +21,7 @@ from elastic_dew.simulate.schedule import (
     Action,
     Fault,
     Schedule,
+    check_slices,
     parse_schedule,
     unreachable,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "Schedule",
     "SimulatedSlices",
     "Topology",
+    "check_slices",
     "parse_schedule",
     "unreachable",
 ]

@@ -59,6 +59,8 @@ __all__ = [
     "ScheduleRunner",
     "Target",
     "action_of",
+    "as_schedule",
+    "check_slices",
     "parse_schedule",
     "unreachable",
 ]
@@ -144,6 +146,8 @@ class Action:
 
     ``raises``: the fault raises where it fires (``error``), so it fires only at an
     announcement on the run's own thread, never from the runner's clock during a wait.
+    ``slice_healthy``: what the fault leaves its slice as (``False``: down, ``True``:
+    healthy again, ``None``: unchanged), which :func:`unreachable` follows.
     """
 
     name: str
@@ -151,6 +155,7 @@ class Action:
     ends_process: bool
     fire: Callable[[Target, Fault], None]
     raises: bool = False
+    slice_healthy: bool | None = None
 
 
 def _slice_action(method: str) -> Callable[[Target, Fault], None]:
@@ -192,9 +197,9 @@ def _error(target: Target, fault: Fault) -> None:
 ACTION_TABLE: Mapping[str, Action] = {
     action.name: action
     for action in (
-        Action("lose", takes_slice=True, ends_process=False, fire=_slice_action("lose")),
-        Action("restore", takes_slice=True, ends_process=False, fire=_slice_action("restore")),
-        Action("hang", takes_slice=True, ends_process=False, fire=_slice_action("hang")),
+        Action("lose", takes_slice=True, ends_process=False, fire=_slice_action("lose"), slice_healthy=False),
+        Action("restore", takes_slice=True, ends_process=False, fire=_slice_action("restore"), slice_healthy=True),
+        Action("hang", takes_slice=True, ends_process=False, fire=_slice_action("hang"), slice_healthy=False),
         Action("error", takes_slice=False, ends_process=False, fire=_error, raises=True),
         Action("preempt", takes_slice=False, ends_process=True, fire=_preempt),
         Action("kill", takes_slice=False, ends_process=True, fire=_kill),
@@ -296,6 +301,17 @@ def as_schedule(schedule: str | Schedule | None) -> Schedule:
 # --------------------------------------------------------------------------- reachability
 
 
+def check_slices(schedule: Schedule, num_slices: int) -> None:
+    """Refuse (``ValueError``) a fault naming a slice the ``num_slices`` slices do not have."""
+    for fault in schedule:
+        if fault.slice is not None and fault.slice >= num_slices:
+            raise ValueError(
+                f"fault {fault} names slice {fault.slice}, but there are {num_slices} slices "
+                f"(0..{num_slices - 1}); fix the schedule or use more slices"
+            )
+
+
+
 def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | None = None) -> str | None:
     """Why a fault of ``schedule`` can never fire on ``num_slices`` slices, or ``None``.
 
@@ -316,9 +332,10 @@ def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | 
     cause: list[Fault | None] = [None]
 
     def apply(fault: Fault, step: int) -> None:
-        if fault.action in ("lose", "hang"):
+        healthy = action_of(fault).slice_healthy
+        if healthy is False:
             lost.add(fault.slice)
-        elif fault.action == "restore":
+        elif healthy:
             lost.discard(fault.slice)
         elif action_of(fault).ends_process:
             lost.clear()

@@ -75,6 +75,7 @@ from elastic_dew.simulate.schedule import (
     ScheduleRunner,
     action_of,
     as_schedule,
+    check_slices,
 )
 from elastic_dew.simulate.topology import Topology
 
@@ -152,12 +153,7 @@ class SimulatedSlices:
     ) -> None:
         Topology.check_shape(num_slices, devices_per_slice)
         schedule = as_schedule(schedule)
-        for fault in schedule:
-            if fault.slice is not None and fault.slice >= num_slices:
-                raise ValueError(
-                    f"fault {fault} names slice {fault.slice}, but there are {num_slices} slices "
-                    f"(0..{num_slices - 1}); fix the schedule or use more slices"
-                )
+        check_slices(schedule, num_slices)
         self.num_slices = num_slices
         self.devices_per_slice = devices_per_slice
         self.schedule = schedule
