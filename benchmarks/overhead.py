@@ -96,7 +96,7 @@ def _bare(parts: dict, steps: int, workdir: Path) -> tuple[float, float]:
     split = batch_sharding(mesh)
     # The trainer's read-ahead: Grain's default (500 batches) never refills in a run this
     # short, so the bare loop would skip the one read-ahead hand-off a step that ``fit`` pays.
-    read_options = default_read_options(GLOBAL_BATCH)
+    read_options = default_read_options()
     batches = iter(parts["dataset"].batch(GLOBAL_BATCH, drop_remainder=True).to_iter_dataset(read_options))
     started = None
     in_flight = None

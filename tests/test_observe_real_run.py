@@ -23,7 +23,7 @@ import pytest
 from elastic_dew.record.goodput import account, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_observe_goodput import library_breakdown, library_only_rules  # noqa: E402
+from goodputlib import library_breakdown, library_only_rules  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GAP = 3.0

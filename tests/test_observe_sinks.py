@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from elastic_dew.observe.logs import log_context
 from elastic_dew.observe.sinks import ObserveOptions, Sinks, add_options, chosen, close, options_of
-from test_observe_goodput import MemoryLogger, preempted_run_with_gap
+from goodputlib import MemoryLogger, preempted_run_with_gap
 
 
 def _parse(*argv):

@@ -10,18 +10,19 @@ run (bitwise where the slice count and global batch are unchanged, ``allclose`` 
 from __future__ import annotations
 
 import gc
-import threading
 import weakref
 
 import jax
 import numpy as np
 import pytest
 
+from elastic_dew import record
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.events import Event
-from elastic_dew.elastic.protocol import ElasticRun, check_batch_for_every_slice_count
+from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.slices import check_batch_for_every_slice_count
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices
 
@@ -68,14 +69,7 @@ def _train(tmp_path, steps=12, schedule=None, notice=None, on_run=None, **overri
 
 def _committed(events):
     """Step events no later resume re-did (the run record's commit rule)."""
-    committed = []
-    for i, e in enumerate(events):
-        if e.kind != "step":
-            continue
-        if any(r.kind == "resume" and r.step <= e.step for r in events[i + 1:]):
-            continue
-        committed.append(e)
-    return committed
+    return record.as_events(record.committed_steps(events))
 
 
 def _assert_exactly_once(events, steps):
@@ -170,29 +164,16 @@ def test_two_losses_in_a_row_continue_on_the_remaining_slices(tmp_path, referenc
 def test_pause_resume_waits_for_the_slice_and_matches_bitwise(tmp_path, reference):
     """minimum_slice_count=None: the run waits until the lost slice is healthy again.
 
-    Nothing announces phases while pathwaysutils waits, so the slice comes back on a timer.
+    No step is announced while the run waits, so the return is keyed to time (``@+0.5``).
     """
-    sim_box = {}
-
-    def lose_then_return(phase, step):
-        if phase == "step" and step == 6 and "fired" not in sim_box:
-            sim_box["fired"] = True
-            sim_box["sim"].lose(0)
-            threading.Timer(0.5, sim_box["sim"].restore, [0]).start()
-
     events: list[Event] = []
-    hooks.add_listener(lose_then_return)
-    try:
-        with SimulatedSlices(4, 2) as sim:
-            sim_box["sim"] = sim
-            run = ElasticRun(
-                LinearProgram(), ElasticData(_dataset()),
-                _config(tmp_path, minimum_slice_count=None, checkpoint_every=0), emit=events.append,
-            )
-            state, _ = run.run(12)
-            state = jax.device_get(state)
-    finally:
-        hooks.remove_listener(lose_then_return)
+    with SimulatedSlices(4, 2, schedule="lose:0@6,restore:0@+0.5"):
+        run = ElasticRun(
+            LinearProgram(), ElasticData(_dataset()),
+            _config(tmp_path, minimum_slice_count=None, checkpoint_every=0), emit=events.append,
+        )
+        state, _ = run.run(12)
+        state = jax.device_get(state)
     kinds = _kinds(events)
     assert ("stop", "slice_lost", 5) in kinds
     _assert_resumed_from_a_taken_snapshot(events, 5)
@@ -237,14 +218,13 @@ def test_a_preemption_checkpoints_the_agreed_step_and_the_rerun_resumes_there(tm
             _train(tmp_path, schedule="preempt@7", notice=notice)
     finally:
         notice.close()
-    first_events = []  # the first process's events are lost with it in this in-process test
     assert stopped.value.step == 7
     state, events = _train(tmp_path, schedule="preempt@7")  # already fired: not again
     kinds = _kinds(events)
     assert kinds[0] == ("resume", "checkpoint", 8)
     assert kinds[-1] == ("stop", "done", 12)
     steps = [e.step for e in events if e.kind == "step"]
-    assert steps == list(range(8, 13)) and not first_events
+    assert steps == list(range(8, 13))
     np.testing.assert_array_equal(state["w"], reference[0]["w"])
     assert int(state["seen"]) == int(reference[0]["seen"])
 

@@ -55,15 +55,14 @@ POSITION_KEY = "global_next_index"
 _LENGTH_KEY = "dataset_length"
 
 
-def default_read_options(batch: int) -> grain.ReadOptions:
+def default_read_options() -> grain.ReadOptions:
     """Read-ahead of two batches on at most as many threads as there are cores.
 
     Every attempt and every scale-up starts a new iterator, whose first batch waits for its
     read-ahead to fill. Grain's default (16 threads, 500 elements) made that first step the
     largest part of recovery on a small host (the benchmarks measured it); two batches keep
     the next step's data ready without delaying the first. ``ElasticIterator`` batches before
-    ``to_iter_dataset``, so the buffer counts batches: ``batch`` (the global batch) only
-    names the caller's batch and does not size the buffer.
+    ``to_iter_dataset``, so the buffer counts batches, whatever the batch's size.
     """
     return grain.ReadOptions(
         num_threads=max(1, min(16, os.cpu_count() or 1)), prefetch_buffer_size=2
@@ -137,7 +136,7 @@ class ElasticData:
             self._dataset,
             global_batch,
             grain.sharding.ShardOptions(shard_index=jax.process_index(), shard_count=shards),
-            read_options=self._read_options or default_read_options(global_batch // shards),
+            read_options=self._read_options or default_read_options(),
             multiprocessing_options=options,
         )
         iterator.set_state({POSITION_KEY: position})
