@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import jax
 from jax.sharding import Mesh
 
+from elastic_dew.elastic.packing import is_key
+
 __all__ = ["Backend", "unwrap_keys", "abstract_key_data", "rewrap_keys"]
 
 
@@ -60,7 +62,8 @@ class Backend(Protocol):
 
 
 def _is_key(x: Any) -> bool:
-    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    """Whether ``x`` is an array of typed PRNG keys (the one rule: :func:`packing.is_key`)."""
+    return hasattr(x, "dtype") and is_key(x.dtype)
 
 
 def unwrap_keys(state: Any) -> Any:
