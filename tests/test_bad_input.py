@@ -279,6 +279,9 @@ def _cli(argv, capsys) -> tuple[int, str]:
         (["mlp", "--poll-interval", "0"], "--poll-interval 0.0 must be > 0 seconds"),
         (["mlp", "--chaos", "lose:1@3/lunch"], "--chaos: bad fault 'lose:1@3/lunch'"),
         (["mlp", "--chaos", "lose:9@3"], "--chaos: fault lose:9@3/step names slice 9, but there are 4 slices (0..3); fix the schedule or use more slices"),
+        (["mlp", "--chaos", "lose@3"], "lose needs a slice, e.g. lose:1@3"),
+        (["mlp", "--name", "y"], "give --run-dir or --name, not both"),
+        (["mlp", "--set", "hidden"], "--set 'hidden' is not KEY=VALUE"),
     ],
 )
 def test_a_bad_train_argument_exits_2_with_the_fix_and_creates_nothing(argv, message, tmp_path, monkeypatch, capsys):

@@ -61,31 +61,6 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 # ----------------------------------------------------------------- arguments checked first
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["nosuch"], "unknown recipe 'nosuch'; the recipes are lm, mlp"),
-        (["mlp", "--steps", "0"], "--steps 0 must be >= 1"),
-        (["mlp", "--snapshot-every", "-1"], "--snapshot-every -1 must be >= 0"),
-        (["mlp", "--chaos", "lose@3"], "'lose@3'.*lose needs a slice"),
-        (["mlp", "--chaos", "lose:7@3"], "names slice 7, but there are 4 slices"),
-        (["mlp", "--global-batch", "20", "--min-slices", "3"], "cannot divide; choose a global batch divisible by"),
-        (["mlp", "--min-slices", "5"], "--min-slices: minimum_slice_count=5 is above the 4 slices"),
-        (["mlp", "--run-dir", "x", "--name", "y"], "give --run-dir or --name, not both"),
-        (["mlp", "--set", "hidden"], "--set 'hidden' is not KEY=VALUE"),
-    ],
-)
-def test_a_bad_argument_is_refused_with_the_fix_before_anything_is_touched(
-    argv, message, tmp_path, monkeypatch, capsys
-):
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(["train", *argv]) == 2
-    err = capsys.readouterr().err
-    assert "elastic-dew train: error:" in err
-    assert __import__("re").search(message, err), err
-    assert list(tmp_path.iterdir()) == []  # no run directory, no runs/
-
-
 def test_simulator_options_are_refused_on_real_slices(tmp_path, monkeypatch, capsys):
     """JAX_PLATFORMS=proxy (Pathways) is only named, never started: the check comes first."""
     monkeypatch.chdir(tmp_path)

@@ -22,6 +22,7 @@ from elastic_dew.elastic.slices import (
     batch_sharding,
     build_mesh,
     check_batch,
+    check_batch_for_every_slice_count,
     global_batch_for,
     replicated,
 )
@@ -117,6 +118,16 @@ def test_a_batch_that_cannot_scale_exactly_names_the_numbers_and_the_fix():
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="must be one of constant, scale_by_active_slices"):
         global_batch_for(32, "double", 2, 4)
+
+
+def test_a_global_batch_a_reachable_slice_count_cannot_divide_is_refused_up_front():
+    config = ElasticConfig(minimum_slice_count=1, global_batch=32)
+    with pytest.raises(ValueError, match=r"global_batch=32.*3 active slices.*6 data-parallel devices"):
+        check_batch_for_every_slice_count(config, 4, 2)
+    check_batch_for_every_slice_count(ElasticConfig(minimum_slice_count=None, global_batch=32), 4, 2)
+    scaled = ElasticConfig(minimum_slice_count=1, global_batch=10, batch_policy="scale_by_active_slices")
+    with pytest.raises(ValueError, match="10"):  # 10 * 3 / 4 examples is no whole batch
+        check_batch_for_every_slice_count(scaled, 4, 2)
 
 
 def test_a_batch_the_mesh_cannot_divide_names_the_devices_and_the_fix(sim):
