@@ -38,7 +38,7 @@ import numpy as np
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Eval
-from elastic_dew.elastic.slices import batch_sharding
+from elastic_dew.elastic.slices import batch_sharding, reachable_shards
 
 __all__ = ["Evaluation", "EvalFn"]
 
@@ -89,10 +89,9 @@ class Evaluation:
                 f"the evaluation set has {len(self.dataset)} examples, fewer than one evaluation "
                 f"batch of {size}; give a larger eval_dataset or a smaller eval batch"
             )
-        model = config.model_axis or 1
-        lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
-        for active in range(lowest, total_slices + 1):
-            shards = active * (devices_per_slice // model)
+        shard_counts = reachable_shards(config, total_slices, devices_per_slice)
+        lowest = min(shard_counts)
+        for active, shards in shard_counts.items():
             if size % shards:
                 raise ValueError(
                     f"the evaluation batch of {size} examples cannot be split over the {shards} "

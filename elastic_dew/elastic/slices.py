@@ -38,6 +38,7 @@ __all__ = [
     "global_batch_for",
     "check_batch",
     "check_batch_for_every_slice_count",
+    "reachable_shards",
     "BatchError",
     "batch_sharding",
     "replicated",
@@ -175,6 +176,14 @@ class BatchError(SettingError):
         super().__init__(ElasticConfig, field, value, problem=message)
 
 
+def reachable_shards(config: ElasticConfig, total_slices: int, devices_per_slice: int) -> dict[int, int]:
+    """The data-parallel devices (replica x data) of every active slice count a run can reach:
+    ``minimum_slice_count`` (all of them in pause-resume) up to ``total_slices``."""
+    model = config.model_axis or 1
+    lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
+    return {active: active * (devices_per_slice // model) for active in range(lowest, total_slices + 1)}
+
+
 def check_batch_for_every_slice_count(
     config: ElasticConfig, total_slices: int, devices_per_slice: int, microbatch: int | None = None
 ) -> None:
@@ -198,11 +207,11 @@ def check_batch_for_every_slice_count(
             f"choose a model_axis that divides {devices_per_slice}",
             field="model_axis", value=config.model_axis,
         )
-    lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
+    shard_counts = reachable_shards(config, total_slices, devices_per_slice)
+    lowest = min(shard_counts)
     per_device: dict[int, int] = {}
-    for active in range(lowest, total_slices + 1):
+    for active, shards in shard_counts.items():
         batch = global_batch_for(config.global_batch, config.batch_policy, active, total_slices)
-        shards = active * (devices_per_slice // model)
         if batch % shards:
             raise BatchError(
                 f"global_batch={config.global_batch} (policy {config.batch_policy!r}) gives a batch "
