@@ -58,6 +58,7 @@ class Sizes:
     reposition_repeats: int
     first_save_every: int = 40  # steps before each checkpoint in the first-save runs
     losses_file_workers: int = 0  # the same over ArrayRecord files read by 2 Grain workers
+    soak_schedules: int = 1000  # chaos schedules the soak runs in one process (issue: at least 1,000)
 
 
 SIZES = {
@@ -72,12 +73,14 @@ SIZES = {
         preempt_mb=(64, 256, 1024), preempt_repeats=1, restore_mb=256, restore_repeats=3,
         goodput_steps=100, overhead_rounds=2, overhead_steps=40, reposition_repeats=10, first_save_every=20,
         losses_file_workers=3,
+        soak_schedules=40,
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
         losses=2, losses_no_precompile=0, losses_small_readahead=0, restarts=1, snapshot_rounds=1, snapshot_block=4,
         preempt_mb=(16,), preempt_repeats=1, restore_mb=16, restore_repeats=1,
         goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2, first_save_every=3,
+        soak_schedules=2,
     ),
 }
 
@@ -97,6 +100,8 @@ TARGETS: dict[str, tuple[str, Any]] = {
     "host_cpu_ms_per_step_added": ("<= 1 ms", lambda v: v <= 1),
     "reposition_ratio": ("<= 2", lambda v: v <= 2),
     "recovery_scaling_ratio": ("<= 2", lambda v: v <= 2),
+    "soak_success_rate": ("100% (MaxText's Snapshotter soak: 73%)", lambda v: v == 100),
+    "soak_threads_growth": ("0 more threads at the end", lambda v: v == 0),
 }
 
 
@@ -238,6 +243,14 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
      "recovery_scaling_steps_p50_4", "recovery_scaling_ratio_in_steps", None),
     ("  wait for slices, 32 slices (baseline: 4), warm p50 (s)", "recovery_scaling_wait_for_slices_s_p50_32",
      "recovery_scaling_wait_for_slices_s_p50_4", None, None),
+    ("chaos soak: schedules keeping every invariant, one process (%)", "soak_success_rate", None, None,
+     "soak_success_rate"),
+    ("  schedules run", "soak_schedules", None, None, None),
+    ("  steps re-run per fault fired", "soak_steps_rerun_per_fault", None, None, None),
+    ("  threads at the end (baseline: at the start)", "soak_threads_end", "soak_threads_start", None,
+     "soak_threads_growth"),
+    ("  resident memory at the end (baseline: at the start) (MB)", "soak_rss_mb_end", "soak_rss_mb_start", None, None),
+    ("  time per schedule (s)", "soak_s_per_schedule", None, None, None),
     ("first checkpoint save of a process (s)", "first_save_s", "first_save_unprepared_s", "first_save_over_later", "first_save_over_later"),
     ("  later checkpoint saves, p50 (s)", "later_save_prepared_s_p50", "later_save_unprepared_s_p50", None, None),
 ]

@@ -564,11 +564,17 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
         try:
             result = trainer.fit(p.steps)
         except Preempted as stop:
-            logger.warning(
-                "preempted at step %d; its checkpoint is in %s: run the same command again to resume",
-                stop.step,
-                run_dir,
-            )
+            if stop.step:
+                logger.warning(
+                    "preempted at step %d; its checkpoint is in %s: run the same command again to resume",
+                    stop.step,
+                    run_dir,
+                )
+            else:
+                logger.warning(
+                    "preempted before any state was persisted; run the same command again to start over in %s",
+                    run_dir,
+                )
             return Outcome(PREEMPTED_EXIT, run_dir)
         except (jax.errors.JaxRuntimeError, TimeoutError, ElasticRuntimeError) as error:
             # Not retried: an error that is not a slice loss, or the retry gave up.

@@ -38,6 +38,7 @@ from faultlib import tree_digest
         ("poll_interval", -1.0, "poll_interval=-1.0 must be > 0 seconds"),
         ("timeout", 0, "timeout=0 must be > 0 seconds, or None"),
         ("max_attempts", 0, "max_attempts=0 must be >= 1, or None"),
+        ("retry_reset_steps", -1, "retry_reset_steps=-1 must be >= 0 steps (0 turns it off)"),
         ("snapshot_every", -1, "snapshot_every=-1 must be >= 0 steps (0 turns it off)"),
         ("checkpoint_every", -5, "checkpoint_every=-5 must be >= 0 steps (0 turns it off)"),
         ("model_axis", 0, "model_axis=0 must be >= 1, or None"),

@@ -189,3 +189,23 @@ def test_the_issue_11_benchmarks_run_under_fsdp_and_report_their_rows(tmp_path):
 def test_the_host_memory_row_is_met_at_one_copy_per_slice_and_not_at_two():
     assert verdicts({"snapshot_host_memory_ratio": 1.0})["snapshot_host_memory_ratio"] is True
     assert verdicts({"snapshot_host_memory_ratio": 2.0})["snapshot_host_memory_ratio"] is False
+
+
+def test_the_soak_reports_its_rate_each_failures_replay_the_work_lost_and_what_the_runs_left(tmp_path, monkeypatch):
+    """One real schedule from the soak's seed range, run and checked in this process; the
+    checker is made to find a problem so that the failure's report can be read."""
+    import elastic_dew.testing as chaos
+    from benchmarks.soak import FIRST_SEED, soak
+
+    real_check = chaos.check
+    monkeypatch.setattr(chaos, "check", lambda outcome, expected: real_check(outcome, expected) + ["a planted problem"])
+    results = soak(1, tmp_path)
+    assert results["soak_schedules"] == 1 and results["soak_success_rate"] == 0.0
+    [failure] = results["soak_failures"]
+    assert failure["seed"] == FIRST_SEED and failure["problems"] == ["a planted problem"]
+    assert failure["replay"] == f"python -m elastic_dew.chaos --seed {FIRST_SEED}"
+    assert results["soak_faults_fired"] >= 1 and results["soak_steps_rerun_per_fault"] >= 0
+    assert results["soak_threads_growth"] == results["soak_threads_end"] - results["soak_threads_start"]
+    assert results["soak_rss_mb_end"] > 0 and results["soak_s"] > 0
+    assert "| chaos soak: schedules keeping every invariant, one process (%) | 0 |" in table(results)
+    assert not verdicts(results)["soak_success_rate"]

@@ -126,6 +126,29 @@ def test_the_retry_policy_exhausted_surfaces_elastic_runtime_error_and_leaves_th
     assert "slice_lost 2" in table
 
 
+@pytest.mark.parametrize(("reset_steps", "finishes"), [(3, True), (0, False)])
+def test_the_retry_budget_starts_again_after_a_stretch_of_progress_and_counts_over_the_run_when_it_is_zero(
+    reset_steps, finishes, tmp_path, expected
+):
+    """``max_attempts=2`` survives one loss in a row. Three losses of slice 1, each 3 steps
+    of progress after the one before (and each followed by its return): with
+    ``retry_reset_steps=3`` every loss starts a new count and the run finishes on four
+    slices; with 0 (pathwaysutils' ``ElasticRetryLimit`` over the whole run) the second
+    loss ends it."""
+    schedule = "lose:1@3,restore:1@4,lose:1@6,restore:1@7,lose:1@9,restore:1@10"
+    outcome = _run(tmp_path, schedule, max_attempts=2, retry_reset_steps=reset_steps)
+    if finishes:
+        assert_all_fired(outcome)
+        assert_invariants(outcome, expected)
+        assert _losses(outcome) == [2, 5, 8]
+        assert record.committed_steps(events(outcome))[-1]["slices"] == chaos.TOTAL_SLICES
+        return
+    assert isinstance(outcome.error, ElasticRuntimeError), repr(outcome.error)
+    assert "slice losses reached max_attempts=2 (counted over the whole run)" in str(outcome.error)
+    assert_invariants(outcome, expected, expect_error=ElasticRuntimeError)
+    assert _losses(outcome) == [2, 5]
+
+
 # ------------------------------------------------------------------ preemption
 
 PREEMPTION_AT = {
@@ -170,3 +193,26 @@ def test_a_slice_lost_while_restoring_a_finished_runs_state_is_retried_not_raise
     assert kinds(outcome)[-4:] == [
         ("resume", "checkpoint", 13), ("stop", "slice_lost", 12), ("resume", "checkpoint", 13), ("stop", "done", 12),
     ]
+
+
+# ------------------------------------------------------------------ compound faults (the soak's finds)
+
+
+def test_a_preemption_during_a_slice_loss_recovery_with_nothing_persisted_stops_at_step_0(tmp_path, expected, caplog):
+    """Found by the chaos soak: the second attempt loses a slice while step 5's checkpoint
+    is written, and the preemption notice arrives in the same phase. No snapshots are
+    taken and step 5's checkpoint died with the slice, so nothing of the run is persisted:
+    the stop is of step 0 (it said step 5, and the re-run then silently started fresh),
+    the log names the five steps lost, and the record counts them as wasted progress."""
+    schedule = "lose:1@3/checkpoint,lose:2@5/step,preempt@5/checkpoint"
+    with caplog.at_level("WARNING", logger="elastic_dew.elastic.protocol"):
+        outcome = _run(tmp_path, schedule, snapshot_every=0, checkpoint_every=5)
+    assert_all_fired(outcome)
+    assert_invariants(outcome, expected)
+    assert outcome.preempted_at == [0]
+    turns = kinds(outcome)
+    assert ("stop", "slice_lost", 5) in turns
+    assert turns[turns.index(("stop", "preempted", 0)) + 1] == ("resume", "fresh", 1)
+    assert "steps 1..5 (5) were not persisted and will be run again" in caplog.text
+    summary = record.load_summary(outcome.run_dir)
+    assert summary["badput"]["wasted_progress_from_disruption"] > 0

@@ -214,6 +214,46 @@ def test_the_policy_on_its_own():
     assert all(unlimited(attempt, _slice_down()) for attempt in range(1, 50))
 
 
+def test_the_count_starts_again_after_the_reset_stretch_of_progress_but_a_crash_loop_still_ends():
+    """``retry_reset_steps``: losses come 40 steps of progress apart (a slice that fails
+    every few hours of a long run): with ``max_attempts=2`` and a stretch of 30 steps each
+    one starts a new count, so a hundred of them are all survived. A crash loop (no step
+    beyond the furthest one) ends at the second loss, as ``ElasticRetryLimit(2)`` would."""
+    furthest = [0]
+    sparse = SliceLossRetryLimit(2, reset_steps=30, progress=lambda: furthest[0])
+    allowed = []
+    for attempt in range(1, 101):
+        furthest[0] += 40
+        allowed.append(sparse(attempt, _slice_down()))
+    assert all(allowed) and sparse.slice_losses == 1 and sparse.total_slice_losses == 100
+
+    stuck = SliceLossRetryLimit(2, reset_steps=30, progress=lambda: 500)
+    assert [stuck(1, _slice_down()), stuck(2, _slice_down())] == [True, False]
+    assert "slice losses reached max_attempts=2 (2 within retry_reset_steps=30 steps of progress)" in stuck.describe()
+
+
+def test_losses_within_the_stretch_add_up_from_the_first_loss_counted():
+    """Progress is measured from where the run was at the first loss of the count, not the
+    previous one: losses 12 steps apart with a 30-step stretch give up at the third
+    (24 steps past the first), while the fourth would have been a new count."""
+    furthest = [100]
+    policy = SliceLossRetryLimit(3, reset_steps=30, progress=lambda: furthest[0])
+    decisions = []
+    for attempt in range(1, 4):
+        decisions.append(policy(attempt, _slice_down()))
+        furthest[0] += 12
+    assert decisions == [True, True, False]
+    assert policy(4, _slice_down()) is True  # 36 steps past the first loss: a new count
+
+
+def test_a_reset_stretch_of_zero_counts_over_the_whole_run_as_elastic_retry_limit_does():
+    total = SliceLossRetryLimit(3, reset_steps=0, progress=lambda: 10**6)
+    reference = pw_manager.ElasticRetryLimit(3)
+    assert [total(n, _slice_down()) for n in range(1, 5)] == [reference(n, None) for n in range(1, 5)]
+    with pytest.raises(ValueError, match="reset_steps=-1 must be >= 0"):
+        SliceLossRetryLimit(3, reset_steps=-1)
+
+
 def test_configured_callbacks_run_before_the_given_ones(sim):
     manager = make_manager()
     order = []

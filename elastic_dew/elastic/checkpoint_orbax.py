@@ -180,5 +180,7 @@ class OrbaxBackend:
 
     def close(self) -> None:
         self.warmup.stop()
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.manager.wait_until_finished()
+        finally:  # a save cut short by a fault still lets the manager's threads end
+            self.manager.close()

@@ -154,6 +154,12 @@ class ElasticConfig:
         ends; ``None`` waits for ever.
       max_attempts: ``ElasticRetryLimit(max_attempts)`` over slice-loss attempts only;
         scale-ups never count against it. 10 (the guide's); ``None`` retries for ever.
+      retry_reset_steps: the count of slice losses starts again once the run has got
+        this many steps past the furthest step it had completed at the first loss
+        counted, so the run gives up after ``max_attempts`` losses within that much
+        progress (a crash loop still ends after ``max_attempts``) rather than after
+        ``max_attempts`` over its whole life; 0 counts over the whole run, as
+        pathwaysutils' ``ElasticRetryLimit`` does (:class:`~elastic_dew.elastic.retry.SliceLossRetryLimit`).
       step_timeout: seconds a step's result may take to arrive before the step counts as
         a slice loss (``DEADLINE_EXCEEDED``) and the run recovers instead of hanging on a
         slice that stopped answering; ``None`` is automatic
@@ -209,8 +215,13 @@ class ElasticConfig:
         bound=Bound(0, strict=True, unit="seconds", none=True), flag="--timeout", metavar="SECONDS",
     )
     max_attempts: int | None = setting(
-        10, "slice losses survived before giving up (default {default})",
+        10, "slice losses within --retry-reset-steps steps of progress survived before giving up (default {default})",
         bound=Bound(1, none=True), flag="--max-attempts", metavar="N",
+    )
+    retry_reset_steps: int = setting(
+        50, "steps of progress after which the count of slice losses starts again; 0 counts "
+        "them over the whole run, as pathwaysutils' ElasticRetryLimit does (default {default})",
+        bound=Bound(0, unit="steps", off=True), flag="--retry-reset-steps", metavar="STEPS",
     )
     step_timeout: float | None = setting(
         None, "seconds a step may take before it counts as a slice loss (DEADLINE_EXCEEDED) "

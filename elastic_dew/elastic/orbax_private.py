@@ -17,7 +17,12 @@ snapshot whose buffers a failed load donated). :class:`HostSnapshotter` holds th
 * ``_queue`` is a ``queue.Queue(maxsize=1)`` of requests the worker thread has not finished;
 * ``_lock`` is the ``threading.Lock`` guarding ``_latest_snapshot``;
 * ``_latest_snapshot`` is ``None`` or ``(replica_trees, step)``, set by the worker thread
-  once a snapshot has landed in pinned host memory and by ``load``.
+  once a snapshot has landed in pinned host memory and by ``load``;
+* ``_worker`` is the worker thread's loop (``threading.Thread(target=self._worker)``, started
+  by ``__init__`` and kept in ``_worker_thread``), which unpacks each queued request as
+  ``(state, step)`` before anything else and never returns: Orbax gives it no way to end,
+  so every ``Snapshotter`` leaves a thread behind for the life of the process.
+  :meth:`HostSnapshotter.stop` ends it with a request whose unpacking raises.
 
 **Replica-parallel slicing** (tier 2's first-save warm-up,
 :meth:`elastic_dew.elastic.checkpoints.Checkpoints.prepare`), in
@@ -78,6 +83,7 @@ METHODS: dict[str, tuple[str, ...]] = {
     "save": ("step", "state"),
     "load": (),  # called with the abstract state as its first argument
     "join": (),
+    "_worker": (),
 }
 
 #: Instance attributes used, with the type each must have right after construction.
@@ -85,6 +91,7 @@ ATTRIBUTES: dict[str, tuple[type, ...]] = {
     "_queue": (queue.Queue,),
     "_lock": (type(threading.Lock()),),
     "_latest_snapshot": (type(None),),
+    "_worker_thread": (threading.Thread,),
 }
 
 
@@ -126,8 +133,20 @@ def instance_incompatibilities(snapshotter: Any) -> list[str]:
     return problems
 
 
+class _StopWorker(BaseException):
+    """Raised inside the worker thread to end it (``SystemExit``'s cousin: not an error)."""
+
+
+class _StopRequest:
+    """A queued request whose unpacking as ``(state, step)`` ends Orbax's worker loop."""
+
+    def __iter__(self):
+        raise _StopWorker
+
+
 class HostSnapshotter(Snapshotter):
-    """Orbax's Snapshotter with the few private reads tier 1 needs, as methods.
+    """Orbax's Snapshotter with the few private reads tier 1 needs, as methods, and a way
+    to end its worker thread (:meth:`stop`; a later :meth:`offer` starts a new one).
 
     Construction refuses, with the members named, an installed Orbax whose Snapshotter no
     longer has what these methods use, rather than failing later inside a training step.
@@ -158,6 +177,8 @@ class HostSnapshotter(Snapshotter):
 
     def offer(self, step: int, tree: Any) -> bool:
         """``save(step, tree)``, returning whether Orbax took the tree or skipped it."""
+        if self.stopped():
+            self._restart()
         self.took = False
         self.save(step, tree)
         return self.took
@@ -171,6 +192,33 @@ class HostSnapshotter(Snapshotter):
         """Forget the newest snapshot, releasing its pinned host memory."""
         with self._lock:
             self._latest_snapshot = None
+
+    def _worker(self) -> None:
+        # Orbax's loop, ended by a _StopRequest: it unpacks the request before its try.
+        try:
+            super()._worker()
+        except _StopWorker:
+            self._queue.task_done()
+
+    def stopped(self) -> bool:
+        """Whether the worker thread has ended (after :meth:`stop`)."""
+        return not self._worker_thread.is_alive()
+
+    def stop(self) -> None:
+        """Let the queued request land, then end the worker thread and join it.
+
+        Orbax's worker never returns on its own, so without this every snapshotter of a
+        process that runs many trainings keeps a thread (and itself) alive to the end.
+        Idempotent; a later :meth:`offer` starts a new worker.
+        """
+        if self.stopped():
+            return
+        self._queue.put(_StopRequest())
+        self._worker_thread.join()
+
+    def _restart(self) -> None:
+        self._worker_thread = threading.Thread(target=self._worker, daemon=True)
+        self._worker_thread.start()
 
 
 #: ``replica_slices.get_replica_slices``'s parameters, in order, as :func:`slice_replicas` passes them.

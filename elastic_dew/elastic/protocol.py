@@ -65,7 +65,7 @@ from elastic_dew.elastic.events import (
     Stop,
 )
 from elastic_dew.elastic.recovery import Recovery, RecoveryTimer
-from elastic_dew.elastic.retry import elastic_retry, make_manager
+from elastic_dew.elastic.retry import SliceLossRetryLimit, elastic_retry, make_manager
 from elastic_dew.elastic.slices import (
     BatchError,
     batch_sharding,
@@ -218,6 +218,8 @@ class ElasticRun:
         self._config = config
         # Plain numbers only: an attempt's arrays live in its _Attempt.
         self.last_step = 0
+        #: The furthest step completed (or restored) in this process: the retry policy's progress.
+        self.furthest_step = 0
 
     @property
     def config(self) -> ElasticConfig:
@@ -268,15 +270,23 @@ class ElasticRun:
         """Train until ``final_step`` is complete; return its :class:`Finished` state and step.
 
         Raises ``Preempted(step)`` after the checkpoint of the agreed step is committed, and
-        pathwaysutils' ``ElasticRuntimeError`` when the retry policy gives up.
+        pathwaysutils' ``ElasticRuntimeError`` when the retry policy gives up. Whether it
+        returns or raises, every thread, iterator and Orbax manager the run started is
+        stopped and joined (the pathwaysutils ``Manager`` stops its own monitor).
         """
         if final_step < 1:
             raise ValueError(f"final_step={final_step} must be >= 1")
+        policy = SliceLossRetryLimit(
+            self.config.max_attempts,
+            reset_steps=self.config.retry_reset_steps,
+            progress=lambda: self.furthest_step,
+        )
         attempt = elastic_retry(
             self.manager,
             self.config,
             pre_callback=self._attempt_started,
             on_elastic_event_callback=self._on_slice_lost,
+            policy=policy,
         )(self._attempt)
         self.compiler.allow_precompiling()
         # A fault the simulator fires joins the stream as it fires (hooks.report).
@@ -289,35 +299,52 @@ class ElasticRun:
                 raise self._timed_out(error) from error
             except ElasticRuntimeError as error:
                 raise ElasticRuntimeError(
-                    f"gave up after step {self.last_step}: slice losses reached "
-                    f"max_attempts={self.config.max_attempts} ({error}); {self.tiers.kept()}, or raise "
-                    "ElasticConfig.max_attempts"
+                    f"gave up after step {self.last_step}: {policy.describe()} ({error}); "
+                    f"{self.tiers.kept()}, or raise ElasticConfig.max_attempts"
                 ) from error
             finally:
                 self.compiler.stop_precompiling()
                 self.deadline.close()
+                self.data.close()
                 self.tiers.close()
 
     def _preempted_in_wait(self) -> Preempted:
-        """A preemption notice ended a wait for slices: persist the newest snapshot as a
-        checkpoint when it is newer than the newest checkpoint (so the re-run resumes from
-        it), then stop as a preemption does. The stop's step is the one the re-run resumes
-        after: the persisted snapshot's, else the newest committed checkpoint's."""
+        """A preemption notice ended a recovery (the wait for slices, or a loss while the
+        agreed step's checkpoint was written): save what a readable copy still holds, then
+        stop as a preemption does.
+
+        In order, within the grace period: the checkpoint in flight is waited for (it may
+        still commit); then the newest snapshot, if newer than the newest committed
+        checkpoint, is loaded from a replica on the surviving slices and committed as a
+        checkpoint. The stop's step is the step the re-run resumes after: that snapshot's,
+        else the newest committed checkpoint's, else 0 (nothing persisted; the re-run
+        starts fresh). Steps completed past it are lost: the log says how many, and the
+        run record counts them as wasted progress (the re-run's resume re-does them).
+        """
         step = None
-        if self.tiers.newest()[0] == "snapshot" and self.checkpoints is not None:
-            try:
-                step = self._persist_snapshot()
-            except Exception:  # noqa: BLE001 - the grace period is short: stop all the same
-                logger.exception("could not persist the newest snapshot while stopping")
-        if step is None and self.checkpoints is not None:
+        if self.checkpoints is not None:
             try:
                 self.checkpoints.wait()  # one in flight may commit
             except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
                 logger.warning("the checkpoint in flight did not commit: %s", error)
-            step = self.checkpoints.latest_step()
+            if self.tiers.newest()[0] == "snapshot":
+                try:
+                    step = self._persist_snapshot()
+                except Exception:  # noqa: BLE001 - the grace period is short: stop all the same
+                    logger.exception("could not persist the newest snapshot while stopping")
+            if step is None:
+                step = self.checkpoints.latest_step()
         if step is None:
-            step = self.last_step
-        logger.warning("preemption notice while waiting for slices: stopping at step %d", step)
+            step = 0
+        lost = self.last_step - step
+        if lost > 0:
+            logger.warning(
+                "preemption notice during a recovery: stopping at step %d, the newest persisted state; "
+                "steps %d..%d (%d) were not persisted and will be run again",
+                step, step + 1, self.last_step, lost,
+            )
+        else:
+            logger.warning("preemption notice during a recovery: stopping at step %d", step)
         self.emit(Stop(reason="preempted", step=step))
         return Preempted(step)
 
@@ -427,6 +454,7 @@ class ElasticRun:
         self.data.start(batch_size, meta.get("data"))
         recovery.lap("restore")
         self.last_step = step
+        self.furthest_step = max(self.furthest_step, step)
         logger.info(
             "resume from %s at step %d on %d slices (global batch %d)",
             source, step + 1, self.manager.active_slice_count, batch_size,
@@ -490,6 +518,7 @@ class ElasticRun:
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         attempt.state, attempt.step, attempt.data = done.state, done.step, done.data
         self.last_step = done.step
+        self.furthest_step = max(self.furthest_step, done.step)
         self.emit(Step(
             step=done.step,
             slices=self.manager.active_slice_count,
@@ -522,13 +551,19 @@ class ElasticRun:
         return Finished(state, step)
 
     def _stop_for_preemption(self, attempt: _Attempt, meta: dict) -> None:
-        """Write the agreed step's checkpoint, commit it, and raise ``Preempted``."""
+        """Write the agreed step's checkpoint, commit it, and raise ``Preempted`` of it.
+
+        With no checkpoint directory nothing outlives the process, so the stop (and
+        ``Preempted``) is of step 0: the step a re-run resumes after.
+        """
         step = attempt.step
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
         saved = self.tiers.checkpoint.commit(step, attempt.state, meta)
         if saved is not None:
             self.emit(saved)
+        else:
+            step = 0  # commit logged that nothing is saved
         self.emit(Stop(reason="preempted", step=step))
         raise Preempted(step)
 

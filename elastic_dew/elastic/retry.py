@@ -5,7 +5,10 @@ is pause-resume (wait for every slice), a smaller number is replica-resize (carr
 at least that many). Two things differ from pathwaysutils' defaults. The retry policy:
 pathwaysutils calls the policy after a ``ScaleUpSignalError`` too, so a plain
 ``ElasticRetryLimit`` would let a slice that keeps leaving and returning exhaust the
-attempts meant for slice loss. :class:`SliceLossRetryLimit` counts slice losses only. And
+attempts meant for slice loss; and it counts over the whole call, so a run of weeks
+reaches ten sparse losses long before it ends. :class:`SliceLossRetryLimit` counts slice
+losses only, and starts the count again once the run has made ``retry_reset_steps`` steps
+of new progress (a crash loop, which makes none, still ends after ``max_attempts``). And
 the health check: :func:`make_manager` installs :mod:`elastic_dew.elastic.health`, whose
 checker compiles each slice's probe once instead of at every poll. And the log:
 pathwaysutils logs every slice loss it handles at ERROR with a 20-line traceback;
@@ -97,39 +100,92 @@ def make_manager(devices: Sequence[jax.Device] | None = None) -> pw_manager.Mana
 
 
 class SliceLossRetryLimit:
-    """A retry policy that allows ``max_attempts`` slice-loss attempts and every scale-up.
+    """A retry policy over slice losses: at most ``max_attempts`` without progress, every
+    scale-up allowed.
 
-    pathwaysutils passes the overall attempt number, which counts scale-ups; this policy
-    keeps its own count of slice-loss failures instead. A new call of the decorated
-    function (pathwaysutils' attempt number starting again) starts the count again.
-    ``max_attempts=None`` retries slice loss for ever.
+    pathwaysutils' ``ElasticRetryLimit(max_attempts)`` allows attempt ``n`` while
+    ``n < max_attempts``, where ``n`` counts every attempt of one call, scale-ups included.
+    This policy applies the same rule to its own count of slice losses, and with
+    ``reset_steps`` that count starts again once the run has made progress:
+
+    * ``reset_steps`` > 0 (``ElasticConfig.retry_reset_steps``): when a loss strikes and
+      ``progress()`` (the furthest step the run has completed) is at least ``reset_steps``
+      past where it was at the first loss of the current count, that count is over and
+      this loss is the first of a new one. So the run gives up only after ``max_attempts``
+      losses within ``reset_steps`` steps of new progress: a crash loop (a slice that dies
+      again before the run gets any further, a recovery that fails each time) still ends
+      after ``max_attempts`` losses, while sparse losses over a multi-week run never add
+      up. Progress is counted in steps, not wall time, so a simulated run gives up at the
+      same loss whatever its step time.
+    * ``reset_steps`` 0 (or no ``progress``): the count runs over the call's whole life,
+      which is ``ElasticRetryLimit`` applied to slice losses only.
+
+    A new call of the decorated function (pathwaysutils' attempt number starting again)
+    starts the count again. ``max_attempts=None`` retries slice loss for ever.
     """
 
-    def __init__(self, max_attempts: int | None) -> None:
+    def __init__(
+        self,
+        max_attempts: int | None,
+        *,
+        reset_steps: int = 0,
+        progress: Callable[[], int] | None = None,
+    ) -> None:
+        if reset_steps < 0:
+            raise ValueError(f"reset_steps={reset_steps} must be >= 0 (0 counts over the whole run)")
         self._limit = None if max_attempts is None else pw_manager.ElasticRetryLimit(max_attempts)
+        self.reset_steps = reset_steps
+        self._progress = progress if reset_steps else None
         self._lock = threading.Lock()
         self._last_attempt = 0
+        #: The furthest step completed when the first loss of the current count struck.
+        self._counted_from: int | None = None
         self.slice_losses = 0
+        #: Slice losses over the policy's life, across the count's new starts.
+        self.total_slice_losses = 0
+
+    def _start_again_if_progressed(self) -> None:
+        if self._progress is None:
+            return
+        furthest = self._progress()
+        if self._counted_from is not None and furthest - self._counted_from >= self.reset_steps:
+            logger.info(
+                "%d steps of progress (to step %d) since the first of the %d slice losses counted: "
+                "the count starts again",
+                furthest - self._counted_from, furthest, self.slice_losses,
+            )
+            self.slice_losses = 0
+        if self.slice_losses == 0:
+            self._counted_from = furthest
 
     def __call__(self, attempt: int, error: Exception) -> bool:
         with self._lock:
             if attempt <= self._last_attempt:
                 self.slice_losses = 0
+                self._counted_from = None
             self._last_attempt = attempt
             if isinstance(error, pw_manager.ScaleUpSignalError):
                 logger.info("scale-up at attempt %d: not counted against the retry policy", attempt)
                 return True
+            self._start_again_if_progressed()
             self.slice_losses += 1
+            self.total_slice_losses += 1
             if self._limit is None:
                 return True
             allowed = self._limit(self.slice_losses, error)
         if not allowed:
-            logger.error(
-                "slice loss %d reached max_attempts=%d; giving up",
-                self.slice_losses,
-                self._limit.max_attempts,
-            )
+            logger.error("%s; giving up", self.describe())
         return allowed
+
+    def describe(self) -> str:
+        """How the count that ended (or would end) the run was taken, for its message."""
+        limit = None if self._limit is None else self._limit.max_attempts
+        if self._progress is None:
+            return f"slice losses reached max_attempts={limit} (counted over the whole run)"
+        return (
+            f"slice losses reached max_attempts={limit} ({self.slice_losses} within "
+            f"retry_reset_steps={self.reset_steps} steps of progress)"
+        )
 
 
 def _chain(*callbacks: Callable[[], Any] | None) -> Callable[[], None] | None:
@@ -152,18 +208,23 @@ def elastic_retry(
     *,
     pre_callback: Callable[[], Any] | None = None,
     on_elastic_event_callback: Callable[[], Any] | None = None,
+    progress: Callable[[], int] | None = None,
+    policy: SliceLossRetryLimit | None = None,
 ) -> Callable[[_F], _F]:
     """``manager.elastic_retry`` with the config's mode, polling, timeout and retry policy.
 
     ``config.pre_callback`` runs before ``pre_callback`` at the start of every attempt;
     ``config.on_elastic_event_callback`` before ``on_elastic_event_callback`` after every
-    elastic event. The retry policy is :class:`SliceLossRetryLimit` of
-    ``config.max_attempts``; the poll interval :meth:`ElasticConfig.poll_seconds`. A
-    ``minimum_slice_count`` above the allocation is refused here, before anything runs.
-    Installs :class:`HandledSliceLossFilter`.
+    elastic event. The retry policy is ``policy``, by default :class:`SliceLossRetryLimit`
+    of ``config.max_attempts`` and ``config.retry_reset_steps`` over ``progress`` (the
+    furthest step completed; without it the count runs over the whole call); the poll
+    interval :meth:`ElasticConfig.poll_seconds`. A ``minimum_slice_count`` above the
+    allocation is refused here, before anything runs. Installs :class:`HandledSliceLossFilter`.
     """
     config.check_slices(manager.total_slice_count)
     install_slice_loss_filter()  # also for a Manager the caller created itself
+    if policy is None:
+        policy = SliceLossRetryLimit(config.max_attempts, reset_steps=config.retry_reset_steps, progress=progress)
     return manager.elastic_retry(
         minimum_slice_count=config.minimum_slice_count,
         # Simulated slices live on the CPU backend; real ones never do.
@@ -171,5 +232,5 @@ def elastic_retry(
         timeout=config.timeout,
         pre_callback=_chain(config.pre_callback, pre_callback),
         on_elastic_event_callback=_chain(config.on_elastic_event_callback, on_elastic_event_callback),
-        retry_policy=SliceLossRetryLimit(config.max_attempts),
+        retry_policy=policy,
     )

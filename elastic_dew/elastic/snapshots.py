@@ -176,16 +176,18 @@ class Snapshots:
         return None if latest is None else int(latest.step)
 
     def close(self) -> None:
-        """Wait for queued saves, then release the snapshot's pinned host memory.
+        """Wait for queued saves, release the snapshot's pinned host memory and end
+        Orbax's worker thread (a later save starts a new one).
 
-        Orbax's worker thread keeps its ``Snapshotter`` alive for the life of the process,
-        so a finished run drops the snapshot explicitly rather than waiting for garbage
-        collection that never comes.
+        Orbax's worker thread would keep its ``Snapshotter`` alive for the life of the
+        process, so a finished run drops the snapshot explicitly and stops the thread
+        rather than waiting for garbage collection that never comes.
         """
         with self._lock:
             self.join()
             self.host_bytes_per_device_max()
             self._snapshotter.drop()
+            self._snapshotter.stop()
 
     def host_bytes_per_device_max(self) -> int:
         """The newest snapshot's pinned-host bytes on the device holding the most (0 if none).

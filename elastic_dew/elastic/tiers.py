@@ -120,9 +120,11 @@ class CheckpointTier:
 class Tiers:
     """Both tiers of one run, in the order a step saves them (snapshot, then checkpoint)."""
 
-    def __init__(self, snapshot: SnapshotTier, checkpoint: CheckpointTier) -> None:
+    def __init__(self, snapshot: SnapshotTier, checkpoint: CheckpointTier, *, owns_checkpoints: bool = False) -> None:
         self.snapshot = snapshot
         self.checkpoint = checkpoint
+        #: Whether tier 2's manager was created here (and so is closed by :meth:`close`).
+        self.owns_checkpoints = owns_checkpoints
 
     @classmethod
     def from_config(
@@ -137,7 +139,8 @@ class Tiers:
         """The tiers ``config`` asks for; ``snapshots``/``checkpoints`` given are used as they are."""
         if snapshots is None and config.snapshot_every:
             snapshots = Snapshots(replica_axis_index=0)
-        if checkpoints is None and config.checkpoint_dir is not None:
+        owns_checkpoints = checkpoints is None and config.checkpoint_dir is not None
+        if owns_checkpoints:
             checkpoints = Checkpoints(
                 config.checkpoint_dir,
                 kind=config.checkpoint_kind,
@@ -150,6 +153,7 @@ class Tiers:
         return cls(
             SnapshotTier(snapshots, config.snapshot_every),
             CheckpointTier(checkpoints, config.checkpoint_every),
+            owns_checkpoints=owns_checkpoints,
         )
 
     def follow(self, config: ElasticConfig) -> None:
@@ -242,9 +246,16 @@ class Tiers:
         )
 
     def close(self) -> None:
-        """Release tier 1's pinned host memory and stop tier 2's background preparation
-        (tier 2's files stay)."""
+        """Release tier 1's pinned host memory and end its worker thread, stop tier 2's
+        background preparation, and close tier 2's Orbax manager if it was created here
+        (after its last save; a manager the caller gave is the caller's to close). Tier 2's
+        files stay."""
         if self.checkpoints is not None:
             self.checkpoints.stop_preparing()
+            if self.owns_checkpoints:
+                try:
+                    self.checkpoints.close()
+                except Exception as error:  # noqa: BLE001 - a save cut short by a lost slice
+                    logger.warning("the last checkpoint save did not finish as the run closed: %s", error)
         if self.snapshots is not None:
             self.snapshots.close()

@@ -30,7 +30,9 @@ PREEMPTED_EXIT = 128 + signal.SIGTERM
 
 class Preempted(Exception):
     """The run stopped at a preemption notice, at ``step``, with that step's checkpoint
-    and data position written.
+    and data position written: ``step`` is always the step a re-run resumes after, 0 when
+    nothing could be persisted (a notice during a recovery with no snapshot or checkpoint
+    to save, or no checkpoint directory).
 
     Uncaught in a program that called :func:`install_exit_hook`, it ends the program with
     :data:`PREEMPTED_EXIT` and no traceback, the way SIGTERM itself would have; the same

@@ -13,7 +13,8 @@ returns every broken invariant:
 * no committed checkpoint deleted or damaged: each must keep the hash it had when first
   seen to the end;
 * the run record consistent with what happened: one ``start`` per process, each restart
-  resuming from the checkpoint of the step its preemption stopped at, the summary's final
+  resuming from the checkpoint of the step its preemption stopped at (fresh after a stop
+  at step 0, which says nothing was persisted), the summary's final
   step, example count and digest matching the record and the saved parameters, and every
   fault in the simulator's log fired at most once.
 """
@@ -79,13 +80,14 @@ def _check_resumes(outcome: Outcome, events: list[ev.Event]) -> list[str]:
             resumes_by_process.append(event)
             seen_start = False
     for stop, resume in zip(outcome.preempted_at, resumes_by_process[1:], strict=False):
-        if (resume.source, resume.step) != ("checkpoint", stop + 1):
+        expected = ("checkpoint", stop + 1) if stop else ("fresh", 1)
+        if (resume.source, resume.step) != expected:
             problems.append(
                 f"the process after the preemption at step {stop} resumed from "
-                f"{resume.source} at {resume.step}, not from checkpoint at {stop + 1}"
+                f"{resume.source} at {resume.step}, not from {expected[0]} at {expected[1]}"
             )
     for stop in outcome.preempted_at:
-        if stop not in outcome.checkpoints_seen:
+        if stop and stop not in outcome.checkpoints_seen:
             problems.append(f"the preemption at step {stop} left no committed checkpoint of it")
     return problems
 

@@ -49,13 +49,17 @@ class Scenario:
     snapshot_every: int = 2
     checkpoint_every: int = 4
     max_attempts: int | None = 10
+    #: ``ElasticConfig.retry_reset_steps``; ``None`` keeps the config's default.
+    retry_reset_steps: int | None = None
     timeout: float = 60.0
     poll_interval: float = 0.05
 
     def config(self) -> Any:
         from elastic_dew.elastic.config import ElasticConfig
 
+        retry = {} if self.retry_reset_steps is None else {"retry_reset_steps": self.retry_reset_steps}
         return ElasticConfig(
+            **retry,
             minimum_slice_count=self.minimum_slice_count,
             poll_interval=self.poll_interval,
             timeout=self.timeout,
