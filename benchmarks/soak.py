@@ -20,6 +20,7 @@ time taken.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import shutil
@@ -49,6 +50,8 @@ def soak(schedules: int, workdir: Path, *, first_seed: int = FIRST_SEED, progres
     from elastic_dew.testing import check, draw, reference, replay_command, run
     from benchmarks.work_lost import work_lost
 
+    if not faulthandler.is_enabled():  # many runs share this process: should one die natively, say where
+        faulthandler.enable()
     workdir.mkdir(parents=True, exist_ok=True)
     reference(draw(first_seed).steps, workdir)  # the warm-up: the process-wide pools start here
     threads_start, rss_start = threading.active_count(), _rss_mb()

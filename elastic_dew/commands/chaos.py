@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import os
 import sys
@@ -70,6 +71,10 @@ def _cpu_devices() -> None:
 
 
 def _run_seeds(seeds: list[int], workdir: str | None) -> int:
+    # Many runs share this process: should one die natively, say where (on stderr).
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stderr with no file (captured)
+            faulthandler.enable()
     with contextlib.ExitStack() as stack:
         workdir = workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="elastic-dew-chaos-"))
         failures = 0
