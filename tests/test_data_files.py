@@ -1,20 +1,19 @@
 """Training data from files: ArrayRecord shards (``elastic-dew data prepare``) read through Grain,
-in this process and through real Grain worker processes (``spawn``), and Grain's next
-``ElasticIterator`` (its main branch) beside the installed one."""
+in this process and through real Grain worker processes (``spawn``), with the installed
+``ElasticIterator`` and with a stand-in for Grain's next one (:class:`_NextElasticIterator`)."""
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 import multiprocessing
-import sys
 from pathlib import Path
 
 import grain
 import numpy as np
 import pytest
+from grain._src.python.dataset import elastic_iterator as _release_elastic
 
-from conftest import REPO
 from elastic_dew import cli
 from elastic_dew.elastic import data as data_module
 from elastic_dew.elastic.data import ElasticData
@@ -125,36 +124,76 @@ def test_worker_processes_give_the_batches_of_no_workers_across_a_resize_and_reu
     assert not _workers() & resized
 
 
-def _grain_main_elastic_iterator():
-    """Grain main's ``ElasticIterator`` module (tests/grain_main/elastic_iterator.py, copied from
-    google/grain at f5dd0d8, after 0.2.18: no release has it yet) over the installed Grain."""
-    path = Path(REPO) / "tests" / "grain_main" / "elastic_iterator.py"
-    spec = importlib.util.spec_from_file_location("grain_main_elastic_iterator", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class _NextElasticIterator(grain.DatasetIterator):
+    """A stand-in, written here, for Grain's next ``ElasticIterator``, which no Grain release has
+    yet (0.2.18 is the newest) and so cannot be installed here.
+
+    It reproduces the shape of google/grain's ``grain/_src/python/dataset/elastic_iterator.py``
+    at commit f5dd0d8a490004ecf07436bbb0222c73cf4c03b9 (its main branch after 0.2.18) that
+    ``ElasticData`` relies on, and nothing else (no ``IterDataset`` input, no shard states):
+
+    - a ``grain.DatasetIterator`` (the release's is an ``IterDataset``), built with the
+      release's arguments ``(ds, global_batch_size, shard_options, *, read_options,
+      multiprocessing_options)``;
+    - the reading iterator is the instance attribute ``base_iterator``, created on first use
+      (the release names it ``_default_iterator``); here it is the installed release's own
+      MapDataset reader, so the batches, the ``global_next_index`` state, and the private
+      ``_iterator``/``_global_next_index`` fields ``ElasticData``'s rewind uses are Grain's;
+    - ``next``, ``get_state`` and ``set_state`` go to ``base_iterator``; ``set_state`` first
+      closes and drops a ``base_iterator`` already created, so the state lands on a new one;
+    - ``close()`` leaves ``base_iterator``, and so its worker processes, running (upstream's
+      looks for an attribute under another name, which is never set).
+
+    Replace it, and this test's use of it, by the real class when a Grain release ships it.
+    """
+
+    def __init__(self, ds, global_batch_size, shard_options, *, read_options=None,
+                 multiprocessing_options=None):
+        super().__init__()
+        self._reader_args = (ds, global_batch_size, shard_options)
+        self._reader_kwargs = {"read_options": read_options or grain.ReadOptions(),
+                               "multiprocessing_options": multiprocessing_options}
+
+    @functools.cached_property
+    def base_iterator(self) -> grain.DatasetIterator:
+        return _release_elastic._ElasticMapDatasetIterator(*self._reader_args, **self._reader_kwargs)
+
+    def __next__(self):
+        return next(self.base_iterator)
+
+    def get_state(self) -> dict:
+        return self.base_iterator.get_state()
+
+    def set_state(self, state) -> None:
+        if "base_iterator" in vars(self):
+            vars(self).pop("base_iterator").close()
+        self.base_iterator.set_state(state)
+
+    def close(self) -> None:
+        """Leaves ``base_iterator`` and its workers running, as the next API does."""
 
 
 def test_grain_mains_elastic_iterator_reads_the_same_batches_and_its_workers_stop_on_close(prepared, monkeypatch):
-    main = _grain_main_elastic_iterator()
-    assert issubclass(main.ElasticIterator, grain.DatasetIterator)  # the new shape, not an IterDataset
     dataset, _ = load(prepared)
     current = ElasticData(dataset)
     current.start(8, {"global_next_index": 16})
     want = _read(current, 3)
     current.close()
 
-    monkeypatch.setattr(grain.experimental, "ElasticIterator", main.ElasticIterator)
+    monkeypatch.setattr(grain.experimental, "ElasticIterator", _NextElasticIterator)
     data = ElasticData(dataset, workers=1)
     data.start(8, {"global_next_index": 16})
     got = _read(data, 3)
-    assert isinstance(data._iterator, main.ElasticIterator)
+    assert isinstance(data._iterator, _NextElasticIterator)
     assert [span for _, span in got] == [span for _, span in want]
     for (g, _), (w, _) in zip(got, want):
         np.testing.assert_array_equal(g, w)
     workers = _workers()
     assert workers
-    data.close()  # Grain main's own close() would leave them running
+    iterator = data._iterator  # held, so that only a close, not garbage collection, stops them
+    iterator.close()
+    assert _workers() >= workers  # the next API's own close() leaves them running
+    data.close()
     assert not _workers() & workers
 
 
