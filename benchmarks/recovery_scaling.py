@@ -36,6 +36,11 @@ class _Finished(Exception):
     """Raised from the listener to end the child's run once every loss is measured."""
 
 
+def _training_parts(parts: dict) -> dict:
+    """A recipe's parts without its evaluation split: the benchmark measures training."""
+    return {name: part for name, part in parts.items() if name != "eval_dataset"}
+
+
 def _child(slices: int, losses: int, run_dir: str) -> int:
     from elastic_dew.runtime import prepare_process
 
@@ -90,7 +95,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
             box["sim"] = sim
             box["manager"] = make_manager()
             trainer = Trainer(
-                **mlp.build(), config=config, run_dir=run_dir, sinks=[progress],
+                **_training_parts(mlp.build()), config=config, run_dir=run_dir, sinks=[progress],
                 log_every=10**9, manager=box["manager"],
             )
             try:

@@ -41,11 +41,15 @@ def lm_parts() -> dict:
     """The ``lm`` recipe at its defaults: the model every trainer benchmark runs.
 
     ``Trainer(**lm_parts(), ...)`` takes them all; the recipe's ``model_sharding`` rule
-    applies only under a model axis, which the benchmarks do not use.
+    applies only under a model axis, which the benchmarks do not use. The recipe's evaluation
+    split is left out: the benchmarks measure training (``Trainer`` takes an ``eval_dataset``
+    only with its ``eval_every``).
     """
     from recipes import lm
 
-    return lm.build()
+    parts = lm.build()
+    parts.pop("eval_dataset")
+    return parts
 
 
 def restart(checkpoint_dir: str, run_dir: str) -> int:
