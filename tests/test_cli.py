@@ -308,6 +308,7 @@ def test_the_train_options_come_from_the_settings_own_declarations():
     assert {f.metadata["flag"] for f in offered} == {
         "--min-slices", "--poll-interval", "--global-batch", "--snapshot-every", "--checkpoint-every",
         "--checkpoint-dir", "--checkpoint-kind", "--model-axis", "--timeout", "--max-attempts", "--step-timeout",
+        "--retry-reset-steps", "--mtc-backup-minutes", "--mtc-init-timeout",
     }
     for field in offered:
         assert field.metadata["flag"] in text
