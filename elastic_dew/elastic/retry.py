@@ -12,7 +12,7 @@ of new progress (a crash loop, which makes none, still ends after ``max_attempts
 the health check: :func:`make_manager` installs :mod:`elastic_dew.elastic.health`, whose
 checker compiles each slice's probe once instead of at every poll. And the log:
 pathwaysutils logs every slice loss it handles at ERROR with a 20-line traceback;
-:func:`make_manager` installs :class:`HandledSliceLossFilter`, which makes it one WARNING
+:func:`make_manager` installs :class:`~elastic_dew.elastic.slice_loss_log.HandledSliceLossFilter`, which makes it one WARNING
 line, for every program that uses the elastic layer (with or without elastic_dew's own log
 set-up).
 """
@@ -29,58 +29,17 @@ from pathwaysutils.elastic import manager as pw_manager
 
 from elastic_dew.elastic import health
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.slice_loss_log import install_slice_loss_filter
 
 __all__ = [
     "make_manager",
     "elastic_retry",
     "SliceLossRetryLimit",
-    "HandledSliceLossFilter",
-    "install_slice_loss_filter",
 ]
 
 logger = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-class HandledSliceLossFilter(logging.Filter):
-    """File pathwaysutils' "Elastic event detected" ERROR as one WARNING line.
-
-    pathwaysutils' ``Manager.elastic_retry`` logs that record (with the traceback) only
-    after ``is_error_due_to_slice_down`` accepted the error, just before it consults the
-    retry policy: it is a slice loss being handled, not a failure. Installed on the
-    manager's logger, the filter sees only that logger's own records, and changes only an
-    ERROR with that message whose exception is a ``JaxRuntimeError``: it becomes a WARNING
-    that names the error in one line (``Elastic event detected: handled slice loss
-    (DATA_LOSS: ...); recovering``). The traceback is kept only while elastic_dew's debug
-    lines are on (``-v``). pathwaysutils' other records keep their severity.
-    """
-
-    LOGGER = "pathwaysutils.elastic.manager"
-    MESSAGE = "Elastic event detected"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            record.name == self.LOGGER
-            and record.levelno == logging.ERROR
-            and record.msg == self.MESSAGE
-            and record.exc_info
-            and isinstance(record.exc_info[1], jax.errors.JaxRuntimeError)
-        ):
-            error = record.exc_info[1]
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.msg, record.args = "%s: handled slice loss (%s); recovering", (self.MESSAGE, first)
-            if not logging.getLogger("elastic_dew").isEnabledFor(logging.DEBUG):
-                record.exc_info, record.exc_text = None, None
-        return True
-
-
-def install_slice_loss_filter() -> None:
-    """Put one :class:`HandledSliceLossFilter` on pathwaysutils' manager logger."""
-    manager_logger = logging.getLogger(HandledSliceLossFilter.LOGGER)
-    if not any(isinstance(f, HandledSliceLossFilter) for f in manager_logger.filters):
-        manager_logger.addFilter(HandledSliceLossFilter())
 
 
 def make_manager(devices: Sequence[jax.Device] | None = None) -> pw_manager.Manager:
@@ -92,7 +51,7 @@ def make_manager(devices: Sequence[jax.Device] | None = None) -> pw_manager.Mana
 
     Its health checks (at creation, in its monitor thread and in every wait for slices) go
     through :class:`elastic_dew.elastic.health.ReusableSliceHealthChecker`, installed here,
-    and its handled slice losses are logged as one WARNING line (:class:`HandledSliceLossFilter`).
+    and its handled slice losses are logged as one WARNING line (:class:`~elastic_dew.elastic.slice_loss_log.HandledSliceLossFilter`).
     """
     health.install()
     install_slice_loss_filter()
@@ -219,7 +178,7 @@ def elastic_retry(
     of ``config.max_attempts`` and ``config.retry_reset_steps`` over ``progress`` (the
     furthest step completed; without it the count runs over the whole call); the poll
     interval :meth:`ElasticConfig.poll_seconds`. A ``minimum_slice_count`` above the
-    allocation is refused here, before anything runs. Installs :class:`HandledSliceLossFilter`.
+    allocation is refused here, before anything runs. Installs :class:`~elastic_dew.elastic.slice_loss_log.HandledSliceLossFilter`.
     """
     config.check_slices(manager.total_slice_count)
     install_slice_loss_filter()  # also for a Manager the caller created itself
