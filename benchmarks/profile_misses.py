@@ -42,15 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from benchmarks.worker import lm_parts
+    from benchmarks.worker import lm_parts, lm_program
     from elastic_dew.elastic.checkpoints import Checkpoints
     from elastic_dew.elastic.slices import AXES, replicated
     from elastic_dew.elastic.snapshots import Snapshots
     from elastic_dew.simulate import SimulatedSlices
-    from elastic_dew.trainer import _Program
 
     parts = lm_parts()
-    program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset())
+    program = lm_program(parts)
     with SimulatedSlices(4, 2) as sim:
         mesh = Mesh(np.asarray(sim.devices).reshape(4, 2, 1), AXES)
         state = program.init_state(mesh)

@@ -104,18 +104,17 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
              parts: dict | None = None, workers: int = 0) -> dict[str, Any]:
     import jax
 
-    from benchmarks.worker import lm_parts
+    from benchmarks.worker import lm_parts, lm_program
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.data import ElasticData
     from elastic_dew.elastic.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
-    from elastic_dew.trainer import _Program
 
     parts = parts or lm_parts()
     # Trainer.fit builds this same Program; the benchmark drives ElasticRun directly to see
     # the run object (its precompiler) and to inject faults at exact moments.
-    program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset(), POLICY)
+    program = lm_program(parts, POLICY)
     config = ElasticConfig(
         minimum_slice_count=1, poll_interval=0.05, timeout=120, global_batch=48,
         snapshot_every=1, checkpoint_every=10, checkpoint_dir=str(workdir / CHECKPOINTS_DIR),

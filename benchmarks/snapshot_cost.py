@@ -62,18 +62,17 @@ def host_memory_ratio(program, policy_name: str) -> tuple[float, int, int]:
 def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     import jax
 
-    from benchmarks.worker import lm_parts
+    from benchmarks.worker import lm_parts, lm_program
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.data import ElasticData
     from elastic_dew.elastic.events import Save, Step
     from elastic_dew.elastic.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
-    from elastic_dew.trainer import _Program
     from elastic_dew.record import as_event
 
     parts = lm_parts()
-    program = _Program(parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset(), POLICY)
+    program = lm_program(parts, POLICY)
     base = ElasticConfig(
         minimum_slice_count=1, poll_interval=0.05, global_batch=48, snapshot_every=1,
         checkpoint_every=0, checkpoint_dir=None, precompile_smaller_meshes=False,
@@ -112,9 +111,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
             except _Finished:
                 pass
             box["host_bytes"] = run.snapshots.host_bytes_per_device_max()
-            replicated = _Program(
-                parts["init"], parts["loss"], parts["optimizer"], parts["dataset"][0], 0, frozenset(), "replicated"
-            )
+            replicated = lm_program(parts, "replicated")
             box["replicated"] = host_memory_ratio(replicated, "replicated")
     finally:
         hooks.remove_listener(listener)
@@ -141,7 +138,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         results[f"snapshot_overhead_pct_k{k}"] = (median(per_k[k]) / none - 1) * 100
         requested, took = taken[k]
         results[f"snapshots_taken_fraction_k{k}"] = took / requested if requested else 0.0
-    shapes = jax.eval_shape(program._init, program._key())
+    shapes = program.shapes()
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
     results["snapshot_state_mb"] = state_bytes / 2**20
     results["snapshot_host_bytes_per_device"] = box["host_bytes"]

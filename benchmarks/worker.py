@@ -52,6 +52,15 @@ def lm_parts() -> dict:
     return parts
 
 
+def lm_program(parts: dict, policy="fsdp"):
+    """The protocol's program for ``parts`` (of :func:`lm_parts`) as ``Trainer`` builds it,
+    for the benchmarks that drive ``ElasticRun`` directly."""
+    from elastic_dew.trainer import _Functional, _Program
+
+    model = _Functional(parts["init"], parts["loss"])
+    return _Program(model, parts["optimizer"], parts["dataset"][0], 0, frozenset(), policy)
+
+
 def restart(checkpoint_dir: str, run_dir: str) -> int:
     from elastic_dew import Trainer
     from elastic_dew.elastic.config import ElasticConfig
