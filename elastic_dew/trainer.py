@@ -579,6 +579,7 @@ class Trainer:
 
         start = events.Start(process_start=process_start_time(), pid=os.getpid())
         record: RunRecord | None = None
+        stream: Sinks | None = None
         notice = self.notice if self.notice is not None else PreemptionNotice()
         try:
             # The protocol refuses slices, batch and minimum slice count that cannot work as
@@ -617,6 +618,8 @@ class Trainer:
         finally:
             if self.notice is None:
                 notice.close()
+            if stream is not None:
+                stream.end()
             if record is not None:
                 record.close()
         summary = write_summary(self.run_dir, record.events(), params, memory=memory)

@@ -36,7 +36,7 @@ def test_the_issue_example_parses_with_step_as_the_default_phase():
 
 
 def test_every_phase_parses_and_whitespace_is_tolerated():
-    text = " lose:0@1/snapshot , restore:0@2/snapshot_load,lose:2@3/checkpoint,restore:2@4/checkpoint_restore,preempt@5/compile,kill@6/scale_up,preempt@7/stop,lose:3@8/dispatch,kill@9/wait,lose:1@0/step "
+    text = " lose:0@1/snapshot , restore:0@2/snapshot_load,lose:2@3/checkpoint,restore:2@4/checkpoint_restore,preempt@5/compile,kill@6/scale_up,preempt@7/stop,lose:3@8/dispatch,kill@9/wait,restore:2@10/eval,lose:1@0/step "
     phases = [fault.phase for fault in parse_schedule(text)]
     assert phases == list(hooks.PHASES[1:]) + ["step"]
 

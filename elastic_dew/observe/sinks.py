@@ -161,6 +161,12 @@ class Sinks:
                     log.exception("the %s failed; the run goes on without it", name_of(sink))
                     self._optional.remove(sink)
 
+    def end(self) -> None:
+        """The run is over (returned or raised): later log lines carry none of its step and
+        slice count, which each :class:`~elastic_dew.elastic.events.Step` put in
+        :data:`~elastic_dew.observe.logs.log_context` (a process may run many trainings)."""
+        log_context.update(step=None, slices=None)
+
 
 def chosen(
     options: ObserveOptions,
