@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 
-from elastic_dew.elastic.events import Resume, Save, Step, Stop
+from elastic_dew.elastic.events import Eval, Resume, Save, Step, Stop
+from elastic_dew.observe.logs import JsonFormatter, LogContext
 from elastic_dew.observe.progress import Progress, ProgressLogHandler
 
 
@@ -56,12 +58,30 @@ def test_in_a_log_a_line_every_log_every_steps_and_one_per_stop_and_resume():
     assert "1.00 steps/s" in lines[-1]
 
 
-def test_without_a_stream_log_lines_go_through_the_logger(caplog):
-    progress = Progress(5, tty=False, log_every=5)
-    with caplog.at_level(logging.INFO, logger="elastic_dew.observe.progress"):
+def test_without_a_stream_lines_go_through_the_logger_and_json_logs_carry_loss_and_metrics_as_fields():
+    """The display's step line shows the loss function's metrics; a JSON line has them, and
+    an evaluation's, as keys of its own (what Cloud Logging filters on)."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter(LogContext()))
+    logger = logging.getLogger("elastic_dew.observe.progress")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        progress = Progress(5, tty=False, log_every=5)
         for step in range(1, 6):
-            progress(_step(step))
-    assert [r.getMessage().split("  ")[0] for r in caplog.records] == ["step 5/5"]
+            progress(Step(step=step, slices=2, loss=0.5, examples=(0, 1), seconds=0.1, wall=0.0,
+                          metrics={"accuracy": 0.25 * step}))
+        progress(Eval(step=5, slices=2, metrics={"loss": 0.75, "accuracy": 0.5}, batches=2,
+                      examples_evaluated=16, seconds=0.2, wall=0.0))
+    finally:
+        logger.removeHandler(handler)
+        logger.level = level
+    step_line, eval_line = (json.loads(line) for line in out.getvalue().splitlines())
+    assert step_line["message"].startswith("step 5/5  loss 0.5000  accuracy 1.25  slices 2")
+    assert (step_line["loss"], step_line["metrics"]) == (0.5, {"accuracy": 1.25})
+    assert eval_line["message"] == "eval after step 5: loss 0.75 accuracy 0.5"
+    assert eval_line["eval"] == {"step": 5, "metrics": {"loss": 0.75, "accuracy": 0.5}}
 
 
 def test_log_records_are_written_above_the_bar_and_the_bar_is_drawn_again():

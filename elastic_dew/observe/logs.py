@@ -13,6 +13,10 @@ the entry. :class:`JsonFormatter` writes one such line per record:
 ``time``          RFC 3339, UTC
 ``step``,         the training step and active slice count, when known: the trainer keeps
 ``slices``        them in :data:`log_context`
+(a record's own)  the keys of the record's ``json_fields`` mapping, the convention of Google
+                  Cloud Logging's Python library (``log.info(..., extra={"json_fields":
+                  {...}})``): the progress display's step lines carry ``loss`` and
+                  ``metrics`` (the loss function's), its evaluation lines ``eval``
 ``logging.googleapis.com/sourceLocation``  file, line and function of the call
 
 :func:`setup_logging` installs one handler on the root logger, text on a terminal and JSON
@@ -132,6 +136,7 @@ class JsonFormatter(logging.Formatter):
             .replace("+00:00", "Z"),
         }
         entry.update(self.context.fields())
+        entry.update(getattr(record, "json_fields", None) or {})
         entry["logging.googleapis.com/sourceLocation"] = {
             "file": record.pathname,
             "line": str(record.lineno),

@@ -5,7 +5,10 @@
 shows the step, the loss, the active slices, the step rate and the last stop, resume or
 fault. On a terminal it redraws one line in place; when the output is a file or a pipe
 (a pod's log, CI) it writes a plain line every ``log_every`` steps and one per stop and
-resume, so logs stay readable and greppable.
+resume, so logs stay readable and greppable. Through the logger (no ``stream``), a step line
+carries the step's ``loss`` and ``metrics`` and an evaluation line its ``eval`` (``step``
+and ``metrics``) as fields of their own, which JSON logs write as keys of the line
+(:class:`~elastic_dew.observe.logs.JsonFormatter`), so Cloud Logging can filter on them.
 """
 
 from __future__ import annotations
@@ -110,12 +113,13 @@ class Progress:
             if self.tty:
                 self._draw()
             elif self.step % self.log_every == 0 or self.step == self.total_steps:
-                self._write_line(self.line())
+                fields = {"loss": self.loss, "metrics": self.metrics} if self.metrics else {"loss": self.loss}
+                self._write_line(self.line(), fields)
             return
         if isinstance(typed, ev.Eval):
             text = ev.describe(typed)
             self.clear()
-            self._write_line(text)
+            self._write_line(text, {"eval": {"step": typed.step, "metrics": dict(typed.metrics)}})
             if self.tty:
                 self._draw()
             return
@@ -132,9 +136,9 @@ class Progress:
             else:
                 self._write_line(self.last_event)
 
-    def _write_line(self, text: str) -> None:
+    def _write_line(self, text: str, fields: dict[str, object] | None = None) -> None:
         if self._log_to_logger:
-            logger.info("%s", text)
+            logger.info("%s", text, extra={"json_fields": fields} if fields else None)
             return
         self.stream.write(text + "\n")
         self.stream.flush()
