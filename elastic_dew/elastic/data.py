@@ -29,10 +29,10 @@ not pay it: the running workers are sent Grain's own iterator state for that pos
 (``set_state``, no new process). Any other restart (another global batch, a position ahead
 of or before the running iterator's) starts new workers.
 
-**Grain's API.** The installed releases' ``ElasticIterator`` is an ``IterDataset`` whose
-iterator is ``_default_iterator``; Grain's main branch (after 0.2.18) makes it a
-``DatasetIterator`` whose iterator is ``base_iterator`` and whose ``close()`` does not close
-it. :func:`_base_iterator` and :func:`_close` handle both, so neither leaks workers.
+**Grain's API.** The installed releases' ``ElasticIterator`` is an ``IterDataset``; Grain's
+main branch (after 0.2.18) makes it a ``DatasetIterator`` whose ``close()`` leaves its
+workers running. Both work: what the rewind and the close need of Grain's internals is in
+:mod:`elastic_dew.elastic.grain_private`, for either API.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ from typing import Any
 
 import grain
 import jax
+
+from elastic_dew.elastic import grain_private
 
 __all__ = ["ElasticData", "POSITION_KEY", "default_read_options"]
 
@@ -150,12 +152,8 @@ class ElasticData:
         """Move the running worker pipeline to ``position`` by Grain's own state; whether it could."""
         if not self.workers or position not in self._rewind:
             return False
-        base = _base_iterator(self._iterator)
-        pipeline = None if base is None else vars(base).get("_iterator")
-        if pipeline is None:
+        if not grain_private.rewind(self._iterator, self._rewind[position], position):
             return False
-        pipeline.set_state(self._rewind[position])
-        base._global_next_index = position  # Grain's position bookkeeping (a private field)
         self._position = position
         return True
 
@@ -180,8 +178,7 @@ class ElasticData:
         if self._iterator is None:
             raise RuntimeError("ElasticData.next() before start(global_batch, state)")
         if self.workers:
-            base = _base_iterator(self._iterator)
-            pipeline = None if base is None else vars(base).get("_iterator")
+            pipeline = grain_private.pipeline(self._iterator)
             if pipeline is not None:  # created by the first next(); nothing to rewind to before it
                 self._rewind[self._position] = pipeline.get_state()
                 while len(self._rewind) > self.REWINDABLE:
@@ -202,7 +199,7 @@ class ElasticData:
 
     def _close_iterator(self) -> None:
         if self._iterator is not None:
-            _close(self._iterator)
+            grain_private.close(self._iterator)
             self._iterator = None
         self._layout = None
         self._rewind.clear()
@@ -210,21 +207,6 @@ class ElasticData:
     def close(self) -> None:
         """Stop the iterator's read-ahead threads and its worker processes."""
         self._close_iterator()
-
-
-def _base_iterator(iterator: Any) -> Any:
-    """The iterator ``ElasticIterator`` reads through, if it was created (both Grain APIs)."""
-    state = vars(iterator)
-    return state.get("base_iterator", state.get("_default_iterator"))
-
-
-def _close(iterator: Any) -> None:
-    """Close an ``ElasticIterator`` and the iterator under it (whose workers Grain main's
-    ``close()`` leaves running: it looks for ``_base_iterator``, not ``base_iterator``)."""
-    iterator.close()
-    base = _base_iterator(iterator)
-    if base is not None:
-        base.close()
 
 
 def _absl_flags_parsed() -> None:
