@@ -200,6 +200,28 @@ def test_snapshotter_load_recovers_the_state_from_the_surviving_replicas():
         assert restored["weights"].sharding.mesh.devices.shape == (3, 2, 1)
 
 
+def test_replicas_a_snapshot_load_donated_read_as_deleted_and_a_later_loss_can_still_mark_every_array():
+    # Orbax's load joins the replicas with pathwaysutils' concatenate_by_mesh_axis, which
+    # donates them; on the CPU client that left them broken, and the next loss's walk of
+    # jax.live_arrays() killed the process with SIGSEGV (the soak's schedule 493).
+    with SimulatedSlices(4, 2) as sim:
+        mesh = Mesh(np.asarray(sim.devices).reshape(4, 2, 1), ("replica", "data", "model"))
+        snapshotter = ocp.v1.training.pathways.Snapshotter(replica_axis_index=0)
+        snapshotter.save(3, {"w": jax.device_put(np.arange(4.0), NamedSharding(mesh, PartitionSpec()))})
+        snapshotter.join()
+        (replicas, _), = [snapshotter._latest_snapshot]
+        donated = [tree["w"] for tree in replicas]
+        abstract = {"w": jax.ShapeDtypeStruct((4,), np.float32, sharding=NamedSharding(mesh, PartitionSpec()))}
+        restored = snapshotter.load(abstract)
+
+        sim.lose(1)
+        assert all(replica.is_deleted() for replica in donated)
+        with pytest.raises(RuntimeError, match="deleted"):
+            np.asarray(donated[0])
+        with pytest.raises(jax.errors.JaxRuntimeError, match="DATA_LOSS"):
+            np.asarray(restored["w"])  # on every slice, lost 1 among them
+
+
 def test_every_patch_is_undone_when_the_context_exits():
     originals = (
         elastic.get_slice_to_devices,

@@ -269,7 +269,7 @@ class Snapshots:
                 # joins, so a load that fails after joining them (a slice lost while the
                 # state is placed on the new mesh) has consumed the snapshot. Drop it, so
                 # the next attempt falls back to the persistent tier instead of reading
-                # donated buffers (which crashes the process on CPU).
+                # donated (deleted) replicas.
                 self._snapshotter.drop()
                 logger.warning(
                     "the load of snapshot %d failed after Orbax consumed its replicas; "

@@ -31,6 +31,9 @@ pathwaysutils ``Manager`` created while a simulator is active is remembered
 (weakly), and its ``_check_inactive_slices`` (the monitor thread's check) runs under the
 simulator's lock, so :meth:`Registry.refresh_managers` can make each see a change of slice
 health at once and no check in flight can overwrite that with an older answer.
+pathwaysutils' mesh-axis operations that donate their inputs (``pathwaysutils.jax``'s
+``concatenate_by_mesh_axis`` and ``split_by_mesh_axis``, which Orbax's Snapshotter calls)
+leave a donated input deleted, as on Pathways, instead of broken (:func:`_donating_copies`).
 
 :data:`registry` holds the one active simulator: :meth:`Registry.install` patches
 everything and makes a simulator active, :meth:`Registry.uninstall` undoes every patch. The
@@ -58,6 +61,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 import pathwaysutils
+from jax._src import api as _jax_api
 from jax._src import array as _jax_array
 from jax._src import core as _jax_core
 from jax._src import pjit as _pjit
@@ -65,6 +69,7 @@ from jax._src import stages as _stages
 from jax._src.lib import xla_client as _xla_client
 from pathwaysutils.elastic import elastic as _pw_elastic
 from pathwaysutils import _initialize as _pw_initialize
+from pathwaysutils import jax as _pw_jax
 from pathwaysutils.elastic import manager as _pw_manager
 
 from elastic_dew.elastic import orbax_private
@@ -264,6 +269,9 @@ class Registry:
             _clear_jit_caches()
             self._undo.append(_clear_jit_caches)
         self._replace(_pw_elastic, "wait_for_slices", _counting_waits(self, _pw_elastic.wait_for_slices))
+        for name in _DONATING_OPS:
+            if hasattr(_pw_jax, name):
+                self._replace(_pw_jax, name, _donating_copies(getattr(_pw_jax, name)))
         self._replace(jax, "device_put", _marking_copy(self, jax.device_put))
         self._replace(_pw_manager.Manager, "__init__", _remembering(self, vars(_pw_manager.Manager)["__init__"]))
         self._replace(
@@ -437,6 +445,40 @@ def _no_jit_fastpath(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(*args, **kwargs)
 
     return _get_fastpath_data
+
+
+#: pathwaysutils' mesh-axis operations (``pathwaysutils.jax``, jaxlib's ``_pathways``) that
+#: take ``donate``: Orbax's Snapshotter joins the replicas of a snapshot at every load with
+#: ``concatenate_by_mesh_axis``, which always donates them.
+_DONATING_OPS = ("concatenate_by_mesh_axis", "split_by_mesh_axis")
+
+
+def _donating_copies(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A pathwaysutils mesh-axis operation whose donated inputs end deleted, as on Pathways.
+
+    On the CPU client jaxlib's ``_pathways`` operations take a donated input's buffers and
+    leave the array neither deleted nor whole: asking it anything (``is_deleted()``, and
+    ``jax.live_arrays()``, which asks every live array) dereferences a null buffer and
+    kills the process with SIGSEGV. With ``donate=True`` this hands the operation copies
+    of the inputs (freed at once, which is safe) and deletes the inputs themselves
+    (``jax.Array.delete``), so a donated input reads as "Array has been deleted", what a
+    donated array is on Pathways.
+    """
+
+    def donating(*args, **kwargs):
+        if not kwargs.get("donate") or "arrays" not in kwargs:  # pathwaysutils passes both by name
+            return original(*args, **kwargs)
+        arrays = kwargs["arrays"]
+        kwargs["arrays"] = jax.tree_util.tree_map(lambda x: _jax_api.device_put(x, x.sharding, may_alias=False), arrays)
+        result = original(*args, **kwargs)
+        del kwargs["arrays"]  # the copies, left broken by the donation: freeing them is safe
+        for array in jax.tree_util.tree_leaves(arrays):
+            array.delete()
+        return result
+
+    donating.__name__ = getattr(original, "__name__", "donating")
+    donating.__doc__ = getattr(original, "__doc__", None)
+    return donating
 
 
 def _counting_waits(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
