@@ -15,17 +15,20 @@ success for its Snapshotter soak; the target here is 100 %), each failure's seed
 invariants and one-line replay (``python -m elastic_dew.chaos --seed N``), the steps re-run
 per fault fired (steps a later resume re-did, by the run record's commit rule, over the
 faults the simulator's log says fired), threads and RSS at the start and the end, and the
-time taken.
+time taken. Compiled programs are reused across schedules through JAX's persistent
+compilation cache in the soak's directory (compiling was most of a schedule's time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +49,44 @@ def soak(schedules: int, workdir: Path, *, first_seed: int = FIRST_SEED, progres
     ``progress_every`` > 0 prints a line (seeds done, failures, threads, RSS) that often,
     so a soak cut short still says how far it got.
     """
+    if not faulthandler.is_enabled():  # many runs share this process: should one die natively, say where
+        faulthandler.enable()
+    workdir.mkdir(parents=True, exist_ok=True)
+    with _compilation_cache(workdir / "compilation-cache"):
+        return _soak(schedules, workdir, first_seed, progress_every)
+
+
+@contextlib.contextmanager
+def _compilation_cache(directory: Path) -> Iterator[None]:
+    """JAX's persistent compilation cache in ``directory``, every program kept, while the soak runs.
+
+    The schedules compile the same few programs again and again (one model on the meshes of
+    4, 3, 2 and 1 slices): each distinct program is compiled once and loaded from the cache
+    after that, as ``elastic-dew train`` keeps a cache for its simulated runs. Programs under
+    JAX's one-second threshold are kept too (on CPU every one of them is). The directory is
+    the soak's own, so the first schedules compile for real.
+    """
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {name: getattr(jax.config, name) for name in names}
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: decide again
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
+def _soak(schedules: int, workdir: Path, first_seed: int, progress_every: int) -> dict[str, Any]:
     from elastic_dew import record
     from elastic_dew.testing import check, draw, reference, replay_command, run
     from benchmarks.work_lost import work_lost
 
-    if not faulthandler.is_enabled():  # many runs share this process: should one die natively, say where
-        faulthandler.enable()
-    workdir.mkdir(parents=True, exist_ok=True)
     reference(draw(first_seed).steps, workdir)  # the warm-up: the process-wide pools start here
     threads_start, rss_start = threading.active_count(), _rss_mb()
     started = time.monotonic()
