@@ -50,6 +50,7 @@ SLICE_LOSS_AT_EVERY_PHASE = {
     "step": "lose:1@5",
     "snapshot": "lose:1@6/snapshot",
     "snapshot_load": "lose:1@5,lose:2@5/snapshot_load",
+    "snapshot_load_then_preempted": "lose:1@5,lose:2@5/snapshot_load,preempt@5/snapshot_load,lose:3@8",
     "checkpoint_restore": "preempt@6,lose:1@6/checkpoint_restore",
     "compile_after_resize": "lose:1@5,lose:2@5/compile",
     "checkpoint": "lose:1@8/checkpoint",
