@@ -71,17 +71,21 @@ def test_an_evaluation_interrupted_by_a_slice_loss_runs_again_after_the_resume_a
     assert summary["badput"]["custom_badput_events"] == pytest.approx(seconds, abs=1e-5)
 
 
-def test_a_preemption_during_an_evaluation_stops_after_it_and_the_rerun_does_not_repeat_it(tmp_path):
+def test_a_preemption_during_an_evaluation_stops_at_once_and_the_resumed_run_evaluates_that_step_first(tmp_path):
+    """The SIGTERM lands in the pass of step 3 (``preempt@3/eval``): the stop does not wait
+    for the pass, its checkpoint owes it, and the re-run evaluates step 3 before step 4."""
     run = tmp_path / "run"
     with SimulatedSlices(4, 2, schedule="preempt@3/eval", fault_log=run / "faults.jsonl"):
         with pytest.raises(Preempted) as stopped:
             _trainer(run).fit(4)
+        assert not _evals(run)  # the pass cut short left no line
         _trainer(run).fit(4)
     assert stopped.value.step == 3
-    lines = read_events(run)
-    assert [e["step"] for e in _evals(run)] == [3]
-    resumes = [e for e in lines if e["event"] == "resume"]
-    assert (resumes[-1]["source"], resumes[-1]["step"]) == ("checkpoint", 4)
+    kinds = [(e["event"], e.get("reason") or e.get("source"), e["step"]) for e in read_events(run)
+             if e["event"] in ("eval", "step", "stop", "resume")]
+    stop = kinds.index(("stop", "preempted", 3))
+    assert kinds[stop + 1:] == [("resume", "checkpoint", 4), ("eval", None, 3), ("step", None, 4), ("stop", "done", 4)]
+    assert [e.step for e in committed_evals(read_events(run))] == [3]
 
 
 def test_an_evaluation_pass_gives_the_same_metrics_on_any_slice_count(tmp_path):

@@ -73,7 +73,7 @@ class Pool:
 def _stops_together(pool: Pool, n: int) -> None:
     code = pool.finish()
     output = "\n".join(pool.lines)
-    stopped = pool.per_rank(r"stopped at (\d+)")
+    stopped = pool.per_rank(r"stopped at (\d+) interrupts False")
     assert sorted(stopped) == list(range(n)), output
     assert len(set(stopped.values())) == 1, f"ranks stopped at different steps: {stopped}"
     assert code == 143, output

@@ -14,9 +14,12 @@ A pass never touches the training data position: it reads its own dataset by ind
 slice lost during a pass surfaces at its read, inside the protocol's retry, like a lost step:
 the attempt unwinds without emitting anything, the run resumes from the newest saved state,
 and when it reaches the step again the pass runs again; the record holds the one pass that
-finished. A preemption notice that arrives during a pass is honoured at the boundary the
-pass belongs to, right after it (a pass is short and bounded: a fixed set of batches), so
-the preemption checkpoint of that step follows its evaluation.
+finished. A preemption notice that arrives during a pass (the ``interrupted`` callable the
+protocol passes, asked before each batch and before the read) cuts it short the same way:
+:meth:`Evaluation.run` returns ``None`` with nothing emitted, the protocol writes the
+preemption checkpoint of the pass's step marked :data:`OWED` in its meta, and the run that
+resumes from it runs the pass first, on its own mesh, before any step. Each evaluated step
+keeps one ``eval`` line, the pass that finished.
 
 The model side is the program's ``compile_eval(mesh, batch_size)``: a function
 ``(sums, state, batch) -> sums`` that adds one batch's metrics (a dict of scalars that holds
@@ -40,13 +43,17 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Eval
 from elastic_dew.elastic.slices import batch_sharding, reachable_shards
 
-__all__ = ["Evaluation", "EvalFn"]
+__all__ = ["OWED", "Evaluation", "EvalFn"]
 
 logger = logging.getLogger(__name__)
 
 #: ``eval_fn(sums, state, batch) -> sums``: one batch's metrics added to the running sums
 #: (``sums`` is ``None`` for a pass's first batch).
 EvalFn = Callable[[dict | None, Any, Any], dict]
+
+#: The key of a saved state's meta (``True``) that says the evaluation pass of its step was
+#: cut short by a preemption and is owed: the run that resumes from it runs the pass first.
+OWED = "evaluation_owed"
 
 
 class Evaluation:
@@ -119,11 +126,14 @@ class Evaluation:
         step: int,
         slices: int,
         read: Callable[[Callable[[], Any], int, Callable[[], bool] | None], Any],
-    ) -> Eval:
+        interrupted: Callable[[], bool] = lambda: False,
+    ) -> Eval | None:
         """One pass over the set on ``mesh`` from ``state`` (the state after ``step``).
 
-        ``read`` is the protocol's bounded read (``StepDeadline.read``). Raises what a lost
-        or hung slice raises, with nothing emitted.
+        ``read`` is the protocol's bounded read (``StepDeadline.read``). ``interrupted`` is
+        asked before each batch and before the read: when it says yes (a preemption notice),
+        the pass stops there and returns ``None``. Raises what a lost or hung slice raises,
+        with nothing emitted.
         """
         started = time.monotonic()
         size = self.size(config)
@@ -132,9 +142,13 @@ class Evaluation:
         in_batch = batch_sharding(mesh)
         sums = None
         for index in range(count):
+            if interrupted():
+                return None
             batch = _stack([self.dataset[i] for i in range(index * size, (index + 1) * size)])
             sums = eval_fn(sums, state, jax.device_put(batch, in_batch))
         hooks.phase("eval", step)
+        if interrupted():
+            return None
         ready = getattr(sums.get("loss"), "is_ready", None)
         totals = read(lambda: jax.device_get(sums), step, ready)
         metrics = {name: float(value) / count for name, value in totals.items()}

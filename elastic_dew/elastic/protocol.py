@@ -53,7 +53,7 @@ from elastic_dew.elastic import hooks
 from elastic_dew.elastic.compiler import StepCompiler, StepFn
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
-from elastic_dew.elastic.evaluation import Evaluation
+from elastic_dew.elastic.evaluation import OWED, Evaluation
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.events import (
     DURATION_KEYS,
@@ -145,6 +145,9 @@ class _Attempt:
     data: dict | None = None
     #: Whether the tiers were handed a step's output state to get their first save ready.
     prepared: bool = False
+    #: Whether the restored state's evaluation pass was cut short by a preemption (its
+    #: meta's :data:`~elastic_dew.elastic.evaluation.OWED`): the attempt runs it first.
+    owed: bool = False
     in_batch: jax.sharding.NamedSharding = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -394,6 +397,8 @@ class ElasticRun:
         examples are read again from the position of the last completed step.
         """
         attempt = self._resume(self.timer.recover())
+        if attempt.owed and not self._evaluate(attempt):
+            self._stop_for_preemption(attempt, {"step": attempt.step, "data": attempt.data, OWED: True})
         current: _InFlight | None = None
         carried: tuple[float, float] | None = None  # see _wait_before_saving
         while attempt.step < final_step:
@@ -413,9 +418,9 @@ class ElasticRun:
                 # A step's output, not the restored state: the layout every later save sees.
                 self.tiers.prepare(attempt.state)
                 attempt.prepared = True
-            if self.evaluation is not None and self.evaluation.due(attempt.step):
-                self._evaluate(attempt)
             meta = {"step": attempt.step, "data": attempt.data}
+            if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
+                self._stop_for_preemption(attempt, {**meta, OWED: True})
             if self.notice is not None and self.notice.reached(attempt.step):
                 self._stop_for_preemption(attempt, meta)
             waited = self._wait_before_saving(attempt, ahead)
@@ -461,7 +466,8 @@ class ElasticRun:
         )
         self.emit(Resume(source=source, step=step + 1, durations=recovery.durations))
         self.compiler.start_precompiling()
-        return _Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state())
+        owed = bool(meta.get(OWED)) and self.evaluation is not None
+        return _Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed)
 
     def _dispatch(self, attempt: _Attempt, state: Any, step: int) -> _InFlight:
         """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
@@ -529,14 +535,23 @@ class ElasticRun:
             metrics=metrics,
         ))
 
-    def _evaluate(self, attempt: _Attempt) -> None:
-        """The evaluation pass of the step just completed, before its saves (see
+    def _evaluate(self, attempt: _Attempt) -> bool:
+        """The evaluation pass of the attempt's last completed step, before its saves (see
         :mod:`~elastic_dew.elastic.evaluation`): a fault during it unwinds the attempt with
-        nothing emitted, and the pass runs again when the resumed run reaches the step."""
-        self.emit(self.evaluation.run(
+        nothing emitted, and the pass runs again when the resumed run reaches the step.
+        ``False`` when a preemption notice cut it short (nothing emitted: the caller stops
+        with the pass owed)."""
+        interrupts = getattr(self.notice, "interrupts", None)
+        done = self.evaluation.run(
             self.program, self.config, attempt.mesh, attempt.state, attempt.step,
             self.manager.active_slice_count, self.deadline.read,
-        ))
+            interrupted=interrupts if interrupts is not None else (lambda: False),
+        )
+        if done is None:
+            logger.warning("preemption notice during the evaluation pass of step %d: it runs again after the resume", attempt.step)
+            return False
+        self.emit(done)
+        return True
 
     def _finish(self, attempt: _Attempt) -> Finished:
         """Commit the final checkpoint and hand the finished state out of the retry."""

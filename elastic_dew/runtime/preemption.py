@@ -198,6 +198,13 @@ class PreemptionNotice:
             logger.warning("preemption notice reached: stopping at step %d", step)
         return hit
 
+    def interrupts(self) -> bool:
+        """Whether work between two step boundaries (an evaluation pass) stops now, to be
+        done again after the resume: alone, whether SIGTERM arrived. In a pool, never: JAX's
+        preemption service agrees a stop only where every process asks with the same step
+        (:meth:`reached`), so a pooled pass runs to its end and the boundary after it stops."""
+        return not self._pooled and self._signals > 0
+
     def close(self) -> None:
         """Put back the SIGTERM handler this notice replaced."""
         if self._closed:
