@@ -39,15 +39,16 @@ def test_every_redraw_fits_the_width_and_shows_the_eta(width):
     assert re.search(r"<\d\d:\d\d", last_step), last_step
 
 
-def test_the_postfix_carries_loss_slices_and_the_last_event_when_there_is_room():
+def test_the_postfix_carries_loss_metrics_slices_and_the_last_event_when_there_is_room():
     stream = io.StringIO()
     bar = ProgressBar(50, total_slices=4, stream=stream, width=200, mininterval=0)
     bar(Resume(wall=0.0, source="snapshot", step=11))
-    bar(_step(11, slices=3))
+    bar(Step(wall=11.0, step=11, slices=3, loss=1.0 / 11, examples=(0, 88), seconds=0.01, metrics={"accuracy": 0.625}))
     bar.close()
     final = _frames(stream.getvalue())[-1]
     assert "11/50" in final
-    assert "loss 0.0909" in final and "slices 3/4" in final and "resume from snapshot at step 11" in final
+    assert "loss 0.0909" in final and "accuracy 0.625" in final and "slices 3/4" in final
+    assert "resume from snapshot at step 11" in final
 
 
 def test_log_records_are_written_above_the_bar_on_their_own_lines(monkeypatch):
