@@ -176,7 +176,9 @@ class ElasticRun:
     ``Manager`` and the state tiers once, outside the retry, as the guide requires.
     ``emit`` receives every event (a typed :class:`~elastic_dew.elastic.events.Event`) in
     order, the faults fired while it runs among them (:func:`~elastic_dew.elastic.hooks.report`);
-    a trainer gives it its :class:`~elastic_dew.observe.sinks.Sinks`.
+    a trainer gives it its :class:`~elastic_dew.observe.sinks.Sinks`. ``notice`` is a
+    :class:`~elastic_dew.runtime.PreemptionNotice` (or an object with its ``reached(step)``
+    and, optionally, ``interrupts()``, asked during an evaluation pass).
     """
 
     def __init__(
