@@ -73,18 +73,23 @@ def test_an_evaluation_interrupted_by_a_slice_loss_runs_again_after_the_resume_a
 
 def test_a_preemption_during_an_evaluation_stops_at_once_and_the_resumed_run_evaluates_that_step_first(tmp_path):
     """The SIGTERM lands in the pass of step 3 (``preempt@3/eval``): the stop does not wait
-    for the pass, its checkpoint owes it, and the re-run evaluates step 3 before step 4."""
+    for the pass, its checkpoint owes it, and the re-run evaluates step 3 before step 4,
+    through a slice lost during that owed pass too (``lose:3@3/eval`` in the re-run)."""
     run = tmp_path / "run"
     with SimulatedSlices(4, 2, schedule="preempt@3/eval", fault_log=run / "faults.jsonl"):
         with pytest.raises(Preempted) as stopped:
             _trainer(run).fit(4)
-        assert not _evals(run)  # the pass cut short left no line
+    assert stopped.value.step == 3 and not _evals(run)  # the pass cut short left no line
+    with SimulatedSlices(4, 2, schedule="lose:3@3/eval", fault_log=run / "faults-rerun.jsonl"):
         _trainer(run).fit(4)
-    assert stopped.value.step == 3
     kinds = [(e["event"], e.get("reason") or e.get("source"), e["step"]) for e in read_events(run)
              if e["event"] in ("eval", "step", "stop", "resume")]
     stop = kinds.index(("stop", "preempted", 3))
-    assert kinds[stop + 1:] == [("resume", "checkpoint", 4), ("eval", None, 3), ("step", None, 4), ("stop", "done", 4)]
+    assert kinds[stop + 1:] == [
+        ("resume", "checkpoint", 4), ("stop", "slice_lost", 3),
+        ("resume", "checkpoint", 4), ("eval", None, 3), ("step", None, 4), ("stop", "done", 4),
+    ]
+    assert [e["slices"] for e in _evals(run)] == [3]  # on the mesh of the attempt that ran it
     assert [e.step for e in committed_evals(read_events(run))] == [3]
 
 
