@@ -132,8 +132,9 @@ def _run(tmp_path, steps, *, schedule=None, notice=None, **overrides):
 
 
 def test_no_step_result_is_read_before_the_next_step_is_dispatched_and_a_save_first_waits_for_the_step_in_flight(tmp_path):
-    """On these CPU slices a save's first dispatch would wait for the step in flight anyway;
-    the loop waits for it first (so that wait is step time, not saving), and nowhere else."""
+    """A save's clock starts once the step in flight is done (its wait is step time, not
+    saving), whatever the platform: the wait comes once before a step's saves, and nowhere
+    else."""
     _, log = _run(tmp_path, 8)
     saved = {entry[2] for entry in log if entry[0] == "save"}  # snapshot every 2, checkpoint every 3
     for n in range(1, 8):
@@ -194,9 +195,11 @@ def test_a_slice_lost_under_the_lag_stops_at_the_last_read_step_and_keeps_data_e
 
 
 def test_the_preemption_step_is_read_and_checkpointed_with_its_own_state_not_the_one_in_flight(tmp_path):
+    """The step in flight is dropped; its wait comes before the checkpoint's clock starts."""
     _, log = _run(tmp_path, 10, notice=_NoticeAt(5))
     assert log.index(("dispatch", 6)) < log.index(("read", 5)) < log.index(("stop", "preempted", 5))
     assert ("step", None, 6) not in log and ("read", 6) not in log
+    assert log.index(("read", 5)) < log.index(("wait", 6, "block_until_ready")) < log.index(("save", "checkpoint", 5))
     # The re-run resumes from step 5's checkpoint, at step 5's data position: every example
     # is trained on once, though step 6's batch had been taken when the first run stopped.
     state, rerun = _run(tmp_path, 10)

@@ -75,7 +75,7 @@ from elastic_dew.elastic.slices import (
     global_batch_for,
 )
 from elastic_dew.elastic.state import Checkpoints, Snapshots
-from elastic_dew.elastic.tiers import Tiers
+from elastic_dew.elastic.tiers import Held, Tiers
 from elastic_dew.runtime import Preempted
 from elastic_dew.runtime.preemption import NoticeInWait
 
@@ -400,9 +400,9 @@ class ElasticRun:
         """
         attempt = self._resume(self.timer.recover())
         if attempt.owed and not self._evaluate(attempt):
-            self._stop_for_preemption(attempt, {"step": attempt.step, "data": attempt.data, OWED: True})
+            self._stop_for_preemption(attempt, {"step": attempt.step, "data": attempt.data, OWED: True}, None)
         current: _InFlight | None = None
-        carried: tuple[float, float] | None = None  # see _wait_before_saving
+        carried: Held | None = None  # the last step's saves (see _complete)
         while attempt.step < final_step:
             now = time.monotonic()
             self.timer.step_started(now)
@@ -421,18 +421,15 @@ class ElasticRun:
                 self.tiers.prepare(attempt.state)
                 attempt.prepared = True
             meta = {"step": attempt.step, "data": attempt.data}
+            settle = self._settle(ahead)
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
-                self._stop_for_preemption(attempt, {**meta, OWED: True})
+                self._stop_for_preemption(attempt, {**meta, OWED: True}, settle)
             if self.notice is not None and self.notice.reached(attempt.step):
-                self._stop_for_preemption(attempt, meta)
-            waited = self._wait_before_saving(attempt, ahead)
-            saving = time.monotonic()
-            for tier in self.tiers:
-                saved = tier.on_step(attempt.step, attempt.state, meta, attempt.mesh)
-                if saved is not None:
-                    self.emit(saved)
-            # The saves (and their lines) are not the next step's time; the wait before them is.
-            carried = (waited, time.monotonic() - saving) if waited is not None else None
+                self._stop_for_preemption(attempt, meta, settle)
+            # The saves' own seconds are not the next step's time; the wait before them is.
+            carried = self.tiers.on_step(
+                attempt.step, attempt.state, meta, attempt.mesh, emit=self.emit, settle=settle
+            )
             current = ahead
             if self.manager.available_inactive_slices and attempt.step < final_step:
                 current = ahead = None  # dispatched on the smaller mesh: redone on the larger one
@@ -481,26 +478,16 @@ class ElasticRun:
         return _InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
 
-    def _wait_before_saving(self, attempt: _Attempt, ahead: _InFlight | None) -> float | None:
-        """Wait for the step in flight before the saves of this step where a save would wait
-        for it anyway; when the wait began, or ``None`` when there was none.
-
-        On a CPU backend a program runs only after the programs dispatched before it on the
-        same devices, so a save's first dispatch (the snapshot's pack, the checkpoint's
-        copy to the host) would wait there for the step in flight, and that time would be
-        booked as saving. Waiting first, within the step deadline, makes a save's ``seconds``
-        the time the loop was held by the save itself; the wait is counted in the next
-        step's ``seconds`` (which then run from this wait to that step's read, less the
-        saves). On an accelerator a save's dispatch does not wait, and neither does this.
-        """
-        if ahead is None or not self.tiers.due(attempt.step):
+    def _settle(self, ahead: _InFlight | None) -> Callable[[], None] | None:
+        """The wait for the step in flight, within the step deadline, that a save runs
+        before its clock starts (:mod:`~elastic_dew.elastic.tiers`); ``None`` when no step
+        is in flight."""
+        if ahead is None:
             return None
-        if next(iter(attempt.mesh.devices.flat)).platform != "cpu":
-            return None
-        waited = time.monotonic()
-        state = ahead.state
-        self.deadline.read(lambda: jax.block_until_ready(state), ahead.step)
-        return waited
+        state, step = ahead.state, ahead.step
+        leaf = next(iter(jax.tree.leaves(state)), None)
+        ready = getattr(leaf, "is_ready", None)
+        return lambda: self.deadline.read(lambda: jax.block_until_ready(state), step, ready=ready)
 
     def _complete(
         self, attempt: _Attempt, done: _InFlight, started: float, data_seconds: float, held: float = 0.0
@@ -508,9 +495,10 @@ class ElasticRun:
         """Read ``done``'s result, make it the attempt's last completed step, emit its line.
 
         ``started`` is when this stretch of the loop began: a step's ``seconds`` run from
-        the end of the previous step's saves (or from the wait for this step before them,
-        see :meth:`_wait_before_saving`, less ``held``, those saves' seconds) to its own
-        read, so steps and saves add up to the loop's time as an unlagged loop's do;
+        the end of the previous step's line (or, when that step saved, from the wait for
+        this step before the saves, less ``held``, the saves' own seconds: see
+        :class:`~elastic_dew.elastic.tiers.Held`) to its own read, so steps and saves add
+        up to the loop's time as an unlagged loop's do;
         ``data_seconds`` is the time the batches taken in that stretch waited for data.
         """
         hooks.phase("step", done.step)
@@ -567,16 +555,17 @@ class ElasticRun:
         self.emit(Stop(reason="done", step=step))
         return Finished(state, step)
 
-    def _stop_for_preemption(self, attempt: _Attempt, meta: dict) -> None:
+    def _stop_for_preemption(self, attempt: _Attempt, meta: dict, settle: Callable[[], None] | None) -> None:
         """Write the agreed step's checkpoint, commit it, and raise ``Preempted`` of it.
 
-        With no checkpoint directory nothing outlives the process, so the stop (and
-        ``Preempted``) is of step 0: the step a re-run resumes after.
+        ``settle`` waits for the step in flight first (that step is dropped; its wait is
+        not the checkpoint's). With no checkpoint directory nothing outlives the process,
+        so the stop (and ``Preempted``) is of step 0: the step a re-run resumes after.
         """
         step = attempt.step
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
-        saved = self.tiers.checkpoint.commit(step, attempt.state, meta)
+        saved = self.tiers.checkpoint.commit(step, attempt.state, meta, settle)
         if saved is not None:
             self.emit(saved)
         else:

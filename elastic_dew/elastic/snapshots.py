@@ -19,10 +19,7 @@ loop needs around it:
 * the pack and the hand-over to Orbax stay on the loop, between the read of step N and the
   dispatch of step N+2: the snapshot's copies are then queued right behind the step in
   flight, so they land before the next step runs (from a hand-off thread they would queue
-  behind step N+2 as well, and a loss two steps later would find no landed snapshot).
-  On an accelerator the pack's dispatch returns at once; on a CPU backend it waits for the
-  step in flight, so there a save's ``seconds`` include that step's remaining time (and
-  the next step line is shorter by as much);
+  behind step N+2 as well, and a loss two steps later would find no landed snapshot);
 * ``Snapshotter.save`` silently skips a request while the previous one is still queued:
   :meth:`Snapshots.save` reports whether Orbax actually took the state and counts both.
 

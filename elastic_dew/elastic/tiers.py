@@ -11,6 +11,20 @@ across them (:func:`~elastic_dew.elastic.state.newest`).
 
 Every save event is built by :func:`timed_save`; every save announces its phase
 (:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
+
+**What a save's seconds are**, on every platform: the time the loop was held by the save
+itself. A save is offered the state of the last completed step while the next step is in
+flight, and whatever of the save would wait for that step (on a CPU backend its first
+program queues behind it and its host work competes with it for the cores) is not saving:
+:func:`timed_save` first calls the caller's ``settle``, which waits for the step in flight,
+and starts its clock after. The protocol counts that wait in the step's own line
+(:class:`Held` says when it began). So a cadence save's seconds run from the step in flight's
+completion to ``Snapshots.save`` handing the packed state to Orbax (tier 1) or to Orbax's
+``CheckpointManager.save`` returning once the state is on the host and its write is under
+way (tier 2); a preemption's checkpoint runs to its commit, and a finished run's final one
+(no step in flight) from its start to its commit. On an accelerator the wait costs the
+overlap of one step with the save's host work at each step that saves; that time is then
+the save's seconds, not hidden in a step's.
 """
 
 from __future__ import annotations
@@ -18,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -27,13 +41,23 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Save
 from elastic_dew.elastic.state import Checkpoints, Snapshots, newest
 
-__all__ = ["timed_save", "SnapshotTier", "CheckpointTier", "Tiers"]
+__all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers"]
 
 logger = logging.getLogger(__name__)
 
 
-def timed_save(tier: str, step: int, save: Callable[[], bool]) -> Save:
-    """Run ``save`` (which returns whether the tier took the state) and describe it."""
+#: Waits for the step in flight (the protocol's, bounded by its step deadline).
+Settle = Callable[[], Any]
+
+
+def timed_save(tier: str, step: int, save: Callable[[], bool], settle: Settle | None = None) -> Save:
+    """Run ``save`` (which returns whether the tier took the state) and describe it.
+
+    ``settle`` (the wait for the step in flight, when one is) runs first, off the clock:
+    the event's ``seconds`` are ``save``'s alone (the module's rule).
+    """
+    if settle is not None:
+        settle()
     started = time.monotonic()
     taken = bool(save())
     return Save(tier=tier, step=step, taken=taken, seconds=time.monotonic() - started)
@@ -52,12 +76,14 @@ class SnapshotTier:
         """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
         return bool(self.every) and not step % self.every
 
-    def on_step(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> Save | None:
+    def on_step(
+        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, settle: Settle | None = None
+    ) -> Save | None:
         """Snapshot ``state`` if ``step`` is on the cadence; the save event, or ``None``."""
         if not self.due(step):
             return None
         hooks.phase(self.name, step)
-        return timed_save(self.name, step, lambda: self.snapshots.save(step, state, meta, mesh))
+        return timed_save(self.name, step, lambda: self.snapshots.save(step, state, meta, mesh), settle)
 
 
 class CheckpointTier:
@@ -77,12 +103,14 @@ class CheckpointTier:
         """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
         return self.checkpoints is not None and bool(self.every) and not step % self.every
 
-    def on_step(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> Save | None:
+    def on_step(
+        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, settle: Settle | None = None
+    ) -> Save | None:
         """Start the checkpoint of ``step`` if it is on the cadence; the save event, or ``None``."""
         if not self.due(step):
             return None
         hooks.phase(self.name, step)
-        return timed_save(self.name, step, lambda: self.checkpoints.save(step, state, meta) or True)
+        return timed_save(self.name, step, lambda: self.checkpoints.save(step, state, meta) or True, settle)
 
     def final(self, step: int, state: Any, meta: dict) -> Save | None:
         """Commit the last step's checkpoint (unless the cadence already did); its event, or ``None``."""
@@ -98,8 +126,9 @@ class CheckpointTier:
         self.checkpoints.wait()
         return saved
 
-    def commit(self, step: int, state: Any, meta: dict) -> Save | None:
-        """Write and commit the checkpoint of the step a preemption agreed on.
+    def commit(self, step: int, state: Any, meta: dict, settle: Settle | None = None) -> Save | None:
+        """Write and commit the checkpoint of the step a preemption agreed on (``settle``:
+        the wait for the step in flight, off the save's clock).
 
         ``None``, with an error logged, when there is nowhere to write it.
         """
@@ -114,7 +143,16 @@ class CheckpointTier:
             self.checkpoints.wait()
             return True
 
-        return timed_save(self.name, step, write)
+        return timed_save(self.name, step, write, settle)
+
+
+class Held(NamedTuple):
+    """What one step's saves took of the loop: the wait for the step in flight began at
+    ``settled`` (a ``time.monotonic()``; that wait is step time) and the saves' events hold
+    ``seconds`` between them."""
+
+    settled: float
+    seconds: float
 
 
 class Tiers:
@@ -170,16 +208,40 @@ class Tiers:
         return self.checkpoint.checkpoints
 
     def __iter__(self) -> Iterator[SnapshotTier | CheckpointTier]:
-        """The tiers in the order a step offers them its state: snapshot, then checkpoint.
-
-        The caller emits each tier's save event before offering the next tier the step, so
-        a fault inside the checkpoint save cannot lose the event of the snapshot before it.
-        """
+        """The tiers in the order a step offers them its state: snapshot, then checkpoint."""
         return iter((self.snapshot, self.checkpoint))
 
     def due(self, step: int) -> bool:
         """Whether either tier saves at ``step``."""
         return any(tier.due(step) for tier in self)
+
+    def on_step(
+        self,
+        step: int,
+        state: Any,
+        meta: dict,
+        mesh: jax.sharding.Mesh,
+        *,
+        emit: Callable[[Save], None],
+        settle: Settle | None = None,
+    ) -> Held | None:
+        """Offer completed ``step``'s state to each tier in turn, ``emit`` each save event
+        before the next tier is offered it (a fault inside the checkpoint cannot lose the
+        snapshot's event); ``settle`` waits for the step in flight before the first save.
+
+        Returns ``None`` when no tier saved, else the :class:`Held` the step lines need.
+        """
+        if not self.due(step):
+            return None
+        settled = time.monotonic()
+        seconds = 0.0
+        for tier in self:
+            saved = tier.on_step(step, state, meta, mesh, settle)
+            if saved is not None:
+                settle = None  # settled: the next tier's save has nothing to wait for
+                seconds += saved.seconds
+                emit(saved)
+        return Held(settled, seconds)
 
     def newest(self) -> tuple[str, int | None]:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`)."""
