@@ -84,12 +84,12 @@ def _steady(marks: dict[int, float], steps: int) -> list[float]:
 def _bare(parts: dict, steps: int, workdir: Path) -> tuple[float, float]:
     import jax
 
-    from elastic_dew import Trainer
+    from elastic_dew import Trainer, TrainConfig
     from elastic_dew.elastic.data import default_read_options
     from elastic_dew.elastic.slices import batch_sharding, mesh_of
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="bare-"))
-    program = Trainer(**parts, config=_config(), run_dir=run_dir, sharding=POLICY)._program
+    program = Trainer(**parts, config=_config(), run_dir=run_dir, train=TrainConfig(sharding=POLICY))._program
     mesh = mesh_of(jax.devices()[:8], 4)
     state = program.init_state(mesh)
     step_fn = program.compile(mesh, GLOBAL_BATCH)
@@ -115,7 +115,7 @@ def _bare(parts: dict, steps: int, workdir: Path) -> tuple[float, float]:
 
 
 def _trainer(parts: dict, steps: int, workdir: Path) -> tuple[float, float, float]:
-    from elastic_dew import Trainer
+    from elastic_dew import Trainer, TrainConfig
     from elastic_dew.elastic.events import Step
 
     times: dict[int, float] = {}
@@ -132,7 +132,7 @@ def _trainer(parts: dict, steps: int, workdir: Path) -> tuple[float, float, floa
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="fit-"))
     Trainer(
-        **parts, config=_config(), run_dir=run_dir, log_every=10**9, sinks=[progress], sharding=POLICY
+        **parts, config=_config(), run_dir=run_dir, sinks=[progress], train=TrainConfig(log_every=10**9, sharding=POLICY)
     ).fit(steps)
     loop, threads = _steady(cpu, steps), _steady(own, steps)
     total = [a + b for a, b in zip(loop, threads)]

@@ -47,7 +47,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     prepare_process(xla_flags=f"--xla_force_host_platform_device_count={slices}")
 
-    from elastic_dew import Trainer
+    from elastic_dew import Trainer, TrainConfig
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.events import Resume, Step
@@ -96,7 +96,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
             box["manager"] = make_manager()
             trainer = Trainer(
                 **_training_parts(mlp.build()), config=config, run_dir=run_dir, sinks=[progress],
-                log_every=10**9, manager=box["manager"],
+                train=TrainConfig(log_every=10**9), manager=box["manager"],
             )
             try:
                 trainer.fit(10**6)

@@ -62,7 +62,7 @@ def lm_program(parts: dict, policy="fsdp"):
 
 
 def restart(checkpoint_dir: str, run_dir: str) -> int:
-    from elastic_dew import Trainer
+    from elastic_dew import Trainer, TrainConfig
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.events import Resume, Step
     from elastic_dew.simulate import SimulatedSlices
@@ -87,7 +87,7 @@ def restart(checkpoint_dir: str, run_dir: str) -> int:
 def train(run_dir: str, steps: str, schedule: str, snapshot_every: str, checkpoint_every: str) -> int:
     from pathlib import Path
 
-    from elastic_dew import Trainer
+    from elastic_dew import Trainer, TrainConfig
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.rundir import FAULTS_FILE
     from elastic_dew.simulate import SimulatedSlices
@@ -99,12 +99,14 @@ def train(run_dir: str, steps: str, schedule: str, snapshot_every: str, checkpoi
         precompile_smaller_meshes=elastic,
     )
     with SimulatedSlices(4, 2, schedule=schedule, fault_log=Path(run_dir) / FAULTS_FILE):
-        Trainer(**lm_parts(), config=config, run_dir=run_dir, log_every=10**9).fit(int(steps))
+        Trainer(**lm_parts(), config=config, run_dir=run_dir, train=TrainConfig(log_every=10**9)).fit(int(steps))
     return 0
 
 
 class BlobProgram:
     """A state of ``megabytes`` float32 and a step that touches all of it."""
+
+    microbatch = None  # no gradient accumulation
 
     def __init__(self, megabytes: int) -> None:
         self.n = megabytes * 2**20 // 4

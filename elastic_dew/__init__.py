@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "__version__"]
+__all__ = ["Trainer", "TrainConfig", "__version__"]
 
 
 def __getattr__(name: str):
@@ -21,4 +21,8 @@ def __getattr__(name: str):
         from elastic_dew.trainer import Trainer
 
         return Trainer
+    if name == "TrainConfig":
+        from elastic_dew.train_config import TrainConfig
+
+        return TrainConfig
     raise AttributeError(f"module 'elastic_dew' has no attribute {name!r}")

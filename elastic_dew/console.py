@@ -2,15 +2,19 @@
 
 ``elastic-dew train`` and each recipe's ``python -m recipes.NAME`` take the same options and
 show a run the same way, so both come here. The options are built from the fields' own
-metadata (:func:`elastic_dew.elastic.config.setting`): :class:`~elastic_dew.run.RunSpec`'s
-and the :class:`~elastic_dew.elastic.config.ElasticConfig` settings that have a flag, so a
-setting's default, help and range are declared once. A flag left out is ``None`` here and
-takes the recipe's or the config's default in :func:`elastic_dew.run.plan`.
+metadata (:func:`elastic_dew.elastic.config.setting`): the flagged fields of each part of a
+:class:`~elastic_dew.run.RunConfig` (its own, :class:`~elastic_dew.run.SimConfig`,
+:class:`~elastic_dew.train_config.TrainConfig`,
+:class:`~elastic_dew.elastic.config.ElasticConfig`), so a setting's default, help and range
+are declared once. A flag left out takes its part's default, as the Python API does. Only
+here is a refused setting worded with its flag (:func:`refusal`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import collections.abc
 import contextlib
 import dataclasses
 import logging
@@ -23,8 +27,9 @@ from typing import Any, TextIO
 from elastic_dew import run
 from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.observe import sinks as observing
+from elastic_dew.train_config import TrainConfig
 
-__all__ = ["add_options", "flag_of", "refusal", "spec_of", "setup", "train", "Terminal", "main"]
+__all__ = ["add_options", "flag_of", "refusal", "config_of", "parse_overrides", "setup", "train", "Terminal", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,22 +53,27 @@ def _add(parser: argparse.ArgumentParser, field: dataclasses.Field, kind: Any, *
         options["metavar"] = meta["metavar"]
     if "choices" in meta:
         options["choices"] = meta["choices"]
-    elif typing.get_origin(kind) is tuple:
+    elif typing.get_origin(kind) in (tuple, collections.abc.Mapping):  # repeatable
         options.update(action="append", default=[])
     elif kind in (int, float):
         options["type"] = kind
     parser.add_argument(meta["flag"], **options)
 
 
-#: The configurations whose flagged fields are the run's options (field names are unique
-#: across them).
-_OPTION_CLASSES: tuple[type, ...] = (run.RunSpec, ElasticConfig)
+#: The parts of a :class:`~elastic_dew.run.RunConfig` whose flagged fields are the run's
+#: options, by the name the run configuration gives each (field names are unique across
+#: them; ``run`` is the run configuration's own fields).
+_PARTS: dict[str, type] = {
+    "run": run.RunConfig, "sim": run.SimConfig, "train": TrainConfig, "elastic": ElasticConfig,
+}
 
 
-def flag_of(field: str) -> str:
+def flag_of(field: str, owner: type | None = None) -> str:
     """The command-line flag of a run setting, by field name (``snapshot_every`` ->
-    ``--snapshot-every``), read from its declaration; the field name itself when it has none."""
-    for cls in _OPTION_CLASSES:
+    ``--snapshot-every``) and, where given, the configuration that declares it, read from
+    its declaration; the field name itself when it has none."""
+    parts = sorted(_PARTS.values(), key=lambda cls: cls is not owner)  # the owner's own first
+    for cls in parts:
         for f in dataclasses.fields(cls):
             if f.name == field:
                 return f.metadata.get("flag", field)
@@ -73,18 +83,19 @@ def flag_of(field: str) -> str:
 def refusal(error: ValueError) -> str:
     """A refused setting worded for the command line: a
     :class:`~elastic_dew.elastic.config.SettingError` with its field's flag, anything else as it is."""
-    return error.wording(flag_of(error.field)) if isinstance(error, SettingError) else str(error)
+    if isinstance(error, SettingError):
+        return error.wording(flag_of(error.field, error.owner))
+    return str(error)
 
 
 def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None:
     """The run's options on ``parser`` (the recipe as a positional when ``recipe``)."""
     if recipe:
-        field = next(f for f in dataclasses.fields(run.RunSpec) if f.name == "recipe")
+        field = next(f for f in dataclasses.fields(run.RunConfig) if f.name == "recipe")
         parser.add_argument("recipe", metavar=field.metadata["metavar"], help=field.metadata["help"])
-    for field, kind in _flagged(run.RunSpec):
-        _add(parser, field, kind, dest=field.name)
-    for field, kind in _flagged(ElasticConfig):
-        _add(parser, field, kind, dest="elastic." + field.name)
+    for part, cls in _PARTS.items():
+        for field, kind in _flagged(cls):
+            _add(parser, field, kind, dest=f"{part}.{field.name}")
     observing.add_options(parser)  # --log-format, --tensorboard, --goodput-export
     # The demo prints its own summary after the last restart.
     parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
@@ -106,26 +117,55 @@ def setup(args: argparse.Namespace, prog: str) -> Terminal:
         raise SystemExit(run.USAGE_EXIT) from None
     # Third-party libraries stay at INFO; -v (set by the command line) is elastic_dew's own.
     setup_logging(options.log_format, level=logging.INFO)
-    return Terminal(prog, observe=options)
+    return Terminal(prog, observe=options, summary=not getattr(args, "no_summary", False))
 
 
-def spec_of(args: argparse.Namespace, recipe: str | None = None) -> run.RunSpec:
-    """The :class:`~elastic_dew.run.RunSpec` that parsed options ask for."""
+def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` texts as recipe settings: a Python literal, else the text as a string."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise run.UsageError(f"--set {item!r} is not KEY=VALUE; write e.g. --set d_model=128")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text  # a plain word is a string
+        overrides[key.strip()] = value
+    return overrides
+
+
+def config_of(args: argparse.Namespace, recipe: str | None = None,
+              observe: observing.ObserveOptions | None = None) -> run.RunConfig:
+    """The :class:`~elastic_dew.run.RunConfig` that parsed options ask for.
+
+    A part none of whose options is given is left to the run configuration's own default
+    (``sim``, ``elastic``: ``None``); elastic options given take the recipe's global batch
+    unless ``--global-batch`` is one of them, as ``RunConfig(elastic=None)`` does. Raises
+    :class:`~elastic_dew.elastic.config.SettingError` for a value outside its field's
+    declaration, :class:`~elastic_dew.run.UsageError` for a bad ``--set`` or an unknown recipe.
+    """
     values = vars(args)
-    own = {
-        field.name: values[field.name]
-        for field in dataclasses.fields(run.RunSpec)
-        if field.name in values and values[field.name] is not None
-    }
-    own["overrides"] = tuple(own.get("overrides", ()))
-    elastic = {
-        key.removeprefix("elastic."): value
-        for key, value in values.items()
-        if key.startswith("elastic.") and value is not None
-    }
-    if recipe is not None:
-        own["recipe"] = recipe
-    return run.RunSpec(**own, elastic=elastic, summary=not values.get("no_summary", False))
+    given: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+    for key, value in values.items():
+        part, dot, name = key.partition(".")
+        if dot and part in given and value is not None and value != []:
+            given[part][name] = value
+    own = given["run"]
+    recipe = recipe if recipe is not None else values["recipe"]
+    own["overrides"] = parse_overrides(own.get("overrides", ()))
+    elastic = None
+    if given["elastic"]:
+        batch = run.recipe_defaults(recipe).get("global_batch", ElasticConfig.global_batch)
+        elastic = ElasticConfig(**{"global_batch": batch, **given["elastic"]})
+    return run.RunConfig(
+        recipe=recipe,
+        **own,
+        elastic=elastic,
+        train=TrainConfig(**given["train"]),
+        sim=run.SimConfig(**given["sim"]) if given["sim"] else None,
+        observe=observe if observe is not None else observing.options_of(args),
+    )
 
 
 @contextlib.contextmanager
@@ -186,12 +226,15 @@ class Terminal:
         out: TextIO | None = None,
         err: TextIO | None = None,
         observe: observing.ObserveOptions | None = None,
+        summary: bool = True,
     ) -> None:
         self.prog = prog
         self._out = out
         self._err = err
+        #: The observability options the program started with (its log format among them).
         self.observe = observe if observe is not None else observing.ObserveOptions()
-        self._observers: list[Any] | None = None
+        #: Whether the summary is shown at the end (the demo shows its own).
+        self.summary = summary
 
     def refused(self, error: run.UsageError | SettingError) -> None:
         (self._err or sys.stderr).write(f"{self.prog}: error: {refusal(error)}\n")
@@ -200,8 +243,8 @@ class Terminal:
     def running(self, plan: run.Plan) -> Iterator[list[Any]]:
         from elastic_dew.observe.progress import Progress
 
-        total_slices = plan.slices if plan.simulate else None
-        progress: Any = Progress(plan.steps, total_slices=total_slices, log_every=plan.log_every)
+        total_slices = plan.sim.slices if plan.sim is not None else None
+        progress: Any = Progress(plan.steps, total_slices=total_slices, log_every=plan.train.log_every)
         above, tty = _log_above(progress), progress.tty
         if tty and observing.progress_bar_available():
             # On a terminal, tqdm's bar: it fits the width, has an ETA, keeps logs above.
@@ -209,26 +252,14 @@ class Terminal:
 
             progress = ProgressBar(plan.steps, total_slices=total_slices)
             above = progress.redirect_logging()
-        assert plan.run_dir is not None, "the run hands the display its chosen run directory"
-        self._observers = observers = observing.chosen(
-            self.observe, plan.run_dir, job_name=plan.run_dir.name, total_slices=total_slices,
-        )
         try:
             with above, _quiet_logs(tty):
-                yield [progress, *observers]
-        except BaseException:
-            observing.close(observers)
-            self._observers = None
-            raise
+                yield [progress]
         finally:
             progress.close()
 
     def finished(self, plan: run.Plan, outcome: run.Outcome) -> None:
-        if self._observers is not None:  # TensorBoard's last points are the summary's goodput
-            ok = outcome.status == 0 and outcome.result is not None
-            observing.close(self._observers, outcome.result.summary if ok else None)
-            self._observers = None
-        if outcome.status != 0 or not plan.print_summary:
+        if outcome.status != 0 or not self.summary:
             return
         from elastic_dew import record
 
@@ -262,8 +293,8 @@ def train(args: argparse.Namespace, prog: str, *, recipe: str | None = None,
     handler absl, imported by the recipe's libraries, may have put on the root logger)."""
     terminal = setup(args, prog)
     try:
-        spec = spec_of(args, recipe)
-    except SettingError as err:  # a run setting outside its declaration
+        config = config_of(args, recipe, terminal.observe)
+    except (SettingError, run.UsageError) as err:  # a setting outside its declaration
         terminal.refused(err)
         return run.USAGE_EXIT
-    return run.main(spec, build, terminal)
+    return run.main(config, build, terminal)

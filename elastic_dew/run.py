@@ -1,11 +1,14 @@
-"""One training run of a recipe: specified, planned once, checked once, executed once.
+"""One training run of a recipe: configured, planned once, checked once, executed once.
 
-A :class:`RunSpec` is what a user asks for (a recipe, its ``--set`` overrides, the
-elastic settings given, the fault schedule, where the run lives). :func:`plan` checks all of
-it and decides the run, touching nothing: the recipe module, the :class:`ElasticConfig`, the
-batch against every slice count, the run directory and its identity (through
-:mod:`elastic_dew.rundir`, whose identity includes the fault schedule, so resuming with
-another ``--chaos`` is refused). :func:`main` plans, prepares the process (the simulated host
+A :class:`RunConfig` is what a user asks for, one typed part each: the recipe and its
+``build()`` overrides, the :class:`~elastic_dew.elastic.config.ElasticConfig`, the
+:class:`~elastic_dew.train_config.TrainConfig`, the simulated slices and their fault schedule
+(:class:`SimConfig`), the observability options and where the run lives. Each part checks
+its own fields as it is built; :func:`plan` checks what spans them and decides the run,
+touching nothing: the recipe module, the batch against every slice count, the schedule
+against the slices, the run directory and its identity (through :mod:`elastic_dew.rundir`,
+whose identity includes the fault schedule, so resuming with another ``--schedule`` is
+refused). :func:`main` plans, prepares the process (the simulated host
 device count must be set before JAX's backend opens) and executes the plan, returning the
 exit status: 0, :data:`~elastic_dew.runtime.PREEMPTED_EXIT` (143) after a preemption, and
 :data:`USAGE_EXIT` (2) for a bad argument.
@@ -27,7 +30,6 @@ terminal). The command line and the recipes' ``main`` both come here.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import importlib
@@ -43,15 +45,18 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_dew import rundir
-from elastic_dew.elastic.config import SHARDINGS, Bound, ElasticConfig, SettingError, check_fields, setting
+from elastic_dew.elastic.config import Bound, ElasticConfig, SettingError, check_fields, setting
 from elastic_dew.elastic.events import Sink
+from elastic_dew.observe.sinks import ObserveOptions
+from elastic_dew.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from elastic_dew.simulate import Schedule
 
 
 __all__ = [
-    "RunSpec",
+    "RunConfig",
+    "SimConfig",
     "Plan",
     "Outcome",
     "Display",
@@ -65,7 +70,7 @@ __all__ = [
     "simulating",
     "available_recipes",
     "load_recipe",
-    "parse_overrides",
+    "recipe_defaults",
     "RUNS_DIR",
     "DEFAULT_SLICES",
     "DEFAULT_DEVICES_PER_SLICE",
@@ -96,34 +101,61 @@ class UsageError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """What one training run is asked to be, before any check.
+class SimConfig:
+    """The simulated slices a run on CPU trains on, and the faults fired at them.
 
-    ``elastic`` holds the :class:`ElasticConfig` settings that were given (by field name);
-    the others take the recipe's or the config's defaults. ``overrides`` are the recipe's
-    ``KEY=VALUE`` settings as written. Each field is checked against its declaration as the
-    spec is built (:class:`~elastic_dew.elastic.config.SettingError`); the elastic settings
-    are checked once, when :func:`plan` builds their :class:`ElasticConfig`.
+    A run on real slices (``JAX_PLATFORMS=proxy``) takes none: :class:`RunConfig` ``sim``
+    given there is refused. ``schedule`` is the fault schedule's text in the simulator's
+    grammar (:func:`elastic_dew.simulate.parse_schedule`); :func:`plan` parses it once.
+    """
+
+    slices: int = setting(
+        DEFAULT_SLICES, "simulated slices (default {default})", bound=Bound(1, whole=True), flag="--slices",
+        metavar="S",
+    )
+    devices_per_slice: int = setting(
+        DEFAULT_DEVICES_PER_SLICE, "CPU devices per simulated slice (default {default})",
+        bound=Bound(1, whole=True), flag="--devices-per-slice", metavar="D",
+    )
+    schedule: str = setting(
+        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 "
+        "(grammar ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the "
+        "previous fault fired; actions lose, restore, hang (the slice stops answering), error (a "
+        "runtime error that is not a slice loss), preempt, kill)", flag="--schedule", metavar="SCHEDULE",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One training run of a recipe, as the Python API and the command line ask for it.
+
+    Each part checks its own fields as it is built (one
+    :class:`~elastic_dew.elastic.config.SettingError`); :func:`plan` checks what spans the
+    parts (the batch against every slice count, the schedule against the slices, the run
+    directory). The defaults are the command line's:
+
+    - ``steps``: ``None`` is the recipe's (its ``DEFAULTS["steps"]``, else 100);
+    - ``elastic``: ``None`` is :class:`ElasticConfig`'s defaults with the recipe's global
+      batch (``DEFAULTS["global_batch"]``, else 32); an :class:`ElasticConfig` given is used
+      as it is;
+    - ``sim``: ``None`` is :class:`SimConfig`'s defaults when simulating; one given on real
+      slices is refused;
+    - ``overrides``: the recipe's ``build()`` settings (``--set KEY=VALUE``).
     """
 
     recipe: str = setting(
         "", "a recipe name (lm, mlp, ...) or a module path with build() (mypkg.myrecipe)", metavar="RECIPE"
     )
+    overrides: Mapping[str, Any] = setting(
+        None, "a recipe setting, e.g. --set d_model=128 (repeatable)", flag="--set", metavar="KEY=VALUE",
+        factory=dict,
+    )
     steps: int | None = setting(
-        None, "train until step N (default: the recipe's)", bound=Bound(1), flag="--steps", metavar="N"
-    )
-    slices: int | None = setting(
-        None, f"simulated slices (default {DEFAULT_SLICES})", bound=Bound(1), flag="--slices", metavar="S"
-    )
-    devices_per_slice: int | None = setting(
-        None, f"CPU devices per simulated slice (default {DEFAULT_DEVICES_PER_SLICE})",
-        bound=Bound(1), flag="--devices-per-slice", metavar="D",
-    )
-    chaos: str = setting(
-        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 "
-        "(grammar ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the "
-        "previous fault fired; actions lose, restore, hang (the slice stops answering), error (a "
-        "runtime error that is not a slice loss), preempt, kill)", flag="--chaos", metavar="SCHEDULE",
+        None, "train until step N (default: the recipe's)", bound=Bound(1, whole=True), flag="--steps",
+        metavar="N",
     )
     run_dir: str | None = setting(
         None, "the run directory; an existing one is resumed", flag="--run-dir", metavar="DIR"
@@ -131,71 +163,44 @@ class RunSpec:
     name: str | None = setting(
         None, "run in runs/NAME (default $JOBSET_NAME, else a timestamp)", flag="--name", metavar="NAME"
     )
-    log_every: int = setting(
-        10, "steps between log lines (default {default})", bound=Bound(1), flag="--log-every", metavar="L"
-    )
-    seed: int = setting(0, "seed of the parameters and step keys (default {default})", flag="--seed")
-    sharding: str = setting(
-        "fsdp",
-        "the state inside a slice: fsdp (large parameters and their optimizer moments split over "
-        "the slice's data devices) or replicated (whole on every device); always replicated "
-        "across slices (default {default})",
-        flag="--sharding", choices=SHARDINGS,
-    )
-    microbatch: int | None = setting(
-        None,
-        "examples per data-parallel device per micro-step; the step accumulates gradients over "
-        "the per-device batch in micro-steps of M (default: the whole per-device batch at once)",
-        bound=Bound(1, none=True), flag="--microbatch", metavar="M",
-    )
-    eval_every: int | None = setting(
-        None,
-        "evaluate the recipe's evaluation split every E steps (eval events in the run record and "
-        "TensorBoard; for recipes whose build() returns an eval_dataset: lm, mlp; default: never)",
-        bound=Bound(1, none=True), flag="--eval-every", metavar="E",
-    )
-    overrides: tuple[str, ...] = setting(
-        (), "a recipe setting, e.g. --set d_model=128 (repeatable)", flag="--set", metavar="KEY=VALUE"
-    )
-    elastic: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: Whether the display shows the summary at the end (the demo shows its own).
-    summary: bool = True
+    elastic: ElasticConfig | None = None
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    sim: SimConfig | None = None
+    observe: ObserveOptions = dataclasses.field(default_factory=ObserveOptions)
 
     def __post_init__(self) -> None:
-        check_fields(self)  # the run's own settings; the elastic ones check themselves in plan
+        check_fields(self)
+        for name, kind in (("elastic", ElasticConfig), ("train", TrainConfig), ("sim", SimConfig),
+                           ("observe", ObserveOptions)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"RunConfig.{name} must be a {kind.__name__}, not {type(value).__name__}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A checked run: everything decided except a timestamp run name."""
+    """A checked run: every part resolved, everything decided except a timestamp run name."""
 
     recipe: str  # module name
     module: ModuleType
     overrides: dict[str, Any]
     steps: int
-    global_batch: int
     simulate: bool
-    slices: int
-    devices_per_slice: int
-    chaos: str  # as given: the run's identity records the text
+    sim: SimConfig | None  # None on real slices
     schedule: Schedule | None  # parsed once, here; None: no faults
-    config: ElasticConfig
+    elastic: ElasticConfig
+    train: TrainConfig
+    observe: ObserveOptions
     run_dir: Path | None  # None: runs/<run_timestamp()>, chosen after prepare_process
-    log_every: int
-    seed: int
-    print_summary: bool = True
-    sharding: str = "fsdp"
-    microbatch: int | None = None
-    eval_every: int | None = None
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs different runs (:data:`elastic_dew.rundir.IDENTITY_KEYS`)."""
         return {
             "recipe": self.recipe,
             "overrides": self.overrides,
-            "seed": self.seed,
-            "global_batch": self.global_batch,
-            "chaos": self.chaos,
+            "seed": self.train.seed,
+            "global_batch": self.elastic.global_batch,
+            "schedule": self.sim.schedule if self.sim is not None else "",
         }
 
 
@@ -275,22 +280,7 @@ def load_recipe(recipe: str) -> ModuleType:
     return module
 
 
-def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` texts as recipe settings: a Python literal, else the text as a string."""
-    overrides: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise UsageError(f"--set {item!r} is not KEY=VALUE; write e.g. --set d_model=128")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text  # a plain word is a string
-        overrides[key.strip()] = value
-    return overrides
-
-
-def _run_dir_of(spec: RunSpec) -> Path | None:
+def _run_dir_of(spec: RunConfig) -> Path | None:
     if spec.run_dir and spec.name:
         raise UsageError("give --run-dir or --name, not both (--name NAME means --run-dir runs/NAME)")
     if spec.run_dir and _URL.match(spec.run_dir):
@@ -321,51 +311,54 @@ def _run_dir_of(spec: RunSpec) -> Path | None:
     return None
 
 
-def _schedule_of(spec: RunSpec, simulate: bool, slices: int, minimum: int | None) -> Schedule | None:
-    """The fault schedule, parsed once and checked against the slices (``None``: no faults);
-    refuses the simulator's settings on real slices."""
-    if not simulate:
-        given = [f.name for f in dataclasses.fields(RunSpec)
-                 if f.name in ("slices", "devices_per_slice", "chaos") and getattr(spec, f.name)]
-        if given:
-            flags = [next(f.metadata["flag"] for f in dataclasses.fields(RunSpec) if f.name == name) for name in given]
-            raise UsageError(
-                f"{', '.join(flags)} only apply to simulated slices, but JAX_PLATFORMS="
-                f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
-                "set JAX_PLATFORMS=cpu to simulate"
-            )
-    if spec.elastic.get("checkpoint_kind") == "multi_tier" and simulate and spec.elastic.get("checkpoint_dir"):
+def _sim_of(config: RunConfig, simulate: bool) -> SimConfig | None:
+    """The simulated slices (their defaults when none are given); refuses them on real slices."""
+    if simulate:
+        return config.sim if config.sim is not None else SimConfig()
+    if config.sim is not None:
+        given = [f.metadata["flag"] for f in dataclasses.fields(SimConfig)
+                 if getattr(config.sim, f.name) != f.default]
+        raise UsageError(
+            f"{', '.join(given) or 'simulated slices'} only apply to simulated slices, but JAX_PLATFORMS="
+            f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
+            "set JAX_PLATFORMS=cpu to simulate"
+        )
+    return None
+
+
+def _schedule_of(sim: SimConfig | None, minimum: int | None) -> Schedule | None:
+    """The fault schedule, parsed once and checked against the slices (``None``: no faults)."""
+    if sim is None or not sim.schedule:
+        return None
+    from elastic_dew.simulate import check_slices, parse_schedule, unreachable
+
+    try:
+        schedule = parse_schedule(sim.schedule)
+        check_slices(schedule, sim.slices)
+        never = unreachable(schedule, sim.slices, minimum)
+        if never is not None:
+            raise ValueError(never)
+    except ValueError as err:
+        raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
+    return schedule
+
+
+def _elastic_of(config: RunConfig, defaults: Mapping[str, Any], simulate: bool) -> ElasticConfig:
+    """The run's :class:`ElasticConfig`: the one given, else the defaults with the recipe's
+    global batch; refuses a checkpoint directory the run cannot use."""
+    elastic = config.elastic
+    if elastic is None:
+        elastic = ElasticConfig(global_batch=defaults.get("global_batch", ElasticConfig.global_batch))
+    directory = elastic.checkpoint_dir
+    if directory is not None and _URL.match(directory) is None and not os.path.isabs(directory):
+        raise UsageError(f"--checkpoint-dir {directory} must be an absolute path or a gs:// URL")
+    if elastic.checkpoint_kind == "multi_tier" and simulate and directory:
         raise UsageError(
             f"--checkpoint-dir is the TPU workers' local volume for --checkpoint-kind multi_tier; "
             f"simulated slices write to the replicator stand-in's RUN_DIR/{rundir.REPLICATOR_DIR}/local: "
             "drop --checkpoint-dir"
         )
-    if not spec.chaos:
-        return None
-    from elastic_dew.simulate import check_slices, parse_schedule, unreachable
-
-    try:
-        schedule = parse_schedule(spec.chaos)
-        check_slices(schedule, slices)
-        never = unreachable(schedule, slices, minimum)
-        if never is not None:
-            raise ValueError(never)
-    except ValueError as err:
-        raise SettingError(RunSpec, "chaos", spec.chaos, problem=str(err)) from None
-    return schedule
-
-
-def _config(spec: RunSpec, global_batch: int) -> ElasticConfig:
-    """The run's :class:`ElasticConfig`, built (and so checked) once from the settings given."""
-    fields = [f.name for f in dataclasses.fields(ElasticConfig)]
-    unknown = sorted(set(spec.elastic) - set(fields))
-    if unknown:
-        raise UsageError(f"{', '.join(unknown)} are not ElasticConfig settings; they are {', '.join(fields)}")
-    checkpoint_dir = spec.elastic.get("checkpoint_dir")
-    if checkpoint_dir is not None and _URL.match(checkpoint_dir) is None and not os.path.isabs(checkpoint_dir):
-        raise UsageError(f"--checkpoint-dir {checkpoint_dir} must be an absolute path or a gs:// URL")
-    given = {k: v for k, v in spec.elastic.items() if v is not None}
-    return ElasticConfig(**{**given, "global_batch": global_batch})
+    return elastic
 
 
 def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
@@ -385,47 +378,41 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
         raise UsageError(problem)
 
 
-def plan(spec: RunSpec) -> Plan:
-    """Check every setting and decide the run, touching nothing.
+def recipe_defaults(recipe: str) -> dict[str, Any]:
+    """The recipe's own defaults (its module's ``DEFAULTS``: ``steps``, ``global_batch``);
+    raises :class:`UsageError` for an unknown recipe."""
+    return dict(getattr(load_recipe(recipe), "DEFAULTS", {}))
+
+
+def plan(config: RunConfig) -> Plan:
+    """Check what spans the parts of ``config`` and decide the run, touching nothing.
 
     Raises :class:`UsageError`, or :class:`~elastic_dew.elastic.config.SettingError` for a
-    setting outside its declaration (a batch some slice count cannot take among them).
+    setting its rule refuses (a batch some slice count cannot take among them).
     """
     simulate = simulating()
-    slices = spec.slices or DEFAULT_SLICES
-    devices_per_slice = spec.devices_per_slice or DEFAULT_DEVICES_PER_SLICE
-    module = load_recipe(spec.recipe)
+    module = load_recipe(config.recipe)
     defaults = getattr(module, "DEFAULTS", {})
-    steps = spec.steps or defaults.get("steps", 100)
-    global_batch = spec.elastic.get("global_batch") or defaults.get("global_batch", 32)
-    config = _config(spec, global_batch)
-    if simulate:  # real slices are counted when the protocol is built: execute refuses there
+    sim = _sim_of(config, simulate)
+    elastic = _elastic_of(config, defaults, simulate)
+    if sim is not None:  # real slices are counted when the protocol is built: execute refuses there
         from elastic_dew.elastic.slices import check_batch_for_every_slice_count
 
-        check_batch_for_every_slice_count(config, slices, devices_per_slice, spec.microbatch)
-    schedule = _schedule_of(spec, simulate, slices, config.minimum_slice_count)
-
+        check_batch_for_every_slice_count(elastic, sim.slices, sim.devices_per_slice, config.train.microbatch)
     result = Plan(
         recipe=module.__name__,
         module=module,
-        overrides=parse_overrides(spec.overrides),
-        steps=steps,
-        global_batch=global_batch,
+        overrides=dict(config.overrides),
+        steps=config.steps or defaults.get("steps", 100),
         simulate=simulate,
-        slices=slices,
-        devices_per_slice=devices_per_slice,
-        chaos=spec.chaos,
-        schedule=schedule,
-        config=config,
-        run_dir=_run_dir_of(spec),
-        log_every=spec.log_every,
-        seed=spec.seed,
-        print_summary=spec.summary,
-        sharding=spec.sharding,
-        microbatch=spec.microbatch,
-        eval_every=spec.eval_every,
+        sim=sim,
+        schedule=_schedule_of(sim, elastic.minimum_slice_count),
+        elastic=elastic,
+        train=config.train,
+        observe=config.observe,
+        run_dir=_run_dir_of(config),
     )
-    _check_checkpoint_dir(config, result.run_dir)
+    _check_checkpoint_dir(elastic, result.run_dir)
     if result.run_dir is not None:
         try:
             rundir.check(result.run_dir, result.identity(), option=RUN_DIR_OPTION)
@@ -454,7 +441,9 @@ def process_options(p: Plan) -> dict[str, Any]:
     keeps its own compilation cache."""
     if not p.simulate:
         return {}
-    options: dict[str, Any] = {"xla_flags": f"--xla_force_host_platform_device_count={p.slices * p.devices_per_slice}"}
+    assert p.sim is not None
+    devices = p.sim.slices * p.sim.devices_per_slice
+    options: dict[str, Any] = {"xla_flags": f"--xla_force_host_platform_device_count={devices}"}
     cache = compilation_cache_dir()
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -487,9 +476,10 @@ def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
         return
     from elastic_dew.simulate import SimulatedSlices
 
-    multi_tier = p.config.checkpoint_kind == "multi_tier"
+    assert p.sim is not None
+    multi_tier = p.elastic.checkpoint_kind == "multi_tier"
     with SimulatedSlices(
-        p.slices, p.devices_per_slice, schedule=p.schedule, fault_log=run_dir / rundir.FAULTS_FILE,
+        p.sim.slices, p.sim.devices_per_slice, schedule=p.schedule, fault_log=run_dir / rundir.FAULTS_FILE,
         replicator=run_dir.resolve() / rundir.REPLICATOR_DIR if multi_tier else None,
     ):
         yield
@@ -519,7 +509,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     missing = set(_PARTS) - set(parts)
     if missing:
         raise UsageError(f"recipe {p.recipe}.build() returned no {', '.join(sorted(missing))}")
-    if p.eval_every is not None and parts.get("eval_dataset") is None:
+    if p.train.eval_every is not None and parts.get("eval_dataset") is None:
         raise UsageError(
             f"--eval-every: recipe {p.recipe} has no evaluation split (its build() returns no "
             "eval_dataset); drop --eval-every, or return eval_dataset from build()"
@@ -531,37 +521,40 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
         p.recipe,
         run_dir,
         p.steps,
-        p.global_batch,
-        f"{p.slices} simulated slices of {p.devices_per_slice} devices" if p.simulate else "real slices",
+        p.elastic.global_batch,
+        f"{p.sim.slices} simulated slices of {p.sim.devices_per_slice} devices" if p.sim else "real slices",
     )
+    from elastic_dew.observe import sinks as observing
+
     # The display learns the run directory chosen here (a timestamp when none was planned).
-    with _slices(p, run_dir), display.running(dataclasses.replace(p, run_dir=run_dir)) as sinks:
-        config = p.config
-        if p.simulate and config.checkpoint_kind == "multi_tier":
+    with _slices(p, run_dir), display.running(dataclasses.replace(p, run_dir=run_dir)) as shown:
+        elastic = p.elastic
+        if p.simulate and elastic.checkpoint_kind == "multi_tier":
             from elastic_dew.simulate.replicator import local_directory
 
             local = local_directory(run_dir.resolve() / rundir.REPLICATOR_DIR)
-            config = dataclasses.replace(config, checkpoint_dir=str(local))
-        trainer = Trainer(
-            **{name: parts[name] for name in _PARTS},
-            config=config,
-            run_dir=run_dir,
-            log_every=p.log_every,
-            seed=p.seed,
-            sinks=sinks,
-            sharding=p.sharding,
-            # A recipe that knows its tensor-parallel split gives it as "model_sharding".
-            model_sharding=parts.get("model_sharding"),
-            # A recipe that reads files may ask for Grain worker processes.
-            data_workers=parts.get("data_workers", 0),
-            **({"microbatch": p.microbatch} if p.microbatch is not None else {}),
-            **({"eval_dataset": parts["eval_dataset"], "eval_every": p.eval_every}
-               if p.eval_every is not None else {}),
-            # Written by the trainer once the protocol has accepted the slices and the batch,
-            # so a refused run leaves its directory untouched.
-            identity={**p.identity(), "steps": p.steps, "argv": sys.argv},
+            elastic = dataclasses.replace(elastic, checkpoint_dir=str(local))
+        # TensorBoard, the goodput export: closed with the summary (their last points).
+        observers = observing.chosen(
+            p.observe, run_dir, job_name=run_dir.name, total_slices=p.sim.slices if p.sim else None
         )
+        result = None
         try:
+            trainer = Trainer(
+                **{name: parts[name] for name in _PARTS},
+                config=elastic,
+                train=p.train,
+                run_dir=run_dir,
+                sinks=[*shown, *observers],
+                # A recipe that knows its tensor-parallel split gives it as "model_sharding".
+                model_sharding=parts.get("model_sharding"),
+                # A recipe that reads files may ask for Grain worker processes.
+                data_workers=parts.get("data_workers", 0),
+                eval_dataset=parts.get("eval_dataset") if p.train.eval_every is not None else None,
+                # Written by the trainer once the protocol has accepted the slices and the batch,
+                # so a refused run leaves its directory untouched.
+                identity={**p.identity(), "steps": p.steps, "argv": sys.argv},
+            )
             result = trainer.fit(p.steps)
         except Preempted as stop:
             if stop.step:
@@ -584,16 +577,18 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                 error, run_dir,
             )
             return Outcome(FAILED_EXIT, run_dir)
+        finally:
+            observing.close(observers, result.summary if result is not None else None)
     return Outcome(0, run_dir, result)
 
 
-def main(spec: RunSpec, build: Callable[..., dict] | None = None, display: Display | None = None) -> int:
-    """Plan the run once, prepare the process, execute it; the exit status (0, 143 or 2)."""
+def main(config: RunConfig, build: Callable[..., dict] | None = None, display: Display | None = None) -> int:
+    """Plan the run once, prepare the process, execute it; the exit status (0, 143, 1 or 2)."""
     from elastic_dew.runtime import prepare_process
 
     display = display or _Quiet()
     try:
-        p = plan(spec)
+        p = plan(config)
         prepare_process(**process_options(p))  # before the backend opens: the host device count
         outcome = execute(p, build, display)
     except (UsageError, SettingError) as err:

@@ -80,7 +80,7 @@ ENTRIES = frozenset({
 })
 
 #: The keys of ``command.json`` that must match for a run directory to be resumed.
-IDENTITY_KEYS = ("recipe", "overrides", "seed", "global_batch", "chaos")
+IDENTITY_KEYS = ("recipe", "overrides", "seed", "global_batch", "schedule")
 
 #: Orbax's per-step metadata file and the items every committed step holds.
 #: Orbax's marker of a finalized step written in place (``gs://``).
@@ -171,6 +171,8 @@ def read_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         raise RunDirError(f"{path} is not valid JSON ({err}); is {path.parent} a run directory?") from None
     if not isinstance(recorded, dict):
         raise RunDirError(f"{path} does not hold a JSON object; is {path.parent} a run directory?")
+    if "chaos" in recorded and "schedule" not in recorded:  # written before the key was "schedule"
+        recorded["schedule"] = recorded.pop("chaos")
     return recorded
 
 

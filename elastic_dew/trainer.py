@@ -40,8 +40,9 @@ from elastic_dew.elastic.protocol import ElasticRun
 from elastic_dew.elastic.slices import AXES, batch_sharding, mesh_of, replicated
 from elastic_dew.observe.sinks import Sinks
 from elastic_dew.runtime import Layout, PreemptionNotice
+from elastic_dew.train_config import TrainConfig
 
-__all__ = ["Trainer", "FitResult"]
+__all__ = ["Trainer", "TrainConfig", "FitResult"]
 
 logger = logging.getLogger(__name__)
 
@@ -360,42 +361,29 @@ class Trainer:
         Host-owned parts live in pinned host memory between steps; in-memory snapshots need
         the state replicated on the slices' mesh, so ``Layout(host=...)`` requires
         ``snapshot_every=0`` (persistent checkpoints still protect the run).
-      log_every: steps between the trainer's step log lines.
-      seed: the seed of parameters and of the per-step keys.
+      train: the :class:`~elastic_dew.train_config.TrainConfig` (log lines, seed, the
+        state's layout inside a slice, gradient accumulation, evaluation cadence).
       sinks: callables that each receive every typed event of the run, in order, after
         the run record has it (a progress display, TensorBoard, the goodput export, your
         own); a sink that raises is logged and dropped. Their owner closes them.
       notice: a ``PreemptionNotice``; by default one is created for the duration of ``fit``.
       manager: a pathwaysutils ``Manager`` to use instead of creating one.
-      sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.sharding`):
-        ``"fsdp"`` (default: each parameter of at least 16 KiB, and its optimizer moments,
-        split over the slice's ``data`` devices along its largest dimension they divide),
-        ``"replicated"``, or a callable ``(path, leaf, mesh) -> PartitionSpec`` over ``data``
-        and ``model`` (never ``replica``). Across slices the state is always replicated.
       model_sharding: a model's own tensor-parallel rule ``(path, leaf, mesh) ->
         PartitionSpec`` over ``model`` (the ``lm`` recipe's ``build()`` returns one), or
         ``None``. It applies when the config's ``model_axis`` is above 1, and a named
-        ``sharding`` is laid on top of it (``fsdp`` adds ``data`` on a dimension it left
+        ``train.sharding`` is laid on top of it (``fsdp`` adds ``data`` on a dimension it left
         free): :func:`~elastic_dew.elastic.sharding.with_model_rule`. A ``sharding``
         callable already decides the ``model`` axis, so the two together are refused.
-      microbatch: examples per data-parallel device per micro-step, or ``None``. A step
-        then accumulates gradients over ``per-device batch / microbatch`` micro-steps (a
-        ``lax.scan``): the update is the full batch's, and a lost slice under the
-        ``constant`` batch policy adds micro-steps instead of memory per device. A
-        slice count whose per-device batch it does not divide is refused before the run.
       identity: the run's identity (``command.json``, :func:`elastic_dew.rundir.write_identity`),
         or ``None`` to write none. It is written once the protocol has accepted the slices
         and the batch, beside the run record's first line, so a refused run leaves its
         directory untouched.
       data_workers: Grain worker processes reading ``dataset`` (0, the default: read in this
         process); see :class:`~elastic_dew.elastic.data.ElasticData`.
-      eval_dataset: a ``grain.MapDataset`` of examples to evaluate, or ``None``.
-      eval_every: steps between evaluation passes (required with ``eval_dataset``). A pass
-        runs after every multiple of it, over the same ``len(eval_dataset) // eval_batch``
-        batches each time, on the current mesh, and is an ``eval`` event
-        (:mod:`elastic_dew.elastic.evaluation`).
-      eval_batch: examples per evaluation batch; ``None``: ``config.global_batch``. It must
-        divide over the data-parallel devices of every reachable slice count.
+      eval_dataset: a ``grain.MapDataset`` of examples to evaluate, or ``None``; it goes
+        with ``train.eval_every``. A pass runs after every multiple of it, over the same
+        ``len(eval_dataset) // eval_batch`` batches each time, on the current mesh, and is
+        an ``eval`` event (:mod:`elastic_dew.elastic.evaluation`).
 
     :meth:`from_nnx` builds a ``Trainer`` from a Flax NNX model.
     """
@@ -449,13 +437,14 @@ class Trainer:
         from elastic_dew.flax_nnx import NnxModel
 
         trainer = cls.__new__(cls)
-        nnx_model = NnxModel(model, loss, eval_loss, seed=options.get("seed", 0))
+        train = options.get("train", TrainConfig())
+        nnx_model = NnxModel(model, loss, eval_loss, seed=train.seed)
         if "model_sharding" in options:
             raise TypeError(
                 "from_nnx takes no model_sharding: annotate the variables (nnx.with_partitioning) "
-                "or pass sharding= a callable"
+                "or give TrainConfig(sharding=) a callable"
             )
-        options["sharding"] = nnx_model.policy(options.get("sharding", "fsdp"))
+        options["train"] = dataclasses.replace(train, sharding=nnx_model.policy(train.sharding))
         trainer._configure(nnx_model, optimizer=optimizer, dataset=dataset, config=config,
                            run_dir=run_dir, **options)
         return trainer
@@ -468,22 +457,19 @@ class Trainer:
         dataset: Any,
         config: ElasticConfig,
         run_dir: str | os.PathLike,
+        train: TrainConfig = TrainConfig(),
         layout: Layout | None = None,
-        log_every: int = 10,
-        seed: int = 0,
         sinks: Sequence[events.Sink] = (),
         notice: PreemptionNotice | None = None,
         manager: Any = None,
-        sharding: shardings.Policy = "fsdp",
         model_sharding: Callable[[tuple, Any, jax.sharding.Mesh], PartitionSpec] | None = None,
-        microbatch: int | None = None,
         identity: Mapping[str, Any] | None = None,
         data_workers: int = 0,
         eval_dataset: Any = None,
-        eval_every: int | None = None,
-        eval_batch: int | None = None,
     ) -> None:
-        shardings.check_policy(sharding)
+        if not isinstance(train, TrainConfig):
+            raise TypeError(f"train must be a TrainConfig, not {type(train).__name__}")
+        sharding = train.sharding
         if model_sharding is not None and not callable(model_sharding):
             raise TypeError(
                 f"model_sharding must be a callable (path, leaf, mesh) -> PartitionSpec over "
@@ -496,17 +482,8 @@ class Trainer:
                 "sharding='fsdp' (or 'replicated') with model_sharding, or fold the model rule "
                 "into your callable and drop model_sharding"
             )
-        if microbatch is not None and (
-            not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1
-        ):
-            raise ValueError(
-                f"microbatch={microbatch!r} must be an int >= 1 (examples per data-parallel device "
-                "per micro-step), or None for no accumulation"
-            )
         if not isinstance(config, ElasticConfig):
             raise TypeError(f"config must be an ElasticConfig, not {type(config).__name__}")
-        if log_every < 1:
-            raise ValueError(f"log_every={log_every} must be >= 1 step")
         # Layout itself refuses parts other than params and opt_state.
         host = frozenset(layout.host) if layout is not None else frozenset()
         if host and config.snapshot_every:
@@ -520,25 +497,28 @@ class Trainer:
         if not isinstance(data_workers, int) or isinstance(data_workers, bool) or data_workers < 0:
             raise ValueError(f"data_workers={data_workers!r} must be an int >= 0 (Grain worker processes)")
         self.data_workers = data_workers
-        if (eval_dataset is None) != (eval_every is None):
+        if (eval_dataset is None) != (train.eval_every is None):
             raise ValueError(
-                "eval_dataset and eval_every go together: give both (a MapDataset and the steps "
-                "between evaluations) or neither"
+                "eval_dataset and TrainConfig.eval_every go together: give both (a MapDataset and "
+                "the steps between evaluations) or neither"
             )
-        self.evaluation = None if eval_dataset is None else Evaluation(eval_dataset, eval_every, eval_batch)
+        self.evaluation = (
+            None if eval_dataset is None else Evaluation(eval_dataset, train.eval_every, train.eval_batch)
+        )
         self.run_dir = Path(run_dir)
         rundir.check(self.run_dir)  # the one rule; refused before anything is written
         if config.checkpoint_dir is None:  # the one default (ElasticConfig.checkpoint_dir_for)
             config = dataclasses.replace(config, checkpoint_dir=config.checkpoint_dir_for(self.run_dir))
         self.config = config
         self.dataset = dataset
-        self.log_every = log_every
+        self.train = train
         self.sinks = list(sinks)
         self.notice = notice
         self.manager = manager
         self.identity = dict(identity) if identity is not None else None
         self._program = _Program(
-            model, optimizer, dataset[0], seed, host, shardings.with_model_rule(sharding, model_sharding), microbatch
+            model, optimizer, dataset[0], train.seed, host, shardings.with_model_rule(sharding, model_sharding),
+            train.microbatch,
         )
         self._check_loss(config)
 
@@ -558,9 +538,9 @@ class Trainer:
             )
 
     def _log_line(self, event: events.Event) -> None:
-        """The trainer's own log lines: a step every ``log_every``, each stop and resume."""
+        """The trainer's own log lines: a step every ``train.log_every``, each stop and resume."""
         if isinstance(event, events.Step):
-            if event.step % self.log_every == 0:
+            if event.step % self.train.log_every == 0:
                 extra = "".join(f" {name} {value:.4g}" for name, value in event.metrics.items())
                 logger.info("step %d loss %.4f%s on %d slices", event.step, event.loss, extra, event.slices)
         elif isinstance(event, (events.Stop, events.Resume)):

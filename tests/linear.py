@@ -24,6 +24,8 @@ def dataset(n: int = 4096) -> grain.MapDataset:
 class LinearProgram:
     """A linear regression trained by SGD: small, deterministic, and sensitive to every example."""
 
+    microbatch = None  # no gradient accumulation
+
     def abstract_state(self, mesh):
         s = replicated(mesh)
         return {

@@ -22,7 +22,7 @@ from elastic_dew import cli, record
 from elastic_dew import testing as chaos
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.simulate import SimulatedSlices, parse_schedule
-from elastic_dew.trainer import Trainer
+from elastic_dew.trainer import Trainer, TrainConfig
 
 from faultlib import tree_digest
 
@@ -50,6 +50,19 @@ from faultlib import tree_digest
 def test_an_elastic_config_field_out_of_range_is_refused_naming_the_field_and_the_range(field, value, message):
     with pytest.raises(ValueError) as refused:
         ElasticConfig(**{field: value})
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("log_every", 0, "log_every=0 must be a whole number >= 1"),
+        ("eval_every", 0, "eval_every=0 must be a whole number >= 1, or None"),
+    ],
+)
+def test_a_train_config_field_out_of_range_is_refused_naming_the_field_and_the_range(field, value, message):
+    with pytest.raises(ValueError) as refused:
+        TrainConfig(**{field: value})
     assert message in str(refused.value)
 
 
@@ -115,8 +128,8 @@ def test_a_run_directory_that_cannot_be_written_is_refused(make, message, tmp_pa
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (dict(log_every=0), "log_every=0 must be >= 1 step"),
         (dict(config={"global_batch": 24}), "config must be an ElasticConfig, not dict"),
+        (dict(train={"log_every": 5}), "train must be a TrainConfig, not dict"),
     ],
 )
 def test_bad_trainer_arguments_name_the_argument(arguments, message, tmp_path):
@@ -278,9 +291,9 @@ def _cli(argv, capsys) -> tuple[int, str]:
         (["mlp", "--checkpoint-every", "-2"], "--checkpoint-every -2 must be >= 0 (0 turns it off)"),
         (["mlp", "--steps", "0"], "--steps 0 must be >= 1"),
         (["mlp", "--poll-interval", "0"], "--poll-interval 0.0 must be > 0 seconds"),
-        (["mlp", "--chaos", "lose:1@3/lunch"], "--chaos: bad fault 'lose:1@3/lunch'"),
-        (["mlp", "--chaos", "lose:9@3"], "--chaos: fault lose:9@3/step names slice 9, but there are 4 slices (0..3); fix the schedule or use more slices"),
-        (["mlp", "--chaos", "lose@3"], "lose needs a slice, e.g. lose:1@3"),
+        (["mlp", "--schedule", "lose:1@3/lunch"], "--schedule: bad fault 'lose:1@3/lunch'"),
+        (["mlp", "--schedule", "lose:9@3"], "--schedule: fault lose:9@3/step names slice 9, but there are 4 slices (0..3); fix the schedule or use more slices"),
+        (["mlp", "--schedule", "lose@3"], "lose needs a slice, e.g. lose:1@3"),
         (["mlp", "--name", "y"], "give --run-dir or --name, not both"),
         (["mlp", "--set", "hidden"], "--set 'hidden' is not KEY=VALUE"),
     ],

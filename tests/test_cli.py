@@ -65,8 +65,8 @@ def test_simulator_options_are_refused_on_real_slices(tmp_path, monkeypatch, cap
     """JAX_PLATFORMS=proxy (Pathways) is only named, never started: the check comes first."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("JAX_PLATFORMS", "proxy")
-    assert cli.main(["train", "mlp", "--chaos", "preempt@3", "--slices", "2"]) == 2
-    assert "--slices, --chaos only apply to simulated slices" in capsys.readouterr().err
+    assert cli.main(["train", "mlp", "--schedule", "preempt@3", "--slices", "2"]) == 2
+    assert "--slices, --schedule only apply to simulated slices" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -121,11 +121,11 @@ def test_the_summary_has_every_field_and_badput_category_and_they_add_up_to_the_
 
 def test_a_preempted_run_resumed_by_the_same_command_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
     run_dir = tmp_path / "preempted"
-    first = _ok(_train(run_dir, "--chaos", "preempt@12"), status=143)
+    first = _ok(_train(run_dir, "--schedule", "preempt@12"), status=143)
     assert "run the same command again to resume" in first.stderr
     assert not (run_dir / "summary.json").exists()
-    assert rundir.read_identity(run_dir)["chaos"] == "preempt@12"  # the schedule is the run's identity
-    _ok(_train(run_dir, "--chaos", "preempt@12"))
+    assert rundir.read_identity(run_dir)["schedule"] == "preempt@12"  # the schedule is the run's identity
+    _ok(_train(run_dir, "--schedule", "preempt@12"))
 
     events = record.read_events(run_dir)
     stops = [(e["reason"], e["step"]) for e in events if e["event"] == "stop"]
@@ -145,7 +145,7 @@ def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_ends_as_
     """Checkpoints are saved asynchronously, so the newest one committed before the kill is
     step 20 or 10, or none yet (then the run starts afresh); any of them ends the same."""
     run_dir = tmp_path / "killed"
-    args = ("--checkpoint-every", "10", "--chaos", "kill@25")
+    args = ("--checkpoint-every", "10", "--schedule", "kill@25")
     _ok(_train(run_dir, *args), status=-9)
     _ok(_train(run_dir, *args))
 
@@ -164,7 +164,7 @@ def test_a_lost_and_returned_slice_gives_exactly_once_data_and_the_uninterrupted
     uninterrupted, tmp_path
 ):
     run_dir = tmp_path / "lost"
-    _ok(_train(run_dir, "--min-slices", "3", "--chaos", "lose:1@8,restore:1@14"))
+    _ok(_train(run_dir, "--min-slices", "3", "--schedule", "lose:1@8,restore:1@14"))
 
     events = record.read_events(run_dir)
     assert ("slice_lost", 7) in [(e["reason"], e["step"]) for e in events if e["event"] == "stop"]
@@ -238,8 +238,8 @@ def test_a_simulated_multi_tier_run_checkpoints_through_the_replicator_stand_in_
     console.add_options(parser)
     args = parser.parse_args(["mlp", "--checkpoint-kind", "multi_tier", "--steps", "6", "--checkpoint-every", "3",
                               "--snapshot-every", "0", "--mtc-backup-minutes", "5", "--run-dir", str(run_dir)])
-    plan = runs.plan(console.spec_of(args))
-    assert plan.config.mtc_backup_minutes == 5
+    plan = runs.plan(console.config_of(args))
+    assert plan.elastic.mtc_backup_minutes == 5
     assert runs.execute(plan).status == 0
     saves = [e["step"] for e in record.run_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
     assert saves == [3, 6]
@@ -274,11 +274,11 @@ def test_resuming_a_run_with_another_fault_schedule_is_refused_with_exit_2(tmp_p
     monkeypatch.chdir(tmp_path)
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "command.json").write_text(json.dumps(
-        {"recipe": "recipes.mlp", "overrides": {}, "seed": 0, "global_batch": 24, "chaos": "preempt@12"}
+        {"recipe": "recipes.mlp", "overrides": {}, "seed": 0, "global_batch": 24, "schedule": "preempt@12"}
     ))
-    assert cli.main(["train", "mlp", "--run-dir", "old", "--chaos", "preempt@13"]) == 2
+    assert cli.main(["train", "mlp", "--run-dir", "old", "--schedule", "preempt@13"]) == 2
     err = capsys.readouterr().err
-    assert "elastic-dew train: error: old holds another run (chaos 'preempt@12' -> 'preempt@13')" in err
+    assert "elastic-dew train: error: old holds another run (schedule 'preempt@12' -> 'preempt@13')" in err
     assert "start a new run with another --run-dir or --name" in err
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["command.json"]
 
@@ -313,8 +313,9 @@ def test_the_train_options_come_from_the_settings_own_declarations():
     for field in offered:
         assert field.metadata["flag"] in text
     assert "steps between in-memory snapshots; 0 turns them off (default 10)" in " ".join(text.split())
-    spec = console.spec_of(parser.parse_args(["mlp", "--snapshot-every", "3", "--set", "hidden=4"]))
-    assert spec.elastic == {"snapshot_every": 3} and spec.overrides == ("hidden=4",)
+    config = console.config_of(parser.parse_args(["mlp", "--snapshot-every", "3", "--set", "hidden=4"]))
+    assert config.elastic == ElasticConfig(global_batch=24, snapshot_every=3)  # mlp's own batch
+    assert config.overrides == {"hidden": 4} and config.sim is None
 
 
 def test_demo_passes_its_log_format_to_every_training_process(tmp_path):

@@ -207,6 +207,7 @@ class _TokenProgram:
     repeated or reordered example, or another example's tokens, change it."""
 
     width = 16
+    microbatch = None  # no gradient accumulation
 
     def abstract_state(self, mesh):
         import jax

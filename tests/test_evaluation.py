@@ -1,4 +1,4 @@
-"""Evaluation passes inside the protocol (``Trainer(eval_dataset=, eval_every=)``): on the
+"""Evaluation passes inside the protocol (``Trainer(eval_dataset=, train=TrainConfig(eval_every=))``): on the
 current mesh, off the training data position, through a slice loss and a real SIGTERM."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from elastic_dew import Trainer
+from elastic_dew import Trainer, TrainConfig
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.record import committed_evals, committed_steps, read_events
 from elastic_dew.runtime import Preempted
@@ -25,7 +25,7 @@ def _examples(n: int, seed: int) -> grain.MapDataset:
     return grain.MapDataset.range(n).map(lambda i: {"x": xs[i], "y": ys[i]})
 
 
-def _trainer(run_dir, **overrides) -> Trainer:
+def _trainer(run_dir, eval_every=3, eval_batch=None, **overrides) -> Trainer:
     def init(key):
         return {"w": jax.random.normal(key, (3,)) * 0.1, "b": jnp.zeros(())}
 
@@ -38,9 +38,10 @@ def _trainer(run_dir, **overrides) -> Trainer:
         init=init, loss=loss, optimizer=optax.sgd(0.1), dataset=_examples(512, 1),
         config=ElasticConfig(minimum_slice_count=1, poll_interval=0.05, timeout=60, global_batch=BATCH,
                              snapshot_every=2, checkpoint_every=4),
-        run_dir=run_dir, eval_dataset=_examples(60, 2), eval_every=3,
+        run_dir=run_dir, eval_dataset=_examples(60, 2),
     )
     arguments.update(overrides)
+    arguments["train"] = TrainConfig(eval_every=eval_every, eval_batch=eval_batch)
     return Trainer(**arguments)
 
 
@@ -107,8 +108,8 @@ def test_an_evaluation_pass_gives_the_same_metrics_on_any_slice_count(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(eval_every=None), "eval_dataset and eval_every go together"),
-        (dict(eval_every=0), "eval_every=0 must be an int >= 1"),
+        (dict(eval_every=None), "eval_dataset and TrainConfig.eval_every go together"),
+        (dict(eval_every=0), "eval_every=0 must be a whole number >= 1"),
         (dict(eval_batch=16), "evaluation batch of 16 examples cannot be split over the 6 data-parallel devices"),
         (dict(eval_dataset=_examples(10, 2)), "the evaluation set has 10 examples, fewer than one"),
     ],

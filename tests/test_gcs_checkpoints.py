@@ -203,7 +203,7 @@ def test_a_preempted_run_exits_143_and_the_same_command_resumes_from_its_gs_chec
 
     checkpoints = f"{bucket}/runs/a/checkpoints"
     command = [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", "8", "--slices", "2",
-               "--run-dir", str(tmp_path / "a"), "--checkpoint-dir", checkpoints, "--chaos", "preempt@4"]
+               "--run-dir", str(tmp_path / "a"), "--checkpoint-dir", checkpoints, "--schedule", "preempt@4"]
     env = _one_switch_env(gcs_server)
     first = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert first.returncode == 143, first.stderr[-4000:]

@@ -112,14 +112,14 @@ def test_the_rendered_controller_command_passes_the_train_commands_own_checks_un
     assert plan.simulate is False  # real slices: the allocation defines them
     assert plan.run_dir == local_run_dir
     assert plan.recipe == f"recipes.{p.recipe}"
-    assert plan.config.minimum_slice_count == p.min_slices <= p.slices
+    assert plan.elastic.minimum_slice_count == p.min_slices <= p.slices
     # The multi-tier variant's manifest is only worth its sidecars if the trainer uses them.
-    assert plan.config.checkpoint_kind == ("multi_tier" if p.mtc else "orbax")
+    assert plan.elastic.checkpoint_kind == ("multi_tier" if p.mtc else "orbax")
     if p.mtc:
-        assert plan.config.checkpoint_dir == p.mtc_ramdisk_dir == MULTI_TIER_DIR
+        assert plan.elastic.checkpoint_dir == p.mtc_ramdisk_dir == MULTI_TIER_DIR
     else:  # the workers write the arrays under Pathways persistence: a gs:// URL, not the FUSE mount
-        assert plan.config.checkpoint_dir == p.checkpoint_dir
-        assert checkpoint_dir_problem(plan.config.checkpoint_dir, env) is None
+        assert plan.elastic.checkpoint_dir == p.checkpoint_dir
+        assert checkpoint_dir_problem(plan.elastic.checkpoint_dir, env) is None
     assert list(bucket_root.iterdir()) == [] and sorted(os.listdir(tmp_path)) == ["bucket"]
 
 
@@ -131,7 +131,7 @@ def test_the_controllers_environment_makes_the_train_command_use_the_real_slices
     monkeypatch.delenv("JOBSET_NAME", raising=False)
     monkeypatch.chdir(tmp_path)
     assert not runs.simulating()
-    planned = runs.plan(runs.RunSpec("mlp"))
+    planned = runs.plan(runs.RunConfig("mlp"))
     assert runs.process_options(planned) == {}  # no simulated host devices asked for
 
 

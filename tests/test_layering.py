@@ -26,7 +26,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "simulator": (("elastic_dew.simulate",), ("runtime", "elastic")),
     # the package root only re-exports the Trainer (lazily)
     "training": (
-        ("elastic_dew.trainer", "elastic_dew.flax_nnx", "elastic_dew.record", "elastic_dew.observe", "elastic_dew"),
+        ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.flax_nnx", "elastic_dew.record",
+         "elastic_dew.observe", "elastic_dew"),
         ("runtime", "elastic"),
     ),
     # The run (plan, check, execute) and its terminal face: recipes call them from main(),

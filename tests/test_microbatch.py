@@ -1,4 +1,4 @@
-"""A constant global batch by accumulation: ``Trainer(microbatch=M)`` and ``--microbatch M``.
+"""A constant global batch by accumulation: ``TrainConfig(microbatch=M)`` and ``--microbatch M``.
 
 Runs on the simulator's CPU slices (4 slices of 2 devices). The loss function records, at
 trace time, the leading size of the batch it is given, so the tests see how many examples
@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from elastic_dew import Trainer
+from elastic_dew import Trainer, TrainConfig
 from elastic_dew import console
 from elastic_dew import run as runs
 from elastic_dew.elastic import hooks
@@ -51,7 +51,7 @@ def _config(**overrides):
     return ElasticConfig(**values)
 
 
-def _fit(run_dir, steps, *, lose_at=None, **trainer):
+def _fit(run_dir, steps, *, lose_at=None, microbatch=None):
     """Fit on 4x2 slices; ``lose_at`` loses slice 3 during that step's computation."""
     seen: list = []
     box = {}
@@ -65,7 +65,8 @@ def _fit(run_dir, steps, *, lose_at=None, **trainer):
     try:
         with SimulatedSlices(4, 2) as sim:
             box["sim"] = sim
-            built = Trainer(**_model(seen), config=_config(), run_dir=run_dir, **trainer)
+            built = Trainer(**_model(seen), config=_config(), run_dir=run_dir,
+                            train=TrainConfig(microbatch=microbatch))
             seen.clear()  # building traced the loss once on the whole batch, to check its form
             result = built.fit(steps)
     finally:
@@ -95,7 +96,8 @@ def test_a_lost_slice_under_the_constant_batch_adds_micro_steps_not_examples_per
 
 def test_a_microbatch_a_reachable_slice_count_cannot_take_is_refused_before_the_run(tmp_path):
     with SimulatedSlices(4, 2):
-        trainer = Trainer(**_model([]), config=_config(), run_dir=tmp_path / "run", microbatch=4)
+        trainer = Trainer(**_model([]), config=_config(), run_dir=tmp_path / "run",
+                          train=TrainConfig(microbatch=4))
         with pytest.raises(ValueError, match=r"microbatch=4 does not divide the per-device batch of 6 on 4 "
                            r"active slices.*are 12, 8, 6, which microbatch 1, 2 divide"):
             trainer.fit(3)
@@ -103,18 +105,19 @@ def test_a_microbatch_a_reachable_slice_count_cannot_take_is_refused_before_the_
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
-def test_a_microbatch_that_is_not_a_positive_int_is_refused(tmp_path, bad):
-    with pytest.raises(ValueError, match="microbatch"):
-        Trainer(**_model([]), config=_config(), run_dir=tmp_path / "run", microbatch=bad)
+def test_a_microbatch_that_is_not_a_positive_int_is_refused(bad):
+    with pytest.raises(ValueError, match=f"microbatch={bad!r} must be a whole number >= 1, or None"):
+        TrainConfig(microbatch=bad)
 
 
 def test_the_command_line_refuses_a_microbatch_before_anything_runs(tmp_path):
-    spec = runs.RunSpec(
-        recipe="mlp", microbatch=5, run_dir=str(tmp_path / "run"), slices=4, devices_per_slice=2,
-        elastic={"global_batch": GLOBAL_BATCH, "minimum_slice_count": 2},
+    config = runs.RunConfig(
+        recipe="mlp", run_dir=str(tmp_path / "run"), train=TrainConfig(microbatch=5),
+        sim=runs.SimConfig(slices=4, devices_per_slice=2),
+        elastic=ElasticConfig(global_batch=GLOBAL_BATCH, minimum_slice_count=2),
     )
     with pytest.raises(SettingError) as refused:
-        runs.plan(spec)
+        runs.plan(config)
     assert re.search(r"^--microbatch: microbatch=5 does not divide.*microbatch 1, 2 divide", console.refusal(refused.value))
     assert not (tmp_path / "run").exists()
 
@@ -161,13 +164,13 @@ def test_on_real_slices_a_batch_they_cannot_take_exits_2_and_leaves_the_run_dire
     monkeypatch.setattr(runs, "simulating", lambda: False)
     monkeypatch.setattr("elastic_dew.elastic.protocol.make_manager", lambda: manager)
     monkeypatch.setattr("elastic_dew.runtime.prepare_process", lambda **options: None)
-    spec = runs.RunSpec(
-        recipe="mlp", run_dir=str(tmp_path / "run"), microbatch=given.get("microbatch"),
-        elastic={"global_batch": given.get("global_batch", GLOBAL_BATCH), "minimum_slice_count": 2},
+    config = runs.RunConfig(
+        recipe="mlp", run_dir=str(tmp_path / "run"), train=TrainConfig(microbatch=given.get("microbatch")),
+        elastic=ElasticConfig(global_batch=given.get("global_batch", GLOBAL_BATCH), minimum_slice_count=2),
     )
     display = _Refusals()
 
-    assert runs.main(spec, display=display) == runs.USAGE_EXIT
+    assert runs.main(config, display=display) == runs.USAGE_EXIT
 
     assert len(display.refusals) == 1 and re.search(refusal, display.refusals[0]), display.refusals
     assert not (tmp_path / "run").exists()

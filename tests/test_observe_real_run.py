@@ -38,7 +38,7 @@ def _train(run_dir: Path, chaos: str, status: int) -> subprocess.CompletedProces
     env.pop("JOBSET_NAME", None)
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", "40", "--run-dir",
-         str(run_dir), "--chaos", chaos, "--checkpoint-every", "10", "--log-format", "json",
+         str(run_dir), "--schedule", chaos, "--checkpoint-every", "10", "--log-format", "json",
          "--no-tensorboard"],
         capture_output=True, text=True, timeout=240, cwd=run_dir.parent, env=env,
     )

@@ -13,7 +13,7 @@ import pytest
 
 from jax.sharding import PartitionSpec as P
 
-from elastic_dew import Trainer
+from elastic_dew import Trainer, TrainConfig
 from elastic_dew.record import read_events
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.runtime import Layout
@@ -98,11 +98,10 @@ def test_host_owned_state_with_in_memory_snapshots_is_refused_before_anything_is
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(log_every=0), "log_every=0"),
         (dict(config="not a config"), "ElasticConfig"),
         (dict(model_sharding="columns"), "model_sharding must be a callable"),
         (
-            dict(sharding=lambda path, leaf, mesh: P(), model_sharding=lambda path, leaf, mesh: P()),
+            dict(train=TrainConfig(sharding=lambda path, leaf, mesh: P()), model_sharding=lambda path, leaf, mesh: P()),
             "sharding is a callable, which already decides the 'model' axis",
         ),
     ],
@@ -130,8 +129,8 @@ def test_the_lm_recipes_parts_train_directly_with_its_weights_split_over_model(t
     assert set(parts) == {"init", "loss", "optimizer", "dataset", "eval_dataset", "model_sharding", "data_workers"}
     with SimulatedSlices(4, 2):
         result = Trainer(
-            **parts, config=_config(model_axis=2, global_batch=12), run_dir=tmp_path / "run", sharding="fsdp",
-            eval_every=2,
+            **parts, config=_config(model_axis=2, global_batch=12), run_dir=tmp_path / "run",
+            train=TrainConfig(sharding="fsdp", eval_every=2),
         ).fit(2)
     assert result.final_step == 2
     assert result.summary["eval"]["step"] == 2 and 2 < result.summary["eval"]["metrics"]["loss"] < 4
@@ -153,7 +152,8 @@ def test_a_loss_returning_metrics_writes_them_averaged_over_the_step_to_each_ste
     model["loss"] = loss
     with SimulatedSlices(4, 2):
         Trainer(**model, config=_config(minimum_slice_count=None), run_dir=tmp_path / "a").fit(3)
-        Trainer(**model, config=_config(minimum_slice_count=None), run_dir=tmp_path / "b", microbatch=1).fit(3)
+        Trainer(**model, config=_config(minimum_slice_count=None), run_dir=tmp_path / "b",
+                train=TrainConfig(microbatch=1)).fit(3)
     whole, micro = ([e for e in read_events(tmp_path / run) if e["event"] == "step"] for run in "ab")
     for one, other in zip(whole, micro, strict=True):
         assert set(one["metrics"]) == {"mae", "largest"}

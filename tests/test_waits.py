@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from elastic_dew import run
+from elastic_dew.elastic.config import ElasticConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,14 +73,14 @@ def test_the_train_command_offers_the_waits_flags():
 def test_the_chaos_flags_help_names_time_keyed_faults_hang_and_error():
     proc = subprocess.run([sys.executable, "-m", "elastic_dew", "train", "--help"], capture_output=True,
                           text=True, timeout=120, env=_env())
-    chaos = " ".join(proc.stdout.split("--chaos SCHEDULE")[-1].split("--run-dir")[0].split())
+    chaos = " ".join(proc.stdout.split("--schedule SCHEDULE")[-1].split("--run-dir")[0].split())
     for text in ("@+SECONDS", "restore:3@+3", "hang (the slice stops answering)", "error (a runtime error"):
         assert text in chaos, chaos
 
 
 def test_a_paused_run_whose_slice_returns_after_three_seconds_finishes_on_four_slices(tmp_path):
     run_dir = tmp_path / "r"
-    _status(_train(run_dir, 30, "--chaos", "lose:3@17,restore:3@+3"), 0)
+    _status(_train(run_dir, 30, "--schedule", "lose:3@17,restore:3@+3"), 0)
     turns = _turns(run_dir)
     assert ("stop", "slice_lost", 16) in turns
     assert ("stop", "done", 30) in turns
@@ -89,7 +90,7 @@ def test_a_paused_run_whose_slice_returns_after_three_seconds_finishes_on_four_s
 
 def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_refused_before_anything_runs(tmp_path):
     run_dir = tmp_path / "r"
-    proc = _status(_train(run_dir, 60, "--chaos", "lose:3@17,restore:3@35"), 2)
+    proc = _status(_train(run_dir, 60, "--schedule", "lose:3@17,restore:3@35"), 2)
     assert "restore:3@35/step can never fire" in proc.stderr
     assert "restore:3@+3" in proc.stderr
     assert not run_dir.exists()
@@ -97,7 +98,7 @@ def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_refused_before_an
 
 def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_the_snapshot(tmp_path):
     run_dir = tmp_path / "r"
-    command = _command(run_dir, 30, "--chaos", "lose:3@17", "--snapshot-every", "5", "--timeout", "200")
+    command = _command(run_dir, 30, "--schedule", "lose:3@17", "--snapshot-every", "5", "--timeout", "200")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=tmp_path, env=_env())
     try:
@@ -120,7 +121,7 @@ def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_
     assert [e["step"] for e in saves] == [15]
     assert ("stop", "preempted", 15) in _turns(run_dir)
 
-    _status(_train(run_dir, 30, "--chaos", "lose:3@17", "--snapshot-every", "5", "--timeout", "200"), 0)
+    _status(_train(run_dir, 30, "--schedule", "lose:3@17", "--snapshot-every", "5", "--timeout", "200"), 0)
     turns = _turns(run_dir)
     assert ("resume", "checkpoint", 16) in turns
     assert turns[-1] == ("stop", "done", 30)
@@ -130,7 +131,7 @@ def test_a_sigterm_just_before_a_slice_loss_ends_the_wait_at_once_and_the_rerun_
     """The notice is pending when the wait begins (its step boundary never came): the wait
     must end at once, as a SIGTERM during it does, not after ``--timeout``."""
     run_dir = tmp_path / "r"
-    args = ("--chaos", "preempt@17,lose:3@17", "--timeout", "60", "--snapshot-every", "5")
+    args = ("--schedule", "preempt@17,lose:3@17", "--timeout", "60", "--snapshot-every", "5")
     proc = _status(_train(run_dir, 30, *args), 143)
     assert "no checkpoint was committed" not in proc.stderr
     turns = _turns(run_dir)
@@ -146,7 +147,7 @@ def test_a_sigterm_just_before_a_slice_loss_ends_the_wait_at_once_and_the_rerun_
 
 def test_a_hung_slice_past_the_step_timeout_is_a_slice_loss_and_the_run_recovers(tmp_path):
     run_dir = tmp_path / "r"
-    proc = _status(_train(run_dir, 24, "--chaos", "hang:3@10,restore:3@+2", "--step-timeout", "1"), 0)
+    proc = _status(_train(run_dir, 24, "--schedule", "hang:3@10,restore:3@+2", "--step-timeout", "1"), 0)
     assert "DEADLINE_EXCEEDED" in proc.stderr
     turns = _turns(run_dir)
     assert ("stop", "slice_lost", 9) in turns
@@ -155,7 +156,7 @@ def test_a_hung_slice_past_the_step_timeout_is_a_slice_loss_and_the_run_recovers
 
 def test_an_error_that_is_not_a_slice_loss_fails_the_run_without_a_retry(tmp_path):
     run_dir = tmp_path / "r"
-    proc = _status(_train(run_dir, 30, "--chaos", "error@12"), run.FAILED_EXIT)
+    proc = _status(_train(run_dir, 30, "--schedule", "error@12"), run.FAILED_EXIT)
     assert "INVALID_ARGUMENT" in proc.stderr and "not retried" in proc.stderr
     turns = _turns(run_dir)
     assert not [t for t in turns if t[1] == "slice_lost"]
@@ -165,7 +166,7 @@ def test_an_error_that_is_not_a_slice_loss_fails_the_run_without_a_retry(tmp_pat
 def test_the_timeout_ends_a_wait_for_a_slice_that_never_returns(tmp_path):
     run_dir = tmp_path / "r"
     started = time.monotonic()
-    proc = _status(_train(run_dir, 30, "--chaos", "lose:3@5", "--timeout", "2"), run.FAILED_EXIT)
+    proc = _status(_train(run_dir, 30, "--schedule", "lose:3@5", "--timeout", "2"), run.FAILED_EXIT)
     assert time.monotonic() - started < 200
     assert "waited timeout=2.0 s" in proc.stderr
     assert ("stop", "slice_lost", 4) in _turns(run_dir)
@@ -180,24 +181,21 @@ def persistence(monkeypatch):
 
 
 def test_a_local_checkpoint_directory_under_pathways_persistence_is_refused(persistence, tmp_path):
-    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"))
     with pytest.raises(run.UsageError, match="is not a gs:// URL.*TPU workers write"):
-        run.plan(spec)
-    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"), elastic={"checkpoint_dir": "/gcs/runs/x/checkpoints"})
+        run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r")))
+    local = ElasticConfig(global_batch=24, checkpoint_dir="/gcs/runs/x/checkpoints")
     with pytest.raises(run.UsageError, match="--checkpoint-dir /gcs/runs/x/checkpoints is not a gs:// URL"):
-        run.plan(spec)
+        run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=local))
     assert not (tmp_path / "r").exists()
 
 
 def test_a_gs_checkpoint_directory_under_pathways_persistence_is_accepted(persistence, tmp_path):
-    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"),
-                       elastic={"checkpoint_dir": "gs://bucket/runs/x/checkpoints"})
-    planned = run.plan(spec)
-    assert planned.config.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
+    bucket = ElasticConfig(global_batch=24, checkpoint_dir="gs://bucket/runs/x/checkpoints")
+    planned = run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket))
+    assert planned.elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
     assert not planned.simulate
 
 
 def test_a_gs_checkpoint_directory_without_persistence_is_accepted_too(tmp_path):
-    spec = run.RunSpec(recipe="mlp", run_dir=str(tmp_path / "r"),
-                       elastic={"checkpoint_dir": "gs://bucket/runs/x/checkpoints"})
-    assert run.plan(spec).config.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
+    bucket = ElasticConfig(global_batch=24, checkpoint_dir="gs://bucket/runs/x/checkpoints")
+    assert run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket)).elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"

@@ -40,14 +40,14 @@ class DemoPlan:
     """One demo's training command line and how often it may be restarted."""
 
     steps: int
-    chaos: str
+    schedule: str
     train_args: tuple[str, ...]
     max_restarts: int = 3
 
 
 FULL = DemoPlan(
     steps=300,
-    chaos="lose:1@80,restore:1@140,preempt@220",
+    schedule="lose:1@80,restore:1@140,preempt@220",
     train_args=(
         "--slices", "4", "--devices-per-slice", "2", "--min-slices", "3",
         "--global-batch", "48", "--snapshot-every", "10", "--checkpoint-every", "40",
@@ -57,7 +57,7 @@ FULL = DemoPlan(
 
 QUICK = DemoPlan(
     steps=40,
-    chaos="lose:1@10,restore:1@16,preempt@28",
+    schedule="lose:1@10,restore:1@16,preempt@28",
     train_args=(
         "--slices", "4", "--devices-per-slice", "2", "--min-slices", "3",
         "--global-batch", "24", "--snapshot-every", "5", "--checkpoint-every", "15",
@@ -86,7 +86,7 @@ def command(plan: DemoPlan, run_dir: Path, log_format: str = "auto") -> list[str
     """
     return [
         sys.executable, "-m", "elastic_dew", "train", "lm",
-        "--steps", str(plan.steps), "--chaos", plan.chaos, "--run-dir", str(run_dir),
+        "--steps", str(plan.steps), "--schedule", plan.schedule, "--run-dir", str(run_dir),
         *plan.train_args, "--log-format", log_format, "--no-summary",
     ]
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     cmd = command(plan, run_dir, args.log_format)
     print(
         f"elastic-dew demo: training the lm recipe for {plan.steps} steps on 4 simulated slices "
-        f"of 2 CPU devices,\nwith the faults {plan.chaos} (lose slice 1, get it back, preempt).\n"
+        f"of 2 CPU devices,\nwith the faults {plan.schedule} (lose slice 1, get it back, preempt).\n"
         f"Run directory: {run_dir}\nCommand: {' '.join(cmd)}\n",
         flush=True,
     )

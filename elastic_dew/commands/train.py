@@ -3,7 +3,7 @@
 The command is the terminal face of :mod:`elastic_dew.run`, which plans, checks and
 executes the run: this module declares the options (built by :mod:`elastic_dew.console`
 from the settings' own metadata), parses them, and hands the run to the library. On CPU
-the slices are simulated and ``--chaos`` fires faults; under Pathways
+the slices are simulated and ``--schedule`` fires faults; under Pathways
 (``JAX_PLATFORMS=proxy``) the allocation's real slices are used. Every argument is checked
 before anything is touched; a bad one is an error naming the fix, with exit status 2. A
 preemption ends the command with ``PREEMPTED_EXIT`` (143); the same command run again
@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> runs.Plan:
     """The checked run that parsed options ask for, touching nothing (raises ``UsageError``)."""
-    return runs.plan(console.spec_of(args))
+    return runs.plan(console.config_of(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ words that with the flag (:mod:`elastic_dew.console`).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,8 @@ class Bound:
 
     ``low`` is the smallest value (``strict``: values must exceed it); ``unit`` names what
     is counted; ``off`` says 0 turns the setting off; ``none`` says ``None`` is allowed
-    (and, if text, what it means).
+    (and, if text, what it means); ``whole`` says the value must be an ``int`` (not a
+    ``bool``).
     """
 
     low: float
@@ -59,10 +61,13 @@ class Bound:
     unit: str = ""
     off: bool = False
     none: bool | str = False
+    whole: bool = False
 
     def holds(self, value: Any) -> bool:
         if value is None:
             return bool(self.none)
+        if self.whole and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
+            return False
         return value > self.low if self.strict else value >= self.low
 
     def refusal(self, value: Any, *, name: str | None = None, flag: str | None = None) -> str:
@@ -71,10 +76,12 @@ class Bound:
         A flag's help already says it counts steps, so its wording names only other units.
         """
         rule = f"must be {'>' if self.strict else '>='} {self.low}"
-        if flag is not None:
+        if flag is not None:  # the command line parses a whole-number flag as an int already
             unit = f" {self.unit}" if self.unit and self.unit != "steps" else ""
             return f"{flag} {value} {rule}{unit}{' (0 turns it off)' if self.off else ''}"
         unit = f" {self.unit}" if self.unit else ""
+        if self.whole:
+            rule = rule.replace("must be ", "must be a whole number ")
         none = ""
         if self.none:
             none = ", or None" + (f" for {self.none}" if isinstance(self.none, str) else "")
@@ -82,14 +89,22 @@ class Bound:
 
 
 def setting(default: Any, help: str = "", *, bound: Bound | None = None, flag: str | None = None,
-            metavar: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+            metavar: str | None = None, choices: tuple[str, ...] | None = None,
+            or_callable: bool = False, factory: Callable[[], Any] | None = None) -> Any:
     """A configuration field with its range or choices and, for settings the command line
     offers, its flag and help: the command line builds its options (and the controller
     command the Kubernetes renderer writes) from these, one declaration each.
 
-    The help may name ``{default}``, which the command line fills in."""
-    metadata = {"help": help, "bound": bound, "flag": flag, "metavar": metavar, "choices": choices}
-    return dataclasses.field(default=default, metadata={k: v for k, v in metadata.items() if v is not None})
+    ``or_callable``: besides its ``choices``, the field takes a callable (a policy the
+    Python API gives as a function; the command line offers only the named ones). The help
+    may name ``{default}``, which the command line fills in. ``factory`` makes each default
+    anew (a mapping's), in place of ``default``."""
+    metadata = {"help": help, "bound": bound, "flag": flag, "metavar": metavar, "choices": choices,
+                "or_callable": or_callable or None}
+    metadata = {k: v for k, v in metadata.items() if v is not None}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 class SettingError(ValueError):
@@ -118,6 +133,10 @@ class SettingError(ValueError):
         if self.bound is not None:
             return self.bound.refusal(self.value, name=self.field, flag=flag)
         allowed = ", ".join(map(str, self.choices or ()))
+        if dataclasses.is_dataclass(self.owner) and any(
+            f.name == self.field and f.metadata.get("or_callable") for f in dataclasses.fields(self.owner)
+        ):
+            allowed += ", or a callable"
         if flag is not None:
             return f"{flag} {self.value} must be one of {allowed}"
         return f"{self.field}={self.value!r} must be one of {allowed}"
@@ -134,7 +153,9 @@ def check_fields(config: Any) -> None:
             continue
         if bound is not None and not bound.holds(value):
             raise SettingError(type(config), field.name, value, bound)
-        if choices is not None and value not in choices:
+        if choices is not None and value not in choices and not (
+            field.metadata.get("or_callable") and callable(value)
+        ):
             raise SettingError(type(config), field.name, value, choices=choices)
 
 

@@ -104,13 +104,15 @@ class Program(Protocol):
     snapshots require). ``init_state(mesh)`` builds a fresh state there. ``compile(mesh,
     global_batch)`` returns a compiled step; the :class:`~elastic_dew.elastic.compiler.StepCompiler`
     caches it per (devices, batch), so a pause-resume attempt on the same slices reuses it.
-    A program that accumulates gradients may have a ``microbatch`` attribute (examples per
-    data-parallel device per micro-step): :class:`ElasticRun` then refuses, before anything
-    runs, a slice count whose per-device batch it does not divide. A run given an
+    ``microbatch`` is the examples per data-parallel device per micro-step of a program that
+    accumulates gradients (``None``: it does not): :class:`ElasticRun` refuses, before
+    anything runs, a slice count whose per-device batch it does not divide. A run given an
     :class:`~elastic_dew.elastic.evaluation.Evaluation` also needs ``compile_eval(mesh,
     batch_size)`` (see that module). ``metrics`` of a step hold ``loss`` (a scalar array)
     and may hold further scalars: the step line carries them, read with the loss.
     """
+
+    microbatch: int | None
 
     def abstract_state(self, mesh: jax.sharding.Mesh) -> Any: ...
 
@@ -206,7 +208,7 @@ class ElasticRun:
             raise ValueError(f"slices have unequal device counts {sorted(sizes)}; elastic meshes need equal slices")
         self.devices_per_slice = sizes.pop()
         check_batch_for_every_slice_count(
-            config, self.manager.total_slice_count, self.devices_per_slice, getattr(program, "microbatch", None)
+            config, self.manager.total_slice_count, self.devices_per_slice, program.microbatch
         )
         if evaluation is not None:
             evaluation.check(config, self.manager.total_slice_count, self.devices_per_slice)

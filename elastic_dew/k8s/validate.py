@@ -21,6 +21,7 @@ Every function returns a list of messages, empty when valid.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import importlib
 import json
@@ -35,6 +36,7 @@ from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import BUCKET, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
 from elastic_dew.k8s.tpus import by_accelerator
+from elastic_dew.run import SimConfig
 
 __all__ = [
     "INSTALL_K8S",
@@ -169,7 +171,7 @@ def _mounts(c: dict[str, Any] | None) -> dict[str, str]:
 
 #: Flags of ``elastic-dew train`` that only the simulator takes: under ``JAX_PLATFORMS=proxy``
 #: the command refuses them with exit 2, which fails the head Job and the JobSet.
-_SIMULATOR_FLAGS = ("--slices", "--devices-per-slice", "--chaos")
+_SIMULATOR_FLAGS = tuple(f.metadata["flag"] for f in dataclasses.fields(SimConfig))
 
 
 def _controller_command_errors(head: dict[str, Any], controller: dict[str, Any]) -> list[str]:

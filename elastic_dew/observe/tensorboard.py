@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 class TensorBoardSink:
     """Write a run's events as TensorBoard scalars under ``run_dir/tensorboard/``.
 
-    Raises ``ImportError`` naming the extra to install when tensorboardX is missing.
+    Raises ``ImportError`` naming the extra to install when tensorboardX is missing. The
+    directory and its event file are made at the first event, so a run refused before it
+    starts leaves its run directory untouched.
     """
 
     name = "TensorBoard"
@@ -53,18 +55,25 @@ class TensorBoardSink:
                 "TensorBoard output needs tensorboardX; install it with "
                 "pip install 'elastic-dew[observe]', or pass --no-tensorboard"
             ) from error
+        self._writer_class = SummaryWriter
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        # The default file name has one-second resolution: a process that resumes within the
-        # second would write over its predecessor's file. Readers take files in name order,
-        # so the suffix sorts by time too.
-        self._writer = SummaryWriter(
-            logdir=str(self.log_dir), filename_suffix=f".{time.time_ns():020d}.{os.getpid()}"
-        )
+        self._opened: Any = None
         self._last_step_wall: float | None = None
         self._step = 0
         self._wall = 0.0
         self._closed = False
+
+    @property
+    def _writer(self) -> Any:
+        if self._opened is None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            # The default file name has one-second resolution: a process that resumes within
+            # the second would write over its predecessor's file. Readers take files in name
+            # order, so the suffix sorts by time too.
+            self._opened = self._writer_class(
+                logdir=str(self.log_dir), filename_suffix=f".{time.time_ns():020d}.{os.getpid()}"
+            )
+        return self._opened
 
     def __call__(self, event: Event) -> None:
         """Write one event."""
@@ -105,6 +114,9 @@ class TensorBoardSink:
         ``summary`` is ``summary.json``'s content (``goodput``, ``badput``, ``final_step``).
         """
         if self._closed:
+            return
+        if self._opened is None:  # never written: nothing to close
+            self._closed = True
             return
         if summary is not None:
             step = summary.get("final_step")

@@ -154,7 +154,7 @@ def run(
     from elastic_dew.elastic.retry import make_manager
     from elastic_dew.runtime import Preempted
     from elastic_dew.simulate import SimulatedSlices
-    from elastic_dew.trainer import Trainer
+    from elastic_dew.trainer import Trainer, TrainConfig
 
     outcome = Outcome(scenario, Path(run_dir))
     watch = _CheckpointWatch(outcome)
@@ -170,7 +170,7 @@ def run(
                 on_process(sim, manager)
             trainer = Trainer(
                 **model(), config=scenario.config(), run_dir=outcome.run_dir,
-                manager=manager, log_every=1000,
+                manager=manager, train=TrainConfig(log_every=1000),
             )
             try:
                 with _listening(_settle_scale_up(sim, manager, scenario)):
