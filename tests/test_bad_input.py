@@ -226,15 +226,15 @@ def test_a_partial_checkpoint_directory_left_by_hand_is_never_restored_and_is_re
 @pytest.mark.parametrize(
     ("arguments", "error", "message"),
     [
-        (dict(num_slices=0, devices_per_slice=2), ValueError, "num_slices=0 must be a whole number >= 1"),
-        (dict(num_slices=4, devices_per_slice=-1), ValueError, "devices_per_slice=-1 must be a whole number >= 1"),
-        (dict(num_slices=2.5, devices_per_slice=2), ValueError, "num_slices=2.5 must be a whole number >= 1"),
+        (dict(slices=0, devices_per_slice=2), ValueError, "slices=0 must be a whole number >= 1"),
+        (dict(slices=4, devices_per_slice=-1), ValueError, "devices_per_slice=-1 must be a whole number >= 1"),
+        (dict(slices=2.5, devices_per_slice=2), ValueError, "slices=2.5 must be a whole number >= 1"),
         (
-            dict(num_slices=4, devices_per_slice=2, schedule="lose:4@3"),
+            dict(slices=4, devices_per_slice=2, schedule="lose:4@3"),
             ValueError,
             "fault lose:4@3/step names slice 4, but there are 4 slices (0..3); fix the schedule or use more slices",
         ),
-        (dict(num_slices=4, devices_per_slice=2, schedule=["lose:1@3"]), TypeError, "schedule must be text or a Schedule, not list"),
+        (dict(slices=4, devices_per_slice=2, schedule=["lose:1@3"]), TypeError, "schedule must be text or a Schedule, not list"),
     ],
 )
 def test_bad_simulator_arguments_are_refused_at_construction(arguments, error, message):

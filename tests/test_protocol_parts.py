@@ -156,7 +156,7 @@ def test_the_checkpoint_tier_saves_on_its_cadence_at_the_end_and_on_preemption(t
 
 
 def test_the_tiers_offer_a_step_to_the_snapshot_before_the_checkpoint(tmp_path):
-    tiers = Tiers.from_config(_config(tmp_path), num_slices=4)
+    tiers = Tiers.from_config(_config(tmp_path), slices=4)
     try:
         assert [tier.name for tier in tiers] == ["snapshot", "checkpoint"]
         assert tiers.snapshots is not None and tiers.checkpoints is not None

@@ -32,7 +32,7 @@ def _single(sim: SimulatedSlices, index: int) -> jax.Array:
 
 
 def _whole_mesh(sim: SimulatedSlices) -> Mesh:
-    return Mesh(np.asarray(sim.devices).reshape(sim.num_slices, -1), ("replica", "data"))
+    return Mesh(np.asarray(sim.devices).reshape(sim.slices, -1), ("replica", "data"))
 
 
 READS = {

@@ -52,7 +52,7 @@ class Checkpoints:
     ``directory`` is a local path or ``gs://`` URL (``orbax``), or the workers' local
     directory of the multi-tier volume (``multi_tier``). ``mesh`` (optional) binds a
     multi-tier setup at once; otherwise :meth:`on_active_slices_changed` does, on the first
-    attempt. ``num_slices`` is informational (the multi-tier kind counts the replica axis of
+    attempt. ``slices`` is informational (the multi-tier kind counts the replica axis of
     each mesh it is given). ``run_name`` names the multi-tier run (default: ``$JOBSET_NAME``);
     ``backup_interval_minutes`` is the replicator's backup cadence and
     ``init_timeout_seconds`` how long one initialisation may wait for it (multi-tier only).
@@ -68,7 +68,7 @@ class Checkpoints:
         kind: str = "orbax",
         max_to_keep: int = 3,
         mesh: Mesh | None = None,
-        num_slices: int | None = None,
+        slices: int | None = None,
         run_name: str | None = None,
         backup_interval_minutes: int = 10,
         init_timeout_seconds: int = 900,
@@ -79,11 +79,11 @@ class Checkpoints:
             raise ValueError("checkpoint directory is empty; give a local path or a gs:// URL")
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep={max_to_keep} must be >= 1")
-        if num_slices is not None and num_slices < 1:
-            raise ValueError(f"num_slices={num_slices} must be >= 1")
+        if slices is not None and slices < 1:
+            raise ValueError(f"slices={slices} must be >= 1")
         self.kind = kind
         self.directory = str(directory)
-        self.num_slices = num_slices
+        self.slices = slices
         self.backend: Backend
         if kind == "multi_tier":
             run_name = run_name or os.environ.get("JOBSET_NAME")

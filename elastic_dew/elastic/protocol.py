@@ -214,7 +214,7 @@ class ElasticRun:
             evaluation.check(config, self.manager.total_slice_count, self.devices_per_slice)
         self.tiers = Tiers.from_config(
             config,
-            num_slices=self.manager.total_slice_count,
+            slices=self.manager.total_slice_count,
             snapshots=snapshots,
             checkpoints=checkpoints,
             run_name=run_name,

@@ -301,19 +301,19 @@ def as_schedule(schedule: str | Schedule | None) -> Schedule:
 # --------------------------------------------------------------------------- reachability
 
 
-def check_slices(schedule: Schedule, num_slices: int) -> None:
-    """Refuse (``ValueError``) a fault naming a slice the ``num_slices`` slices do not have."""
+def check_slices(schedule: Schedule, slices: int) -> None:
+    """Refuse (``ValueError``) a fault naming a slice the ``slices`` slices do not have."""
     for fault in schedule:
-        if fault.slice is not None and fault.slice >= num_slices:
+        if fault.slice is not None and fault.slice >= slices:
             raise ValueError(
-                f"fault {fault} names slice {fault.slice}, but there are {num_slices} slices "
-                f"(0..{num_slices - 1}); fix the schedule or use more slices"
+                f"fault {fault} names slice {fault.slice}, but there are {slices} slices "
+                f"(0..{slices - 1}); fix the schedule or use more slices"
             )
 
 
 
-def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | None = None) -> str | None:
-    """Why a fault of ``schedule`` can never fire on ``num_slices`` slices, or ``None``.
+def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None = None) -> str | None:
+    """Why a fault of ``schedule`` can never fire on ``slices`` slices, or ``None``.
 
     A run stops stepping while fewer than ``minimum_slice_count`` slices are healthy (all of
     them in pause-resume, ``None``), so a fault keyed to a later step than the one the run
@@ -326,7 +326,7 @@ def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | 
     process, with every slice healthy again.
     """
     faults = schedule.faults
-    needed = num_slices if minimum_slice_count is None else minimum_slice_count
+    needed = slices if minimum_slice_count is None else minimum_slice_count
     lost: set[int] = set()
     paused: list[int | None] = [None]  # the step the run paused at, or None while it steps
     cause: list[Fault | None] = [None]
@@ -339,7 +339,7 @@ def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | 
             lost.discard(fault.slice)
         elif action_of(fault).ends_process:
             lost.clear()
-        if len(lost) > num_slices - needed:
+        if len(lost) > slices - needed:
             if paused[0] is None:
                 paused[0], cause[0] = step, fault
         else:
@@ -374,7 +374,7 @@ def unreachable(schedule: Schedule, num_slices: int, minimum_slice_count: int | 
                 f"{'it' if len(down) == 1 else 'them'} back before step {step}. Key the return "
                 f"to time instead, e.g. restore:{first}@+3 (3 s after the previous fault fired), "
                 f"or let the run carry on without {'it' if len(down) == 1 else 'them'} with "
-                f"--min-slices {max(1, num_slices - len(down))}"
+                f"--min-slices {max(1, slices - len(down))}"
             )
         if not fire_chain(index, step):
             return None

@@ -122,9 +122,9 @@ def _error(code: str, what: str) -> jax.errors.JaxRuntimeError:
 
 
 class SimulatedSlices:
-    """``num_slices`` slices of ``devices_per_slice`` host CPU devices each, as a context manager.
+    """``slices`` slices of ``devices_per_slice`` host CPU devices each, as a context manager.
 
-    The host must have ``num_slices * devices_per_slice`` CPU devices, set before JAX starts
+    The host must have ``slices * devices_per_slice`` CPU devices, set before JAX starts
     (``XLA_FLAGS=--xla_force_host_platform_device_count=N``). Slice ``k`` is devices
     ``k*D .. k*D+D-1`` of ``jax.devices()`` ordered by id. One simulator is active at a time.
 
@@ -143,7 +143,7 @@ class SimulatedSlices:
 
     def __init__(
         self,
-        num_slices: int,
+        slices: int,
         devices_per_slice: int,
         *,
         schedule: str | Schedule | None = None,
@@ -151,10 +151,10 @@ class SimulatedSlices:
         step_program: str | None = None,
         replicator: str | os.PathLike[str] | None = None,
     ) -> None:
-        Topology.check_shape(num_slices, devices_per_slice)
+        Topology.check_shape(slices, devices_per_slice)
         schedule = as_schedule(schedule)
-        check_slices(schedule, num_slices)
-        self.num_slices = num_slices
+        check_slices(schedule, slices)
+        self.slices = slices
         self.devices_per_slice = devices_per_slice
         self.schedule = schedule
         self.fault_log = Path(fault_log) if fault_log is not None else None
@@ -197,7 +197,7 @@ class SimulatedSlices:
     # ----------------------------------------------------------------- context
 
     def __enter__(self) -> SimulatedSlices:
-        topology = Topology.from_host(self.num_slices, self.devices_per_slice)
+        topology = Topology.from_host(self.slices, self.devices_per_slice)
         registry.install(self)
         self._topology = topology
         self._codes, self._hung = {}, frozenset()
@@ -214,7 +214,7 @@ class SimulatedSlices:
             self.replicator.__enter__()
         logger.info(
             "simulating %d slices of %d CPU devices; schedule %s",
-            self.num_slices,
+            self.slices,
             self.devices_per_slice,
             self.schedule or "none",
         )
@@ -329,8 +329,8 @@ class SimulatedSlices:
         return self._topology.slice_of(device) if self._topology is not None else None
 
     def _check_index(self, index: int) -> None:
-        if not isinstance(index, int) or not 0 <= index < self.num_slices:
-            raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.num_slices - 1}")
+        if not isinstance(index, int) or not 0 <= index < self.slices:
+            raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.slices - 1}")
 
     def _set(self, codes: dict[int, str], hung: frozenset[int]) -> None:
         self._codes, self._hung = codes, hung

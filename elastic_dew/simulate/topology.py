@@ -28,28 +28,28 @@ def _whole(name: str, value: object) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """``num_slices`` slices of ``devices_per_slice`` devices, built from the host's CPU devices."""
+    """``slices`` slices of ``devices_per_slice`` devices, built from the host's CPU devices."""
 
-    num_slices: int
+    slices: int
     devices_per_slice: int
     slice_to_devices: dict[int, list[jax.Device]] = dataclasses.field(repr=False)
     device_slice: dict[int, int] = dataclasses.field(repr=False)
 
     @staticmethod
-    def check_shape(num_slices: int, devices_per_slice: int) -> None:
+    def check_shape(slices: int, devices_per_slice: int) -> None:
         """Refuse a shape that is not whole numbers >= 1, before anything else is touched."""
-        _whole("num_slices", num_slices)
+        _whole("slices", slices)
         _whole("devices_per_slice", devices_per_slice)
 
     @classmethod
-    def from_host(cls, num_slices: int, devices_per_slice: int) -> Topology:
-        """Group the first ``num_slices * devices_per_slice`` CPU devices into slices.
+    def from_host(cls, slices: int, devices_per_slice: int) -> Topology:
+        """Group the first ``slices * devices_per_slice`` CPU devices into slices.
 
         Raises ``RuntimeError`` saying what to set when JAX's backend is not the CPU or the
         host has too few devices.
         """
-        cls.check_shape(num_slices, devices_per_slice)
-        needed = num_slices * devices_per_slice
+        cls.check_shape(slices, devices_per_slice)
+        needed = slices * devices_per_slice
         devices = sorted(jax.devices(), key=lambda device: device.id)
         if devices[0].platform != "cpu":
             raise RuntimeError(
@@ -58,7 +58,7 @@ class Topology:
             )
         if len(devices) < needed:
             raise RuntimeError(
-                f"SimulatedSlices({num_slices}, {devices_per_slice}) needs {needed} host "
+                f"SimulatedSlices({slices}, {devices_per_slice}) needs {needed} host "
                 f"devices, but JAX has {len(devices)}. Set "
                 f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} before JAX starts "
                 f"(or elastic_dew.runtime.prepare_process(xla_flags="
@@ -67,12 +67,12 @@ class Topology:
         devices = devices[:needed]
         slice_to_devices = {
             index: devices[index * devices_per_slice : (index + 1) * devices_per_slice]
-            for index in range(num_slices)
+            for index in range(slices)
         }
         device_slice = {
             device.id: index for index, slice_devices in slice_to_devices.items() for device in slice_devices
         }
-        return cls(num_slices, devices_per_slice, slice_to_devices, device_slice)
+        return cls(slices, devices_per_slice, slice_to_devices, device_slice)
 
     @property
     def devices(self) -> list[jax.Device]:
@@ -88,9 +88,9 @@ class Topology:
         return frozenset(device.id for index in slices for device in self.slice_to_devices[index])
 
     def check_index(self, index: int) -> None:
-        """Refuse a slice index outside ``0 .. num_slices - 1``."""
-        if not isinstance(index, int) or not 0 <= index < self.num_slices:
-            raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.num_slices - 1}")
+        """Refuse a slice index outside ``0 .. slices - 1``."""
+        if not isinstance(index, int) or not 0 <= index < self.slices:
+            raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.slices - 1}")
 
     def group(self, devices: Sequence[jax.Device]) -> tuple[dict[int, list[jax.Device]], int]:
         """``get_slice_to_devices``'s answer: ``devices`` by slice, and how many were outside.

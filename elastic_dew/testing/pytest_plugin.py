@@ -11,7 +11,7 @@ JAX is not imported at load).
   once the tests are collected, if JAX's backend has not started by then. A backend that
   already started with too few devices is a clear error at the first simulated test.
 * **The ``slices`` marker and the ``simulated_slices`` fixture.**
-  ``@pytest.mark.slices(num_slices, devices_per_slice, schedule="lose:1@7,restore:1@+2",
+  ``@pytest.mark.slices(slices, devices_per_slice, schedule="lose:1@7,restore:1@+2",
   step_program=None, allow_unfired=False)`` configures the fixture, which yields an entered
   :class:`elastic_dew.simulate.SimulatedSlices` whose fault log is ``faults.jsonl`` in the
   test's ``tmp_path``. A fault of the schedule that never fired fails a test that passed
@@ -89,7 +89,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "slices(num_slices, devices_per_slice, schedule=None, step_program=None, allow_unfired=False): "
+        "slices(slices, devices_per_slice, schedule=None, step_program=None, allow_unfired=False): "
         "run the test's simulated_slices fixture on these simulated slices under this schedule",
     )
     count = _requested(config)
@@ -98,9 +98,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _shape(marker: pytest.Mark | None) -> dict[str, Any]:
-    args = dict(zip(("num_slices", "devices_per_slice"), marker.args if marker else ()))
-    options = {**{"num_slices": 2, "devices_per_slice": 2}, **args, **(marker.kwargs if marker else {})}
-    unknown = set(options) - {"num_slices", "devices_per_slice", "schedule", "step_program", "allow_unfired"}
+    args = dict(zip(("slices", "devices_per_slice"), marker.args if marker else ()))
+    options = {**{"slices": 2, "devices_per_slice": 2}, **args, **(marker.kwargs if marker else {})}
+    unknown = set(options) - {"slices", "devices_per_slice", "schedule", "step_program", "allow_unfired"}
     if unknown:
         raise pytest.UsageError(f"@pytest.mark.slices got unknown options {sorted(unknown)}")
     return options
@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if _requested(config) is not None:
         return
     needed = [
-        options["num_slices"] * options["devices_per_slice"]
+        options["slices"] * options["devices_per_slice"]
         for item in items
         if "simulated_slices" in getattr(item, "fixturenames", ())
         for options in [_shape(item.get_closest_marker("slices"))]
@@ -130,14 +130,14 @@ def simulated_slices(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
     options = _shape(request.node.get_closest_marker("slices"))
     allow_unfired = bool(options.pop("allow_unfired", False))
     sim = SimulatedSlices(
-        options["num_slices"], options["devices_per_slice"], schedule=options.get("schedule"),
+        options["slices"], options["devices_per_slice"], schedule=options.get("schedule"),
         fault_log=tmp_path / "faults.jsonl", step_program=options.get("step_program"),
     )
     request.node.stash[_KEY] = sim
     try:
         sim.__enter__()
     except RuntimeError as error:
-        needed = options["num_slices"] * options["devices_per_slice"]
+        needed = options["slices"] * options["devices_per_slice"]
         pytest.fail(f"{error}. With this plugin: pytest --simulated-devices {needed} (or simulated_devices = "
                     f"{needed} in the pytest configuration) sets them before JAX starts", pytrace=False)
     yield sim  # pytest never throws the test's failure in here: the exit is a normal one
