@@ -296,8 +296,9 @@ class ElasticRun:
             policy=policy,
         )(self._attempt)
         self.compiler.allow_precompiling()
-        # A fault the simulator fires joins the stream as it fires (hooks.report).
-        with hooks.receiving(lambda event: self.emit(event)):
+        # A fault the simulator fires joins the stream as it fires (hooks.report), and the
+        # simulator settles the snapshot in flight before saves and faults (hooks.settle).
+        with hooks.receiving(lambda event: self.emit(event)), hooks.settling(self.tiers.snapshot.land):
             try:
                 return attempt(final_step)
             except NoticeInWait:

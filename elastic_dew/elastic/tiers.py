@@ -76,6 +76,11 @@ class SnapshotTier:
         """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
         return bool(self.every) and not step % self.every
 
+    def land(self) -> None:
+        """Wait for the snapshot in flight to land in host memory (or fail)."""
+        if self.snapshots is not None:
+            self.snapshots.join()
+
     def on_step(
         self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, settle: Settle | None = None
     ) -> Save | None:

@@ -93,6 +93,9 @@ class Target(Protocol):
 
     def hang(self, i: int) -> None: ...
 
+    @property
+    def hung(self) -> frozenset[int]: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
@@ -524,12 +527,20 @@ class ScheduleRunner:
             raise raised
 
     def on_phase(self, phase: str, step: int) -> None:
-        """Record, then fire, every fault due at this announcement, in schedule order."""
+        """Record, then fire, every fault due at this announcement, in schedule order.
+
+        Before a snapshot save, and before a step-keyed fault fires, the run's snapshot in
+        flight is settled (:func:`elastic_dew.elastic.hooks.settle`; not while a slice hangs):
+        a save is then never skipped for a transfer still running, and a fault never meets
+        one, so which snapshot a recovery loads depends on the schedule alone.
+        """
         with self._lock:
             self.announced = True
             self._last_step = step
             self._waiting = step if phase == "wait" else None
             due = self._collect(phase, step, waiting=self._waiting is not None)
+        if (phase == "snapshot" or any(not fault.timed for fault, _ in due)) and not self.target.hung:
+            hooks.settle()
         self._fire(due, phase, step)
 
     def on_dispatch(self, phase: str, step: int) -> None:
