@@ -3,6 +3,12 @@
 Eight host devices are enough for four simulated slices of two devices. Tests that need
 another device count, or a fresh process (anything about process start-up, signals or
 pools), run a subprocess.
+
+JAX's persistent compilation cache lives in one directory of this test session, for this
+process and every process it starts (``XDG_CACHE_HOME``, where ``elastic-dew train`` on
+simulated slices keeps it): a test that builds the same program as an earlier one loads it
+instead of compiling it again, as a restarted run loads its predecessor's programs, and no
+test writes to the user's own cache.
 """
 
 import os
@@ -27,6 +33,30 @@ os.environ["GCE_METADATA_HOST"] = os.environ["GCE_METADATA_ROOT"] = "127.0.0.1:9
 import re  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """One persistent compilation cache for the session (see the module docstring).
+
+    Every program is cached, however quick its compile (JAX's default keeps only those over
+    a second): most of the suite's compiles are small programs built again by later tests.
+    JAX leaves out of the cache what it cannot reload faithfully (host callbacks).
+    """
+    import jax
+    from jax._src import compilation_cache as jax_cache
+
+    base = tmp_path_factory.mktemp("xdg-cache")
+    os.environ["XDG_CACHE_HOME"] = str(base)
+    from elastic_dew.run import compilation_cache_dir
+
+    directory = compilation_cache_dir()
+    directory.mkdir(parents=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax_cache.reset_cache()
+    yield directory
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from recipes.data import VOCABULARY, corpus, decode, encode
 def _train(parts: dict, steps: int, batch: int) -> list[float]:
     """Plain jitted SGD loop over consecutive batches of the recipe's dataset."""
     optimizer = parts["optimizer"]
-    params = parts["init"](jax.random.PRNGKey(0))
+    params = jax.jit(parts["init"])(jax.random.PRNGKey(0))
     opt_state = optimizer.init(params)
 
     @jax.jit
@@ -72,7 +72,7 @@ def test_lms_evaluation_split_is_the_corpus_end_that_training_never_reads():
 
 def test_lm_logits_cover_the_vocabulary_and_the_untrained_loss_is_a_uniform_guess():
     cfg = lm.LMConfig(seq_len=16, d_model=32, heads=2, layers=1)
-    params = lm.init_params(jax.random.PRNGKey(0), cfg)
+    params = jax.jit(lm.init_params, static_argnums=1)(jax.random.PRNGKey(0), cfg)
     parts = lm.build(seq_len=16, d_model=32, heads=2, layers=1, corpus_chars=2000)
     tokens = np.stack([parts["dataset"][i]["tokens"] for i in range(4)])
     logits = jax.jit(lm.forward, static_argnums=2)(params, tokens[:, :-1], cfg)
@@ -83,11 +83,12 @@ def test_lm_logits_cover_the_vocabulary_and_the_untrained_loss_is_a_uniform_gues
 
 def test_lm_attention_is_causal_so_later_tokens_never_change_earlier_logits():
     cfg = lm.LMConfig(seq_len=16, d_model=32, heads=2, layers=2)
-    params = lm.init_params(jax.random.PRNGKey(1), cfg)
+    params = jax.jit(lm.init_params, static_argnums=1)(jax.random.PRNGKey(1), cfg)
     tokens = encode(corpus(1000)[:16])[None]
     changed = tokens.copy()
     changed[0, 10:] = (changed[0, 10:] + 1) % len(VOCABULARY)
-    a, b = lm.forward(params, tokens, cfg), lm.forward(params, changed, cfg)
+    forward = jax.jit(lm.forward, static_argnums=2)
+    a, b = forward(params, tokens, cfg), forward(params, changed, cfg)
     np.testing.assert_allclose(a[0, :10], b[0, :10], rtol=1e-5, atol=1e-6)
     assert not np.allclose(a[0, 10:], b[0, 10:])
 
@@ -132,14 +133,13 @@ def test_every_recipe_declares_the_training_defaults_the_train_command_uses():
 
 
 def test_lm_in_bfloat16_keeps_float32_master_weights_and_a_float32_loss_near_the_float32_one():
-    import jax
-
-    tokens = {"tokens": np.stack([lm.build(seq_len=16, corpus_chars=1000, examples=8)["dataset"][i]["tokens"] for i in range(8)])}
+    small = dict(seq_len=16, d_model=32, heads=2, layers=1, corpus_chars=1000, examples=8)
+    tokens = {"tokens": np.stack([lm.build(**small)["dataset"][i]["tokens"] for i in range(8)])}
     losses = {}
     for dtype in ("float32", "bfloat16"):
-        parts = lm.build(seq_len=16, corpus_chars=1000, examples=8, compute_dtype=dtype)
-        params = parts["init"](jax.random.PRNGKey(0))
-        loss, grads = jax.value_and_grad(parts["loss"])(params, tokens, jax.random.PRNGKey(1))
+        parts = lm.build(**small, compute_dtype=dtype)
+        params = jax.jit(parts["init"])(jax.random.PRNGKey(0))
+        loss, grads = jax.jit(jax.value_and_grad(parts["loss"]))(params, tokens, jax.random.PRNGKey(1))
         assert loss.dtype == np.float32
         assert {str(g.dtype) for g in jax.tree.leaves(grads)} == {"float32"}  # master weights stay float32
         losses[dtype] = float(loss)

@@ -113,26 +113,6 @@ def _replay(committed: list, sim: SimulatedSlices):
     return params
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    """JAX's persistent compilation cache for this module: every attempt of every scenario
-    compiles the same few programs (the workload's step on one or two slices, Flax's
-    initialisers), and XLA's compile is most of this module's time on a loaded machine."""
-    from jax._src import compilation_cache
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax-cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    compilation_cache.reset_cache()
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
-
-
 SCENARIOS = {
     # name: (schedule, minimum_slice_count, slices of each attempt)
     "resize": ("lose:1@4,restore:1@6", 1, [(0, 1), (0,), (0, 1)]),
