@@ -9,9 +9,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.slices import batch_sharding, replicated
 
 FEATURES = 4
+GLOBAL_BATCH = 24  # divisible by the data-parallel devices of 4, 3, 2 and 1 slices of 2
+
+
+def config(tmp_path, **overrides) -> ElasticConfig:
+    """The protocol tests' configuration: fast polls, snapshots every 2 steps, checkpoints
+    every 5 under ``tmp_path``; ``overrides`` set any field."""
+    values = dict(
+        minimum_slice_count=1,
+        poll_interval=0.05,
+        timeout=60,
+        max_attempts=10,
+        global_batch=GLOBAL_BATCH,
+        snapshot_every=2,
+        checkpoint_every=5,
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+    )
+    values.update(overrides)
+    return ElasticConfig(**values)
 
 
 def dataset(n: int = 4096) -> grain.MapDataset:

@@ -8,7 +8,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from elastic_dew.elastic.events import Eval, Resume, Start, Step, Stop
 from elastic_dew.record.goodput import account
 from elastic_dew.observe.tensorboard import TENSORBOARD_DIR, TensorBoardSink
-from test_observe_goodput import preempted_run_with_gap
+from goodputlib import preempted_run_with_gap
 
 
 def _read(run_dir):

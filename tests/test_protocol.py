@@ -16,37 +16,19 @@ import numpy as np
 import pytest
 
 from elastic_dew import record
-from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.elastic.events import Event
 from elastic_dew.elastic.protocol import ElasticRun
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices
 
-from linear import LinearProgram
+from linear import GLOBAL_BATCH, LinearProgram
+from linear import config as _config
 from linear import dataset as _dataset
 
 #: When the mesh changes under a constant global batch, the gradient's all-reduce sums
 #: in another order; float32 results then agree to this tolerance, not bitwise.
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
-
-GLOBAL_BATCH = 24  # divisible by the data-parallel devices of 4, 3, 2 and 1 slices of 2
-
-
-def _config(tmp_path, **overrides) -> ElasticConfig:
-    values = dict(
-        minimum_slice_count=1,
-        poll_interval=0.05,
-        timeout=60,
-        max_attempts=10,
-        global_batch=GLOBAL_BATCH,
-        snapshot_every=2,
-        checkpoint_every=5,
-        checkpoint_dir=str(tmp_path / "checkpoints"),
-    )
-    values.update(overrides)
-    return ElasticConfig(**values)
-
 
 def _train(tmp_path, steps=12, schedule=None, notice=None, on_run=None, **overrides):
     """Run to ``steps`` on 4x2 simulated slices; return (final numpy state, events)."""

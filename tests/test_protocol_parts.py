@@ -26,7 +26,9 @@ from elastic_dew.elastic.state import Checkpoints, Snapshots
 from elastic_dew.elastic.tiers import CheckpointTier, SnapshotTier, Tiers
 from elastic_dew.simulate import SimulatedSlices
 
-from test_protocol import LinearProgram, _config, _dataset
+from linear import LinearProgram
+from linear import config as _config
+from linear import dataset as _dataset
 
 
 def _mesh(replicas: int = 2) -> Mesh:
@@ -80,22 +82,39 @@ def test_the_loop_waits_for_the_precompiler_instead_of_compiling_the_same_step_a
     assert program.compiles == 1
 
 
+class _RecordingProgram(LinearProgram):
+    """A :class:`LinearProgram` that records the layout of every compile it is asked for."""
+
+    def __init__(self, expected: int) -> None:
+        self.layouts: list[tuple] = []
+        self.all_seen = threading.Event()
+        self.expected = expected
+
+    def compile(self, mesh, global_batch):
+        step_fn = super().compile(mesh, global_batch)
+        self.layouts.append((tuple(d.id for d in mesh.devices.flat), global_batch))
+        if len(self.layouts) >= self.expected:
+            self.all_seen.set()
+        return step_fn
+
+
 def test_the_precompiler_compiles_every_layout_that_loses_one_active_slice(tmp_path):
+    program = _RecordingProgram(expected=4)
     with SimulatedSlices(4, 2):
         run = ElasticRun(
-            LinearProgram(), ElasticData(_dataset()),
-            _config(tmp_path, precompile_smaller_meshes=True),
+            program, ElasticData(_dataset()), _config(tmp_path, precompile_smaller_meshes=True),
         )
         layouts = run.compiler.smaller_layouts()
         assert len(layouts) == 4
         assert {mesh.devices.shape for mesh, _ in layouts} == {(3, 2, 1)}
         run.compiler.allow_precompiling()
         run.compiler.start_precompiling()
-        run.compiler._precompiler.join()  # let it finish every layout, then stop it
+        assert program.all_seen.wait(300), program.layouts  # every layout, in the background
         run.compiler.stop_precompiling()
-        for mesh, batch in layouts:
-            key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, batch)
-            assert key in run.compiler._compiled
+        assert sorted(program.layouts) == sorted((tuple(d.id for d in m.devices.flat), b) for m, b in layouts)
+        for mesh, batch in layouts:  # the loop finds each one compiled
+            run.compiler.compile(mesh, batch)
+        assert len(program.layouts) == 4
         paused = StepCompiler(LinearProgram(), run.manager, _config(tmp_path, minimum_slice_count=None))
         assert paused.smaller_layouts() == []  # pause-resume never runs on fewer slices
 
