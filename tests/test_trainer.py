@@ -141,6 +141,24 @@ def test_the_lm_recipes_parts_train_directly_with_its_weights_split_over_model(t
     assert result.shardings["params"]["embed"].spec == P()  # not a block weight: whole
 
 
+def test_a_flax_linen_model_trains_through_init_and_loss_as_the_trainer_page_writes_them(tmp_path):
+    """Linen needs no adapter: its variables are the params tree, and the trained ones apply."""
+    from flax import linen as nn
+
+    model, data = nn.Dense(1), _model()
+    x = jnp.zeros((1, 3))
+
+    def loss(params, batch, key):
+        return jnp.mean((model.apply(params, batch["x"])[:, 0] - batch["y"]) ** 2)
+
+    with SimulatedSlices(2, 2):
+        result = Trainer(init=lambda key: model.init(key, x), loss=loss, optimizer=data["optimizer"],
+                         dataset=data["dataset"], config=_config(), run_dir=tmp_path / "run").fit(4)
+    losses = [e["loss"] for e in read_events(tmp_path / "run") if e["event"] == "step"]
+    assert losses[-1] < losses[0]
+    assert model.apply(result.params, np.ones((2, 3), np.float32)).shape == (2, 1)
+
+
 def test_a_loss_returning_metrics_writes_them_averaged_over_the_step_to_each_step_line(tmp_path):
     """A mean metric of a step accumulated in micro-steps is the whole batch's mean."""
     model = _model()
