@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import logging
@@ -551,9 +552,11 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                 # A recipe that reads files may ask for Grain worker processes.
                 data_workers=parts.get("data_workers", 0),
                 eval_dataset=parts.get("eval_dataset") if p.train.eval_every is not None else None,
-                # Written by the trainer once the protocol has accepted the slices and the batch,
-                # so a refused run leaves its directory untouched.
-                identity={**p.identity(), "steps": p.steps, "argv": sys.argv},
+                # Written once the protocol has accepted the slices and the batch, so a
+                # refused run leaves its directory untouched.
+                on_accepted=functools.partial(
+                    rundir.write_identity, run_dir, {**p.identity(), "steps": p.steps, "argv": sys.argv}
+                ),
             )
             result = trainer.fit(p.steps)
         except Preempted as stop:

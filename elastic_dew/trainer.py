@@ -374,10 +374,10 @@ class Trainer:
         ``train.sharding`` is laid on top of it (``fsdp`` adds ``data`` on a dimension it left
         free): :func:`~elastic_dew.elastic.sharding.with_model_rule`. A ``sharding``
         callable already decides the ``model`` axis, so the two together are refused.
-      identity: the run's identity (``command.json``, :func:`elastic_dew.rundir.write_identity`),
-        or ``None`` to write none. It is written once the protocol has accepted the slices
-        and the batch, beside the run record's first line, so a refused run leaves its
-        directory untouched.
+      on_accepted: called with no argument once the protocol has accepted the slices and
+        the batch, just before the run record's first line is written, or ``None``: where
+        a caller writes what belongs beside the record (the run writes its identity,
+        ``command.json``), so a refused run leaves its directory untouched.
       data_workers: Grain worker processes reading ``dataset`` (0, the default: read in this
         process); see :class:`~elastic_dew.elastic.data.ElasticData`.
       eval_dataset: a ``grain.MapDataset`` of examples to evaluate, or ``None``; it goes
@@ -463,7 +463,7 @@ class Trainer:
         notice: PreemptionNotice | None = None,
         manager: Any = None,
         model_sharding: Callable[[tuple, Any, jax.sharding.Mesh], PartitionSpec] | None = None,
-        identity: Mapping[str, Any] | None = None,
+        on_accepted: Callable[[], Any] | None = None,
         data_workers: int = 0,
         eval_dataset: Any = None,
     ) -> None:
@@ -507,15 +507,13 @@ class Trainer:
         )
         self.run_dir = Path(run_dir)
         rundir.check(self.run_dir)  # the one rule; refused before anything is written
-        if config.checkpoint_dir is None:  # the one default (ElasticConfig.checkpoint_dir_for)
-            config = dataclasses.replace(config, checkpoint_dir=config.checkpoint_dir_for(self.run_dir))
         self.config = config
         self.dataset = dataset
         self.train = train
         self.sinks = list(sinks)
         self.notice = notice
         self.manager = manager
-        self.identity = dict(identity) if identity is not None else None
+        self.on_accepted = on_accepted
         self._program = _Program(
             model, optimizer, dataset[0], train.seed, host, shardings.with_model_rule(sharding, model_sharding),
             train.microbatch,
@@ -572,14 +570,15 @@ class Trainer:
                 manager=self.manager,
                 run_name=self.run_dir.name,
                 evaluation=self.evaluation,
+                run_dir=self.run_dir,  # tier 2's default directory (ElasticConfig.checkpoint_dir_for)
             )
             # A sharding callable that cannot lay the state out is refused here, on the
             # mesh of every slice, before the run directory is written.
             manager = run.manager
             devices = [d for i in sorted(manager.slice_to_devices) for d in manager.slice_to_devices[i]]
             self._program.abstract_state(mesh_of(devices, manager.total_slice_count, self.config.model_axis or 1))
-            if self.identity is not None:
-                rundir.write_identity(self.run_dir, self.identity)
+            if self.on_accepted is not None:
+                self.on_accepted()
             record = RunRecord(self.run_dir)
             run.emit = stream = Sinks([*self.sinks, self._log_line], required=[record])
             stream(start)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -180,7 +181,10 @@ class ElasticRun:
     order, the faults fired while it runs among them (:func:`~elastic_dew.elastic.hooks.report`);
     a trainer gives it its :class:`~elastic_dew.observe.sinks.Sinks`. ``notice`` is a
     :class:`~elastic_dew.runtime.PreemptionNotice` (or an object with its ``reached(step)``
-    and, optionally, ``interrupts()``, asked during an evaluation pass).
+    and, optionally, ``interrupts()``, asked during an evaluation pass). ``run_dir``, for a
+    run that has one, is where the persistent tier writes when ``config.checkpoint_dir`` is
+    ``None`` (:meth:`~elastic_dew.elastic.config.ElasticConfig.checkpoint_dir_for`); an
+    ElasticRun with neither has no persistent tier.
     """
 
     def __init__(
@@ -196,6 +200,7 @@ class ElasticRun:
         checkpoints: Checkpoints | None = None,
         run_name: str | None = None,
         evaluation: Evaluation | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.program = program
         self.evaluation = evaluation
@@ -218,6 +223,7 @@ class ElasticRun:
             snapshots=snapshots,
             checkpoints=checkpoints,
             run_name=run_name,
+            run_dir=run_dir,
         )
         self.compiler = StepCompiler(program, self.manager, config)
         self.timer = RecoveryTimer()

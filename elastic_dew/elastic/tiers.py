@@ -30,6 +30,7 @@ the save's seconds, not hidden in a step's.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -178,14 +179,23 @@ class Tiers:
         snapshots: Snapshots | None = None,
         checkpoints: Checkpoints | None = None,
         run_name: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
     ) -> Tiers:
-        """The tiers ``config`` asks for; ``snapshots``/``checkpoints`` given are used as they are."""
+        """The tiers ``config`` asks for; ``snapshots``/``checkpoints`` given are used as they are.
+
+        Tier 2 writes to ``config.checkpoint_dir``, else, for a run in ``run_dir``, to the
+        default :meth:`~elastic_dew.elastic.config.ElasticConfig.checkpoint_dir_for` names;
+        with neither there is no tier 2.
+        """
         if snapshots is None and config.snapshot_every:
             snapshots = Snapshots(replica_axis_index=0)
-        owns_checkpoints = checkpoints is None and config.checkpoint_dir is not None
+        directory = config.checkpoint_dir
+        if directory is None and run_dir is not None:
+            directory = config.checkpoint_dir_for(run_dir)
+        owns_checkpoints = checkpoints is None and directory is not None
         if owns_checkpoints:
             checkpoints = Checkpoints(
-                config.checkpoint_dir,
+                directory,
                 kind=config.checkpoint_kind,
                 max_to_keep=config.max_to_keep,
                 slices=slices,
