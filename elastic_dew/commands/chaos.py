@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from elastic_dew.run import USAGE_EXIT
 from elastic_dew.testing.runner import run_seed
 from elastic_dew.testing.scenarios import DEVICES_PER_SLICE, TOTAL_SLICES, replay_command
 
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     refusal = _refusal(args)
     if refusal is not None:
         print(f"elastic-dew chaos: error: {refusal}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     _quiet_logging(args.verbose)
     _cpu_devices()
     return _run_seeds([args.seed] if args.seed is not None else args.seeds, args.workdir)

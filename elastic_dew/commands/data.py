@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from elastic_dew.run import USAGE_EXIT
+
 __all__ = ["configure", "run"]
 
 
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         manifest = prepare(args.texts, args.out, seq_len=args.seq_len, shards=args.shards)
     except ValueError as error:
         print(f"elastic-dew data {args.data_command}: error: {error}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     print(
         f"{manifest['examples']} examples of {manifest['seq_len'] + 1} tokens in {len(manifest['shards'])} "
         f"shards under {args.out} ({manifest['dropped_characters']} characters outside the vocabulary dropped)"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elastic_dew.observe import sinks as observing
-from elastic_dew.run import RUNS_DIR
+from elastic_dew.run import RUNS_DIR, USAGE_EXIT
 from elastic_dew.runtime import run_timestamp
 from elastic_dew.supervisor import supervise
 
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else RUNS_DIR / f"demo_{run_timestamp()}"
     if not args.run_dir and run_dir.exists():
         print(f"elastic-dew demo: error: {run_dir} exists; give --run-dir", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     cmd = command(plan, run_dir, args.log_format)
     print(
         f"elastic-dew demo: training the lm recipe for {plan.steps} steps on 4 simulated slices "

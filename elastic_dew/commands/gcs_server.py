@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+from elastic_dew.run import USAGE_EXIT
+
 __all__ = ["configure", "run"]
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
@@ -48,15 +50,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"elastic-dew gcs-server: error: {', '.join(map(repr, bad))} is not a bucket name "
               "(3-63 lower-case letters, digits, '-', '_' or '.', starting and ending with a letter or digit)",
               file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     if args.port is not None and not 0 < args.port < 65536:
         print(f"elastic-dew gcs-server: error: --port {args.port} must be in 1..65535", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     try:
         binary_path()
     except FileNotFoundError as error:
         print(f"elastic-dew gcs-server: error: {error}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

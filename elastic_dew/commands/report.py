@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from elastic_dew.run import USAGE_EXIT
+
 __all__ = ["configure", "run", "report"]
 
 logger = logging.getLogger(__name__)
@@ -76,12 +78,12 @@ def run(args: argparse.Namespace) -> int:
     problem = _problem(run_dir)
     if problem is not None:
         print(f"elastic-dew report: error: {problem}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     try:
         _, picture, table = report(run_dir, timeline=not args.no_timeline)
     except ValueError as error:  # a damaged final_params.npz, say
         print(f"elastic-dew report: error: {error}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     print(table)
     if picture is not None:
         print(f"\ntimeline: {picture}")
