@@ -7,7 +7,8 @@ Snapshotter created once outside the retry; ``elastic_retry`` with ``minimum_sli
 for the simulator, and nothing else:
 
 * the ``SimulatedSlices`` context (TPU slices cannot exist here);
-* ``lose``/``restore`` calls at chosen steps (``faults``);
+* ``lose``/``restore`` calls at chosen steps (``faults``), or the simulator's fault schedule
+  (a time-keyed return, ``restore:1@+0.3``, for the loop that waits for its slice);
 * ``active_devices(elastic_manager)`` for the guide's ``elastic_manager.active_devices``,
   which the pathwaysutils release on the package index lacks.
 
@@ -19,7 +20,6 @@ state proves exactly-once data: every example counted once, whatever the slices 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import grain
@@ -166,15 +166,11 @@ def test_the_guides_loop_survives_a_lost_slice_resumes_from_a_snapshot_and_scale
 
 def test_the_guides_loop_in_pause_resume_waits_for_the_slice_and_resumes_on_every_slice():
     record = {"attempts": [], "scale_ups": []}
-    with SimulatedSlices(2, 2) as sim:
-
-        def lose_for_a_moment():
-            sim.lose(1)
-            threading.Timer(0.3, sim.restore, args=(1,)).start()
-
-        faults = {12: lose_for_a_moment}
+    # Slice 1 is lost after step 12 (the step program's 13th dispatch) and returns 0.3 s later,
+    # while the loop waits for it.
+    with SimulatedSlices(2, 2, schedule="lose:1@13,restore:1@+0.3") as sim:
         state = train(
-            FINAL_STEP, snapshot_interval=5, devices_per_slice=2, faults=faults, record=record,
+            FINAL_STEP, snapshot_interval=5, devices_per_slice=2, faults={}, record=record,
             minimum_slice_count=None,
         )
 
