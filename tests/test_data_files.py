@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from grain._src.python.dataset import elastic_iterator as _release_elastic
 
-from elastic_dew import cli
+from elastic_dew import cli, record
 from elastic_dew.elastic import data as data_module
 from elastic_dew.elastic.data import ElasticData
 from elastic_dew.runtime import Preempted, PreemptionNotice
@@ -272,11 +272,6 @@ def _run_files(prepared, tmp_path, workers, schedule, steps=10, notice=None):
     return jax.device_get(state)["acc"], events, pids
 
 
-def _committed(events):
-    return [e for i, e in enumerate(events) if e.kind == "step"
-            and not any(r.kind == "resume" and r.step <= e.step for r in events[i + 1:])]
-
-
 def test_file_data_through_workers_survives_a_slice_loss_and_a_preemption_exactly_once_as_without_workers(prepared, tmp_path):
     """Four simulated slices lose one at step 5 (constant global batch): the run restores the
     snapshot of step 4 on three slices with its workers rewound, not started again; a real
@@ -293,6 +288,6 @@ def test_file_data_through_workers_survives_a_slice_loss_and_a_preemption_exactl
     assert acc == plain
     resumes = [(e.source, e.step) for e in first + second if e.kind == "resume"]
     assert resumes == [("fresh", 1), ("snapshot", 5), ("checkpoint", 9)]
-    steps = _committed(first) + _committed(second)
+    steps = record.as_events(record.committed_steps(first + second))  # the run record's rule
     assert [tuple(e.examples) for e in steps] == [(24 * k, 24 * (k + 1)) for k in range(10)]
 
