@@ -173,6 +173,12 @@ def test_a_checkpoint_from_a_model_of_another_shape_is_refused_naming_the_leaf_a
     assert chaos.committed_checkpoints(run_dir / "checkpoints") == before
 
 
+# Orbax's restore of a damaged checkpoint leaves a TensorStore read whose completion calls
+# call_soon_threadsafe on the event loop Orbax's run_sync has already closed ("Event loop is
+# closed", unraisable). It is Orbax's and TensorStore's alone: StandardCheckpointer().restore
+# of a checkpoint with flipped bytes does the same with no elastic_dew code (orbax-checkpoint
+# 0.12.8); the failed restore itself is what this test checks.
+@pytest.mark.filterwarnings("ignore:Exception ignored in. None:pytest.PytestUnraisableExceptionWarning")
 def test_a_checkpoint_damaged_by_hand_is_refused_with_the_fix_and_following_it_resumes_exactly_once(
     finished_run, tmp_path
 ):
