@@ -23,6 +23,10 @@ The run directory is ``run_dir``, else ``runs/NAME`` with NAME from ``name``, el
 ``$JOBSET_NAME`` (a restarted pod re-uses its run), else a timestamp (refused if that
 directory exists). It is a local directory: a URL is refused (mount the bucket).
 
+The package by job: :mod:`~elastic_dew.run.config` (the configuration and its parts),
+:mod:`~elastic_dew.run.recipes` (the recipe registry), :mod:`~elastic_dew.run.exits` (the
+exit statuses and :class:`UsageError`); this module plans, wires the simulator and executes.
+
 This module never prints: how a run is shown (progress, log routing, the summary, the
 wording of a refusal) is the caller's :class:`Display` (:mod:`elastic_dew.console` for a
 terminal). The command line and the recipes' ``main`` both come here.
@@ -33,11 +37,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib
-import importlib.util
 import logging
 import os
-import pkgutil
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,9 +47,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_dew import rundir
-from elastic_dew.elastic.config import Bound, ElasticConfig, SettingError, check_fields, setting
+from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.elastic.events import Sink
 from elastic_dew.observe.sinks import ObserveOptions
+from elastic_dew.run.config import DEFAULT_DEVICES_PER_SLICE, DEFAULT_SLICES, RunConfig, SimConfig
+from elastic_dew.run.exits import FAILED_EXIT, USAGE_EXIT, UsageError
+from elastic_dew.run.recipes import available_recipes, load_recipe, recipe_defaults
 from elastic_dew.train_config import TrainConfig
 
 if TYPE_CHECKING:
@@ -83,99 +87,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RUNS_DIR = Path("runs")
-DEFAULT_SLICES = 4
-DEFAULT_DEVICES_PER_SLICE = 2
 #: How a user names the run directory, in refusals of one.
 RUN_DIR_OPTION = "--run-dir or --name"
-#: The exit status of a bad argument (argparse's).
-USAGE_EXIT = 2
-#: The exit status of a run that failed: an error that is not a slice loss, a wait for
-#: slices past ``--timeout``, slice losses past ``--max-attempts``.
-FAILED_EXIT = 1
 #: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PARTS = ("init", "loss", "optimizer", "dataset")
-
-
-class UsageError(ValueError):
-    """A bad argument, found before anything was touched."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    """The simulated slices a run on CPU trains on, and the faults fired at them.
-
-    A run on real slices (``JAX_PLATFORMS=proxy``) takes none: :class:`RunConfig` ``sim``
-    given there is refused. ``schedule`` is the fault schedule's text in the simulator's
-    grammar (:func:`elastic_dew.simulate.parse_schedule`); :func:`plan` parses it once.
-    """
-
-    slices: int = setting(
-        DEFAULT_SLICES, "simulated slices (default {default})", bound=Bound(1, whole=True), flag="--slices",
-        metavar="S",
-    )
-    devices_per_slice: int = setting(
-        DEFAULT_DEVICES_PER_SLICE, "CPU devices per simulated slice (default {default})",
-        bound=Bound(1, whole=True), flag="--devices-per-slice", metavar="D",
-    )
-    schedule: str = setting(
-        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 "
-        "(grammar ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the "
-        "previous fault fired; actions lose, restore, hang (the slice stops answering), error (a "
-        "runtime error that is not a slice loss), preempt, kill)", flag="--schedule", metavar="SCHEDULE",
-    )
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """One training run of a recipe, as the Python API and the command line ask for it.
-
-    Each part checks its own fields as it is built (one
-    :class:`~elastic_dew.elastic.config.SettingError`); :func:`plan` checks what spans the
-    parts (the batch against every slice count, the schedule against the slices, the run
-    directory). The defaults are the command line's:
-
-    - ``steps``: ``None`` is the recipe's (its ``DEFAULTS["steps"]``, else 100);
-    - ``elastic``: ``None`` is :class:`ElasticConfig`'s defaults with the recipe's global
-      batch (``DEFAULTS["global_batch"]``, else 32); an :class:`ElasticConfig` given is used
-      as it is;
-    - ``sim``: ``None`` is :class:`SimConfig`'s defaults when simulating; one given on real
-      slices is refused;
-    - ``overrides``: the recipe's ``build()`` settings (``--set KEY=VALUE``).
-    """
-
-    recipe: str = setting(
-        "", "a recipe name (lm, mlp, ...) or a module path with build() (mypkg.myrecipe)", metavar="RECIPE"
-    )
-    overrides: Mapping[str, Any] = setting(
-        None, "a recipe setting, e.g. --set d_model=128 (repeatable)", flag="--set", metavar="KEY=VALUE",
-        factory=dict,
-    )
-    steps: int | None = setting(
-        None, "train until step N (default: the recipe's)", bound=Bound(1, whole=True), flag="--steps",
-        metavar="N",
-    )
-    run_dir: str | None = setting(
-        None, "the run directory; an existing one is resumed", flag="--run-dir", metavar="DIR"
-    )
-    name: str | None = setting(
-        None, "run in runs/NAME (default $JOBSET_NAME, else a timestamp)", flag="--name", metavar="NAME"
-    )
-    elastic: ElasticConfig | None = None
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    sim: SimConfig | None = None
-    observe: ObserveOptions = dataclasses.field(default_factory=ObserveOptions)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        for name, kind in (("elastic", ElasticConfig), ("train", TrainConfig), ("sim", SimConfig),
-                           ("observe", ObserveOptions)):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, kind):
-                raise TypeError(f"RunConfig.{name} must be a {kind.__name__}, not {type(value).__name__}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,43 +158,6 @@ class _Quiet:
 def simulating() -> bool:
     """Whether this process simulates its slices: ``JAX_PLATFORMS`` unset or ``cpu``."""
     return os.environ.get("JAX_PLATFORMS", "").strip().lower() in ("", "cpu")
-
-
-def available_recipes() -> list[str]:
-    """The recipe names shipped in the ``recipes`` package (found by name, not imported:
-    recipes sit above this module and call it)."""
-    spec = importlib.util.find_spec("recipes")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return sorted(
-        info.name
-        for info in pkgutil.iter_modules(locations)
-        if not info.name.startswith("_") and not info.ispkg
-    )
-
-
-def _module_name(recipe: str) -> str:
-    return recipe if "." in recipe else f"recipes.{recipe}"
-
-
-def load_recipe(recipe: str) -> ModuleType:
-    """The recipe's module (``lm`` is ``recipes.lm``), which must have ``build()``."""
-    name = _module_name(recipe)
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        raise UsageError(
-            f"unknown recipe {recipe!r}; the recipes are {', '.join(available_recipes())}, "
-            "or give a module path whose module has build() (mypkg.myrecipe)"
-        )
-    module = importlib.import_module(name)
-    if not callable(getattr(module, "build", None)):
-        raise UsageError(
-            f"recipe module {name} has no build(**overrides) function returning "
-            "dict(init=..., loss=..., optimizer=..., dataset=...)"
-        )
-    return module
 
 
 def _run_dir_of(spec: RunConfig) -> Path | None:
@@ -377,12 +256,6 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
     problem = checkpoint_dir_problem(directory, os.environ)
     if problem is not None:
         raise UsageError(problem)
-
-
-def recipe_defaults(recipe: str) -> dict[str, Any]:
-    """The recipe's own defaults (its module's ``DEFAULTS``: ``steps``, ``global_batch``);
-    raises :class:`UsageError` for an unknown recipe."""
-    return dict(getattr(load_recipe(recipe), "DEFAULTS", {}))
 
 
 def plan(config: RunConfig) -> Plan:

@@ -1,0 +1,102 @@
+"""What one run is asked to be: :class:`RunConfig` and its parts, each declared once.
+
+:class:`RunConfig` nests the run's typed parts (the
+:class:`~elastic_dew.elastic.config.ElasticConfig`, the
+:class:`~elastic_dew.train_config.TrainConfig`, the simulated slices (:class:`SimConfig`) and
+the :class:`~elastic_dew.observe.sinks.ObserveOptions`) beside its own fields. Each part
+checks its fields as it is built (:func:`~elastic_dew.elastic.config.check_fields`), and
+the command line builds its options from these declarations
+(:mod:`elastic_dew.console`); :func:`elastic_dew.run.plan` checks what spans the parts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from elastic_dew.elastic.config import Bound, ElasticConfig, check_fields, setting
+from elastic_dew.observe.sinks import ObserveOptions
+from elastic_dew.train_config import TrainConfig
+
+__all__ = ["RunConfig", "SimConfig", "DEFAULT_SLICES", "DEFAULT_DEVICES_PER_SLICE"]
+
+DEFAULT_SLICES = 4
+DEFAULT_DEVICES_PER_SLICE = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """The simulated slices a run on CPU trains on, and the faults fired at them.
+
+    A run on real slices (``JAX_PLATFORMS=proxy``) takes none: :class:`RunConfig` ``sim``
+    given there is refused. ``schedule`` is the fault schedule's text in the simulator's
+    grammar (:func:`elastic_dew.simulate.parse_schedule`); :func:`plan` parses it once.
+    """
+
+    slices: int = setting(
+        DEFAULT_SLICES, "simulated slices (default {default})", bound=Bound(1, whole=True), flag="--slices",
+        metavar="S",
+    )
+    devices_per_slice: int = setting(
+        DEFAULT_DEVICES_PER_SLICE, "CPU devices per simulated slice (default {default})",
+        bound=Bound(1, whole=True), flag="--devices-per-slice", metavar="D",
+    )
+    schedule: str = setting(
+        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 "
+        "(grammar ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the "
+        "previous fault fired; actions lose, restore, hang (the slice stops answering), error (a "
+        "runtime error that is not a slice loss), preempt, kill)", flag="--schedule", metavar="SCHEDULE",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One training run of a recipe, as the Python API and the command line ask for it.
+
+    Each part checks its own fields as it is built (one
+    :class:`~elastic_dew.elastic.config.SettingError`); :func:`plan` checks what spans the
+    parts (the batch against every slice count, the schedule against the slices, the run
+    directory). The defaults are the command line's:
+
+    - ``steps``: ``None`` is the recipe's (its ``DEFAULTS["steps"]``, else 100);
+    - ``elastic``: ``None`` is :class:`ElasticConfig`'s defaults with the recipe's global
+      batch (``DEFAULTS["global_batch"]``, else 32); an :class:`ElasticConfig` given is used
+      as it is;
+    - ``sim``: ``None`` is :class:`SimConfig`'s defaults when simulating; one given on real
+      slices is refused;
+    - ``overrides``: the recipe's ``build()`` settings (``--set KEY=VALUE``).
+    """
+
+    recipe: str = setting(
+        "", "a recipe name (lm, mlp, ...) or a module path with build() (mypkg.myrecipe)", metavar="RECIPE"
+    )
+    overrides: Mapping[str, Any] = setting(
+        None, "a recipe setting, e.g. --set d_model=128 (repeatable)", flag="--set", metavar="KEY=VALUE",
+        factory=dict,
+    )
+    steps: int | None = setting(
+        None, "train until step N (default: the recipe's)", bound=Bound(1, whole=True), flag="--steps",
+        metavar="N",
+    )
+    run_dir: str | None = setting(
+        None, "the run directory; an existing one is resumed", flag="--run-dir", metavar="DIR"
+    )
+    name: str | None = setting(
+        None, "run in runs/NAME (default $JOBSET_NAME, else a timestamp)", flag="--name", metavar="NAME"
+    )
+    elastic: ElasticConfig | None = None
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    sim: SimConfig | None = None
+    observe: ObserveOptions = dataclasses.field(default_factory=ObserveOptions)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for name, kind in (("elastic", ElasticConfig), ("train", TrainConfig), ("sim", SimConfig),
+                           ("observe", ObserveOptions)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"RunConfig.{name} must be a {kind.__name__}, not {type(value).__name__}")

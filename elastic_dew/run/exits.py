@@ -1,0 +1,17 @@
+"""How a run ends when it does not train to its last step: the exit statuses, and the
+error of a bad argument (:class:`UsageError`, exit :data:`USAGE_EXIT`), one home each for
+the run and every command."""
+
+from __future__ import annotations
+
+__all__ = ["UsageError", "USAGE_EXIT", "FAILED_EXIT"]
+
+#: The exit status of a bad argument (argparse's).
+USAGE_EXIT = 2
+#: The exit status of a run that failed: an error that is not a slice loss, a wait for
+#: slices past ``--timeout``, slice losses past ``--max-attempts``.
+FAILED_EXIT = 1
+
+
+class UsageError(ValueError):
+    """A bad argument, found before anything was touched."""

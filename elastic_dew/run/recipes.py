@@ -1,0 +1,57 @@
+"""The recipe registry: recipes found by name (``lm`` is ``recipes.lm``) or by module path,
+loaded at run time, never imported by the run (recipes sit above it and call it)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from types import ModuleType
+from typing import Any
+
+from elastic_dew.run.exits import UsageError
+
+__all__ = ["available_recipes", "load_recipe", "recipe_defaults"]
+
+
+def available_recipes() -> list[str]:
+    """The recipe names shipped in the ``recipes`` package (found by name, not imported:
+    recipes sit above this module and call it)."""
+    spec = importlib.util.find_spec("recipes")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(locations)
+        if not info.name.startswith("_") and not info.ispkg
+    )
+
+
+def _module_name(recipe: str) -> str:
+    return recipe if "." in recipe else f"recipes.{recipe}"
+
+
+def load_recipe(recipe: str) -> ModuleType:
+    """The recipe's module (``lm`` is ``recipes.lm``), which must have ``build()``."""
+    name = _module_name(recipe)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise UsageError(
+            f"unknown recipe {recipe!r}; the recipes are {', '.join(available_recipes())}, "
+            "or give a module path whose module has build() (mypkg.myrecipe)"
+        )
+    module = importlib.import_module(name)
+    if not callable(getattr(module, "build", None)):
+        raise UsageError(
+            f"recipe module {name} has no build(**overrides) function returning "
+            "dict(init=..., loss=..., optimizer=..., dataset=...)"
+        )
+    return module
+
+
+def recipe_defaults(recipe: str) -> dict[str, Any]:
+    """The recipe's own defaults (its module's ``DEFAULTS``: ``steps``, ``global_batch``);
+    raises :class:`UsageError` for an unknown recipe."""
+    return dict(getattr(load_recipe(recipe), "DEFAULTS", {}))
