@@ -18,6 +18,7 @@ from elastic_dew import record
 from elastic_dew.record import (
     BADPUT_CATEGORIES,
     RunRecord,
+    committed_evals,
     committed_steps,
     draw_timeline,
     load_params,
@@ -302,3 +303,20 @@ def test_a_line_of_a_kind_this_version_does_not_know_is_left_out_of_the_typed_ev
     lines = [{"event": "checkpoint_gc", "wall": 1.0}, _step(0, 2.0)]
     assert [e.kind for e in record.as_events(lines)] == ["step"]
     assert summarize(lines)["final_step"] == 0
+
+
+def test_an_owed_evaluation_run_twice_from_the_same_checkpoint_counts_once_the_later():
+    """Preempted in the pass of step 3; resumed from its checkpoint, which owes the pass; the
+    pass ran, a slice was lost before any newer save, and the next resume ran it again."""
+    def _eval(wall, loss):
+        return {"event": "eval", "step": 3, "slices": 2, "metrics": {"loss": loss}, "batches": 1,
+                "examples_evaluated": 4, "seconds": 0.5, "wall": wall}
+
+    lines = [
+        _resume(1, 0.0, "fresh"), _step(1, 1.0), _step(2, 2.0), _step(3, 3.0),
+        {"event": "stop", "reason": "preempted", "step": 3, "wall": 4.0},
+        _resume(4, 5.0, "checkpoint"), _eval(6.0, 0.9),
+        {"event": "stop", "reason": "slice_lost", "step": 3, "wall": 7.0},
+        _resume(4, 8.0, "checkpoint"), _eval(9.0, 0.8), _step(4, 10.0),
+    ]
+    assert [(e.step, e.wall) for e in committed_evals(lines)] == [(3, 9.0)]

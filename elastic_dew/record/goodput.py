@@ -91,9 +91,13 @@ def committed_flags(events: list[ev.Event], kind: type[ev.Event] = ev.Step) -> l
 def committed_evals(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.Eval]:
     """The evaluation passes that count, by the step lines' commit rule: an ``eval`` of step
     S is committed unless a later ``resume`` went back to S or before it (the run re-did
-    the step, and evaluated it again). One per evaluated step."""
+    the step, and evaluated it again). One per evaluated step: of two committed lines of
+    one step, the later (a pass a preemption cut short is owed by its checkpoint, and a run
+    that resumes from that checkpoint twice runs it twice)."""
     typed = as_events(events)
-    return [e for e, ok in zip(typed, committed_flags(typed, ev.Eval), strict=True) if ok]
+    committed = [e for e, ok in zip(typed, committed_flags(typed, ev.Eval), strict=True) if ok]
+    last = {e.step: i for i, e in enumerate(committed)}
+    return [e for i, e in enumerate(committed) if last[e.step] == i]
 
 
 def committed_steps(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[dict[str, Any]]:
