@@ -26,9 +26,10 @@ from elastic_dew.elastic.protocol import ElasticRun
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 
+import linear
 from linear import LinearProgram, dataset
 
-GLOBAL_BATCH = 24
+GLOBAL_BATCH = linear.GLOBAL_BATCH
 
 
 class _Loss:
@@ -100,20 +101,9 @@ class _NoticeAt:
 
 def _run(tmp_path, steps, *, schedule=None, notice=None, **overrides):
     log: list = []
-    config = ElasticConfig(
-        **{
-            **dict(
-                minimum_slice_count=1,
-                poll_interval=0.05,
-                timeout=60,
-                global_batch=GLOBAL_BATCH,
-                snapshot_every=2,
-                checkpoint_every=3,
-                checkpoint_dir=str(tmp_path / "checkpoints"),
-                precompile_smaller_meshes=False,
-            ),
-            **overrides,
-        }
+    config = linear.config(
+        tmp_path, checkpoint_every=3,
+        precompile_smaller_meshes=False, **overrides,
     )
 
     def emit(event):
