@@ -15,7 +15,7 @@ from elastic_dew.simulate.schedule import ScheduleRunner, parse_schedule
 class _Slices:
     """The simulator's side of a fired slice fault, recorded instead of acted on."""
 
-    hung = frozenset()  # no slice hangs here: the runner settles a snapshot in flight first
+    hung = frozenset()  # no slice hangs here: the runner lands a snapshot in flight first
 
     def __init__(self):
         self.lost = []

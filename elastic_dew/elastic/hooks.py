@@ -11,10 +11,11 @@ Events travel back the same way: while an :class:`~elastic_dew.elastic.protocol.
 runs, it receives every event :func:`report` is given (a fault the simulator fires), so a
 fault joins the run's one event stream when it fires, in order with the loop's own events.
 
-Work the run leaves in flight is settled the same way: while a run is inside
-:func:`settling`, :func:`settle` finishes it (a snapshot's transfer to host memory). The
-simulator settles before each snapshot save and before each step-keyed fault fires, so what a
-save and a fault meet depends on the schedule alone, not on how long a transfer took.
+Work the run leaves in flight is landed the same way: while a run is inside
+:func:`landing`, :func:`land_in_flight` finishes it (a snapshot's transfer to host memory).
+The simulator lands it before each snapshot save and before each step-keyed fault fires,
+so what a save and a fault meet depends on the schedule alone, not on how long a transfer
+took.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 __all__ = [
     "PHASES", "phase", "add_listener", "remove_listener", "Listener", "report", "receiving",
-    "settling", "settle",
+    "landing", "land_in_flight",
 ]
 
 #: Every phase the elastic layer announces, with the step it belongs to:
@@ -59,7 +60,7 @@ Listener = Callable[[str, int], None]
 
 _listeners: list[Listener] = []
 _receivers: list[Callable[[Any], None]] = []
-_settlers: list[Callable[[], None]] = []
+_landers: list[Callable[[], None]] = []
 _lock = threading.Lock()
 
 
@@ -117,24 +118,24 @@ def report(event: Any) -> None:
 
 
 @contextmanager
-def settling(settle_: Callable[[], None]) -> Iterator[None]:
-    """While inside, :func:`settle` calls ``settle_()``, which finishes the work in flight."""
+def landing(land: Callable[[], None]) -> Iterator[None]:
+    """While inside, :func:`land_in_flight` calls ``land()``, which finishes the work in flight."""
     with _lock:
-        _settlers.append(settle_)
+        _landers.append(land)
     try:
         yield
     finally:
         with _lock:
-            _settlers.remove(settle_)
+            _landers.remove(land)
 
 
-def settle() -> None:
-    """Finish the work in flight of every run inside :func:`settling` (none: a no-op).
+def land_in_flight() -> None:
+    """Finish the work in flight of every run inside :func:`landing` (none: a no-op).
 
     Called by a fault injector on the loop's thread, never while a slice hangs (the work
     could be waiting on it, and only the loop's bounded reads end a hang).
     """
     with _lock:
-        settlers = list(_settlers)
-    for settle_ in settlers:
-        settle_()
+        landers = list(_landers)
+    for land in landers:
+        land()

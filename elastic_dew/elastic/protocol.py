@@ -303,8 +303,8 @@ class ElasticRun:
         )(self._attempt)
         self.compiler.allow_precompiling()
         # A fault the simulator fires joins the stream as it fires (hooks.report), and the
-        # simulator settles the snapshot in flight before saves and faults (hooks.settle).
-        with hooks.receiving(lambda event: self.emit(event)), hooks.settling(self.tiers.snapshot.land):
+        # simulator lands the snapshot in flight before saves and faults (hooks.land_in_flight).
+        with hooks.receiving(lambda event: self.emit(event)), hooks.landing(self.tiers.snapshot.land):
             try:
                 return attempt(final_step)
             except NoticeInWait:
@@ -430,14 +430,14 @@ class ElasticRun:
                 self.tiers.prepare(attempt.state)
                 attempt.prepared = True
             meta = {"step": attempt.step, "data": attempt.data}
-            settle = self._settle(ahead)
+            wait_step = self._wait_step(ahead)
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
-                self._stop_for_preemption(attempt, {**meta, OWED: True}, settle)
+                self._stop_for_preemption(attempt, {**meta, OWED: True}, wait_step)
             if self.notice is not None and self.notice.reached(attempt.step):
-                self._stop_for_preemption(attempt, meta, settle)
+                self._stop_for_preemption(attempt, meta, wait_step)
             # The saves' own seconds are not the next step's time; the wait before them is.
             carried = self.tiers.on_step(
-                attempt.step, attempt.state, meta, attempt.mesh, emit=self.emit, settle=settle
+                attempt.step, attempt.state, meta, attempt.mesh, emit=self.emit, wait_step=wait_step
             )
             current = ahead
             if self.manager.available_inactive_slices and attempt.step < final_step:
@@ -487,7 +487,7 @@ class ElasticRun:
         return _InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
 
-    def _settle(self, ahead: _InFlight | None) -> Callable[[], None] | None:
+    def _wait_step(self, ahead: _InFlight | None) -> Callable[[], None] | None:
         """The wait for the step in flight, within the step deadline, that a save runs
         before its clock starts (:mod:`~elastic_dew.elastic.tiers`); ``None`` when no step
         is in flight."""
@@ -564,17 +564,17 @@ class ElasticRun:
         self.emit(Stop(reason="done", step=step))
         return Finished(state, step)
 
-    def _stop_for_preemption(self, attempt: _Attempt, meta: dict, settle: Callable[[], None] | None) -> None:
+    def _stop_for_preemption(self, attempt: _Attempt, meta: dict, wait_step: Callable[[], None] | None) -> None:
         """Write the agreed step's checkpoint, commit it, and raise ``Preempted`` of it.
 
-        ``settle`` waits for the step in flight first (that step is dropped; its wait is
+        ``wait_step`` waits for the step in flight first (that step is dropped; its wait is
         not the checkpoint's). With no checkpoint directory nothing outlives the process,
         so the stop (and ``Preempted``) is of step 0: the step a re-run resumes after.
         """
         step = attempt.step
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
-        saved = self.tiers.checkpoint.commit(step, attempt.state, meta, settle)
+        saved = self.tiers.checkpoint.commit(step, attempt.state, meta, wait_step)
         if saved is not None:
             self.emit(saved)
         else:

@@ -16,7 +16,7 @@ Every save event is built by :func:`timed_save`; every save announces its phase
 itself. A save is offered the state of the last completed step while the next step is in
 flight, and whatever of the save would wait for that step (on a CPU backend its first
 program queues behind it and its host work competes with it for the cores) is not saving:
-:func:`timed_save` first calls the caller's ``settle``, which waits for the step in flight,
+:func:`timed_save` first calls the caller's ``wait_step``, which waits for the step in flight,
 and starts its clock after. The protocol counts that wait in the step's own line
 (:class:`Held` says when it began). So a cadence save's seconds run from the step in flight's
 completion to ``Snapshots.save`` handing the packed state to Orbax (tier 1) or to Orbax's
@@ -48,17 +48,17 @@ logger = logging.getLogger(__name__)
 
 
 #: Waits for the step in flight (the protocol's, bounded by its step deadline).
-Settle = Callable[[], Any]
+StepWait = Callable[[], Any]
 
 
-def timed_save(tier: str, step: int, save: Callable[[], bool], settle: Settle | None = None) -> Save:
+def timed_save(tier: str, step: int, save: Callable[[], bool], wait_step: StepWait | None = None) -> Save:
     """Run ``save`` (which returns whether the tier took the state) and describe it.
 
-    ``settle`` (the wait for the step in flight, when one is) runs first, off the clock:
+    ``wait_step`` (the wait for the step in flight, when one is) runs first, off the clock:
     the event's ``seconds`` are ``save``'s alone (the module's rule).
     """
-    if settle is not None:
-        settle()
+    if wait_step is not None:
+        wait_step()
     started = time.monotonic()
     taken = bool(save())
     return Save(tier=tier, step=step, taken=taken, seconds=time.monotonic() - started)
@@ -83,13 +83,13 @@ class SnapshotTier:
             self.snapshots.join()
 
     def on_step(
-        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, settle: Settle | None = None
+        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, wait_step: StepWait | None = None
     ) -> Save | None:
         """Snapshot ``state`` if ``step`` is on the cadence; the save event, or ``None``."""
         if not self.due(step):
             return None
         hooks.phase(self.name, step)
-        return timed_save(self.name, step, lambda: self.snapshots.save(step, state, meta, mesh), settle)
+        return timed_save(self.name, step, lambda: self.snapshots.save(step, state, meta, mesh), wait_step)
 
 
 class CheckpointTier:
@@ -110,13 +110,13 @@ class CheckpointTier:
         return self.checkpoints is not None and bool(self.every) and not step % self.every
 
     def on_step(
-        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, settle: Settle | None = None
+        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, wait_step: StepWait | None = None
     ) -> Save | None:
         """Start the checkpoint of ``step`` if it is on the cadence; the save event, or ``None``."""
         if not self.due(step):
             return None
         hooks.phase(self.name, step)
-        return timed_save(self.name, step, lambda: self.checkpoints.save(step, state, meta) or True, settle)
+        return timed_save(self.name, step, lambda: self.checkpoints.save(step, state, meta) or True, wait_step)
 
     def final(self, step: int, state: Any, meta: dict) -> Save | None:
         """Commit the last step's checkpoint (unless the cadence already did); its event, or ``None``."""
@@ -132,8 +132,8 @@ class CheckpointTier:
         self.checkpoints.wait()
         return saved
 
-    def commit(self, step: int, state: Any, meta: dict, settle: Settle | None = None) -> Save | None:
-        """Write and commit the checkpoint of the step a preemption agreed on (``settle``:
+    def commit(self, step: int, state: Any, meta: dict, wait_step: StepWait | None = None) -> Save | None:
+        """Write and commit the checkpoint of the step a preemption agreed on (``wait_step``:
         the wait for the step in flight, off the save's clock).
 
         ``None``, with an error logged, when there is nowhere to write it.
@@ -149,15 +149,15 @@ class CheckpointTier:
             self.checkpoints.wait()
             return True
 
-        return timed_save(self.name, step, write, settle)
+        return timed_save(self.name, step, write, wait_step)
 
 
 class Held(NamedTuple):
     """What one step's saves took of the loop: the wait for the step in flight began at
-    ``settled`` (a ``time.monotonic()``; that wait is step time) and the saves' events hold
+    ``waited_from`` (a ``time.monotonic()``; that wait is step time) and the saves' events hold
     ``seconds`` between them."""
 
-    settled: float
+    waited_from: float
     seconds: float
 
 
@@ -238,25 +238,25 @@ class Tiers:
         mesh: jax.sharding.Mesh,
         *,
         emit: Callable[[Save], None],
-        settle: Settle | None = None,
+        wait_step: StepWait | None = None,
     ) -> Held | None:
         """Offer completed ``step``'s state to each tier in turn, ``emit`` each save event
         before the next tier is offered it (a fault inside the checkpoint cannot lose the
-        snapshot's event); ``settle`` waits for the step in flight before the first save.
+        snapshot's event); ``wait_step`` waits for the step in flight before the first save.
 
         Returns ``None`` when no tier saved, else the :class:`Held` the step lines need.
         """
         if not self.due(step):
             return None
-        settled = time.monotonic()
+        waited_from = time.monotonic()
         seconds = 0.0
         for tier in self:
-            saved = tier.on_step(step, state, meta, mesh, settle)
+            saved = tier.on_step(step, state, meta, mesh, wait_step)
             if saved is not None:
-                settle = None  # settled: the next tier's save has nothing to wait for
+                wait_step = None  # waited: the next tier's save has nothing to wait for
                 seconds += saved.seconds
                 emit(saved)
-        return Held(settled, seconds)
+        return Held(waited_from, seconds)
 
     def newest(self) -> tuple[str, int | None]:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`)."""

@@ -530,7 +530,7 @@ class ScheduleRunner:
         """Record, then fire, every fault due at this announcement, in schedule order.
 
         Before a snapshot save, and before a step-keyed fault fires, the run's snapshot in
-        flight is settled (:func:`elastic_dew.elastic.hooks.settle`; not while a slice hangs):
+        flight is landed (:func:`elastic_dew.elastic.hooks.land_in_flight`; not while a slice hangs):
         a save is then never skipped for a transfer still running, and a fault never meets
         one, so which snapshot a recovery loads depends on the schedule alone.
         """
@@ -540,7 +540,7 @@ class ScheduleRunner:
             self._waiting = step if phase == "wait" else None
             due = self._collect(phase, step, waiting=self._waiting is not None)
         if (phase == "snapshot" or any(not fault.timed for fault, _ in due)) and not self.target.hung:
-            hooks.settle()
+            hooks.land_in_flight()
         self._fire(due, phase, step)
 
     def on_dispatch(self, phase: str, step: int) -> None:
