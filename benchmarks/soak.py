@@ -64,22 +64,19 @@ def _compilation_cache(directory: Path) -> Iterator[None]:
     4, 3, 2 and 1 slices): each distinct program is compiled once and loaded from the cache
     after that, as ``elastic-dew train`` keeps a cache for its simulated runs. Programs under
     JAX's one-second threshold are kept too (on CPU every one of them is). The directory is
-    the soak's own, so the first schedules compile for real.
+    the soak's own, so the first schedules compile for real; the process's own cache
+    settings are back when the soak ends.
     """
     import jax
-    from jax.experimental.compilation_cache import compilation_cache
 
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    before = {name: getattr(jax.config, name) for name in names}
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: decide again
+    from elastic_dew.runtime import use_compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+    use_compilation_cache(directory, min_compile_time_s=0)
     try:
         yield
     finally:
-        for name, value in before.items():
-            jax.config.update(name, value)
-        compilation_cache.reset_cache()
+        use_compilation_cache(before[0], min_compile_time_s=before[1])
 
 
 def _soak(schedules: int, workdir: Path, first_seed: int, progress_every: int) -> dict[str, Any]:

@@ -43,19 +43,14 @@ def compilation_cache(tmp_path_factory):
     a second): most of the suite's compiles are small programs built again by later tests.
     JAX leaves out of the cache what it cannot reload faithfully (host callbacks).
     """
-    import jax
-    from jax._src import compilation_cache as jax_cache
-
     base = tmp_path_factory.mktemp("xdg-cache")
     os.environ["XDG_CACHE_HOME"] = str(base)
     from elastic_dew.run import compilation_cache_dir
+    from elastic_dew.runtime import use_compilation_cache
 
     directory = compilation_cache_dir()
     directory.mkdir(parents=True)
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax_cache.reset_cache()
+    use_compilation_cache(directory, min_compile_time_s=0)
     yield directory
 
 

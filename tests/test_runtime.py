@@ -21,6 +21,7 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 import pytest
 
 from elastic_dew import runtime
@@ -34,7 +35,9 @@ from elastic_dew.runtime import (
     cuda_plugin,
     prepare_process,
     run_timestamp,
+    use_compilation_cache,
 )
+from elastic_dew.runtime.compilation_cache import JAX_MIN_COMPILE_TIME_S
 
 HANG_GUARD = 120
 
@@ -243,14 +246,30 @@ def test_cuda_plugin_is_found_by_its_module_without_importing_it(tmp_path, monke
 
 @pytest.fixture
 def cache_config():
-    before = jax.config.jax_compilation_cache_dir
+    """The session's cache settings (``tests/conftest.py``), put back after the test."""
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
     yield
-    jax.config.update("jax_compilation_cache_dir", before)
+    use_compilation_cache(before[0], min_compile_time_s=before[1])
 
 
-def test_compilation_cache_dir_turns_on_the_persistent_cache_there(clean_env, cache_config, tmp_path):
+def test_compilation_cache_dir_turns_on_the_persistent_cache_there_with_jaxs_own_threshold(
+    clean_env, cache_config, tmp_path
+):
     prepare_process(multi_host=False, compilation_cache_dir=tmp_path / "cache")
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == JAX_MIN_COMPILE_TIME_S == 1.0
+
+
+def test_use_compilation_cache_caches_programs_over_its_threshold_and_none_turns_it_off(cache_config, tmp_path):
+    assert use_compilation_cache(tmp_path, min_compile_time_s=0) is True
+    jax.jit(lambda x: x * 3 + 1)(np.arange(5.0)).block_until_ready()
+    assert any(tmp_path.iterdir()), "a program compiled in under a second was not cached at threshold 0"
+    assert use_compilation_cache(None) is False
+    assert jax.config.jax_compilation_cache_dir is None
+    for bad in (-1, float("nan"), "1", True):
+        with pytest.raises(ValueError, match="min_compile_time_s"):
+            use_compilation_cache(tmp_path, min_compile_time_s=bad)
+    assert jax.config.jax_compilation_cache_dir is None  # refused before anything changed
 
 
 def test_a_gpu_pool_on_a_jax_that_keys_pools_differently_compiles_without_the_cache(

@@ -8,7 +8,8 @@ The package is split by job; this module re-exports its public names, so
 - :mod:`~elastic_dew.runtime.preemption`: :class:`PreemptionNotice`, :class:`Preempted`,
   :data:`PREEMPTED_EXIT` and :func:`install_exit_hook`;
 - :mod:`~elastic_dew.runtime.xla_flags` (:data:`EXECUTION_TIMEOUT`) and
-  :mod:`~elastic_dew.runtime.compilation_cache`: what XLA starts with;
+  :mod:`~elastic_dew.runtime.compilation_cache` (:func:`use_compilation_cache`, the one
+  place JAX's persistent compilation cache is configured): what XLA starts with;
 - :mod:`~elastic_dew.runtime.backend`: :func:`cuda_plugin` and the other questions
   about the backend that can be asked before it opens;
 - :mod:`~elastic_dew.runtime.pool`: joining the JAX process pool (GPU, Slurm, mpirun,
@@ -28,6 +29,7 @@ calls :func:`install_exit_hook` (or :func:`prepare_process`).
 from __future__ import annotations
 
 from elastic_dew.runtime.backend import cuda_plugin
+from elastic_dew.runtime.compilation_cache import use_compilation_cache
 from elastic_dew.runtime.layout import Layout
 from elastic_dew.runtime.local_bucket import use_local_bucket
 from elastic_dew.runtime.preemption import (
@@ -51,5 +53,6 @@ __all__ = [
     "install_exit_hook",
     "prepare_process",
     "run_timestamp",
+    "use_compilation_cache",
     "use_local_bucket",
 ]

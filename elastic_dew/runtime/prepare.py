@@ -65,11 +65,12 @@ def prepare_process(
     is added unless a value is already set. Called after a backend started, with flags
     that could no longer take effect, it raises ``RuntimeError`` and changes nothing.
 
-    ``compilation_cache_dir`` turns on JAX's persistent compilation cache there; a GPU
-    pool on a jax that keys multi-process computations differently per process compiles
-    without it and says why in a warning. Under Pathways (``JAX_PLATFORMS`` names the
-    proxy backend), which keeps its own cache, it is ignored with a warning, and
-    ``pathwaysutils.initialize()`` runs instead of joining a JAX pool.
+    ``compilation_cache_dir`` turns on JAX's persistent compilation cache there, with
+    JAX's own threshold (:func:`use_compilation_cache`); a GPU pool on a jax that keys
+    multi-process computations differently per process compiles without it and says why in
+    a warning. Under Pathways (``JAX_PLATFORMS`` names the proxy backend), which keeps its
+    own cache, it is ignored with a warning, and ``pathwaysutils.initialize()`` runs
+    instead of joining a JAX pool.
 
     Joining the pool: ``jax.distributed.initialize()`` with cluster detection (TPU pods,
     Slurm, Open MPI, GKE). ``DEW_PROCESS_COUNT``/``DEW_PROCESS_ID`` left by
@@ -103,10 +104,7 @@ def prepare_process(
         raise ValueError(f"xla_flags must be a string of XLA flags or None, got {xla_flags!r}")
     if layout is not None and not isinstance(layout, Layout):
         raise ValueError(f"layout must be an elastic_dew.runtime.Layout or None, got {layout!r}")
-    if compilation_cache_dir is not None and not isinstance(compilation_cache_dir, (str, os.PathLike)):
-        raise ValueError(
-            f"compilation_cache_dir must be a path or None, got {compilation_cache_dir!r}"
-        )
+    compilation_cache._check(compilation_cache_dir, compilation_cache.JAX_MIN_COMPILE_TIME_S)
     for token in shlex.split(xla_flags or ""):
         if not token.startswith("--"):
             raise ValueError(f"xla_flags: {token!r} is not an XLA flag (--name=value)")
@@ -136,11 +134,4 @@ def prepare_process(
     install_exit_hook()
     pool._join_pool(plan)
     if compilation_cache_dir is not None:
-        if pathways:
-            logger.warning(
-                "compilation_cache_dir=%s ignored: Pathways keeps its own compilation cache "
-                "and turns JAX's off",
-                compilation_cache_dir,
-            )
-        else:
-            compilation_cache._enable_cache(compilation_cache_dir)
+        compilation_cache.use_compilation_cache(compilation_cache_dir)
