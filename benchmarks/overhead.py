@@ -89,7 +89,7 @@ def _bare(parts: dict, steps: int, workdir: Path) -> tuple[float, float]:
     from elastic_dew.elastic.slices import batch_sharding, mesh_of
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="bare-"))
-    program = Trainer(**parts, config=_config(), run_dir=run_dir, train=TrainConfig(sharding=POLICY))._program
+    program = Trainer(**parts, config=_config(), run_dir=run_dir, train=TrainConfig(sharding=POLICY)).program
     mesh = mesh_of(jax.devices()[:8], 4)
     state = program.init_state(mesh)
     step_fn = program.compile(mesh, GLOBAL_BATCH)

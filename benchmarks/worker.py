@@ -53,12 +53,18 @@ def lm_parts() -> dict:
 
 
 def lm_program(parts: dict, policy="fsdp"):
-    """The protocol's program for ``parts`` (of :func:`lm_parts`) as ``Trainer`` builds it,
-    for the benchmarks that drive ``ElasticRun`` directly."""
-    from elastic_dew.trainer import _Functional, _Program
+    """The protocol's program for ``parts`` (of :func:`lm_parts`) laid out by ``policy``, as
+    ``Trainer.fit`` runs it (``Trainer.program``), for the benchmarks that drive
+    ``ElasticRun`` directly."""
+    import tempfile
 
-    model = _Functional(parts["init"], parts["loss"])
-    return _Program(model, parts["optimizer"], parts["dataset"][0], 0, frozenset(), policy)
+    from elastic_dew import Trainer, TrainConfig
+    from elastic_dew.elastic.config import ElasticConfig
+
+    with tempfile.TemporaryDirectory() as run_dir:  # never written: only the program is used
+        trainer = Trainer(**parts, config=ElasticConfig(global_batch=48), run_dir=run_dir,
+                          train=TrainConfig(sharding=policy))
+    return trainer.program
 
 
 def restart(checkpoint_dir: str, run_dir: str) -> int:

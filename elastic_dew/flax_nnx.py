@@ -127,7 +127,7 @@ class NnxModel:
         return nnx.merge(graph, param_state, rest_state)
 
     def loss(self, params: dict, variables: dict | None, batch: Any, key: jax.Array, *, train: bool) -> tuple:
-        from elastic_dew.trainer import split_loss
+        from elastic_dew.trainer.model import split_loss
 
         del key  # an NNX model draws from its own nnx.Rngs, which are state
         model = self._merge(self._train_graph if train else self._eval_graph, params, variables)
