@@ -7,7 +7,9 @@ metadata (:func:`elastic_dew.elastic.config.setting`): the flagged fields of eac
 :class:`~elastic_dew.train_config.TrainConfig`,
 :class:`~elastic_dew.elastic.config.ElasticConfig`), so a setting's default, help and range
 are declared once. A flag left out takes its part's default, as the Python API does. Only
-here is a refused setting worded with its flag (:func:`refusal`).
+here is a refused setting worded with its flag (:func:`refusal`): the library names a
+setting as Python does (``minimum_slice_count=3``), and :func:`in_flags` words each such
+mention as its flag (``--min-slices 3``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import collections.abc
 import contextlib
 import dataclasses
 import logging
+import re
 import sys
 import types
 import typing
@@ -29,7 +32,7 @@ from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.observe import sinks as observing
 from elastic_dew.train_config import TrainConfig
 
-__all__ = ["add_options", "flag_of", "refusal", "config_of", "parse_overrides", "setup", "train", "Terminal", "main"]
+__all__ = ["add_options", "flag_of", "in_flags", "refusal", "config_of", "parse_overrides", "setup", "train", "Terminal", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +83,36 @@ def flag_of(field: str, owner: type | None = None) -> str:
     return field
 
 
+def _flags() -> dict[str, str]:
+    return {field.name: field.metadata["flag"] for cls in _PARTS.values() for field, _ in _flagged(cls)}
+
+
+#: A setting named as Python names it, ``field=value`` (not an attribute, not a keyword's tail).
+_MENTION = re.compile(r"(?<![\w.])([a-z][a-z0-9_]*)=(\S+)")
+
+
+def in_flags(text: str, *, keep: str | None = None) -> str:
+    """``text`` with each ``field=value`` that names a run setting with a flag worded as that
+    flag (``minimum_slice_count=3`` -> ``--min-slices 3``); ``keep`` is a field whose mentions
+    stay as they are (a refusal already headed by its flag)."""
+    flags = _flags()
+
+    def worded(match: re.Match) -> str:
+        field = match[1]
+        if field == keep or field not in flags:
+            return match[0]
+        return f"{flags[field]} {match[2]}"
+
+    return _MENTION.sub(worded, text)
+
+
 def refusal(error: ValueError) -> str:
     """A refused setting worded for the command line: a
-    :class:`~elastic_dew.elastic.config.SettingError` with its field's flag, anything else as it is."""
+    :class:`~elastic_dew.elastic.config.SettingError` headed by its field's flag, and in any
+    refusal each other setting it names worded as its flag (:func:`in_flags`)."""
     if isinstance(error, SettingError):
-        return error.wording(flag_of(error.field, error.owner))
-    return str(error)
+        return in_flags(error.wording(flag_of(error.field, error.owner)), keep=error.field)
+    return in_flags(str(error))
 
 
 def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None:

@@ -358,7 +358,7 @@ def test_an_initialisation_the_replicator_never_answers_ends_at_the_timeout_with
     with SimulatedSlices(1, 2, replicator=tmp_path) as sim:
         sim.replicator.answering = False
         started = time.monotonic()
-        with pytest.raises(MultiTierError, match="not initialised within 2 s.*replicator.yaml.*--mtc-init-timeout"):
+        with pytest.raises(MultiTierError, match="not initialised within 2 s.*replicator.yaml.*ElasticConfig.mtc_init_timeout"):
             multi_tier(sim, mesh=slice_mesh(sim, [0]), init_timeout_seconds=2)
         assert time.monotonic() - started < 30
         assert sim.replicator.handshakes == []

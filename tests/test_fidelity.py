@@ -237,7 +237,7 @@ def test_a_time_keyed_fault_fires_during_a_wait_without_any_announcement():
 def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_found(schedule, minimum, reason):
     found = unreachable(parse_schedule(schedule), 4, minimum)
     assert found is not None and reason in found
-    assert "restore:" in found and "@+3" in found and "--min-slices" in found
+    assert "restore:" in found and "@+3" in found and "minimum_slice_count=" in found
 
 
 @pytest.mark.parametrize(

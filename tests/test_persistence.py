@@ -16,9 +16,9 @@ PERSISTENT = {"JAX_PLATFORMS": "proxy", "ENABLE_PATHWAYS_PERSISTENCE": "1"}
 def test_a_directory_the_workers_cannot_see_is_refused_under_persistence_with_the_reason_and_the_fix(local):
     problem = checkpoint_dir_problem(local, PERSISTENT)
     assert problem is not None
-    assert f"--checkpoint-dir {local} is not a gs:// URL" in problem
+    assert f"checkpoint_dir={local} is not a gs:// URL" in problem
     assert "TPU workers write the checkpoint arrays" in problem  # the reason
-    assert "--checkpoint-dir gs://BUCKET/runs/NAME/checkpoints" in problem  # the fix
+    assert "checkpoint_dir=gs://BUCKET/runs/NAME/checkpoints" in problem  # the fix
     assert "ENABLE_PATHWAYS_PERSISTENCE=0" in problem  # the other way out
 
 

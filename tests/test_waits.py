@@ -93,6 +93,7 @@ def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_refused_before_an
     proc = _status(_train(run_dir, 60, "--schedule", "lose:3@17,restore:3@35"), 2)
     assert "restore:3@35/step can never fire" in proc.stderr
     assert "restore:3@+3" in proc.stderr
+    assert "carry on without it with --min-slices 3" in proc.stderr  # the console words the setting
     assert not run_dir.exists()
 
 
@@ -184,7 +185,7 @@ def test_a_local_checkpoint_directory_under_pathways_persistence_is_refused(pers
     with pytest.raises(run.UsageError, match="is not a gs:// URL.*TPU workers write"):
         run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r")))
     local = ElasticConfig(global_batch=24, checkpoint_dir="/gcs/runs/x/checkpoints")
-    with pytest.raises(run.UsageError, match="--checkpoint-dir /gcs/runs/x/checkpoints is not a gs:// URL"):
+    with pytest.raises(run.UsageError, match="checkpoint_dir=/gcs/runs/x/checkpoints is not a gs:// URL"):
         run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=local))
     assert not (tmp_path / "r").exists()
 

@@ -162,7 +162,7 @@ class MultiTierBackend:
                 f"{slices} slices ({error}): the replicator did not consume replicator.yaml or answer with "
                 f"a restore marker in {self.directory}; check that multi-tier checkpointing is enabled on "
                 "the node pool and GKE's CheckpointConfiguration is applied (elastic-dew k8s "
-                "checkpoint-config), or raise --mtc-init-timeout; no checkpoint was touched"
+                "checkpoint-config), or raise ElasticConfig.mtc_init_timeout; no checkpoint was touched"
             ) from error
         except RuntimeError as error:
             if "Replicator fatal errors" not in str(error):

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from elastic_dew.console import in_flags
 from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import BUCKET, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
@@ -225,7 +226,7 @@ def _checkpoint_errors(controller: dict[str, Any]) -> list[str]:
     run_dir = value("--run-dir") or "RUN_DIR"
     env = {k: str(v) for k, v in _env_of(controller).items() if isinstance(v, (str, int))}
     problem = checkpoint_dir_problem(value("--checkpoint-dir") or f"{run_dir}/checkpoints", env)
-    return [f"{R.HEAD_JOB}/{R.CONTROLLER}: {problem}"] if problem else []
+    return [f"{R.HEAD_JOB}/{R.CONTROLLER}: {in_flags(problem)}"] if problem else []
 
 
 def jobset_failure_action(jobset: dict[str, Any], replicated_job: str, reason: str, message: str) -> str:

@@ -326,7 +326,8 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
     paused (wall time passes in a wait). Where the order is not certain (a time-keyed fault
     whose predecessor fired while the run was stepping) the check stops and accepts: only
     a fault that certainly cannot fire is reported. A process-ending fault starts a new
-    process, with every slice healthy again.
+    process, with every slice healthy again. The reason names the setting as Python does
+    (``minimum_slice_count=3``).
     """
     faults = schedule.faults
     needed = slices if minimum_slice_count is None else minimum_slice_count
@@ -370,14 +371,15 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
             names = ", ".join(map(str, down))
             first = down[0]
             mode = ("pause-resume waits for every slice" if minimum_slice_count is None
-                    else f"--min-slices {minimum_slice_count} needs {needed} healthy slices")
+                    else f"minimum_slice_count={minimum_slice_count} needs {needed} healthy slices")
+            back = next(name for name, action in ACTION_TABLE.items() if action.slice_healthy)
             return (
                 f"fault {fault} can never fire: after {cause[0]} the run stops stepping at step "
                 f"{paused[0]} and waits for slice {names} ({mode}), and nothing brings "
                 f"{'it' if len(down) == 1 else 'them'} back before step {step}. Key the return "
-                f"to time instead, e.g. restore:{first}@+3 (3 s after the previous fault fired), "
+                f"to time instead, e.g. {back}:{first}@+3 (3 s after the previous fault fired), "
                 f"or let the run carry on without {'it' if len(down) == 1 else 'them'} with "
-                f"--min-slices {max(1, slices - len(down))}"
+                f"minimum_slice_count={max(1, slices - len(down))}"
             )
         if not fire_chain(index, step):
             return None
