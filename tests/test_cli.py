@@ -256,7 +256,7 @@ def test_a_checkpoint_directory_for_multi_tier_is_refused_on_simulated_slices(tm
     monkeypatch.chdir(tmp_path)
     args = ["train", "mlp", "--checkpoint-kind", "multi_tier", "--checkpoint-dir", str(tmp_path / "x")]
     assert cli.main(args) == 2
-    assert "RUN_DIR/replicator/local: drop --checkpoint-dir" in capsys.readouterr().err
+    assert "RUN_DIR/replicator/local: drop --checkpoint-dir " in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -364,10 +364,10 @@ def _check_replica_slicing() -> None:
 REPLICA_PARALLEL_MIN_SLICE_BYTES = 4 * 2**20
 
 #: Whether tier 2 zstd-compresses its array chunks (``PyTreeCheckpointHandler(use_compression=...)``,
-#: on by default in Orbax). Off: a training state's floats compress little (a random-normal
-#: float32 state: 119 MB against 129 MB) and decompressing was over half of a restore's
-#: time (128 MB from the page cache: 4.3 s against 1.7 s uncompressed). A checkpoint
-#: written compressed is still read: the compressor is in each array's metadata.
+#: on by default in Orbax). Off: a training state's floats compress little, and
+#: decompressing is most of a restore's time (``docs/performance.md``, restore bandwidth,
+#: has both measured). A checkpoint written compressed is still read: the compressor is in
+#: each array's metadata.
 USE_COMPRESSION = False
 
 

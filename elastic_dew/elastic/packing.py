@@ -50,8 +50,7 @@ FORMAT = 3
 
 #: Leaves up to this size are packed. Packing saves per-leaf dispatch, which is what a
 #: small leaf costs; a large leaf's cost is its bytes, which packing would copy once more
-#: each way (the restore-bandwidth benchmark measured a 512 MB leaf loading at 0.08 of
-#: memcpy packed against 0.21 unpacked).
+#: each way (``docs/performance.md`` has the restore bandwidth measured either way).
 PACK_MAX_BYTES = 4 * 2**20
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew.elastic.config import SHARDINGS
+from elastic_dew.elastic.packing import is_key
 from elastic_dew.elastic.slices import AXES
 
 __all__ = [
@@ -113,7 +114,8 @@ def fsdp_spec(path: tuple, leaf: Any, mesh: Mesh, *, base: PartitionSpec = Parti
 
 
 def _is_key(leaf: Any) -> bool:
-    return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    """Whether ``leaf`` holds typed PRNG keys (the one rule: :func:`packing.is_key`)."""
+    return is_key(leaf.dtype)
 
 
 def _splittable(leaf: Any) -> bool:

@@ -231,12 +231,12 @@ def _elastic_of(config: RunConfig, defaults: Mapping[str, Any], simulate: bool) 
         elastic = ElasticConfig(global_batch=defaults.get("global_batch", ElasticConfig.global_batch))
     directory = elastic.checkpoint_dir
     if directory is not None and _URL.match(directory) is None and not os.path.isabs(directory):
-        raise UsageError(f"--checkpoint-dir {directory} must be an absolute path or a gs:// URL")
+        raise UsageError(f"checkpoint_dir={directory} must be an absolute path or a gs:// URL")
     if elastic.checkpoint_kind == "multi_tier" and simulate and directory:
         raise UsageError(
-            f"--checkpoint-dir is the TPU workers' local volume for --checkpoint-kind multi_tier; "
+            f"checkpoint_dir is the TPU workers' local volume for checkpoint_kind=multi_tier; "
             f"simulated slices write to the replicator stand-in's RUN_DIR/{rundir.REPLICATOR_DIR}/local: "
-            "drop --checkpoint-dir"
+            f"drop checkpoint_dir={directory}"
         )
     return elastic
 
