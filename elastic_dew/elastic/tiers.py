@@ -64,7 +64,31 @@ def timed_save(tier: str, step: int, save: Callable[[], bool], wait_step: StepWa
     return Save(tier=tier, step=step, taken=taken, seconds=time.monotonic() - started)
 
 
-class SnapshotTier:
+class _Cadence:
+    """A tier's cadence: a save every ``every`` steps (never when ``every`` is 0), announced
+    as the tier's phase and timed by :func:`timed_save`."""
+
+    name: str
+    every: int
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
+        return bool(self.every) and not step % self.every
+
+    def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
+        raise NotImplementedError
+
+    def on_step(
+        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, wait_step: StepWait | None = None
+    ) -> Save | None:
+        """Save ``state`` if ``step`` is on the cadence; the save event, or ``None``."""
+        if not self.due(step):
+            return None
+        hooks.phase(self.name, step)
+        return timed_save(self.name, step, lambda: self._save(step, state, meta, mesh), wait_step)
+
+
+class SnapshotTier(_Cadence):
     """Tier 1: an in-memory snapshot every ``every`` steps (never when ``every`` is 0)."""
 
     name = "snapshot"
@@ -73,26 +97,16 @@ class SnapshotTier:
         self.snapshots = snapshots
         self.every = every
 
-    def due(self, step: int) -> bool:
-        """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
-        return bool(self.every) and not step % self.every
-
     def land(self) -> None:
         """Wait for the snapshot in flight to land in host memory (or fail)."""
         if self.snapshots is not None:
             self.snapshots.join()
 
-    def on_step(
-        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, wait_step: StepWait | None = None
-    ) -> Save | None:
-        """Snapshot ``state`` if ``step`` is on the cadence; the save event, or ``None``."""
-        if not self.due(step):
-            return None
-        hooks.phase(self.name, step)
-        return timed_save(self.name, step, lambda: self.snapshots.save(step, state, meta, mesh), wait_step)
+    def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
+        return self.snapshots.save(step, state, meta, mesh)
 
 
-class CheckpointTier:
+class CheckpointTier(_Cadence):
     """Tier 2: a persistent checkpoint every ``every`` steps, at the end, and on preemption.
 
     ``checkpoints`` is ``None`` when the run has no checkpoint directory: then nothing is
@@ -106,17 +120,12 @@ class CheckpointTier:
         self.every = every
 
     def due(self, step: int) -> bool:
-        """Whether ``step`` is on the cadence (its :meth:`on_step` saves)."""
-        return self.checkpoints is not None and bool(self.every) and not step % self.every
+        """Whether ``step`` is on the cadence (never without a checkpoint directory)."""
+        return self.checkpoints is not None and super().due(step)
 
-    def on_step(
-        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, wait_step: StepWait | None = None
-    ) -> Save | None:
-        """Start the checkpoint of ``step`` if it is on the cadence; the save event, or ``None``."""
-        if not self.due(step):
-            return None
-        hooks.phase(self.name, step)
-        return timed_save(self.name, step, lambda: self.checkpoints.save(step, state, meta) or True, wait_step)
+    def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
+        self.checkpoints.save(step, state, meta)  # started: the write goes on in the background
+        return True
 
     def final(self, step: int, state: Any, meta: dict) -> Save | None:
         """Commit the last step's checkpoint (unless the cadence already did); its event, or ``None``."""

@@ -55,6 +55,11 @@ class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _add_out(parser: argparse.ArgumentParser) -> None:
+    """``--out FILE``: where a render command writes (written whole, or not at all)."""
+    parser.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Declare ``elastic-dew k8s`` and its subcommands (every flag's help shows its default)."""
     sub = parser.add_subparsers(dest="k8s_command", metavar="SUBCOMMAND")
@@ -106,7 +111,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="where the multi-tier checkpoint volume is mounted on workers")
     r.add_argument("--service-account", default=_DEFAULTS.service_account,
                    help="Kubernetes service account of the pods; it needs Workload Identity access to --bucket")
-    r.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
+    _add_out(r)
     r.set_defaults(k8s_run=_render)
 
     p = sub.add_parser("priority-class", help="render a PriorityClass for hot swap", formatter_class=_FORMATTER,
@@ -116,7 +121,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--name", required=True, help="the PriorityClass name that render's --priority refers to")
     p.add_argument("--value", type=int, required=True, help="higher wins; the guide's high-prior-job uses 2000")
     p.add_argument("--description", default="", help="the PriorityClass's description")
-    p.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
+    _add_out(p)
     p.set_defaults(k8s_run=_priority_class)
 
     c = sub.add_parser("checkpoint-config", help="render GKE's CheckpointConfiguration (multi-tier checkpointing)",
@@ -128,7 +133,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--bucket", required=True, help="gs://BUCKET with hierarchical namespace enabled")
     c.add_argument("--tpu-type", required=True, help=f"TPU type of the node pool: {', '.join(TPU_TYPES)}")
     c.add_argument("--in-memory-size", required=True, help="RAM disk per node, e.g. 50Gi")
-    c.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
+    _add_out(c)
     c.set_defaults(k8s_run=_checkpoint_config)
 
     v = sub.add_parser("validate", help="check manifest files (schemas and elastic-run semantics)",

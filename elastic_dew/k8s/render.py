@@ -231,10 +231,21 @@ def _shared_tmp_volume() -> dict[str, Any]:
     return {"name": SHARED_TMP, "hostPath": {"path": "/tmp", "type": "DirectoryOrCreate"}}
 
 
-def _host_network(pod_spec: dict[str, Any]) -> None:
-    """xpk's Pathways template: the pods use the node's network, and keep cluster DNS."""
-    pod_spec["hostNetwork"] = True
-    pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+def _pod_spec(p: JobSetParams, node_selector: dict[str, str], restart_policy: str) -> dict[str, Any]:
+    """What every pod of the JobSet shares: its nodes, restart policy, grace period, service
+    account, the node's network with cluster DNS (xpk's Pathways template) and the priority
+    class (hot swap), when one is given."""
+    pod_spec: dict[str, Any] = {
+        "nodeSelector": node_selector,
+        "restartPolicy": restart_policy,
+        "terminationGracePeriodSeconds": p.grace_seconds,
+        "serviceAccountName": p.service_account,
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+    }
+    if p.priority:
+        pod_spec["priorityClassName"] = p.priority
+    return pod_spec
 
 
 def _head_failure_rules(p: JobSetParams) -> list[dict[str, Any]]:
@@ -281,15 +292,7 @@ def _run_volume(p: JobSetParams) -> dict[str, Any]:
 
 
 def _head_job(p: JobSetParams) -> dict[str, Any]:
-    pod_spec: dict[str, Any] = {
-        "nodeSelector": {NODE_POOL_LABEL: p.head_node_pool},
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": p.grace_seconds,
-        "serviceAccountName": p.service_account,
-    }
-    _host_network(pod_spec)
-    if p.priority:
-        pod_spec["priorityClassName"] = p.priority
+    pod_spec = _pod_spec(p, {NODE_POOL_LABEL: p.head_node_pool}, "Never")
     pod_spec["initContainers"] = [_resource_manager(p), _proxy(p)]
     pod_spec["containers"] = [_controller(p)]
     pod_spec["volumes"] = [_run_volume(p), _shared_tmp_volume()]
@@ -370,18 +373,7 @@ def _sidecar(p: JobSetParams) -> dict[str, Any]:
 
 
 def _worker_job(p: JobSetParams) -> dict[str, Any]:
-    pod_spec: dict[str, Any] = {
-        "nodeSelector": {
-            ACCELERATOR_LABEL: p.tpu.gke_accelerator,
-            TOPOLOGY_LABEL: p.topology,
-        },
-        "restartPolicy": "OnFailure",
-        "terminationGracePeriodSeconds": p.grace_seconds,
-        "serviceAccountName": p.service_account,
-    }
-    _host_network(pod_spec)
-    if p.priority:
-        pod_spec["priorityClassName"] = p.priority
+    pod_spec = _pod_spec(p, {ACCELERATOR_LABEL: p.tpu.gke_accelerator, TOPOLOGY_LABEL: p.topology}, "OnFailure")
     if p.mtc:
         pod_spec["initContainers"] = [_sidecar(p)]
     pod_spec["containers"] = [_worker_container(p)]

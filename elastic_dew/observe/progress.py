@@ -17,14 +17,26 @@ import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from elastic_dew.elastic import events as ev
 
-__all__ = ["Progress", "ProgressLogHandler"]
+__all__ = ["Progress", "ProgressLogHandler", "figures"]
 
 logger = logging.getLogger(__name__)
+
+
+def figures(loss: float | None, metrics: Mapping[str, float], slices: int | None,
+            total_slices: int | None) -> list[str]:
+    """What both displays (this one and :class:`~elastic_dew.observe.progress_bar.ProgressBar`)
+    show of the newest step: its loss, its metrics and the active slices of the allocation."""
+    parts = [f"loss {loss:.4f}"] if loss is not None else []
+    parts.extend(f"{name} {value:.4g}" for name, value in metrics.items())
+    if slices is not None:
+        total = f"/{total_slices}" if total_slices else ""
+        parts.append(f"slices {slices}{total}")
+    return parts
 
 
 class Progress:
@@ -83,12 +95,7 @@ class Progress:
     def line(self) -> str:
         """The status line: step, loss, slices, rate and last event."""
         parts = [f"step {self.step if self.step is not None else '-'}/{self.total_steps}"]
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.4f}")
-        parts.extend(f"{name} {value:.4g}" for name, value in self.metrics.items())
-        if self.slices is not None:
-            total = f"/{self.total_slices}" if self.total_slices else ""
-            parts.append(f"slices {self.slices}{total}")
+        parts.extend(figures(self.loss, self.metrics, self.slices, self.total_slices))
         rate = self.steps_per_second()
         parts.append(f"{rate:.2f} steps/s" if rate is not None else "- steps/s")
         if self.last_event:

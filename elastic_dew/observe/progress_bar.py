@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from elastic_dew.elastic.events import Eval, Event, Fault, Resume, Step, Stop, describe
+from elastic_dew.observe.progress import figures
 
 __all__ = ["ProgressBar"]
 
@@ -85,13 +86,7 @@ class ProgressBar:
         self._last = ""
 
     def _postfix(self) -> str:
-        parts = []
-        if self._loss is not None:
-            parts.append(f"loss {self._loss:.4f}")
-        parts.extend(f"{name} {value:.4g}" for name, value in self._metrics.items())
-        if self._slices is not None:
-            total = f"/{self.total_slices}" if self.total_slices else ""
-            parts.append(f"slices {self._slices}{total}")
+        parts = figures(self._loss, self._metrics, self._slices, self.total_slices)
         # The last event only where it leaves the bar itself some room.
         if self._last and (self._bar.ncols or 0) >= _ROOM_FOR_LAST_EVENT:
             parts.append(self._last)
