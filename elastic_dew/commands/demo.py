@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elastic_dew.console import flag_of
 from elastic_dew.observe import sinks as observing
 from elastic_dew.run import RUNS_DIR, USAGE_EXIT
 from elastic_dew.runtime import run_timestamp
@@ -37,33 +38,31 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class DemoPlan:
-    """One demo's training command line and how often it may be restarted."""
+    """One demo's training run and how often it may be restarted: its steps, its fault
+    schedule, the run settings it gives by field name (``train``'s flags are read from their
+    declarations, :func:`elastic_dew.console.flag_of`) and the ``lm`` recipe's overrides."""
 
     steps: int
     schedule: str
-    train_args: tuple[str, ...]
+    settings: Mapping[str, Any]
+    overrides: tuple[str, ...] = ()
     max_restarts: int = 3
 
+
+#: 4 simulated slices of 2 CPU devices, carrying on with 3 after a loss (replica-resize).
+_SLICES = {"slices": 4, "devices_per_slice": 2, "minimum_slice_count": 3}
 
 FULL = DemoPlan(
     steps=300,
     schedule="lose:1@80,restore:1@140,preempt@220",
-    train_args=(
-        "--slices", "4", "--devices-per-slice", "2", "--min-slices", "3",
-        "--global-batch", "48", "--snapshot-every", "10", "--checkpoint-every", "40",
-        "--log-every", "20",
-    ),
+    settings={**_SLICES, "global_batch": 48, "snapshot_every": 10, "checkpoint_every": 40, "log_every": 20},
 )
 
 QUICK = DemoPlan(
     steps=40,
     schedule="lose:1@10,restore:1@16,preempt@28",
-    train_args=(
-        "--slices", "4", "--devices-per-slice", "2", "--min-slices", "3",
-        "--global-batch", "24", "--snapshot-every", "5", "--checkpoint-every", "15",
-        "--log-every", "10",
-        "--set", "seq_len=32", "--set", "d_model=32", "--set", "heads=2", "--set", "layers=1",
-    ),
+    settings={**_SLICES, "global_batch": 24, "snapshot_every": 5, "checkpoint_every": 15, "log_every": 10},
+    overrides=("seq_len=32", "d_model=32", "heads=2", "layers=1"),
 )
 
 
@@ -84,11 +83,10 @@ def command(plan: DemoPlan, run_dir: Path, log_format: str = "auto") -> list[str
     ``log_format`` is the training processes' ``--log-format``; they inherit the demo's
     standard error, so ``auto`` resolves there as it would for the demo itself.
     """
-    return [
-        sys.executable, "-m", "elastic_dew", "train", "lm",
-        "--steps", str(plan.steps), "--schedule", plan.schedule, "--run-dir", str(run_dir),
-        *plan.train_args, "--log-format", log_format, "--no-summary",
-    ]
+    given = {"steps": plan.steps, "schedule": plan.schedule, "run_dir": run_dir, **plan.settings}
+    args = [arg for name, value in given.items() for arg in (flag_of(name), str(value))]
+    args += [arg for override in plan.overrides for arg in (flag_of("overrides"), override)]
+    return [sys.executable, "-m", "elastic_dew", "train", "lm", *args, "--log-format", log_format, "--no-summary"]
 
 
 def story(events: Iterable[Event | Mapping[str, Any]]) -> list[str]:
