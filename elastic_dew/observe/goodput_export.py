@@ -73,6 +73,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from elastic_dew.elastic.events import Eval, Event, Resume, Save, Start, Step, Stop
+from elastic_dew.observe.extras import require
 
 __all__ = ["BETWEEN_STEPS", "DATA_WAIT", "EVAL", "SAVE", "GoodputExport"]
 
@@ -118,13 +119,9 @@ class GoodputExport:
             raise ValueError("GoodputExport needs a job_name (the run's name); got an empty one")
         if total_slices is not None and total_slices < 1:
             raise ValueError(f"total_slices={total_slices} must be >= 1")
-        try:
-            from ml_goodput_measurement.src.goodput_elastic import ElasticGoodputRecorder
-        except ImportError as error:
-            raise ImportError(
-                "goodput export needs ml-goodput-measurement; install it with "
-                "pip install 'elastic-dew[gke]'"
-            ) from error
+        ElasticGoodputRecorder = require(
+            "goodput export", "ml_goodput_measurement", "ml_goodput_measurement.src.goodput_elastic"
+        ).ElasticGoodputRecorder
         self.job_name = job_name
         self.logger_name = logger_name or f"goodput_{job_name}"
         self.recorder = ElasticGoodputRecorder(

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from elastic_dew.elastic.events import Eval, Event, Fault, Resume, Step, Stop, describe
+from elastic_dew.observe.extras import require
 from elastic_dew.observe.progress import figures
 
 __all__ = ["ProgressBar"]
@@ -59,12 +60,7 @@ class ProgressBar:
             raise ValueError(f"total_steps={total_steps} must be >= 1")
         if width is not None and width < 20:
             raise ValueError(f"width={width} is too narrow for a progress bar; use 20 or more")
-        try:
-            from tqdm import tqdm
-        except ImportError as error:
-            raise ImportError(
-                "the progress bar needs tqdm; install it with pip install 'elastic-dew[observe]'"
-            ) from error
+        tqdm = require("the progress bar", "tqdm").tqdm
         self._tqdm = tqdm
         self.total_steps = total_steps
         self.total_slices = total_slices

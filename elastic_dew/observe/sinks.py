@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import logging
 import os
 import threading
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew.elastic.events import Event, Sink, Step
+from elastic_dew.observe.extras import available, missing
 from elastic_dew.observe.logs import LOG_FORMATS, log_context
 
 __all__ = [
@@ -54,12 +54,12 @@ log = logging.getLogger(__name__)
 
 def tensorboard_available() -> bool:
     """Whether tensorboardX (the ``observe`` extra) is installed."""
-    return importlib.util.find_spec("tensorboardX") is not None
+    return available("tensorboardX")
 
 
 def progress_bar_available() -> bool:
     """Whether tqdm (the ``observe`` extra, for the terminal progress bar) is installed."""
-    return importlib.util.find_spec("tqdm") is not None
+    return available("tqdm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +74,9 @@ class ObserveOptions:
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log format {self.log_format!r} is not one of {LOG_FORMATS}")
         if self.tensorboard and not tensorboard_available():
-            raise ValueError(
-                "--tensorboard needs tensorboardX: pip install 'elastic-dew[observe]', or "
-                "pass --no-tensorboard"
-            )
-        if self.goodput_export and importlib.util.find_spec("ml_goodput_measurement") is None:
-            raise ValueError(
-                "--goodput-export needs ml-goodput-measurement: pip install 'elastic-dew[gke]'"
-            )
+            raise ValueError(missing("--tensorboard", "tensorboardX") + ", or pass --no-tensorboard")
+        if self.goodput_export and not available("ml_goodput_measurement"):
+            raise ValueError(missing("--goodput-export", "ml_goodput_measurement"))
 
     @property
     def writes_tensorboard(self) -> bool:

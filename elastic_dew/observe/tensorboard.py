@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew.elastic.events import Eval, Event, Fault, Resume, Start, Step, Stop, describe
+from elastic_dew.observe.extras import require
 from elastic_dew.rundir import TENSORBOARD_DIR
 
 __all__ = ["TENSORBOARD_DIR", "TensorBoardSink"]
@@ -48,14 +49,7 @@ class TensorBoardSink:
     name = "TensorBoard"
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError as error:
-            raise ImportError(
-                "TensorBoard output needs tensorboardX; install it with "
-                "pip install 'elastic-dew[observe]', or pass --no-tensorboard"
-            ) from error
-        self._writer_class = SummaryWriter
+        self._writer_class = require("TensorBoard output", "tensorboardX").SummaryWriter
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
         self._opened: Any = None
         self._last_step_wall: float | None = None
