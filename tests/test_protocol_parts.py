@@ -200,6 +200,37 @@ def test_the_protocol_emits_typed_events_and_keeps_no_device_array_after_a_run(t
     del state
 
 
+def test_no_save_compiles_a_program_since_each_resume_compiles_the_saves_of_its_layout(tmp_path):
+    """A fresh start, a resume from a snapshot on three slices and a scale-up back to four:
+    every backend compile happens outside the saves (jax.monitoring's compile events,
+    attributed to the phase announced last) on the loop's thread."""
+    loop = threading.current_thread()
+    during_saves: list = []
+    phase = ["start"]
+
+    def on_phase(name, step):
+        phase[0] = name
+
+    def on_compile(event, duration, **kwargs):
+        in_loop = threading.current_thread() is loop  # not the precompiler's
+        if event == "/jax/core/compile/backend_compile_duration" and in_loop and phase[0] in ("snapshot", "checkpoint"):
+            during_saves.append(phase[0])
+
+    hooks.add_listener(on_phase)
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    emitted: list = []
+    try:
+        with SimulatedSlices(4, 2, schedule="lose:1@3,restore:1@5", fault_log=tmp_path / "faults.jsonl"):
+            run = ElasticRun(LinearProgram(), ElasticData(_dataset()), _config(tmp_path, snapshot_every=1),
+                             emit=emitted.append)
+            run.run(7)
+    finally:
+        hooks.remove_listener(on_phase)
+        jax.monitoring.unregister_event_duration_listener(on_compile)
+    assert [e.source for e in emitted if isinstance(e, events.Resume)] == ["fresh", "snapshot", "live"]
+    assert sum(isinstance(e, events.Save) and e.tier == "snapshot" for e in emitted) >= 6
+    assert during_saves == []
+
 
 class _WatchedProgram(LinearProgram):
     """A :class:`LinearProgram` whose steps keep weak references to every state they take

@@ -146,8 +146,6 @@ class _Attempt:
     state: Any
     step: int
     data: dict | None = None
-    #: Whether the tiers were handed a step's output state to get their first save ready.
-    prepared: bool = False
     #: Whether the restored state's evaluation pass was cut short by a preemption (its
     #: meta's :data:`~elastic_dew.elastic.evaluation.OWED`): the attempt runs it first.
     owed: bool = False
@@ -425,10 +423,6 @@ class ElasticRun:
                 ahead = self._dispatch(attempt, current.state, current.step + 1)
                 taken.append(ahead)
             self._complete(attempt, current, started, sum(t.data_seconds for t in taken), held)
-            if not attempt.prepared:
-                # A step's output, not the restored state: the layout every later save sees.
-                self.tiers.prepare(attempt.state)
-                attempt.prepared = True
             meta = {"step": attempt.step, "data": attempt.data}
             wait_step = self._wait_step(ahead)
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
@@ -466,6 +460,9 @@ class ElasticRun:
         )
         self.data.start(batch_size, meta.get("data"))
         recovery.lap("restore")
+        # The saves' programs for this layout, compiled here: the first save compiles nothing.
+        self.tiers.prepare(state, mesh)
+        recovery.lap("mesh_and_compile")
         self.last_step = step
         self.furthest_step = max(self.furthest_step, step)
         logger.info(
@@ -606,5 +603,6 @@ class ElasticRun:
         attempt.in_batch = batch_sharding(mesh)
         self.data.start(batch_size, attempt.data)  # the position after ``step``, not the step in flight
         recovery.lap("restore")
-        attempt.prepared = False
+        self.tiers.prepare(attempt.state, mesh)
+        recovery.lap("mesh_and_compile")
         self.emit(Resume(source="live", step=step + 1, durations=recovery.durations))

@@ -34,9 +34,10 @@ class Recovery:
         return cls(0.0, 0.0)
 
     def lap(self, phase: str) -> None:
-        """``phase`` ended now; it began when the previous phase (or the recovery) ended."""
+        """``phase`` ended now; it began when the previous phase (or the recovery) ended.
+        A phase that ends a second time adds the time since to its duration."""
         now = time.monotonic()
-        self.durations[phase] = now - self._since
+        self.durations[phase] = self.durations.get(phase, 0.0) + now - self._since
         self._since = now
 
 

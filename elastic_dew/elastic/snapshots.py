@@ -127,6 +127,21 @@ class Snapshots:
             packer = self._packers[key] = packing.make_packer(paths, leaves, mesh, self.replica_axis_index)
         return packer
 
+    def prepare(self, state: Any, mesh: Mesh) -> None:
+        """Compile the pack of ``state``'s layout on ``mesh`` now, so the first :meth:`save`
+        of that layout compiles nothing.
+
+        The protocol calls this in the resume window (a resume's ``mesh_and_compile``), on
+        the state it resumes from, which has the layout of every step's output. The pack
+        runs once on the devices (its groups are dropped at once); nothing reaches Orbax or
+        the host. Raises as :meth:`save` would for a state it cannot snapshot.
+        """
+        paths, treedef, placed = self._on_mesh(state, mesh)
+        packer = self._packer(paths, treedef, placed, mesh)
+        to_pack = [leaf for leaf, p in zip(placed, packer.packed) if p]
+        if to_pack:
+            jax.block_until_ready(packer.pack(*to_pack))
+
     def save(self, step: int, state: Any, meta: dict, mesh: Mesh) -> bool:
         """Start an asynchronous snapshot of ``state`` after ``step`` updates.
 

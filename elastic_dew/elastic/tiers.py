@@ -271,8 +271,16 @@ class Tiers:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`)."""
         return newest(self.snapshots, self.checkpoints)
 
-    def prepare(self, state: Any) -> None:
-        """Let tier 2 get its first save of ``state``'s layout ready off the loop."""
+    def prepare(self, state: Any, mesh: jax.sharding.Mesh) -> None:
+        """Get the first saves of ``state``'s layout on ``mesh`` ready before the loop saves.
+
+        Tier 1's pack is compiled now, on the caller's time (the protocol calls this in the
+        resume window and counts it in ``mesh_and_compile``), so no snapshot pays a compile;
+        tier 2 starts its preparation of the leaves it saves replica-parallel
+        (:meth:`~elastic_dew.elastic.checkpoints.Checkpoints.prepare`).
+        """
+        if self.snapshots is not None and self.snapshot.every:
+            self.snapshots.prepare(state, mesh)
         if self.checkpoints is not None:
             self.checkpoints.prepare(state)
 
