@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elastic_dew.elastic.config import Bound, check_fields, setting
 from recipes._common import make_config
 from recipes.data import VOCABULARY, corpus, encode
 
@@ -43,50 +44,41 @@ __all__ = ["LMConfig", "DEFAULTS", "build", "forward", "model_sharding", "main"]
 DEFAULTS = {"steps": 300, "global_batch": 48}
 
 
+_COUNT = Bound(1, whole=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
     """The model, the optimizer and the data of the recipe; ``build(**overrides)`` sets any field."""
 
-    seq_len: int = 64
-    d_model: int = 64
-    heads: int = 4
-    layers: int = 2
-    mlp_ratio: int = 4
-    learning_rate: float = 3e-3
-    warmup_steps: int = 20
-    corpus_chars: int = 200_000
-    examples: int = 1_000_000
-    stride: int = 37
-    eval_fraction: float = 0.1
-    eval_examples: int = 192
-    compute_dtype: str = "float32"
+    seq_len: int = setting(64, bound=_COUNT)
+    d_model: int = setting(64, bound=_COUNT)
+    heads: int = setting(4, bound=_COUNT)
+    layers: int = setting(2, bound=_COUNT)
+    mlp_ratio: int = setting(4, bound=_COUNT)
+    learning_rate: float = setting(3e-3, bound=Bound(0, strict=True))
+    warmup_steps: int = setting(20, bound=Bound(0, whole=True))
+    corpus_chars: int = setting(200_000, bound=_COUNT)
+    examples: int = setting(1_000_000, bound=_COUNT)
+    stride: int = setting(37, bound=_COUNT)
+    #: the share of the corpus held out for evaluation, below 1
+    eval_fraction: float = setting(0.1, bound=Bound(0, strict=True))
+    eval_examples: int = setting(192, bound=_COUNT)
+    compute_dtype: str = setting("float32", choices=("float32", "bfloat16"))
     #: a directory from ``elastic-dew data prepare`` ("": the synthetic corpus)
     data: str = ""
     #: Grain worker processes reading the data (0: read in the training process)
-    data_workers: int = 0
+    data_workers: int = setting(0, bound=Bound(0, whole=True))
 
     def __post_init__(self) -> None:
-        problems = []
         if not isinstance(self.data, str):
-            problems.append(f"data={self.data!r} must be a directory (from `elastic-dew data prepare`)")
-        if not isinstance(self.data_workers, int) or isinstance(self.data_workers, bool) or self.data_workers < 0:
-            problems.append(f"data_workers={self.data_workers!r} must be an int >= 0")
-        for name in ("seq_len", "d_model", "heads", "layers", "mlp_ratio", "corpus_chars", "examples", "stride"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        if self.heads >= 1 and self.d_model % self.heads:
+            raise ValueError(f"data={self.data!r} must be a directory (from `elastic-dew data prepare`)")
+        check_fields(self)  # SettingError for a field outside its bound or choices
+        problems = []
+        if self.d_model % self.heads:
             problems.append(f"d_model={self.d_model} must be divisible by heads={self.heads}")
-        if not self.learning_rate > 0:
-            problems.append(f"learning_rate={self.learning_rate} must be > 0")
-        if self.warmup_steps < 0:
-            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
-        if self.compute_dtype not in ("float32", "bfloat16"):
-            problems.append(f"compute_dtype={self.compute_dtype!r} must be 'float32' or 'bfloat16'")
-        if not 0 < self.eval_fraction < 1 or self.eval_examples < 1:
-            problems.append(
-                f"eval_fraction={self.eval_fraction} must be in (0, 1) and "
-                f"eval_examples={self.eval_examples} >= 1"
-            )
+        if not self.eval_fraction < 1:
+            problems.append(f"eval_fraction={self.eval_fraction} must be below 1")
         elif self.corpus_chars - _held_out(self) <= self.seq_len + 1:
             problems.append(
                 f"corpus_chars={self.corpus_chars} less its evaluation split ({_held_out(self)} "

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elastic_dew.elastic.config import Bound, check_fields, setting
 from recipes._common import make_config
 
 __all__ = ["MLPConfig", "DEFAULTS", "build", "make_data", "make_eval_data", "main"]
@@ -28,30 +29,23 @@ __all__ = ["MLPConfig", "DEFAULTS", "build", "make_data", "make_eval_data", "mai
 DEFAULTS = {"steps": 40, "global_batch": 24}
 
 
+_COUNT = Bound(1, whole=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class MLPConfig:
     """The model, the optimizer and the data; ``build(**overrides)`` sets any field."""
 
-    inputs: int = 8
-    hidden: int = 32
-    examples: int = 16384
-    eval_examples: int = 1152
-    learning_rate: float = 0.05
-    noise: float = 0.01
+    inputs: int = setting(8, bound=_COUNT)
+    hidden: int = setting(32, bound=_COUNT)
+    examples: int = setting(16384, bound=_COUNT)
+    eval_examples: int = setting(1152, bound=_COUNT)
+    learning_rate: float = setting(0.05, bound=Bound(0, strict=True))
+    noise: float = setting(0.01, bound=Bound(0))
     data_seed: int = 1234
 
     def __post_init__(self) -> None:
-        problems = [
-            f"{name}={getattr(self, name)} must be >= 1"
-            for name in ("inputs", "hidden", "examples", "eval_examples")
-            if getattr(self, name) < 1
-        ]
-        if not self.learning_rate > 0:
-            problems.append(f"learning_rate={self.learning_rate} must be > 0")
-        if self.noise < 0:
-            problems.append(f"noise={self.noise} must be >= 0")
-        if problems:
-            raise ValueError("invalid mlp recipe settings: " + "; ".join(problems))
+        check_fields(self)  # SettingError for a field outside its bound
 
 
 def _draw(cfg: MLPConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
