@@ -222,6 +222,25 @@ def test_replicas_a_snapshot_load_donated_read_as_deleted_and_a_later_loss_can_s
             np.asarray(restored["w"])  # on every slice, lost 1 among them
 
 
+def test_a_donating_join_of_replicas_moves_their_buffers_into_its_result_without_a_copy():
+    from pathwaysutils.experimental.concatenate_by_mesh_axis import concatenate_by_mesh_axis
+
+    with SimulatedSlices(2, 1) as sim:
+        pinned = [
+            jax.device_put(np.full(8, float(i), np.float32), NamedSharding(
+                Mesh(np.asarray([device]).reshape(1, 1, 1), ("replica", "data", "model")), PartitionSpec()
+            ).with_memory_kind("pinned_host"))
+            for i, device in enumerate(sim.devices)
+        ]
+        buffers = [a.addressable_shards[0].data.unsafe_buffer_pointer() for a in pinned]
+        joined = concatenate_by_mesh_axis([{"w": a} for a in pinned], "replica")["w"]
+        assert [s.data.unsafe_buffer_pointer() for s in joined.addressable_shards] == buffers
+        assert [float(np.asarray(s.data)[0]) for s in joined.addressable_shards] == [0.0, 1.0]
+        assert all(a.is_deleted() for a in pinned)
+        with pytest.raises(RuntimeError, match="deleted"):
+            jax.device_put(pinned[0], pinned[1].sharding)
+
+
 def test_every_patch_is_undone_when_the_context_exits():
     originals = (
         elastic.get_slice_to_devices,

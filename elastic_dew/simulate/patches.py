@@ -33,7 +33,8 @@ simulator's lock, so :meth:`Registry.refresh_managers` can make each see a chang
 health at once and no check in flight can overwrite that with an older answer.
 pathwaysutils' mesh-axis operations that donate their inputs (``pathwaysutils.jax``'s
 ``concatenate_by_mesh_axis`` and ``split_by_mesh_axis``, which Orbax's Snapshotter calls)
-leave a donated input deleted, as on Pathways, instead of broken (:func:`_donating_copies`).
+leave a donated input deleted, as on Pathways, instead of broken, and copy nothing
+(:func:`_donating_views`).
 
 :data:`registry` holds the one active simulator: :meth:`Registry.install` patches
 everything and makes a simulator active, :meth:`Registry.uninstall` undoes every patch. The
@@ -61,7 +62,6 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 import pathwaysutils
-from jax._src import api as _jax_api
 from jax._src import array as _jax_array
 from jax._src import core as _jax_core
 from jax._src import pjit as _pjit
@@ -155,6 +155,8 @@ class Registry:
     def check_readable(self, array: Any) -> None:
         simulator = self._active
         if simulator is not None and type(array) is _ArrayImpl:
+            if _donated(array):
+                raise _deleted_error(array)
             simulator.check_readable(array)
 
     def answering(self, array: Any) -> bool:
@@ -183,6 +185,9 @@ class Registry:
         step = simulator.step_of(arrays, name, caller)
         if step is not None:
             simulator.on_dispatch("dispatch", step)
+        donated = next((a for a in arrays if _donated(a)), None)
+        if donated is not None:
+            raise _deleted_error(donated)
         simulator.check_dispatch(arrays)
         result = call()
         simulator.derive(arrays, [a for a in jax.tree_util.tree_leaves(outputs(result)) if type(a) is _ArrayImpl])
@@ -253,6 +258,7 @@ class Registry:
         for name in self._ARRAY_PROPERTIES:
             self._replace(_ArrayImpl, name, _guard_property(self, vars(_ArrayImpl)[name]))
         self._replace(_ArrayImpl, "is_ready", _readiness(self, _ArrayImpl.is_ready))
+        self._replace(_ArrayImpl, "is_deleted", _deleted_if_donated(_ArrayImpl.is_deleted))
         self._replace(_ArrayImpl, "addressable_data", _marking_method(self, _ArrayImpl.addressable_data))
         self._replace(
             _ArrayImpl, "addressable_shards", _marking_property(self, vars(_ArrayImpl)["addressable_shards"])
@@ -271,7 +277,7 @@ class Registry:
         self._replace(_pw_elastic, "wait_for_slices", _counting_waits(self, _pw_elastic.wait_for_slices))
         for name in _DONATING_OPS:
             if hasattr(_pw_jax, name):
-                self._replace(_pw_jax, name, _donating_copies(getattr(_pw_jax, name)))
+                self._replace(_pw_jax, name, _donating_views(getattr(_pw_jax, name)))
         self._replace(jax, "device_put", _marking_copy(self, jax.device_put))
         self._replace(_pw_manager.Manager, "__init__", _remembering(self, vars(_pw_manager.Manager)["__init__"]))
         self._replace(
@@ -453,32 +459,67 @@ def _no_jit_fastpath(original: Callable[..., Any]) -> Callable[..., Any]:
 _DONATING_OPS = ("concatenate_by_mesh_axis", "split_by_mesh_axis")
 
 
-def _donating_copies(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A pathwaysutils mesh-axis operation whose donated inputs end deleted, as on Pathways.
+#: The attribute that marks an input a donating mesh-axis operation took (see
+#: :func:`_donating_views`): it reads as deleted, as a donated array does on Pathways.
+_DONATED = "_elastic_dew_donated"
+
+
+def _deleted_error(array: Any) -> RuntimeError:
+    """JAX's own error for reading a deleted array."""
+    return RuntimeError(f"Array has been deleted with shape={array.aval.str_short()}.")
+
+
+def _donated(array: Any) -> bool:
+    return getattr(array, _DONATED, False) is True
+
+
+def _view(array: Any) -> Any:
+    """A new ``jax.Array`` over ``array``'s own device buffers (no bytes copied)."""
+    return jax.make_array_from_single_device_arrays(
+        array.shape, array.sharding, [shard.data for shard in array.addressable_shards]
+    )
+
+
+def _donating_views(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A pathwaysutils mesh-axis operation whose donated inputs end deleted, as on Pathways,
+    without copying a byte.
 
     On the CPU client jaxlib's ``_pathways`` operations take a donated input's buffers and
     leave the array neither deleted nor whole: asking it anything (``is_deleted()``, and
     ``jax.live_arrays()``, which asks every live array) dereferences a null buffer and
-    kills the process with SIGSEGV. With ``donate=True`` this hands the operation copies
-    of the inputs (freed at once, which is safe) and deletes the inputs themselves
-    (``jax.Array.delete``), so a donated input reads as "Array has been deleted", what a
-    donated array is on Pathways.
+    kills the process with SIGSEGV. With ``donate=True`` this hands the operation views of
+    the inputs (new arrays over the same buffers, freed at once: the broken ones), so the
+    outputs own the inputs' buffers as on Pathways, and marks the inputs themselves
+    donated: they stay whole underneath (``jax.live_arrays()`` may ask them anything) but
+    read as deleted (``is_deleted()``; a read, a dispatch or a ``device_put`` of one raises
+    JAX's "Array has been deleted"), what a donated array is on Pathways. A copy of every
+    input instead would move the whole snapshot twice per load on CPU.
     """
 
     def donating(*args, **kwargs):
         if not kwargs.get("donate") or "arrays" not in kwargs:  # pathwaysutils passes both by name
             return original(*args, **kwargs)
         arrays = kwargs["arrays"]
-        kwargs["arrays"] = jax.tree_util.tree_map(lambda x: _jax_api.device_put(x, x.sharding, may_alias=False), arrays)
+        kwargs["arrays"] = jax.tree_util.tree_map(_view, arrays)
         result = original(*args, **kwargs)
-        del kwargs["arrays"]  # the copies, left broken by the donation: freeing them is safe
+        del kwargs["arrays"]  # the views, left broken by the donation: freeing them is safe
         for array in jax.tree_util.tree_leaves(arrays):
-            array.delete()
+            setattr(array, _DONATED, True)
         return result
 
     donating.__name__ = getattr(original, "__name__", "donating")
     donating.__doc__ = getattr(original, "__doc__", None)
     return donating
+
+
+def _deleted_if_donated(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``jax.Array.is_deleted``: an input a donating operation took is deleted."""
+
+    def is_deleted(self):
+        return _donated(self) or original(self)
+
+    is_deleted.__doc__ = getattr(original, "__doc__", None)
+    return is_deleted
 
 
 def _counting_waits(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -502,6 +543,9 @@ def _counting_waits(reg: Registry, original: Callable[..., Any]) -> Callable[...
 
 def _marking_copy(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
     def device_put(x, *args, **kwargs):
+        for leaf in jax.tree_util.tree_leaves(x):
+            if type(leaf) is _ArrayImpl and _donated(leaf):
+                raise _deleted_error(leaf)
         copy = original(x, *args, **kwargs)
         reg.copied(x, copy)
         return copy
