@@ -362,7 +362,9 @@ def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
 def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display | None = None) -> Outcome:
     """Train the planned run (after ``prepare_process``) with ``build``, else the recipe's.
 
-    Raises :class:`UsageError` for recipe settings its ``build`` refuses and, on real slices
+    Raises :class:`~elastic_dew.elastic.config.SettingError` for recipe settings its ``build``
+    refuses (of the field ``overrides``) and for an evaluation cadence the recipe has no
+    evaluation split for, and, on real slices
     (whose count is known only once the protocol is built), a
     :class:`~elastic_dew.elastic.slices.BatchError` for a batch they cannot take;
     ``command.json`` is written only after those checks. A preemption is an
@@ -379,14 +381,15 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     try:
         parts = (build or p.module.build)(**p.overrides)
     except (TypeError, ValueError) as err:
-        raise UsageError(f"--set: {err}") from None
+        raise SettingError(RunConfig, "overrides", dict(p.overrides), problem=str(err)) from None
     missing = set(_PARTS) - set(parts)
     if missing:
         raise UsageError(f"recipe {p.recipe}.build() returned no {', '.join(sorted(missing))}")
     if p.train.eval_every is not None and parts.get("eval_dataset") is None:
-        raise UsageError(
-            f"--eval-every: recipe {p.recipe} has no evaluation split (its build() returns no "
-            "eval_dataset); drop --eval-every, or return eval_dataset from build()"
+        raise SettingError(
+            TrainConfig, "eval_every", p.train.eval_every,
+            problem=f"recipe {p.recipe} has no evaluation split (its build() returns no eval_dataset); "
+            "give no evaluation cadence, or return eval_dataset from build()",
         )
     resuming = (run_dir / rundir.EVENTS_FILE).exists()
     logger.info(
