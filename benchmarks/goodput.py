@@ -22,6 +22,11 @@ the first process's start to the run's last event, the time between processes co
 to meet is each side's faulted goodput over its own fault-free goodput: the share of it
 that survives the faults.
 
+Each run's processes share one JAX persistent compilation cache, the run's own (a fresh
+directory per run, so no run starts warm): a restarted process loads the programs its
+predecessors compiled, as ``elastic-dew train`` does on simulated slices and a Pathways
+controller does from its own cache on a cluster.
+
 The time between processes: the supervisor starts the next process at once, where a
 cluster reschedules a preempted pod in minutes. ``BENCH_RESCHEDULE_DELAY_S`` (default 0)
 sleeps that long before each restart, so the measured runs carry it; and both shares are
@@ -100,10 +105,12 @@ def _supervise(run_dir: Path, steps: int, schedule: str, snapshot_every: int, de
             logger.info("%s: process exited %d; rescheduling takes %.0f s", run_dir.name, status, delay)
             time.sleep(delay)
 
+    env = worker_env()
+    env["BENCH_COMPILATION_CACHE"] = str(run_dir.parent / f"{run_dir.name}-compilation-cache")
     with open(log, "a") as err:
         codes = supervise(
             worker_command("train", str(run_dir), str(steps), schedule, str(snapshot_every), str(CHECKPOINT_EVERY)),
-            max_processes=10, on_restart=wait, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL,
+            max_processes=10, on_restart=wait, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
             stderr=err, timeout=1800,
         )
     if codes[-1] != 0:
@@ -170,7 +177,8 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         f"Goodput: lm, {steps} steps per run, each run without faults and under faults; elastic "
         f"schedule `{elastic_schedule}` ({len(elastic['exit_codes'])} processes), restart baseline "
         f"`{baseline_schedule}` ({len(baseline['exit_codes'])} processes). Goodput counts the time "
-        f"between processes (the supervisor restarts at once, plus a simulated reschedule of "
+        f"between processes (each run's processes share the run's own JAX compilation cache; "
+        f"the supervisor restarts at once, plus a simulated reschedule of "
         f"{delay:.0f} s; measured {elastic['badput'][BETWEEN]:.2f} s and "
         f"{baseline['badput'][BETWEEN]:.2f} s). The rescheduled row is derived from the same runs "
         f"with each restart taking {CLUSTER_RESCHEDULE_S:.0f} s, as a rescheduled pod does on a "

@@ -5,9 +5,7 @@
 * ``restart CHECKPOINT_DIR RUN_DIR``: the restart baseline. A new process starts,
   initialises JAX, compiles the ``lm`` step and restores the newest persistent checkpoint,
   as the whole workload does under the JobSet restart policy; it prints ``FIRST_STEP`` when
-  its first new step has completed and exits at once. With ``BENCH_COMPILATION_CACHE`` set
-  (a directory), JAX's persistent compilation cache is on there (``prepare_process``'s
-  ``compilation_cache_dir``), as ``elastic-dew train`` turns it on for simulated runs.
+  its first new step has completed and exits at once.
 * ``train RUN_DIR STEPS SCHEDULE SNAPSHOT_EVERY CHECKPOINT_EVERY``: ``Trainer.fit`` of ``lm``
   on four simulated slices under a fault schedule (empty: none; exit 143 after a preemption,
   -9 after a ``kill``); the parent restarts it, as a JobSet would.
@@ -15,7 +13,10 @@
   that prints ``READY`` once it is stepping; SIGTERM from the parent must end in a committed
   checkpoint and exit 143. It prints ``SAVE seconds`` (the protocol's own save time).
 
-The device count comes from ``BENCH_DEVICES`` and is set before JAX starts.
+The device count comes from ``BENCH_DEVICES`` and is set before JAX starts. With
+``BENCH_COMPILATION_CACHE`` set (a directory), JAX's persistent compilation cache is on
+there in every mode (``prepare_process``'s ``compilation_cache_dir``), as ``elastic-dew
+train`` turns it on for simulated runs.
 """
 
 from __future__ import annotations

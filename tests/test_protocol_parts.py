@@ -82,6 +82,29 @@ def test_the_loop_waits_for_the_precompiler_instead_of_compiling_the_same_step_a
     assert program.compiles == 1
 
 
+def test_the_precompiler_starts_no_compile_while_a_resume_holds_it():
+    program = CountingProgram()
+    program.release.clear()
+    devices = jax.devices()
+    manager = type("Manager", (), {
+        "active_slice_indices": {0, 1, 2}, "total_slice_count": 3,
+        "slice_to_devices": {i: devices[2 * i: 2 * i + 2] for i in range(3)},
+    })()
+    compiler = StepCompiler(program, manager, ElasticConfig(
+        global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True,
+    ))
+    compiler.start_precompiling()  # three layouts of two slices
+    while program.compiles == 0:
+        threading.Event().wait(0.01)
+    compiler.hold()  # a resume begins while the first layout compiles
+    program.release.set()
+    threading.Event().wait(0.3)
+    assert program.compiles == 1
+    compiler.start_precompiling()  # the resume is done
+    compiler._precompiler.join(30)
+    assert program.compiles == 3
+
+
 class _RecordingProgram(LinearProgram):
     """A :class:`LinearProgram` that records the layout of every compile it is asked for."""
 

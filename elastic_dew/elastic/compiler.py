@@ -6,7 +6,11 @@ pause-resume attempt on the same slices reuses it; and, with
 ``ElasticConfig.precompile_smaller_meshes``, it compiles in a background thread the steps a
 lost slice would need (the active slices less any one), so recovery finds them ready. The
 background thread and the training loop share one compile of a layout: whoever comes second
-waits for the first instead of compiling it again.
+waits for the first instead of compiling it again. The background thread yields to a
+recovery: between :meth:`StepCompiler.hold` (a resume begins) and the next
+:meth:`StepCompiler.start_precompiling` (the resume is done) it starts no compile, so the
+layout, restore and programs the resume needs do not share the host with ahead-of-need
+compiles (the one in progress finishes).
 
 Compiled steps are executables, not device arrays: keeping them does not keep any attempt's
 state alive.
@@ -48,6 +52,8 @@ class StepCompiler:
         self._locks: dict[tuple, threading.Lock] = {}
         self._precompiler: threading.Thread | None = None
         self._stop = threading.Event()
+        self._go = threading.Event()  # clear while a resume is in progress (hold)
+        self._go.set()
 
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
         """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.
@@ -80,6 +86,10 @@ class StepCompiler:
             layouts.append((mesh_of(devices, len(active) - 1, model), batch))
         return layouts
 
+    def hold(self) -> None:
+        """A resume begins: the precompiler starts no compile until :meth:`start_precompiling`."""
+        self._go.clear()
+
     def allow_precompiling(self) -> None:
         """Let :meth:`start_precompiling` run again (a run begins)."""
         self._stop.clear()
@@ -87,9 +97,10 @@ class StepCompiler:
     def start_precompiling(self) -> None:
         """Compile the steps a lost slice would need, in a background thread.
 
-        Does nothing unless ``config.precompile_smaller_meshes``, or while a previous
-        precompiler is still at work.
+        Ends a :meth:`hold`. Starts nothing unless ``config.precompile_smaller_meshes``, or
+        while a previous precompiler is still at work (it goes on with its layouts).
         """
+        self._go.set()
         if not self.config.precompile_smaller_meshes:
             return
         if self._precompiler is not None and self._precompiler.is_alive():
@@ -100,6 +111,7 @@ class StepCompiler:
 
         def work() -> None:
             for mesh, batch in layouts:
+                self._go.wait()
                 if self._stop.is_set():
                     return
                 try:
@@ -113,6 +125,7 @@ class StepCompiler:
     def stop_precompiling(self) -> None:
         """Let the compile in progress finish and start no other."""
         self._stop.set()
+        self._go.set()  # a held precompiler sees the stop
         if self._precompiler is not None:
             self._precompiler.join()
             self._precompiler = None

@@ -447,6 +447,7 @@ class ElasticRun:
 
     def _resume(self, recovery: Recovery) -> _Attempt:
         """Build the mesh, get its compiled step, and restore the newest state onto it."""
+        self.compiler.hold()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
         self.tiers.slices_changed(mesh)
         _, saved_guess = self.tiers.newest()
