@@ -7,7 +7,6 @@ two devices); nothing is mocked.
 from __future__ import annotations
 
 import argparse
-import time
 
 import grain
 import jax
@@ -61,7 +60,8 @@ def _train(run_dir, schedule=None, **trainer):
     for _ in range(3):
         with SimulatedSlices(SLICES, PER_SLICE, schedule=schedule, fault_log=run_dir / "faults.jsonl") as sim:
             manager = make_manager()
-            hold = _settle(sim, manager)
+            # a scale-up at the step the schedule fixes, not when the monitor thread polls
+            hold = lambda phase, step: sim.await_monitor(manager) if phase == "step" else None  # noqa: E731
             hooks.add_listener(hold)
             try:
                 return Trainer(**_model(), config=_config(), run_dir=run_dir, train=TrainConfig(log_every=1000),
@@ -71,22 +71,6 @@ def _train(run_dir, schedule=None, **trainer):
             finally:
                 hooks.remove_listener(hold)
     raise AssertionError("still preempted after three processes")
-
-
-def _settle(sim, manager):
-    """Hold a step until pathwaysutils' monitor has seen a returned slice (as the chaos runner
-    does), so that scale-up happens at a step fixed by the schedule, not by timing."""
-
-    def hold(phase, step):
-        if phase != "step":
-            return
-        returned = set(range(SLICES)) - set(sim.lost) - set(manager.active_slice_indices)
-        deadline = time.monotonic() + 5.0
-        while returned and not manager.available_inactive_slices and time.monotonic() < deadline:
-            time.sleep(0.01)
-            returned -= set(sim.lost)
-
-    return hold
 
 
 @pytest.fixture(scope="module")

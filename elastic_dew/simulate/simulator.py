@@ -59,6 +59,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,17 @@ class SimulatedSlices:
     def fired(self) -> frozenset[Fault]:
         """Scheduled faults fired so far in this run (this process or an earlier one)."""
         return self._runner.fired
+
+    def await_monitor(self, manager: Any, timeout: float = 5.0) -> None:
+        """Wait, up to ``timeout`` seconds, until ``manager``'s monitor thread (pathwaysutils'
+        ``Manager.start_monitoring``) has seen every slice that came back: the monitor polls on
+        its own thread, so without this wait the step at which a replica-resize run adds a
+        returned slice back depends on timing. A slice lost again meanwhile is not waited for."""
+        returned = set(range(self.slices)) - set(self.lost) - set(manager.active_slice_indices)
+        deadline = time.monotonic() + timeout
+        while returned and not manager.available_inactive_slices and time.monotonic() < deadline:
+            time.sleep(0.01)
+            returned -= set(self.lost)
 
     @property
     def steps(self) -> int:

@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -118,21 +117,14 @@ def _listening(listener: Callable[[str, int], None]) -> Iterator[None]:
         hooks.remove_listener(listener)
 
 
-def _settle_scale_up(sim: Any, manager: Any, scenario: Scenario) -> Callable[[str, int], None]:
-    """Hold a step until pathwaysutils' monitor thread has seen a returned slice.
-
-    The monitor polls on its own thread; without this the step at which a returned slice
-    is added back depends on timing. Only replica-resize runs monitor for returned slices.
-    """
+def _hold_for_returned_slices(sim: Any, manager: Any, scenario: Scenario) -> Callable[[str, int], None]:
+    """Hold each step until the manager's monitor has seen a returned slice
+    (:meth:`SimulatedSlices.await_monitor`), so a scale-up happens at a step the schedule
+    fixes. Only replica-resize runs monitor for returned slices."""
 
     def hold(phase: str, step: int) -> None:
-        if phase != "step" or scenario.minimum_slice_count is None:
-            return
-        returned = set(range(TOTAL_SLICES)) - set(sim.lost) - set(manager.active_slice_indices)
-        deadline = time.monotonic() + 5.0
-        while returned and not manager.available_inactive_slices and time.monotonic() < deadline:
-            time.sleep(0.01)
-            returned -= set(sim.lost)
+        if phase == "step" and scenario.minimum_slice_count is not None:
+            sim.await_monitor(manager)
 
     return hold
 
@@ -173,7 +165,7 @@ def run(
                 manager=manager, train=TrainConfig(log_every=1000),
             )
             try:
-                with _listening(_settle_scale_up(sim, manager, scenario)):
+                with _listening(_hold_for_returned_slices(sim, manager, scenario)):
                     trainer.fit(scenario.steps)
             except Preempted as stop:
                 outcome.preempted_at.append(stop.step)
