@@ -105,14 +105,19 @@ def test_a_torn_last_line_from_a_killed_writer_is_ignored_and_the_next_writer_st
         assert [e["event"] for e in rec.events()] == ["step", "step", "start"]
 
 
-def test_a_writer_killed_with_sigkill_loses_no_line_it_had_finished(tmp_path):
-    """A real process appends until it is SIGKILLed; every complete line survives."""
+def test_a_writer_killed_with_sigkill_keeps_every_line_up_to_its_last_save_and_no_later_line_breaks_reading(tmp_path):
+    """A real process appends steps, a save and more steps, starts a line and is SIGKILLed:
+    the steps before the save and the save itself are on disk; of the step lines after it,
+    which wait for their batch, whatever was written is a prefix in order."""
     script = textwrap.dedent(
         f"""
         import os, signal
         from elastic_dew.record import RunRecord
         rec = RunRecord({str(tmp_path)!r})
-        for i in range(200):
+        for i in range(150):
+            rec.append({{"event": "step", "step": i, "wall": float(i), "pad": "x" * 5000}})
+        rec.append({{"event": "save", "tier": "checkpoint", "step": 149, "wall": 149.5, "seconds": 0.1}})
+        for i in range(150, 200):
             rec.append({{"event": "step", "step": i, "wall": float(i), "pad": "x" * 5000}})
         rec._file.write(b'{{"event": "step", "step": 200, "wa')
         rec._file.flush()
@@ -121,7 +126,11 @@ def test_a_writer_killed_with_sigkill_loses_no_line_it_had_finished(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert proc.returncode == -9, proc.stderr.decode()
-    assert [e["step"] for e in read_events(tmp_path)] == list(range(200))
+    lines = read_events(tmp_path)
+    assert [e["step"] for e in lines[:150]] == list(range(150))
+    assert lines[150]["event"] == "save"
+    later = [e["step"] for e in lines[151:]]
+    assert later == list(range(150, 150 + len(later)))
 
 
 def test_a_step_line_is_committed_unless_a_later_resume_is_at_or_below_its_step():

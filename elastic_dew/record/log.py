@@ -1,9 +1,15 @@
 """``events.jsonl``: the run record's writer and readers.
 
-The file is append-only, one JSON object per line, flushed after every line and fsynced
-after the lines a restarted process depends on (start, save, stop, resume, fault). A
-process killed with SIGKILL can leave a torn last line; the next writer starts on a fresh
-line and readers skip the torn one, so no earlier line is ever lost.
+The file is append-only, one JSON object per line. The lines a restarted process depends
+on (start, save, stop, resume, fault) are durable: each is written, with every line before
+it, flushed and fsynced before ``append`` returns. The other lines (a step, an evaluation)
+are written in batches: at the next durable line, once the oldest waiting line is
+:data:`BATCH_SECONDS` old, and at ``close``; so a step costs the loop no system call. A
+process killed with SIGKILL therefore keeps every line up to its last durable one (its
+last save, stop or resume) and may lose the step lines after it, which are never
+committed (a restart resumes at or before that save), and can leave a torn last line; the
+next writer starts on a fresh line and readers skip the torn one, so no durable line, and
+no line before one, is ever lost.
 
 The lines' schema is :mod:`elastic_dew.elastic.events`; :func:`as_events` turns lines (or
 hand-written mappings, or typed events) into those typed events for the readers of the
@@ -29,6 +35,7 @@ from elastic_dew.elastic import events as ev
 
 __all__ = [
     "RunRecord",
+    "BATCH_SECONDS",
     "read_events",
     "run_events",
     "as_event",
@@ -39,8 +46,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Events a restarted process relies on; they reach the disk before ``append`` returns.
+#: Events a restarted process relies on; they reach the disk, with every line before them,
+#: before ``append`` returns.
 _DURABLE_EVENTS = frozenset({"start", "save", "stop", "resume", "fault"})
+
+#: The longest a written line waits in memory before it is handed to the OS (at the next
+#: ``append``): a reader of a live run (``elastic-dew report``) sees its steps this late.
+BATCH_SECONDS = 1.0
 
 #: What a field left out of a hand-written or older line reads as. Fields not listed here
 #: (a step's ``step``, a stop's ``reason``, ...) are required: a line without them is skipped.
@@ -64,7 +76,8 @@ class RunRecord:
 
     Creating one creates ``run_dir``. Appends are serialised by a lock, so threads (an
     asynchronous save reporting its duration, say) can share one record. It is a sink of
-    the run's event stream: calling it with an event appends it.
+    the run's event stream: calling it with an event appends it. Lines that are not
+    durable wait in memory (the module's rule); :meth:`events` and :meth:`close` write them.
     """
 
     name = "run record"
@@ -75,6 +88,8 @@ class RunRecord:
         self.path = self.run_dir / rundir.EVENTS_FILE
         self._lock = threading.Lock()
         self._file = open(self.path, "a+b")  # noqa: SIM115 - held for the record's life
+        self._waiting: list[bytes] = []  # encoded lines not yet written
+        self._oldest = 0.0  # when the first of them was appended (time.monotonic())
         self._repair_torn_tail()
 
     def _repair_torn_tail(self) -> None:
@@ -92,7 +107,10 @@ class RunRecord:
     def append(self, event: ev.Event | Mapping[str, Any]) -> None:
         """Write ``event`` (typed, or its JSON mapping) as one JSON line.
 
-        Flushed always, fsynced for the durable kinds.
+        A durable kind is on disk (fsynced, after every line before it) when this returns;
+        any other waits to be written with the next batch. Raises ``ValueError`` for a line
+        without a kind and ``TypeError`` for a value JSON cannot hold, before anything is
+        written.
         """
         line = ev.to_json(event)
         if "event" not in line:
@@ -104,24 +122,40 @@ class RunRecord:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"the run record {self.path} is closed")
-            self._file.write(data)
-            self._file.flush()
+            if not self._waiting:
+                self._oldest = time.monotonic()
+            self._waiting.append(data)
             if line["event"] in _DURABLE_EVENTS:
+                self._write_waiting()
                 os.fsync(self._file.fileno())
+            elif time.monotonic() - self._oldest >= BATCH_SECONDS:
+                self._write_waiting()
+
+    def _write_waiting(self) -> None:
+        """Write and flush the lines waiting in memory (the caller holds the lock)."""
+        if self._waiting:
+            self._file.write(b"".join(self._waiting))
+            self._waiting.clear()
+        self._file.flush()
 
     def __call__(self, event: ev.Event) -> None:
         """The record as a sink: append ``event``."""
         self.append(event)
 
     def events(self) -> list[dict[str, Any]]:
-        """Every complete event written so far, by any process, in file order."""
+        """Every complete event appended so far, by any process, in file order (this
+        record's waiting lines are written first)."""
+        with self._lock:
+            if not self._file.closed:
+                self._write_waiting()
         return read_events(self.path)
 
     def close(self, summary: object = None) -> None:
-        """Flush, fsync and close (``summary``: as every sink's ``close`` takes it)."""
+        """Write the waiting lines, fsync and close (``summary``: as every sink's ``close``
+        takes it)."""
         with self._lock:
             if not self._file.closed:
-                self._file.flush()
+                self._write_waiting()
                 os.fsync(self._file.fileno())
                 self._file.close()
 
