@@ -56,19 +56,10 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.evaluation import OWED, Evaluation
 from elastic_dew.elastic.data import ElasticData
-from elastic_dew.elastic.events import (
-    DURATION_KEYS,
-    RESUME_SOURCES,
-    STOP_REASONS,
-    Event,
-    Resume,
-    Step,
-    Stop,
-)
+from elastic_dew.elastic.events import Event, Resume, Step, Stop
 from elastic_dew.elastic.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.retry import SliceLossRetryLimit, elastic_retry, make_manager
 from elastic_dew.elastic.slices import (
-    BatchError,
     batch_sharding,
     build_mesh,
     check_batch,
@@ -80,19 +71,7 @@ from elastic_dew.elastic.tiers import Held, Tiers
 from elastic_dew.runtime import Preempted
 from elastic_dew.runtime.preemption import NoticeInWait
 
-__all__ = [
-    "STOP_REASONS",
-    "RESUME_SOURCES",
-    "DURATION_KEYS",
-    "Stop",
-    "Resume",
-    "Program",
-    "StepFn",
-    "ElasticRun",
-    "Finished",
-    "BatchError",
-    "check_batch_for_every_slice_count",
-]
+__all__ = ["Program", "StepFn", "ElasticRun", "Finished"]
 
 logger = logging.getLogger(__name__)
 
