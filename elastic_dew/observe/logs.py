@@ -181,8 +181,8 @@ def setup_logging(
     :func:`set_verbose`. Installs :class:`HandledSliceLossFilter`. Returns the handler.
     """
     if fmt not in LOG_FORMATS:
-        raise ValueError(f"log format {fmt!r} is not one of {LOG_FORMATS}; pass --log-format "
-                         "auto (text on a terminal, JSON lines otherwise), text or json")
+        raise ValueError(f"log format {fmt!r} is not one of {LOG_FORMATS}; give auto (text on a "
+                         "terminal, JSON lines otherwise), text or json")
     stream = stream if stream is not None else sys.stderr
     if fmt == "auto":
         fmt = "text" if _is_terminal(stream) else "json"
