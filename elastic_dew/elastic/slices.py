@@ -38,6 +38,7 @@ __all__ = [
     "global_batch_for",
     "check_batch",
     "check_batch_for_every_slice_count",
+    "micro_steps",
     "reachable_shards",
     "BatchError",
     "batch_sharding",
@@ -149,6 +150,25 @@ def check_batch(global_batch: int, mesh: Mesh) -> None:
             f"devices of the mesh (replica={replicas} x data={data}); use a multiple of "
             f"{shards}, e.g. {nearest}, or a larger model_axis"
         )
+
+
+def micro_steps(global_batch: int, mesh: Mesh, microbatch: int) -> tuple[int, int]:
+    """``(micro-steps, data-parallel devices)`` of ``global_batch`` on ``mesh`` in micro-batches
+    of ``microbatch`` examples per device.
+
+    Raises :class:`BatchError` when ``microbatch`` does not divide the per-device batch (a run
+    is refused that before anything runs, by :func:`check_batch_for_every_slice_count`; this is
+    the same rule on one mesh, for a caller that compiles a step directly).
+    """
+    shards = mesh.shape[AXES[0]] * mesh.shape[AXES[1]]
+    per_device = global_batch // shards
+    if per_device % microbatch:
+        raise BatchError(
+            f"microbatch={microbatch} does not divide the per-device batch of {per_device} "
+            f"(global batch {global_batch} over {shards} data-parallel devices)",
+            field="microbatch", value=microbatch,
+        )
+    return per_device // microbatch, shards
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -24,7 +24,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from elastic_dew.elastic import sharding as shardings
-from elastic_dew.elastic.slices import AXES, batch_sharding, replicated
+from elastic_dew.elastic.slices import AXES, batch_sharding, micro_steps, replicated
 
 __all__ = ["ModelProgram", "Micro", "grad", "accumulated"]
 
@@ -235,14 +235,8 @@ class ModelProgram:
         """How ``global_batch`` splits into micro-steps on ``mesh`` (``None``: no accumulation)."""
         if self.microbatch is None:
             return None
-        shards = mesh.shape[AXES[0]] * mesh.shape[AXES[1]]
-        per_device = global_batch // shards
-        if per_device % self.microbatch:  # ElasticRun refuses this up front; a direct caller is told here
-            raise ValueError(
-                f"microbatch={self.microbatch} does not divide the per-device batch of {per_device} "
-                f"(global batch {global_batch} over {shards} data-parallel devices)"
-            )
-        return Micro(per_device // self.microbatch, shards, NamedSharding(mesh, PartitionSpec(None, AXES[:2])))
+        steps, shards = micro_steps(global_batch, mesh, self.microbatch)
+        return Micro(steps, shards, NamedSharding(mesh, PartitionSpec(None, AXES[:2])))
 
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int):
         state_sharding = self.state_shardings(mesh)
