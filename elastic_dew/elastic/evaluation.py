@@ -41,7 +41,7 @@ import numpy as np
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Eval
-from elastic_dew.elastic.slices import batch_sharding, reachable_shards
+from elastic_dew.elastic.slices import batch_sharding, check_eval_batch
 
 __all__ = ["OWED", "Evaluation", "EvalFn"]
 
@@ -96,16 +96,7 @@ class Evaluation:
                 f"the evaluation set has {len(self.dataset)} examples, fewer than one evaluation "
                 f"batch of {size}; give a larger eval_dataset or a smaller eval batch"
             )
-        shard_counts = reachable_shards(config, total_slices, devices_per_slice)
-        lowest = min(shard_counts)
-        for active, shards in shard_counts.items():
-            if size % shards:
-                raise ValueError(
-                    f"the evaluation batch of {size} examples cannot be split over the {shards} "
-                    f"data-parallel devices of {active} active slices; give an eval batch size "
-                    f"divisible by the data-parallel devices of every slice count from {lowest} "
-                    f"to {total_slices}"
-                )
+        check_eval_batch(size, config, total_slices, devices_per_slice)
 
     def due(self, step: int) -> bool:
         """Whether a pass follows ``step``."""

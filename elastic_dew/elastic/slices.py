@@ -38,6 +38,7 @@ __all__ = [
     "global_batch_for",
     "check_batch",
     "check_batch_for_every_slice_count",
+    "check_eval_batch",
     "micro_steps",
     "reachable_shards",
     "BatchError",
@@ -150,6 +151,22 @@ def check_batch(global_batch: int, mesh: Mesh) -> None:
             f"devices of the mesh (replica={replicas} x data={data}); use a multiple of "
             f"{shards}, e.g. {nearest}, or a larger model_axis"
         )
+
+
+def check_eval_batch(size: int, config: ElasticConfig, total_slices: int, devices_per_slice: int) -> None:
+    """Refuse (``ValueError``), before anything runs, an evaluation batch of ``size`` examples
+    that the data-parallel devices of some reachable slice count cannot divide (an evaluation
+    batch is fixed: it does not follow the batch policy)."""
+    shard_counts = reachable_shards(config, total_slices, devices_per_slice)
+    lowest = min(shard_counts)
+    for active, shards in shard_counts.items():
+        if size % shards:
+            raise ValueError(
+                f"the evaluation batch of {size} examples cannot be split over the {shards} "
+                f"data-parallel devices of {active} active slices; give an eval batch size "
+                f"divisible by the data-parallel devices of every slice count from {lowest} "
+                f"to {total_slices}"
+            )
 
 
 def micro_steps(global_batch: int, mesh: Mesh, microbatch: int) -> tuple[int, int]:
