@@ -165,9 +165,9 @@ def _run_dir_of(spec: RunConfig) -> Path | None:
         raise UsageError("give --run-dir or --name, not both (--name NAME means --run-dir runs/NAME)")
     if spec.run_dir and _URL.match(spec.run_dir):
         raise UsageError(
-            f"--run-dir {spec.run_dir} is a URL, but the run directory must be a local directory "
+            f"run_dir={spec.run_dir} is a URL, but the run directory must be a local directory "
             "(the run record is appended and fsynced line by line); mount the bucket, for example "
-            "with Cloud Storage FUSE, and give the mounted path (--run-dir /gcs/runs/NAME)"
+            "with Cloud Storage FUSE, and give the mounted path (run_dir=/gcs/runs/NAME)"
         )
     if spec.run_dir:
         run_dir = Path(spec.run_dir)
@@ -178,7 +178,7 @@ def _run_dir_of(spec: RunConfig) -> Path | None:
             # container's own filesystem and vanish with the pod, and a restart would
             # silently start over.
             raise UsageError(
-                f"--run-dir {run_dir}: {top} does not exist, so the volume it should be on is "
+                f"run_dir={run_dir}: {top} does not exist, so the volume it should be on is "
                 "not mounted; mount the persistent volume (the manifests mount the bucket with "
                 "Cloud Storage FUSE at /gcs) or give a run directory on one"
             )
