@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from elastic_dew.elastic.config import check_fields, setting
 from elastic_dew.elastic.events import Event, Sink, Step
 from elastic_dew.observe.extras import available, missing
 from elastic_dew.observe.logs import LOG_FORMATS, log_context
@@ -64,15 +65,36 @@ def progress_bar_available() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ObserveOptions:
-    """How a run is observed (see the module for each option and its default)."""
+    """How a run is observed (see the module for each option and its default), each field
+    declared once with :func:`~elastic_dew.elastic.config.setting`: the flags of
+    :func:`add_options` are built from these declarations.
 
-    log_format: str = "auto"
-    tensorboard: bool | None = None
-    goodput_export: bool = False
+    Raises :class:`~elastic_dew.elastic.config.SettingError` for a log format that is not one
+    of :data:`~elastic_dew.observe.logs.LOG_FORMATS`, ``ValueError`` for an option whose
+    library is not installed.
+    """
+
+    log_format: str = setting(
+        "auto",
+        "log lines as text or as JSON lines with a Cloud Logging severity; auto is text on a "
+        "terminal and JSON lines otherwise (default: {default})",
+        flag="--log-format", choices=LOG_FORMATS,
+    )
+    tensorboard: bool | None = setting(
+        None,
+        "write TensorBoard event files under RUN_DIR/tensorboard/ (default: on when tensorboardX, "
+        "the observe extra, is installed)",
+        flag="--tensorboard",
+    )
+    goodput_export: bool = setting(
+        False,
+        "record the run through ml-goodput-measurement's recorder to Cloud Logging, for its "
+        "goodput dashboards (the gke extra; default: off)",
+        flag="--goodput-export",
+    )
 
     def __post_init__(self) -> None:
-        if self.log_format not in LOG_FORMATS:
-            raise ValueError(f"log format {self.log_format!r} is not one of {LOG_FORMATS}")
+        check_fields(self)
         if self.tensorboard and not tensorboard_available():
             raise ValueError(missing("--tensorboard", "tensorboardX") + ", or pass --no-tensorboard")
         if self.goodput_export and not available("ml_goodput_measurement"):
@@ -84,28 +106,29 @@ class ObserveOptions:
         return tensorboard_available() if self.tensorboard is None else self.tensorboard
 
 
+def _add(parser: argparse.ArgumentParser, name: str) -> None:
+    """The flag of the :class:`ObserveOptions` field ``name``, from its declaration: a choice,
+    an on/off pair (``--X/--no-X``) for a default of ``None``, else a switch."""
+    field = next(f for f in dataclasses.fields(ObserveOptions) if f.name == name)
+    meta = field.metadata
+    options: dict[str, Any] = {"dest": name, "default": field.default,
+                               "help": meta["help"].format(default=field.default)}
+    if "choices" in meta:
+        options["choices"] = meta["choices"]
+    else:
+        options["action"] = argparse.BooleanOptionalAction if field.default is None else "store_true"
+    parser.add_argument(meta["flag"], **options)
+
+
 def add_log_format(parser: argparse.ArgumentParser) -> None:
     """``--log-format``, declared once for every command that takes it (``train``, ``demo``)."""
-    parser.add_argument(
-        "--log-format", choices=LOG_FORMATS, default="auto",
-        help="log lines as text or as JSON lines with a Cloud Logging severity; auto is text "
-        "on a terminal and JSON lines otherwise (default: %(default)s)",
-    )
+    _add(parser, "log_format")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """``--log-format``, ``--tensorboard/--no-tensorboard`` and ``--goodput-export``."""
-    add_log_format(parser)
-    parser.add_argument(
-        "--tensorboard", action=argparse.BooleanOptionalAction, default=None,
-        help="write TensorBoard event files under RUN_DIR/tensorboard/ (default: on when "
-        "tensorboardX, the observe extra, is installed)",
-    )
-    parser.add_argument(
-        "--goodput-export", action="store_true",
-        help="record the run through ml-goodput-measurement's recorder to Cloud Logging, for "
-        "its goodput dashboards (the gke extra; default: off)",
-    )
+    for field in dataclasses.fields(ObserveOptions):
+        _add(parser, field.name)
 
 
 def options_of(args: argparse.Namespace) -> ObserveOptions:
