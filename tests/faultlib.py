@@ -1,4 +1,4 @@
-"""Shared helpers of the fault-matrix, chaos and bad-input tests.
+"""Shared helpers of the fault-matrix, chaos, waits and bad-input tests.
 
 Scenarios run through :mod:`elastic_dew.testing` (the same runner and invariant checker the
 seeded chaos mode uses), so a fixed scenario here and a random one there are checked alike.
@@ -16,15 +16,23 @@ def events(outcome: chaos.Outcome) -> list[dict]:
     return record.read_events(outcome.run_dir)
 
 
-def kinds(outcome: chaos.Outcome) -> list[tuple]:
-    """The stops and resumes of the run record, in order: ``("stop", reason, step)``..."""
+def turns(run_dir: Path) -> list[tuple]:
+    """The stops and resumes of a run directory's record, in order: ``("stop", reason, step)``
+    and ``("resume", source, step)``; none while its record does not exist yet."""
+    if not (Path(run_dir) / rundir.EVENTS_FILE).exists():
+        return []
     out = []
-    for e in events(outcome):
+    for e in record.read_events(run_dir):
         if e["event"] == "stop":
             out.append(("stop", e["reason"], e["step"]))
         elif e["event"] == "resume":
             out.append(("resume", e["source"], e["step"]))
     return out
+
+
+def kinds(outcome: chaos.Outcome) -> list[tuple]:
+    """The stops and resumes of a scenario's run record, in order (:func:`turns`)."""
+    return turns(outcome.run_dir)
 
 
 def fired(outcome: chaos.Outcome) -> list[str]:

@@ -159,7 +159,6 @@ PREEMPTION_AT = {
     "recovery_snapshot_load": "lose:1@5,preempt@5/snapshot_load",
     "recovery_compile": "lose:1@5,preempt@5/compile",
     "scale_up": "lose:1@3,restore:1@5,preempt@5/scale_up",
-    "second_sigterm_while_stopping": "preempt@6,preempt@6/stop",
     "last_step": "preempt@12",
 }
 
@@ -178,7 +177,8 @@ def test_a_preemption_at_any_moment_stops_at_a_committed_checkpoint_and_the_reru
 def test_a_second_sigterm_while_stopping_is_ignored_and_the_stop_is_written_once(tmp_path, expected):
     outcome = _run(tmp_path, "preempt@6,preempt@6/stop")
     assert_all_fired(outcome)
-    assert outcome.preempted_at == [6]
+    assert_invariants(outcome, expected)
+    assert outcome.preempted_at == [6] and outcome.processes == 2 and 6 in outcome.checkpoints_seen
     assert [k for k in kinds(outcome) if k[:2] == ("stop", "preempted")] == [("stop", "preempted", 6)]
     saves = [e for e in events(outcome) if e["event"] == "save" and e["tier"] == "checkpoint" and e["step"] == 6]
     assert len(saves) == 1

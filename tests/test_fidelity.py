@@ -88,20 +88,31 @@ def test_a_copy_of_a_lost_array_onto_a_healthy_slice_fails_until_replaced():
         assert np.asarray(replaced).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def _read_blocked(array: jax.Array, what: str):
+    """Read ``array`` on a thread and assert the read is still blocked 0.3 s later; returns
+    a function that waits (10 s at most) for the read to end and gives its error."""
+    outcome = {}
+    reader = threading.Thread(target=lambda: outcome.update(error=_read_error(array)), daemon=True)
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive(), f"the read of {what} returned"
+
+    def error() -> BaseException | None:
+        reader.join(10)
+        assert not reader.is_alive(), f"the read of {what} still blocks"
+        return outcome.get("error")
+
+    return error
+
+
 def test_a_hung_slice_blocks_the_read_of_its_result_until_it_is_lost():
     with SimulatedSlices(4, 2) as sim:
         x = _on_slice(sim, 1)
         result = _compiled_for(x)(x)
         sim.hang(1)
-        outcome = {}
-        reader = threading.Thread(target=lambda: outcome.update(error=_read_error(result)), daemon=True)
-        reader.start()
-        reader.join(0.3)
-        assert reader.is_alive(), "the read of a hung slice's result returned"
+        error = _read_blocked(result, "a hung slice's result")
         sim.lose(1)
-        reader.join(10)
-        assert not reader.is_alive()
-        assert "DATA_LOSS" in str(outcome["error"])
+        assert "DATA_LOSS" in str(error())
 
 
 def test_a_hung_slices_result_is_never_ready_and_asking_does_not_block():
@@ -144,16 +155,9 @@ def test_a_read_of_fresh_work_on_a_hung_slice_blocks_as_on_pathways_until_the_sl
     health probe's read must block too, so that only its bound ends it."""
     with SimulatedSlices(4, 2) as sim:
         sim.hang(2)
-        fresh = _on_slice(sim, 2)
-        outcome = {}
-        reader = threading.Thread(target=lambda: outcome.update(error=_read_error(fresh)), daemon=True)
-        reader.start()
-        reader.join(0.3)
-        assert reader.is_alive(), "the read of fresh work on a hung slice returned"
+        error = _read_blocked(_on_slice(sim, 2), "fresh work on a hung slice")
         sim.restore(2)
-        reader.join(10)
-        assert not reader.is_alive()
-        assert "DATA_LOSS" in str(outcome["error"])  # its data never came back
+        assert "DATA_LOSS" in str(error())  # its data never came back
         assert np.asarray(_on_slice(sim, 2)).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 

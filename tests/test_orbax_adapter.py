@@ -62,18 +62,25 @@ def test_a_changed_member_is_named_by_the_compatibility_check():
     assert any("_queue holds 3" in p for p in problems), problems
 
 
+REPLICAS = 2
+
+
+def _replicated(values: jax.Array) -> jax.Array:
+    """``values`` replicated over a mesh of two replicas of one device each."""
+    mesh = Mesh([[d] for d in jax.devices()[:REPLICAS]], ("replica", "data"))
+    return jax.device_put(values, NamedSharding(mesh, PartitionSpec()))
+
+
 def test_a_taken_save_lands_as_replica_trees_and_step_and_can_be_dropped():
     """The behaviour behind the private reads: ``took``, ``busy``, ``newest`` and ``drop``."""
-    devices = jax.devices()[:2]
-    mesh = Mesh([[d] for d in devices], ("replica", "data"))
-    weights = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, PartitionSpec()))
+    weights = _replicated(jnp.arange(4.0))
     snapshotter = adapter.HostSnapshotter(replica_axis_index=0)
     assert snapshotter.newest() is None
     assert snapshotter.offer(3, {"weights": weights, "meta": "{}"}) is True
     snapshotter.join()
     assert not snapshotter.busy()
     trees, step = snapshotter.newest()
-    assert step == 3 and len(trees) == len(devices) and trees[0]["meta"] == "{}"
+    assert step == 3 and len(trees) == REPLICAS and trees[0]["meta"] == "{}"
     snapshotter.drop()
     assert snapshotter.newest() is None and snapshotter.latest is None
 
@@ -124,9 +131,7 @@ def test_a_changed_slicing_member_is_named_by_the_compatibility_check(monkeypatc
 
 
 def test_slicing_a_replicated_array_compiles_and_leaves_the_array_whole():
-    devices = jax.devices()[:2]
-    mesh = Mesh([[d] for d in devices], ("replica", "data"))
-    weights = jax.device_put(jnp.arange(4096.0), NamedSharding(mesh, PartitionSpec()))
+    weights = _replicated(jnp.arange(4096.0))
     adapter.slice_replicas(weights)
     assert not weights.is_deleted() and float(weights.sum()) == float(jnp.arange(4096.0).sum())
 

@@ -181,29 +181,25 @@ def test_xla_flags_are_appended_to_XLA_FLAGS_without_duplicates(clean_env, monke
     assert os.environ["XLA_FLAGS"] == "--xla_a=9 --xla_b=2 --xla_c=3"
 
 
-def test_with_the_cuda_plugin_the_execution_timeout_is_added_unless_already_set(clean_env, monkeypatch):
-    """No CUDA plugin is installed here: ``cuda_plugin()`` is made to answer yes."""
+@pytest.mark.parametrize(
+    ("cuda", "before", "given", "after"),
+    [
+        (True, "--xla_a=1", None, f"--xla_a=1 --xla_gpu_execution_terminate_timeout={EXECUTION_TIMEOUT}"),
+        (True, "--xla_gpu_execution_terminate_timeout=5m", None, "--xla_gpu_execution_terminate_timeout=5m"),
+        (True, "", "--xla_gpu_execution_terminate_timeout=2h", "--xla_gpu_execution_terminate_timeout=2h"),
+        (False, "--xla_a=1", None, "--xla_a=1"),
+    ],
+    ids=["cuda", "cuda_timeout_in_the_environment", "cuda_timeout_given", "no_cuda"],
+)
+def test_the_execution_timeout_is_added_only_with_the_cuda_plugin_and_never_over_one_already_set(
+    cuda, before, given, after, clean_env, monkeypatch
+):
+    """No CUDA plugin is installed here: ``cuda_plugin()`` is made to answer."""
     monkeypatch.setattr(backend, "_backend_started", lambda: False)
-    monkeypatch.setattr(backend, "cuda_plugin", lambda: True)
-    os.environ["XLA_FLAGS"] = "--xla_a=1"
-    prepare_process(multi_host=False)
-    assert os.environ["XLA_FLAGS"] == f"--xla_a=1 --xla_gpu_execution_terminate_timeout={EXECUTION_TIMEOUT}"
-
-    os.environ["XLA_FLAGS"] = "--xla_gpu_execution_terminate_timeout=5m"
-    prepare_process(multi_host=False)
-    assert os.environ["XLA_FLAGS"] == "--xla_gpu_execution_terminate_timeout=5m"
-
-    os.environ["XLA_FLAGS"] = ""
-    prepare_process(multi_host=False, xla_flags="--xla_gpu_execution_terminate_timeout=2h")
-    assert os.environ["XLA_FLAGS"] == "--xla_gpu_execution_terminate_timeout=2h"
-
-
-def test_without_the_cuda_plugin_no_timeout_flag_is_added(clean_env, monkeypatch):
-    monkeypatch.setattr(backend, "_backend_started", lambda: False)
-    monkeypatch.setattr(backend, "cuda_plugin", lambda: False)
-    os.environ["XLA_FLAGS"] = "--xla_a=1"
-    prepare_process(multi_host=False)
-    assert os.environ["XLA_FLAGS"] == "--xla_a=1"
+    monkeypatch.setattr(backend, "cuda_plugin", lambda: cuda)
+    os.environ["XLA_FLAGS"] = before
+    prepare_process(multi_host=False, **({"xla_flags": given} if given else {}))
+    assert os.environ["XLA_FLAGS"] == after
 
 
 def test_new_xla_flags_after_a_backend_started_are_refused_and_nothing_changes():

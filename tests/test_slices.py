@@ -6,7 +6,6 @@ here); the real pathwaysutils Manager and ``elastic_retry`` run on top.
 
 from __future__ import annotations
 
-import threading
 import types
 
 import jax
@@ -286,7 +285,7 @@ def test_a_minimum_above_the_allocation_is_refused_before_anything_runs(sim):
     assert ran == []
 
 
-def test_pause_resume_waits_for_every_slice_and_resize_carries_on_with_fewer(sim):
+def test_replica_resize_carries_on_with_the_slices_left(sim):
     manager = make_manager()
     seen = []
 
@@ -302,19 +301,21 @@ def test_pause_resume_waits_for_every_slice_and_resize_carries_on_with_fewer(sim
     assert resize() == 2
     assert seen == [{0, 1, 2, 3}, {0, 2}]
 
-    sim.restore(1)
-    sim.restore(3)
-    seen.clear()
-    pause = make_manager()
 
-    @elastic_retry(pause, ElasticConfig(minimum_slice_count=None, **FAST))
-    def pause_resume():
-        seen.append(pause.active_slice_indices)
-        if len(seen) == 1:
-            sim.lose(2)
-            threading.Timer(0.3, sim.restore, args=(2,)).start()
-            raise _slice_down()
-        return pause.active_slice_count
+def test_pause_resume_waits_until_the_lost_slice_returns_and_carries_on_with_every_slice():
+    """Slice 2 returns 0.3 s into the simulation (the schedule's time-keyed form), while
+    pathwaysutils waits for it."""
+    with SimulatedSlices(4, 2, schedule="restore:2@+0.3") as sim:
+        manager = make_manager()
+        seen = []
 
-    assert pause_resume() == 4
-    assert seen == [{0, 1, 2, 3}, {0, 1, 2, 3}]
+        @elastic_retry(manager, ElasticConfig(minimum_slice_count=None, **FAST))
+        def pause_resume():
+            seen.append(manager.active_slice_indices)
+            if len(seen) == 1:
+                sim.lose(2)
+                raise _slice_down()
+            return manager.active_slice_count
+
+        assert pause_resume() == 4
+        assert seen == [{0, 1, 2, 3}, {0, 1, 2, 3}]

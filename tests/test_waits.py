@@ -8,7 +8,6 @@ slices (TPU slices cannot exist here), so exit statuses and signals are real.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from elastic_dew import run
+from elastic_dew import record, run
 from elastic_dew.elastic.config import ElasticConfig
+
+from faultlib import turns as turns_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,23 +40,6 @@ def _command(run_dir: Path, steps: int, *args: str) -> list[str]:
 def _train(run_dir: Path, steps: int, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(_command(run_dir, steps, *args), capture_output=True, text=True,
                           timeout=240, cwd=run_dir.parent, env=_env())
-
-
-def _events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _turns(run_dir: Path) -> list[tuple]:
-    out = []
-    for e in _events(run_dir):
-        if e["event"] == "stop":
-            out.append(("stop", e["reason"], e["step"]))
-        elif e["event"] == "resume":
-            out.append(("resume", e["source"], e["step"]))
-    return out
 
 
 def _status(proc: subprocess.CompletedProcess, expected: int) -> subprocess.CompletedProcess:
@@ -81,10 +65,10 @@ def test_the_chaos_flags_help_names_time_keyed_faults_hang_and_error():
 def test_a_paused_run_whose_slice_returns_after_three_seconds_finishes_on_four_slices(tmp_path):
     run_dir = tmp_path / "r"
     _status(_train(run_dir, 30, "--schedule", "lose:3@17,restore:3@+3"), 0)
-    turns = _turns(run_dir)
+    turns = turns_of(run_dir)
     assert ("stop", "slice_lost", 16) in turns
     assert ("stop", "done", 30) in turns
-    steps = [e for e in _events(run_dir) if e["event"] == "step"]
+    steps = [e for e in record.read_events(run_dir) if e["event"] == "step"]
     assert steps[-1]["step"] == 30 and steps[-1]["slices"] == 4
 
 
@@ -104,7 +88,7 @@ def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_
                                cwd=tmp_path, env=_env())
     try:
         deadline = time.monotonic() + 180
-        while ("stop", "slice_lost", 16) not in _turns(run_dir):
+        while ("stop", "slice_lost", 16) not in turns_of(run_dir):
             assert process.poll() is None, process.communicate()[1][-4000:]
             assert time.monotonic() < deadline, "the run never started waiting for slice 3"
             time.sleep(0.2)
@@ -118,12 +102,12 @@ def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_
             process.kill()
     assert process.returncode == 143, stderr[-4000:]
     assert took < 30, f"exiting took {took:.1f} s"
-    saves = [e for e in _events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
+    saves = [e for e in record.read_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
     assert [e["step"] for e in saves] == [15]
-    assert ("stop", "preempted", 15) in _turns(run_dir)
+    assert ("stop", "preempted", 15) in turns_of(run_dir)
 
     _status(_train(run_dir, 30, "--schedule", "lose:3@17", "--snapshot-every", "5", "--timeout", "200"), 0)
-    turns = _turns(run_dir)
+    turns = turns_of(run_dir)
     assert ("resume", "checkpoint", 16) in turns
     assert turns[-1] == ("stop", "done", 30)
 
@@ -135,13 +119,13 @@ def test_a_sigterm_just_before_a_slice_loss_ends_the_wait_at_once_and_the_rerun_
     args = ("--schedule", "preempt@17,lose:3@17", "--timeout", "60", "--snapshot-every", "5")
     proc = _status(_train(run_dir, 30, *args), 143)
     assert "no checkpoint was committed" not in proc.stderr
-    turns = _turns(run_dir)
+    turns = turns_of(run_dir)
     assert turns[-2:] == [("stop", "slice_lost", 16), ("stop", "preempted", 15)]
-    saves = [e["step"] for e in _events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
+    saves = [e["step"] for e in record.read_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
     assert saves == [15]
 
     _status(_train(run_dir, 30, *args), 0)
-    turns = _turns(run_dir)
+    turns = turns_of(run_dir)
     assert ("resume", "checkpoint", 16) in turns
     assert turns[-1] == ("stop", "done", 30)
 
@@ -150,7 +134,7 @@ def test_a_hung_slice_past_the_step_timeout_is_a_slice_loss_and_the_run_recovers
     run_dir = tmp_path / "r"
     proc = _status(_train(run_dir, 24, "--schedule", "hang:3@10,restore:3@+2", "--step-timeout", "1"), 0)
     assert "DEADLINE_EXCEEDED" in proc.stderr
-    turns = _turns(run_dir)
+    turns = turns_of(run_dir)
     assert ("stop", "slice_lost", 9) in turns
     assert turns[-1] == ("stop", "done", 24)
 
@@ -159,7 +143,7 @@ def test_an_error_that_is_not_a_slice_loss_fails_the_run_without_a_retry(tmp_pat
     run_dir = tmp_path / "r"
     proc = _status(_train(run_dir, 30, "--schedule", "error@12"), run.FAILED_EXIT)
     assert "INVALID_ARGUMENT" in proc.stderr and "not retried" in proc.stderr
-    turns = _turns(run_dir)
+    turns = turns_of(run_dir)
     assert not [t for t in turns if t[1] == "slice_lost"]
     assert [t for t in turns if t[0] == "resume"] == [("resume", "fresh", 1)]
 
@@ -170,7 +154,7 @@ def test_the_timeout_ends_a_wait_for_a_slice_that_never_returns(tmp_path):
     proc = _status(_train(run_dir, 30, "--schedule", "lose:3@5", "--timeout", "2"), run.FAILED_EXIT)
     assert time.monotonic() - started < 200
     assert "waited timeout=2.0 s" in proc.stderr
-    assert ("stop", "slice_lost", 4) in _turns(run_dir)
+    assert ("stop", "slice_lost", 4) in turns_of(run_dir)
 
 
 @pytest.fixture

@@ -9,7 +9,9 @@ therefore leaves only a temporary directory, which is never listed and never cos
 previous checkpoint. A step directory counts as committed only when Orbax's step metadata
 carries its commit timestamp and both items are present
 (:func:`elastic_dew.rundir.committed`), so a partial or corrupt ``<step>`` directory is
-skipped too; a committed step that cannot be read is diagnosed by :func:`unreadable`.
+skipped too. A committed step written by a model of another shape is refused from its
+metadata before the restore starts (:func:`another_shape`); one that still cannot be read
+was damaged, and :func:`unreadable` says how to resume without it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from elastic_dew.elastic import orbax_private
 from elastic_dew.elastic.checkpoint_backend import abstract_key_data, rewrap_keys, unwrap_keys
 from elastic_dew.elastic.checkpoint_warmup import SaveWarmup
 
-__all__ = ["OrbaxBackend", "unreadable"]
+__all__ = ["OrbaxBackend", "another_shape", "unreadable"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,33 +48,41 @@ def _leaf_shapes(tree: Any) -> dict[str, tuple]:
     }
 
 
-def unreadable(directory: epath.Path, step: int, abstract: Any, error: Exception) -> ValueError:
-    """Why committed ``step`` in ``directory`` cannot be restored onto ``abstract``, and the fix.
+def another_shape(directory: epath.Path, step: int, abstract: Any) -> ValueError | None:
+    """The refusal of committed ``step`` in ``directory`` when its stored metadata names leaves
+    of another shape than ``abstract``'s (a checkpoint of another model: resume it with that
+    model, or train in a new run directory); ``None`` when they agree or the metadata cannot
+    be read (then the restore itself finds the damage, :func:`unreadable`).
 
-    Either the checkpoint was written by a model of another shape (its stored metadata
-    names the leaves that differ: resume with that model, or train in a new run directory),
-    or it was damaged after it was committed (move it aside and resume from the previous
-    committed step, named, or from step 1).
+    Asked before the restore starts: Orbax's restore of a tree of other shapes fails one
+    leaf's read and leaves the reads of the other leaves unstarted on an event loop it then
+    closes, so refusing from the metadata is what leaves nothing half-run.
     """
-    path = directory / str(step)
     try:
-        stored_shapes = _leaf_shapes(ocp.StandardCheckpointHandler().metadata(path / _STATE))
-    except Exception:  # noqa: BLE001 - unreadable metadata is damage, reported below
-        stored_shapes = None
-    if stored_shapes is not None:
-        wanted = _leaf_shapes(abstract)
-        differences = [
-            f"{name} is {stored_shapes.get(name, 'absent')} there and {shape} in the model"
-            for name, shape in wanted.items()
-            if stored_shapes.get(name) != shape
-        ]
-        differences += [f"{name} is there and not in the model" for name in stored_shapes if name not in wanted]
-        if differences:
-            return ValueError(
-                f"checkpoint step {step} in {directory} was written by a model of "
-                f"another shape ({'; '.join(differences[:3])}); resume it with the model "
-                "that wrote it, or train this model in a new run directory"
-            )
+        stored_shapes = _leaf_shapes(ocp.StandardCheckpointHandler().metadata(directory / str(step) / _STATE))
+    except Exception:  # noqa: BLE001 - unreadable metadata is damage, found by the restore
+        return None
+    wanted = _leaf_shapes(abstract)
+    differences = [
+        f"{name} is {stored_shapes.get(name, 'absent')} there and {shape} in the model"
+        for name, shape in wanted.items()
+        if stored_shapes.get(name) != shape
+    ]
+    differences += [f"{name} is there and not in the model" for name in stored_shapes if name not in wanted]
+    if not differences:
+        return None
+    return ValueError(
+        f"checkpoint step {step} in {directory} was written by a model of "
+        f"another shape ({'; '.join(differences[:3])}); resume it with the model "
+        "that wrote it, or train this model in a new run directory"
+    )
+
+
+def unreadable(directory: epath.Path, step: int, error: Exception) -> ValueError:
+    """Why committed ``step`` in ``directory``, of the model's shapes, cannot be restored: it
+    was damaged after it was committed. The fix: move it aside and resume from the previous
+    committed step (named), or from step 1."""
+    path = directory / str(step)
     older = [s for s in rundir.committed_checkpoint_steps(directory) if s < step]
     previous = (
         f"to resume from the previous committed checkpoint {older[-1]}"
@@ -152,6 +162,9 @@ class OrbaxBackend:
                 f"the newest committed step is {self.latest_step()}"
             )
         abstract = abstract_key_data(abstract_state)
+        refused = another_shape(self.path, step, abstract)
+        if refused is not None:
+            raise refused
         try:
             restored = self.manager.restore(
                 step,
@@ -160,7 +173,7 @@ class OrbaxBackend:
                 ),
             )
         except (ValueError, OSError) as error:
-            raise unreadable(self.path, step, abstract, error) from error
+            raise unreadable(self.path, step, error) from error
         return rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])
 
     def bind(self, devices: list[jax.Device], mesh: Mesh) -> None:
