@@ -87,7 +87,7 @@ def test_a_manager_with_its_own_active_devices_is_asked_for_them(sim):
     assert active_devices(GuideManager()) == list(reversed(sim.devices))
 
 
-def test_batch_and_replicated_shardings(sim):
+def test_a_batch_is_split_over_replica_and_data_and_the_replicated_sharding_splits_nothing(sim):
     mesh = build_mesh(make_manager())
     assert batch_sharding(mesh).spec == PartitionSpec(("replica", "data"))
     assert replicated(mesh).spec == PartitionSpec()
