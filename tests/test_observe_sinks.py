@@ -34,7 +34,7 @@ def test_an_unknown_log_format_is_a_usage_error(capsys):
     assert "invalid choice: 'yaml'" in capsys.readouterr().err
 
 
-def test_every_sink_sees_every_event_in_order_and_the_log_context_follows_the_steps(tmp_path):
+def test_every_sink_sees_every_event_in_order_and_the_log_context_follows_the_steps_until_the_end(tmp_path):
     seen, record = [], []
     memory = MemoryLogger()
     observers = chosen(ObserveOptions(tensorboard=True, goodput_export=True), tmp_path,
@@ -47,7 +47,8 @@ def test_every_sink_sees_every_event_in_order_and_the_log_context_follows_the_st
             sinks(event)
         assert log_context.fields() == {"step": 40, "slices": 3}
     finally:
-        log_context.clear()
+        sinks.end()
+    assert log_context.fields() == {}
     close(observers, {"goodput": 0.5, "badput": {"other": 1.0}, "final_step": 40})
     assert seen == record == events
     assert sum("job_end_time" in entry for _, entry in memory.entries) == 2  # one per process
@@ -68,8 +69,11 @@ def test_a_failing_sink_is_dropped_with_one_error_line_and_the_run_goes_on(tmp_p
     kept = []
     sinks = Sinks([broken, kept.append])
     with caplog.at_level(logging.ERROR, logger="elastic_dew.observe.sinks"):
-        for event in preempted_run_with_gap(gap=1.0)[:5]:
-            sinks(event)
+        try:
+            for event in preempted_run_with_gap(gap=1.0)[:5]:
+                sinks(event)
+        finally:
+            sinks.end()
     assert [r.getMessage() for r in caplog.records] == ["the broken failed; the run goes on without it"]
     assert sinks.names == ["append"] and len(kept) == 5
     assert chosen(ObserveOptions(tensorboard=False), tmp_path) == []
