@@ -83,25 +83,37 @@ def flag_of(field: str, owner: type | None = None) -> str:
     return field
 
 
-def _flags() -> dict[str, str]:
-    return {field.name: field.metadata["flag"] for cls in _PARTS.values() for field, _ in _flagged(cls)}
+def _flags() -> dict[str, tuple[str, type]]:
+    return {field.name: (field.metadata["flag"], kind)
+            for cls in (*_PARTS.values(), observing.ObserveOptions) for field, kind in _flagged(cls)}
 
 
-#: A setting named as Python names it, ``field=value`` (not an attribute, not a keyword's tail).
-_MENTION = re.compile(r"(?<![\w.])([a-z][a-z0-9_]*)=(\S+)")
+#: A setting named as Python names it, ``field=value``, or the keyword alone, ``field=``
+#: (not an attribute, not a keyword's tail).
+_MENTION = re.compile(r"(?<![\w.])([a-z][a-z0-9_]*)=([^\s,;)]\S*|(?=[\s,;)]|$))")
+
+
+def _worded(flag: str, kind: type, value: str) -> str:
+    """``flag`` given ``value`` as the command line gives it: a switch alone (``--X``, or
+    ``--no-X`` for off), the flag alone for the keyword alone, else ``--flag value``."""
+    if kind is bool and value in ("True", "False"):
+        return flag if value == "True" else f"--no-{flag[2:]}"
+    return f"{flag} {value}" if value else flag
 
 
 def in_flags(text: str, *, keep: str | None = None) -> str:
-    """``text`` with each ``field=value`` that names a run setting with a flag worded as that
-    flag (``minimum_slice_count=3`` -> ``--min-slices 3``); ``keep`` is a field whose mentions
-    stay as they are (a refusal already headed by its flag)."""
+    """``text`` with each ``field=value`` that names a run or observability setting with a
+    flag worded as that flag (``minimum_slice_count=3`` -> ``--min-slices 3``,
+    ``tensorboard=False`` -> ``--no-tensorboard``, the keyword alone ``run_dir=`` ->
+    ``--run-dir``); ``keep`` is a field whose mentions stay as they are (a refusal already
+    headed by its flag)."""
     flags = _flags()
 
     def worded(match: re.Match) -> str:
         field = match[1]
         if field == keep or field not in flags:
             return match[0]
-        return f"{flags[field]} {match[2]}"
+        return _worded(*flags[field], match[2])
 
     return _MENTION.sub(worded, text)
 
@@ -140,7 +152,7 @@ def setup(args: argparse.Namespace, prog: str) -> Terminal:
     try:
         options = observing.options_of(args)
     except ValueError as err:
-        sys.stderr.write(f"{prog}: error: {err}\n")
+        sys.stderr.write(f"{prog}: error: {in_flags(str(err))}\n")
         raise SystemExit(run.USAGE_EXIT) from None
     # Third-party libraries stay at INFO; -v (set by the command line) is elastic_dew's own.
     setup_logging(options.log_format, level=logging.INFO)

@@ -112,7 +112,7 @@ def check(
     a directory, empty or an elastic_dew run (it holds ``command.json`` or ``events.jsonl``,
     or only run-directory entries); with ``identity``, the run recorded in its
     ``command.json`` must be this one on every key of :data:`IDENTITY_KEYS` it records.
-    ``option`` is how the caller's user gives the directory (``"--run-dir or --name"``):
+    ``option`` is how the caller's user gives the directory (``"run_dir= or name="``):
     the fixes then name it.
     """
     run_dir = Path(run_dir)

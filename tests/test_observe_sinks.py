@@ -86,3 +86,19 @@ def test_a_failing_required_sink_fails_the_run():
 
     with pytest.raises(OSError, match="disk full"):
         Sinks([], required=[record])(preempted_run_with_gap(gap=1.0)[0])
+
+
+def test_an_option_whose_library_is_missing_is_refused_by_field_and_worded_as_flags_on_the_command_line(monkeypatch):
+    from elastic_dew import console
+    from elastic_dew.elastic.config import SettingError
+    from elastic_dew.observe import sinks
+
+    monkeypatch.setattr(sinks, "tensorboard_available", lambda: False)
+    with pytest.raises(SettingError) as refused:
+        ObserveOptions(tensorboard=True)
+    assert refused.value.field == "tensorboard"
+    assert str(refused.value) == ("tensorboard=True needs tensorboardX; install it with "
+                                  "pip install 'elastic-dew[observe]', or pass tensorboard=False")
+    assert console.in_flags(str(refused.value)) == (
+        "--tensorboard needs tensorboardX; install it with pip install 'elastic-dew[observe]', "
+        "or pass --no-tensorboard")

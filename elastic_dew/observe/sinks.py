@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.elastic.config import check_fields, setting
+from elastic_dew.elastic.config import SettingError, check_fields, setting
 from elastic_dew.elastic.events import Event, Sink, Step
 from elastic_dew.observe.extras import available, missing
 from elastic_dew.observe.logs import LOG_FORMATS, log_context
@@ -70,8 +70,8 @@ class ObserveOptions:
     :func:`add_options` are built from these declarations.
 
     Raises :class:`~elastic_dew.elastic.config.SettingError` for a log format that is not one
-    of :data:`~elastic_dew.observe.logs.LOG_FORMATS`, ``ValueError`` for an option whose
-    library is not installed.
+    of :data:`~elastic_dew.observe.logs.LOG_FORMATS`, and for an option whose library is not
+    installed (worded with the field, ``tensorboard=True needs tensorboardX; ...``).
     """
 
     log_format: str = setting(
@@ -96,9 +96,11 @@ class ObserveOptions:
     def __post_init__(self) -> None:
         check_fields(self)
         if self.tensorboard and not tensorboard_available():
-            raise ValueError(missing("--tensorboard", "tensorboardX") + ", or pass --no-tensorboard")
+            raise SettingError(type(self), "tensorboard", True, problem=missing(
+                "tensorboard=True", "tensorboardX") + ", or pass tensorboard=False")
         if self.goodput_export and not available("ml_goodput_measurement"):
-            raise ValueError(missing("--goodput-export", "ml_goodput_measurement"))
+            raise SettingError(type(self), "goodput_export", True, problem=missing(
+                "goodput_export=True", "ml_goodput_measurement"))
 
     @property
     def writes_tensorboard(self) -> bool:

@@ -87,8 +87,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RUNS_DIR = Path("runs")
-#: How a user names the run directory, in refusals of one.
-RUN_DIR_OPTION = "--run-dir or --name"
+#: How a user names the run directory, in refusals of one: the two keywords of
+#: :class:`RunConfig` that choose it (the console words them as their flags).
+RUN_DIR_OPTION = "run_dir= or name="
 #: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PARTS = ("init", "loss", "optimizer", "dataset")
@@ -162,7 +163,7 @@ def simulating() -> bool:
 
 def _run_dir_of(spec: RunConfig) -> Path | None:
     if spec.run_dir and spec.name:
-        raise UsageError("give --run-dir or --name, not both (--name NAME means --run-dir runs/NAME)")
+        raise UsageError("give run_dir= or name=, not both (name=NAME means run_dir=runs/NAME)")
     if spec.run_dir and _URL.match(spec.run_dir):
         raise UsageError(
             f"run_dir={spec.run_dir} is a URL, but the run directory must be a local directory "
@@ -337,8 +338,8 @@ def choose_run_dir(p: Plan) -> Path:
     run_dir = RUNS_DIR / run_timestamp()
     if run_dir.exists():
         raise UsageError(
-            f"{run_dir} already exists (another run started this second); give --name or "
-            "--run-dir to resume a run, or start again for a new timestamp"
+            f"{run_dir} already exists (another run started this second); give name= or "
+            "run_dir= to resume a run, or start again for a new timestamp"
         )
     return run_dir
 

@@ -108,7 +108,7 @@ class Restore:
 
 
 def local_directory(root: str | os.PathLike[str]) -> Path:
-    """The local checkpoint directory of a stand-in rooted at ``root`` (``--checkpoint-dir``)."""
+    """The local checkpoint directory of a stand-in rooted at ``root`` (its ``checkpoint_dir``)."""
     return Path(root) / "local"
 
 
