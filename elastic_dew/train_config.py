@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from elastic_dew.elastic.config import SHARDINGS, Bound, check_fields, setting
+from elastic_dew.elastic.config import MICROBATCH, SHARDINGS, Bound, check_fields, setting
 
 __all__ = ["TrainConfig"]
 
@@ -61,7 +61,7 @@ class TrainConfig:
         None,
         "examples per data-parallel device per micro-step; the step accumulates gradients over "
         "the per-device batch in micro-steps of M (default: the whole per-device batch at once)",
-        bound=Bound(1, none=True, whole=True), flag="--microbatch", metavar="M",
+        bound=MICROBATCH, flag="--microbatch", metavar="M",
     )
     eval_every: int | None = setting(
         None,

@@ -27,6 +27,7 @@ __all__ = [
     "BATCH_POLICIES",
     "CHECKPOINT_KINDS",
     "SHARDINGS",
+    "MICROBATCH",
     "SIMULATED_POLL_INTERVAL",
     "PATHWAYS_POLL_INTERVAL",
     "MULTI_TIER_DIR",
@@ -86,6 +87,13 @@ class Bound:
         if self.none:
             none = ", or None" + (f" for {self.none}" if isinstance(self.none, str) else "")
         return f"{name}={value} {rule}{unit}{' (0 turns it off)' if self.off else ''}{none}"
+
+
+#: What a microbatch may be (examples per data-parallel device per micro-step): a whole
+#: number >= 1, or ``None`` for the whole per-device batch at once. One declaration for
+#: :class:`~elastic_dew.train_config.TrainConfig`'s field and for the microbatch a
+#: protocol ``Program`` brings (:func:`~elastic_dew.elastic.slices.check_batch_for_every_slice_count`).
+MICROBATCH = Bound(1, none=True, whole=True)
 
 
 def setting(default: Any, help: str = "", *, bound: Bound | None = None, flag: str | None = None,

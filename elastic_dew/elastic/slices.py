@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elastic_dew.elastic.config import BATCH_POLICIES, ElasticConfig, SettingError
+from elastic_dew.elastic.config import BATCH_POLICIES, MICROBATCH, ElasticConfig, SettingError
 
 __all__ = [
     "AXES",
@@ -173,19 +173,24 @@ def micro_steps(global_batch: int, mesh: Mesh, microbatch: int) -> tuple[int, in
     """``(micro-steps, data-parallel devices)`` of ``global_batch`` on ``mesh`` in micro-batches
     of ``microbatch`` examples per device.
 
-    Raises :class:`BatchError` when ``microbatch`` does not divide the per-device batch (a run
-    is refused that before anything runs, by :func:`check_batch_for_every_slice_count`; this is
-    the same rule on one mesh, for a caller that compiles a step directly).
+    Raises :class:`BatchError` when ``microbatch`` does not divide the per-device batch: the
+    rule :func:`check_batch_for_every_slice_count` applies to every reachable slice count
+    before a run, here on the one mesh a caller compiles a step for directly.
     """
     shards = mesh.shape[AXES[0]] * mesh.shape[AXES[1]]
     per_device = global_batch // shards
-    if per_device % microbatch:
+    if not _divides(microbatch, per_device):
         raise BatchError(
             f"microbatch={microbatch} does not divide the per-device batch of {per_device} "
             f"(global batch {global_batch} over {shards} data-parallel devices)",
             field="microbatch", value=microbatch,
         )
     return per_device // microbatch, shards
+
+
+def _divides(microbatch: int, per_device: int) -> bool:
+    """The microbatch rule: a per-device batch is a whole number of micro-batches."""
+    return per_device % microbatch == 0
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -230,7 +235,8 @@ def check_batch_for_every_slice_count(
     total; pause-resume only ever runs on all of them. Checking every count up front turns
     a failure hours into a run (the first lost slice) into an error at start. With
     ``microbatch`` (examples per data-parallel device per micro-step), every reachable
-    per-device batch must also be a multiple of it; the refusal names the values that are.
+    per-device batch must also be a multiple of it (and the microbatch within
+    :data:`~elastic_dew.elastic.config.MICROBATCH`); the refusal names the values that are.
     Every refusal is a :class:`BatchError`.
     """
     try:
@@ -260,13 +266,10 @@ def check_batch_for_every_slice_count(
         per_device[active] = batch // shards
     if microbatch is None:
         return
-    if not isinstance(microbatch, int) or isinstance(microbatch, bool) or microbatch < 1:
-        raise BatchError(
-            f"microbatch={microbatch!r} must be an int >= 1 (examples per device per micro-step)",
-            field="microbatch", value=microbatch,
-        )
+    if not MICROBATCH.holds(microbatch):
+        raise BatchError(MICROBATCH.refusal(microbatch, name="microbatch"), field="microbatch", value=microbatch)
     for active, examples in per_device.items():
-        if examples % microbatch:
+        if not _divides(microbatch, examples):
             common = math.gcd(*per_device.values())
             working = [m for m in range(1, common + 1) if common % m == 0]
             raise BatchError(
