@@ -187,12 +187,14 @@ def test_a_second_sigterm_while_stopping_is_ignored_and_the_stop_is_written_once
 def test_a_slice_lost_while_restoring_a_finished_runs_state_is_retried_not_raised_to_the_caller(tmp_path, expected):
     """Found by chaos seed 26: preempted at the last step, the restarted run has no step to
     do, so nothing read its restored state inside the retry and the loss surfaced in the
-    trainer's final read as a crash."""
+    trainer's final read as a crash. The loss now surfaces while the resume prepares the
+    saves on the restored state, before the resume is recorded; its stop names the
+    restored step."""
     outcome = _run(tmp_path, "preempt@12,lose:1@12/checkpoint_restore")
     assert_all_fired(outcome)
     assert_invariants(outcome, expected)
     assert kinds(outcome)[-4:] == [
-        ("resume", "checkpoint", 13), ("stop", "slice_lost", 12), ("resume", "checkpoint", 13), ("stop", "done", 12),
+        ("stop", "preempted", 12), ("stop", "slice_lost", 12), ("resume", "checkpoint", 13), ("stop", "done", 12),
     ]
 
 

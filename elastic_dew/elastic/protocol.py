@@ -440,11 +440,13 @@ class ElasticRun:
         )
         self.data.start(batch_size, meta.get("data"))
         recovery.lap("restore")
+        # The restored step is the newest this process holds, even if a slice is lost in
+        # the preparation below: that loss's stop names it.
+        self.last_step = step
+        self.furthest_step = max(self.furthest_step, step)
         # The saves' programs for this layout, compiled here: the first save compiles nothing.
         self.tiers.prepare(state, mesh)
         recovery.lap("mesh_and_compile")
-        self.last_step = step
-        self.furthest_step = max(self.furthest_step, step)
         logger.info(
             "resume from %s at step %d on %d slices (global batch %d)",
             source, step + 1, self.manager.active_slice_count, batch_size,
