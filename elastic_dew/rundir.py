@@ -24,14 +24,14 @@ without them is an interrupted save and is never restored.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from elastic_dew.elastic.events import Fault, from_json
 
 __all__ = [
     "COMMAND_FILE",
@@ -51,7 +51,6 @@ __all__ = [
     "write_identity",
     "committed",
     "committed_checkpoint_steps",
-    "FaultEntry",
     "FaultLog",
     "read_faults",
     "fsync_append",
@@ -249,60 +248,42 @@ def fsync_append(path: Path, line: str) -> None:
             os.close(directory)
 
 
-@dataclasses.dataclass(frozen=True)
-class FaultEntry:
-    """One fired fault: its place in the schedule, its text, what it did and where it fired.
-
-    ``action`` and ``slice`` are the schedule's own reading of the fault (the simulator's
-    grammar, :mod:`elastic_dew.simulate.schedule`, passes them in), stored on the log line
-    so no reader parses the text again.
-    """
-
-    index: int
-    fault: str
-    phase: str
-    step: int
-    time: float
-    pid: int = 0
-    action: str = ""
-    slice: int | None = None
-
-    @classmethod
-    def now(cls, index: int, fault: str, phase: str, step: int, *, action: str, slice: int | None) -> FaultEntry:
-        """Fault ``index`` of the schedule (its text ``fault``) firing now, in this process."""
-        return cls(index=index, fault=fault, phase=phase, step=step, time=time.time(), pid=os.getpid(),
-                   action=action, slice=slice)
-
-    def event(self) -> Any:
-        """The fault as the run's typed ``fault`` event."""
-        from elastic_dew.elastic.events import Fault
-
-        return Fault(action=self.action, slice=self.slice, step=self.step, phase=self.phase,
-                     scheduled=self.fault, wall=self.time)
-
-
-def _legacy_action_and_slice(fault: str) -> tuple[str, int | None]:
-    """``ACTION[:SLICE]`` read from a fault's text, for logs written before the log lines
-    carried ``action`` and ``slice``; newer lines are never parsed here."""
-    head = fault.split("@", 1)[0]
-    action, _, index = head.partition(":")
-    return action, int(index) if index.isdigit() else None
+def _legacy_fault(raw: Mapping[str, Any]) -> Fault:
+    """A fault-log line in the shape written before the lines were the ``fault`` event's own
+    (``index``, ``fault``, ``phase``, ``step``, ``time``, ``pid``, and ``action``/``slice``
+    where the line carries them, else read from the fault's text ``ACTION[:SLICE]``)."""
+    scheduled = str(raw["fault"])
+    if "action" in raw:
+        action = str(raw["action"])
+        slice_index = None if raw.get("slice") is None else int(raw["slice"])
+    else:
+        head = scheduled.split("@", 1)[0]
+        action, _, index = head.partition(":")
+        slice_index = int(index) if index.isdigit() else None
+    return Fault(
+        action=action, slice=slice_index, step=int(raw.get("step", 0)), phase=str(raw.get("phase", "step")),
+        scheduled=scheduled, wall=float(raw.get("time", 0.0)), index=int(raw["index"]),
+        pid=int(raw.get("pid", 0)),
+    )
 
 
 class FaultLog:
     """``faults.jsonl``: the simulator's durable record of the faults it fired.
 
-    Each fault is appended (flushed and fsynced) *before* it fires, so a process killed by
-    its own fault, or preempted and re-run, never fires it twice. A process that ends its
-    simulation normally with faults still unfired appends one ``"never_fired": true`` line
-    for each. A torn last line is a write cut short by a kill (the fault did not fire); any
-    other bad line is refused.
+    Each line is a fired fault's ``fault`` event (:class:`~elastic_dew.elastic.events.Fault`,
+    serialised by its ``to_json``, as the run record serialises it), appended (flushed and
+    fsynced) *before* the fault fires, so a process killed by its own fault, or preempted
+    and re-run, never fires it twice. A process that ends its simulation normally with
+    faults still unfired appends one such line with ``"never_fired": true`` for each (its
+    ``step``: the last step it saw, -1 for none). Lines in the shape written before the
+    lines were events are read as the same events. A torn last line is a write cut short by
+    a kill (the fault did not fire); any other bad line is refused.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
-    def _read(self) -> list[tuple[FaultEntry, bool]]:
+    def _read(self) -> list[tuple[Fault, bool]]:
         if not self.path.exists():
             return []
         out = []
@@ -312,34 +293,26 @@ class FaultLog:
                 continue
             try:
                 raw = json.loads(line)
-                fault = str(raw["fault"])
-                if "action" in raw:
-                    action = str(raw["action"])
-                    slice_index = None if raw.get("slice") is None else int(raw["slice"])
-                else:
-                    action, slice_index = _legacy_action_and_slice(fault)
-                entry = FaultEntry(
-                    index=int(raw["index"]), fault=fault, phase=str(raw.get("phase", "step")),
-                    step=int(raw.get("step", 0)), time=float(raw.get("time", 0.0)), pid=int(raw.get("pid", 0)),
-                    action=action, slice=slice_index,
-                )
-                never_fired = raw.get("never_fired", False) is True
-            except (ValueError, KeyError, TypeError):
+                never_fired = raw.pop("never_fired", False) is True
+                fault = from_json(raw) if "event" in raw else _legacy_fault(raw)
+                if not isinstance(fault, Fault) or fault.index is None:
+                    raise ValueError("not a fault")
+            except (ValueError, KeyError, TypeError, AttributeError):
                 if number == len(lines):
                     logger.warning("ignoring a torn last line of fault log %s", self.path)
                     continue
                 raise ValueError(f"fault log {self.path} line {number} is not a fault record: {line!r}") from None
-            out.append((entry, never_fired))
+            out.append((fault, never_fired))
         return out
 
-    def entries(self) -> list[FaultEntry]:
+    def entries(self) -> list[Fault]:
         """The fired faults, in the order they fired."""
-        return [entry for entry, never_fired in self._read() if not never_fired]
+        return [fault for fault, never_fired in self._read() if not never_fired]
 
-    def never_fired(self) -> list[FaultEntry]:
+    def never_fired(self) -> list[Fault]:
         """The faults a process recorded as never fired when it exited (``step``: the last
         step it saw, -1 for none); a later process of the run may still fire them."""
-        return [entry for entry, never_fired in self._read() if never_fired]
+        return [fault for fault, never_fired in self._read() if never_fired]
 
     def fired(self, schedule: Iterable[str]) -> set[int]:
         """The indices of ``schedule`` (its faults' texts, in order) that already fired.
@@ -349,39 +322,33 @@ class FaultLog:
         """
         texts = [str(f) for f in schedule]
         fired = set()
-        for entry in self.entries():
-            if entry.index >= len(texts) or texts[entry.index] != entry.fault:
+        for fault in self.entries():
+            assert fault.index is not None  # every line read has its index (_read)
+            if fault.index >= len(texts) or texts[fault.index] != fault.scheduled:
                 raise ValueError(
-                    f"fault log {self.path} records fault #{entry.index} {entry.fault!r}, which is "
+                    f"fault log {self.path} records fault #{fault.index} {fault.scheduled!r}, which is "
                     f"not in schedule {','.join(texts)!r}; it belongs to another run: use a fresh "
                     "fault_log for a new schedule"
                 )
-            fired.add(entry.index)
+            fired.add(fault.index)
         return fired
 
-    def append(
-        self, index: int, fault: str, phase: str, step: int, *, action: str, slice: int | None
-    ) -> FaultEntry:
-        """Record fault ``index`` of the schedule (its text ``fault``, its ``action`` on
-        ``slice``) as fired at ``phase`` of ``step``; durable before this returns."""
-        entry = FaultEntry.now(index, fault, phase, step, action=action, slice=slice)
-        fsync_append(self.path, json.dumps(dataclasses.asdict(entry)))
-        return entry
+    def append(self, fault: Fault) -> None:
+        """Record ``fault`` (with its schedule ``index``) as fired; durable before this returns."""
+        self._write(fault, {})
 
-    def append_never_fired(
-        self, index: int, fault: str, phase: str, step: int | None, *, action: str, slice: int | None
-    ) -> FaultEntry:
-        """Record, as a process exits, that fault ``index`` never fired (``step``: the last
-        step it saw, ``None`` for none): a line like a fired one with ``"never_fired": true``,
-        which :meth:`entries` and :meth:`fired` leave out and :meth:`never_fired` returns."""
-        entry = FaultEntry(
-            index=index, fault=fault, phase=phase, step=-1 if step is None else step, time=time.time(),
-            pid=os.getpid(), action=action, slice=slice,
-        )
-        fsync_append(self.path, json.dumps({**dataclasses.asdict(entry), "never_fired": True}))
-        return entry
+    def append_never_fired(self, fault: Fault) -> None:
+        """Record, as a process exits, that ``fault`` never fired: its line with
+        ``"never_fired": true``, which :meth:`entries` and :meth:`fired` leave out and
+        :meth:`never_fired` returns."""
+        self._write(fault, {"never_fired": True})
+
+    def _write(self, fault: Fault, flags: Mapping[str, Any]) -> None:
+        if fault.index is None:
+            raise ValueError(f"a fault log line needs the fault's schedule index: {fault!r}")
+        fsync_append(self.path, json.dumps({**fault.to_json(), **flags}))
 
 
-def read_faults(run_dir: str | os.PathLike[str]) -> list[Any]:
-    """The faults fired in ``run_dir`` as typed ``fault`` events (none without a fault log)."""
-    return [entry.event() for entry in FaultLog(Path(run_dir) / FAULTS_FILE).entries()]
+def read_faults(run_dir: str | os.PathLike[str]) -> list[Fault]:
+    """The faults fired in ``run_dir``, in the order they fired (none without a fault log)."""
+    return FaultLog(Path(run_dir) / FAULTS_FILE).entries()

@@ -37,7 +37,7 @@ def kinds(outcome: chaos.Outcome) -> list[tuple]:
 
 def fired(outcome: chaos.Outcome) -> list[str]:
     """The schedule tokens the simulator fired, in order."""
-    return [entry.fault for entry in rundir.FaultLog(outcome.run_dir / rundir.FAULTS_FILE).entries()]
+    return [entry.scheduled for entry in rundir.FaultLog(outcome.run_dir / rundir.FAULTS_FILE).entries()]
 
 
 def assert_all_fired(outcome: chaos.Outcome) -> None:

@@ -62,7 +62,7 @@ def test_a_users_test_directory_runs_under_the_plugin_and_failures_say_what_the_
     assert "needs 8 host devices" in out and "pytest --simulated-devices 8" in out
     section = out[out.index("simulated slices"):]
     assert "schedule: lose:1@2/step" in section
-    assert '"fault": "lose:1@2/step"' in section and "DATA_LOSS" in out
+    assert '"scheduled": "lose:1@2/step"' in section and "DATA_LOSS" in out
 
 
 def test_the_documented_example_is_the_file_the_suite_runs():

@@ -1,7 +1,9 @@
-"""The run directory's fault log: each fired fault is stored with the schedule's own reading.
+"""The run directory's fault log: each fired fault is stored as its ``fault`` event.
 
 The schedule's grammar (:mod:`elastic_dew.simulate.schedule`) is the one parser of a fault's
-text; the log line carries its ``action`` and ``slice``, and readers take them from there.
+text; the log line is the fired fault's event (its ``action`` and ``slice`` among its
+fields), and readers take them from there. Lines written in the log's earlier shape stay
+readable.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 
 from elastic_dew import rundir
+from elastic_dew.elastic import events
 from elastic_dew.simulate.schedule import ScheduleRunner, parse_schedule
 
 
@@ -24,7 +27,7 @@ class _Slices:
         self.lost.append(index)
 
 
-def test_a_fired_fault_is_logged_with_the_schedules_action_and_slice(tmp_path):
+def test_a_fired_fault_is_logged_as_its_fault_event_with_the_schedules_action_and_slice(tmp_path):
     log = rundir.FaultLog(tmp_path / rundir.FAULTS_FILE)
     slices = _Slices()
     runner = ScheduleRunner(parse_schedule("lose:2@3"), slices, log)
@@ -33,13 +36,10 @@ def test_a_fired_fault_is_logged_with_the_schedules_action_and_slice(tmp_path):
 
     assert slices.lost == [2]
     (line,) = log.path.read_text().splitlines()
-    assert {k: json.loads(line)[k] for k in ("index", "fault", "action", "slice")} == {
-        "index": 0, "fault": "lose:2@3/step", "action": "lose", "slice": 2,
-    }
-    (entry,) = log.entries()
-    assert (entry.action, entry.slice, entry.step, entry.phase) == ("lose", 2, 3, "step")
     (fault,) = rundir.read_faults(tmp_path)
-    assert (fault.action, fault.slice, fault.scheduled) == ("lose", 2, "lose:2@3/step")
+    assert isinstance(fault, events.Fault) and json.loads(line) == fault.to_json()
+    assert (fault.action, fault.slice, fault.step, fault.phase, fault.scheduled, fault.index) == (
+        "lose", 2, 3, "step", "lose:2@3/step", 0)
 
 
 def test_a_logged_fault_is_read_from_its_fields_not_from_its_text(tmp_path):
@@ -62,6 +62,21 @@ def test_a_fault_log_written_before_lines_carried_action_and_slice_is_read_from_
     entries = rundir.FaultLog(path).entries()
 
     assert [(e.action, e.slice) for e in entries] == [("lose", 1), ("preempt", None)]
+    assert (entries[0].scheduled, entries[0].wall, entries[0].index, entries[0].pid) == ("lose:1@5/dispatch", 1.0, 0, 7)
+
+
+def test_a_run_resumed_over_a_fault_log_of_the_earlier_shape_fires_only_what_it_has_not_and_appends_events(tmp_path):
+    path = tmp_path / rundir.FAULTS_FILE
+    path.write_text(json.dumps(dict(index=0, fault="lose:1@3/step", phase="step", step=3, time=1.0, pid=7,
+                                    action="lose", slice=1)) + "\n")
+    slices = _Slices()
+    runner = ScheduleRunner(parse_schedule("lose:1@3,lose:2@5"), slices, rundir.FaultLog(path))
+
+    runner.on_phase("step", 5)
+
+    assert slices.lost == [2]
+    assert [(f.scheduled, f.index) for f in rundir.read_faults(tmp_path)] == [("lose:1@3/step", 0), ("lose:2@5/step", 1)]
+    assert json.loads(path.read_text().splitlines()[1])["event"] == "fault"
 
 
 def test_a_fault_recorded_as_never_fired_is_not_a_fired_one_and_a_later_process_fires_it(tmp_path):
@@ -70,8 +85,8 @@ def test_a_fault_recorded_as_never_fired_is_not_a_fired_one_and_a_later_process_
     first.on_phase("step", 3)
     assert [str(f) for f in first.report_unfired()] == ["lose:2@9/step"]
     (unfired,) = log.never_fired()
-    assert (unfired.fault, unfired.step) == ("lose:2@9/step", 3)
-    assert [e.fault for e in log.entries()] == ["lose:1@3/step"] and log.fired(["lose:1@3/step", "lose:2@9/step"]) == {0}
+    assert (unfired.scheduled, unfired.step) == ("lose:2@9/step", 3)
+    assert [e.scheduled for e in log.entries()] == ["lose:1@3/step"] and log.fired(["lose:1@3/step", "lose:2@9/step"]) == {0}
     assert [f.scheduled for f in rundir.read_faults(tmp_path)] == ["lose:1@3/step"]
 
     slices = _Slices()

@@ -87,7 +87,7 @@ def test_a_fault_fires_once_at_the_first_announcement_of_its_phase_at_or_after_i
         hooks.phase("checkpoint", 4)
         assert sim.lost == {2}
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [(r["fault"], r["phase"], r["step"]) for r in records] == [
+    assert [(r["scheduled"], r["phase"], r["step"]) for r in records] == [
         ("lose:1@3/step", "step", 4),
         ("restore:1@5/snapshot", "snapshot", 6),
         ("lose:2@4/checkpoint", "checkpoint", 4),
@@ -149,7 +149,7 @@ def test_faults_fire_once_per_run_across_a_sigterm_and_a_sigkill_restart(tmp_pat
         + ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "done", "lost=[]"]
     )
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r["fault"] for r in records] == [
+    assert [r["scheduled"] for r in records] == [
         "lose:1@1/step",
         "preempt@3/step",
         "kill@6/step",  # recorded before the SIGKILL that ended its process

@@ -126,7 +126,7 @@ def test_faults_that_never_fired_are_warned_of_and_recorded_in_the_fault_log(tmp
     assert [str(f) for f in sim.unfired] == ["restore:1@40/step"]
     assert "scheduled faults never fired: ['restore:1@40/step']" in caplog.text
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [(line["fault"], line.get("never_fired", False)) for line in lines] == [
+    assert [(line["scheduled"], line.get("never_fired", False)) for line in lines] == [
         ("lose:1@2/step", False), ("restore:1@40/step", True)]
 
 
@@ -183,4 +183,4 @@ def test_a_time_keyed_return_fires_at_the_next_step_dispatch_of_a_loop_that_keep
         loop()
     assert sim.attempts == [(0, 1), (0,), (0, 1)]
     restore = json.loads(log.read_text().splitlines()[1])
-    assert restore["fault"] == "restore:1@+0.3/step" and restore["phase"] == "step"
+    assert restore["scheduled"] == "restore:1@+0.3/step" and restore["phase"] == "step"

@@ -20,7 +20,8 @@ save       ``tier`` (``snapshot``/``checkpoint``), ``step``, ``taken``, ``second
 stop       ``reason`` (:data:`STOP_REASONS`), ``step`` (the last completed step)
 resume     ``source`` (:data:`RESUME_SOURCES`), ``step`` (the first step run next),
            ``durations`` (seconds under :data:`DURATION_KEYS`)
-fault      ``action``, ``slice``, ``step``, ``phase``, ``scheduled`` (the schedule token)
+fault      ``action``, ``slice``, ``step``, ``phase``, ``scheduled`` (the schedule token),
+           ``index`` (its place in the schedule), ``pid`` (the process that fired it)
 =========  ==============================================================================
 
 Every event has ``wall``: when it happened, in seconds since the epoch. Keys a reader does
@@ -160,7 +161,13 @@ class Resume(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Fault(Event):
-    """A fault the simulator fired (``slice`` is ``None`` for process-wide faults)."""
+    """A fault the simulator fired (``slice`` is ``None`` for process-wide faults).
+
+    One type wherever a fired fault is: in the run's event stream as it fires, and on its
+    durable line in the run directory's fault log (:class:`~elastic_dew.rundir.FaultLog`,
+    the same :meth:`to_json`). ``index`` is its place in the schedule and ``pid`` the
+    process that fired it (``None`` on a line that does not say).
+    """
 
     kind: ClassVar[str] = "fault"
     action: str
@@ -168,6 +175,8 @@ class Fault(Event):
     step: int
     phase: str
     scheduled: str
+    index: int | None = None
+    pid: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -45,8 +45,8 @@ from typing import Protocol
 
 import jax
 
-from elastic_dew.elastic import hooks
-from elastic_dew.rundir import FaultEntry, FaultLog
+from elastic_dew.elastic import events, hooks
+from elastic_dew.rundir import FaultLog
 
 __all__ = [
     "ACTIONS",
@@ -102,6 +102,11 @@ class Fault:
     """One scheduled fault: ``action`` (on ``slice``) at the first ``phase`` of step >= ``step``,
     or, when ``after`` is set, ``after`` seconds after the previous fault fired.
 
+    A schedule's entry says what is to fire and when (a step, or seconds after its
+    predecessor), whether or not it ever does; what did fire, where and when, is another
+    concept, the run's ``fault`` event (:class:`elastic_dew.elastic.events.Fault`, which
+    :meth:`fired` makes), the one type the event stream and the fault log hold.
+
     ``code`` is the error a ``lose`` raises (set by :func:`parse_schedule`, in turn); it is
     not part of the fault's text or identity.
     """
@@ -117,6 +122,12 @@ class Fault:
     def timed(self) -> bool:
         """Whether the fault is keyed to time (``@+SECONDS``) rather than to a step."""
         return self.after is not None
+
+    def fired(self, index: int, phase: str, step: int | None) -> events.Fault:
+        """This entry, the schedule's ``index``-th, as the ``fault`` event of firing now, in
+        this process, at ``phase`` of ``step`` (``None``: no step seen yet, recorded as -1)."""
+        return events.Fault(action=self.action, slice=self.slice, step=-1 if step is None else step,
+                            phase=phase, scheduled=str(self), index=index, pid=os.getpid())
 
     def __str__(self) -> str:
         where = f":{self.slice}" if self.slice is not None else ""
@@ -432,7 +443,8 @@ class ScheduleRunner:
         texts = [str(fault) for fault in schedule]
         self._fired: set[int] = fault_log.fired(texts) if fault_log is not None else set()
         self._fired_at: dict[int, float] = (
-            {entry.index: entry.time for entry in fault_log.entries()} if fault_log is not None else {}
+            {fired.index: fired.wall for fired in fault_log.entries() if fired.index is not None}
+            if fault_log is not None else {}
         )
         self._started = time.time()
         self._lock = threading.Lock()
@@ -467,9 +479,7 @@ class ScheduleRunner:
         if self.fault_log is not None:
             for index, fault in enumerate(self.schedule.faults):
                 if index not in self._fired:
-                    self.fault_log.append_never_fired(
-                        index, str(fault), fault.phase, step, action=fault.action, slice=fault.slice
-                    )
+                    self.fault_log.append_never_fired(fault.fired(index, fault.phase, step))
         return unfired
 
     def __enter__(self) -> ScheduleRunner:
@@ -495,9 +505,9 @@ class ScheduleRunner:
         previous = self._fired_at.get(index - 1)
         return None if previous is None else previous + after
 
-    def _collect(self, phase: str, step: int, *, waiting: bool) -> list[tuple[Fault, FaultEntry]]:
+    def _collect(self, phase: str, step: int, *, waiting: bool) -> list[tuple[Fault, events.Fault]]:
         """Record every fault due at this moment, in schedule order (call under the lock)."""
-        due: list[tuple[Fault, FaultEntry]] = []
+        due: list[tuple[Fault, events.Fault]] = []
         for index, fault in enumerate(self.schedule.faults):
             if index in self._fired:
                 continue
@@ -509,18 +519,19 @@ class ScheduleRunner:
                     continue
             elif fault.phase != phase or step < fault.step:
                 continue
-            record = self.fault_log.append if self.fault_log is not None else FaultEntry.now
-            entry = record(index, str(fault), phase, step, action=fault.action, slice=fault.slice)
+            fired = fault.fired(index, phase, step)
+            if self.fault_log is not None:
+                self.fault_log.append(fired)
             self._fired.add(index)
-            self._fired_at[index] = entry.time
-            due.append((fault, entry))
+            self._fired_at[index] = fired.wall
+            due.append((fault, fired))
         return due
 
-    def _fire(self, due: list[tuple[Fault, FaultEntry]], phase: str, step: int) -> None:
+    def _fire(self, due: list[tuple[Fault, events.Fault]], phase: str, step: int) -> None:
         raised: BaseException | None = None
-        for fault, entry in due:
+        for fault, fired in due:
             logger.warning("firing scheduled fault %s at %s of step %d", fault, phase, step)
-            hooks.report(entry.event())  # the fault joins the run's event stream as it fires
+            hooks.report(fired)  # the fault joins the run's event stream as it fires
             try:
                 action_of(fault).fire(self.target, fault)
             except Exception as error:  # noqa: BLE001 - fire the rest, then raise the first
