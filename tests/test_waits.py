@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_dew import record, run
+from elastic_dew import cli, record, run
 from elastic_dew.elastic.config import ElasticConfig
 
 from faultlib import turns as turns_of
@@ -54,10 +54,10 @@ def test_the_train_command_offers_the_waits_flags():
         assert flag in proc.stdout
 
 
-def test_the_chaos_flags_help_names_time_keyed_faults_hang_and_error():
-    proc = subprocess.run([sys.executable, "-m", "elastic_dew", "train", "--help"], capture_output=True,
-                          text=True, timeout=120, env=_env())
-    chaos = " ".join(proc.stdout.split("--schedule SCHEDULE")[-1].split("--run-dir")[0].split())
+def test_the_chaos_flags_help_names_time_keyed_faults_hang_and_error(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    chaos = " ".join(capsys.readouterr().out.split("--schedule SCHEDULE")[-1].split("--run-dir")[0].split())
     for text in ("@+SECONDS", "restore:3@+3", "hang (the slice stops answering)", "error (a runtime error"):
         assert text in chaos, chaos
 
@@ -72,12 +72,14 @@ def test_a_paused_run_whose_slice_returns_after_three_seconds_finishes_on_four_s
     assert steps[-1]["step"] == 30 and steps[-1]["slices"] == 4
 
 
-def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_refused_before_anything_runs(tmp_path):
+def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_refused_before_anything_runs(tmp_path, capsys):
     run_dir = tmp_path / "r"
-    proc = _status(_train(run_dir, 60, "--schedule", "lose:3@17,restore:3@35"), 2)
-    assert "restore:3@35/step can never fire" in proc.stderr
-    assert "restore:3@+3" in proc.stderr
-    assert "carry on without it with --min-slices 3" in proc.stderr  # the console words the setting
+    argv = ["train", "mlp", "--steps", "60", "--run-dir", str(run_dir), "--schedule", "lose:3@17,restore:3@35"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "restore:3@35/step can never fire" in err
+    assert "restore:3@+3" in err
+    assert "carry on without it with --min-slices 3" in err  # the console words the setting
     assert not run_dir.exists()
 
 
