@@ -59,6 +59,8 @@ class Sizes:
     first_save_every: int = 40  # steps before each checkpoint in the first-save runs
     losses_file_workers: int = 0  # the same over ArrayRecord files read by 2 Grain workers
     soak_schedules: int = 1000  # chaos schedules the soak runs in one process (issue: at least 1,000)
+    #: ``lm`` recipe settings over its defaults for snapshot_cost, overhead and first_save
+    lm: tuple[tuple[str, object], ...] = ()
 
 
 SIZES = {
@@ -81,8 +83,16 @@ SIZES = {
         preempt_mb=(16,), preempt_repeats=1, restore_mb=16, restore_repeats=1,
         goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2, first_save_every=3,
         soak_schedules=2,
+        lm=(("seq_len", 32), ("d_model", 32), ("heads", 2), ("layers", 1)),  # the quick demo's model
     ),
 }
+
+def lm_label(sizes: Sizes) -> str:
+    """How the notes name the ``lm`` model a mode runs: ``lm recipe``, with its settings when
+    the mode sets any."""
+    settings = ", ".join(f"{name}={value}" for name, value in sizes.lm)
+    return f"lm recipe ({settings})" if settings else "lm recipe"
+
 
 #: key: (target text, test of the value, the baseline key or None). A missing value is not met.
 TARGETS: dict[str, tuple[str, Any]] = {

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import median
+from benchmarks.common import lm_label, median
 from elastic_dew.elastic.events import Save
 from elastic_dew.record import as_events, read_events
 
@@ -45,10 +45,10 @@ def saves_of(run_dir: Path) -> list[float]:
     return [e.seconds for e in events if isinstance(e, Save) and e.tier == "checkpoint" and e.taken]
 
 
-def _run(code: str, run_dir: Path, steps: int, every: int) -> list[float]:
+def _run(code: str, run_dir: Path, steps: int, every: int, lm: tuple[tuple[str, object], ...]) -> list[float]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     args = ["train", "lm", "--steps", str(steps), "--checkpoint-every", str(every), "--run-dir", str(run_dir),
-            "--no-summary"]
+            "--no-summary", *(f"--set={name}={value}" for name, value in lm)]
     subprocess.run([sys.executable, "-c", code, *args], env=env, check=True, capture_output=True, timeout=1200)
     return saves_of(run_dir)
 
@@ -58,7 +58,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     steps = every * 4
     results: dict[str, Any] = {}
     for name, code in (("unprepared", _UNPREPARED), ("prepared", _PREPARED)):
-        saves = _run(code, workdir / name, steps, every)
+        saves = _run(code, workdir / name, steps, every, sizes.lm)
         first, later = saves[0], median(saves[1:])
         results[f"first_save_{name}_s"] = first
         results[f"later_save_{name}_s_p50"] = later
@@ -66,7 +66,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     results["first_save_s"] = results["first_save_prepared_s"]
     results["first_save_over_later"] = results["first_save_prepared_over_later"]
     notes.append(
-        f"first checkpoint save: lm on 4x2 simulated slices, a checkpoint every {every} steps, "
+        f"first checkpoint save: {lm_label(sizes)} on 4x2 simulated slices, a checkpoint every {every} steps, "
         f"{steps} steps, one fresh process per variant; the baseline (every leaf replica-parallel, "
         f"nothing prepared) took {results['first_save_unprepared_s']:.2f} s for the first save against "
         f"{results['later_save_unprepared_s_p50']:.2f} s for later ones; as shipped, leaves under "

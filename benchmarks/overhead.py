@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import median
+from benchmarks.common import lm_label, median
 
 __all__ = ["measure", "POLICY", "OwnThreads"]
 
@@ -145,7 +145,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     from benchmarks.worker import lm_parts
     from elastic_dew.simulate import SimulatedSlices
 
-    parts = lm_parts()
+    parts = lm_parts(sizes.lm)
     workdir.mkdir(parents=True, exist_ok=True)
     fit, bare = [], []
     cpu_fit, cpu_bare, cpu_own = [], [], []
@@ -160,7 +160,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
             cpu_own.append(own)
             jax.clear_caches()
     notes.append(
-        f"Framework overhead: lm recipe under {POLICY}, {sizes.overhead_steps} steps per run, steady "
+        f"Framework overhead: {lm_label(sizes)} under {POLICY}, {sizes.overhead_steps} steps per run, steady "
         f"step time after step {WARMUP}, {sizes.overhead_rounds} alternating rounds; both loops "
         "read each step's loss one step late (after dispatching the next step), with the same "
         "state and batch shardings. Host CPU time per step: the loop thread's CPU time between "

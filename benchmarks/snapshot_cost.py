@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import mean, median
+from benchmarks.common import lm_label, mean, median
 
 __all__ = ["measure", "host_memory_ratio", "VARIANTS", "POLICY", "DEVICES_PER_SLICE"]
 
@@ -71,7 +71,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     from elastic_dew.simulate import SimulatedSlices
     from elastic_dew.record import as_event
 
-    parts = lm_parts()
+    parts = lm_parts(sizes.lm)
     program = lm_program(parts, POLICY)
     base = ElasticConfig(
         minimum_slice_count=1, poll_interval=0.05, global_batch=48, snapshot_every=1,
@@ -147,7 +147,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     results["snapshot_host_memory_ratio_replicated"] = ratio
     results["snapshot_host_bytes_per_device_replicated"] = host
     notes.append(
-        f"Snapshot cost: lm recipe ({results['snapshot_state_mb']:.1f} MB of state) under {POLICY}, "
+        f"Snapshot cost: {lm_label(sizes)}, {results['snapshot_state_mb']:.1f} MB of state, under {POLICY}, "
         f"{sizes.snapshot_rounds} rounds of {block}-step blocks per variant, interleaved; "
         "overhead is the mean step interval over the no-snapshot blocks' (median over blocks). "
         f"Host memory: the newest snapshot's pinned-host bytes on its fullest device, "

@@ -38,8 +38,9 @@ def _prepare() -> None:
     logging.basicConfig(level=logging.WARNING)
 
 
-def lm_parts() -> dict:
-    """The ``lm`` recipe at its defaults: the model every trainer benchmark runs.
+def lm_parts(overrides: tuple[tuple[str, object], ...] = ()) -> dict:
+    """The ``lm`` recipe at its defaults, the model every trainer benchmark runs, with the
+    recipe settings ``overrides`` (a mode's :attr:`~benchmarks.common.Sizes.lm`) over them.
 
     ``Trainer(**lm_parts(), ...)`` takes them all; the recipe's ``model_sharding`` rule
     applies only under a model axis, which the benchmarks do not use. The recipe's evaluation
@@ -48,7 +49,7 @@ def lm_parts() -> dict:
     """
     from recipes import lm
 
-    parts = lm.build()
+    parts = lm.build(**dict(overrides))
     parts.pop("eval_dataset")
     return parts
 
