@@ -299,17 +299,29 @@ def test_train_refuses_a_foreign_run_directory_and_one_it_cannot_create(tmp_path
     assert [p.name for p in Path("photos").iterdir()] == ["cat.jpg"]
 
 
-def test_train_refuses_to_resume_a_run_of_a_model_of_another_shape(tmp_path, monkeypatch, capsys):
-    """``--set hidden=64`` on a run started with the default 32 would restore checkpoints of
-    another shape; the run's command.json catches it before anything runs."""
+@pytest.mark.parametrize(
+    ("identity", "argv", "difference"),
+    [
+        ({"recipe": "recipes.lm", "global_batch": 48}, [], "recipe 'recipes.lm' -> 'recipes.mlp'"),
+        ({}, ["--set", "hidden=64"], "overrides {} -> {'hidden': 64}"),
+        ({"schedule": "preempt@12"}, ["--schedule", "preempt@13"], "schedule 'preempt@12' -> 'preempt@13'"),
+    ],
+    ids=["another_recipe", "another_model_shape", "another_fault_schedule"],
+)
+def test_train_refuses_to_resume_a_run_directory_that_holds_another_run_naming_the_difference(
+    identity, argv, difference, tmp_path, monkeypatch, capsys
+):
+    """The run's command.json is its identity: ``--set hidden=64`` on a run started with the
+    default 32 would restore checkpoints of another shape, and another schedule would be
+    refused deep in the simulator (the fault log records faults by their place in it)."""
     monkeypatch.chdir(tmp_path)
     Path("run").mkdir()
     Path("run/command.json").write_text(json.dumps(
-        {"recipe": "recipes.mlp", "overrides": {}, "seed": 0, "global_batch": 24}
+        {"recipe": "recipes.mlp", "overrides": {}, "seed": 0, "global_batch": 24, **identity}
     ))
-    status, err = _cli(["train", "mlp", "--run-dir", "run", "--set", "hidden=64"], capsys)
+    status, err = _cli(["train", "mlp", "--run-dir", "run", *argv], capsys)
     assert status == 2
-    assert "run holds another run (overrides {} -> {'hidden': 64})" in err
+    assert f"elastic-dew train: error: run holds another run ({difference}" in err
     assert "resume it with its own settings, or start a new run with another --run-dir or --name" in err
     assert [p.name for p in Path("run").iterdir()] == ["command.json"]
 
