@@ -167,7 +167,7 @@ def _run_dir_of(spec: RunConfig) -> Path | None:
     if spec.run_dir and _URL.match(spec.run_dir):
         raise UsageError(
             f"run_dir={spec.run_dir} is a URL, but the run directory must be a local directory "
-            "(the run record is appended and fsynced line by line); mount the bucket, for example "
+            "(the run record is appended to, and fsynced at every save, stop and resume); mount the bucket, for example "
             "with Cloud Storage FUSE, and give the mounted path (run_dir=/gcs/runs/NAME)"
         )
     if spec.run_dir:
