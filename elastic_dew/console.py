@@ -89,8 +89,8 @@ def _flags() -> dict[str, tuple[str, type]]:
 
 
 #: A setting named as Python names it, ``field=value``, or the keyword alone, ``field=``
-#: (not an attribute, not a keyword's tail).
-_MENTION = re.compile(r"(?<![\w.])([a-z][a-z0-9_]*)=([^\s,;)]\S*|(?=[\s,;)]|$))")
+#: (not an attribute, not a keyword's tail; the end of a range, ``0..slices=``, is one).
+_MENTION = re.compile(r"(?<!\w)(?<!\w\.)([a-z][a-z0-9_]*)=([^\s,;)]\S*|(?=[\s,;)]|$))")
 
 
 def _worded(flag: str, kind: type, value: str) -> str:
@@ -101,13 +101,15 @@ def _worded(flag: str, kind: type, value: str) -> str:
     return f"{flag} {value}" if value else flag
 
 
-def in_flags(text: str, *, keep: str | None = None) -> str:
-    """``text`` with each ``field=value`` that names a run or observability setting with a
-    flag worded as that flag (``minimum_slice_count=3`` -> ``--min-slices 3``,
-    ``tensorboard=False`` -> ``--no-tensorboard``, the keyword alone ``run_dir=`` ->
-    ``--run-dir``); ``keep`` is a field whose mentions stay as they are (a refusal already
-    headed by its flag)."""
-    flags = _flags()
+def in_flags(text: str, *, keep: str | None = None,
+             flags: collections.abc.Mapping[str, tuple[str, type]] | None = None) -> str:
+    """``text`` with each ``field=value`` that names a setting with a flag worded as that flag
+    (``minimum_slice_count=3`` -> ``--min-slices 3``, ``tensorboard=False`` ->
+    ``--no-tensorboard``, the keyword alone ``run_dir=`` -> ``--run-dir``). ``flags`` maps
+    each field to its flag and its type (``bool`` for an on/off one); by default the run's
+    and the observability settings'. ``keep`` is a field whose mentions stay as they are (a
+    refusal already headed by its flag)."""
+    flags = _flags() if flags is None else flags
 
     def worded(match: re.Match) -> str:
         field = match[1]

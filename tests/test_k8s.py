@@ -254,7 +254,7 @@ def test_a_queue_sets_the_kueue_label_and_none_sets_no_label():
     assert "kueue.x-k8s.io/queue-name" not in jobset(params())["metadata"]["labels"]
     with pytest.raises(ParameterError) as e:
         jobset(params(queue="Multi Slice"))
-    assert e.value.field == "--queue" and "LocalQueue" in e.value.fix
+    assert e.value.field == "queue" and "LocalQueue" in e.value.fix
 
 
 def test_tpu7x_renders_with_pathwaysutils_accelerator_and_instance_names():
@@ -280,13 +280,14 @@ def test_the_gcloud_and_xpk_type_spelling_implies_the_topology(spelling, tpu, to
 def test_a_sized_type_that_disagrees_with_the_topology_or_names_no_slice_is_refused(capsys):
     with pytest.raises(ParameterError) as e:
         jobset(params(tpu_type="v6e-16", topology="2x4"))
-    assert e.value.field == "--topology" and "v6e-16 is a 4x4 slice" in e.value.problem
+    assert e.value.field == "topology" and "v6e-16 is a 4x4 slice" in e.value.problem
+    assert e.value.fix == "drop topology= or pass topology=4x4"  # fields as Python names them
     with pytest.raises(ParameterError) as e:
         jobset(params(tpu_type="v6e-12", topology=""))
-    assert e.value.field == "--tpu-type" and "v6e-16" in e.value.fix
+    assert e.value.field == "tpu_type" and "v6e-16" in e.value.fix
     with pytest.raises(ParameterError) as e:
         jobset(params(topology=""))
-    assert e.value.field == "--topology" and "v6e-16" in e.value.fix
+    assert e.value.field == "topology" and "v6e-16" in e.value.fix
     argv = [a for a in RENDER if a not in ("--topology", "4x8")]
     assert main(_with(argv, "--tpu-type", "v5litepod-32")) == 0
     out = capsys.readouterr().out
@@ -464,7 +465,7 @@ def test_the_recipe_is_checked_as_the_train_command_takes_it_names_or_module_pat
     assert KNOWN_RECIPES == tuple(available_recipes()) and {"lm", "mlp"} <= set(KNOWN_RECIPES)
     with pytest.raises(ParameterError) as e:
         jobset(params(recipe="gpt"))
-    assert e.value.field == "--recipe" and "lm, mlp" in e.value.fix and "mypkg.myrecipe" in e.value.fix
+    assert e.value.field == "recipe" and "lm, mlp" in e.value.fix and "mypkg.myrecipe" in e.value.fix
     for bad in ("my-pkg.recipe", "pkg..recipe", "pkg.recipe "):
         with pytest.raises(ParameterError):
             jobset(params(recipe=bad))
@@ -489,14 +490,17 @@ def _with(argv, flag, value):
 
 
 @pytest.mark.parametrize("argv,field,fix", [
-    (_with(RENDER, "--elastic-slices", "3"), "--elastic-slices", "use at most 2"),
+    (_with(RENDER, "--elastic-slices", "3"), "--elastic-slices",
+     "3 is outside 0..--slices (2); use at most 2 (the number of slices), or raise --slices"),
+    (_with(RENDER, "--tpu-type", "v5litepod-16"), "--topology", "drop --topology or pass --topology 4x4"),
     (_with(RENDER, "--topology", "2x2x2"), "--topology", "use one of 2x2, 2x4"),
     (_with(RENDER, "--name", "Dew_Run"), "--name", "lowercase letters"),
     (_with(RENDER, "--name", "d" * 23), "--name", "shorten --name to at most 22 characters"),
     (_with(RENDER, "--bucket", "s3://dew-bucket"), "--bucket", "pass gs://BUCKET_NAME"),
     (_with(RENDER, "--recipe", "bert"), "--recipe", "use one of lm, mlp"),
     (_with(RENDER, "--tpu-type", "v3"), "--tpu-type", "use one of v4, v5e, v5p, v6e, tpu7x"),
-    (RENDER + ["--mtc"], "--sidecar-image", "build k8s/Dockerfile.sidecar"),
+    (RENDER + ["--mtc"], "--sidecar-image",
+     "--mtc needs the colocated-Python sidecar image; build k8s/Dockerfile.sidecar and pass its URI with --sidecar-image"),
     (RENDER + ["--pathways-version", "latest"], "--pathways-version", "a release tag such as jax-0.10.2"),
     (_with(RENDER, "--image", "r/controller:latest"), "--image", "(not :latest) or @sha256:DIGEST"),
     (_with(RENDER, "--image", "r/controller"), "--image", "(not :latest) or @sha256:DIGEST"),

@@ -10,7 +10,10 @@ Subcommands:
   jsonschema, kubernetes-validate).
 
 Every rendered file starts with the exact command that re-creates it. A bad parameter exits
-with status 2 and a message naming the flag and the fix, and writes nothing.
+with status 2 and a message naming the flag and the fix, and writes nothing: the
+``ParameterError`` names fields as Python does (``tpu_type``, ``raise slices=``), and only
+here is it worded with the flags (``--tpu-type``, ``raise --slices``), read from each
+subcommand's own declarations.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Callable
 
 import yaml
 
+from elastic_dew.console import in_flags
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import (
     CONTROLLER_FAILURE_MODES,
@@ -146,6 +150,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     v.add_argument("--crd", help="check JobSets against this JobSet CRD YAML instead of the shipped schema "
                                  "(default: the shipped schema)")
     v.set_defaults(k8s_run=_validate)
+    for command in (r, p, c, v):
+        command.set_defaults(k8s_flags=_declared_flags(command))
+
+
+def _declared_flags(parser: argparse.ArgumentParser) -> dict[str, tuple[str, type]]:
+    """Each field a subcommand's flags set (the argparse ``dest``, which is the
+    ``JobSetParams`` field for ``render``), mapped to its long flag and, for a switch, ``bool``."""
+    return {action.dest: (max(action.option_strings, key=len), bool if action.nargs == 0 else str)
+            for action in parser._actions
+            if action.option_strings and not isinstance(action, argparse._HelpAction)}
+
+
+def _refusal(error: ParameterError, flags: dict[str, tuple[str, type]]) -> str:
+    """``error`` as the command line says it: its field, and each field its text names
+    (``field=`` or ``field=value``), worded as the flag that sets it (``flags``)."""
+    head = flags[error.field][0] if error.field in flags else error.field
+    return in_flags(f"{head}: {error.problem}; {error.fix}", flags=flags)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return args.k8s_run(args)
     except ParameterError as e:
-        sys.stderr.write(f"elastic-dew k8s {args.k8s_command}: error: {e}\n")
+        sys.stderr.write(f"elastic-dew k8s {args.k8s_command}: error: {_refusal(e, args.k8s_flags)}\n")
         return 2
 
 
@@ -171,7 +192,7 @@ def _command(args: argparse.Namespace, fields: list[tuple[str, str]], flags: lis
 def _emit(args: argparse.Namespace, build: Callable[[], tuple[list[dict[str, Any]], list[str], dict]]) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.is_dir():
-        raise ParameterError("--out", f"directory {str(out.parent)!r} does not exist",
+        raise ParameterError("out", f"directory {str(out.parent)!r} does not exist",
                              "create it first or write somewhere else")
     docs, header, comments = build()  # raises ParameterError before any output
     text = R.dump(docs, header, comments)
@@ -234,9 +255,9 @@ def _render(args: argparse.Namespace) -> int:
 
 def _priority_class(args: argparse.Namespace) -> int:
     def build():
-        check_subdomain("--name", args.name)
+        check_subdomain("name", args.name)
         if not -(10**9) <= args.value <= 10**9:
-            raise ParameterError("--value", f"{args.value} is outside user priorities",
+            raise ParameterError("value", f"{args.value} is outside user priorities",
                                  "use -1000000000..1000000000 (higher values are reserved for system classes)")
         command = _command(args, [("--name", "name"), ("--value", "value"), ("--description", "description")])
         return ([R.priority_class(args.name, args.value, args.description)],
@@ -247,12 +268,12 @@ def _priority_class(args: argparse.Namespace) -> int:
 
 def _checkpoint_config(args: argparse.Namespace) -> int:
     def build():
-        check_subdomain("--name", args.name)
+        check_subdomain("name", args.name)
         tpu = lookup_tpu_type(args.tpu_type)
         if tpu is None:
-            raise ParameterError("--tpu-type", f"unknown TPU type {args.tpu_type!r}",
+            raise ParameterError("tpu_type", f"unknown TPU type {args.tpu_type!r}",
                                  f"use one of {', '.join(TPU_TYPES)}")
-        check_quantity("--in-memory-size", args.in_memory_size)
+        check_quantity("in_memory_size", args.in_memory_size)
         doc = R.checkpoint_configuration(args.name, args.bucket, tpu.machine_type, args.in_memory_size)
         command = _command(args, [("--name", "name"), ("--bucket", "bucket"), ("--tpu-type", "tpu_type"),
                                   ("--in-memory-size", "in_memory_size")])
@@ -277,7 +298,7 @@ def _validate(args: argparse.Namespace) -> int:
             raise ParameterError("validate", f"{e.name} is not installed",
                                  "install the test extras: pip install -e '.[test]'") from e
         except FileNotFoundError as e:
-            raise ParameterError("--crd", str(e), "pass a JobSet CRD YAML, or leave --crd out to use the "
+            raise ParameterError("crd", str(e), "pass a JobSet CRD YAML, or leave --crd out to use the "
                                  "shipped schema") from e
         for p in problems:
             sys.stderr.write(f"{path}: {p}\n")

@@ -2,7 +2,9 @@
 
 ``JobSetParams`` holds the renderer's inputs; ``check()`` refuses any combination that
 would give a manifest Kubernetes rejects or a run that cannot work, with a
-``ParameterError`` naming the command-line field and the fix.
+``ParameterError`` naming the field as Python names it (``tpu_type``) and writing any other
+field it mentions as ``field=`` or ``field=value`` (``raise slices=``); only the
+``elastic-dew k8s`` command line words them as its flags.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def known_recipes() -> tuple[str, ...]:
     return tuple(available_recipes())
 
 
-#: The recipes shipped with elastic_dew; ``--recipe`` also takes a module path (``pkg.recipe``).
+#: The recipes shipped with elastic_dew; ``recipe`` also takes a module path (``pkg.recipe``).
 KNOWN_RECIPES: tuple[str, ...] = known_recipes()
 
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -58,16 +60,16 @@ def check_recipe(field: str, recipe: str) -> None:
 #: resilience guide requires the workload's JAX to match the Pathways release.
 PATHWAYS_VERSION = "jax-0.10.2"
 
-#: ``--on-controller-failure``: what a failed controller (exit 143, an eviction) does.
+#: ``on_controller_failure``: what a failed controller (exit 143, an eviction) does.
 #: ``recreate-jobset`` is what pathwaysutils' and xpk's generators do; ``restart-head``
 #: restarts the head pod alone, which no real cluster run has verified yet.
 CONTROLLER_FAILURE_MODES: tuple[str, ...] = ("recreate-jobset", "restart-head")
 
-#: Where the controller container mounts ``--bucket`` (Cloud Storage FUSE): the run directory
+#: Where the controller container mounts ``bucket`` (Cloud Storage FUSE): the run directory
 #: is a local path under it, since ``elastic-dew train`` appends and fsyncs its run record there.
 RUN_MOUNT = "/gcs"
 
-#: ``--proxy-flag-spelling`` -> the pathways-proxy flag that sets the number of elastic slices.
+#: ``proxy_flag_spelling`` -> the pathways-proxy flag that sets the number of elastic slices.
 #: The resilience guide writes ``--num_elastic_instances``; pathwaysutils' ``PathwaysJobSet``
 #: writes ``--num_elastic_slices``.
 PROXY_FLAG_SPELLINGS: dict[str, str] = {
@@ -86,7 +88,9 @@ _INT32_MAX = 2**31 - 1
 
 
 class ParameterError(ValueError):
-    """A renderer parameter that cannot work: which field, what is wrong, how to fix it."""
+    """A renderer parameter that cannot work: which field (its Python name, ``tpu_type``), what
+    is wrong, how to fix it; other fields the text names are written ``field=`` or
+    ``field=value``."""
 
     def __init__(self, field: str, problem: str, fix: str):
         self.field, self.problem, self.fix = field, problem, fix
@@ -123,7 +127,7 @@ def parse_bucket(field: str, value: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class JobSetParams:
-    """Inputs of one elastic Pathways JobSet (field names follow the CLI flags)."""
+    """Inputs of one elastic Pathways JobSet (``elastic-dew k8s render``'s flags are these fields)."""
 
     name: str
     tpu_type: str
@@ -170,20 +174,20 @@ class JobSetParams:
 
     @property
     def bucket_name(self) -> str:
-        """The bare bucket name of ``--bucket`` (what the FUSE volume mounts)."""
-        return parse_bucket("--bucket", self.bucket)[0]
+        """The bare bucket name of ``bucket`` (what the FUSE volume mounts)."""
+        return parse_bucket("bucket", self.bucket)[0]
 
     @property
     def run_dir(self) -> str:
-        """The run directory: ``--bucket``'s ``runs/NAME`` as the controller sees it through the
+        """The run directory: ``bucket``'s ``runs/NAME`` as the controller sees it through the
         Cloud Storage FUSE mount at ``RUN_MOUNT``; stable across restarts, so a restarted
         controller resumes."""
-        _, prefix = parse_bucket("--bucket", self.bucket)
+        _, prefix = parse_bucket("bucket", self.bucket)
         return "/".join([RUN_MOUNT, *([prefix] if prefix else []), "runs", self.name])
 
     @property
     def checkpoint_dir(self) -> str:
-        """The persistent tier's directory: ``--bucket``'s ``runs/NAME/checkpoints`` as a
+        """The persistent tier's directory: ``bucket``'s ``runs/NAME/checkpoints`` as a
         ``gs://`` URL, which the TPU workers write to themselves under Pathways persistence
         (elastic_dew.elastic.persistence says why a FUSE path would not do)."""
         return f"{self.bucket_url}/runs/{self.name}/checkpoints"
@@ -197,12 +201,12 @@ class JobSetParams:
     def check(self) -> "JobSetParams":
         """Raise ``ParameterError`` for the first parameter that cannot work; return the
         parameters with a sized TPU type (``v6e-16``) resolved to its type and topology."""
-        check_rfc1123_label("--name", self.name)
-        check_rfc1123_label("--namespace", self.namespace)
+        check_rfc1123_label("name", self.name)
+        check_rfc1123_label("namespace", self.namespace)
         parsed = parse_tpu_type(self.tpu_type)
         if parsed is None:
             raise ParameterError(
-                "--tpu-type", f"unknown TPU type {self.tpu_type!r}",
+                "tpu_type", f"unknown TPU type {self.tpu_type!r}",
                 f"use one of {', '.join(TPU_TYPES)}, or TYPE-N as gcloud and xpk write it (v6e-16)",
             )
         tpu, size = parsed
@@ -210,87 +214,87 @@ class JobSetParams:
             implied = tpu.topology_for(size)
             if implied is None:
                 sizes = ", ".join(tpu.sized_name(t) for t in tpu.topologies)
-                raise ParameterError("--tpu-type", f"{self.tpu_type!r} is no {tpu.name} slice size",
+                raise ParameterError("tpu_type", f"{self.tpu_type!r} is no {tpu.name} slice size",
                                      f"use one of {sizes}")
             if self.topology and self.topology != implied:
-                raise ParameterError("--topology", f"{self.tpu_type} is a {implied} slice, not {self.topology}",
-                                     f"drop --topology or pass --topology {implied}")
+                raise ParameterError("topology", f"{self.tpu_type} is a {implied} slice, not {self.topology}",
+                                     f"drop topology= or pass topology={implied}")
             return dataclasses.replace(self, tpu_type=tpu.name, topology=implied).check()
         if not self.topology:
-            raise ParameterError("--topology", f"TPU type {tpu.name} needs a topology",
-                                 f"pass --topology (one of {', '.join(tpu.topologies)}) or a sized "
-                                 f"--tpu-type such as {tpu.sized_name(tpu.topologies[2])}")
+            raise ParameterError("topology", f"TPU type {tpu.name} needs a topology",
+                                 f"pass topology= (one of {', '.join(tpu.topologies)}) or a sized "
+                                 f"tpu_type= such as {tpu.sized_name(tpu.topologies[2])}")
         if self.topology not in tpu.topologies:
             raise ParameterError(
-                "--topology", f"TPU type {tpu.name} has no topology {self.topology!r}",
+                "topology", f"TPU type {tpu.name} has no topology {self.topology!r}",
                 f"use one of {', '.join(tpu.topologies)}",
             )
         if self.slices < 1:
-            raise ParameterError("--slices", f"{self.slices} slices", "use at least 1")
+            raise ParameterError("slices", f"{self.slices} slices", "use at least 1")
         if not 0 <= self.elastic_slices <= self.slices:
             raise ParameterError(
-                "--elastic-slices",
-                f"{self.elastic_slices} is outside 0..--slices ({self.slices})",
-                f"use at most {self.slices} (the number of slices), or raise --slices",
+                "elastic_slices",
+                f"{self.elastic_slices} is outside 0..slices= ({self.slices})",
+                f"use at most {self.slices} (the number of slices), or raise slices=",
             )
         # JobSet labels every pod with the coordinator's address, NAME-pathways-head-0-0.NAME,
         # and a label value is at most 63 characters: NAME can have at most 22.
         coordinator = f"{self.name}-pathways-head-0-0.{self.name}"
         if len(coordinator) > 63:
             raise ParameterError(
-                "--name", f"the coordinator label {coordinator!r} would be longer than 63 characters",
-                f"shorten --name to at most {(63 - len('-pathways-head-0-0.')) // 2} characters",
+                "name", f"the coordinator label {coordinator!r} would be longer than 63 characters",
+                f"shorten name= to at most {(63 - len('-pathways-head-0-0.')) // 2} characters",
             )
-        _check_image("--image", self.image, "controller")
-        check_recipe("--recipe", self.recipe)
+        _check_image("image", self.image, "controller")
+        check_recipe("recipe", self.recipe)
         if self.pathways_version == "latest" or not _IMAGE_TAG.match(self.pathways_version):
             raise ParameterError(
-                "--pathways-version", f"{self.pathways_version!r} is not a pinned Pathways release",
+                "pathways_version", f"{self.pathways_version!r} is not a pinned Pathways release",
                 f"pass a release tag such as {PATHWAYS_VERSION} (the JAX of your controller image): a "
                 "moving tag lets a restarted worker pull another release than the running proxy")
         if self.queue is not None and (len(self.queue) > 63 or not _LABEL.match(self.queue)):
-            raise ParameterError("--queue", f"{self.queue!r} is not a Kueue LocalQueue name",
+            raise ParameterError("queue", f"{self.queue!r} is not a Kueue LocalQueue name",
                                  "pass the LocalQueue's name (lowercase letters, digits and '-', at most 63), "
                                  "as kubectl get localqueues lists it")
         if self.on_controller_failure not in CONTROLLER_FAILURE_MODES:
-            raise ParameterError("--on-controller-failure", f"unknown mode {self.on_controller_failure!r}",
+            raise ParameterError("on_controller_failure", f"unknown mode {self.on_controller_failure!r}",
                                  f"use one of {', '.join(CONTROLLER_FAILURE_MODES)}")
-        _, prefix = parse_bucket("--bucket", self.bucket)
+        _, prefix = parse_bucket("bucket", self.bucket)
         if prefix and any(part in ("", ".", "..") or any(c.isspace() for c in part) for part in prefix.split("/")):
             raise ParameterError(
-                "--bucket", f"the prefix {prefix!r} is not a plain folder path",
+                "bucket", f"the prefix {prefix!r} is not a plain folder path",
                 "write gs://BUCKET or gs://BUCKET/FOLDER[/FOLDER...] without '.', '..', '//' or spaces "
                 "(the run directory is FOLDER/runs/NAME in the bucket)",
             )
         if self.mtc and not self.sidecar_image:
-            raise ParameterError("--sidecar-image", "--mtc needs the colocated-Python sidecar image",
-                                 "build k8s/Dockerfile.sidecar and pass its URI with --sidecar-image")
+            raise ParameterError("sidecar_image", "mtc=True needs the colocated-Python sidecar image",
+                                 "build k8s/Dockerfile.sidecar and pass its URI with sidecar_image=")
         if self.sidecar_image is not None:
-            _check_image("--sidecar-image", self.sidecar_image, "sidecar")
+            _check_image("sidecar_image", self.sidecar_image, "sidecar")
         if self.priority is not None and (len(self.priority) > 253 or not _SUBDOMAIN.match(self.priority)):
-            raise ParameterError("--priority", f"{self.priority!r} is not a PriorityClass name",
+            raise ParameterError("priority", f"{self.priority!r} is not a PriorityClass name",
                                  "use a lowercase DNS subdomain name such as 'high-prior-job'")
         if self.proxy_flag_spelling not in PROXY_FLAG_SPELLINGS:
-            raise ParameterError("--proxy-flag-spelling", f"unknown spelling {self.proxy_flag_spelling!r}",
+            raise ParameterError("proxy_flag_spelling", f"unknown spelling {self.proxy_flag_spelling!r}",
                                  f"use one of {', '.join(PROXY_FLAG_SPELLINGS)}")
-        check_rfc1123_label("--head-node-pool", self.head_node_pool)
+        check_rfc1123_label("head_node_pool", self.head_node_pool)
         if len(self.service_account) > 253 or not _SUBDOMAIN.match(self.service_account):
-            raise ParameterError("--service-account", f"{self.service_account!r} is not a Kubernetes service account name",
+            raise ParameterError("service_account", f"{self.service_account!r} is not a Kubernetes service account name",
                                  "use a lowercase DNS subdomain name such as 'elastic-dew' (the account needs "
-                                 "Workload Identity access to --bucket; see docs/kubernetes.md)")
+                                 "Workload Identity access to bucket=; see docs/kubernetes.md)")
         if self.grace_seconds < 30:
-            raise ParameterError("--grace-seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
+            raise ParameterError("grace_seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
                                  "use at least 30 (the default, 300, suits a multi-GB Orbax write)")
         if self.max_restarts < 0:
-            raise ParameterError("--max-restarts", f"{self.max_restarts} is negative", "use 0 or more")
+            raise ParameterError("max_restarts", f"{self.max_restarts} is negative", "use 0 or more")
         if self.slice_restarts < 1 or self.slice_restarts * tpu.hosts(self.topology) > _INT32_MAX:
             raise ParameterError(
-                "--slice-restarts", f"{self.slice_restarts} restarts x {tpu.hosts(self.topology)} hosts "
+                "slice_restarts", f"{self.slice_restarts} restarts x {tpu.hosts(self.topology)} hosts "
                 "does not fit the Job's backoffLimit (1..2^31-1)",
                 f"use 1..{_INT32_MAX // tpu.hosts(self.topology)}",
             )
         if not self.mtc_ramdisk_dir.startswith("/"):
-            raise ParameterError("--mtc-ramdisk-dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
+            raise ParameterError("mtc_ramdisk_dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
                                  f"use an absolute path such as {MULTI_TIER_DIR}")
         return self
 

@@ -455,7 +455,7 @@ def checkpoint_configuration(
     ``bucket`` is ``gs://BUCKET`` (a bucket with hierarchical namespace); the resource names
     the bare bucket. The node selector picks the TPU nodes that get the in-memory CSI volume.
     """
-    bucket_name, _ = parse_bucket("--bucket", bucket)
+    bucket_name, _ = parse_bucket("bucket", bucket)
     return {
         "apiVersion": "checkpointing.gke.io/v1",
         "kind": "CheckpointConfiguration",
