@@ -105,6 +105,28 @@ def test_the_precompiler_starts_no_compile_while_a_resume_holds_it():
     assert program.compiles == 3
 
 
+def test_the_precompiler_compiles_each_layouts_other_programs_right_after_its_step():
+    order: list[tuple[str, tuple]] = []
+    ids = lambda mesh: tuple(d.id for d in mesh.devices.flat)  # noqa: E731
+    program = type("Program", (), {
+        "compile": lambda self, mesh, batch: order.append(("step", ids(mesh))) or (lambda s, b: (s, {})),
+    })()
+    devices = jax.devices()
+    manager = type("Manager", (), {
+        "active_slice_indices": {0, 1, 2}, "total_slice_count": 3,
+        "slice_to_devices": {i: devices[2 * i: 2 * i + 2] for i in range(3)},
+    })()
+    compiler = StepCompiler(
+        program, manager, ElasticConfig(global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True),
+        also=lambda mesh: order.append(("also", ids(mesh))),
+    )
+    compiler.start_precompiling()
+    compiler._precompiler.join(30)
+    layouts = [ids(mesh) for mesh, _ in compiler.smaller_layouts()]
+    assert len(layouts) == 3
+    assert order == [(kind, layout) for layout in layouts for kind in ("step", "also")]
+
+
 class _RecordingProgram(LinearProgram):
     """A :class:`LinearProgram` that records the layout of every compile it is asked for."""
 

@@ -255,6 +255,35 @@ def test_a_packed_snapshot_loads_onto_a_smaller_mesh_bitwise_equal_on_the_target
     assert int(reloaded["count"]) == 41
 
 
+def test_a_load_onto_a_precompiled_mesh_and_the_save_after_it_compile_nothing():
+    """What the precompiler prepares for a lost slice's mesh, from the abstract state alone
+    (a typed key among the leaves), is what the load and the next save run: no backend
+    compile while they do (jax.monitoring's compile events)."""
+    four, three = model_mesh_of(4), model_mesh_of(3)
+    state = mixed_state_on(four)
+    snapshots = Snapshots()
+    assert snapshots.save(5, state, {"step": 5}, four)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(three, x.sharding.spec)), state
+    )
+    snapshots.precompile(abstract, three)
+    compiles: list = []
+
+    def on_compile(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    try:
+        loaded, _, step = snapshots.load(abstract)
+        assert snapshots.save(6, loaded, {"step": 6}, three)
+        snapshots.join()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_compile)
+    assert step == 5 and compiles == []
+    np.testing.assert_array_equal(np.asarray(loaded["params"]["proj"]), np.asarray(state["params"]["proj"]))
+
+
 def test_an_abstract_state_that_does_not_match_the_packing_layout_is_refused_and_the_snapshot_kept():
     mesh = mesh_of(4)
     state = {"w": jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P())), "n": jax.device_put(jnp.int32(1), NamedSharding(mesh, P()))}

@@ -4,7 +4,9 @@ Compiling a step for a new mesh is most of a recovery's ``mesh_and_compile`` tim
 :class:`StepCompiler` keeps every step it compiled for the life of the process, so a
 pause-resume attempt on the same slices reuses it; and, with
 ``ElasticConfig.precompile_smaller_meshes``, it compiles in a background thread the steps a
-lost slice would need (the active slices less any one), so recovery finds them ready. The
+lost slice would need (the active slices less any one), and after each step the other
+programs a resume onto that mesh runs (``also``: the snapshot's unpack and pack), so
+recovery finds them ready. The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
 recovery: between :meth:`StepCompiler.hold` (a resume begins) and the next
@@ -40,13 +42,20 @@ class StepCompiler:
     """Compiles ``program``'s step once per layout, and the smaller layouts ahead of need.
 
     ``program.compile(mesh, global_batch)`` does the compiling; ``manager`` (pathwaysutils'
-    ``Manager``) tells which slices are active, for the layouts to precompile.
+    ``Manager``) tells which slices are active, for the layouts to precompile. ``also(mesh)``,
+    when given, is called in the precompiler's thread after each precompiled step, to compile
+    (not run) whatever else a resume onto ``mesh`` would compile; it must hold no lock the
+    training loop takes.
     """
 
-    def __init__(self, program: Any, manager: Any, config: ElasticConfig) -> None:
+    def __init__(
+        self, program: Any, manager: Any, config: ElasticConfig,
+        also: Callable[[jax.sharding.Mesh], None] | None = None,
+    ) -> None:
         self.program = program
         self.manager = manager
         self.config = config
+        self.also = also
         self._compiled: dict[tuple, StepFn] = {}
         self._guard = threading.Lock()
         self._locks: dict[tuple, threading.Lock] = {}
@@ -116,8 +125,13 @@ class StepCompiler:
                     return
                 try:
                     self.compile(mesh, batch)
+                    if self.also is not None:
+                        self._go.wait()
+                        if self._stop.is_set():
+                            return
+                        self.also(mesh)
                 except Exception:  # a compile that fails here fails again, visibly, when needed
-                    logger.warning("precompiling the step for %s failed", mesh.devices.shape, exc_info=True)
+                    logger.warning("precompiling for %s failed", mesh.devices.shape, exc_info=True)
 
         self._precompiler = threading.Thread(target=work, name="elastic-dew-precompile", daemon=True)
         self._precompiler.start()

@@ -224,7 +224,8 @@ class ElasticConfig:
     Recovery speed:
       precompile_smaller_meshes: in replica-resize mode, compile the training step for
         every mesh of one slice fewer in a background thread once an attempt has started,
-        so that a lost slice finds its step already compiled.
+        and the snapshot's load and pack on that mesh, so that a lost slice finds them
+        already compiled.
     """
 
     minimum_slice_count: int | None = setting(

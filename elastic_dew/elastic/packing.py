@@ -99,6 +99,23 @@ def _group_sharding(mesh: Mesh, replica_axis_index: int, group: dict) -> NamedSh
     return NamedSharding(mesh, PartitionSpec(axes))
 
 
+def _key_impl(leaf: Any) -> str:
+    """The key implementation's name of a typed PRNG key leaf, a key array or an abstract one."""
+    if isinstance(leaf, jax.Array):
+        return str(jax.random.key_impl(leaf))
+    names: list[str] = []
+    jax.eval_shape(lambda key: names.append(str(jax.random.key_impl(key))), leaf)
+    return names[0]
+
+
+def _nbytes(leaf: Any) -> int:
+    """A leaf's bytes, a device array's or an abstract one's (``jax.ShapeDtypeStruct``)."""
+    if isinstance(leaf, jax.Array):
+        return int(leaf.nbytes)
+    data = jax.eval_shape(jax.random.key_data, leaf) if is_key(leaf.dtype) else leaf
+    return int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
+
+
 def _row_axes(leaf: jax.Array) -> tuple[int, tuple[str, ...], int] | None:
     """``(dimension, mesh axes, shards)`` of a leaf sharded along exactly one dimension, else ``None``.
 
@@ -132,7 +149,7 @@ def _plan(paths: list[str], leaves: list[jax.Array], packed: tuple[bool, ...], d
         entry: dict[str, Any] = {"path": path, "shape": list(leaf.shape), "dtype": str(leaf.dtype)}
         if is_packed:
             if is_key(leaf.dtype):
-                entry["key_impl"] = str(jax.random.key_impl(leaf))
+                entry["key_impl"] = _key_impl(leaf)
                 data = jax.eval_shape(jax.random.key_data, leaf)
             else:
                 data = leaf
@@ -196,8 +213,11 @@ def _pack_fn(layout: dict, mesh: Mesh, replica_axis_index: int) -> Callable[...,
     return jax.jit(pack, out_shardings=[_group_sharding(mesh, replica_axis_index, g) for g in groups])
 
 
-def make_packer(paths: list[tuple], leaves: list[jax.Array], mesh: Mesh, replica_axis_index: int) -> Packer:
+def make_packer(paths: list[tuple], leaves: list[Any], mesh: Mesh, replica_axis_index: int) -> Packer:
     """The :class:`Packer` of ``leaves`` (with their tree ``paths``) on ``mesh``.
+
+    ``leaves`` are device arrays or abstract ones (``jax.ShapeDtypeStruct`` with their
+    shardings): the layout and the pack depend only on shapes, dtypes and shardings.
 
     A leaf is packed when it is at most :data:`PACK_MAX_BYTES` and fully replicated or
     sharded along one dimension; when fewer than two qualify nothing is packed (one leaf
@@ -205,7 +225,7 @@ def make_packer(paths: list[tuple], leaves: list[jax.Array], mesh: Mesh, replica
     pack is compiled on its first call.
     """
     packed = tuple(
-        leaf.nbytes <= PACK_MAX_BYTES and (leaf.sharding.is_fully_replicated or _row_axes(leaf) is not None)
+        _nbytes(leaf) <= PACK_MAX_BYTES and (leaf.sharding.is_fully_replicated or _row_axes(leaf) is not None)
         for leaf in leaves
     )
     if sum(packed) < 2:

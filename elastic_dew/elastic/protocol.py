@@ -202,7 +202,10 @@ class ElasticRun:
             run_name=run_name,
             run_dir=run_dir,
         )
-        self.compiler = StepCompiler(program, self.manager, config)
+        self.compiler = StepCompiler(
+            program, self.manager, config,
+            also=lambda mesh: self.tiers.precompile(program.abstract_state(mesh), mesh),
+        )
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout)
         self._config = config

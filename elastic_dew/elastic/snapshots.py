@@ -142,6 +142,30 @@ class Snapshots:
         if to_pack:
             jax.block_until_ready(packer.pack(*to_pack))
 
+    def precompile(self, abstract_state: Any, mesh: Mesh) -> None:
+        """Compile, running nothing, the programs a resume onto ``mesh`` would compile: the
+        load's unpack of ``abstract_state``'s packing layout onto its shardings, and the
+        pack of that layout for the saves after it.
+
+        For the precompiler (:class:`~elastic_dew.elastic.compiler.StepCompiler`), ahead of
+        a loss: ``abstract_state`` is the program's state on the mesh a lost slice would
+        leave, every leaf a ``jax.ShapeDtypeStruct`` with its ``NamedSharding`` on ``mesh``.
+        A snapshot taken on a mesh of the same slice shape has this layout, so its
+        :meth:`load` and the first :meth:`save` after it find both programs compiled
+        (jit's own cache). Holds no lock: saves and loads go on meanwhile.
+        """
+        flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
+        paths, leaves = [p for p, _ in flat], [leaf for _, leaf in flat]
+        packer = self._packer(paths, treedef, leaves, mesh)
+        to_pack = [leaf for leaf, p in zip(leaves, packer.packed) if p]
+        if not to_pack:
+            return
+        packer.pack.lower(*to_pack).compile()
+        layout = json.loads(packer.layout_json)
+        targets = tuple(leaf.sharding for leaf, p in zip(leaves, packer.packed) if p)
+        groups = packing.abstract_groups(layout, mesh, self.replica_axis_index)
+        self._unpacker(layout, targets).lower(*groups).compile()
+
     def save(self, step: int, state: Any, meta: dict, mesh: Mesh) -> bool:
         """Start an asynchronous snapshot of ``state`` after ``step`` updates.
 
