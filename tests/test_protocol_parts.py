@@ -105,7 +105,7 @@ def test_the_precompiler_starts_no_compile_while_a_resume_holds_it():
     assert program.compiles == 3
 
 
-def test_the_precompiler_compiles_each_layouts_other_programs_right_after_its_step():
+def test_the_precompiler_compiles_every_layouts_step_before_the_layouts_other_programs():
     order: list[tuple[str, tuple]] = []
     ids = lambda mesh: tuple(d.id for d in mesh.devices.flat)  # noqa: E731
     program = type("Program", (), {
@@ -124,7 +124,7 @@ def test_the_precompiler_compiles_each_layouts_other_programs_right_after_its_st
     compiler._precompiler.join(30)
     layouts = [ids(mesh) for mesh, _ in compiler.smaller_layouts()]
     assert len(layouts) == 3
-    assert order == [(kind, layout) for layout in layouts for kind in ("step", "also")]
+    assert order == [(kind, layout) for kind in ("step", "also") for layout in layouts]
 
 
 class _RecordingProgram(LinearProgram):

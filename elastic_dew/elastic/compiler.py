@@ -4,8 +4,8 @@ Compiling a step for a new mesh is most of a recovery's ``mesh_and_compile`` tim
 :class:`StepCompiler` keeps every step it compiled for the life of the process, so a
 pause-resume attempt on the same slices reuses it; and, with
 ``ElasticConfig.precompile_smaller_meshes``, it compiles in a background thread the steps a
-lost slice would need (the active slices less any one), and after each step the other
-programs a resume onto that mesh runs (``also``: the snapshot's unpack and pack), so
+lost slice would need (the active slices less any one), and after every step the other
+programs a resume onto those meshes runs (``also``: the snapshot's unpack and pack), so
 recovery finds them ready. The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,9 +44,9 @@ class StepCompiler:
 
     ``program.compile(mesh, global_batch)`` does the compiling; ``manager`` (pathwaysutils'
     ``Manager``) tells which slices are active, for the layouts to precompile. ``also(mesh)``,
-    when given, is called in the precompiler's thread after each precompiled step, to compile
-    (not run) whatever else a resume onto ``mesh`` would compile; it must hold no lock the
-    training loop takes.
+    when given, is called in the precompiler's thread for each layout once every layout's
+    step is compiled, to compile (not run) whatever else a resume onto ``mesh`` would
+    compile; it must hold no lock the training loop takes.
     """
 
     def __init__(
@@ -119,19 +120,24 @@ class StepCompiler:
             return
 
         def work() -> None:
-            for mesh, batch in layouts:
+            # Every layout's step first: it is most of what a recovery would compile.
+            jobs = [(mesh, "step", lambda m=mesh, b=batch: self.compile(m, b)) for mesh, batch in layouts]
+            if self.also is not None:
+                jobs += [(mesh, "other programs", lambda m=mesh: self.also(m)) for mesh, _ in layouts]
+            for mesh, what, job in jobs:
                 self._go.wait()
                 if self._stop.is_set():
                     return
+                started = time.monotonic()
                 try:
-                    self.compile(mesh, batch)
-                    if self.also is not None:
-                        self._go.wait()
-                        if self._stop.is_set():
-                            return
-                        self.also(mesh)
+                    job()
                 except Exception:  # a compile that fails here fails again, visibly, when needed
-                    logger.warning("precompiling for %s failed", mesh.devices.shape, exc_info=True)
+                    logger.warning("precompiling the %s for %s failed", what, mesh.devices.shape, exc_info=True)
+                    continue
+                logger.info(
+                    "precompiled the %s for devices %s in %.2f s",
+                    what, [d.id for d in mesh.devices.flat], time.monotonic() - started,
+                )
 
         self._precompiler = threading.Thread(target=work, name="elastic-dew-precompile", daemon=True)
         self._precompiler.start()
