@@ -5,8 +5,10 @@ show a run the same way, so both come here. The options are built from the field
 metadata (:func:`elastic_dew.elastic.config.setting`): the flagged fields of each part of a
 :class:`~elastic_dew.run.RunConfig` (its own, :class:`~elastic_dew.run.SimConfig`,
 :class:`~elastic_dew.train_config.TrainConfig`,
-:class:`~elastic_dew.elastic.config.ElasticConfig`), so a setting's default, help and range
-are declared once. A flag left out takes its part's default, as the Python API does. Only
+:class:`~elastic_dew.elastic.config.ElasticConfig`,
+:class:`~elastic_dew.observe.sinks.ObserveOptions`), so a setting's default, help and range
+are declared once and every flag is built by one function (:func:`add_flag`). A flag left
+out takes its part's default, as the Python API does. Only
 here is a refused setting worded with its flag (:func:`refusal`): the library names a
 setting as Python does (``minimum_slice_count=3``), and :func:`in_flags` words each such
 mention as its flag (``--min-slices 3``).
@@ -32,7 +34,7 @@ from elastic_dew.elastic.config import ElasticConfig, SettingError
 from elastic_dew.observe import sinks as observing
 from elastic_dew.train_config import TrainConfig
 
-__all__ = ["add_options", "flag_of", "in_flags", "refusal", "config_of", "parse_overrides", "setup", "train", "Terminal", "main"]
+__all__ = ["add_options", "add_flag", "observe_of", "flag_of", "in_flags", "refusal", "config_of", "parse_overrides", "setup", "train", "Terminal", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +52,19 @@ def _flagged(cls: type) -> list[tuple[dataclasses.Field, type]]:
 
 
 def _add(parser: argparse.ArgumentParser, field: dataclasses.Field, kind: Any, *, dest: str) -> None:
+    """``field``'s flag, from its declaration: a choice, a repeatable flag for a tuple or a
+    mapping, an on/off field (``bool``) as a switch ``--X`` when it is off by default and as
+    ``--X/--no-X`` otherwise, a number parsed as its type. A flag left out parses as ``None``
+    (nothing given), so its part's own default applies."""
     meta = field.metadata
     options: dict[str, Any] = {"dest": dest, "help": meta.get("help", "").format(default=field.default)}
     if "metavar" in meta:
         options["metavar"] = meta["metavar"]
     if "choices" in meta:
         options["choices"] = meta["choices"]
+    elif kind is bool:
+        options.update(default=None,
+                       action="store_true" if field.default is False else argparse.BooleanOptionalAction)
     elif typing.get_origin(kind) in (tuple, collections.abc.Mapping):  # repeatable
         options.update(action="append", default=[])
     elif kind in (int, float):
@@ -68,6 +77,7 @@ def _add(parser: argparse.ArgumentParser, field: dataclasses.Field, kind: Any, *
 #: them; ``run`` is the run configuration's own fields).
 _PARTS: dict[str, type] = {
     "run": run.RunConfig, "sim": run.SimConfig, "train": TrainConfig, "elastic": ElasticConfig,
+    "observe": observing.ObserveOptions,
 }
 
 
@@ -84,8 +94,7 @@ def flag_of(field: str, owner: type | None = None) -> str:
 
 
 def _flags() -> dict[str, tuple[str, type]]:
-    return {field.name: (field.metadata["flag"], kind)
-            for cls in (*_PARTS.values(), observing.ObserveOptions) for field, kind in _flagged(cls)}
+    return {field.name: (field.metadata["flag"], kind) for cls in _PARTS.values() for field, kind in _flagged(cls)}
 
 
 #: A setting named as Python names it, ``field=value``, or the keyword alone, ``field=``
@@ -137,9 +146,37 @@ def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None
     for part, cls in _PARTS.items():
         for field, kind in _flagged(cls):
             _add(parser, field, kind, dest=f"{part}.{field.name}")
-    observing.add_options(parser)  # --log-format, --tensorboard, --goodput-export
     # The demo prints its own summary after the last restart.
     parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_flag(parser: argparse.ArgumentParser, name: str) -> None:
+    """The flag of the run setting ``name`` alone on ``parser``, built as :func:`add_options`
+    builds it (for a command that passes one setting on, as ``demo`` passes ``--log-format``
+    to its training processes); read it back with :func:`config_of` or :func:`observe_of`."""
+    for part, cls in _PARTS.items():
+        for field, kind in _flagged(cls):
+            if field.name == name:
+                _add(parser, field, kind, dest=f"{part}.{name}")
+                return
+    raise KeyError(f"no run setting {name!r} has a flag")
+
+
+def _given(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The settings parsed options give, by part: each flag that was given (not ``None``,
+    not an empty repeatable one), by its field name."""
+    given: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+    for key, value in vars(args).items():
+        part, dot, name = key.partition(".")
+        if dot and part in given and value is not None and value != []:
+            given[part][name] = value
+    return given
+
+
+def observe_of(args: argparse.Namespace) -> observing.ObserveOptions:
+    """The :class:`~elastic_dew.observe.sinks.ObserveOptions` that parsed options ask for
+    (raises its :class:`~elastic_dew.elastic.config.SettingError`)."""
+    return observing.ObserveOptions(**_given(args)["observe"])
 
 
 def setup(args: argparse.Namespace, prog: str) -> Terminal:
@@ -152,7 +189,7 @@ def setup(args: argparse.Namespace, prog: str) -> Terminal:
     from elastic_dew.observe.logs import setup_logging
 
     try:
-        options = observing.options_of(args)
+        options = observe_of(args)
     except ValueError as err:
         sys.stderr.write(f"{prog}: error: {in_flags(str(err))}\n")
         raise SystemExit(run.USAGE_EXIT) from None
@@ -186,14 +223,9 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
     :class:`~elastic_dew.elastic.config.SettingError` for a value outside its field's
     declaration, :class:`~elastic_dew.run.UsageError` for a bad ``--set`` or an unknown recipe.
     """
-    values = vars(args)
-    given: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
-    for key, value in values.items():
-        part, dot, name = key.partition(".")
-        if dot and part in given and value is not None and value != []:
-            given[part][name] = value
+    given = _given(args)
     own = given["run"]
-    recipe = recipe if recipe is not None else values["recipe"]
+    recipe = recipe if recipe is not None else vars(args)["recipe"]
     own["overrides"] = parse_overrides(own.get("overrides", ()))
     elastic = None
     if given["elastic"]:
@@ -205,7 +237,7 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
         elastic=elastic,
         train=TrainConfig(**given["train"]),
         sim=run.SimConfig(**given["sim"]) if given["sim"] else None,
-        observe=observe if observe is not None else observing.options_of(args),
+        observe=observe if observe is not None else observing.ObserveOptions(**given["observe"]),
     )
 
 

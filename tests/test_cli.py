@@ -296,7 +296,7 @@ def test_demo_passes_its_log_format_to_every_training_process(tmp_path):
     parser = argparse.ArgumentParser()
     demo.configure(parser)
     args = parser.parse_args(["--quick", "--log-format", "json"])
-    cmd = demo.command(demo.QUICK, tmp_path / "d", args.log_format)
+    cmd = demo.command(demo.QUICK, tmp_path / "d", console.observe_of(args).log_format)
     assert cmd[cmd.index("--log-format") + 1] == "json"
     assert demo.command(demo.QUICK, tmp_path / "d")[cmd.index("--log-format") + 1] == "auto"
     with pytest.raises(SystemExit):
@@ -304,5 +304,5 @@ def test_demo_passes_its_log_format_to_every_training_process(tmp_path):
     # One declaration: demo's choices and default are train's.
     trained = argparse.ArgumentParser()
     train.configure(trained)
-    ours, theirs = (next(a for a in p._actions if a.dest == "log_format") for p in (parser, trained))
+    ours, theirs = (next(a for a in p._actions if "--log-format" in a.option_strings) for p in (parser, trained))
     assert (ours.choices, ours.default, ours.help) == (theirs.choices, theirs.default, theirs.help)

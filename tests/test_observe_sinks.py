@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from elastic_dew import console
 from elastic_dew.observe.logs import log_context
-from elastic_dew.observe.sinks import ObserveOptions, Sinks, add_options, chosen, close, options_of
+from elastic_dew.observe.sinks import ObserveOptions, Sinks, chosen, close
 from goodputlib import MemoryLogger, preempted_run_with_gap
 
 
-def _parse(*argv):
+def _parser():
     parser = argparse.ArgumentParser()
-    add_options(parser)
-    return options_of(parser.parse_args(list(argv)))
+    console.add_options(parser, recipe=False)
+    return parser
+
+
+def _parse(*argv):
+    return console.observe_of(_parser().parse_args(list(argv)))
+
+
+def test_each_option_has_one_flag_built_with_the_runs_other_flags_from_its_declaration():
+    flags = [flag for action in _parser()._actions for flag in action.option_strings]
+    for field in dataclasses.fields(ObserveOptions):
+        assert flags.count(field.metadata["flag"]) == 1, field.name
+    assert flags.count("--no-tensorboard") == 1  # on/off by default None: --X and --no-X
+    assert "--no-goodput-export" not in flags  # off by default: a switch
 
 
 def test_the_flags_default_to_auto_logs_tensorboard_when_installed_and_no_export():

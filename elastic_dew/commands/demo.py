@@ -22,8 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elastic_dew.console import flag_of
-from elastic_dew.observe import sinks as observing
+from elastic_dew.console import add_flag, flag_of, observe_of
 from elastic_dew.run import RUNS_DIR, USAGE_EXIT
 from elastic_dew.runtime import run_timestamp
 from elastic_dew.supervisor import supervise
@@ -73,8 +72,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-dir", metavar="DIR", help="where the run lives (default runs/demo_TIMESTAMP)"
     )
-    # The training processes' option, declared where train declares it.
-    observing.add_log_format(parser)
+    # The training processes' option, built from the declaration train's is built from.
+    add_flag(parser, "log_format")
 
 
 def command(plan: DemoPlan, run_dir: Path, log_format: str = "auto") -> list[str]:
@@ -125,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_dir and run_dir.exists():
         print(f"elastic-dew demo: error: {run_dir} exists; give --run-dir", file=sys.stderr)
         return USAGE_EXIT
-    cmd = command(plan, run_dir, args.log_format)
+    cmd = command(plan, run_dir, observe_of(args).log_format)
     print(
         f"elastic-dew demo: training the lm recipe for {plan.steps} steps on 4 simulated slices "
         f"of 2 CPU devices,\nwith the faults {plan.schedule} (lose slice 1, get it back, preempt).\n"

@@ -2,19 +2,19 @@
 
 :class:`Sinks` is the one fan-out: the protocol emits each typed event to it and it hands
 the event, in order, to each sink of one list (the run record, the progress display,
-TensorBoard, the goodput export, a user's own callable). A program's entry point adds the
-options with :func:`add_options`, reads them back with :func:`options_of`, calls
-:func:`~elastic_dew.observe.logs.setup_logging` with the log format, and gives the trainer
-:func:`chosen`'s sinks beside its display:
+TensorBoard, the goodput export, a user's own callable). A program's entry point reads
+:class:`ObserveOptions` (the command line builds its flags from the fields' declarations,
+:mod:`elastic_dew.console`), calls :func:`~elastic_dew.observe.logs.setup_logging` with the
+log format, and gives the trainer :func:`chosen`'s sinks beside its display:
 
-- ``--log-format {auto,text,json}`` (default ``auto``: text on a terminal, JSON lines
-  otherwise);
-- ``--tensorboard`` / ``--no-tensorboard``: TensorBoard event files under
-  ``RUN_DIR/tensorboard/``. By default on when tensorboardX is installed (the ``observe``
-  extra) and off, with one INFO line saying so, when it is not: the files cost little and
-  are what MaxText users look at first, but a missing optional library must not stop a
-  run. ``--tensorboard`` without tensorboardX is refused before the run starts;
-- ``--goodput-export``: record the run through ml-goodput-measurement's recorder to Cloud
+- ``log_format`` ``auto``, ``text`` or ``json`` (default ``auto``: text on a terminal, JSON
+  lines otherwise);
+- ``tensorboard``: TensorBoard event files under ``RUN_DIR/tensorboard/``. By default
+  (``None``) on when tensorboardX is installed (the ``observe`` extra) and off, with one
+  INFO line saying so, when it is not: the files cost little and are what MaxText users
+  look at first, but a missing optional library must not stop a run. ``True`` without
+  tensorboardX is refused before the run starts;
+- ``goodput_export``: record the run through ml-goodput-measurement's recorder to Cloud
   Logging (the ``gke`` extra); off by default because it writes outside the run directory.
 
 A sink that fails while the run goes on is logged once and dropped: observing a run must
@@ -23,7 +23,6 @@ never stop it. A *required* sink (the run record) is not: its failure is the run
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -43,9 +42,6 @@ __all__ = [
     "chosen",
     "close",
     "name_of",
-    "add_log_format",
-    "add_options",
-    "options_of",
     "progress_bar_available",
     "tensorboard_available",
 ]
@@ -66,8 +62,8 @@ def progress_bar_available() -> bool:
 @dataclasses.dataclass(frozen=True)
 class ObserveOptions:
     """How a run is observed (see the module for each option and its default), each field
-    declared once with :func:`~elastic_dew.elastic.config.setting`: the flags of
-    :func:`add_options` are built from these declarations.
+    declared once with :func:`~elastic_dew.elastic.config.setting`: the command line's flags
+    are built from these declarations (:func:`elastic_dew.console.add_options`).
 
     Raises :class:`~elastic_dew.elastic.config.SettingError` for a log format that is not one
     of :data:`~elastic_dew.observe.logs.LOG_FORMATS`, and for an option whose library is not
@@ -106,40 +102,6 @@ class ObserveOptions:
     def writes_tensorboard(self) -> bool:
         """Whether TensorBoard files are written (the default resolved)."""
         return tensorboard_available() if self.tensorboard is None else self.tensorboard
-
-
-def _add(parser: argparse.ArgumentParser, name: str) -> None:
-    """The flag of the :class:`ObserveOptions` field ``name``, from its declaration: a choice,
-    an on/off pair (``--X/--no-X``) for a default of ``None``, else a switch."""
-    field = next(f for f in dataclasses.fields(ObserveOptions) if f.name == name)
-    meta = field.metadata
-    options: dict[str, Any] = {"dest": name, "default": field.default,
-                               "help": meta["help"].format(default=field.default)}
-    if "choices" in meta:
-        options["choices"] = meta["choices"]
-    else:
-        options["action"] = argparse.BooleanOptionalAction if field.default is None else "store_true"
-    parser.add_argument(meta["flag"], **options)
-
-
-def add_log_format(parser: argparse.ArgumentParser) -> None:
-    """``--log-format``, declared once for every command that takes it (``train``, ``demo``)."""
-    _add(parser, "log_format")
-
-
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """``--log-format``, ``--tensorboard/--no-tensorboard`` and ``--goodput-export``."""
-    for field in dataclasses.fields(ObserveOptions):
-        _add(parser, field.name)
-
-
-def options_of(args: argparse.Namespace) -> ObserveOptions:
-    """The :class:`ObserveOptions` that parsed options ask for (raises ``ValueError``)."""
-    return ObserveOptions(
-        log_format=getattr(args, "log_format", "auto") or "auto",
-        tensorboard=getattr(args, "tensorboard", None),
-        goodput_export=bool(getattr(args, "goodput_export", False)),
-    )
 
 
 def name_of(sink: Sink) -> str:
