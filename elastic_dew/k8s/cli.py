@@ -13,19 +13,21 @@ Every rendered file starts with the exact command that re-creates it. A bad para
 with status 2 and a message naming the flag and the fix, and writes nothing: the
 ``ParameterError`` names fields as Python does (``tpu_type``, ``raise slices=``), and only
 here is it worded with the flags (``--tpu-type``, ``raise --slices``), read from each
-subcommand's own declarations.
+subcommand's table of flags, which argparse registers and the header's command writes from.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -59,9 +61,108 @@ class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _add_out(parser: argparse.ArgumentParser) -> None:
-    """``--out FILE``: where a render command writes (written whole, or not at all)."""
-    parser.add_argument("--out", help="write here instead of stdout (written whole, or not at all)")
+@dataclasses.dataclass(frozen=True)
+class _Flag:
+    """One flag of a subcommand, declared once: argparse registers it from here
+    (:func:`_declare`), a refusal words its field as it (:func:`_refusal`), and the header's
+    command writes it (:func:`_command`).
+
+    ``shown`` says when the header's command writes it: ``"given"`` whenever it has a value
+    (a switch when on, after the others), ``"changed"`` when it is not its default, ``""``
+    never. ``options`` are argparse's keywords.
+    """
+
+    flag: str
+    options: Mapping[str, Any]
+    shown: str = "given"
+
+    @property
+    def field(self) -> str:
+        """What the flag sets: argparse's ``dest``, and for ``render`` the ``JobSetParams`` field."""
+        return self.flag[2:].replace("-", "_")
+
+    @property
+    def switch(self) -> bool:
+        return self.options.get("action") == "store_true"
+
+
+def _flag(flag: str, help: str, *, shown: str = "given", **options: Any) -> _Flag:
+    return _Flag(flag, {"help": help, **options}, shown)
+
+
+def _declare(parser: argparse.ArgumentParser, flags: Sequence[_Flag]) -> None:
+    """Register ``flags`` on a subcommand's ``parser``, and the field-to-flag map its
+    refusals are worded with (``args.k8s_flags``: each field, its flag and, for a switch,
+    ``bool``)."""
+    for f in flags:
+        parser.add_argument(f.flag, dest=f.field, **f.options)
+    parser.set_defaults(k8s_flags={f.field: (f.flag, bool if f.switch else str) for f in flags})
+
+
+#: ``--out FILE``: where a render command writes (written whole, or not at all).
+_OUT = _flag("--out", "write here instead of stdout (written whole, or not at all)", shown="")
+
+_RENDER = (
+    _flag("--name", "JobSet name (an RFC 1123 label); also names the run directory", required=True),
+    _flag("--tpu-type", f"TPU type: {', '.join(TPU_TYPES)} (v5litepod = v5e), or TYPE-N as gcloud and xpk "
+                        "write it (v6e-16, v5p-8, tpu7x-128), which implies the topology", required=True),
+    _flag("--topology", "slice topology, e.g. 4x4 (v5e/v6e) or 2x2x2 (v4/v5p/tpu7x); "
+                        "optional with a TYPE-N --tpu-type"),
+    _flag("--slices", "TPU slices (pathways-worker replicas)", type=int, required=True),
+    _flag("--elastic-slices", "slices the run may lose and regain (the proxy's elastic count); 0 turns "
+                              "elasticity off", type=int, required=True),
+    _flag("--image", "controller image (built from k8s/Dockerfile.controller)", required=True),
+    _flag("--recipe", f"recipe the controller trains, as elastic-dew train takes it: {', '.join(KNOWN_RECIPES)}, "
+                      "or a module path with build() that the controller image can import (mypkg.myrecipe)",
+          required=True),
+    _flag("--bucket", "gs://BUCKET[/FOLDER] for Pathways scratch files, the run record, which the controller "
+                      "sees at /gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE, and the checkpoints, "
+                      "which the TPU workers write to gs://BUCKET[/FOLDER]/runs/NAME/checkpoints", required=True),
+    _flag("--mtc", "multi-tier checkpointing variant (needs --sidecar-image)", action="store_true"),
+    _flag("--sidecar-image", "colocated-Python sidecar image (built from k8s/Dockerfile.sidecar)"),
+    _flag("--priority", "PriorityClass name for the head and worker pods (hot swap)"),
+    _flag("--proxy-flag-spelling", "instances: --num_elastic_instances (the resilience guide); "
+                                   "slices: --num_elastic_slices (pathwaysutils)",
+          default=_DEFAULTS.proxy_flag_spelling, choices=PROXY_FLAG_SPELLINGS),
+    _flag("--queue", "Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label (xpk clusters run Kueue)"),
+    _flag("--on-controller-failure", "recreate-jobset: exit 143 or an eviction recreates the whole JobSet "
+                                     "without using --max-restarts, as Google's generators do; restart-head: the "
+                                     "head pod restarts alone (not verified on a real cluster)",
+          shown="changed", default=_DEFAULTS.on_controller_failure, choices=CONTROLLER_FAILURE_MODES),
+    _flag("--namespace", "Kubernetes namespace of the JobSet", shown="changed", default=_DEFAULTS.namespace),
+    _flag("--pathways-version", "Pathways release tag of the resource manager, proxy and worker images "
+                                "(jax-VERSION, matching the controller image's JAX); never latest",
+          shown="changed", default=_DEFAULTS.pathways_version),
+    _flag("--head-node-pool", "CPU node pool of the head pod", shown="changed", default=_DEFAULTS.head_node_pool),
+    _flag("--grace-seconds", "terminationGracePeriodSeconds: time for the final checkpoint write",
+          shown="changed", type=int, default=_DEFAULTS.grace_seconds),
+    _flag("--max-restarts", "whole-JobSet restarts before it fails",
+          shown="changed", type=int, default=_DEFAULTS.max_restarts),
+    _flag("--slice-restarts", "restarts allowed per TPU host before its slice's Job fails",
+          shown="changed", type=int, default=_DEFAULTS.slice_restarts),
+    _flag("--mtc-ramdisk-dir", "where the multi-tier checkpoint volume is mounted on workers",
+          shown="changed", default=_DEFAULTS.mtc_ramdisk_dir),
+    _flag("--service-account", "Kubernetes service account of the pods; it needs Workload Identity access to "
+                               "--bucket", shown="changed", default=_DEFAULTS.service_account),
+)
+
+_PRIORITY_CLASS = (
+    _flag("--name", "the PriorityClass name that render's --priority refers to", required=True),
+    _flag("--value", "higher wins; the guide's high-prior-job uses 2000", type=int, required=True),
+    _flag("--description", "the PriorityClass's description", default=""),
+)
+
+_CHECKPOINT_CONFIG = (
+    _flag("--name", "the CheckpointConfiguration's name", required=True),
+    _flag("--bucket", "gs://BUCKET with hierarchical namespace enabled", required=True),
+    _flag("--tpu-type", f"TPU type of the node pool: {', '.join(TPU_TYPES)}", required=True),
+    _flag("--in-memory-size", "RAM disk per node, e.g. 50Gi", required=True),
+)
+
+_VALIDATE = (
+    _flag("--crd", "check JobSets against this JobSet CRD YAML instead of the shipped schema "
+                   "(default: the shipped schema)"),
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -71,61 +172,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     r = sub.add_parser("render", help="render the elastic training JobSet", formatter_class=_FORMATTER,
                        description="Render the elastic Pathways training JobSet as YAML.")
-    r.add_argument("--name", required=True, help="JobSet name (an RFC 1123 label); also names the run directory")
-    r.add_argument("--tpu-type", required=True,
-                   help=f"TPU type: {', '.join(TPU_TYPES)} (v5litepod = v5e), or TYPE-N as gcloud and xpk "
-                        "write it (v6e-16, v5p-8, tpu7x-128), which implies the topology")
-    r.add_argument("--topology", help="slice topology, e.g. 4x4 (v5e/v6e) or 2x2x2 (v4/v5p/tpu7x); "
-                                      "optional with a TYPE-N --tpu-type")
-    r.add_argument("--slices", type=int, required=True, help="TPU slices (pathways-worker replicas)")
-    r.add_argument("--elastic-slices", type=int, required=True,
-                   help="slices the run may lose and regain (the proxy's elastic count); 0 turns elasticity off")
-    r.add_argument("--image", required=True, help="controller image (built from k8s/Dockerfile.controller)")
-    r.add_argument("--recipe", required=True,
-                   help=f"recipe the controller trains, as elastic-dew train takes it: {', '.join(KNOWN_RECIPES)}, "
-                        "or a module path with build() that the controller image can import (mypkg.myrecipe)")
-    r.add_argument("--bucket", required=True,
-                   help="gs://BUCKET[/FOLDER] for Pathways scratch files, the run record, which the controller "
-                        "sees at /gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE, and the checkpoints, "
-                        "which the TPU workers write to gs://BUCKET[/FOLDER]/runs/NAME/checkpoints")
-    r.add_argument("--mtc", action="store_true", help="multi-tier checkpointing variant (needs --sidecar-image)")
-    r.add_argument("--sidecar-image", help="colocated-Python sidecar image (built from k8s/Dockerfile.sidecar)")
-    r.add_argument("--priority", help="PriorityClass name for the head and worker pods (hot swap)")
-    r.add_argument("--proxy-flag-spelling", default=_DEFAULTS.proxy_flag_spelling, choices=PROXY_FLAG_SPELLINGS,
-                   help="instances: --num_elastic_instances (the resilience guide); "
-                        "slices: --num_elastic_slices (pathwaysutils)")
-    r.add_argument("--queue", help="Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label (xpk clusters run Kueue)")
-    r.add_argument("--on-controller-failure", default=_DEFAULTS.on_controller_failure,
-                   choices=CONTROLLER_FAILURE_MODES,
-                   help="recreate-jobset: exit 143 or an eviction recreates the whole JobSet without using "
-                        "--max-restarts, as Google's generators do; restart-head: the head pod restarts alone "
-                        "(not verified on a real cluster)")
-    r.add_argument("--namespace", default=_DEFAULTS.namespace, help="Kubernetes namespace of the JobSet")
-    r.add_argument("--pathways-version", default=_DEFAULTS.pathways_version,
-                   help="Pathways release tag of the resource manager, proxy and worker images (jax-VERSION, "
-                        "matching the controller image's JAX); never latest")
-    r.add_argument("--head-node-pool", default=_DEFAULTS.head_node_pool, help="CPU node pool of the head pod")
-    r.add_argument("--grace-seconds", type=int, default=_DEFAULTS.grace_seconds,
-                   help="terminationGracePeriodSeconds: time for the final checkpoint write")
-    r.add_argument("--max-restarts", type=int, default=_DEFAULTS.max_restarts,
-                   help="whole-JobSet restarts before it fails")
-    r.add_argument("--slice-restarts", type=int, default=_DEFAULTS.slice_restarts,
-                   help="restarts allowed per TPU host before its slice's Job fails")
-    r.add_argument("--mtc-ramdisk-dir", default=_DEFAULTS.mtc_ramdisk_dir,
-                   help="where the multi-tier checkpoint volume is mounted on workers")
-    r.add_argument("--service-account", default=_DEFAULTS.service_account,
-                   help="Kubernetes service account of the pods; it needs Workload Identity access to --bucket")
-    _add_out(r)
+    _declare(r, (*_RENDER, _OUT))
     r.set_defaults(k8s_run=_render)
 
     p = sub.add_parser("priority-class", help="render a PriorityClass for hot swap", formatter_class=_FORMATTER,
                        description="Render a PriorityClass (apply once per cluster): a JobSet rendered with "
                                    "--priority NAME may take the TPU slices of lower-priority work when one of "
                                    "its own slices fails (hot swap).")
-    p.add_argument("--name", required=True, help="the PriorityClass name that render's --priority refers to")
-    p.add_argument("--value", type=int, required=True, help="higher wins; the guide's high-prior-job uses 2000")
-    p.add_argument("--description", default="", help="the PriorityClass's description")
-    _add_out(p)
+    _declare(p, (*_PRIORITY_CLASS, _OUT))
     p.set_defaults(k8s_run=_priority_class)
 
     c = sub.add_parser("checkpoint-config", help="render GKE's CheckpointConfiguration (multi-tier checkpointing)",
@@ -133,11 +187,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        description="Render GKE's CheckpointConfiguration (apply once per cluster): the bucket, the "
                                    "TPU nodes that get the in-memory checkpoint volume, and its size, which a "
                                    "JobSet rendered with --mtc needs.")
-    c.add_argument("--name", required=True, help="the CheckpointConfiguration's name")
-    c.add_argument("--bucket", required=True, help="gs://BUCKET with hierarchical namespace enabled")
-    c.add_argument("--tpu-type", required=True, help=f"TPU type of the node pool: {', '.join(TPU_TYPES)}")
-    c.add_argument("--in-memory-size", required=True, help="RAM disk per node, e.g. 50Gi")
-    _add_out(c)
+    _declare(c, (*_CHECKPOINT_CONFIG, _OUT))
     c.set_defaults(k8s_run=_checkpoint_config)
 
     v = sub.add_parser("validate", help="check manifest files (schemas and elastic-run semantics)",
@@ -147,22 +197,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                    "errors) and the semantics of an elastic Pathways run, core kinds against "
                                    "Kubernetes' published schemas. Exits 1 if any file has a problem.")
     v.add_argument("files", nargs="+", type=Path, help="manifest YAML files")
-    v.add_argument("--crd", help="check JobSets against this JobSet CRD YAML instead of the shipped schema "
-                                 "(default: the shipped schema)")
+    _declare(v, _VALIDATE)
     v.set_defaults(k8s_run=_validate)
-    for command in (r, p, c, v):
-        command.set_defaults(k8s_flags=_declared_flags(command))
 
 
-def _declared_flags(parser: argparse.ArgumentParser) -> dict[str, tuple[str, type]]:
-    """Each field a subcommand's flags set (the argparse ``dest``, which is the
-    ``JobSetParams`` field for ``render``), mapped to its long flag and, for a switch, ``bool``."""
-    return {action.dest: (max(action.option_strings, key=len), bool if action.nargs == 0 else str)
-            for action in parser._actions
-            if action.option_strings and not isinstance(action, argparse._HelpAction)}
-
-
-def _refusal(error: ParameterError, flags: dict[str, tuple[str, type]]) -> str:
+def _refusal(error: ParameterError, flags: Mapping[str, tuple[str, type]]) -> str:
     """``error`` as the command line says it: its field, and each field its text names
     (``field=`` or ``field=value``), worded as the flag that sets it (``flags``)."""
     head = flags[error.field][0] if error.field in flags else error.field
@@ -178,14 +217,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _command(args: argparse.Namespace, fields: list[tuple[str, str]], flags: list[str] = ()) -> str:
-    """The canonical command line that renders this output (written at the top of the file)."""
+def _command(args: argparse.Namespace, flags: Sequence[_Flag]) -> str:
+    """The canonical command line that renders this output (written at the top of the file):
+    each of ``flags`` as its ``shown`` says, in their order, the switches that are on last."""
     argv = ["elastic-dew", "k8s", args.k8s_command]
-    for opt, attr in fields:
-        value = getattr(args, attr)
-        if value is not None:
-            argv += [opt, str(value)]
-    argv += [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_"))]
+    for f in flags:
+        value = getattr(args, f.field)
+        if f.switch or not f.shown or value is None or (f.shown == "changed" and value == f.options["default"]):
+            continue
+        argv += [f.flag, str(value)]
+    argv += [f.flag for f in flags if f.switch and f.shown and getattr(args, f.field)]
     return shlex.join(argv)
 
 
@@ -216,26 +257,10 @@ def _header(title: str, command: str) -> list[str]:
             f"  {command}", ""]
 
 
-_RENDER_FIELDS = [
-    ("--name", "name"), ("--tpu-type", "tpu_type"), ("--topology", "topology"), ("--slices", "slices"),
-    ("--elastic-slices", "elastic_slices"), ("--image", "image"), ("--recipe", "recipe"),
-    ("--bucket", "bucket"), ("--sidecar-image", "sidecar_image"), ("--priority", "priority"),
-    ("--proxy-flag-spelling", "proxy_flag_spelling"), ("--queue", "queue"),
-]
-_RENDER_OPTIONAL = [
-    ("--namespace", "namespace"), ("--pathways-version", "pathways_version"),
-    ("--head-node-pool", "head_node_pool"), ("--grace-seconds", "grace_seconds"),
-    ("--max-restarts", "max_restarts"), ("--slice-restarts", "slice_restarts"),
-    ("--mtc-ramdisk-dir", "mtc_ramdisk_dir"), ("--service-account", "service_account"),
-    ("--on-controller-failure", "on_controller_failure"),
-]
-
-
 def _render(args: argparse.Namespace) -> int:
-    given = {attr: getattr(args, attr) for _, attr in _RENDER_FIELDS + _RENDER_OPTIONAL}
+    given = {f.field: getattr(args, f.field) for f in _RENDER}
     given["topology"] = given["topology"] or ""
-    params = JobSetParams(**given, mtc=args.mtc)
-    changed = [(o, a) for o, a in _RENDER_OPTIONAL if getattr(args, a) != getattr(_DEFAULTS, a)]
+    params = JobSetParams(**given)
 
     def build():
         nonlocal params
@@ -248,7 +273,7 @@ def _render(args: argparse.Namespace) -> int:
             raise RuntimeError("rendered JobSet fails its own checks: " + "; ".join(problems))
         title = (f"Elastic Pathways training JobSet: recipe {params.recipe} on {params.slices} x "
                  f"{params.tpu.name} {params.topology}" + (", multi-tier checkpointing" if params.mtc else ""))
-        return [js], _header(title, _command(args, _RENDER_FIELDS + changed, ["--mtc"])), R.jobset_comments(params)
+        return [js], _header(title, _command(args, _RENDER)), R.jobset_comments(params)
 
     return _emit(args, build)
 
@@ -259,7 +284,7 @@ def _priority_class(args: argparse.Namespace) -> int:
         if not -(10**9) <= args.value <= 10**9:
             raise ParameterError("value", f"{args.value} is outside user priorities",
                                  "use -1000000000..1000000000 (higher values are reserved for system classes)")
-        command = _command(args, [("--name", "name"), ("--value", "value"), ("--description", "description")])
+        command = _command(args, _PRIORITY_CLASS)
         return ([R.priority_class(args.name, args.value, args.description)],
                 _header(f"PriorityClass {args.name} for hot swap (apply once per cluster)", command), {})
 
@@ -275,8 +300,7 @@ def _checkpoint_config(args: argparse.Namespace) -> int:
                                  f"use one of {', '.join(TPU_TYPES)}")
         check_quantity("in_memory_size", args.in_memory_size)
         doc = R.checkpoint_configuration(args.name, args.bucket, tpu.machine_type, args.in_memory_size)
-        command = _command(args, [("--name", "name"), ("--bucket", "bucket"), ("--tpu-type", "tpu_type"),
-                                  ("--in-memory-size", "in_memory_size")])
+        command = _command(args, _CHECKPOINT_CONFIG)
         title = f"CheckpointConfiguration for multi-tier checkpointing on {tpu.machine_type} nodes (apply once)"
         return [doc], _header(title, command), {}
 
