@@ -7,8 +7,9 @@ metadata (:func:`elastic_dew.elastic.config.setting`): the flagged fields of eac
 :class:`~elastic_dew.train_config.TrainConfig`,
 :class:`~elastic_dew.elastic.config.ElasticConfig`,
 :class:`~elastic_dew.observe.sinks.ObserveOptions`), so a setting's default, help and range
-are declared once and every flag is built by one function (:func:`add_flag`). A flag left
-out takes its part's default, as the Python API does. Only
+are declared once and every flag is built from it by one function (all of them by
+:func:`add_options`, one alone by :func:`add_flag`). A flag left out takes its part's
+default, as the Python API does. Only
 here is a refused setting worded with its flag (:func:`refusal`): the library names a
 setting as Python does (``minimum_slice_count=3``), and :func:`in_flags` words each such
 mention as its flag (``--min-slices 3``).
@@ -81,6 +82,13 @@ _PARTS: dict[str, type] = {
 }
 
 
+def _settings() -> Iterator[tuple[str, dataclasses.Field, type]]:
+    """Each flagged field of the run's parts: its part's name, the field, the flag's type."""
+    for part, cls in _PARTS.items():
+        for field, kind in _flagged(cls):
+            yield part, field, kind
+
+
 def flag_of(field: str, owner: type | None = None) -> str:
     """The command-line flag of a run setting, by field name (``snapshot_every`` ->
     ``--snapshot-every``) and, where given, the configuration that declares it, read from
@@ -94,7 +102,7 @@ def flag_of(field: str, owner: type | None = None) -> str:
 
 
 def _flags() -> dict[str, tuple[str, type]]:
-    return {field.name: (field.metadata["flag"], kind) for cls in _PARTS.values() for field, kind in _flagged(cls)}
+    return {field.name: (field.metadata["flag"], kind) for _, field, kind in _settings()}
 
 
 #: A setting named as Python names it, ``field=value``, or the keyword alone, ``field=``
@@ -143,9 +151,8 @@ def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None
     if recipe:
         field = next(f for f in dataclasses.fields(run.RunConfig) if f.name == "recipe")
         parser.add_argument("recipe", metavar=field.metadata["metavar"], help=field.metadata["help"])
-    for part, cls in _PARTS.items():
-        for field, kind in _flagged(cls):
-            _add(parser, field, kind, dest=f"{part}.{field.name}")
+    for part, field, kind in _settings():
+        _add(parser, field, kind, dest=f"{part}.{field.name}")
     # The demo prints its own summary after the last restart.
     parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
 
@@ -154,11 +161,10 @@ def add_flag(parser: argparse.ArgumentParser, name: str) -> None:
     """The flag of the run setting ``name`` alone on ``parser``, built as :func:`add_options`
     builds it (for a command that passes one setting on, as ``demo`` passes ``--log-format``
     to its training processes); read it back with :func:`config_of` or :func:`observe_of`."""
-    for part, cls in _PARTS.items():
-        for field, kind in _flagged(cls):
-            if field.name == name:
-                _add(parser, field, kind, dest=f"{part}.{name}")
-                return
+    for part, field, kind in _settings():
+        if field.name == name:
+            _add(parser, field, kind, dest=f"{part}.{name}")
+            return
     raise KeyError(f"no run setting {name!r} has a flag")
 
 
@@ -225,7 +231,7 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
     """
     given = _given(args)
     own = given["run"]
-    recipe = recipe if recipe is not None else vars(args)["recipe"]
+    recipe = recipe if recipe is not None else args.recipe
     own["overrides"] = parse_overrides(own.get("overrides", ()))
     elastic = None
     if given["elastic"]:
