@@ -284,6 +284,44 @@ def test_a_load_onto_a_precompiled_mesh_and_the_save_after_it_compile_nothing():
     np.testing.assert_array_equal(np.asarray(loaded["params"]["proj"]), np.asarray(state["params"]["proj"]))
 
 
+def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_compiling_it_again():
+    from elastic_dew.elastic.snapshots import _Program
+
+    class Jitted:  # jax.jit's surface: lower(...).compile() and a call that compiles if need be
+        def __init__(self) -> None:
+            self.compiles, self.compiled, self.release = 0, False, threading.Event()
+
+        def lower(self, *abstract):
+            return self
+
+        def compile(self):
+            self.compiles += 1
+            self.release.wait(30)
+            self.compiled = True
+
+        def __call__(self, *args):
+            if not self.compiled:
+                self.compiles += 1
+                self.compiled = True
+            return args
+
+    jitted = Jitted()
+    program = _Program(jitted)
+    precompiler = threading.Thread(target=program.compile, args=("abstract",))
+    precompiler.start()
+    while jitted.compiles == 0:
+        time.sleep(0.01)
+    results: list = []
+    loader = threading.Thread(target=lambda: results.append(program("groups")))
+    loader.start()
+    time.sleep(0.1)
+    assert results == []  # waiting for the precompiler
+    jitted.release.set()
+    precompiler.join(30)
+    loader.join(30)
+    assert results == [("groups",)] and jitted.compiles == 1
+
+
 def test_an_abstract_state_that_does_not_match_the_packing_layout_is_refused_and_the_snapshot_kept():
     mesh = mesh_of(4)
     state = {"w": jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P())), "n": jax.device_put(jnp.int32(1), NamedSharding(mesh, P()))}

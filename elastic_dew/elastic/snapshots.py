@@ -32,10 +32,11 @@ snapshot): ``jax.live_arrays()`` lists them between attempts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -57,6 +58,35 @@ _path_name = packing.path_name
 _is_key = packing.is_key
 
 
+class _Program:
+    """A jitted program whose compile the precompiler and the program's first call share.
+
+    Both hold the program's lock while they compile, so whoever comes second waits for the
+    first instead of compiling it again (a load that finds its unpack being precompiled
+    waits for it). Once it has been compiled or called, calls take no lock.
+    """
+
+    def __init__(self, jitted: Any) -> None:
+        self.jitted = jitted
+        self._lock = threading.Lock()
+        self._ready = False
+
+    def __call__(self, *args: Any) -> Any:
+        if self._ready:
+            return self.jitted(*args)
+        with self._lock:
+            out = self.jitted(*args)
+            self._ready = True
+            return out
+
+    def compile(self, *abstract: Any) -> None:
+        """Compile for ``abstract`` arguments (running nothing), unless compiled already."""
+        with self._lock:
+            if not self._ready:
+                self.jitted.lower(*abstract).compile()
+                self._ready = True
+
+
 class Snapshots:
     """In-memory snapshots of a replicated training state (tier 1).
 
@@ -71,8 +101,9 @@ class Snapshots:
         self.replica_axis_index = replica_axis_index
         self._snapshotter = HostSnapshotter(replica_axis_index=replica_axis_index)
         self._lock = threading.Lock()
+        self._programs = threading.Lock()  # the two caches below, shared with the precompiler
         self._packers: dict[tuple, packing.Packer] = {}
-        self._unpackers: dict[tuple, Callable[..., list[jax.Array]]] = {}
+        self._unpackers: dict[tuple, _Program] = {}
         self.requested = 0
         self.taken = 0
         #: The pinned-host bytes of the newest snapshot on its fullest device, measured by
@@ -122,9 +153,11 @@ class Snapshots:
     def _packer(self, paths: list[tuple], treedef: Any, leaves: list[jax.Array], mesh: Mesh) -> packing.Packer:
         """The cached packer for this tree structure, these shapes and dtypes, on ``mesh``."""
         key = (treedef, tuple((leaf.shape, leaf.dtype, leaf.sharding) for leaf in leaves), mesh)
-        packer = self._packers.get(key)
-        if packer is None:
-            packer = self._packers[key] = packing.make_packer(paths, leaves, mesh, self.replica_axis_index)
+        with self._programs:
+            packer = self._packers.get(key)
+            if packer is None:
+                made = packing.make_packer(paths, leaves, mesh, self.replica_axis_index)
+                packer = self._packers[key] = dataclasses.replace(made, pack=_Program(made.pack))
         return packer
 
     def prepare(self, state: Any, mesh: Mesh) -> None:
@@ -152,7 +185,8 @@ class Snapshots:
         leave, every leaf a ``jax.ShapeDtypeStruct`` with its ``NamedSharding`` on ``mesh``.
         A snapshot taken on a mesh of the same slice shape has this layout, so its
         :meth:`load` and the first :meth:`save` after it find both programs compiled
-        (jit's own cache). Holds no lock: saves and loads go on meanwhile.
+        (jit's own cache); one that starts while this compiles its program waits for it.
+        Holds no lock of the snapshots themselves: saves and loads go on meanwhile.
         """
         flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
         paths, leaves = [p for p, _ in flat], [leaf for _, leaf in flat]
@@ -160,11 +194,10 @@ class Snapshots:
         to_pack = [leaf for leaf, p in zip(leaves, packer.packed) if p]
         if not to_pack:
             return
-        packer.pack.lower(*to_pack).compile()
+        packer.pack.compile(*to_pack)
         layout = json.loads(packer.layout_json)
         targets = tuple(leaf.sharding for leaf, p in zip(leaves, packer.packed) if p)
-        groups = packing.abstract_groups(layout, mesh, self.replica_axis_index)
-        self._unpacker(layout, targets).lower(*groups).compile()
+        self._unpacker(layout, targets).compile(*packing.abstract_groups(layout, mesh, self.replica_axis_index))
 
     def save(self, step: int, state: Any, meta: dict, mesh: Mesh) -> bool:
         """Start an asynchronous snapshot of ``state`` after ``step`` updates.
@@ -315,9 +348,10 @@ class Snapshots:
                 raise
         return jax.tree_util.tree_unflatten(treedef, leaves), meta, step
 
-    def _unpacker(self, layout: dict, targets: tuple) -> Callable[..., list[jax.Array]]:
+    def _unpacker(self, layout: dict, targets: tuple) -> _Program:
         key = (json.dumps(layout, sort_keys=True), targets)
-        unpack = self._unpackers.get(key)
-        if unpack is None:
-            unpack = self._unpackers[key] = packing.unpack_fn(layout, targets)
+        with self._programs:
+            unpack = self._unpackers.get(key)
+            if unpack is None:
+                unpack = self._unpackers[key] = _Program(packing.unpack_fn(layout, targets))
         return unpack
