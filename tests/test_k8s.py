@@ -10,6 +10,7 @@ checks in elastic_dew.k8s.validate. The CLI runs in-process except for one real
 from __future__ import annotations
 
 import copy
+import shlex
 import subprocess
 import sys
 
@@ -560,6 +561,21 @@ def test_rendering_twice_gives_identical_bytes_and_out_matches_stdout(tmp_path, 
     assert doc["metadata"]["name"] == "dew-cli"
     assert first.splitlines()[2].strip("# ") == "elastic-dew " + " ".join(RENDER)  + \
         " --proxy-flag-spelling instances"
+
+
+def test_the_headers_command_names_every_flag_given_and_renders_the_same_bytes_again(capsys):
+    every = RENDER + [
+        "--mtc", "--sidecar-image", "r/sidecar:1", "--priority", "high-prior-job", "--proxy-flag-spelling", "slices",
+        "--queue", "team-a", "--on-controller-failure", "restart-head", "--namespace", "ml",
+        "--pathways-version", "jax-0.10.1", "--head-node-pool", "cpu-pool", "--grace-seconds", "600",
+        "--max-restarts", "9", "--slice-restarts", "700", "--mtc-ramdisk-dir", "/mnt/mtc", "--service-account", "trainer",
+    ]
+    assert main(every) == 0
+    first = capsys.readouterr().out
+    command = shlex.split(first.splitlines()[2].strip("# "))
+    assert {w for w in command if w.startswith("--")} == {w for w in every if w.startswith("--")}
+    assert main(command[1:]) == 0
+    assert capsys.readouterr().out == first
 
 
 def test_validate_accepts_good_files_and_reports_each_problem_of_a_bad_one(tmp_path, capsys):
