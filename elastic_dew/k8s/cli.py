@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -61,6 +61,9 @@ class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+_Shown = Literal["given", "changed", ""]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Flag:
     """One flag of a subcommand, declared once: argparse registers it from here
@@ -74,7 +77,7 @@ class _Flag:
 
     flag: str
     options: Mapping[str, Any]
-    shown: str = "given"
+    shown: _Shown = "given"
 
     @property
     def field(self) -> str:
@@ -86,7 +89,7 @@ class _Flag:
         return self.options.get("action") == "store_true"
 
 
-def _flag(flag: str, help: str, *, shown: str = "given", **options: Any) -> _Flag:
+def _flag(flag: str, help: str, *, shown: _Shown = "given", **options: Any) -> _Flag:
     return _Flag(flag, {"help": help, **options}, shown)
 
 
