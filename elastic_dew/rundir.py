@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from elastic_dew.elastic import fault_token
 from elastic_dew.elastic.events import Fault, from_json
 
 __all__ = [
@@ -251,15 +252,18 @@ def fsync_append(path: Path, line: str) -> None:
 def _legacy_fault(raw: Mapping[str, Any]) -> Fault:
     """A fault-log line in the shape written before the lines were the ``fault`` event's own
     (``index``, ``fault``, ``phase``, ``step``, ``time``, ``pid``, and ``action``/``slice``
-    where the line carries them, else read from the fault's text ``ACTION[:SLICE]``)."""
+    where the line carries them, else read from the fault's token,
+    :mod:`elastic_dew.elastic.fault_token`); ``ValueError`` when the token is not one."""
     scheduled = str(raw["fault"])
     if "action" in raw:
         action = str(raw["action"])
         slice_index = None if raw.get("slice") is None else int(raw["slice"])
     else:
-        head = scheduled.split("@", 1)[0]
-        action, _, index = head.partition(":")
-        slice_index = int(index) if index.isdigit() else None
+        token = fault_token.split(scheduled)
+        slice_index = None if token is None or token.slice is None else fault_token.whole(token.slice)
+        if token is None or (token.slice is not None and slice_index is None):
+            raise ValueError(f"fault {scheduled!r} is not a fault token ({fault_token.FORMS[0]})")
+        action = token.action
     return Fault(
         action=action, slice=slice_index, step=int(raw.get("step", 0)), phase=str(raw.get("phase", "step")),
         scheduled=scheduled, wall=float(raw.get("time", 0.0)), index=int(raw["index"]),
@@ -314,14 +318,15 @@ class FaultLog:
         step it saw, -1 for none); a later process of the run may still fire them."""
         return [fault for fault, never_fired in self._read() if never_fired]
 
-    def fired(self, schedule: Iterable[str]) -> set[int]:
-        """The indices of ``schedule`` (its faults' texts, in order) that already fired.
+    def fired(self, schedule: Iterable[str]) -> dict[int, Fault]:
+        """What of ``schedule`` (its faults' texts, in order) already fired: each fired
+        index's record (its ``wall``: when it fired), read in one pass over the log.
 
         A record of a fault that is not in the schedule means the log belongs to another
-        run, and is refused.
+        run, and is refused (``ValueError``).
         """
         texts = [str(f) for f in schedule]
-        fired = set()
+        fired: dict[int, Fault] = {}
         for fault in self.entries():
             assert fault.index is not None  # every line read has its index (_read)
             if fault.index >= len(texts) or texts[fault.index] != fault.scheduled:
@@ -330,7 +335,7 @@ class FaultLog:
                     f"not in schedule {','.join(texts)!r}; it belongs to another run: use a fresh "
                     "fault_log for a new schedule"
                 )
-            fired.add(fault.index)
+            fired[fault.index] = fault
         return fired
 
     def append(self, fault: Fault) -> None:

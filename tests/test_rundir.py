@@ -1,14 +1,16 @@
 """The run directory's fault log: each fired fault is stored as its ``fault`` event.
 
-The schedule's grammar (:mod:`elastic_dew.simulate.schedule`) is the one parser of a fault's
-text; the log line is the fired fault's event (its ``action`` and ``slice`` among its
-fields), and readers take them from there. Lines written in the log's earlier shape stay
-readable.
+A fault's text has one grammar (:mod:`elastic_dew.elastic.fault_token`), which the schedule
+parses and writes with; the log line is the fired fault's event (its ``action`` and ``slice``
+among its fields), and readers take them from there. Lines written in the log's earlier shape
+stay readable, their action and slice read from the text by the same grammar.
 """
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from elastic_dew import rundir
 from elastic_dew.elastic import events
@@ -65,6 +67,15 @@ def test_a_fault_log_written_before_lines_carried_action_and_slice_is_read_from_
     assert (entries[0].scheduled, entries[0].wall, entries[0].index, entries[0].pid) == ("lose:1@5/dispatch", 1.0, 0, 7)
 
 
+def test_a_fault_log_line_of_the_earlier_shape_whose_text_is_not_a_fault_token_is_refused(tmp_path):
+    path = tmp_path / rundir.FAULTS_FILE
+    line = dict(index=0, phase="step", step=5, time=1.0, pid=7)
+    path.write_text(json.dumps(dict(line, fault="lose:one@5/step")) + "\n" + json.dumps(dict(line, fault="lose:1@5")) + "\n")
+
+    with pytest.raises(ValueError, match="line 1 is not a fault record"):
+        rundir.FaultLog(path).entries()
+
+
 def test_a_run_resumed_over_a_fault_log_of_the_earlier_shape_fires_only_what_it_has_not_and_appends_events(tmp_path):
     path = tmp_path / rundir.FAULTS_FILE
     path.write_text(json.dumps(dict(index=0, fault="lose:1@3/step", phase="step", step=3, time=1.0, pid=7,
@@ -86,7 +97,7 @@ def test_a_fault_recorded_as_never_fired_is_not_a_fired_one_and_a_later_process_
     assert [str(f) for f in first.report_unfired()] == ["lose:2@9/step"]
     (unfired,) = log.never_fired()
     assert (unfired.scheduled, unfired.step) == ("lose:2@9/step", 3)
-    assert [e.scheduled for e in log.entries()] == ["lose:1@3/step"] and log.fired(["lose:1@3/step", "lose:2@9/step"]) == {0}
+    assert [e.scheduled for e in log.entries()] == ["lose:1@3/step"] and list(log.fired(["lose:1@3/step", "lose:2@9/step"])) == [0]
     assert [f.scheduled for f in rundir.read_faults(tmp_path)] == ["lose:1@3/step"]
 
     slices = _Slices()

@@ -19,6 +19,7 @@ import pytest
 
 from elastic_dew.elastic import hooks
 from elastic_dew.simulate import Fault, Schedule, SimulatedSlices, parse_schedule
+from elastic_dew.simulate.schedule import ScheduleRunner
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,6 +93,40 @@ def test_a_fault_fires_once_at_the_first_announcement_of_its_phase_at_or_after_i
         ("restore:1@5/snapshot", "snapshot", 6),
         ("lose:2@4/checkpoint", "checkpoint", 4),
     ]
+
+
+class _Slices:
+    """The simulator's side of a fired slice fault, recorded instead of acted on."""
+
+    def __init__(self):
+        self.lost, self.hung = [], frozenset()
+
+    def lose(self, index, code=None):
+        self.lost.append(index)
+
+    def restore(self, index):
+        self.lost.remove(index)
+
+
+def test_work_in_flight_is_landed_before_a_phase_that_meets_it_and_before_a_step_keyed_fault_unless_a_slice_hangs():
+    slices = _Slices()
+    runner = ScheduleRunner(parse_schedule("lose:1@3,restore:1@+0/dispatch"), slices, None)
+    landed = []
+    with hooks.landing(lambda: landed.append(list(slices.lost))):
+        meeting = []
+        for phase in hooks.PHASES:  # nothing is due at step 1: the phase alone decides
+            before = len(landed)
+            runner.on_phase(phase, 1)
+            meeting += [phase] * (len(landed) - before)
+        assert meeting == [name for name, entry in hooks.PHASE_TABLE.items() if entry.meets_in_flight]
+        assert "snapshot" in meeting  # a snapshot save is skipped while the previous copy runs
+        landed.clear()
+        runner.on_phase("step", 3)  # landed, then lose:1 fired
+        runner.on_phase("dispatch", 4)  # only a time-keyed fault is due: nothing to land for
+        assert landed == [[]] and slices.lost == []
+        slices.hung = frozenset({2})
+        runner.on_phase("snapshot", 5)  # the work in flight may wait on the hung slice
+    assert landed == [[]]
 
 
 def test_the_listener_is_removed_on_exit():

@@ -13,48 +13,65 @@ fault joins the run's one event stream when it fires, in order with the loop's o
 
 Work the run leaves in flight is landed the same way: while a run is inside
 :func:`landing`, :func:`land_in_flight` finishes it (a snapshot's transfer to host memory).
-The simulator lands it before each snapshot save and before each step-keyed fault fires,
-so what a save and a fault meet depends on the schedule alone, not on how long a transfer
-took.
+The simulator lands it before each phase that meets it (:attr:`Phase.meets_in_flight`: a
+snapshot save) and before each step-keyed fault fires, so what a save and a fault meet
+depends on the schedule alone, not on how long a transfer took.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 __all__ = [
-    "PHASES", "phase", "add_listener", "remove_listener", "Listener", "report", "receiving",
+    "PHASES", "PHASE_TABLE", "Phase", "phase", "add_listener", "remove_listener", "Listener", "report", "receiving",
     "landing", "land_in_flight",
 ]
 
-#: Every phase the elastic layer announces, with the step it belongs to:
-#: ``step``            during step S's computation (after dispatch, before its result is read)
-#: ``snapshot``        while the in-memory snapshot of step S is being saved
-#: ``snapshot_load``   while an attempt that resumes at step S loads a snapshot
-#: ``checkpoint``      while the persistent checkpoint of step S is being saved
-#: ``checkpoint_restore`` while an attempt that resumes at step S restores a checkpoint
-#: ``compile``         while an attempt that resumes at step S builds its mesh and compiles
-#: ``scale_up``        while slices are being added after step S
-#: ``stop``            while the preemption stop at step S is being written
-#: ``dispatch``        just before step S is dispatched (a loss here fails the dispatch)
-#: ``wait``            when the run starts waiting for slices after step S (a loss)
-#: ``eval``            during the evaluation pass after step S (dispatched, result not read)
-PHASES: tuple[str, ...] = (
-    "step",
-    "snapshot",
-    "snapshot_load",
-    "checkpoint",
-    "checkpoint_restore",
-    "compile",
-    "scale_up",
-    "stop",
-    "dispatch",
-    "wait",
-    "eval",
-)
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One phase the elastic layer announces.
+
+    ``meaning``: what is under way when it is announced, and the step it belongs to.
+    ``meets_in_flight``: what the phase starts depends on whether the run's work in flight
+    has landed (a snapshot save is skipped while the previous snapshot's copy to host memory
+    still runs), so an injector that must be deterministic lands that work
+    (:func:`land_in_flight`) before it acts on the announcement. Every phase declares it.
+    """
+
+    name: str
+    meaning: str
+    meets_in_flight: bool
+
+
+#: Every phase the elastic layer announces, by name, in the order the grammar lists them.
+PHASE_TABLE: Mapping[str, Phase] = {
+    entry.name: entry
+    for entry in (
+        Phase("step", "during step S's computation (after dispatch, before its result is read)",
+              meets_in_flight=False),
+        Phase("snapshot", "while the in-memory snapshot of step S is being saved", meets_in_flight=True),
+        Phase("snapshot_load", "while an attempt that resumes at step S loads a snapshot", meets_in_flight=False),
+        Phase("checkpoint", "while the persistent checkpoint of step S is being saved", meets_in_flight=False),
+        Phase("checkpoint_restore", "while an attempt that resumes at step S restores a checkpoint",
+              meets_in_flight=False),
+        Phase("compile", "while an attempt that resumes at step S builds its mesh and compiles",
+              meets_in_flight=False),
+        Phase("scale_up", "while slices are being added after step S", meets_in_flight=False),
+        Phase("stop", "while the preemption stop at step S is being written", meets_in_flight=False),
+        Phase("dispatch", "just before step S is dispatched (a loss here fails the dispatch)",
+              meets_in_flight=False),
+        Phase("wait", "when the run starts waiting for slices after step S (a loss)", meets_in_flight=False),
+        Phase("eval", "during the evaluation pass after step S (dispatched, result not read)",
+              meets_in_flight=False),
+    )
+}
+#: The phase names, in the order of :data:`PHASE_TABLE`.
+PHASES: tuple[str, ...] = tuple(PHASE_TABLE)
 
 Listener = Callable[[str, int], None]
 

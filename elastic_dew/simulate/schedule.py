@@ -12,6 +12,9 @@ A schedule is comma-separated tokens of two forms:
   anything. ``lose:3@17,restore:3@+3`` brings slice 3 back three seconds after its loss,
   which a paused run (pause-resume stops stepping while a slice is lost) can reach.
 
+A token's shape and the reading of its numbers are :mod:`elastic_dew.elastic.fault_token`
+(the fault log reads tokens back with it too); this module checks what the parts name.
+
 What each action does lives in one table, :data:`ACTION_TABLE` (name -> :class:`Action`):
 whether it names a slice, whether it ends the process, whether it raises where it fires,
 and the function that fires it. The grammar and the firing both read the table, so a new
@@ -36,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -45,7 +47,7 @@ from typing import Protocol
 
 import jax
 
-from elastic_dew.elastic import events, hooks
+from elastic_dew.elastic import events, fault_token, hooks
 from elastic_dew.rundir import FaultLog
 
 __all__ = [
@@ -130,9 +132,7 @@ class Fault:
                             phase=phase, scheduled=str(self), index=index, pid=os.getpid())
 
     def __str__(self) -> str:
-        where = f":{self.slice}" if self.slice is not None else ""
-        when = f"+{self.after:g}" if self.after is not None else str(self.step)
-        return f"{self.action}{where}@{when}/{self.phase}"
+        return str(fault_token.Token.of(self.action, self.slice, self.step, self.after, self.phase))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,29 +230,23 @@ def action_of(fault: Fault) -> Action:
 
 # --------------------------------------------------------------------------- grammar
 
-_TOKEN = re.compile(r"^(?P<action>[^:@/]*)(?::(?P<slice>[^@/]*))?@(?P<step>[^/]*)(?:/(?P<phase>.*))?$")
-_SECONDS = re.compile(r"^\+(?P<seconds>\d+(?:\.\d*)?|\.\d+)$")
-_GRAMMAR = "ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], comma-separated"
-
-
-def _whole(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+_GRAMMAR = f"{' or '.join(fault_token.FORMS)}, comma-separated"
 
 
 def _parse_token(token: str, bad: Callable[[str], ValueError]) -> Fault:
     if not token:
         raise bad("empty token (a stray comma?)")
-    match = _TOKEN.match(token)
-    if match is None:
-        raise bad("expected ACTION[:SLICE]@STEP[/PHASE], e.g. lose:1@20, preempt@60/checkpoint or restore:1@+3")
-    name, slice_text, step_text, phase = match.group("action", "slice", "step", "phase")
+    parts = fault_token.split(token)
+    if parts is None:
+        raise bad(f"expected {fault_token.FORMS[0]}, e.g. lose:1@20, preempt@60/checkpoint or restore:1@+3")
+    name, slice_text, step_text, phase = parts.action, parts.slice, parts.when, parts.phase
     action = ACTION_TABLE.get(name)
     if action is None:
         raise bad(f"unknown action {name!r}; actions are {', '.join(ACTIONS)}")
     if action.takes_slice:
         if slice_text is None:
             raise bad(f"{name} needs a slice, e.g. {name}:1@{step_text}")
-        slice_index = _whole(slice_text)
+        slice_index = fault_token.whole(slice_text)
         if slice_index is None:
             raise bad(f"slice {slice_text!r} is not a whole number >= 0")
     else:
@@ -261,12 +255,11 @@ def _parse_token(token: str, bad: Callable[[str], ValueError]) -> Fault:
         slice_index = None
     after = None
     if step_text.startswith("+"):
-        seconds = _SECONDS.match(step_text)
-        if seconds is None:
+        after, step = fault_token.seconds(step_text), 0
+        if after is None:
             raise bad(f"time {step_text!r} is not +SECONDS with SECONDS a number >= 0, e.g. +3 or +0.5")
-        after, step = float(seconds.group("seconds")), 0
     else:
-        step = _whole(step_text)
+        step = fault_token.whole(step_text)
         if step is None:
             raise bad(f"step {step_text!r} is not a whole number >= 0 (or +SECONDS after the previous fault)")
     if phase is None:
@@ -440,12 +433,9 @@ class ScheduleRunner:
         #: announcements fire faults, never counted dispatches.
         self.announced = False
         self._last_step: int | None = None
-        texts = [str(fault) for fault in schedule]
-        self._fired: set[int] = fault_log.fired(texts) if fault_log is not None else set()
-        self._fired_at: dict[int, float] = (
-            {fired.index: fired.wall for fired in fault_log.entries() if fired.index is not None}
-            if fault_log is not None else {}
-        )
+        logged = fault_log.fired([str(fault) for fault in schedule]) if fault_log is not None else {}
+        #: When each fired fault of the schedule fired (wall time), by its index.
+        self._fired: dict[int, float] = {index: fired.wall for index, fired in logged.items()}
         self._started = time.time()
         self._lock = threading.Lock()
         self._listener = self.on_phase
@@ -502,7 +492,7 @@ class ScheduleRunner:
         after = self.schedule.faults[index].after or 0.0
         if index == 0:
             return self._started + after
-        previous = self._fired_at.get(index - 1)
+        previous = self._fired.get(index - 1)
         return None if previous is None else previous + after
 
     def _collect(self, phase: str, step: int, *, waiting: bool) -> list[tuple[Fault, events.Fault]]:
@@ -522,8 +512,7 @@ class ScheduleRunner:
             fired = fault.fired(index, phase, step)
             if self.fault_log is not None:
                 self.fault_log.append(fired)
-            self._fired.add(index)
-            self._fired_at[index] = fired.wall
+            self._fired[index] = fired.wall
             due.append((fault, fired))
         return due
 
@@ -542,17 +531,20 @@ class ScheduleRunner:
     def on_phase(self, phase: str, step: int) -> None:
         """Record, then fire, every fault due at this announcement, in schedule order.
 
-        Before a snapshot save, and before a step-keyed fault fires, the run's snapshot in
-        flight is landed (:func:`elastic_dew.elastic.hooks.land_in_flight`; not while a slice hangs):
-        a save is then never skipped for a transfer still running, and a fault never meets
-        one, so which snapshot a recovery loads depends on the schedule alone.
+        Before a phase that meets the run's work in flight
+        (:attr:`elastic_dew.elastic.hooks.Phase.meets_in_flight`: a snapshot save), and before
+        a step-keyed fault fires, that work is landed
+        (:func:`elastic_dew.elastic.hooks.land_in_flight`; not while a slice hangs): a save is
+        then never skipped for a transfer still running, and a fault never meets one, so
+        which snapshot a recovery loads depends on the schedule alone.
         """
         with self._lock:
             self.announced = True
             self._last_step = step
             self._waiting = step if phase == "wait" else None
             due = self._collect(phase, step, waiting=self._waiting is not None)
-        if (phase == "snapshot" or any(not fault.timed for fault, _ in due)) and not self.target.hung:
+        meets = hooks.PHASE_TABLE[phase].meets_in_flight or any(not fault.timed for fault, _ in due)
+        if meets and not self.target.hung:
             hooks.land_in_flight()
         self._fire(due, phase, step)
 
