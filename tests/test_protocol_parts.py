@@ -277,6 +277,46 @@ def test_no_save_compiles_a_program_since_each_resume_compiles_the_saves_of_its_
     assert during_saves == []
 
 
+def test_a_resume_onto_a_mesh_the_precompiler_prepared_compiles_nothing_on_the_loops_thread(tmp_path):
+    """The precompiler finishes before slice 1 is lost (the loop waits for it at step 2);
+    from the loss to the next dispatch (the resume's step, snapshot load and pack) the
+    loop's thread runs no backend compile (jax.monitoring's compile events)."""
+    loop = threading.current_thread()
+    window = {"resuming": False, "waited": False}
+    compiled: list = []
+    run_box: list = []
+
+    def on_phase(name, step):
+        if name == "dispatch" and step == 2 and not window["waited"]:
+            window["waited"] = True
+            run_box[0].compiler._precompiler.join(120)
+        if name == "wait":
+            window["resuming"] = True
+        elif name == "dispatch":
+            window["resuming"] = False
+
+    def on_compile(event, duration, **kwargs):
+        if (event == "/jax/core/compile/backend_compile_duration" and threading.current_thread() is loop
+                and window["resuming"]):
+            compiled.append(duration)
+
+    hooks.add_listener(on_phase)
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    emitted: list = []
+    try:
+        with SimulatedSlices(4, 2, schedule="lose:1@3", fault_log=tmp_path / "faults.jsonl"):
+            run = ElasticRun(LinearProgram(), ElasticData(_dataset()),
+                             _config(tmp_path, snapshot_every=1, precompile_smaller_meshes=True),
+                             emit=emitted.append)
+            run_box.append(run)
+            run.run(4)
+    finally:
+        hooks.remove_listener(on_phase)
+        jax.monitoring.unregister_event_duration_listener(on_compile)
+    assert [e.source for e in emitted if isinstance(e, events.Resume)] == ["fresh", "snapshot"]
+    assert window["waited"] and compiled == []
+
+
 class _WatchedProgram(LinearProgram):
     """A :class:`LinearProgram` whose steps keep weak references to every state they take
     and return, so a test can see which of them are still alive (and nothing else)."""

@@ -61,29 +61,42 @@ _is_key = packing.is_key
 class _Program:
     """A jitted program whose compile the precompiler and the program's first call share.
 
-    Both hold the program's lock while they compile, so whoever comes second waits for the
-    first instead of compiling it again (a load that finds its unpack being precompiled
-    waits for it). Once it has been compiled or called, calls take no lock.
+    :meth:`compile` (the precompiler's, ahead of need) keeps the executable and calls run it
+    directly: jit's own cache would not serve them, since JAX keys it by the calling
+    thread's context and pathwaysutils runs each attempt under its own
+    ``jax.default_device``. Both hold the program's lock while they compile, so whoever
+    comes second waits for the first instead of compiling it again (a load that finds its
+    unpack being precompiled waits for it). Once it has been compiled or called, calls take
+    no lock.
     """
 
     def __init__(self, jitted: Any) -> None:
         self.jitted = jitted
+        self._compiled: Any = None
         self._lock = threading.Lock()
         self._ready = False
 
     def __call__(self, *args: Any) -> Any:
-        if self._ready:
-            return self.jitted(*args)
-        with self._lock:
-            out = self.jitted(*args)
-            self._ready = True
-            return out
+        if not self._ready:
+            with self._lock:
+                if not self._ready:
+                    out = self.jitted(*args)
+                    self._ready = True
+                    return out
+        compiled = self._compiled
+        if compiled is not None:
+            try:
+                return compiled(*args)
+            except (TypeError, ValueError):
+                # Not the types or shardings it was compiled for: jit compiles what these need.
+                self._compiled = None
+        return self.jitted(*args)
 
     def compile(self, *abstract: Any) -> None:
         """Compile for ``abstract`` arguments (running nothing), unless compiled already."""
         with self._lock:
             if not self._ready:
-                self.jitted.lower(*abstract).compile()
+                self._compiled = self.jitted.lower(*abstract).compile()
                 self._ready = True
 
 
