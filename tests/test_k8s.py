@@ -507,6 +507,7 @@ def _with(argv, flag, value):
     (_with(RENDER, "--image", "r/controller"), "--image", "(not :latest) or @sha256:DIGEST"),
     (RENDER + ["--queue", "Big_Queue"], "--queue", "LocalQueue"),
     (RENDER + ["--grace-seconds", "5"], "--grace-seconds", "at least 30"),
+    (RENDER + ["--slice-restarts", "7"], "--slice-restarts", "7 is under 100"),
     (_with(RENDER, "--bucket", "gs://dew-bucket/../other"), "--bucket", "without '.', '..'"),
     (RENDER + ["--service-account", "Dew_SA"], "--service-account", "Workload Identity access to --bucket"),
 ])

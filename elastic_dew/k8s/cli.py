@@ -141,7 +141,7 @@ _RENDER = (
           shown="changed", type=int, default=_DEFAULTS.grace_seconds),
     _flag("--max-restarts", "whole-JobSet restarts before it fails",
           shown="changed", type=int, default=_DEFAULTS.max_restarts),
-    _flag("--slice-restarts", "restarts allowed per TPU host before its slice's Job fails",
+    _flag("--slice-restarts", "restarts allowed per TPU host before its slice's Job fails (at least 100)",
           shown="changed", type=int, default=_DEFAULTS.slice_restarts),
     _flag("--mtc-ramdisk-dir", "where the multi-tier checkpoint volume is mounted on workers",
           shown="changed", default=_DEFAULTS.mtc_ramdisk_dir),

@@ -35,7 +35,7 @@ import yaml
 from elastic_dew.console import in_flags
 from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
-from elastic_dew.k8s.params import BUCKET, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
+from elastic_dew.k8s.params import BUCKET, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
 from elastic_dew.k8s.tpus import by_accelerator
 from elastic_dew.run import SimConfig
 
@@ -361,9 +361,9 @@ def semantic_errors(jobset: dict[str, Any]) -> list[str]:
         hosts = tpu.hosts(topology)
         if jspec.get("completions") != hosts or jspec.get("parallelism") != hosts:
             errs.append(f"{R.WORKER_JOB}: completions and parallelism must be {hosts} (hosts in a {topology} slice)")
-        if not hosts * 100 <= jspec.get("backoffLimit", 0) <= _INT32_MAX:
-            errs.append(f"{R.WORKER_JOB}: backoffLimit must allow at least 100 restarts per host "
-                        f"({hosts * 100}) so a slice can fail repeatedly without failing the JobSet")
+        if not hosts * MIN_SLICE_RESTARTS <= jspec.get("backoffLimit", 0) <= _INT32_MAX:
+            errs.append(f"{R.WORKER_JOB}: backoffLimit must allow at least {MIN_SLICE_RESTARTS} restarts per host "
+                        f"({hosts * MIN_SLICE_RESTARTS}) so a slice can fail repeatedly without failing the JobSet")
         wc = _container(wpod, R.WORKER_JOB, init=False) or {}
         if wc.get("resources", {}).get("limits", {}).get("google.com/tpu") != str(tpu.chips_per_host):
             errs.append(f"{R.WORKER_JOB}: each pod must request google.com/tpu: {tpu.chips_per_host}")
