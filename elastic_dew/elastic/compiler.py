@@ -4,9 +4,9 @@ Compiling a step for a new mesh is most of a recovery's ``mesh_and_compile`` tim
 :class:`StepCompiler` keeps every step it compiled for the life of the process, so a
 pause-resume attempt on the same slices reuses it; and, with
 ``ElasticConfig.precompile_smaller_meshes``, it compiles in a background thread the steps a
-lost slice would need (the active slices less any one), and after every step the other
-programs a resume onto those meshes runs (``also``: the snapshot's unpack and pack), so
-recovery finds them ready. The
+lost slice would need (the active slices less any one) and, once every such step is
+compiled, the other programs a resume onto those meshes runs (``also``: the snapshot's
+unpack and pack), so recovery finds them ready. The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
 recovery: between :meth:`StepCompiler.hold` (a resume begins) and the next
@@ -120,7 +120,8 @@ class StepCompiler:
             return
 
         def work() -> None:
-            # Every layout's step first: it is most of what a recovery would compile.
+            # Every layout's step first: each layout's largest compile is done soonest, so the
+            # longest a loss at any moment waits is shorter (on average it is the same).
             jobs = [(mesh, "step", lambda m=mesh, b=batch: self.compile(m, b)) for mesh, batch in layouts]
             if self.also is not None:
                 jobs += [(mesh, "other programs", lambda m=mesh: self.also(m)) for mesh, _ in layouts]

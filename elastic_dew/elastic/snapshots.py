@@ -197,8 +197,9 @@ class Snapshots:
         a loss: ``abstract_state`` is the program's state on the mesh a lost slice would
         leave, every leaf a ``jax.ShapeDtypeStruct`` with its ``NamedSharding`` on ``mesh``.
         A snapshot taken on a mesh of the same slice shape has this layout, so its
-        :meth:`load` and the first :meth:`save` after it find both programs compiled
-        (jit's own cache); one that starts while this compiles its program waits for it.
+        :meth:`load` and the first :meth:`save` after it run both programs as compiled
+        here (kept as executables, see :class:`_Program`); one that starts while this
+        compiles its program waits for it.
         Holds no lock of the snapshots themselves: saves and loads go on meanwhile.
         """
         flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
