@@ -243,7 +243,7 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
         elastic=elastic,
         train=TrainConfig(**given["train"]),
         sim=run.SimConfig(**given["sim"]) if given["sim"] else None,
-        observe=observe if observe is not None else observing.ObserveOptions(**given["observe"]),
+        observe=observe if observe is not None else observe_of(args),
     )
 
 

@@ -204,7 +204,7 @@ class ElasticRun:
         )
         self.compiler = StepCompiler(
             program, self.manager, config,
-            also=lambda mesh: self.tiers.precompile(program.abstract_state(mesh), mesh),
+            also=lambda mesh: self.tiers.precompile(mesh, program.abstract_state),
         )
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout)

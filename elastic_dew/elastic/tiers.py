@@ -284,16 +284,17 @@ class Tiers:
         if self.checkpoints is not None:
             self.checkpoints.prepare(state)
 
-    def precompile(self, abstract_state: Any, mesh: jax.sharding.Mesh) -> None:
+    def precompile(self, mesh: jax.sharding.Mesh, abstract_state: Callable[[jax.sharding.Mesh], Any]) -> None:
         """Compile, running nothing, what a resume onto ``mesh`` would compile for the
-        tiers: tier 1's load and pack of ``abstract_state``'s layout
-        (:meth:`~elastic_dew.elastic.snapshots.Snapshots.precompile`). Tier 2 has nothing
+        tiers: tier 1's load and pack of the layout of ``abstract_state(mesh)`` (the
+        program's state on ``mesh``; built only when tier 1 takes snapshots,
+        :meth:`~elastic_dew.elastic.snapshots.Snapshots.precompile`). Tier 2 has nothing
         to compile ahead of a state (its :meth:`prepare` works on the restored one).
 
         The precompiler calls this for each mesh a lost slice would leave.
         """
         if self.snapshots is not None and self.snapshot.every:
-            self.snapshots.precompile(abstract_state, mesh)
+            self.snapshots.precompile(abstract_state(mesh), mesh)
 
     def slices_changed(self, mesh: jax.sharding.Mesh) -> None:
         """Bind tier 2 to ``mesh``'s devices before anything is saved or restored through it.

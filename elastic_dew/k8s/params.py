@@ -23,6 +23,7 @@ __all__ = [
     "PROXY_FLAG_SPELLINGS",
     "CONTROLLER_FAILURE_MODES",
     "MIN_SLICE_RESTARTS",
+    "MAX_BACKOFF_LIMIT",
     "PATHWAYS_VERSION",
     "known_recipes",
     "check_recipe",
@@ -85,7 +86,8 @@ _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_INT32_MAX = 2**31 - 1
+#: The largest ``backoffLimit`` a Job takes (an int32).
+MAX_BACKOFF_LIMIT = 2**31 - 1
 #: The fewest restarts per TPU host a slice's Job may allow: an elastic slice must be able
 #: to fail and come back again and again without failing its Job, and with it the JobSet.
 MIN_SLICE_RESTARTS = 100
@@ -292,13 +294,13 @@ class JobSetParams:
         if self.max_restarts < 0:
             raise ParameterError("max_restarts", f"{self.max_restarts} is negative", "use 0 or more")
         hosts = tpu.hosts(self.topology)
-        if not MIN_SLICE_RESTARTS <= self.slice_restarts <= _INT32_MAX // hosts:
+        if not MIN_SLICE_RESTARTS <= self.slice_restarts <= MAX_BACKOFF_LIMIT // hosts:
             problem = (
                 f"{self.slice_restarts} is under {MIN_SLICE_RESTARTS}: a slice must be able to fail and come "
                 "back again and again without failing its Job" if self.slice_restarts < MIN_SLICE_RESTARTS
                 else f"{self.slice_restarts} restarts x {hosts} hosts does not fit the Job's backoffLimit (2^31-1)"
             )
-            raise ParameterError("slice_restarts", problem, f"use {MIN_SLICE_RESTARTS}..{_INT32_MAX // hosts}")
+            raise ParameterError("slice_restarts", problem, f"use {MIN_SLICE_RESTARTS}..{MAX_BACKOFF_LIMIT // hosts}")
         if not self.mtc_ramdisk_dir.startswith("/"):
             raise ParameterError("mtc_ramdisk_dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
                                  f"use an absolute path such as {MULTI_TIER_DIR}")

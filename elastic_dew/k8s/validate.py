@@ -35,7 +35,7 @@ import yaml
 from elastic_dew.console import in_flags
 from elastic_dew.elastic.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
-from elastic_dew.k8s.params import BUCKET, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
+from elastic_dew.k8s.params import BUCKET, MAX_BACKOFF_LIMIT, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
 from elastic_dew.k8s.tpus import by_accelerator
 from elastic_dew.run import SimConfig
 
@@ -56,7 +56,6 @@ __all__ = [
 KUBERNETES_VERSION = "1.32"
 #: The package data file with the JobSet schema's facts (see scripts/jobset_schema.py).
 SCHEMA_RESOURCE = "jobset_schema.json"
-_INT32_MAX = 2**31 - 1
 
 
 def _strict(schema: Any) -> Any:
@@ -361,7 +360,7 @@ def semantic_errors(jobset: dict[str, Any]) -> list[str]:
         hosts = tpu.hosts(topology)
         if jspec.get("completions") != hosts or jspec.get("parallelism") != hosts:
             errs.append(f"{R.WORKER_JOB}: completions and parallelism must be {hosts} (hosts in a {topology} slice)")
-        if not hosts * MIN_SLICE_RESTARTS <= jspec.get("backoffLimit", 0) <= _INT32_MAX:
+        if not hosts * MIN_SLICE_RESTARTS <= jspec.get("backoffLimit", 0) <= MAX_BACKOFF_LIMIT:
             errs.append(f"{R.WORKER_JOB}: backoffLimit must allow at least {MIN_SLICE_RESTARTS} restarts per host "
                         f"({hosts * MIN_SLICE_RESTARTS}) so a slice can fail repeatedly without failing the JobSet")
         wc = _container(wpod, R.WORKER_JOB, init=False) or {}
