@@ -78,3 +78,17 @@ def bucket(gcs_server, request) -> str:
     name = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40]
     bucket.count = getattr(bucket, "count", 0) + 1
     return gcs_server.create_bucket(f"t{bucket.count}-{name}".rstrip("-"))
+
+
+def pytest_configure(config):
+    """The suite's tiers, as markers (``./dev test`` runs every tier; CI's other environments
+    run ``-m libraries``).
+
+    ``slow``: an end-to-end run or a test that starts processes. ``libraries``: a test that
+    exercises a wrapped library's API (jax, Orbax, Grain, Flax, pathwaysutils, the Cloud
+    Storage clients) or the seam to its internals, so it can differ between their versions.
+    """
+    config.addinivalue_line("markers", "slow: an end-to-end run or a test that starts processes")
+    config.addinivalue_line(
+        "markers", "libraries: exercises a wrapped library's API; run in every CI environment"
+    )
