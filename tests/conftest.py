@@ -92,3 +92,14 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "libraries: exercises a wrapped library's API; run in every CI environment"
     )
+
+
+@pytest.fixture
+def fault_proxy(gcs_server):
+    """A :class:`~elastic_dew.testing.fault_proxy.FaultProxy` in front of the session's
+    Cloud Storage server, for this test alone (its rules start empty; stopping it releases
+    every stall)."""
+    from elastic_dew.testing.fault_proxy import FaultProxy
+
+    with FaultProxy(gcs_server.url) as proxy:
+        yield proxy
