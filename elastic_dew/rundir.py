@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from elastic_dew.elastic import fault_token
 from elastic_dew.elastic.events import Fault, from_json
 
 __all__ = [
@@ -249,28 +248,6 @@ def fsync_append(path: Path, line: str) -> None:
             os.close(directory)
 
 
-def _legacy_fault(raw: Mapping[str, Any]) -> Fault:
-    """A fault-log line in the shape written before the lines were the ``fault`` event's own
-    (``index``, ``fault``, ``phase``, ``step``, ``time``, ``pid``, and ``action``/``slice``
-    where the line carries them, else read from the fault's token,
-    :mod:`elastic_dew.elastic.fault_token`); ``ValueError`` when the token is not one."""
-    scheduled = str(raw["fault"])
-    if "action" in raw:
-        action = str(raw["action"])
-        slice_index = None if raw.get("slice") is None else int(raw["slice"])
-    else:
-        token = fault_token.split(scheduled)
-        slice_index = None if token is None or token.slice is None else fault_token.whole(token.slice)
-        if token is None or (token.slice is not None and slice_index is None):
-            raise ValueError(f"fault {scheduled!r} is not a fault token ({fault_token.FORMS[0]})")
-        action = token.action
-    return Fault(
-        action=action, slice=slice_index, step=int(raw.get("step", 0)), phase=str(raw.get("phase", "step")),
-        scheduled=scheduled, wall=float(raw.get("time", 0.0)), index=int(raw["index"]),
-        pid=int(raw.get("pid", 0)),
-    )
-
-
 class FaultLog:
     """``faults.jsonl``: the simulator's durable record of the faults it fired.
 
@@ -279,8 +256,7 @@ class FaultLog:
     fsynced) *before* the fault fires, so a process killed by its own fault, or preempted
     and re-run, never fires it twice. A process that ends its simulation normally with
     faults still unfired appends one such line with ``"never_fired": true`` for each (its
-    ``step``: the last step it saw, -1 for none). Lines in the shape written before the
-    lines were events are read as the same events. A torn last line is a write cut short by
+    ``step``: the last step it saw, -1 for none). A torn last line is a write cut short by
     a kill (the fault did not fire); any other bad line is refused.
     """
 
@@ -298,7 +274,7 @@ class FaultLog:
             try:
                 raw = json.loads(line)
                 never_fired = raw.pop("never_fired", False) is True
-                fault = from_json(raw) if "event" in raw else _legacy_fault(raw)
+                fault = from_json(raw)
                 if not isinstance(fault, Fault) or fault.index is None:
                     raise ValueError("not a fault")
             except (ValueError, KeyError, TypeError, AttributeError):

@@ -208,7 +208,7 @@ def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption(tmp_pa
     _ok(proc)
     assert "restarting the same command, as a JobSet restarts the pod" in proc.stdout
     assert f"timeline: {run_dir / 'timeline.png'}" in proc.stdout
-    summary = record.summarize(record.run_events(run_dir))
+    summary = record.summarize(record.read_events(run_dir))
     assert summary["final_step"] == 40
     assert summary["faults"] == {"lose": 1, "restore": 1, "preempt": 1}
     assert summary["stops"]["slice_lost"] == 1 and summary["stops"]["preempted"] == 1
@@ -228,7 +228,7 @@ def test_a_simulated_multi_tier_run_checkpoints_through_the_replicator_stand_in_
     plan = runs.plan(console.config_of(args))
     assert plan.elastic.mtc_backup_minutes == 5
     assert runs.execute(plan).status == 0
-    saves = [e["step"] for e in record.run_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
+    saves = [e["step"] for e in record.read_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
     assert saves == [3, 6]
     backup = run_dir / rundir.REPLICATOR_DIR / "backup" / run_dir.name
     assert sorted(int(p.name) for p in backup.iterdir()) == [3, 6]

@@ -254,26 +254,14 @@ def test_without_matplotlib_the_timeline_says_which_extra_to_install(tmp_path, m
         record.draw_timeline(tmp_path)
 
 
-def test_the_simulators_fired_faults_join_the_events_without_reordering_the_records_lines(tmp_path):
-    events = _a_run_with_every_kind_of_disruption()
+def test_run_events_still_answers_the_records_lines_with_a_deprecation_warning_naming_read_events(tmp_path):
     with RunRecord(tmp_path) as rec:
-        for event in events:
-            if event["event"] != "fault":
-                rec.append(event)
-    (tmp_path / "faults.jsonl").write_text(
-        json.dumps({"index": 0, "fault": "lose:1@5/step", "phase": "step", "step": 5, "pid": 1, "time": 9.0})
-        + "\n"
-        + json.dumps({"index": 1, "fault": "preempt@7", "phase": "step", "step": 7, "pid": 1, "time": 19.9})
-        + "\n"
-    )
-    merged = record.run_events(tmp_path)
-    assert [e for e in merged if e["event"] != "fault"] == [e for e in events if e["event"] != "fault"]
-    faults = [(i, e["action"], e["slice"], e["step"]) for i, e in enumerate(merged) if e["event"] == "fault"]
-    walls = [e["wall"] for e in merged]
-    assert [f[1:] for f in faults] == [("lose", 1, 5), ("preempt", None, 7)]
-    for i, *_ in faults:
-        assert walls[i - 1] <= walls[i] < walls[i + 1]
-    assert summarize(merged)["faults"] == {"lose": 1, "preempt": 1}
+        rec.append({"event": "stop", "reason": "done", "step": 3, "wall": 1.0})
+
+    with pytest.warns(DeprecationWarning, match=r"record\.read_events"):
+        lines = record.run_events(tmp_path)
+
+    assert lines == read_events(tmp_path)
 
 
 def test_the_process_start_time_is_when_this_process_began_not_when_it_was_asked():
@@ -293,7 +281,7 @@ def test_a_typed_event_is_appended_as_the_same_json_line_as_its_mapping(tmp_path
     lines = read_events(tmp_path)
     assert lines[0] == {
         "event": "step", "wall": 7.0, "step": 3, "slices": 2, "loss": 0.5, "examples": [12, 16],
-        "seconds": 1.0, "data_seconds": 0.0,
+        "seconds": 1.0, "data_seconds": 0.0, "metrics": {},
     }
     assert lines[1]["durations"] == {
         "detection": 0.0, "wait_for_slices": 0.0, "mesh_and_compile": 0.0, "restore": 0.25,

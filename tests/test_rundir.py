@@ -2,8 +2,7 @@
 
 A fault's text has one grammar (:mod:`elastic_dew.elastic.fault_token`), which the schedule
 parses and writes with; the log line is the fired fault's event (its ``action`` and ``slice``
-among its fields), and readers take them from there. Lines written in the log's earlier shape
-stay readable, their action and slice read from the text by the same grammar.
+among its fields), and readers take them from there.
 """
 
 from __future__ import annotations
@@ -46,40 +45,30 @@ def test_a_fired_fault_is_logged_as_its_fault_event_with_the_schedules_action_an
 
 def test_a_logged_fault_is_read_from_its_fields_not_from_its_text(tmp_path):
     path = tmp_path / rundir.FAULTS_FILE
-    path.write_text(json.dumps(dict(index=0, fault="kill@4", phase="step", step=4, time=1.0, pid=7,
-                                    action="preempt", slice=None)) + "\n")
+    path.write_text(json.dumps(dict(event="fault", index=0, scheduled="kill@4", phase="step", step=4, wall=1.0,
+                                    pid=7, action="preempt", slice=None)) + "\n")
 
     (entry,) = rundir.FaultLog(path).entries()
 
     assert (entry.action, entry.slice) == ("preempt", None)
 
 
-def test_a_fault_log_written_before_lines_carried_action_and_slice_is_read_from_the_fault_text(tmp_path):
+def test_a_fault_log_line_that_is_not_a_fault_event_is_refused_unless_it_is_the_torn_last_line(tmp_path):
     path = tmp_path / rundir.FAULTS_FILE
-    path.write_text(
-        json.dumps(dict(index=0, fault="lose:1@5/dispatch", phase="dispatch", step=5, time=1.0, pid=7)) + "\n"
-        + json.dumps(dict(index=1, fault="preempt@9", phase="step", step=9, time=2.0, pid=7)) + "\n"
-    )
-
-    entries = rundir.FaultLog(path).entries()
-
-    assert [(e.action, e.slice) for e in entries] == [("lose", 1), ("preempt", None)]
-    assert (entries[0].scheduled, entries[0].wall, entries[0].index, entries[0].pid) == ("lose:1@5/dispatch", 1.0, 0, 7)
-
-
-def test_a_fault_log_line_of_the_earlier_shape_whose_text_is_not_a_fault_token_is_refused(tmp_path):
-    path = tmp_path / rundir.FAULTS_FILE
-    line = dict(index=0, phase="step", step=5, time=1.0, pid=7)
-    path.write_text(json.dumps(dict(line, fault="lose:one@5/step")) + "\n" + json.dumps(dict(line, fault="lose:1@5")) + "\n")
+    line = dict(index=0, fault="lose:1@5/step", phase="step", step=5, time=1.0, pid=7)
+    path.write_text(json.dumps(line) + "\n" + json.dumps(line) + "\n")
 
     with pytest.raises(ValueError, match="line 1 is not a fault record"):
         rundir.FaultLog(path).entries()
 
+    path.write_text(json.dumps(line) + "\n")
+    assert rundir.FaultLog(path).entries() == []
 
-def test_a_run_resumed_over_a_fault_log_of_the_earlier_shape_fires_only_what_it_has_not_and_appends_events(tmp_path):
+
+def test_a_run_resumed_over_a_fault_log_fires_only_what_it_has_not_and_appends_events(tmp_path):
     path = tmp_path / rundir.FAULTS_FILE
-    path.write_text(json.dumps(dict(index=0, fault="lose:1@3/step", phase="step", step=3, time=1.0, pid=7,
-                                    action="lose", slice=1)) + "\n")
+    path.write_text(json.dumps(dict(event="fault", index=0, scheduled="lose:1@3/step", phase="step", step=3,
+                                    wall=1.0, pid=7, action="lose", slice=1)) + "\n")
     slices = _Slices()
     runner = ScheduleRunner(parse_schedule("lose:1@3,lose:2@5"), slices, rundir.FaultLog(path))
 

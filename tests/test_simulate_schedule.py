@@ -138,7 +138,8 @@ def test_the_listener_is_removed_on_exit():
 
 def test_a_fault_log_from_another_schedule_is_refused(tmp_path):
     log = tmp_path / "faults.jsonl"
-    log.write_text(json.dumps({"index": 0, "fault": "lose:1@3/step"}) + "\n")
+    log.write_text(json.dumps({"event": "fault", "index": 0, "scheduled": "lose:1@3/step", "action": "lose",
+                               "slice": 1, "step": 3, "phase": "step", "wall": 1.0}) + "\n")
     with pytest.raises(ValueError, match="belongs to another run"):
         SimulatedSlices(2, 2, schedule="kill@3", fault_log=log)
 

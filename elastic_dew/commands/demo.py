@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     summary, picture, table = report(run_dir)
     print(f"\nelastic-dew demo: done in {time.monotonic() - started:.0f} s after {restarts} restart(s).")
     print(f"What happened (from {run_dir / record.EVENTS_FILE}):")
-    print("\n".join(story(record.run_events(run_dir))))
+    print("\n".join(story(record.read_events(run_dir))))
     print()
     print(table)
     if picture is not None:

@@ -33,7 +33,7 @@ def report(run_dir: str | Path, *, timeline: bool = True) -> tuple[dict[str, Any
     from elastic_dew import record, rundir
 
     run_dir = Path(run_dir)
-    events = record.as_events(record.run_events(run_dir))
+    events = record.as_events(record.read_events(run_dir))
     params = record.load_params(run_dir) if (run_dir / rundir.PARAMS_FILE).exists() else None
     summary = record.summarize(events, params=params)
     if (run_dir / rundir.SUMMARY_FILE).exists():

@@ -110,12 +110,6 @@ class Step(Event):
     data_seconds: float = 0.0
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
-        if not out.get("metrics"):
-            out.pop("metrics", None)  # a loss without metrics keeps the step line as it was
-        return out
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Save(Event):

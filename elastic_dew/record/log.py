@@ -13,8 +13,8 @@ no line before one, is ever lost.
 
 The lines' schema is :mod:`elastic_dew.elastic.events`; :func:`as_events` turns lines (or
 hand-written mappings, or typed events) into those typed events for the readers of the
-record. The simulator's fault log is read through :mod:`elastic_dew.rundir`, and
-:func:`run_events` merges its faults into the record's lines.
+record. A fault the simulator fires joins the run's event stream as it fires, so the record
+holds it; the simulator's own fault log is read through :mod:`elastic_dew.rundir`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -235,27 +236,21 @@ def has_wall(event: ev.Event) -> bool:
 def run_events(
     run_dir: str | os.PathLike[str], events: Iterable[ev.Event | Mapping[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
-    """The run's event lines (``events.jsonl`` unless given) with the simulator's faults added.
+    """Deprecated: use :func:`read_events` (the run record holds the simulator's faults itself).
 
-    Each fault is inserted before the first event written after it fired; the order of the
-    run record's own lines is never changed (the commit rule depends on it). Faults the
-    events already hold are not added twice.
+    Args:
+        run_dir: the run directory.
+        events: lines to return instead of the directory's ``events.jsonl``.
+
+    Returns:
+        The lines, as :func:`read_events` returns them.
     """
-    lines = [ev.to_json(e) for e in (read_events(run_dir) if events is None else events)]
-    typed = [as_event(line) for line in lines]
-    have = {
-        (e.action, e.slice, e.step, e.phase) for e in typed if isinstance(e, ev.Fault)
-    }
-    for fault in rundir.read_faults(run_dir):
-        if (fault.action, fault.slice, fault.step, fault.phase) in have:
-            continue
-        position = next(
-            (i for i, e in enumerate(typed) if e is not None and has_wall(e) and e.wall > fault.wall),
-            len(lines),
-        )
-        lines.insert(position, fault.to_json())
-        typed.insert(position, fault)
-    return lines
+    warnings.warn(
+        "elastic_dew.record.run_events is deprecated and will be removed in 0.3: use "
+        "elastic_dew.record.read_events (the run record holds the simulator's faults)",
+        DeprecationWarning, stacklevel=2,
+    )
+    return [ev.to_json(e) for e in (read_events(run_dir) if events is None else events)]
 
 
 def process_start_time() -> float:

@@ -15,7 +15,7 @@ from typing import Any
 from elastic_dew import rundir
 from elastic_dew.elastic import events as ev
 from elastic_dew.record.goodput import summarize
-from elastic_dew.record.log import run_events
+from elastic_dew.record.log import read_events
 from elastic_dew.record.params import flatten_params, write_params
 
 __all__ = ["write_summary", "load_summary"]
@@ -29,15 +29,14 @@ def write_summary(
 ) -> dict[str, Any]:
     """Write ``summary.json`` (and ``final_params.npz`` when ``params`` are given).
 
-    ``events`` defaults to the run directory's own ``events.jsonl``; the simulator's fired
-    faults (``faults.jsonl``) are added to them. ``memory`` (``state_bytes``,
+    ``events`` defaults to the run directory's own ``events.jsonl``. ``memory`` (``state_bytes``,
     ``state_bytes_per_device_max``, ``snapshot_host_bytes_per_device_max``) is measured
     where the arrays are, by the trainer, and written as the summary's ``memory``.
     Returns the summary.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    lines = run_events(run_dir, events)
+    lines = [ev.to_json(e) for e in (read_events(run_dir) if events is None else events)]
     flat = flatten_params(params) if params is not None else None
     summary = summarize(lines, params=flat)
     if memory is not None:

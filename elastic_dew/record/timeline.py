@@ -12,7 +12,7 @@ from pathlib import Path
 from elastic_dew import rundir
 from elastic_dew.elastic import events as ev
 from elastic_dew.record.goodput import committed_flags
-from elastic_dew.record.log import as_events, has_wall, run_events
+from elastic_dew.record.log import as_events, has_wall, read_events
 
 __all__ = ["draw_timeline"]
 
@@ -62,7 +62,7 @@ def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
         ) from err
 
     run_dir = Path(run_dir)
-    events = as_events(run_events(run_dir))
+    events = as_events(read_events(run_dir))
     walls = [e.wall for e in events if has_wall(e)]
     starts = [
         e.process_start if e.process_start == e.process_start else e.wall
