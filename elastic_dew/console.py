@@ -270,31 +270,6 @@ def _quiet_logs(tty: bool) -> Iterator[None]:
             q.setLevel(level)
 
 
-@contextlib.contextmanager
-def _log_above(progress: Any) -> Iterator[None]:
-    """On a terminal, route the root logger's terminal output above the progress bar."""
-    from elastic_dew.observe.progress import ProgressLogHandler
-
-    root = logging.getLogger()
-    swapped = []
-    if progress.tty:
-        for handler in list(root.handlers):
-            stream = getattr(handler, "stream", None)
-            if isinstance(handler, logging.StreamHandler) and stream is progress.stream:
-                replacement = ProgressLogHandler(progress, stream)
-                replacement.setFormatter(handler.formatter)
-                replacement.setLevel(handler.level)
-                root.removeHandler(handler)
-                root.addHandler(replacement)
-                swapped.append((handler, replacement))
-    try:
-        yield
-    finally:
-        for handler, replacement in swapped:
-            root.removeHandler(replacement)
-            root.addHandler(handler)
-
-
 class Terminal:
     """A run shown on a terminal: ``PROG: error: ...`` for a refusal, a progress display with
     the logs routed above it while it runs, then the summary table and the timeline's path."""
@@ -320,17 +295,22 @@ class Terminal:
 
     @contextlib.contextmanager
     def running(self, plan: run.Plan) -> Iterator[list[Any]]:
-        from elastic_dew.observe.progress import Progress
+        from elastic_dew.observe.logs import is_terminal
 
         total_slices = plan.sim.slices if plan.sim is not None else None
-        progress: Any = Progress(plan.steps, total_slices=total_slices, log_every=plan.train.log_every)
-        above, tty = _log_above(progress), progress.tty
-        if tty and observing.progress_bar_available():
-            # On a terminal, tqdm's bar: it fits the width, has an ETA, keeps logs above.
+        progress: Any
+        tty = is_terminal(sys.stderr)
+        if tty:
+            # tqdm's bar: it fits the width, has an ETA, and writes log records above it.
             from elastic_dew.observe.progress_bar import ProgressBar
 
             progress = ProgressBar(plan.steps, total_slices=total_slices)
-            above = progress.redirect_logging()
+            above: contextlib.AbstractContextManager[None] = progress.redirect_logging()
+        else:
+            from elastic_dew.observe.progress import Progress
+
+            progress = Progress(plan.steps, total_slices=total_slices, log_every=plan.train.log_every)
+            above = contextlib.nullcontext()
         try:
             with above, _quiet_logs(tty):
                 yield [progress]

@@ -1,14 +1,18 @@
-"""The progress display: a bar redrawn in place on a terminal, plain lines in a log."""
+"""The progress display where the output is not a terminal: plain lines in a log."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import sys
+import types
+
+import pytest
 
 from elastic_dew.elastic.events import Eval, Resume, Save, Step, Stop
 from elastic_dew.observe.logs import JsonFormatter, LogContext
-from elastic_dew.observe.progress import Progress, ProgressLogHandler
+from elastic_dew.observe.progress import Progress
 
 
 class _Clock:
@@ -23,27 +27,9 @@ def _step(step: int, loss: float = 1.5, slices: int = 4) -> Step:
     return Step(step=step, slices=slices, loss=loss, examples=(0, 1), seconds=0.1, wall=0.0)
 
 
-def test_on_a_terminal_one_line_shows_step_loss_slices_rate_and_the_last_event():
-    out, clock = io.StringIO(), _Clock()
-    progress = Progress(100, total_slices=4, stream=out, tty=True, clock=clock)
-    for step in range(1, 11):
-        clock.now = step * 0.5  # two steps a second
-        progress(_step(step, loss=2.0 / step, slices=3))
-    progress(Stop(reason="slice_lost", step=10, wall=0.0))
-    frames = out.getvalue().split("\r\x1b[2K")
-    last = frames[-1]
-    assert "\n" not in out.getvalue()  # redrawn in place
-    assert "step 10/100" in last and "loss 0.2000" in last and "slices 3/4" in last
-    assert "2.00 steps/s" in last
-    assert "last: stop slice_lost after step 10" in last
-    assert last.startswith("[##")
-    progress.close()
-    assert out.getvalue().endswith("\n")
-
-
 def test_in_a_log_a_line_every_log_every_steps_and_one_per_stop_and_resume():
     out, clock = io.StringIO(), _Clock()
-    progress = Progress(30, total_slices=4, stream=out, tty=False, log_every=10, clock=clock)
+    progress = Progress(30, total_slices=4, stream=out, log_every=10, clock=clock)
     for step in range(1, 31):
         clock.now = step
         progress(_step(step))
@@ -68,7 +54,7 @@ def test_without_a_stream_lines_go_through_the_logger_and_json_logs_carry_loss_a
     logger.addHandler(handler)
     level, logger.level = logger.level, logging.INFO
     try:
-        progress = Progress(5, tty=False, log_every=5)
+        progress = Progress(5, log_every=5)
         for step in range(1, 6):
             progress(Step(step=step, slices=2, loss=0.5, examples=(0, 1), seconds=0.1, wall=0.0,
                           metrics={"accuracy": 0.25 * step}))
@@ -84,13 +70,20 @@ def test_without_a_stream_lines_go_through_the_logger_and_json_logs_carry_loss_a
     assert eval_line["eval"] == {"step": 5, "metrics": {"loss": 0.75, "accuracy": 0.5}}
 
 
-def test_log_records_are_written_above_the_bar_and_the_bar_is_drawn_again():
-    out = io.StringIO()
-    progress = Progress(10, stream=out, tty=True)
-    progress(_step(3))
-    handler = ProgressLogHandler(progress)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    handler.emit(logging.LogRecord("x", logging.WARNING, __file__, 1, "slice 1 lost", None, None))
-    text = out.getvalue()
-    assert "\r\x1b[2KWARNING slice 1 lost\n" in text
-    assert text.rsplit("\n", 1)[1].startswith("\r\x1b[2K[")  # the bar again, after the record
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stderr, shown", [(_Terminal, "ProgressBar"), (io.StringIO, "Progress")])
+def test_a_run_on_a_terminal_shows_the_bar_and_elsewhere_log_lines(monkeypatch, stderr, shown):
+    from elastic_dew.console import Terminal
+
+    monkeypatch.setattr(sys, "stderr", stderr())
+    plan = types.SimpleNamespace(sim=None, steps=5, train=types.SimpleNamespace(log_every=5))
+    with Terminal("elastic-dew train").running(plan) as sinks:
+        (display,) = sinks
+        display(_step(5))
+    assert type(display).__name__ == shown
+    if shown == "ProgressBar":  # (log lines go through the logger, not to this stream)
+        assert "5/5" in sys.stderr.getvalue()

@@ -5,8 +5,9 @@ has one job (goodput itself is the run record's, :mod:`elastic_dew.record.goodpu
 :mod:`~elastic_dew.observe.goodput_export` records the run through
 ml-goodput-measurement's recorder (the ``gke`` extra), :mod:`~elastic_dew.observe.tensorboard`
 writes TensorBoard event files (the ``observe`` extra), :mod:`~elastic_dew.observe.logs`
-formats log records as Cloud Logging JSON lines, and :mod:`~elastic_dew.observe.progress_bar`
-draws a terminal progress bar with tqdm (the ``observe`` extra). The optional libraries are
+formats log records as Cloud Logging JSON lines, and the progress display is a tqdm bar on a
+terminal (:mod:`~elastic_dew.observe.progress_bar`) and log lines elsewhere
+(:mod:`~elastic_dew.observe.progress`). The optional libraries are
 imported only by the module that needs them, so importing this package costs nothing.
 """
 

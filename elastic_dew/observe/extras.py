@@ -17,7 +17,6 @@ __all__ = ["EXTRAS", "available", "missing", "require"]
 #: installs it.
 EXTRAS: dict[str, tuple[str, str]] = {
     "tensorboardX": ("tensorboardX", "observe"),
-    "tqdm": ("tqdm", "observe"),
     "ml_goodput_measurement": ("ml-goodput-measurement", "gke"),
 }
 

@@ -53,6 +53,7 @@ __all__ = [
     "HandledSliceLossFilter",
     "JsonFormatter",
     "LogContext",
+    "is_terminal",
     "is_verbose",
     "log_context",
     "set_verbose",
@@ -160,7 +161,8 @@ def _install_slice_loss_filter() -> None:
     install_slice_loss_filter()
 
 
-def _is_terminal(stream: TextIO) -> bool:
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal (``False`` for one without ``isatty`` or closed)."""
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # no isatty, or a closed stream
@@ -185,7 +187,7 @@ def setup_logging(
                          "terminal, JSON lines otherwise), text or json")
     stream = stream if stream is not None else sys.stderr
     if fmt == "auto":
-        fmt = "text" if _is_terminal(stream) else "json"
+        fmt = "text" if is_terminal(stream) else "json"
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()

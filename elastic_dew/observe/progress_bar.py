@@ -1,15 +1,14 @@
-"""A terminal progress bar for a run: fits the terminal, shows an ETA, keeps logs above it.
+"""The terminal progress display of a run: fits the terminal, shows an ETA, keeps logs above it.
 
-Built on tqdm (the ``observe`` extra): it measures the terminal on every redraw
-(``dynamic_ncols``), so a resized window or an 80-column terminal gets a line that fits and
-never wraps (a wrapped line is what left stale rows behind the old one-line display); it
-computes the ETA from the step rate; and its ``logging_redirect_tqdm`` routes console log
-records through ``tqdm.write``, which clears the bar, writes the record on its own line and
-redraws the bar below it. tqdm is maintained, small, pure Python and already pulled in by
-the JAX ecosystem (Grain, Orbax's tooling), which is why it was chosen over rich.
+Built on tqdm: it measures the terminal on every redraw (``dynamic_ncols``), so a resized
+window or an 80-column terminal gets a line that fits and never wraps (erasing a wrapped
+line clears only its last row); it computes the ETA from the step rate; and its
+``logging_redirect_tqdm`` routes console log records through ``tqdm.write``, which clears
+the bar, writes the record on its own line and redraws the bar below it. tqdm is
+maintained, small, pure Python, and has that logging redirection built in.
 
-:class:`ProgressBar` is for terminals only; where the output is a file or a pipe the
-plain :class:`~elastic_dew.observe.progress.Progress` writes plain log lines instead.
+:class:`ProgressBar` is for terminals only; where the output is a file or a pipe,
+:class:`~elastic_dew.observe.progress.Progress` writes plain log lines instead.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from elastic_dew.elastic.events import Eval, Event, Fault, Resume, Step, Stop, describe
-from elastic_dew.observe.extras import require
 from elastic_dew.observe.progress import figures
 
 __all__ = ["ProgressBar"]
@@ -35,14 +33,15 @@ _ROOM_FOR_LAST_EVENT = 110
 class ProgressBar:
     """A tqdm bar fed by a run's events: steps done of ``total_steps``, ETA, loss, slices.
 
-    Arguments:
+    Args:
       total_steps: the step the run trains to.
       total_slices: the allocation's slices (for ``slices active/total``).
       stream: where to draw (standard error).
       width: a fixed width in columns; by default the terminal's, measured on every redraw.
       mininterval: least seconds between redraws (tqdm's throttle; 0 redraws every step).
 
-    Raises ``ImportError`` naming the extra to install when tqdm is missing.
+    Raises:
+      ValueError: ``total_steps`` is below 1, or ``width`` below 20 columns.
     """
 
     name = "progress display"
@@ -60,7 +59,8 @@ class ProgressBar:
             raise ValueError(f"total_steps={total_steps} must be >= 1")
         if width is not None and width < 20:
             raise ValueError(f"width={width} is too narrow for a progress bar; use 20 or more")
-        tqdm = require("the progress bar", "tqdm").tqdm
+        from tqdm import tqdm
+
         self._tqdm = tqdm
         self.total_steps = total_steps
         self.total_slices = total_slices

@@ -42,7 +42,6 @@ __all__ = [
     "chosen",
     "close",
     "name_of",
-    "progress_bar_available",
     "tensorboard_available",
 ]
 
@@ -52,11 +51,6 @@ log = logging.getLogger(__name__)
 def tensorboard_available() -> bool:
     """Whether tensorboardX (the ``observe`` extra) is installed."""
     return available("tensorboardX")
-
-
-def progress_bar_available() -> bool:
-    """Whether tqdm (the ``observe`` extra, for the terminal progress bar) is installed."""
-    return available("tqdm")
 
 
 @dataclasses.dataclass(frozen=True)
