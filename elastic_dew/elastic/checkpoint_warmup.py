@@ -2,8 +2,8 @@
 
 Orbax saves a replicated array replica-parallel: each replica transfers its own slice, cut
 by a small ``jax.lax.slice_in_dim`` program per (device, shard shape, slice). Compiling
-those programs is most of a process's first save of a layout (``benchmarks/first_save.py``
-profiles it). :class:`SaveWarmup` runs Orbax's own slicing
+those programs can be most of a process's first save of a layout (``docs/performance.md``,
+*The first checkpoint save of a process*). :class:`SaveWarmup` runs Orbax's own slicing
 (:func:`elastic_dew.elastic.orbax_private.slice_replicas`) on a state's arrays, one leaf at
 a time, and drops the slices: the same programs are compiled and cached, and nothing
 reaches the host or the disk.

@@ -61,8 +61,8 @@ def default_read_options() -> grain.ReadOptions:
     """Read-ahead of two batches on at most as many threads as there are cores.
 
     Every attempt and every scale-up starts a new iterator, whose first batch waits for its
-    read-ahead to fill. With Grain's default (16 threads, 500 elements) that first step is the
-    largest part of recovery on a small host (``benchmarks/recovery.py``); two batches keep
+    read-ahead to fill. With Grain's default (16 threads, 500 elements) that first step can
+    be the largest part of a recovery (``docs/performance.md``); two batches keep
     the next step's data ready without delaying the first. ``ElasticIterator`` batches before
     ``to_iter_dataset``, so the buffer counts batches, whatever the batch's size.
     """

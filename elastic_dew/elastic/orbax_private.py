@@ -356,8 +356,9 @@ def _check_replica_slicing() -> None:
 #: bytes (``ArrayHandler(min_slice_bytes_for_replica_parallel=...)``, Orbax's own option).
 #: Below it one replica writes the leaf whole, which compiles nothing: a replica-parallel
 #: save cuts each replica's slice with a program per device, shard shape and slice, and
-#: compiling those for a state of many small leaves (480 for ``lm`` on 4x2 slices) was the
-#: whole of a process's first checkpoint save. Splitting a small leaf's transfer over the
+#: compiling those for a state of many small leaves makes a process's first checkpoint save
+#: many times slower than the next (``docs/performance.md``, *The first checkpoint save of a
+#: process*). Splitting a small leaf's transfer over the
 #: replicas gains nothing its per-slice dispatch does not cost; a large leaf's bytes still
 #: go out in parallel. The bound is the snapshot's packing bound
 #: (:data:`elastic_dew.elastic.packing.PACK_MAX_BYTES`), for the same reason.

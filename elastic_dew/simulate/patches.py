@@ -14,7 +14,8 @@ protocol's compiled steps and the health check's probes) and at every call of a
 ``jax.jit`` functions while a simulator is active (``jax._src.pjit._run_python_pjit`` runs
 each call and ``_get_fastpath_data`` gives the C++ cache no fast path for it; JAX's C++
 jit caches are emptied at install and uninstall, so no call takes a fast path cached
-outside the simulator and none stays on the slow one after it), about 0.4 ms a call on CPU.
+outside the simulator and none stays on the slow one after it; the cost per call is in
+``docs/performance.md``).
 Primitive operations applied one by one (``x + 1`` outside ``jit``) keep the fast path and
 are not seen at dispatch. Each dispatch asks the simulator whether it is a step of the
 loop (:meth:`Registry.dispatch`) and, if so, fires what is due at it.
