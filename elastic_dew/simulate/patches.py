@@ -48,7 +48,8 @@ inputs), ``inherit_mark(parent, child)`` (a shard or copy of a lost array is los
 ``group(devices)`` (the slices of ``devices``), ``slice_of(device)``, ``step_of(arrays, name,
 caller)`` (whether a dispatch is the loop's step, and its number), ``on_dispatch(phase,
 step)`` (fire what is due there), ``waiting_for_slices(delta)`` and ``attempted(active)``
-(pathwaysutils' waits for slices) and ``lock``.
+(pathwaysutils' waits for slices), ``sleep(seconds)`` (a pause of those waits between
+checks, ended early by a change of slice health) and ``lock``.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class Simulator(Protocol):
     def waiting_for_slices(self, delta: int) -> None: ...
 
     def attempted(self, active: Any) -> None: ...
+
+    def sleep(self, seconds: float) -> None: ...
 
     lock: Any
 
@@ -276,6 +279,7 @@ class Registry:
             _clear_jit_caches()
             self._undo.append(_clear_jit_caches)
         self._replace(_pw_elastic, "wait_for_slices", _counting_waits(self, _pw_elastic.wait_for_slices))
+        self._replace(_pw_elastic, "time", _SimulatedSleep(self, _pw_elastic.time))
         for name in _DONATING_OPS:
             if hasattr(_pw_jax, name):
                 self._replace(_pw_jax, name, _donating_views(getattr(_pw_jax, name)))
@@ -540,6 +544,27 @@ def _counting_waits(reg: Registry, original: Callable[..., Any]) -> Callable[...
 
     wait_for_slices.__doc__ = original.__doc__
     return wait_for_slices
+
+
+class _SimulatedSleep:
+    """``pathwaysutils.elastic.elastic``'s ``time`` module, whose ``sleep`` (the pause of
+    ``wait_for_slices`` between its checks of the slices) ends early when a slice's health
+    changes in the active simulator, so a wait learns of a returned slice as soon as the
+    schedule returns it, whatever ``poll_interval`` it was given. Everything else is the
+    real ``time``."""
+
+    def __init__(self, reg: Registry, real: Any) -> None:
+        self._reg, self._real = reg, real
+
+    def sleep(self, seconds: float) -> None:
+        simulator = self._reg.active
+        if simulator is None:
+            self._real.sleep(seconds)
+        else:
+            simulator.sleep(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
 
 
 def _marking_copy(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:

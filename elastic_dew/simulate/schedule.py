@@ -412,9 +412,9 @@ class ScheduleRunner:
     of a schedule counts from the runner's creation). It fires at the next boundary of its
     phase once due (an announcement, or a counted dispatch); while nothing can reach such a
     boundary (the run waits for slices after a ``wait`` announcement, or, in a loop that
-    announces nothing, ``idle()`` says the loop is blocked in a read or in pathwaysutils'
-    wait for slices) the runner's clock thread fires it at once, whatever its phase, unless
-    it raises where it fires (``error``).
+    announces nothing, or in any loop, ``idle()`` says the loop is blocked in a read on a
+    hung slice or in pathwaysutils' wait for slices) the runner's clock thread fires it at
+    once, whatever its phase, unless it raises where it fires (``error``).
     """
 
     def __init__(
@@ -563,7 +563,9 @@ class ScheduleRunner:
         while not self._stop.wait(_TICK):
             with self._lock:
                 step = self._waiting
-                if step is None and not self.announced and self.idle():
+                if step is None and self.idle():
+                    # Blocked in a read on a hung slice or in pathwaysutils' wait for
+                    # slices, in any loop, announced or not: no boundary comes.
                     step = self._last_step or 0
                 due = self._collect("wait", step, waiting=True) if step is not None else []
             if due:

@@ -60,6 +60,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,9 @@ class SimulatedSlices:
     there while the simulator is active (:class:`elastic_dew.simulate.replicator.Replicator`,
     :attr:`replicator`), so ``checkpoint_kind="multi_tier"`` runs Orbax's real multi-tier
     code with its local directory at ``replicator.local``.
+
+    ``on_attempt(active)`` is called with the active slices of each attempt as it starts
+    (each answer of pathwaysutils' wait for slices; :attr:`attempts` lists them too).
     """
 
     def __init__(
@@ -151,6 +155,7 @@ class SimulatedSlices:
         fault_log: str | os.PathLike[str] | None = None,
         step_program: str | None = None,
         replicator: str | os.PathLike[str] | None = None,
+        on_attempt: Callable[[tuple[int, ...]], None] | None = None,
     ) -> None:
         Topology.check_shape(slices, devices_per_slice)
         schedule = as_schedule(schedule)
@@ -160,6 +165,7 @@ class SimulatedSlices:
         self.schedule = schedule
         self.fault_log = Path(fault_log) if fault_log is not None else None
         self.step_program = step_program
+        self._on_attempt = on_attempt
         #: The multi-tier replicator stand-in, when ``replicator`` names its directory.
         self.replicator = Replicator(replicator) if replicator is not None else None
         self._runner = ScheduleRunner(
@@ -187,6 +193,7 @@ class SimulatedSlices:
         #: Held while slice health changes and while the Manager checks its inactive slices.
         self.lock = threading.RLock()
         self._answered = threading.Condition(self.lock)
+        self._changes = 0  # slice health changes so far (lose, hang, restore)
         self._token = object()
         self._active = False
         self._codes: dict[int, str] = {}
@@ -329,7 +336,10 @@ class SimulatedSlices:
 
     def attempted(self, active: Any) -> None:
         """pathwaysutils' wait for slices returned ``active``: an ``elastic_retry`` attempt starts."""
-        self.attempts.append(tuple(sorted(active)))
+        attempt = tuple(sorted(active))
+        self.attempts.append(attempt)
+        if self._on_attempt is not None:
+            self._on_attempt(attempt)
 
     def _idle(self) -> bool:
         """Whether the loop can reach no step boundary now: a read waits on a hung slice, or
@@ -347,7 +357,24 @@ class SimulatedSlices:
     def _set(self, codes: dict[int, str], hung: frozenset[int]) -> None:
         self._codes, self._hung = codes, hung
         self._lost_device_ids = self.topology.device_ids(set(codes))
+        self._changes += 1
         self._answered.notify_all()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until a slice's health changes (a fault fired).
+
+        A wait for slices inside the simulator sleeps here between its checks (pathwaysutils'
+        ``wait_for_slices``, whatever ``poll_interval`` it was given): a returned slice is
+        seen at once, as the schedule fires it, and the order of events stays the schedule's.
+        """
+        with self._answered:
+            seen = self._changes
+            deadline = time.monotonic() + max(0.0, seconds)
+            while self._active and self._changes == seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._answered.wait(left)
 
     def lose(self, i: int, code: str = SLICE_DOWN_CODES[0]) -> None:
         """Lose slice ``i``: reads of its arrays, and dispatches onto it, fail with ``code``.
@@ -464,13 +491,14 @@ class SimulatedSlices:
                 finally:
                     self._blocked_reads -= 1
                 released = self._active
+                ended = self._codes.get(hung, SLICE_DOWN_CODES[0])
         code = self._mark_of(array, _MARK)
         if code is not None:
             raise _error(code, "this array's data was on a slice that was lost")
         if hung is not None:
-            # The hung slice was lost or restored (its results never came), or the simulator
-            # exited while this read waited.
-            raise _error(SLICE_DOWN_CODES[0] if released else HUNG_CODE,
+            # The hung slice was lost (with the loss's code) or restored (its results never
+            # came), or the simulator exited while this read waited.
+            raise _error(ended if released else HUNG_CODE,
                          f"the result waited on slice {hung}, which stopped answering")
         touched = self._touched(array)
         if touched:
