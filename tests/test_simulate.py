@@ -8,7 +8,6 @@ and the real Orbax Snapshotter running on top.
 from __future__ import annotations
 
 import threading
-import time
 
 import jax
 import numpy as np
@@ -141,19 +140,32 @@ def test_manager_without_arguments_sees_the_devices_grouped_into_slices():
         assert m.default_device in sim.devices
 
 
-def test_the_monitor_thread_reports_a_restored_slice_as_available():
+def test_the_monitor_thread_reports_a_lost_slice_as_unavailable_and_a_restored_one_as_available(monkeypatch):
+    checks: list[tuple[set, set]] = []
+    three_checks = threading.Event()
+    check = elastic.get_active_slice_indices
+
+    def counted(slice_to_devices, *args, **kwargs):  # the monitor's probe of its inactive slices
+        found = check(slice_to_devices, *args, **kwargs)
+        checks.append((set(slice_to_devices), set(found)))
+        if len(checks) >= 3:
+            three_checks.set()
+        return found
+
+    monkeypatch.setattr(elastic, "get_active_slice_indices", counted)
     with SimulatedSlices(4, 2) as sim:
         sim.lose(2)
         m = manager.Manager()
         assert m.active_slice_indices == {0, 1, 3}
+        checks.clear()  # the Manager's own probe of every slice; from here on, the monitor's
+        three_checks.clear()
         m.start_monitoring(poll_interval=0.05)
         try:
-            time.sleep(0.3)  # several checks while the slice is still lost
+            assert three_checks.wait(30), f"the monitor thread checked {len(checks)} times in 30 s"
+            assert checks[:3] == [({2}, set())] * 3  # it probed the lost slice and found it down
             assert m.available_inactive_slices == frozenset()
             sim.restore(2)
-            deadline = time.monotonic() + 30
-            while not m.available_inactive_slices and time.monotonic() < deadline:
-                time.sleep(0.02)
+            sim.await_monitor(m, timeout=30)
             assert m.available_inactive_slices == {2}
         finally:
             m.close()

@@ -289,13 +289,15 @@ def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_c
 
     class Jitted:  # jax.jit's surface: lower(...).compile() and a call that compiles if need be
         def __init__(self) -> None:
-            self.compiles, self.compiled, self.release = 0, False, threading.Event()
+            self.compiles, self.compiled = 0, False
+            self.compiling, self.release = threading.Event(), threading.Event()
 
         def lower(self, *abstract):
             return self
 
         def compile(self):
             self.compiles += 1
+            self.compiling.set()
             self.release.wait(30)
             self.compiled = True
 
@@ -305,17 +307,30 @@ def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_c
                 self.compiled = True
             return args
 
+    class WatchedLock:  # the program's lock, saying when a second caller has to wait for it
+        def __init__(self) -> None:
+            self.lock, self.contended = threading.Lock(), threading.Event()
+
+        def __enter__(self):
+            if not self.lock.acquire(blocking=False):
+                self.contended.set()
+                self.lock.acquire()
+            return self
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
     jitted = Jitted()
     program = _Program(jitted)
+    program._lock = lock = WatchedLock()
     precompiler = threading.Thread(target=program.compile, args=("abstract",))
     precompiler.start()
-    while jitted.compiles == 0:
-        time.sleep(0.01)
+    assert jitted.compiling.wait(30)
     results: list = []
     loader = threading.Thread(target=lambda: results.append(program("groups")))
     loader.start()
-    time.sleep(0.1)
-    assert results == []  # waiting for the precompiler
+    assert lock.contended.wait(30), "the load did not wait for the program being precompiled"
+    assert results == []  # still waiting: the precompiler holds the lock until its compile ends
     jitted.release.set()
     precompiler.join(30)
     loader.join(30)
