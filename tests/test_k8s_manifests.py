@@ -144,3 +144,22 @@ def test_the_schema_generator_detects_drift_between_a_crd_and_the_schema_file(tm
     out.write_text(out.read_text().replace("boolean", "string"))
     drift = subprocess.run(check, capture_output=True, text=True, timeout=60)
     assert drift.returncode == 1 and "differs from the facts of" in drift.stderr
+
+
+def test_every_port_and_host_network_pod_of_the_shipped_jobsets_is_in_the_docs_exposure_table():
+    """docs/kubernetes.md#what-the-jobset-opens-on-the-network lists what each pod opens; a
+    port the renderer adds, or a pod it puts on the node network, must be listed there too."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    section = text[text.index("## What the JobSet opens on the network"):]
+    table = section[:section.index("The controller container itself")]
+    rows = {line.split("|")[2].strip(" `"): line for line in table.splitlines() if line.startswith("| `")}
+    for path in K8S.glob("jobset-*.yaml"):
+        (jobset,) = _docs(path)
+        for job in jobset["spec"]["replicatedJobs"]:
+            pod = job["template"]["spec"]["template"]["spec"]
+            assert pod.get("hostNetwork") is True and f"`{job['name']}`" in table, (path.name, job["name"])
+            for container in pod.get("initContainers", []) + pod["containers"]:
+                for port in container.get("ports", []):
+                    assert container["name"] in rows, f"{path.name}: {container['name']} is not in the table"
+                    assert str(port["containerPort"]) in rows[container["name"]], (
+                        f"{path.name}: {container['name']} opens {port['containerPort']}, not in the docs' table")
