@@ -31,7 +31,7 @@ from elastic_dew.record import as_events, read_events
 __all__ = ["measure", "saves_of"]
 
 _UNPREPARED = (
-    "import sys; from elastic_dew.elastic.checkpoints import Checkpoints; "
+    "import sys; from elastic_dew.elastic.state.checkpoints import Checkpoints; "
     "from elastic_dew.elastic import orbax_private; orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES = 0; "
     "Checkpoints.prepare = lambda self, state: None; "
     "from elastic_dew.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -85,8 +85,8 @@ def _bare(parts: dict, steps: int, workdir: Path) -> tuple[float, float]:
     import jax
 
     from elastic_dew import Trainer, TrainConfig
-    from elastic_dew.elastic.data import default_read_options
-    from elastic_dew.elastic.slices import batch_sharding, mesh_of
+    from elastic_dew.elastic.loop.data import default_read_options
+    from elastic_dew.elastic.slices.mesh import batch_sharding, mesh_of
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="bare-"))
     program = Trainer(**parts, config=_config(), run_dir=run_dir, train=TrainConfig(sharding=POLICY)).program

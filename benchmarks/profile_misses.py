@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from benchmarks.worker import lm_parts, lm_program
-    from elastic_dew.elastic.checkpoints import Checkpoints
-    from elastic_dew.elastic.slices import AXES, replicated
-    from elastic_dew.elastic.snapshots import Snapshots
+    from elastic_dew.elastic.state.checkpoints import Checkpoints
+    from elastic_dew.elastic.slices.mesh import AXES, replicated
+    from elastic_dew.elastic.state.snapshots import Snapshots
     from elastic_dew.simulate import SimulatedSlices
 
     parts = lm_parts()

@@ -107,8 +107,8 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     from benchmarks.worker import lm_parts, lm_program
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
-    from elastic_dew.elastic.data import ElasticData
-    from elastic_dew.elastic.protocol import ElasticRun
+    from elastic_dew.elastic.loop.data import ElasticData
+    from elastic_dew.elastic.loop.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
 
     parts = parts or lm_parts()
@@ -259,7 +259,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         notes.append(
             "The first step after a resume waits for Grain to refill its read-ahead, under the "
             "GIL. ElasticData's default read-ahead is two batches on at most as many threads as "
-            "cores (elastic_dew.elastic.data.default_read_options; Grain's own default of 16 "
+            "cores (elastic_dew.elastic.loop.data.default_read_options; Grain's own default of 16 "
             "threads and 500 examples made this step the largest part of recovery); with "
             f"ReadOptions(num_threads={SMALL_READAHEAD[0]}, prefetch_buffer_size={SMALL_READAHEAD[1]}) "
             f"recovery is {results['recovery_small_readahead_s_p50']:.2f} s (p50 of "
@@ -297,7 +297,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
 
 def worker_start_and_rewind(files: Path) -> tuple[float, float]:
     """Seconds to the first batch through 2 new Grain workers, and to the first batch after a rewind."""
-    from elastic_dew.elastic.data import ElasticData
+    from elastic_dew.elastic.loop.data import ElasticData
     from recipes.data.files import load
 
     dataset, _ = load(files / "data")

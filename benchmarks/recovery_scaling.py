@@ -51,7 +51,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
     from elastic_dew.elastic.events import Resume, Step
-    from elastic_dew.elastic.retry import make_manager
+    from elastic_dew.elastic.slices.retry import make_manager
     from elastic_dew.simulate import SimulatedSlices
     from recipes import mlp
 

@@ -20,7 +20,7 @@ BATCH = 48
 
 def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     from benchmarks.worker import lm_parts
-    from elastic_dew.elastic.data import ElasticData
+    from elastic_dew.elastic.loop.data import ElasticData
 
     dataset = lm_parts()["dataset"]
     times: dict[int, list[float]] = {10: [], 1_000_000: []}

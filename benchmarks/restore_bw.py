@@ -51,9 +51,9 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     import orbax.checkpoint as ocp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from elastic_dew.elastic.checkpoints import Checkpoints
-    from elastic_dew.elastic.slices import AXES
-    from elastic_dew.elastic.snapshots import Snapshots
+    from elastic_dew.elastic.state.checkpoints import Checkpoints
+    from elastic_dew.elastic.slices.mesh import AXES
+    from elastic_dew.elastic.state.snapshots import Snapshots
     from elastic_dew.rundir import CHECKPOINTS_DIR
     from elastic_dew.simulate import SimulatedSlices
 

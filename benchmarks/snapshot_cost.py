@@ -43,9 +43,9 @@ def host_memory_ratio(program, policy_name: str) -> tuple[float, int, int]:
     the fullest device over state bytes / devices per slice, host bytes, state bytes)``."""
     import jax
 
-    from elastic_dew.elastic.sharding import state_bytes
-    from elastic_dew.elastic.slices import mesh_of
-    from elastic_dew.elastic.snapshots import Snapshots
+    from elastic_dew.elastic.slices.sharding import state_bytes
+    from elastic_dew.elastic.slices.mesh import mesh_of
+    from elastic_dew.elastic.state.snapshots import Snapshots
 
     mesh = mesh_of(jax.devices()[: 4 * DEVICES_PER_SLICE], 4)
     state = program.init_state(mesh)
@@ -65,9 +65,9 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     from benchmarks.worker import lm_parts, lm_program
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
-    from elastic_dew.elastic.data import ElasticData
+    from elastic_dew.elastic.loop.data import ElasticData
     from elastic_dew.elastic.events import Save, Step
-    from elastic_dew.elastic.protocol import ElasticRun
+    from elastic_dew.elastic.loop.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
     from elastic_dew.record import as_event
 
@@ -102,7 +102,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
                 program, ElasticData(parts["dataset"]), dataclasses.replace(base, snapshot_every=0),
                 emit=lambda e: events.append((time.monotonic(), e)),
             )
-            from elastic_dew.elastic.snapshots import Snapshots
+            from elastic_dew.elastic.state.snapshots import Snapshots
 
             run.snapshots = Snapshots(replica_axis_index=0)
             box["run"] = run

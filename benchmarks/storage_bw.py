@@ -43,7 +43,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     import numpy as np
     from jax.sharding import SingleDeviceSharding
 
-    from elastic_dew.elastic.checkpoints import Checkpoints
+    from elastic_dew.elastic.state.checkpoints import Checkpoints
     from elastic_dew.runtime import use_local_bucket
     from elastic_dew.runtime.local_bucket import EMULATOR_ENV, local_bucket_env
     from elastic_dew.testing.gcs_server import GCSServer

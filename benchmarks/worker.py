@@ -123,7 +123,7 @@ class BlobProgram:
         import jax
         import jax.numpy as jnp
 
-        from elastic_dew.elastic.slices import replicated
+        from elastic_dew.elastic.slices.mesh import replicated
 
         return {"w": jax.ShapeDtypeStruct((self.n,), jnp.float32, sharding=replicated(mesh))}
 
@@ -131,7 +131,7 @@ class BlobProgram:
         import jax
         import jax.numpy as jnp
 
-        from elastic_dew.elastic.slices import replicated
+        from elastic_dew.elastic.slices.mesh import replicated
 
         return jax.jit(lambda: {"w": jnp.ones((self.n,), jnp.float32)}, out_shardings=replicated(mesh))()
 
@@ -139,7 +139,7 @@ class BlobProgram:
         import jax
         import jax.numpy as jnp
 
-        from elastic_dew.elastic.slices import batch_sharding, replicated
+        from elastic_dew.elastic.slices.mesh import batch_sharding, replicated
 
         def step(state, batch):
             w = state["w"] * 0.5 + jnp.mean(batch["x"])
@@ -155,9 +155,9 @@ def preempt(checkpoint_dir: str, megabytes: str) -> int:
     import numpy as np
 
     from elastic_dew.elastic.config import ElasticConfig
-    from elastic_dew.elastic.data import ElasticData
+    from elastic_dew.elastic.loop.data import ElasticData
     from elastic_dew.elastic.events import Event, Save, Step
-    from elastic_dew.elastic.protocol import ElasticRun
+    from elastic_dew.elastic.loop.protocol import ElasticRun
     from elastic_dew.runtime import PreemptionNotice
     from elastic_dew.simulate import SimulatedSlices
 

@@ -21,7 +21,7 @@ metadata, ``sharding`` in older Flax: names of mesh axes) keeps that spec when i
 policy (``fsdp``) then adds ``data`` where the annotation left a dimension free, and a
 ``sharding`` callable overrides annotations. An annotation naming another axis is refused
 with the variable's path. Typed PRNG keys and integer counters are replicated
-(:mod:`elastic_dew.elastic.sharding`). A model built here is built with Flax's eager
+(:mod:`elastic_dew.elastic.slices.sharding`). A model built here is built with Flax's eager
 sharding off: the annotations are kept as metadata and applied on each mesh the run meets.
 
 Needs Flax (the ``flax`` extra); importing this module without it raises ``ImportError``
@@ -37,8 +37,8 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
-from elastic_dew.elastic import sharding as shardings
-from elastic_dew.elastic.slices import AXES
+from elastic_dew.elastic.slices import sharding as shardings
+from elastic_dew.elastic.slices.mesh import AXES
 
 try:
     from flax import nnx

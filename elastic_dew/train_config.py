@@ -25,7 +25,7 @@ class TrainConfig:
 
     log_every: steps between the trainer's step log lines.
     seed: the seed of the parameters and of the per-step keys.
-    sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.sharding`):
+    sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.slices.sharding`):
       ``"fsdp"`` (each parameter of at least 16 KiB, and its optimizer moments, split over
       the slice's ``data`` devices along its largest dimension they divide),
       ``"replicated"``, or a callable ``(path, leaf, mesh) -> PartitionSpec`` over ``data``

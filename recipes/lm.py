@@ -168,7 +168,7 @@ def model_sharding(path: tuple, leaf: jax.ShapeDtypeStruct, mesh: jax.sharding.M
 
     A weight whose split dimension the ``model`` axis does not divide stays whole, so any
     ``d_model`` trains; ``fsdp`` adds ``data`` on a free dimension
-    (:func:`elastic_dew.elastic.sharding.with_model_rule`).
+    (:func:`elastic_dew.elastic.slices.sharding.with_model_rule`).
     """
     P = jax.sharding.PartitionSpec
     name = getattr(path[-1], "key", None) if path else None

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.slices import batch_sharding, replicated
+from elastic_dew.elastic.slices.mesh import batch_sharding, replicated
 
 FEATURES = 4
 GLOBAL_BATCH = 24  # divisible by the data-parallel devices of 4, 3, 2 and 1 slices of 2

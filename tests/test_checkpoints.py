@@ -24,10 +24,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic import orbax_private
-from elastic_dew.elastic.checkpoints import Checkpoints, MultiTierError
+from elastic_dew.elastic.state.checkpoints import Checkpoints, MultiTierError
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.data import ElasticData
-from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.loop.data import ElasticData
+from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices
 
@@ -144,7 +144,7 @@ _KILLED_CHILD = textwrap.dedent(
     import os, sys, threading, time
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp
-    from elastic_dew.elastic.checkpoints import Checkpoints
+    from elastic_dew.elastic.state.checkpoints import Checkpoints
 
     directory = sys.argv[1]
     checkpoints = Checkpoints(directory, max_to_keep=1)

@@ -8,7 +8,7 @@ import grain
 import numpy as np
 import pytest
 
-from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.loop.data import ElasticData
 
 
 def indexed(n: int) -> grain.MapDataset:

@@ -15,8 +15,8 @@ import pytest
 from grain._src.python.dataset import elastic_iterator as _release_elastic
 
 from elastic_dew import cli, record
-from elastic_dew.elastic import data as data_module
-from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.loop import data as data_module
+from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from recipes.data import encode
 from recipes.data.files import load, tokenize
@@ -213,7 +213,7 @@ class _TokenProgram:
         import jax
         import jax.numpy as jnp
 
-        from elastic_dew.elastic.slices import replicated
+        from elastic_dew.elastic.slices.mesh import replicated
 
         return {"acc": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated(mesh))}
 
@@ -221,7 +221,7 @@ class _TokenProgram:
         import jax
         import jax.numpy as jnp
 
-        from elastic_dew.elastic.slices import replicated
+        from elastic_dew.elastic.slices.mesh import replicated
 
         return {"acc": jax.device_put(jnp.int32(1), replicated(mesh))}
 
@@ -229,7 +229,7 @@ class _TokenProgram:
         import jax
         import jax.numpy as jnp
 
-        from elastic_dew.elastic.slices import batch_sharding, replicated
+        from elastic_dew.elastic.slices.mesh import batch_sharding, replicated
 
         def step(state, batch):
             folded = jnp.sum(batch["tokens"] * (jnp.arange(self.width, dtype=jnp.int32) + 1))
@@ -245,7 +245,7 @@ def _run_files(prepared, tmp_path, workers, schedule, steps=10, notice=None):
     import jax
 
     from elastic_dew.elastic.config import ElasticConfig
-    from elastic_dew.elastic.protocol import ElasticRun
+    from elastic_dew.elastic.loop.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
 
     dataset, _ = load(prepared)

@@ -208,7 +208,7 @@ def test_a_preemption_during_a_slice_loss_recovery_with_nothing_persisted_stops_
     the stop is of step 0 (it said step 5, and the re-run then silently started fresh),
     the log names the five steps lost, and the record counts them as wasted progress."""
     schedule = "lose:1@3/checkpoint,lose:2@5/step,preempt@5/checkpoint"
-    with caplog.at_level("WARNING", logger="elastic_dew.elastic.protocol"):
+    with caplog.at_level("WARNING", logger="elastic_dew.elastic.loop.protocol"):
         outcome = _run(tmp_path, schedule, snapshot_every=0, checkpoint_every=5)
     assert_all_fired(outcome)
     assert_invariants(outcome, expected)

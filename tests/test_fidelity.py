@@ -18,7 +18,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import elastic, manager
 
 from elastic_dew import testing as chaos
-from elastic_dew.elastic import health, hooks
+from elastic_dew.elastic import hooks
+from elastic_dew.elastic.slices import health
 from elastic_dew.simulate import SLICE_DOWN_CODES, Fault, SimulatedSlices, parse_schedule, unreachable
 
 from faultlib import kinds

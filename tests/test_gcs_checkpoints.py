@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from conftest import REPO
 from elastic_dew import rundir
-from elastic_dew.elastic.checkpoints import Checkpoints
+from elastic_dew.elastic.state.checkpoints import Checkpoints
 
 
 def _mesh() -> Mesh:
@@ -96,7 +96,7 @@ _KILLED_WRITER = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from orbax.checkpoint._src.path import atomicity
     from elastic_dew.runtime import use_local_bucket
-    from elastic_dew.elastic.checkpoints import Checkpoints
+    from elastic_dew.elastic.state.checkpoints import Checkpoints
 
     use_local_bucket()
     directory, point = sys.argv[1], sys.argv[2]

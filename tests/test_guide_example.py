@@ -31,7 +31,7 @@ import pathwaysutils
 from jax.sharding import NamedSharding, PartitionSpec
 from pathwaysutils.elastic import manager
 
-from elastic_dew.elastic.slices import active_devices
+from elastic_dew.elastic.slices.mesh import active_devices
 from elastic_dew.simulate import SimulatedSlices
 
 pathwaysutils.initialize()

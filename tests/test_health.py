@@ -14,9 +14,9 @@ import jax
 import pytest
 from pathwaysutils.elastic import elastic as pw_elastic
 
-from elastic_dew.elastic import health
+from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.retry import elastic_retry, make_manager
+from elastic_dew.elastic.slices.retry import elastic_retry, make_manager
 from elastic_dew.simulate import SimulatedSlices
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"

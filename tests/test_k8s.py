@@ -148,7 +148,7 @@ def test_the_proxy_gets_the_guides_elastic_flag_by_default_and_pathwaysutils_spe
 
 def test_the_checkpoints_go_to_a_gs_url_the_workers_write_while_the_run_record_stays_on_the_fuse_mount():
     """Under ENABLE_PATHWAYS_PERSISTENCE=1 the TPU workers write the arrays themselves, and
-    the FUSE mount exists only in the head pod (elastic_dew.elastic.persistence)."""
+    the FUSE mount exists only in the head pod (elastic_dew.elastic.state.persistence)."""
     c = named(pod(head(jobset(params(name="run-b", bucket="gs://dew-bucket"))))["containers"], "controller")
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["ENABLE_PATHWAYS_PERSISTENCE"] == "1"

@@ -23,7 +23,7 @@ from elastic_dew import cli
 from elastic_dew import run as runs
 from elastic_dew.commands import train
 from elastic_dew.elastic.config import MULTI_TIER_DIR
-from elastic_dew.elastic.persistence import checkpoint_dir_problem
+from elastic_dew.elastic.state.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import JobSetParams, jobset
 from elastic_dew.k8s import render as R
 

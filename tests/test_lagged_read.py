@@ -21,8 +21,8 @@ import pytest
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.data import ElasticData
-from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.loop.data import ElasticData
+from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 

@@ -8,6 +8,10 @@ and the run (which wires simulated slices when it simulates), the harness and th
 line can. Nothing outside the command line imports the commands: recipes call the library
 (``elastic_dew.run``), and the chaos harness (``elastic_dew.testing``) is below the command
 that drives it.
+
+Inside the elastic layer, its packages by job form layers of their own
+(:data:`ELASTIC_PACKAGES`): the shared definitions directly in ``elastic_dew.elastic``, then
+the state tiers, the slices, the loop.
 """
 
 from __future__ import annotations
@@ -47,6 +51,16 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("runtime", "elastic", "simulator", "training", "run", "recipes", "harness"),
     ),
 }
+
+#: The elastic layer's packages, bottom up: each may import only itself and those before it.
+#: A module directly in ``elastic_dew/elastic/`` is a shared definition (config, events, hooks,
+#: the step deadline, the fault token), which every package reads.
+ELASTIC_PACKAGES = (
+    "elastic_dew.elastic",
+    "elastic_dew.elastic.state",
+    "elastic_dew.elastic.slices",
+    "elastic_dew.elastic.loop",
+)
 
 
 def _home(module: str) -> tuple[str, str] | None:
@@ -132,3 +146,25 @@ def test_no_module_below_the_command_line_imports_the_commands():
         if imported == "elastic_dew.commands" or imported.startswith("elastic_dew.commands.")
     ]
     assert offenders == []
+
+
+def _elastic_package(module: str) -> str | None:
+    """The package of :data:`ELASTIC_PACKAGES` that holds ``module`` (the longest that does)."""
+    holders = [p for p in ELASTIC_PACKAGES if module == p or module.startswith(p + ".")]
+    return max(holders, key=len) if holders else None
+
+
+def test_the_elastic_layers_packages_import_only_packages_before_them():
+    order = list(ELASTIC_PACKAGES)
+    modules = [(module, path) for module, path in _modules() if _elastic_package(module) is not None]
+    assert {"elastic_dew.elastic.loop.protocol", "elastic_dew.elastic.state.tiers"} <= {m for m, _ in modules}
+    violations = []
+    for module, path in modules:
+        own = _elastic_package(module)
+        for imported in _imports(path):
+            # ``from elastic_dew.elastic import hooks`` names the module; the package root
+            # itself imports nothing eagerly
+            other = _elastic_package(imported)
+            if other is not None and order.index(other) > order.index(own):
+                violations.append(f"{module} ({own}) imports {imported} ({other})")
+    assert not violations, "\n".join(violations)

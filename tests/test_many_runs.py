@@ -29,8 +29,8 @@ import pytest
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.data import ElasticData
-from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.loop.data import ElasticData
+from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices
 

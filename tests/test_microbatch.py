@@ -162,7 +162,7 @@ def test_on_real_slices_a_batch_they_cannot_take_exits_2_and_leaves_the_run_dire
         slice_to_devices={i: devices[2 * i:2 * i + 2] for i in range(4)}, total_slice_count=4
     )
     monkeypatch.setattr(runs, "simulating", lambda: False)
-    monkeypatch.setattr("elastic_dew.elastic.protocol.make_manager", lambda: manager)
+    monkeypatch.setattr("elastic_dew.elastic.loop.protocol.make_manager", lambda: manager)
     monkeypatch.setattr("elastic_dew.runtime.prepare_process", lambda **options: None)
     config = runs.RunConfig(
         recipe="mlp", run_dir=str(tmp_path / "run"), train=TrainConfig(microbatch=given.get("microbatch")),

@@ -1,12 +1,12 @@
 """The check that keeps the persistent tier where the TPU workers can write under Pathways
-persistence (``elastic_dew.elastic.persistence``): a pure function of the directory and the
+persistence (``elastic_dew.elastic.state.persistence``): a pure function of the directory and the
 environment, so no Pathways server is needed (or mocked)."""
 
 from __future__ import annotations
 
 import pytest
 
-from elastic_dew.elastic.persistence import checkpoint_dir_problem, persistence_enabled
+from elastic_dew.elastic.state.persistence import checkpoint_dir_problem, persistence_enabled
 
 PERSISTENT = {"JAX_PLATFORMS": "proxy", "ENABLE_PATHWAYS_PERSISTENCE": "1"}
 

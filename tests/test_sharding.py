@@ -20,8 +20,8 @@ from elastic_dew import Trainer, TrainConfig, console, record
 from elastic_dew import run as runs
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.sharding import FSDP_MIN_BYTES, state_shardings
-from elastic_dew.elastic.slices import mesh_of
+from elastic_dew.elastic.slices.sharding import FSDP_MIN_BYTES, state_shardings
+from elastic_dew.elastic.slices.mesh import mesh_of
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 
@@ -55,7 +55,7 @@ def _config(**overrides):
 
 def _train(run_dir, schedule=None, **trainer):
     """Train in ``run_dir`` as a JobSet would: a preempted process is started again."""
-    from elastic_dew.elastic.retry import make_manager
+    from elastic_dew.elastic.slices.retry import make_manager
 
     for _ in range(3):
         with SimulatedSlices(SLICES, PER_SLICE, schedule=schedule, fault_log=run_dir / "faults.jsonl") as sim:

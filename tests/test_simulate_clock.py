@@ -19,8 +19,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import manager
 
 from elastic_dew.elastic import hooks
-from elastic_dew.elastic.data import ElasticData
-from elastic_dew.elastic.protocol import ElasticRun
+from elastic_dew.elastic.loop.data import ElasticData
+from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate import SimulatedSlices
 

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import elastic as pw_elastic
 from pathwaysutils.elastic import manager
 
-from elastic_dew.elastic import health
+from elastic_dew.elastic.slices import health
 from elastic_dew.simulate import SimulatedSlices
 
 

@@ -14,8 +14,8 @@ from jax.sharding import PartitionSpec
 from pathwaysutils.elastic import manager as pw_manager
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.retry import SliceLossRetryLimit, elastic_retry, make_manager
-from elastic_dew.elastic.slices import (
+from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
+from elastic_dew.elastic.slices.mesh import (
     AXES,
     active_devices,
     batch_sharding,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elastic_dew.elastic.state import Checkpoints, Snapshots, newest
+from elastic_dew.elastic.state.newest import Checkpoints, Snapshots, newest
 
 AXES = ("replica", "data", "model")
 
@@ -187,7 +187,7 @@ def test_replicated_leaves_are_packed_flat_per_dtype_and_a_sharded_leaf_into_row
 
 def test_large_leaves_and_a_lone_small_leaf_are_not_packed_and_still_round_trip(monkeypatch):
     """Packing saves per-leaf dispatch; a large leaf would only pay an extra copy each way."""
-    from elastic_dew.elastic import packing
+    from elastic_dew.elastic.state import packing
 
     monkeypatch.setattr(packing, "PACK_MAX_BYTES", 64)
     mesh = model_mesh_of(4)
@@ -285,7 +285,7 @@ def test_a_load_onto_a_precompiled_mesh_and_the_save_after_it_compile_nothing():
 
 
 def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_compiling_it_again():
-    from elastic_dew.elastic.snapshots import _Program
+    from elastic_dew.elastic.state.snapshots import _Program
 
     class Jitted:  # jax.jit's surface: lower(...).compile() and a call that compiles if need be
         def __init__(self) -> None:
@@ -410,7 +410,7 @@ def test_resume_takes_the_newest_tier_and_a_tie_goes_to_the_snapshot(tmp_path):
 
 def test_an_fsdp_state_is_held_once_per_slice_in_host_memory_and_loads_onto_fewer_slices_with_its_shardings():
     """Under fsdp a snapshot costs about state bytes / devices per slice on each device."""
-    from elastic_dew.elastic.sharding import bytes_per_device_max, state_bytes, state_shardings
+    from elastic_dew.elastic.slices.sharding import bytes_per_device_max, state_bytes, state_shardings
 
     mesh = mesh_of(4)
     rng = np.random.default_rng(5)

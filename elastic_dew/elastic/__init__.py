@@ -3,6 +3,13 @@
 Names are imported lazily, so ``elastic_dew.elastic.hooks`` and ``config`` stay cheap to
 import (the simulator and the CLI read them before JAX starts).
 
+The layer is four packages by job: :mod:`~elastic_dew.elastic.state` (the two state tiers:
+snapshots, checkpoints and their backends), :mod:`~elastic_dew.elastic.slices` (meshes over
+the active slices, their health, retries and the state's layout),
+:mod:`~elastic_dew.elastic.loop` (the stop/resume protocol and what it drives: compiled steps,
+evaluation, elastic data, recovery timing) and, directly here, the definitions they share
+(``config``, ``events``, ``hooks``, ``deadline``, ``fault_token``).
+
 =====================  ===========================================================
 name                   what it is
 =====================  ===========================================================
@@ -32,32 +39,32 @@ import importlib
 _EXPORTS = {
     "ElasticConfig": "config",
     "BATCH_POLICIES": "config",
-    "ElasticRun": "protocol",
+    "ElasticRun": "loop.protocol",
     "Stop": "events",
     "Resume": "events",
-    "Program": "protocol",
+    "Program": "loop.protocol",
     "STOP_REASONS": "events",
     "RESUME_SOURCES": "events",
     "DURATION_KEYS": "events",
-    "StepCompiler": "compiler",
-    "RecoveryTimer": "recovery",
-    "Tiers": "tiers",
-    "AXES": "slices",
-    "active_devices": "slices",
-    "build_mesh": "slices",
-    "global_batch_for": "slices",
-    "check_batch": "slices",
-    "batch_sharding": "slices",
-    "replicated": "slices",
-    "make_manager": "retry",
-    "elastic_retry": "retry",
-    "SliceLossRetryLimit": "retry",
-    "Snapshots": "state",
-    "Checkpoints": "state",
-    "MultiTierError": "checkpoints",
-    "newest": "state",
-    "ElasticData": "data",
-    "POSITION_KEY": "data",
+    "StepCompiler": "loop.compiler",
+    "RecoveryTimer": "loop.recovery",
+    "Tiers": "state.tiers",
+    "AXES": "slices.mesh",
+    "active_devices": "slices.mesh",
+    "build_mesh": "slices.mesh",
+    "global_batch_for": "slices.mesh",
+    "check_batch": "slices.mesh",
+    "batch_sharding": "slices.mesh",
+    "replicated": "slices.mesh",
+    "make_manager": "slices.retry",
+    "elastic_retry": "slices.retry",
+    "SliceLossRetryLimit": "slices.retry",
+    "Snapshots": "state.snapshots",
+    "Checkpoints": "state.checkpoints",
+    "MultiTierError": "state.checkpoints",
+    "newest": "state.newest",
+    "ElasticData": "loop.data",
+    "POSITION_KEY": "loop.data",
 }
 
 __all__ = sorted(_EXPORTS)

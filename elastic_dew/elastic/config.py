@@ -92,7 +92,7 @@ class Bound:
 #: What a microbatch may be (examples per data-parallel device per micro-step): a whole
 #: number >= 1, or ``None`` for the whole per-device batch at once. One declaration for
 #: :class:`~elastic_dew.train_config.TrainConfig`'s field and for the microbatch a
-#: protocol ``Program`` brings (:func:`~elastic_dew.elastic.slices.check_batch_for_every_slice_count`).
+#: protocol ``Program`` brings (:func:`~elastic_dew.elastic.slices.mesh.check_batch_for_every_slice_count`).
 MICROBATCH = Bound(1, none=True, whole=True)
 
 
@@ -188,7 +188,7 @@ class ElasticConfig:
         counted, so the run gives up after ``max_attempts`` losses within that much
         progress (a crash loop still ends after ``max_attempts``) rather than after
         ``max_attempts`` over its whole life; 0 counts over the whole run, as
-        pathwaysutils' ``ElasticRetryLimit`` does (:class:`~elastic_dew.elastic.retry.SliceLossRetryLimit`).
+        pathwaysutils' ``ElasticRetryLimit`` does (:class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit`).
       step_timeout: seconds a step's result may take to arrive before the step counts as
         a slice loss (``DEADLINE_EXCEEDED``) and the run recovers instead of hanging on a
         slice that stopped answering; ``None`` is automatic
@@ -209,7 +209,7 @@ class ElasticConfig:
       checkpoint_dir: a local directory or ``gs://`` path for tier 2; ``None`` is the
         default (:meth:`checkpoint_dir_for`: ``RUN_DIR/checkpoints``, or
         :data:`MULTI_TIER_DIR` for ``multi_tier``) where a run directory is known, and no
-        tier 2 for an :class:`~elastic_dew.elastic.protocol.ElasticRun` built alone.
+        tier 2 for an :class:`~elastic_dew.elastic.loop.protocol.ElasticRun` built alone.
       checkpoint_kind: ``orbax`` (a ``CheckpointManager``) or ``multi_tier`` (the
         guide's ``ReplicatorCheckpointManager`` with colocated Python: a Pathways backend,
         or the simulator with its replicator stand-in).

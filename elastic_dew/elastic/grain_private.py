@@ -1,6 +1,6 @@
 """The one place that touches Grain's private internals, each use named and checked.
 
-:class:`elastic_dew.elastic.data.ElasticData` needs three things Grain's public API does not
+:class:`elastic_dew.elastic.loop.data.ElasticData` needs three things Grain's public API does not
 give: the iterator ``ElasticIterator`` reads through (to close it, and its worker processes,
 under both Grain APIs), that iterator's running pipeline (to save and set Grain's own state
 for a rewind that keeps the workers), and that iterator's position field (set with the

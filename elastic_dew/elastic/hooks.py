@@ -7,7 +7,7 @@ listener that fires scheduled faults at the first announcement of a phase whose 
 or after the fault's step. The elastic layer never imports the simulator; the simulator
 imports this module.
 
-Events travel back the same way: while an :class:`~elastic_dew.elastic.protocol.ElasticRun`
+Events travel back the same way: while an :class:`~elastic_dew.elastic.loop.protocol.ElasticRun`
 runs, it receives every event :func:`report` is given (a fault the simulator fires), so a
 fault joins the run's one event stream when it fires, in order with the loop's own events.
 

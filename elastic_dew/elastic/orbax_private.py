@@ -5,7 +5,7 @@ module, so an Orbax release that renames or reshapes one breaks this module alon
 ``tests/test_orbax_adapter.py`` names the member that changed. Read against orbax-checkpoint
 0.12.8 (:data:`ORBAX_VERSION_READ`):
 
-**The experimental Snapshotter** (tier 1, :mod:`elastic_dew.elastic.snapshots`), in
+**The experimental Snapshotter** (tier 1, :mod:`elastic_dew.elastic.state.snapshots`), in
 ``orbax/checkpoint/experimental/v1/_src/training/pathways/snapshotter.py``. Tier 1 needs
 whether a ``save`` took the state or skipped it (``save`` returns ``None`` either way),
 whether a request is still queued (so a skipped save costs no packing), and the stored
@@ -25,7 +25,7 @@ snapshot whose buffers a failed load donated). :class:`HostSnapshotter` holds th
   :meth:`HostSnapshotter.stop` ends it with a request whose unpacking raises.
 
 **Replica-parallel slicing** (tier 2's first-save warm-up,
-:meth:`elastic_dew.elastic.checkpoints.Checkpoints.prepare`), in
+:meth:`elastic_dew.elastic.state.checkpoints.Checkpoints.prepare`), in
 ``orbax/checkpoint/_src/serialization/replica_slices.py`` and ``jax_array_handlers.py``:
 ``get_replica_slices(arr, replica_id, use_replica_parallel,
 min_slice_bytes_for_replica_parallel, max_replicas_for_replica_parallel)`` returns a
@@ -361,7 +361,7 @@ def _check_replica_slicing() -> None:
 #: process*). Splitting a small leaf's transfer over the
 #: replicas gains nothing its per-slice dispatch does not cost; a large leaf's bytes still
 #: go out in parallel. The bound is the snapshot's packing bound
-#: (:data:`elastic_dew.elastic.packing.PACK_MAX_BYTES`), for the same reason.
+#: (:data:`elastic_dew.elastic.state.packing.PACK_MAX_BYTES`), for the same reason.
 REPLICA_PARALLEL_MIN_SLICE_BYTES = 4 * 2**20
 
 #: Whether tier 2 zstd-compresses its array chunks (``PyTreeCheckpointHandler(use_compression=...)``,

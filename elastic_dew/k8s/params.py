@@ -195,7 +195,7 @@ class JobSetParams:
     def checkpoint_dir(self) -> str:
         """The persistent tier's directory: ``bucket``'s ``runs/NAME/checkpoints`` as a
         ``gs://`` URL, which the TPU workers write to themselves under Pathways persistence
-        (elastic_dew.elastic.persistence says why a FUSE path would not do)."""
+        (elastic_dew.elastic.state.persistence says why a FUSE path would not do)."""
         return f"{self.bucket_url}/runs/{self.name}/checkpoints"
 
     @property

@@ -33,7 +33,7 @@ from typing import Any, Iterable
 import yaml
 
 from elastic_dew.console import in_flags
-from elastic_dew.elastic.persistence import checkpoint_dir_problem
+from elastic_dew.elastic.state.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import BUCKET, MAX_BACKOFF_LIMIT, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
 from elastic_dew.k8s.tpus import by_accelerator

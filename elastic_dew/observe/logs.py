@@ -29,7 +29,7 @@ logger to DEBUG drowns a run in matplotlib's font lines and JAX's compilation tr
 And pathwaysutils logs every slice loss it handles at ERROR with a traceback
 (``pathwaysutils.elastic.manager``: ``"Elastic event detected"``), which Cloud Logging and
 Error Reporting would show as an error although the retry recovers from it;
-:class:`~elastic_dew.elastic.slice_loss_log.HandledSliceLossFilter` (installed by the elastic layer
+:class:`~elastic_dew.elastic.slices.loss_log.HandledSliceLossFilter` (installed by the elastic layer
 when it creates the manager, so a library user who never calls :func:`setup_logging` gets it
 too) files exactly those records as one WARNING line without the traceback. When the retry
 policy then gives up, the run's own ERROR line says so.
@@ -44,7 +44,7 @@ import sys
 import threading
 from typing import Any, Literal, TextIO
 
-from elastic_dew.elastic.slice_loss_log import HandledSliceLossFilter, install_slice_loss_filter
+from elastic_dew.elastic.slices.loss_log import HandledSliceLossFilter, install_slice_loss_filter
 
 __all__ = [
     "LOG_FORMATS",

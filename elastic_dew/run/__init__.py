@@ -246,12 +246,12 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
     """Refuse a persistent tier the TPU workers cannot write under Pathways persistence.
 
     With ``ENABLE_PATHWAYS_PERSISTENCE=1`` the workers write the checkpoint arrays
-    themselves (:mod:`elastic_dew.elastic.persistence` says why), so the directory must be a
+    themselves (:mod:`elastic_dew.elastic.state.persistence` says why), so the directory must be a
     ``gs://`` URL. The multi-tier kind writes the workers' own local volume on purpose.
     """
     if config.checkpoint_kind != "orbax":
         return
-    from elastic_dew.elastic.persistence import checkpoint_dir_problem
+    from elastic_dew.elastic.state.persistence import checkpoint_dir_problem
 
     directory = config.checkpoint_dir_for(run_dir or RUNS_DIR / "NAME")
     problem = checkpoint_dir_problem(directory, os.environ)
@@ -271,7 +271,7 @@ def plan(config: RunConfig) -> Plan:
     sim = _sim_of(config, simulate)
     elastic = _elastic_of(config, defaults, simulate)
     if sim is not None:  # real slices are counted when the protocol is built: execute refuses there
-        from elastic_dew.elastic.slices import check_batch_for_every_slice_count
+        from elastic_dew.elastic.slices.mesh import check_batch_for_every_slice_count
 
         check_batch_for_every_slice_count(elastic, sim.slices, sim.devices_per_slice, config.train.microbatch)
     result = Plan(
@@ -367,7 +367,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     refuses (of the field ``overrides``) and for an evaluation cadence the recipe has no
     evaluation split for, and, on real slices
     (whose count is known only once the protocol is built), a
-    :class:`~elastic_dew.elastic.slices.BatchError` for a batch they cannot take;
+    :class:`~elastic_dew.elastic.slices.mesh.BatchError` for a batch they cannot take;
     ``command.json`` is written only after those checks. A preemption is an
     :class:`Outcome` with status 143.
     """

@@ -46,7 +46,7 @@ dispatches of the step program in a loop that announces nothing (:meth:`Simulate
 says which dispatch is a step; ``docs/simulator.md``, "Loops elastic_dew did not write").
 A fault that never fired is reported when the context exits normally (a warning,
 :attr:`SimulatedSlices.unfired`, a ``never_fired`` line in the fault log). While the context
-is active pathwaysutils' health check is elastic_dew's (:mod:`elastic_dew.elastic.health`).
+is active pathwaysutils' health check is elastic_dew's (:mod:`elastic_dew.elastic.slices.health`).
 
 Limits (see ``docs/simulator.md``'s fidelity table): CPU computations really run; primitives
 applied one by one outside ``jit`` keep JAX's C++ fast path, so their errors surface at the
@@ -66,7 +66,7 @@ from typing import Any
 
 import jax
 
-from elastic_dew.elastic import health
+from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.patches import registry
 from elastic_dew.simulate.replicator import Replicator

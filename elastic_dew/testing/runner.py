@@ -143,7 +143,7 @@ def run(
     other than ``Preempted`` ends the run and is kept in ``Outcome.error`` (setting a process
     up, e.g. a refused fault log, raises).
     """
-    from elastic_dew.elastic.retry import make_manager
+    from elastic_dew.elastic.slices.retry import make_manager
     from elastic_dew.runtime import Preempted
     from elastic_dew.simulate import SimulatedSlices
     from elastic_dew.trainer import Trainer, TrainConfig

@@ -3,7 +3,7 @@
 The trainer is thin on purpose: it checks its arguments before anything is written, turns
 the model (:mod:`~elastic_dew.trainer.model`) and the optimizer into the protocol's
 program (:class:`~elastic_dew.trainer.program.ModelProgram`), and runs it with
-:class:`~elastic_dew.elastic.protocol.ElasticRun`, whose typed events go to the run record
+:class:`~elastic_dew.elastic.loop.protocol.ElasticRun`, whose typed events go to the run record
 and the caller's sinks (:class:`~elastic_dew.trainer.recording.Recording`). Everything
 about surviving faults is the protocol's.
 """
@@ -22,12 +22,12 @@ from jax.sharding import PartitionSpec
 
 from elastic_dew import rundir
 from elastic_dew.elastic import events
-from elastic_dew.elastic import sharding as shardings
+from elastic_dew.elastic.slices import sharding as shardings
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.data import ElasticData
-from elastic_dew.elastic.evaluation import Evaluation
-from elastic_dew.elastic.protocol import ElasticRun
-from elastic_dew.elastic.slices import mesh_of
+from elastic_dew.elastic.loop.data import ElasticData
+from elastic_dew.elastic.loop.evaluation import Evaluation
+from elastic_dew.elastic.loop.protocol import ElasticRun
+from elastic_dew.elastic.slices.mesh import mesh_of
 from elastic_dew.runtime import Layout, PreemptionNotice
 from elastic_dew.train_config import TrainConfig
 from elastic_dew.trainer.model import Functional
@@ -87,18 +87,18 @@ class Trainer:
         PartitionSpec`` over ``model`` (the ``lm`` recipe's ``build()`` returns one), or
         ``None``. It applies when the config's ``model_axis`` is above 1, and a named
         ``train.sharding`` is laid on top of it (``fsdp`` adds ``data`` on a dimension it left
-        free): :func:`~elastic_dew.elastic.sharding.with_model_rule`. A ``sharding``
+        free): :func:`~elastic_dew.elastic.slices.sharding.with_model_rule`. A ``sharding``
         callable already decides the ``model`` axis, so the two together are refused.
       on_accepted: called with no argument once the protocol has accepted the slices and
         the batch, just before the run record's first line is written, or ``None``: where
         a caller writes what belongs beside the record (the run writes its identity,
         ``command.json``), so a refused run leaves its directory untouched.
       data_workers: Grain worker processes reading ``dataset`` (0, the default: read in this
-        process); see :class:`~elastic_dew.elastic.data.ElasticData`.
+        process); see :class:`~elastic_dew.elastic.loop.data.ElasticData`.
       eval_dataset: a ``grain.MapDataset`` of examples to evaluate, or ``None``; it goes
         with ``train.eval_every``. A pass runs after every multiple of it, over the same
         ``len(eval_dataset) // eval_batch`` batches each time, on the current mesh, and is
-        an ``eval`` event (:mod:`elastic_dew.elastic.evaluation`).
+        an ``eval`` event (:mod:`elastic_dew.elastic.loop.evaluation`).
 
     :meth:`from_nnx` builds a ``Trainer`` from a Flax NNX model.
     """
@@ -238,8 +238,8 @@ class Trainer:
 
     @property
     def program(self) -> ModelProgram:
-        """The protocol's :class:`~elastic_dew.elastic.protocol.Program` that :meth:`fit` runs:
-        for driving :class:`~elastic_dew.elastic.protocol.ElasticRun` directly with this
+        """The protocol's :class:`~elastic_dew.elastic.loop.protocol.Program` that :meth:`fit` runs:
+        for driving :class:`~elastic_dew.elastic.loop.protocol.ElasticRun` directly with this
         trainer's model, optimizer, layout and ``train`` settings."""
         return self._program
 

@@ -4,7 +4,7 @@ The training state is ``{"params", "opt_state", "rng"}``, plus ``"variables"`` f
 that carries variables besides its parameters. It is replicated across slices (the
 ``replica`` axis), which is what the in-memory snapshots need: every slice holds a whole
 copy. Inside a slice it is laid out by the ``sharding`` policy
-(:mod:`elastic_dew.elastic.sharding`): ``fsdp`` by default, each large parameter and its
+(:mod:`elastic_dew.elastic.slices.sharding`): ``fsdp`` by default, each large parameter and its
 optimizer moments split over the slice's ``data`` devices. A step's gradient is one
 batch's (:func:`grad`) or, with a ``microbatch``, the mean of its micro-steps'
 (:func:`accumulated`).
@@ -23,8 +23,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from elastic_dew.elastic import sharding as shardings
-from elastic_dew.elastic.slices import AXES, batch_sharding, micro_steps, replicated
+from elastic_dew.elastic.slices import sharding as shardings
+from elastic_dew.elastic.slices.mesh import AXES, batch_sharding, micro_steps, replicated
 
 __all__ = ["ModelProgram", "Micro", "grad", "accumulated"]
 
@@ -93,13 +93,13 @@ def accumulated(model: Any, params: Any, variables: Any, batch: Any, key: jax.Ar
 
 
 class ModelProgram:
-    """The protocol's :class:`~elastic_dew.elastic.protocol.Program` of one model and optimizer:
+    """The protocol's :class:`~elastic_dew.elastic.loop.protocol.Program` of one model and optimizer:
     state shapes and shardings, fresh state, compiled train and evaluation steps.
 
     ``example`` is one example of the dataset (the batch's structure without its leading
     axis); ``host_parts`` are the state parts a ``Layout`` keeps in pinned host memory
     between steps; ``policy`` lays the state out inside a slice
-    (:mod:`elastic_dew.elastic.sharding`); ``microbatch`` is ``TrainConfig.microbatch``.
+    (:mod:`elastic_dew.elastic.slices.sharding`); ``microbatch`` is ``TrainConfig.microbatch``.
 
     The state is ``{"params", "opt_state", "rng"}``, plus ``"variables"`` when the model
     carries variables other than its parameters (an NNX model's batch statistics and RNG
@@ -191,7 +191,7 @@ class ModelProgram:
         return {"loss": jnp.asarray(loss, jnp.float32), **metrics}
 
     def compile_eval(self, mesh: jax.sharding.Mesh, batch_size: int):
-        """``(sums, state, batch) -> sums`` for :mod:`elastic_dew.elastic.evaluation`: the
+        """``(sums, state, batch) -> sums`` for :mod:`elastic_dew.elastic.loop.evaluation`: the
         loss and metrics of one batch (the model in evaluation mode, one fixed key) added to
         ``sums`` (zeros for a pass's first batch), one compiled program per mesh."""
         rep = replicated(mesh)

@@ -29,8 +29,8 @@ from jax.sharding import Mesh
 
 from elastic_dew import rundir
 from elastic_dew.elastic import orbax_private
-from elastic_dew.elastic.checkpoint_backend import abstract_key_data, rewrap_keys, unwrap_keys
-from elastic_dew.elastic.checkpoint_warmup import SaveWarmup
+from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
+from elastic_dew.elastic.state.warmup import SaveWarmup
 
 __all__ = ["OrbaxBackend", "another_shape", "unreadable"]
 
@@ -99,7 +99,7 @@ class OrbaxBackend:
     """``ocp.CheckpointManager`` with ``state`` + ``meta`` items and a strict commit check.
 
     It does not depend on the mesh (``bind`` and ``drop`` do nothing); ``prepare`` compiles
-    a layout's first save in the background (:class:`~elastic_dew.elastic.checkpoint_warmup.SaveWarmup`).
+    a layout's first save in the background (:class:`~elastic_dew.elastic.state.warmup.SaveWarmup`).
     """
 
     def __init__(self, directory: str, max_to_keep: int) -> None:

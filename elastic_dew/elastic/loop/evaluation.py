@@ -41,7 +41,7 @@ import numpy as np
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Eval
-from elastic_dew.elastic.slices import batch_sharding, check_eval_batch
+from elastic_dew.elastic.slices.mesh import batch_sharding, check_eval_batch
 
 __all__ = ["OWED", "Evaluation", "EvalFn"]
 

@@ -7,7 +7,7 @@ made, or ``None`` when none was due. The checkpoint tier also owns the two saves
 not on a cadence: the final checkpoint of a finished run and the checkpoint of the step a
 preemption agreed on. :class:`Tiers` holds both, builds them from an
 :class:`~elastic_dew.elastic.config.ElasticConfig`, and restores the newest complete state
-across them (:func:`~elastic_dew.elastic.state.newest`).
+across them (:func:`~elastic_dew.elastic.state.newest.newest`).
 
 Every save event is built by :func:`timed_save`; every save announces its phase
 (:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
@@ -40,7 +40,7 @@ import jax
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Save
-from elastic_dew.elastic.state import Checkpoints, Snapshots, newest
+from elastic_dew.elastic.state.newest import Checkpoints, Snapshots, newest
 
 __all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers"]
 
@@ -268,7 +268,7 @@ class Tiers:
         return Held(waited_from, seconds)
 
     def newest(self) -> tuple[str, int | None]:
-        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`)."""
+        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest.newest`)."""
         return newest(self.snapshots, self.checkpoints)
 
     def prepare(self, state: Any, mesh: jax.sharding.Mesh) -> None:
@@ -277,7 +277,7 @@ class Tiers:
         Tier 1's pack is compiled now, on the caller's time (the protocol calls this in the
         resume window and counts it in ``mesh_and_compile``), so no snapshot pays a compile;
         tier 2 starts its preparation of the leaves it saves replica-parallel
-        (:meth:`~elastic_dew.elastic.checkpoints.Checkpoints.prepare`).
+        (:meth:`~elastic_dew.elastic.state.checkpoints.Checkpoints.prepare`).
         """
         if self.snapshots is not None and self.snapshot.every:
             self.snapshots.prepare(state, mesh)
@@ -288,7 +288,7 @@ class Tiers:
         """Compile, running nothing, what a resume onto ``mesh`` would compile for the
         tiers: tier 1's load and pack of the layout of ``abstract_state(mesh)`` (the
         program's state on ``mesh``; built only when tier 1 takes snapshots,
-        :meth:`~elastic_dew.elastic.snapshots.Snapshots.precompile`). Tier 2 has nothing
+        :meth:`~elastic_dew.elastic.state.snapshots.Snapshots.precompile`). Tier 2 has nothing
         to compile ahead of a state (its :meth:`prepare` works on the restored one).
 
         The precompiler calls this for each mesh a lost slice would leave.

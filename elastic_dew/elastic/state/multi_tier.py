@@ -44,7 +44,7 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew.elastic import orbax_private
-from elastic_dew.elastic.checkpoint_backend import abstract_key_data, rewrap_keys, unwrap_keys
+from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
 
 __all__ = ["MultiTierBackend", "MultiTierError", "META_CAPACITY", "require_colocated_python"]
 

@@ -22,10 +22,10 @@ memory), ``checkpoint`` (tier 2, persistent storage), ``fresh`` (nothing saved y
 :class:`ElasticRun` is the protocol's loop. pathwaysutils decides slice health and retries;
 Orbax moves and stores state; Grain positions the data; the runtime's notice agrees the stop
 step. The loop's collaborators each own one job: the
-:class:`~elastic_dew.elastic.compiler.StepCompiler` (compiled steps, precompiling smaller
-meshes), the :class:`~elastic_dew.elastic.recovery.RecoveryTimer` (a resume's durations under
+:class:`~elastic_dew.elastic.loop.compiler.StepCompiler` (compiled steps, precompiling smaller
+meshes), the :class:`~elastic_dew.elastic.loop.recovery.RecoveryTimer` (a resume's durations under
 ``detection``, ``wait_for_slices``, ``mesh_and_compile`` and ``restore``) and the
-:class:`~elastic_dew.elastic.tiers.Tiers` (each deciding its own save cadence). Every stop,
+:class:`~elastic_dew.elastic.state.tiers.Tiers` (each deciding its own save cadence). Every stop,
 resume, step and save is emitted as a typed event (:mod:`elastic_dew.elastic.events`; the
 run record's contract, see ``docs/trainer.md``).
 
@@ -51,23 +51,23 @@ from pathwaysutils.elastic import elastic as pw_elastic
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
-from elastic_dew.elastic.compiler import StepCompiler, StepFn
+from elastic_dew.elastic.loop.compiler import StepCompiler, StepFn
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
-from elastic_dew.elastic.evaluation import OWED, Evaluation
-from elastic_dew.elastic.data import ElasticData
+from elastic_dew.elastic.loop.evaluation import OWED, Evaluation
+from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
-from elastic_dew.elastic.recovery import Recovery, RecoveryTimer
-from elastic_dew.elastic.retry import SliceLossRetryLimit, elastic_retry, make_manager
-from elastic_dew.elastic.slices import (
+from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
+from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
+from elastic_dew.elastic.slices.mesh import (
     batch_sharding,
     build_mesh,
     check_batch,
     check_batch_for_every_slice_count,
     global_batch_for,
 )
-from elastic_dew.elastic.state import Checkpoints, Snapshots
-from elastic_dew.elastic.tiers import Held, Tiers
+from elastic_dew.elastic.state.newest import Checkpoints, Snapshots
+from elastic_dew.elastic.state.tiers import Held, Tiers
 from elastic_dew.runtime import Preempted
 from elastic_dew.runtime.preemption import NoticeInWait
 
@@ -82,12 +82,12 @@ class Program(Protocol):
     ``abstract_state(mesh)`` returns the state as ``jax.ShapeDtypeStruct`` leaves carrying
     their target shardings on ``mesh`` (replicated along the replica axis, as the in-memory
     snapshots require). ``init_state(mesh)`` builds a fresh state there. ``compile(mesh,
-    global_batch)`` returns a compiled step; the :class:`~elastic_dew.elastic.compiler.StepCompiler`
+    global_batch)`` returns a compiled step; the :class:`~elastic_dew.elastic.loop.compiler.StepCompiler`
     caches it per (devices, batch), so a pause-resume attempt on the same slices reuses it.
     ``microbatch`` is the examples per data-parallel device per micro-step of a program that
     accumulates gradients (``None``: it does not): :class:`ElasticRun` refuses, before
     anything runs, a slice count whose per-device batch it does not divide. A run given an
-    :class:`~elastic_dew.elastic.evaluation.Evaluation` also needs ``compile_eval(mesh,
+    :class:`~elastic_dew.elastic.loop.evaluation.Evaluation` also needs ``compile_eval(mesh,
     batch_size)`` (see that module). ``metrics`` of a step hold ``loss`` (a scalar array)
     and may hold further scalars: the step line carries them, read with the loss.
     """
@@ -126,7 +126,7 @@ class _Attempt:
     step: int
     data: dict | None = None
     #: Whether the restored state's evaluation pass was cut short by a preemption (its
-    #: meta's :data:`~elastic_dew.elastic.evaluation.OWED`): the attempt runs it first.
+    #: meta's :data:`~elastic_dew.elastic.loop.evaluation.OWED`): the attempt runs it first.
     owed: bool = False
     in_batch: jax.sharding.NamedSharding = dataclasses.field(init=False)
 
@@ -471,7 +471,7 @@ class ElasticRun:
 
     def _wait_step(self, ahead: _InFlight | None) -> Callable[[], None] | None:
         """The wait for the step in flight, within the step deadline, that a save runs
-        before its clock starts (:mod:`~elastic_dew.elastic.tiers`); ``None`` when no step
+        before its clock starts (:mod:`~elastic_dew.elastic.state.tiers`); ``None`` when no step
         is in flight."""
         if ahead is None:
             return None
@@ -488,7 +488,7 @@ class ElasticRun:
         ``started`` is when this stretch of the loop began: a step's ``seconds`` run from
         the end of the previous step's line (or, when that step saved, from the wait for
         this step before the saves, less ``held``, the saves' own seconds: see
-        :class:`~elastic_dew.elastic.tiers.Held`) to its own read, so steps and saves add
+        :class:`~elastic_dew.elastic.state.tiers.Held`) to its own read, so steps and saves add
         up to the loop's time as an unlagged loop's do;
         ``data_seconds`` is the time the batches taken in that stretch waited for data.
         """
@@ -518,7 +518,7 @@ class ElasticRun:
 
     def _evaluate(self, attempt: _Attempt) -> bool:
         """The evaluation pass of the attempt's last completed step, before its saves (see
-        :mod:`~elastic_dew.elastic.evaluation`): a fault during it unwinds the attempt with
+        :mod:`~elastic_dew.elastic.loop.evaluation`): a fault during it unwinds the attempt with
         nothing emitted, and the pass runs again when the resumed run reaches the step.
         ``False`` when a preemption notice cut it short (nothing emitted: the caller stops
         with the pass owed)."""

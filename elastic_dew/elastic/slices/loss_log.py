@@ -2,7 +2,7 @@
 
 Its own module, importing no JAX, so that whatever sets up logging (``observe.logs``, the
 command line, ``k8s render``) can install it without starting JAX; the elastic layer installs
-it too (:func:`elastic_dew.elastic.retry.make_manager`), for library users.
+it too (:func:`elastic_dew.elastic.slices.retry.make_manager`), for library users.
 """
 
 from __future__ import annotations

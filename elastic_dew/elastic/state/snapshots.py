@@ -11,7 +11,7 @@ loop needs around it:
 * single-device arrays, and arrays placed on another mesh, are first replicated onto the
   training mesh, as the Pathways guide requires; an array *partitioned* along the replica
   axis is refused, because the surviving slices would not hold a whole copy of it;
-* small leaves are packed (:mod:`elastic_dew.elastic.packing`), by one jitted program on
+* small leaves are packed (:mod:`elastic_dew.elastic.state.packing`), by one jitted program on
   the mesh, before Orbax sees them: Orbax moves and splits each leaf in Python, so a state
   of many small leaves cost far more in dispatch than in bytes. The packed groups are held
   once per slice, split over its devices; the packing layout travels in the JSON leaf, and
@@ -42,8 +42,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elastic_dew.elastic import packing
-from elastic_dew.elastic.meta import meta_json
+from elastic_dew.elastic.state import packing
+from elastic_dew.elastic.state.meta import meta_json
 from elastic_dew.elastic.orbax_private import HostSnapshotter
 
 __all__ = ["Snapshots"]
@@ -193,7 +193,7 @@ class Snapshots:
         load's unpack of ``abstract_state``'s packing layout onto its shardings, and the
         pack of that layout for the saves after it.
 
-        For the precompiler (:class:`~elastic_dew.elastic.compiler.StepCompiler`), ahead of
+        For the precompiler (:class:`~elastic_dew.elastic.loop.compiler.StepCompiler`), ahead of
         a loss: ``abstract_state`` is the program's state on the mesh a lost slice would
         leave, every leaf a ``jax.ShapeDtypeStruct`` with its ``NamedSharding`` on ``mesh``.
         A snapshot taken on a mesh of the same slice shape has this layout, so its

@@ -1,19 +1,19 @@
 """Tier 2: persistent checkpoints of the training state and its meta, over one of two backends.
 
 ``orbax``
-    :class:`~elastic_dew.elastic.checkpoint_orbax.OrbaxBackend`: an Orbax
+    :class:`~elastic_dew.elastic.state.orbax_backend.OrbaxBackend`: an Orbax
     ``CheckpointManager`` on a local directory or a ``gs://`` path, with a strict commit
     check and a diagnosis of committed steps that cannot be read.
 
 ``multi_tier``
-    :class:`~elastic_dew.elastic.checkpoint_multi_tier.MultiTierBackend`: the Pathways
+    :class:`~elastic_dew.elastic.state.multi_tier.MultiTierBackend`: the Pathways
     guide's ``initialize_multi_tier_checkpointing`` and ``ReplicatorCheckpointManager`` with
     colocated Python, re-initialised for the active devices (its module states the rule).
 
 :class:`Checkpoints` is what the tiers use: it checks its arguments before anything is
 touched, encodes ``meta`` as JSON, skips a step at or below the newest committed one, and
 hands everything else to the backend through the
-:class:`~elastic_dew.elastic.checkpoint_backend.Backend` protocol.
+:class:`~elastic_dew.elastic.state.backend.Backend` protocol.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from elastic_dew.elastic.checkpoint_backend import Backend
-from elastic_dew.elastic.checkpoint_multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
-from elastic_dew.elastic.checkpoint_orbax import OrbaxBackend
+from elastic_dew.elastic.state.backend import Backend
+from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
+from elastic_dew.elastic.state.orbax_backend import OrbaxBackend
 from elastic_dew.elastic.config import CHECKPOINT_KINDS
-from elastic_dew.elastic.meta import meta_json
+from elastic_dew.elastic.state.meta import meta_json
 
 __all__ = ["Checkpoints", "KINDS", "META_CAPACITY", "MultiTierError"]
 

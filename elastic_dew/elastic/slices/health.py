@@ -214,7 +214,7 @@ def install() -> None:
             return
         _original = pw_elastic.DefaultSliceHealthChecker
         pw_elastic.DefaultSliceHealthChecker = ReusableSliceHealthChecker
-    logger.info("slice health checks compile each slice's probe once (elastic_dew.elastic.health)")
+    logger.info("slice health checks compile each slice's probe once (elastic_dew.elastic.slices.health)")
 
 
 def uninstall() -> None:

@@ -9,10 +9,10 @@ attempts meant for slice loss; and it counts over the whole call, so a run of we
 reaches ten sparse losses long before it ends. :class:`SliceLossRetryLimit` counts slice
 losses only, and starts the count again once the run has made ``retry_reset_steps`` steps
 of new progress (a crash loop, which makes none, still ends after ``max_attempts``). And
-the health check: :func:`make_manager` installs :mod:`elastic_dew.elastic.health`, whose
+the health check: :func:`make_manager` installs :mod:`elastic_dew.elastic.slices.health`, whose
 checker compiles each slice's probe once instead of at every poll. And the log:
 pathwaysutils logs every slice loss it handles at ERROR with a 20-line traceback;
-:func:`make_manager` installs :class:`~elastic_dew.elastic.slice_loss_log.HandledSliceLossFilter`, which makes it one WARNING
+:func:`make_manager` installs :class:`~elastic_dew.elastic.slices.loss_log.HandledSliceLossFilter`, which makes it one WARNING
 line, for every program that uses the elastic layer (with or without elastic_dew's own log
 set-up).
 """
@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import jax
 from pathwaysutils.elastic import manager as pw_manager
 
-from elastic_dew.elastic import health
+from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.slice_loss_log import install_slice_loss_filter
+from elastic_dew.elastic.slices.loss_log import install_slice_loss_filter
 
 __all__ = [
     "make_manager",
@@ -50,8 +50,8 @@ def make_manager(devices: Sequence[jax.Device] | None = None) -> pw_manager.Mana
     the Manager, so creating it inside the retried function would forget it every attempt.
 
     Its health checks (at creation, in its monitor thread and in every wait for slices) go
-    through :class:`elastic_dew.elastic.health.ReusableSliceHealthChecker`, installed here,
-    and its handled slice losses are logged as one WARNING line (:class:`~elastic_dew.elastic.slice_loss_log.HandledSliceLossFilter`).
+    through :class:`elastic_dew.elastic.slices.health.ReusableSliceHealthChecker`, installed here,
+    and its handled slice losses are logged as one WARNING line (:class:`~elastic_dew.elastic.slices.loss_log.HandledSliceLossFilter`).
     """
     health.install()
     install_slice_loss_filter()
@@ -178,7 +178,7 @@ def elastic_retry(
     of ``config.max_attempts`` and ``config.retry_reset_steps`` over ``progress`` (the
     furthest step completed; without it the count runs over the whole call); the poll
     interval :meth:`ElasticConfig.poll_seconds`. A ``minimum_slice_count`` above the
-    allocation is refused here, before anything runs. Installs :class:`~elastic_dew.elastic.slice_loss_log.HandledSliceLossFilter`.
+    allocation is refused here, before anything runs. Installs :class:`~elastic_dew.elastic.slices.loss_log.HandledSliceLossFilter`.
     """
     config.check_slices(manager.total_slice_count)
     install_slice_loss_filter()  # also for a Manager the caller created itself

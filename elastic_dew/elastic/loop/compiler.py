@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.slices import global_batch_for, mesh_of
+from elastic_dew.elastic.slices.mesh import global_batch_for, mesh_of
 
 __all__ = ["StepFn", "StepCompiler"]
 

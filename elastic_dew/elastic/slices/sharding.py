@@ -1,6 +1,6 @@
 """How the training state is laid out inside a slice: replicated, FSDP, or a user's rule.
 
-The mesh (:mod:`elastic_dew.elastic.slices`) has three axes. ``replica`` runs over slices:
+The mesh (:mod:`elastic_dew.elastic.slices.mesh`) has three axes. ``replica`` runs over slices:
 the state is always *replicated* along it, so that the slices surviving a loss still hold a
 whole copy between them. Inside a slice the state may be split over ``data`` (FSDP: each
 data-parallel device keeps a share of each large leaf) and ``model`` (tensor parallelism).
@@ -40,8 +40,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew.elastic.config import SHARDINGS
-from elastic_dew.elastic.packing import is_key
-from elastic_dew.elastic.slices import AXES
+from elastic_dew.elastic.state.packing import is_key
+from elastic_dew.elastic.slices.mesh import AXES
 
 __all__ = [
     "SHARDINGS",

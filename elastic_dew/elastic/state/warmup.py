@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from elastic_dew.elastic import orbax_private
-from elastic_dew.elastic.checkpoint_backend import unwrap_keys
+from elastic_dew.elastic.state.backend import unwrap_keys
 
 __all__ = ["SaveWarmup", "prepare_replica_slices"]
 

@@ -19,7 +19,7 @@ The packing layout (every leaf's path, shape, dtype, and for a packed leaf its g
 place in it; typed PRNG keys as their key data with the key implementation) is a JSON
 document (:attr:`Packer.layout_json`, format :data:`FORMAT`), so whatever stores the groups
 can store the layout beside them and unpack without the packing program. The in-memory
-snapshots (:mod:`elastic_dew.elastic.snapshots`) are its user.
+snapshots (:mod:`elastic_dew.elastic.state.snapshots`) are its user.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The one protocol both persistent checkpoint backends implement, and what they share.
 
-:class:`~elastic_dew.elastic.checkpoints.Checkpoints` checks its arguments, encodes the
+:class:`~elastic_dew.elastic.state.checkpoints.Checkpoints` checks its arguments, encodes the
 meta and skips steps already committed; a :class:`Backend` stores and restores. The two
-backends are :class:`~elastic_dew.elastic.checkpoint_orbax.OrbaxBackend` (an Orbax
+backends are :class:`~elastic_dew.elastic.state.orbax_backend.OrbaxBackend` (an Orbax
 ``CheckpointManager`` on a directory or bucket) and
-:class:`~elastic_dew.elastic.checkpoint_multi_tier.MultiTierBackend` (the guide's
+:class:`~elastic_dew.elastic.state.multi_tier.MultiTierBackend` (the guide's
 ``ReplicatorCheckpointManager`` over colocated Python).
 
 Typed PRNG keys are stored as their key data by both (Orbax's array handlers need plain
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import jax
 from jax.sharding import Mesh
 
-from elastic_dew.elastic.packing import is_key
+from elastic_dew.elastic.state.packing import is_key
 
 __all__ = ["Backend", "unwrap_keys", "abstract_key_data", "rewrap_keys"]
 

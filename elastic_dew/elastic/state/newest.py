@@ -1,16 +1,16 @@
 """Two tiers of training state, and the choice of the newest one on resume.
 
-Tier 1, :class:`~elastic_dew.elastic.snapshots.Snapshots`, keeps the state in pinned host
+Tier 1, :class:`~elastic_dew.elastic.state.snapshots.Snapshots`, keeps the state in pinned host
 memory on every slice (fast, survives the loss of some slices, not of the process). Tier 2,
-:class:`~elastic_dew.elastic.checkpoints.Checkpoints`, writes it to persistent storage
+:class:`~elastic_dew.elastic.state.checkpoints.Checkpoints`, writes it to persistent storage
 (survives anything, slower). Both carry the same ``meta`` (step, data position, ...) with the
 arrays, so whichever tier a resume uses, the data pipeline continues from the same place.
 """
 
 from __future__ import annotations
 
-from elastic_dew.elastic.checkpoints import Checkpoints
-from elastic_dew.elastic.snapshots import Snapshots
+from elastic_dew.elastic.state.checkpoints import Checkpoints
+from elastic_dew.elastic.state.snapshots import Snapshots
 
 __all__ = ["Snapshots", "Checkpoints", "newest"]
 
