@@ -46,7 +46,7 @@ is lost, block while it is a hung slice's result), ``check_dispatch(arrays)`` (r
 program's input is lost), ``derive(inputs, outputs)`` (a program's results wait on hung
 inputs), ``inherit_mark(parent, child)`` (a shard or copy of a lost array is lost),
 ``group(devices)`` (the slices of ``devices``), ``slice_of(device)``, ``step_of(arrays, name,
-caller)`` (whether a dispatch is the loop's step, and its number), ``on_dispatch(phase,
+caller, out_bytes)`` (whether a dispatch is the loop's step, and its number), ``on_dispatch(phase,
 step)`` (fire what is due there), ``waiting_for_slices(delta)`` and ``attempted(active)``
 (pathwaysutils' waits for slices), ``sleep(seconds)`` (a pause of those waits between
 checks, ended early by a change of slice health) and ``lock``.
@@ -100,7 +100,7 @@ class Simulator(Protocol):
 
     def slice_of(self, device: jax.Device) -> int | None: ...
 
-    def step_of(self, arrays: list[Any], name: str | None, caller: Any) -> int | None: ...
+    def step_of(self, arrays: list[Any], name: str | None, caller: Any, out_bytes: int) -> int | None: ...
 
     def on_dispatch(self, phase: str, step: int) -> None: ...
 
@@ -173,9 +173,10 @@ class Registry:
             simulator.inherit_mark(parent, child)
 
     def dispatch(self, inputs: Any, call: Callable[[], Any], name: str | None, caller: Any,
-                 outputs: Callable[[Any], Any] = lambda result: result) -> Any:
-        """Run ``call`` (a dispatch of program ``name`` on ``inputs`` by frame ``caller``) as
-        the simulator sees it.
+                 outputs: Callable[[Any], Any] = lambda result: result,
+                 out_bytes: Callable[[], int] = lambda: 0) -> Any:
+        """Run ``call`` (a dispatch of program ``name`` on ``inputs`` by frame ``caller``,
+        whose results hold ``out_bytes()`` bytes) as the simulator sees it.
 
         When the simulator counts it as the ``N``-th step of a loop that announces nothing,
         what is due at ``dispatch`` of step ``N`` fires before (a loss there fails this
@@ -186,7 +187,7 @@ class Registry:
         if simulator is None:
             return call()
         arrays = [a for a in jax.tree_util.tree_leaves(inputs) if type(a) is _ArrayImpl]
-        step = simulator.step_of(arrays, name, caller)
+        step = simulator.step_of(arrays, name, caller, out_bytes())
         if step is not None:
             simulator.on_dispatch("dispatch", step)
         donated = next((a for a in arrays if _donated(a)), None)
@@ -380,7 +381,7 @@ def _guard_dispatch(reg: Registry, original: Callable[..., Any]) -> Callable[...
 
     def __call__(self, *args, **kwargs):
         return reg.dispatch((args, kwargs), lambda: original(self, *args, **kwargs), _compiled_name(self),
-                            sys._getframe(1))
+                            sys._getframe(1), out_bytes=lambda: _compiled_out_bytes(self))
 
     return __call__
 
@@ -398,6 +399,29 @@ def _compiled_name(compiled: Any) -> str | None:
             name = name[4:-1]
         compiled._elastic_dew_name = name
     return name
+
+
+def _avals_bytes(avals: Any) -> int:
+    """The bytes arrays of these shapes and dtypes hold (0 for a dtype without a size)."""
+    total = 0
+    for aval in jax.tree_util.tree_leaves(avals):
+        try:
+            total += int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+        except (TypeError, AttributeError):
+            continue  # an extended dtype (a PRNG key): no plain size
+    return total
+
+
+def _compiled_out_bytes(compiled: Any) -> int:
+    """The bytes a compiled program's results hold, kept on the object after the first ask."""
+    size = vars(compiled).get("_elastic_dew_out_bytes")
+    if size is None:
+        try:
+            size = _avals_bytes(compiled.out_info)
+        except Exception:  # noqa: BLE001 - a program whose outputs cannot be described counts none
+            size = 0
+        compiled._elastic_dew_out_bytes = size
+    return size
 
 
 #: Whether this JAX has the jit internals the jit seam replaces (read against jax 0.10.2
@@ -428,6 +452,7 @@ def _jit_dispatch(reg: Registry, original: Callable[..., Any]) -> Callable[..., 
         result = reg.dispatch(
             args_flat, lambda: original(p, args_flat, fun, args, kwargs), p.params.get("name"), caller,
             outputs=lambda result: result[1],
+            out_bytes=lambda: _avals_bytes(p.params["jaxpr"].out_avals),
         )
         _no_fastpath.jit = True  # the C++ cache must call back here next time
         return result

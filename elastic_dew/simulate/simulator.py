@@ -296,32 +296,45 @@ class SimulatedSlices:
         """How many dispatches of the loop's step program were counted (see :meth:`step_of`)."""
         return self._steps
 
-    def step_of(self, arrays: list[Any], name: str | None, caller: Any) -> int | None:
-        """Whether this dispatch of program ``name`` on ``arrays``, called from frame
-        ``caller``, is a step of the loop, and its number (1 for the first), or ``None``.
+    def step_of(self, arrays: list[Any], name: str | None, caller: Any, out_bytes: int = 0) -> int | None:
+        """Whether this dispatch of program ``name`` on ``arrays`` (its results holding
+        ``out_bytes`` bytes), called from frame ``caller``, is a step of the loop, and its
+        number (1 for the first), or ``None``.
 
         With ``step_program`` set, a step is a dispatch of the program of that name (the
         name of the function given to ``jax.jit``, whether called or compiled). Otherwise it
         is a dispatch made by the loop itself (not by :data:`LIBRARY_MODULES`, not inside
-        elastic_dew's own loop, :data:`OWN_LOOP_MODULES`) whose inputs hold at least half as
-        many bytes as the largest such dispatch so far, or of a program of the same name as
-        one already counted: the training step's inputs are the state and a batch, more
-        than anything else a loop dispatches, and its name stays when a resize shrinks
-        the batch. The rule reads only the program
-        and its inputs, never the time, so the same loop counts the same steps.
+        elastic_dew's own loop, :data:`OWN_LOOP_MODULES`) of the program that carries the
+        most bytes through: a program's carried bytes are the smaller of its inputs' and its
+        results' (the training step takes the state and a batch and returns the state; a
+        data generator takes a key and returns a batch, an evaluation step takes the state
+        and returns metrics, a metrics program takes and returns a few scalars). A dispatch
+        counts when its program carries at least half as many bytes as the largest counted
+        so far, or has the name of one counted (its name stays when a resize shrinks the
+        batch). A program that carries more than twice the largest counted so far
+        supersedes the programs counted before it (they were an initialiser or a data
+        generator dispatched before the first step): only its name counts from then on, and
+        the count starts again at 1. The rule reads only the programs and their inputs,
+        never the time, so the same loop counts the same steps.
         """
         size = sum(int(a.nbytes) for a in arrays)
+        carried = min(size, out_bytes)
         if self.step_program is not None:
             if name != self.step_program:
                 return None
-        elif name not in self._step_names and (size == 0 or 2 * size < self._largest):
+        elif name not in self._step_names and (carried == 0 or 2 * carried < self._largest):
             return None
         elif _not_a_step_caller(caller):
             return None
         with self._steps_lock:
-            if self.step_program is None and name is not None:
-                self._step_names.add(name)
-            self._largest = max(self._largest, size)
+            if self.step_program is None:
+                if name not in self._step_names and self._steps and carried > 2 * self._largest:
+                    logger.info("program %s carries %d bytes, more than twice %s: it is the step program",
+                                name, carried, sorted(map(str, self._step_names)))
+                    self._step_names, self._steps = set(), 0
+                if name is not None:
+                    self._step_names.add(name)
+            self._largest = max(self._largest, carried)
             self._steps += 1
             return self._steps
 
