@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("elastic_dew.commands.train", "train a recipe on (simulated) slices"),
     "demo": ("elastic_dew.commands.demo", "the main job: a simulated elastic run that survives faults"),
     "report": ("elastic_dew.commands.report", "print a run's summary and redraw its timeline"),
+    "plan": ("elastic_dew.commands.plan", "expected goodput and the elastic settings to pick at N slices"),
     "chaos": ("elastic_dew.commands.chaos", "run seeded random fault schedules and check every invariant"),
     "k8s": ("elastic_dew.k8s.cli", "render JobSet manifests for Pathways on GKE"),
     "data": ("elastic_dew.commands.data", "prepare text files as ArrayRecord shards for training"),

@@ -34,6 +34,8 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
          "elastic_dew.observe", "elastic_dew"),
         ("runtime", "elastic"),
     ),
+    # Planning a run at scale: reads run records, writes fault schedules' text
+    "plan": (("elastic_dew.plan",), ("runtime", "elastic", "training")),
     # The run (plan, check, execute) and its terminal face: recipes call them from main(),
     # and they load recipes by name at run time, never by import.
     "run": (("elastic_dew.run", "elastic_dew.console"), ("runtime", "elastic", "simulator", "training")),
@@ -48,7 +50,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # elastic_dew.chaos)
     "cli": (
         ("elastic_dew.commands", "elastic_dew.cli", "elastic_dew.k8s", "elastic_dew.chaos", "elastic_dew.__main__"),
-        ("runtime", "elastic", "simulator", "training", "run", "recipes", "harness"),
+        ("runtime", "elastic", "simulator", "training", "plan", "run", "recipes", "harness"),
     ),
 }
 

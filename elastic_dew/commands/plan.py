@@ -1,0 +1,252 @@
+"""``elastic-dew plan``: expected goodput and the elastic settings to pick at N slices.
+
+``elastic-dew plan [--from RUN_DIR] --slices N [--slice-mtbf-hours H] [--preemptions-per-day P]
+[--return-minutes R] [--spares K] [--reschedule-minutes M] [--json FILE] [--plot FILE]``, with a
+flag for each of the run's costs (``--step-seconds``, ``--snapshot-seconds``,
+``--checkpoint-seconds``, ``--snapshot-restore-seconds``, ``--restore-seconds``,
+``--recovery-seconds``, ``--restart-seconds``, ``--scale-up-seconds``) that a run directory
+would measure, or overrides. Prints every input with where it came from, a table of the
+policies at their recommended settings, the recommendation and how goodput grows with N;
+``--json`` writes the plan for tools and ``--plot`` the picture of goodput against N.
+
+``--draw-schedule SEED --steps S`` prints instead a fault schedule drawn from the rates
+(:func:`elastic_dew.plan.draw_schedule`) for a run of S steps, time compressed by the
+factor it states (``--compress``; by default so that the run meets about 20 faults).
+
+Every refusal (an input out of range, a cost neither given nor measured, a run directory
+without a record, a file that cannot be written, the plot without matplotlib) says which
+input and why, and comes before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from elastic_dew.run import USAGE_EXIT
+
+__all__ = ["configure", "run"]
+
+#: Where a cluster default comes from, as the report names it.
+_DEFAULT_SOURCES = {
+    "slice_mtbf_hours": "default: Llama 3's published interruption rate per accelerator, for a 64-chip slice",
+    "preemptions_per_day": "default: none",
+    "return_minutes": "default: assumed (give your cluster's repair or replacement time)",
+    "spares": "default: none",
+    "reschedule_minutes": "default: assumed (GKE rescheduling a JobSet's pods)",
+}
+
+
+def _parts():
+    from elastic_dew.plan.inputs import Cluster, Costs
+
+    return {"cluster": Cluster, "costs": Costs}
+
+
+def _add_settings(parser: argparse.ArgumentParser, part: str, cls: type) -> None:
+    """Each declared field of ``cls`` as its flag (``None`` when left out)."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        meta = field.metadata
+        kind = hints[field.name]
+        numeric = int if int in typing.get_args(kind) or kind is int else float
+        help_ = meta.get("help", "")
+        required = part == "cluster" and field.name == "slices"
+        if field.default is not None and not required:
+            help_ += f" (default: {field.default:g})"
+        parser.add_argument(meta["flag"], dest=f"{part}.{field.name}", type=numeric, metavar=meta.get("metavar"),
+                            default=None, required=required, help=help_)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="from_dir", metavar="RUN_DIR",
+                        help="a run directory whose record measures the costs (flags override it)")
+    parts = _parts()
+    cluster = parser.add_argument_group("the cluster")
+    _add_settings(cluster, "cluster", parts["cluster"])
+    costs = parser.add_argument_group("the run's costs (measured by --from, or given)")
+    _add_settings(costs, "costs", parts["costs"])
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write the plan as JSON")
+    out.add_argument("--plot", metavar="FILE", help="draw goodput against slices, 1 to 10,000 (PNG; matplotlib)")
+    draw = parser.add_argument_group("a fault schedule drawn from the rates")
+    draw.add_argument("--draw-schedule", metavar="SEED", type=int,
+                      help="print a fault schedule drawn with SEED for --steps steps, and nothing else")
+    draw.add_argument("--steps", metavar="S", type=int, help="steps of the run the schedule is for")
+    draw.add_argument("--compress", metavar="X", type=float,
+                      help="compress the cluster's time X times (default: so the run meets about 20 faults)")
+    draw.add_argument("--loss", choices=("lose", "kill"), default="lose",
+                      help="a slice loss as lose (ridden in process) or kill (the restart policy ends the process)")
+
+
+class _Refused(Exception):
+    """An input the plan cannot use: the message says which and why."""
+
+
+def _given(args: argparse.Namespace, part: str) -> dict[str, Any]:
+    return {key.partition(".")[2]: value for key, value in vars(args).items()
+            if key.startswith(part + ".") and value is not None}
+
+
+def _flag(cls: type, name: str) -> str:
+    return next(f.metadata["flag"] for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _build(cls: type, values: dict[str, Any]):
+    from elastic_dew.elastic.config import SettingError
+
+    try:
+        return cls(**values)
+    except SettingError as error:
+        raise _Refused(error.wording(_flag(cls, error.field))) from None
+
+
+def _writable(flag: str, path: str | None) -> None:
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise _Refused(f"{flag} {path} is a directory; give a file name")
+    if not target.parent.is_dir():
+        raise _Refused(f"{flag} {path}: the directory {target.parent} does not exist; create it or give another path")
+
+
+def _inputs(args: argparse.Namespace):
+    from elastic_dew.plan import inputs
+
+    parts = _parts()
+    cluster_given = _given(args, "cluster")
+    cluster = _build(parts["cluster"], cluster_given)
+    measured: dict[str, inputs.Input] = {}
+    if args.from_dir is not None:
+        try:
+            measured = inputs.measured_costs(args.from_dir)
+        except (ValueError, OSError) as error:
+            raise _Refused(f"--from {args.from_dir}: {error}") from None
+    costs_given = _given(args, "costs")
+    figures = inputs.resolve(costs_given, measured)
+    costs = _build(parts["costs"], {name: figure.value for name, figure in figures.items()})
+    missing = costs.missing()
+    if missing and args.draw_schedule is None:
+        flags = ", ".join(_flag(parts["costs"], name) for name in missing)
+        where = f"{args.from_dir} does not measure them" if args.from_dir else "no --from RUN_DIR measures them"
+        raise _Refused(f"the plan needs {flags} ({where}); give them, or a run directory that measures them")
+    for field in dataclasses.fields(cluster):
+        value = getattr(cluster, field.name)
+        figures[field.name] = inputs.Input(value, "given" if field.name in cluster_given
+                                           else _DEFAULT_SOURCES.get(field.name, "default"))
+    return costs, cluster, figures
+
+
+def _schedule(args: argparse.Namespace, costs, cluster) -> str:
+    from elastic_dew.plan import compression, draw_schedule
+
+    if args.steps is None or args.steps < 1:
+        raise _Refused(f"--draw-schedule needs --steps S with S >= 1 (got {args.steps})")
+    if costs.step_seconds is None:
+        raise _Refused("--draw-schedule needs the step time: give --step-seconds or --from RUN_DIR")
+    if args.compress is not None and not (args.compress > 0 and math.isfinite(args.compress)):
+        raise _Refused(f"--compress {args.compress} must be a number > 0")
+    factor = args.compress or compression(cluster, costs.step_seconds, args.steps)
+    text = draw_schedule(cluster, costs.step_seconds, args.steps, args.draw_schedule, factor=factor, loss=args.loss)
+    return text, factor
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.draw_schedule is None and (args.steps is not None or args.compress is not None):
+            raise _Refused("--steps and --compress go with --draw-schedule SEED")
+        if args.draw_schedule is not None and (args.json or args.plot):
+            raise _Refused("--draw-schedule prints a schedule only; leave out --json and --plot")
+        _writable("--json", args.json)
+        _writable("--plot", args.plot)
+        if args.plot:
+            from elastic_dew.plan.picture import require_matplotlib
+
+            try:
+                require_matplotlib()
+            except RuntimeError as error:
+                raise _Refused(str(error)) from None
+        costs, cluster, figures = _inputs(args)
+        if args.draw_schedule is not None:
+            text, factor = _schedule(args, costs, cluster)
+            print(f"# {args.steps} steps of {costs.step_seconds:g} s on {cluster.slices} slices, seed "
+                  f"{args.draw_schedule}, the cluster's time compressed {factor:.6g}x "
+                  f"(slice MTBF {cluster.slice_mtbf_hours:g} h -> {cluster.slice_mtbf_hours * 3600 / factor:.4g} s)")
+            print(text)
+            return 0
+    except _Refused as error:
+        print(f"elastic-dew plan: error: {error}", file=sys.stderr)
+        return USAGE_EXIT
+    from elastic_dew.plan import planner
+
+    result = planner.plan(costs, cluster)
+    print(_table(result, figures, cluster))
+    if args.json:
+        Path(args.json).write_text(json.dumps(_json(result, figures), indent=2) + "\n")
+        print(f"\njson: {args.json}")
+    if args.plot:
+        from elastic_dew.plan.picture import draw_plan
+
+        draw_plan(result, args.plot, title=f"{args.from_dir or 'given costs'}; slice MTBF "
+                  f"{cluster.slice_mtbf_hours:g} h, return {cluster.return_minutes:g} min, "
+                  f"{cluster.preemptions_per_day:g} preemptions/day, {cluster.spares} spares")
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def _json(result, figures) -> dict[str, Any]:
+    return {
+        "inputs": {name: figure.to_json() for name, figure in figures.items()},
+        "policies": [row.to_json() for row in result.policies],
+        "recommended": result.recommended.to_json(),
+        "by_slices": list(result.by_slices),
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def _table(result, figures, cluster) -> str:
+    from elastic_dew.plan.inputs import CLUSTER_FIELDS, COST_FIELDS
+
+    lines = ["inputs:"]
+    for name in CLUSTER_FIELDS + COST_FIELDS:
+        if name in figures:
+            value = figures[name].value
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            lines.append(f"  {name:27s} {shown:>10s}  {figures[name].source}")
+    lines += ["", f"on {cluster.slices} slices, each policy at its recommended settings:",
+              f"  {'policy':15s} {'spares':>6s} {'goodput':>8s} {'useful':>8s} {'snapshot':>9s} {'checkpoint':>10s} "
+              f"{'min':>6s} {'lost/loss':>10s} {'down/loss':>10s} {'faults/day':>10s}",
+              f"  {'':15s} {'':>6s} {'':>8s} {'work':>8s} {'every':>9s} {'every':>10s} {'slices':>6s} "
+              f"{'(steps)':>10s} {'(s)':>10s} {'':>10s}"]
+    for row in result.policies:
+        lines.append(
+            f"  {row.policy:15s} {row.spares:6d} {_pct(row.goodput):>8s} {_pct(row.useful_work):>8s} "
+            f"{'-' if row.snapshot_every is None else row.snapshot_every:>9} {row.checkpoint_every:>10} "
+            f"{'-' if row.min_slices is None else row.min_slices:>6} {row.lost_steps:10.1f} "
+            f"{row.downtime_seconds:10.0f} {row.faults_per_day:10.1f}")
+    best = result.recommended
+    lines += ["", f"recommended (the most useful work): {best.policy} with {best.spares} spares"
+              + (f", min_slices {best.min_slices}" if best.min_slices is not None else "")
+              + (f", snapshot every {best.snapshot_every} steps" if best.snapshot_every else "")
+              + f", checkpoint every {best.checkpoint_every} steps: useful work {_pct(best.useful_work).strip()}, "
+              f"goodput {_pct(best.goodput).strip()}"]
+    shown = (1, 4, 16, 64, 256, 1024, 4096, 10000)
+    lines += ["", f"goodput / useful work by slices ({cluster.spares} spares):",
+              "  " + f"{'slices':>7s}" + "".join(f" {policy:>22s}" for policy in ("restart", "pause_resume", "replica_resize"))]
+    for n in shown:
+        cells = []
+        for policy in ("restart", "pause_resume", "replica_resize"):
+            row = next(r for r in result.by_slices if r["slices"] == n and r["policy"] == policy)
+            cells.append(f"{_pct(row['goodput'])} / {_pct(row['useful_work'])}")
+        lines.append("  " + f"{n:7d}" + "".join(f" {cell:>22s}" for cell in cells))
+    return "\n".join(lines)

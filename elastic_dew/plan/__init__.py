@@ -1,0 +1,38 @@
+"""Plan a run at scale: expected goodput and the elastic settings to pick for N slices.
+
+- :mod:`~elastic_dew.plan.inputs`: the run's costs and the cluster, each figure with its
+  origin (measured from a run directory, given, or a stated default);
+- :mod:`~elastic_dew.plan.model`: the analytic model of each policy's goodput and useful
+  work, and the cadence and floor it recommends;
+- :mod:`~elastic_dew.plan.des`: a discrete-event simulation of the same cluster, the
+  model's check;
+- :mod:`~elastic_dew.plan.planner`: a whole plan (every policy, with and without spares,
+  and over 1 to 10,000 slices);
+- :mod:`~elastic_dew.plan.faults`: fault schedules drawn from the cluster's rates, in the
+  simulator's grammar, so a plan's prediction can be checked on real runs.
+
+``elastic-dew plan`` is its command line.
+"""
+
+from __future__ import annotations
+
+from elastic_dew.plan.faults import draw_schedule, compression
+from elastic_dew.plan.inputs import Cluster, Costs, Input, measured_costs
+from elastic_dew.plan.model import POLICIES, Outcome, evaluate
+from elastic_dew.plan.planner import Plan, PolicyPlan, SLICE_GRID, plan
+
+__all__ = [
+    "Cluster",
+    "Costs",
+    "Input",
+    "measured_costs",
+    "POLICIES",
+    "Outcome",
+    "evaluate",
+    "Plan",
+    "PolicyPlan",
+    "SLICE_GRID",
+    "plan",
+    "draw_schedule",
+    "compression",
+]

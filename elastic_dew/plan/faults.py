@@ -1,0 +1,103 @@
+"""Fault schedules drawn from a cluster's rates, in the simulator's grammar.
+
+The one function that turns the planner's rates into faults a simulated run meets: each of
+the cluster's ``slices`` slices fails after an exponential time of mean
+``slice_mtbf_hours`` and returns after one of mean ``return_minutes``, preemptions come as
+a Poisson process, all in wall time compressed by a factor (so a run of a few hundred steps
+meets tens of faults). The faults are written in the order they fall, each keyed to time
+after the one before it (``lose:2@+3.1,restore:2@+0.8,...``,
+:mod:`elastic_dew.elastic.fault_token`'s form), so the simulator fires them at those gaps
+whether the run is stepping or paused waiting for a slice. Spares are not drawn (the
+simulator's slices are the run's own), nor is the reschedule (the supervisor restarts a
+process at once).
+
+The validation benchmark draws its schedules here, and ``elastic-dew plan --draw-schedule
+SEED --steps S`` prints one, so anyone can repeat the check on their own program.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+from elastic_dew.elastic.fault_token import Token
+from elastic_dew.plan.inputs import Cluster
+
+__all__ = ["compression", "draw_schedule", "TARGET_FAULTS", "HORIZON"]
+
+#: The faults a drawn run of ``steps`` steps is compressed to meet, on average.
+TARGET_FAULTS = 20
+
+#: Faults are drawn over this many times the steps' own time (a run also spends time
+#: recovering): a run ends before the schedule does, and the faults it meets are Poisson.
+HORIZON = 4.0
+
+
+def compression(cluster: Cluster, step_seconds: float, steps: int, faults: float = TARGET_FAULTS) -> float:
+    """The factor that compresses the cluster's time so that ``steps`` steps of
+    ``step_seconds`` meet ``faults`` slice losses and preemptions on average."""
+    per_second = cluster.slices / (cluster.slice_mtbf_hours * 3600.0) + cluster.preemptions_per_day / 86400.0
+    if steps <= 0 or step_seconds <= 0:
+        raise ValueError(f"steps={steps} and step_seconds={step_seconds} must be > 0")
+    return faults / (per_second * steps * step_seconds)
+
+
+def draw_schedule(
+    cluster: Cluster, step_seconds: float, steps: int, seed: int, *, factor: float, loss: str = "lose"
+) -> str:
+    """A fault schedule for a run of ``steps`` steps of ``step_seconds`` on ``cluster`` with
+    its time compressed ``factor`` times, drawn with ``seed`` (the same arguments give the
+    same text).
+
+    ``loss`` is the action of a slice loss: ``lose`` (the slice fails; it returns with a
+    ``restore``) or ``kill`` (the whole process ends, as the restart policy does with any
+    slice loss; the new process has every slice, so no returns are written).
+    """
+    if loss not in ("lose", "kill"):
+        raise ValueError(f"loss={loss!r} must be 'lose' or 'kill'")
+    if not factor > 0:
+        raise ValueError(f"factor={factor} must be > 0")
+    rng = random.Random(seed)
+    up_mean = cluster.slice_mtbf_hours * 3600.0 / factor
+    down_mean = cluster.return_minutes * 60.0 / factor
+    preempt_rate = cluster.preemptions_per_day / 86400.0 * factor
+    horizon = HORIZON * steps * step_seconds
+    queue: list[tuple[float, int, str, int | None]] = []  # (time, order, action, slice)
+    order = 0
+    for index in range(cluster.slices):
+        heapq.heappush(queue, (rng.expovariate(1.0 / up_mean), order, "fail", index))
+        order += 1
+    if preempt_rate > 0:
+        heapq.heappush(queue, (rng.expovariate(preempt_rate), order, "preempt", None))
+        order += 1
+    tokens = []
+    last = 0.0
+    while queue:
+        at, _, kind, index = heapq.heappop(queue)
+        if at > horizon:
+            break
+        if kind == "fail":
+            action = loss
+            if loss == "lose":
+                back = at + (rng.expovariate(1.0 / down_mean) if down_mean > 0 else 0.0)
+                heapq.heappush(queue, (back, order, "return", index))
+            else:
+                heapq.heappush(queue, (at + rng.expovariate(1.0 / up_mean), order, "fail", index))
+        elif kind == "return":
+            action = "restore"
+            heapq.heappush(queue, (at + rng.expovariate(1.0 / up_mean), order, "fail", index))
+        else:
+            action = "preempt"
+            heapq.heappush(queue, (at + rng.expovariate(preempt_rate), order, "preempt", None))
+        order += 1
+        gap = at - last
+        last = at
+        takes_slice = action in ("lose", "restore")
+        tokens.append(str(Token(action, str(index) if takes_slice else None, f"+{_seconds(gap)}", None)))
+    return ",".join(tokens)
+
+
+def _seconds(gap: float) -> str:
+    """A gap as the grammar's ``SECONDS``: a plain decimal, to the millisecond."""
+    text = f"{max(0.0, gap):.3f}".rstrip("0").rstrip(".")
+    return text or "0"

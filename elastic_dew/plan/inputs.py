@@ -1,0 +1,233 @@
+"""What a plan is computed from: a run's measured costs and the cluster's rates, each with its origin.
+
+Two frozen configurations, each setting declared once (:func:`~elastic_dew.elastic.config.setting`:
+default, help, range, flag) and checked as it is built:
+
+- :class:`Costs`: what the run's own program costs, in seconds, as its run record measures
+  them (:func:`measured_costs` reads a run directory): a step, a snapshot save and a
+  checkpoint save (the time each blocks the loop), a restore by source, an in-process
+  recovery, a process restart and a scale-up;
+- :class:`Cluster`: the cluster's side: the slice count, a slice's mean time between
+  failures, whole-job preemptions per day, how long a lost slice takes to return, hot spare
+  slices and how long a restarted controller takes to be rescheduled.
+
+Every figure a plan uses is an :class:`Input`: its value and where it came from (measured in
+a run directory, given, or a stated default), so a report can name the origin of each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from elastic_dew.elastic.config import Bound, SettingError, check_fields, setting
+
+__all__ = [
+    "Costs",
+    "Cluster",
+    "Input",
+    "COST_FIELDS",
+    "CLUSTER_FIELDS",
+    "DEFAULT_SLICE_MTBF_HOURS",
+    "measured_costs",
+    "resolve",
+]
+
+_SECONDS = Bound(0, unit="seconds")
+_POSITIVE_SECONDS = Bound(0, strict=True, unit="seconds")
+
+#: The slice MTBF assumed when none is given: Llama 3's pre-training saw 419 unexpected
+#: interruptions in 54 days on 16,384 GPUs (one per GPU every ~50,700 hours); a slice of
+#: 64 accelerators failing as often per accelerator fails every ~790 hours.
+DEFAULT_SLICE_MTBF_HOURS = 790.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """What the run's program costs, in seconds (``None``: not known yet).
+
+    Attributes:
+      step_seconds: one training step on every slice (the loop's step line).
+      snapshot_seconds: the time one in-memory snapshot save blocks the loop.
+      checkpoint_seconds: the time one persistent checkpoint save blocks the loop.
+      snapshot_restore_seconds: restoring the state from a snapshot after a slice loss.
+      checkpoint_restore_seconds: restoring the state from the newest checkpoint.
+      recovery_seconds: an in-process recovery less its restore and its wait for slices:
+        detection, then the mesh and the compile of the step on the slices left.
+      restart_seconds: a new process up to its first resume, less the restore: start-up,
+        mesh and compile.
+      scale_up_seconds: a scale-up when a slice returns (the ``live`` resume).
+    """
+
+    step_seconds: float | None = setting(
+        None, "seconds of one training step on every slice", bound=_POSITIVE_SECONDS, flag="--step-seconds",
+        metavar="S")
+    snapshot_seconds: float | None = setting(
+        None, "seconds one in-memory snapshot save blocks the loop", bound=_SECONDS,
+        flag="--snapshot-seconds", metavar="S")
+    checkpoint_seconds: float | None = setting(
+        None, "seconds one persistent checkpoint save blocks the loop", bound=_SECONDS,
+        flag="--checkpoint-seconds", metavar="S")
+    snapshot_restore_seconds: float | None = setting(
+        None, "seconds to restore the state from a snapshot", bound=_SECONDS,
+        flag="--snapshot-restore-seconds", metavar="S")
+    checkpoint_restore_seconds: float | None = setting(
+        None, "seconds to restore the state from the newest checkpoint", bound=_SECONDS,
+        flag="--restore-seconds", metavar="S")
+    recovery_seconds: float | None = setting(
+        None, "seconds of an in-process recovery less its restore and wait (detection, mesh, compile)",
+        bound=_SECONDS, flag="--recovery-seconds", metavar="S")
+    restart_seconds: float | None = setting(
+        None, "seconds from a new process's start to its first resume, less the restore", bound=_SECONDS,
+        flag="--restart-seconds", metavar="S")
+    scale_up_seconds: float | None = setting(
+        None, "seconds of a scale-up when a slice returns", bound=_SECONDS, flag="--scale-up-seconds",
+        metavar="S")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None and not math.isfinite(value):
+                raise SettingError(type(self), field.name, value, problem=f"{field.name}={value} must be finite")
+
+    def missing(self) -> list[str]:
+        """The fields no one has given or measured."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The cluster a run is planned for.
+
+    Attributes:
+      slices: slices the run trains on (every one healthy: the whole allocation).
+      slice_mtbf_hours: a slice's mean time between failures, in hours; slices fail
+        independently, each at this rate.
+      preemptions_per_day: whole-job preemptions per day (maintenance, a higher-priority
+        job): each ends the controller with SIGTERM after its checkpoint.
+      return_minutes: the mean time a lost slice takes to return (repair or replacement),
+        in minutes; exponentially distributed.
+      spares: hot spare slices beside ``slices``: a lost slice is replaced by a healthy
+        spare at once, and returns to the spares when it is repaired.
+      reschedule_minutes: how long a restarted controller (a preempted or failed JobSet)
+        takes to be rescheduled, in minutes.
+    """
+
+    slices: int = setting(1, "slices the run trains on", bound=Bound(1, whole=True, unit="slices"),
+                          flag="--slices", metavar="N")
+    slice_mtbf_hours: float = setting(
+        DEFAULT_SLICE_MTBF_HOURS, "a slice's mean time between failures, in hours", bound=Bound(0, strict=True, unit="hours"),
+        flag="--slice-mtbf-hours", metavar="H")
+    preemptions_per_day: float = setting(
+        0.0, "whole-job preemptions per day", bound=Bound(0), flag="--preemptions-per-day", metavar="P")
+    return_minutes: float = setting(
+        60.0, "mean minutes a lost slice takes to return", bound=Bound(0, unit="minutes"),
+        flag="--return-minutes", metavar="R")
+    spares: int = setting(0, "hot spare slices", bound=Bound(0, whole=True, unit="slices"), flag="--spares",
+                          metavar="K")
+    reschedule_minutes: float = setting(
+        5.0, "minutes a restarted controller takes to be rescheduled", bound=Bound(0, unit="minutes"),
+        flag="--reschedule-minutes", metavar="M")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SettingError(type(self), field.name, value, problem=f"{field.name}={value} must be finite")
+
+
+#: The fields of each configuration, in the order a report lists them.
+COST_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Costs))
+CLUSTER_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Cluster))
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One figure of a plan: its value and where it came from (``measured: ...``,
+    ``given``, ``default: ...``)."""
+
+    value: Any
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "source": self.source}
+
+
+def _median(values: list[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
+    """The :class:`Costs` fields a run directory's record measures, each with its origin.
+
+    From ``events.jsonl`` (and the simulator's fault log), by the record's own readers:
+    the median committed step on the run's largest slice count; the median taken snapshot
+    and checkpoint save; the median restore of snapshot and of checkpoint resumes; the
+    median detection plus mesh and compile of snapshot resumes (an in-process recovery);
+    the median time from each process's start to its first resume less that resume's
+    restore (a restart); the median ``live`` resume (a scale-up). A figure the run never
+    measured (no checkpoint resume, say) is left out. Raises ``ValueError`` when the
+    directory holds no run record.
+    """
+    from elastic_dew import record
+    from elastic_dew.record.goodput import committed_flags
+    from elastic_dew.elastic import events as ev
+
+    run_dir = Path(run_dir)
+    if not (run_dir / record.EVENTS_FILE).is_file():
+        raise ValueError(f"{run_dir} holds no {record.EVENTS_FILE}; give the directory a run wrote (runs/NAME)")
+    events = record.as_events(record.run_events(run_dir))
+    flags = committed_flags(events)
+    steps = [e for e, ok in zip(events, flags, strict=True) if ok and isinstance(e, ev.Step)]
+    if not steps:
+        raise ValueError(f"{run_dir / record.EVENTS_FILE} holds no committed step; give a run that trained")
+    widest = max(e.slices for e in steps)
+    out: dict[str, Input] = {}
+    where = str(run_dir)
+
+    def put(name: str, values: list[float], what: str) -> None:
+        value = _median(values)
+        if value is not None:
+            out[name] = Input(round(value, 6), f"measured: {where} (median of {len(values)} {what})")
+
+    put("step_seconds", [e.seconds for e in steps if e.slices == widest], f"steps on {widest} slices")
+    saves = [e for e in events if isinstance(e, ev.Save) and e.taken]
+    put("snapshot_seconds", [e.seconds for e in saves if e.tier == "snapshot"], "snapshot saves")
+    put("checkpoint_seconds", [e.seconds for e in saves if e.tier == "checkpoint"], "checkpoint saves")
+    resumes = [e for e in events if isinstance(e, ev.Resume)]
+    put("snapshot_restore_seconds", [e.durations["restore"] for e in resumes if e.source == "snapshot"],
+        "snapshot resumes")
+    put("checkpoint_restore_seconds", [e.durations["restore"] for e in resumes if e.source == "checkpoint"],
+        "checkpoint resumes")
+    put("recovery_seconds",
+        [e.durations["detection"] + e.durations["mesh_and_compile"] for e in resumes if e.source == "snapshot"],
+        "snapshot resumes' detection, mesh and compile")
+    put("scale_up_seconds", [sum(e.durations.values()) for e in resumes if e.source == "live"], "scale-ups")
+    restarts = []
+    started: float | None = None
+    for event in events:
+        if isinstance(event, ev.Start):
+            started = event.process_start if math.isfinite(event.process_start) else event.wall
+        elif isinstance(event, ev.Resume) and started is not None and math.isfinite(event.wall):
+            restarts.append(max(0.0, event.wall - started - event.durations["restore"]))
+            started = None
+    put("restart_seconds", restarts, "process starts")
+    return out
+
+
+def resolve(
+    given: Mapping[str, Any], measured: Mapping[str, Input], defaults: Mapping[str, Input] | None = None
+) -> dict[str, Input]:
+    """Each field's figure: a given value over a measured one over a default; a field with
+    none of them is left out."""
+    out = dict(defaults or {})
+    out.update(measured)
+    out.update({name: Input(value, "given") for name, value in given.items() if value is not None})
+    return out

@@ -1,0 +1,151 @@
+"""A plan: each policy's expected figures at its recommended settings, and how they grow with N.
+
+:func:`plan` takes the run's costs and the cluster and, for each policy with and without
+spares, recommends the cadences (the model's own optimum, started from Young's), the
+replica-resize floor (:func:`~elastic_dew.plan.model.recommend_min_slices`), and reports the
+goodput, the useful-work fraction, the work lost per slice loss and the downtime; it
+recommends the row with the most useful work, and repeats each policy over
+:data:`SLICE_GRID` (1 to 10,000 slices) for the picture of how they grow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from elastic_dew.plan import model
+from elastic_dew.plan.inputs import Cluster, Costs
+
+__all__ = ["PolicyPlan", "Plan", "plan", "plan_policy", "SLICE_GRID", "UNRIDDEN_PER_DAY"]
+
+#: The slice counts a plan's ``by_slices`` covers.
+SLICE_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 10000)
+
+#: The rate of whole-job faults the elastic policies' checkpoint cadence is set against when
+#: no preemption rate is given: one a day.
+UNRIDDEN_PER_DAY = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyPlan:
+    """One policy's recommended settings and its expected figures there.
+
+    ``snapshot_every`` is ``None`` for restart (it never reads a snapshot);
+    ``min_slices`` is ``None`` but for replica-resize. ``young_snapshot_every`` and
+    ``young_checkpoint_every`` are Young's first-order optima, beside the model's.
+    ``lost_steps``: steps done again per slice loss.
+    """
+
+    policy: str
+    spares: int
+    goodput: float
+    useful_work: float
+    snapshot_every: int | None
+    checkpoint_every: int
+    min_slices: int | None
+    lost_seconds: float
+    lost_steps: float
+    downtime_seconds: float
+    faults_per_day: float
+    young_snapshot_every: int | None
+    young_checkpoint_every: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Every policy's plan (``policies``), the one recommended (the most useful work), and
+    ``by_slices``: each policy's goodput and useful work over :data:`SLICE_GRID`."""
+
+    policies: tuple[PolicyPlan, ...]
+    recommended: PolicyPlan
+    by_slices: tuple[dict[str, Any], ...]
+
+
+def _steps(seconds: float, step: float) -> int:
+    if not math.isfinite(seconds):
+        return 10**7
+    return max(1, round(seconds / step))
+
+
+def plan_policy(costs: Costs, cluster: Cluster, policy: str) -> PolicyPlan:
+    """``policy`` on ``cluster`` at its recommended cadences (and floor)."""
+    r = model.rates(cluster)
+    step = costs.step_seconds
+    losses = cluster.slices * r.alpha
+    between_losses = 1.0 / losses
+    if policy == "restart":
+        young_c = _steps(model.young(costs.checkpoint_seconds, between_losses), step)
+
+        def score_c(k: int) -> float:
+            return model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=k).goodput
+
+        every_c = model.best_cadence(score_c, young_c)
+        outcome = model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=every_c)
+        return _row(policy, cluster, outcome, None, every_c, None, None, young_c, step)
+    unridden = r.preempt if r.preempt > 0 else UNRIDDEN_PER_DAY / 86400.0
+    every_c = young_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), step)
+    young_s = _steps(model.young(costs.snapshot_seconds, between_losses), step)
+    floor = None
+    if policy == "replica_resize":
+        floor = _floor(costs, cluster, young_s, every_c)
+
+    def score_s(k: int) -> float:
+        outcome = model.evaluate(costs, cluster, policy, snapshot_every=k, checkpoint_every=every_c, min_slices=floor)
+        return outcome.useful_work
+
+    every_s = model.best_cadence(score_s, young_s)
+    if policy == "replica_resize":
+        floor = _floor(costs, cluster, every_s, every_c)
+    outcome = model.evaluate(costs, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor)
+    return _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step)
+
+
+def _floor(costs: Costs, cluster: Cluster, every_s: int, every_c: int) -> int:
+    def useful(m: int) -> float:
+        return model.evaluate(costs, cluster, "replica_resize", snapshot_every=every_s, checkpoint_every=every_c,
+                              min_slices=m).useful_work
+
+    return model.recommend_min_slices(useful, cluster.slices)
+
+
+def _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step) -> PolicyPlan:
+    return PolicyPlan(
+        policy=policy, spares=cluster.spares, goodput=outcome.goodput, useful_work=outcome.useful_work,
+        snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor, lost_seconds=outcome.lost_seconds,
+        lost_steps=outcome.lost_seconds / step, downtime_seconds=outcome.downtime_seconds,
+        faults_per_day=outcome.faults_per_day, young_snapshot_every=young_s, young_checkpoint_every=young_c,
+    )
+
+
+def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID) -> Plan:
+    """Each policy without spares and with ``cluster.spares`` of them (or, when none are
+    given, with :func:`~elastic_dew.plan.model.recommend_spares`), the recommended row, and
+    each policy over ``grid`` with the cluster's own spares.
+
+    Raises ``ValueError`` when a cost a policy needs is not known.
+    """
+    missing = costs.missing()
+    if missing:
+        raise ValueError(f"a plan needs every cost; not known: {', '.join(missing)}")
+    spares = cluster.spares or model.recommend_spares(cluster)
+    counts = sorted({0, spares})
+    rows = tuple(
+        plan_policy(costs, dataclasses.replace(cluster, spares=k), policy)
+        for k in counts for policy in model.POLICIES
+    )
+    best = max(rows, key=lambda row: (row.useful_work, -row.spares))
+    by_slices = []
+    for n in grid:
+        sized = dataclasses.replace(cluster, slices=n)
+        for policy in model.POLICIES:
+            row = plan_policy(costs, sized, policy)
+            by_slices.append({"slices": n, "policy": policy, "goodput": row.goodput, "useful_work": row.useful_work,
+                              "snapshot_every": row.snapshot_every, "checkpoint_every": row.checkpoint_every,
+                              "min_slices": row.min_slices})
+    return Plan(rows, best, tuple(by_slices))

@@ -1,0 +1,260 @@
+"""The planner's model (its invariants, its agreement with the event-by-event simulation), the
+schedules it draws, the costs it reads from a run record, and ``elastic-dew plan``'s refusals.
+
+The model's agreement over 1 to 10,000 slices and its check against real simulated runs
+are benchmarks (``python -m benchmarks --only plan_validation``); here each property once,
+in a few seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+
+from elastic_dew import cli
+from elastic_dew.plan import des, faults, inputs, model, planner
+from elastic_dew.plan.inputs import Cluster, Costs
+
+#: Costs of the size a real cluster's run has (seconds).
+COSTS = Costs(step_seconds=2.0, snapshot_seconds=0.5, checkpoint_seconds=5.0, snapshot_restore_seconds=10.0,
+              checkpoint_restore_seconds=60.0, recovery_seconds=60.0, restart_seconds=300.0, scale_up_seconds=30.0)
+CADENCES = {"restart": (None, 500), "pause_resume": (20, 500), "replica_resize": (20, 500)}
+
+
+def _outcome(policy, cluster, costs=COSTS, floor=None):
+    every_s, every_c = CADENCES[policy]
+    return model.evaluate(costs, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c,
+                          min_slices=floor if policy == "replica_resize" else None)
+
+
+@pytest.mark.parametrize("policy", model.POLICIES)
+def test_goodput_and_useful_work_stay_between_0_and_1_from_one_slice_to_a_failing_multitude(policy):
+    for slices in (1, 7, 1000, 10000):
+        for mtbf in (0.01, 1.0, 790.0, 1e7):
+            for spares in (0, 3):
+                cluster = Cluster(slices=slices, slice_mtbf_hours=mtbf, preemptions_per_day=2.0,
+                                  return_minutes=30.0, spares=spares, reschedule_minutes=5.0)
+                out = _outcome(policy, cluster, floor=max(1, slices // 2))
+                assert 0.0 <= out.goodput <= 1.0 and 0.0 <= out.useful_work <= 1.0, (slices, mtbf, spares, out)
+                assert out.useful_work <= out.goodput + 1e-12
+
+
+@pytest.mark.parametrize("policy", model.POLICIES)
+def test_goodput_and_useful_work_never_grow_as_slices_fail_more_often(policy):
+    for slices in (1, 64, 4096):
+        previous = None
+        for mtbf in (1e6, 5000.0, 790.0, 100.0, 10.0, 1.0):
+            cluster = Cluster(slices=slices, slice_mtbf_hours=mtbf, preemptions_per_day=0.5, return_minutes=60.0)
+            out = _outcome(policy, cluster, floor=max(1, slices * 3 // 4))
+            if previous is not None:
+                assert out.goodput <= previous.goodput + 1e-12, (slices, mtbf)
+                assert out.useful_work <= previous.useful_work + 1e-12, (slices, mtbf)
+            previous = out
+        assert previous.goodput < 0.9  # the rates span the range that matters
+
+
+def test_the_recommended_snapshot_cadence_is_where_the_derivative_of_useful_work_changes_sign():
+    cluster = Cluster(slices=256, slice_mtbf_hours=790.0, return_minutes=60.0)
+    row = planner.plan_policy(COSTS, cluster, "pause_resume")
+
+    def useful(k):
+        return model.evaluate(COSTS, cluster, "pause_resume", snapshot_every=k,
+                              checkpoint_every=row.checkpoint_every).useful_work
+
+    k = row.snapshot_every
+    assert useful(k + 1) - useful(k) <= 0 <= useful(k) - useful(k - 1)
+    # Far from the optimum the derivative is steep on both sides: the search did not stop early.
+    assert useful(k) - useful(max(1, k // 4)) > 1e-4 and useful(k) - useful(k * 4) > 1e-4
+    # Young's first-order optimum is close when the save is cheap beside the time between losses.
+    assert abs(k - row.young_snapshot_every) <= 0.1 * row.young_snapshot_every
+
+
+def test_the_recommended_checkpoint_cadence_of_a_restart_is_the_models_optimum():
+    cluster = Cluster(slices=64, slice_mtbf_hours=790.0, return_minutes=60.0)
+    row = planner.plan_policy(COSTS, cluster, "restart")
+
+    def goodput(k):
+        return model.evaluate(COSTS, cluster, "restart", snapshot_every=None, checkpoint_every=k).goodput
+
+    k = row.checkpoint_every
+    assert goodput(k) >= max(goodput(k - 1), goodput(k + 1))
+    assert row.snapshot_every is None and row.min_slices is None
+
+
+def test_replica_resize_never_trains_less_than_restart_when_a_lost_slice_returns_within_the_restarts_downtime():
+    for slices in (1, 4, 64, 1024, 10000):
+        for mtbf in (50.0, 790.0, 10000.0):
+            for spares in (0, 2):
+                # The restart's own downtime is at least its reschedule, 5 minutes, plus its restart.
+                cluster = Cluster(slices=slices, slice_mtbf_hours=mtbf, preemptions_per_day=1.0, return_minutes=5.0,
+                                  spares=spares, reschedule_minutes=5.0)
+                restart = planner.plan_policy(COSTS, cluster, "restart")
+                every_c = restart.checkpoint_every  # the same costs: the same checkpoints
+
+                def useful(k, floor):
+                    return model.evaluate(COSTS, cluster, "replica_resize", snapshot_every=k,
+                                          checkpoint_every=every_c, min_slices=floor).useful_work
+
+                k = model.best_cadence(lambda k: useful(k, 1), 20)
+                floor = model.recommend_min_slices(lambda m: useful(k, m), slices)
+                assert useful(k, floor) >= restart.useful_work, (slices, mtbf, spares)
+
+
+def test_the_recommended_floor_is_the_highest_that_costs_no_useful_work():
+    cluster = Cluster(slices=1024, slice_mtbf_hours=790.0, return_minutes=60.0)
+    row = planner.plan_policy(COSTS, cluster, "replica_resize")
+
+    def useful(m):
+        return _outcome("replica_resize", cluster, floor=m).useful_work
+
+    assert 1 < row.min_slices < 1024
+    assert useful(row.min_slices) >= useful(1) - model.MIN_SLICES_TOLERANCE
+    assert useful(row.min_slices + 1) < useful(1) - model.MIN_SLICES_TOLERANCE
+
+
+@pytest.mark.parametrize("policy", model.POLICIES)
+def test_the_model_agrees_with_the_event_by_event_simulation_within_a_point(policy):
+    for slices, spares in ((4, 0), (512, 0), (512, 2)):
+        cluster = Cluster(slices=slices, slice_mtbf_hours=790.0, preemptions_per_day=1.0, return_minutes=60.0,
+                          spares=spares, reschedule_minutes=5.0)
+        every_s, every_c = CADENCES[policy]
+        floor = slices // 2 if policy == "replica_resize" else None
+        predicted = _outcome(policy, cluster, floor=floor)
+        simulated = des.simulate(COSTS, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c,
+                                 min_slices=floor, seed=3, faults=6000)
+        assert abs(predicted.goodput - simulated.goodput) < 0.01, (slices, spares, predicted, simulated)
+        assert abs(predicted.useful_work - simulated.useful_work) < 0.01, (slices, spares)
+
+
+def test_the_simulation_is_deterministic_and_its_seed_matters():
+    cluster = Cluster(slices=16, slice_mtbf_hours=100.0, return_minutes=30.0)
+    run = lambda seed: des.simulate(COSTS, cluster, "replica_resize", snapshot_every=20,  # noqa: E731
+                                    checkpoint_every=500, min_slices=8, seed=seed, faults=500)
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_a_drawn_schedule_is_the_simulators_grammar_repeatable_and_meets_the_rate():
+    from elastic_dew.simulate.schedule import parse_schedule, unreachable
+
+    cluster = Cluster(slices=8, slice_mtbf_hours=790.0, return_minutes=60.0, preemptions_per_day=0.0)
+    factor = faults.compression(cluster, 0.1, 400)
+    text = faults.draw_schedule(cluster, 0.1, 400, 7, factor=factor)
+    assert text == faults.draw_schedule(cluster, 0.1, 400, 7, factor=factor)
+    assert text != faults.draw_schedule(cluster, 0.1, 400, 8, factor=factor)
+    schedule = parse_schedule(text)
+    assert unreachable(schedule, 8) is None
+    down: set[int] = set()
+    elapsed = 0.0
+    for fault in schedule:
+        assert fault.timed
+        elapsed += fault.after
+        if fault.action == "lose":
+            assert fault.slice not in down
+            down.add(fault.slice)
+        else:
+            assert fault.action == "restore" and fault.slice in down
+            down.remove(fault.slice)
+    losses = sum(fault.action == "lose" for fault in schedule)
+    # About TARGET_FAULTS in the steps' own time; the schedule spans HORIZON times as long.
+    assert 0.5 * faults.HORIZON * faults.TARGET_FAULTS < losses < 1.5 * faults.HORIZON * faults.TARGET_FAULTS
+    killed = parse_schedule(faults.draw_schedule(cluster, 0.1, 400, 7, factor=factor, loss="kill"))
+    assert {fault.action for fault in killed} == {"kill"}
+
+
+def _record(tmp_path):
+    lines = [
+        {"event": "start", "wall": 100.0, "process_start": 90.0, "pid": 1},
+        {"event": "resume", "wall": 110.0, "source": "fresh", "step": 0,
+         "durations": {"detection": 0, "wait_for_slices": 0, "mesh_and_compile": 4.0, "restore": 1.0}},
+        *[{"event": "step", "wall": 110.0 + i, "step": i, "slices": 4, "loss": 1.0, "examples": [i, i + 1],
+           "seconds": 0.5} for i in range(1, 6)],
+        {"event": "save", "wall": 116.0, "tier": "snapshot", "step": 5, "taken": True, "seconds": 0.02},
+        {"event": "save", "wall": 116.5, "tier": "checkpoint", "step": 5, "taken": True, "seconds": 0.3},
+        {"event": "stop", "wall": 117.0, "reason": "slice_lost", "step": 6},
+        {"event": "resume", "wall": 120.0, "source": "snapshot", "step": 6,
+         "durations": {"detection": 0.5, "wait_for_slices": 2.0, "mesh_and_compile": 1.5, "restore": 0.25}},
+        {"event": "step", "wall": 121.0, "step": 6, "slices": 3, "loss": 1.0, "examples": [6, 7], "seconds": 0.9},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return tmp_path
+
+
+def test_the_costs_a_run_record_measures_name_their_origin(tmp_path):
+    measured = inputs.measured_costs(_record(tmp_path))
+    assert measured["step_seconds"].value == 0.5  # the widest slice count's steps only
+    assert "median of 5 steps on 4 slices" in measured["step_seconds"].source
+    assert measured["snapshot_seconds"].value == 0.02 and measured["checkpoint_seconds"].value == 0.3
+    assert measured["snapshot_restore_seconds"].value == 0.25
+    assert measured["recovery_seconds"].value == 2.0  # detection and mesh; the wait is the cluster's
+    assert measured["restart_seconds"].value == 19.0  # process start to the first resume, less its restore
+    assert "checkpoint_restore_seconds" not in measured and "scale_up_seconds" not in measured
+
+
+def _plan(argv, capsys):
+    code = cli.main(["plan", *argv])
+    return code, capsys.readouterr()
+
+
+GIVEN = ["--step-seconds", "2", "--snapshot-seconds", "0.5", "--checkpoint-seconds", "5", "--snapshot-restore-seconds",
+         "10", "--restore-seconds", "60", "--recovery-seconds", "60", "--restart-seconds", "300",
+         "--scale-up-seconds", "30"]
+
+
+def test_plan_prints_each_input_with_its_origin_and_writes_the_json_it_promises(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code, printed = _plan(["--from", str(_record(tmp_path)), *GIVEN[2:], "--slices", "64", "--json", str(out)], capsys)
+    assert code == 0, printed.err
+    assert "measured: " in printed.out and "given" in printed.out and "default: " in printed.out
+    data = json.loads(out.read_text())
+    assert data["inputs"]["step_seconds"]["source"].startswith("measured: ")
+    assert data["inputs"]["snapshot_seconds"] == {"value": 0.5, "source": "given"}
+    assert {row["policy"] for row in data["policies"]} == set(model.POLICIES)
+    assert {"goodput", "useful_work", "snapshot_every", "checkpoint_every", "min_slices", "spares"} <= set(
+        data["policies"][0])
+    assert {row["slices"] for row in data["by_slices"]} == set(planner.SLICE_GRID)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--slices", "0", *GIVEN], "--slices 0 must be >= 1"),
+    (["--slices", "8", "--slice-mtbf-hours", "0", *GIVEN], "--slice-mtbf-hours 0.0 must be > 0 hours"),
+    (["--slices", "8", "--return-minutes", "-1", *GIVEN], "--return-minutes -1"),
+    (["--slices", "8", "--step-seconds", "0", *GIVEN[2:]], "--step-seconds 0.0 must be > 0 seconds"),
+    (["--slices", "8", "--step-seconds", "2"], "--snapshot-seconds"),
+    (["--slices", "8", "--from", "/nonexistent/run", *GIVEN], "--from /nonexistent/run"),
+    (["--slices", "8", "--steps", "100", *GIVEN], "--steps and --compress go with --draw-schedule"),
+    (["--slices", "8", "--draw-schedule", "1", *GIVEN], "--draw-schedule needs --steps"),
+    (["--slices", "8", "--plot", "/nonexistent/dir/p.png", *GIVEN], "/nonexistent/dir does not exist"),
+])
+def test_plan_refuses_an_impossible_input_naming_it_before_writing_anything(argv, named, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code, printed = _plan([*argv, "--json", str(out)] if "--draw-schedule" not in argv else argv, capsys)
+    assert code == 2
+    assert named in printed.err
+    assert not out.exists()
+
+
+def test_plan_without_matplotlib_refuses_the_plot_saying_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "plan.json"
+    code, printed = _plan(["--slices", "8", *GIVEN, "--json", str(out), "--plot", str(tmp_path / "p.png")], capsys)
+    assert code == 2 and "elastic-dew[plot]" in printed.err
+    assert not out.exists()
+
+
+def test_plan_draws_a_schedule_stating_its_compression(capsys):
+    code, printed = _plan(["--slices", "4", *GIVEN, "--draw-schedule", "3", "--steps", "200"], capsys)
+    assert code == 0, printed.err
+    header, text = printed.out.strip().splitlines()
+    assert "compressed" in header and text.startswith("lose:")
+    cluster = Cluster(slices=4)
+    factor = faults.compression(cluster, 2.0, 200)
+    assert text == faults.draw_schedule(cluster, 2.0, 200, 3, factor=factor)
+
+
+def test_a_cost_that_is_not_finite_is_refused_as_the_configuration_is_built():
+    with pytest.raises(ValueError, match="snapshot_seconds=inf"):
+        dataclasses.replace(COSTS, snapshot_seconds=float("inf"))
