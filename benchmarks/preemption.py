@@ -27,8 +27,9 @@ __all__ = ["measure", "disk_write_seconds"]
 GRACE_S = 30.0
 
 
-def disk_write_seconds(directory: Path, nbytes: int) -> float:
-    """Write ``nbytes`` to a new file and fsync it; the file is removed afterwards."""
+def disk_write_seconds(directory: Path, nbytes: int, *, keep: bool = False) -> float:
+    """Write ``nbytes`` to a new file, ``disk-probe.bin`` in ``directory``, and fsync it; the
+    file is removed afterwards unless ``keep``."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "disk-probe.bin"
     chunk = os.urandom(2**20) * 16
@@ -42,7 +43,8 @@ def disk_write_seconds(directory: Path, nbytes: int) -> float:
         f.flush()
         os.fsync(f.fileno())
     elapsed = time.perf_counter() - t
-    path.unlink()
+    if not keep:
+        path.unlink()
     return elapsed
 
 

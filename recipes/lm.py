@@ -28,7 +28,6 @@ import dataclasses
 import math
 import sys
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,7 +37,7 @@ from elastic_dew.elastic.config import Bound, check_fields, setting
 from recipes._common import make_config
 from recipes.data import VOCABULARY, corpus, encode
 
-__all__ = ["LMConfig", "DEFAULTS", "build", "forward", "model_sharding", "main"]
+__all__ = ["LMConfig", "DEFAULTS", "build", "forward", "next_token_loss", "optimizer", "model_sharding", "main"]
 
 #: Training settings this recipe runs well with; ``elastic-dew train lm`` uses them unless told otherwise.
 DEFAULTS = {"steps": 300, "global_batch": 48}
@@ -194,6 +193,18 @@ def forward(params: dict, tokens: jax.Array, cfg: LMConfig) -> jax.Array:
     return (_norm(x, params["norm_f"]) @ params["embed"].T).astype(jnp.float32)
 
 
+def next_token_loss(params: dict, tokens: jax.Array, cfg: LMConfig) -> jax.Array:
+    """The mean cross-entropy of predicting each of ``tokens[:, 1:]`` from the tokens before it."""
+    logits = forward(params, tokens[:, :-1], cfg)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def optimizer(cfg: LMConfig) -> optax.GradientTransformation:
+    """AdamW with a linear warm-up to ``cfg.learning_rate``, gradients clipped to a global norm of 1."""
+    schedule = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+
+
 def build(**overrides) -> dict:
     """The recipe's parts: ``init``, ``loss``, ``optimizer``, ``dataset``, ``eval_dataset`` (up to
     ``eval_examples`` windows of the corpus's last ``eval_fraction``, which training never
@@ -216,6 +227,8 @@ def build(**overrides) -> dict:
     cfg = make_config(LMConfig, overrides, "lm")
     eval_dataset = None
     if not data:
+        import grain  # here, not at the top: the model and its optimizer need no data pipeline
+
         tokens = encode(corpus(cfg.corpus_chars))
         # The corpus's end (eval_fraction of it) is the evaluation split: never trained on.
         cut = len(tokens) - _held_out(cfg)
@@ -229,14 +242,10 @@ def build(**overrides) -> dict:
 
     def loss(params: dict, batch: dict, key: jax.Array) -> jax.Array:
         del key  # no dropout: the model is deterministic given its parameters
-        tokens = batch["tokens"]
-        logits = forward(params, tokens[:, :-1], cfg)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        return next_token_loss(params, batch["tokens"], cfg)
 
-    schedule = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     return {
-        "init": init, "loss": loss, "optimizer": optimizer, "dataset": dataset,
+        "init": init, "loss": loss, "optimizer": optimizer(cfg), "dataset": dataset,
         "eval_dataset": eval_dataset, "model_sharding": model_sharding, "data_workers": cfg.data_workers,
     }
 
