@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-__all__ = ["main", "SUBCOMMANDS", "HelpFormatter"]
+__all__ = ["main", "SUBCOMMANDS", "RENAMED_FLAGS", "HelpFormatter"]
 
 
 #: name -> (module, one-line help)
@@ -27,6 +27,30 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "data": ("elastic_dew.commands.data", "prepare text files as ArrayRecord shards for training"),
     "gcs-server": ("elastic_dew.commands.gcs_server", "serve a local Cloud Storage bucket for gs:// runs on one machine"),
 }
+
+
+#: Flags renamed, still accepted until :data:`elastic_dew._deprecation.REMOVED_IN` with a
+#: warning on standard error: old spelling -> new spelling.
+RENAMED_FLAGS: dict[str, str] = {"--chaos": "--schedule"}
+
+
+def _renamed_flags(argv: list[str]) -> list[str]:
+    """``argv`` with each renamed flag (``--chaos X``, ``--chaos=X``) spelled as its new name,
+    warning once on standard error (and as a ``DeprecationWarning``) for each."""
+    from elastic_dew._deprecation import message, warn
+
+    out: list[str] = []
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[index:]
+        name, equals, value = arg.partition("=")
+        if name in RENAMED_FLAGS:
+            new = RENAMED_FLAGS[name]
+            print(f"elastic-dew: warning: {message(name, new)}", file=sys.stderr)
+            warn(name, new)
+            arg = new + equals + value
+        out.append(arg)
+    return out
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -90,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from elastic_dew.runtime import install_exit_hook
 
     install_exit_hook()  # program start: an uncaught Preempted ends any command with 143
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _renamed_flags(list(sys.argv[1:] if argv is None else argv))
     parser, module = _parser(argv)
     args = parser.parse_args(argv)
     from elastic_dew.observe.logs import TEXT_FORMAT, set_verbose

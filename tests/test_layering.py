@@ -24,7 +24,8 @@ from conftest import REPO
 #: Each layer: the module path prefixes it holds (the longest prefix wins), and the layers
 #: below it that it may import. Listed bottom up.
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "runtime": (("elastic_dew.runtime", "elastic_dew.launch"), ()),
+    # (and the deprecation shims' one wording, which imports nothing of elastic_dew)
+    "runtime": (("elastic_dew.runtime", "elastic_dew.launch", "elastic_dew._deprecation"), ()),
     # the elastic layer and the run directory's formats: below everything that reads them
     "elastic": (("elastic_dew.elastic", "elastic_dew.rundir"), ("runtime",)),
     "simulator": (("elastic_dew.simulate",), ("runtime", "elastic")),

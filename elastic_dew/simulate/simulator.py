@@ -66,6 +66,7 @@ from typing import Any
 
 import jax
 
+from elastic_dew._deprecation import renamed_keywords, warn
 from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.patches import registry
@@ -146,6 +147,7 @@ class SimulatedSlices:
     (each answer of pathwaysutils' wait for slices; :attr:`attempts` lists them too).
     """
 
+    @renamed_keywords("SimulatedSlices", num_slices="slices")
     def __init__(
         self,
         slices: int,
@@ -247,6 +249,12 @@ class SimulatedSlices:
         self._lost_device_ids = frozenset()
 
     # ----------------------------------------------------------------- slices
+
+    @property
+    def num_slices(self) -> int:
+        """Deprecated (goes in 0.3): :attr:`slices`."""
+        warn("SimulatedSlices.num_slices", "SimulatedSlices.slices")
+        return self.slices
 
     @property
     def topology(self) -> Topology:

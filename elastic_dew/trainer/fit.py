@@ -11,6 +11,7 @@ about surviving faults is the protocol's.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from elastic_dew import rundir
+from elastic_dew._deprecation import warn
 from elastic_dew.elastic import events
 from elastic_dew.elastic.slices import sharding as shardings
 from elastic_dew.elastic.config import ElasticConfig
@@ -51,11 +53,45 @@ class FitResult:
     model: Any = None
 
 
+#: The :class:`TrainConfig` fields the constructor and ``from_nnx`` took directly before
+#: they moved into ``train``; still accepted, with a ``DeprecationWarning``, until 0.3.
+_MOVED_TO_TRAIN = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def _train_of(owner: str, train: TrainConfig | None, deprecated: dict[str, Any]) -> TrainConfig:
+    """``train`` (default ``TrainConfig()``) with the deprecated keywords folded in; any other
+    keyword is refused naming ``owner``'s parameters."""
+    unknown = sorted(set(deprecated) - _MOVED_TO_TRAIN)
+    if unknown == ["model_sharding"] and owner.endswith("from_nnx"):
+        raise TypeError(
+            "Trainer.from_nnx() takes no model_sharding: annotate the variables (nnx.with_partitioning) "
+            "or give TrainConfig(sharding=) a callable"
+        )
+    if unknown:
+        target = Trainer.from_nnx if owner.endswith("from_nnx") else Trainer.__init__
+        names = [
+            p.name for p in inspect.signature(target).parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in ("self", "cls")
+        ]
+        raise TypeError(
+            f"{owner}() got an unexpected keyword argument {unknown[0]!r}; its parameters are "
+            f"{', '.join(names)} (TrainConfig's fields go in train=TrainConfig(...))"
+        )
+    if train is None:
+        train = TrainConfig()
+    elif not isinstance(train, TrainConfig):
+        raise TypeError(f"train must be a TrainConfig, not {type(train).__name__}")
+    if deprecated:
+        given = ", ".join(f"{name}=..." for name in sorted(deprecated))
+        warn(f"{owner}({given})", f"{owner}(train=TrainConfig({given}))", stacklevel=3)
+        train = dataclasses.replace(train, **deprecated)
+    return train
+
 
 class Trainer:
     """Train a model elastically: ``Trainer(...).fit(steps)``.
 
-    Arguments:
+    Args:
       init: ``init(key) -> params``, any pytree of arrays.
       loss: ``loss(params, batch, key)`` returning the loss (a scalar) or ``(loss,
         metrics)``, ``metrics`` a dict of scalars; ``batch`` is the dataset's example
@@ -77,7 +113,8 @@ class Trainer:
         the state replicated on the slices' mesh, so ``Layout(host=...)`` requires
         ``snapshot_every=0`` (persistent checkpoints still protect the run).
       train: the :class:`~elastic_dew.train_config.TrainConfig` (log lines, seed, the
-        state's layout inside a slice, gradient accumulation, evaluation cadence).
+        state's layout inside a slice, gradient accumulation, evaluation cadence); ``None``:
+        its defaults.
       sinks: callables that each receive every typed event of the run, in order, after
         the run record has it (a progress display, TensorBoard, the goodput export, your
         own); a sink that raises is logged and dropped. Their owner closes them.
@@ -99,6 +136,19 @@ class Trainer:
         with ``train.eval_every``. A pass runs after every multiple of it, over the same
         ``len(eval_dataset) // eval_batch`` batches each time, on the current mesh, and is
         an ``eval`` event (:mod:`elastic_dew.elastic.loop.evaluation`).
+      **deprecated: a :class:`~elastic_dew.train_config.TrainConfig` field given directly
+        (``log_every=``, ``seed=``, ``sharding=``, ``microbatch=``, ``eval_every=``,
+        ``eval_batch=``): deprecated, goes in 0.3; folded into ``train`` with a
+        ``DeprecationWarning``.
+
+    Raises:
+      TypeError: a keyword that is not one of these parameters (the error names them), a
+        callable or config of the wrong type.
+      ValueError: an argument the run cannot use (an empty dataset, a loss of the wrong form,
+        ``eval_dataset`` without ``train.eval_every``, ``Layout.host`` with snapshots on, a
+        run directory that is not one), refused before anything is written.
+      elastic_dew.elastic.config.SettingError: a deprecated ``TrainConfig`` field out of its
+        range.
 
     :meth:`from_nnx` builds a ``Trainer`` from a Flax NNX model.
     """
@@ -113,13 +163,27 @@ class Trainer:
         config: ElasticConfig,
         run_dir: str | os.PathLike,
         eval_loss: Callable[[Any, Any, jax.Array], Any] | None = None,
-        **options: Any,
+        train: TrainConfig | None = None,
+        layout: Layout | None = None,
+        sinks: Sequence[events.Sink] = (),
+        notice: PreemptionNotice | None = None,
+        manager: Any = None,
+        model_sharding: Callable[[tuple, Any, jax.sharding.Mesh], PartitionSpec] | None = None,
+        on_accepted: Callable[[], Any] | None = None,
+        data_workers: int = 0,
+        eval_dataset: Any = None,
+        **deprecated: Any,
     ) -> None:
+        train = _train_of("Trainer", train, deprecated)
         for name, fn in (("init", init), ("loss", loss), ("eval_loss", eval_loss)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a callable, not {type(fn).__name__}")
-        self._configure(Functional(init, loss, eval_loss), optimizer=optimizer, dataset=dataset,
-                        config=config, run_dir=run_dir, **options)
+        self._configure(
+            Functional(init, loss, eval_loss), optimizer=optimizer, dataset=dataset, config=config,
+            run_dir=run_dir, train=train, layout=layout, sinks=sinks, notice=notice, manager=manager,
+            model_sharding=model_sharding, on_accepted=on_accepted, data_workers=data_workers,
+            eval_dataset=eval_dataset,
+        )
 
     @classmethod
     def from_nnx(
@@ -132,7 +196,15 @@ class Trainer:
         config: ElasticConfig,
         run_dir: str | os.PathLike,
         eval_loss: Callable[[Any, Any], Any] | None = None,
-        **options: Any,
+        train: TrainConfig | None = None,
+        layout: Layout | None = None,
+        sinks: Sequence[events.Sink] = (),
+        notice: PreemptionNotice | None = None,
+        manager: Any = None,
+        on_accepted: Callable[[], Any] | None = None,
+        data_workers: int = 0,
+        eval_dataset: Any = None,
+        **deprecated: Any,
     ) -> Trainer:
         """A ``Trainer`` of a Flax NNX model, with no glue (:mod:`elastic_dew.flax_nnx`).
 
@@ -146,22 +218,42 @@ class Trainer:
         ``nnx.Param`` and other variable alike; a variable's own ``sharding`` annotation
         over ``data``/``model`` is kept, and ``fsdp`` adds ``data`` where it left a
         dimension free). Only ``nnx.Param`` variables are differentiated and optimized.
-        ``FitResult.model`` is the trained model. The other arguments are the
-        constructor's. Needs the ``flax`` extra.
+        Needs the ``flax`` extra.
+
+        Args:
+            model: an ``nnx.Module``, or a function of an ``nnx.Rngs`` that builds one.
+            loss: ``loss(model, batch)``: the loss, or ``(loss, metrics)``.
+            optimizer, dataset, config, run_dir, eval_loss, train, layout, sinks, notice,
+              manager, on_accepted, data_workers, eval_dataset: as the constructor's
+              (``eval_loss`` takes ``(model, batch)`` like ``loss``). There is no
+              ``model_sharding``: annotate the variables (``nnx.with_partitioning``) or give
+              ``TrainConfig(sharding=)`` a callable.
+            **deprecated: a :class:`~elastic_dew.train_config.TrainConfig` field given
+              directly (``eval_every=10``): deprecated, goes in 0.3; folded into ``train``
+              with a ``DeprecationWarning``.
+
+        Returns:
+            The ``Trainer``; its :meth:`fit` returns a :class:`FitResult` whose ``model`` is
+            the trained model.
+
+        Raises:
+            TypeError: a keyword that is not one of these parameters (the error names them),
+              or an argument of the wrong type.
+            ValueError: an argument the run cannot use (as the constructor's), refused before
+              anything is written.
+            ImportError: Flax is not installed (the ``flax`` extra).
         """
         from elastic_dew.flax_nnx import NnxModel
 
+        train = _train_of("Trainer.from_nnx", train, deprecated)
         trainer = cls.__new__(cls)
-        train = options.get("train", TrainConfig())
         nnx_model = NnxModel(model, loss, eval_loss, seed=train.seed)
-        if "model_sharding" in options:
-            raise TypeError(
-                "from_nnx takes no model_sharding: annotate the variables (nnx.with_partitioning) "
-                "or give TrainConfig(sharding=) a callable"
-            )
-        options["train"] = dataclasses.replace(train, sharding=nnx_model.policy(train.sharding))
-        trainer._configure(nnx_model, optimizer=optimizer, dataset=dataset, config=config,
-                           run_dir=run_dir, **options)
+        trainer._configure(
+            nnx_model, optimizer=optimizer, dataset=dataset, config=config, run_dir=run_dir,
+            train=dataclasses.replace(train, sharding=nnx_model.policy(train.sharding)), layout=layout,
+            sinks=sinks, notice=notice, manager=manager, on_accepted=on_accepted,
+            data_workers=data_workers, eval_dataset=eval_dataset,
+        )
         return trainer
 
     def _configure(
@@ -172,7 +264,7 @@ class Trainer:
         dataset: Any,
         config: ElasticConfig,
         run_dir: str | os.PathLike,
-        train: TrainConfig = TrainConfig(),
+        train: TrainConfig,
         layout: Layout | None = None,
         sinks: Sequence[events.Sink] = (),
         notice: PreemptionNotice | None = None,
@@ -182,8 +274,6 @@ class Trainer:
         data_workers: int = 0,
         eval_dataset: Any = None,
     ) -> None:
-        if not isinstance(train, TrainConfig):
-            raise TypeError(f"train must be a TrainConfig, not {type(train).__name__}")
         sharding = train.sharding
         if model_sharding is not None and not callable(model_sharding):
             raise TypeError(
@@ -246,9 +336,19 @@ class Trainer:
     def fit(self, steps: int) -> FitResult:
         """Train until ``steps`` steps are complete, resuming the run directory's newest state.
 
-        Raises ``Preempted(step)`` (exit 143 when uncaught) once a preemption notice has been
-        honoured: the checkpoint and data position of ``step`` are committed, and the same
-        command run again resumes there.
+        Args:
+            steps: the step to train to (the run's last step, not a count from here).
+
+        Returns:
+            The :class:`FitResult`: the last completed step, the parameters, the summary.
+
+        Raises:
+            ValueError: ``steps`` below 1, or slices, batch and minimum slice count the
+              protocol cannot run (refused before the run directory is written).
+            elastic_dew.runtime.Preempted: a preemption notice was honoured (exit 143 when
+              uncaught): the checkpoint and data position of its ``step`` are committed, and
+              the same command run again resumes there.
+            pathwaysutils.elastic.manager.ElasticRuntimeError: the retry policy gave up.
         """
         if steps < 1:
             raise ValueError(f"steps={steps} must be >= 1")

@@ -1,0 +1,72 @@
+"""How a renamed or moved public name keeps working for one minor version.
+
+The public API (``docs/api.md``) keeps its word: a public name, keyword or flag that is
+renamed or moved still works from its old place until :data:`REMOVED_IN`, with a
+``DeprecationWarning`` naming the new one (``CHANGELOG.md`` lists each under "Deprecated").
+Every such shim words its warning with :func:`warn`, so each says the same thing the same
+way. This module imports nothing of elastic_dew, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["REMOVED_IN", "message", "warn", "renamed_keywords"]
+
+#: The version that removes what the coming release deprecates (one minor version later).
+REMOVED_IN = "0.3"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def message(old: str, new: str) -> str:
+    """The one wording of a deprecation: ``OLD is deprecated and will be removed in 0.3; use NEW``."""
+    return f"{old} is deprecated and will be removed in {REMOVED_IN}; use {new}"
+
+
+def warn(old: str, new: str, *, stacklevel: int = 2) -> None:
+    """Warn (``DeprecationWarning``) that ``old`` is deprecated in favour of ``new``.
+
+    Args:
+        old: the old spelling, as a user wrote it (``SimulatedSlices(num_slices=...)``).
+        new: what to write instead.
+        stacklevel: as :func:`warnings.warn`'s, counted from the caller of :func:`warn`.
+    """
+    warnings.warn(message(old, new), DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def renamed_keywords(owner: str, **renames: str) -> Callable[[_F], _F]:
+    """A decorator: each old keyword (a key of ``renames``) is accepted as its new name (the
+    value), with a ``DeprecationWarning`` naming both.
+
+    The decorated function's signature (``inspect.signature``) is the new one.
+
+    Args:
+        owner: how the user calls it, for the warning (``SimulatedSlices``).
+        renames: old keyword -> new keyword.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TypeError: (from the decorated function) a call gives both the old and the new name.
+    """
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renames.items():
+                if old not in kwargs:
+                    continue
+                if new in kwargs:
+                    raise TypeError(f"{owner}() got {old}= and {new}=; {old} is the old name of {new}: give {new}= only")
+                warn(f"{owner}({old}=...)", f"{owner}({new}=...)", stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -1,0 +1,117 @@
+"""A renamed public name keeps working for one minor version, with a warning naming the new one;
+a wrong keyword to a public constructor names its public parameters.
+
+The renames users already hit (issue 28): ``SimulatedSlices(num_slices=)`` -> ``slices=``
+(and the ``slices`` marker's keyword, and the ``num_slices`` attribute), ``--chaos`` ->
+``--schedule``, the ``TrainConfig`` fields ``Trainer``/``Trainer.from_nnx`` took directly ->
+``train=TrainConfig(...)``, ``record.run_events`` -> ``record.read_events`` (in
+``test_record``). ``CHANGELOG.md`` lists each under "Deprecated".
+"""
+
+from __future__ import annotations
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from elastic_dew import Trainer, TrainConfig, cli
+from elastic_dew._deprecation import REMOVED_IN
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.simulate import SimulatedSlices
+from elastic_dew.testing import pytest_plugin
+
+
+def _dataset() -> grain.MapDataset:
+    xs = np.random.default_rng(1).normal(size=(64, 3)).astype(np.float32)
+    return grain.MapDataset.range(64).map(lambda i: {"x": xs[i], "y": xs[i].sum()})
+
+
+def _functional() -> dict:
+    def init(key):
+        return {"w": jax.random.normal(key, (3,))}
+
+    def loss(params, batch, key):
+        return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+
+    return dict(init=init, loss=loss)
+
+
+def _common(tmp_path) -> dict:
+    return dict(optimizer=optax.sgd(0.1), dataset=_dataset(), run_dir=tmp_path / "run",
+                config=ElasticConfig(minimum_slice_count=1, global_batch=8))
+
+
+def _nnx_model():
+    from flax import nnx
+
+    def loss(model, batch):
+        return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
+
+    return (lambda rngs: nnx.Linear(3, 1, rngs=rngs)), loss
+
+
+def test_simulated_slices_takes_num_slices_with_a_warning_naming_slices():
+    with pytest.warns(DeprecationWarning, match=rf"SimulatedSlices\(num_slices=\.\.\.\) is deprecated and will be removed in {REMOVED_IN}; use SimulatedSlices\(slices=\.\.\.\)"):
+        sim = SimulatedSlices(num_slices=3, devices_per_slice=2)
+    assert sim.slices == 3
+    with pytest.warns(DeprecationWarning, match=r"SimulatedSlices\.num_slices .*; use SimulatedSlices\.slices"):
+        assert sim.num_slices == 3
+    with pytest.raises(TypeError, match=r"give slices= only"):
+        SimulatedSlices(num_slices=3, slices=3, devices_per_slice=2)
+
+
+def test_the_slices_marker_takes_num_slices_with_a_warning_naming_slices():
+    with pytest.warns(DeprecationWarning, match=r"@pytest\.mark\.slices\(num_slices=\.\.\.\) .*; use @pytest\.mark\.slices\(slices=\.\.\.\)"):
+        shape = pytest_plugin._shape(pytest.mark.slices(num_slices=3, devices_per_slice=2).mark)
+    assert (shape["slices"], shape["devices_per_slice"]) == (3, 2)
+
+
+@pytest.mark.parametrize("spelling", [["--chaos", "lose:9@3"], ["--chaos=lose:9@3"]])
+def test_the_chaos_flag_is_read_as_schedule_with_a_warning_on_the_command_line(spelling, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(DeprecationWarning, match="--chaos"):
+        status = cli.main(["train", "mlp", *spelling, "--run-dir", "run"])
+    err = capsys.readouterr().err
+    assert f"elastic-dew: warning: --chaos is deprecated and will be removed in {REMOVED_IN}; use --schedule" in err
+    # The schedule reached the schedule's own check, worded with the new flag.
+    assert status == 2 and "--schedule: fault lose:9@3/step names slice 9" in err
+
+
+def test_a_train_config_field_given_to_the_trainer_goes_into_train_with_a_warning(tmp_path):
+    with pytest.warns(DeprecationWarning, match=r"Trainer\(log_every=\.\.\., seed=\.\.\.\) .*; use Trainer\(train=TrainConfig\(log_every=\.\.\., seed=\.\.\.\)\)"):
+        trainer = Trainer(**_functional(), **_common(tmp_path), log_every=5, seed=7)
+    assert (trainer.train.log_every, trainer.train.seed) == (5, 7)
+    with pytest.warns(DeprecationWarning):
+        trainer = Trainer(**_functional(), **_common(tmp_path), train=TrainConfig(seed=3), log_every=5)
+    assert (trainer.train.log_every, trainer.train.seed) == (5, 3)
+
+
+def test_from_nnx_takes_eval_every_with_a_warning_naming_train_config(tmp_path):
+    pytest.importorskip("flax")
+    model, loss = _nnx_model()
+    with pytest.warns(DeprecationWarning, match=r"Trainer\.from_nnx\(eval_every=\.\.\.\) .*; use Trainer\.from_nnx\(train=TrainConfig\(eval_every=\.\.\.\)\)"):
+        trainer = Trainer.from_nnx(model, loss, **_common(tmp_path), eval_dataset=_dataset(), eval_every=10)
+    assert trainer.train.eval_every == 10 and trainer.evaluation is not None
+
+
+def test_a_wrong_keyword_to_the_trainer_names_its_public_parameters_not_a_private_method(tmp_path):
+    with pytest.raises(TypeError) as refused:
+        Trainer(**_functional(), **_common(tmp_path), bogus=1)
+    text = str(refused.value)
+    assert text.startswith("Trainer() got an unexpected keyword argument 'bogus'; its parameters are init, loss,")
+    assert "eval_dataset" in text and "_configure" not in text
+
+
+def test_a_wrong_keyword_to_from_nnx_names_from_nnx_and_its_public_parameters(tmp_path):
+    pytest.importorskip("flax")
+    model, loss = _nnx_model()
+    with pytest.raises(TypeError) as refused:
+        Trainer.from_nnx(model, loss, **_common(tmp_path), bogus=1)
+    text = str(refused.value)
+    assert text.startswith("Trainer.from_nnx() got an unexpected keyword argument 'bogus'; its parameters are "
+                           "model, loss, optimizer, dataset, config, run_dir,")
+    assert "model_sharding" not in text and "_configure" not in text
+    assert not (tmp_path / "run").exists()
