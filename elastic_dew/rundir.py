@@ -60,10 +60,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 COMMAND_FILE = "command.json"
+#: The run record: one event a line, append-only (:mod:`elastic_dew.record`).
 EVENTS_FILE = "events.jsonl"
+#: The simulator's fired faults, each appended and fsynced before it fires.
 FAULTS_FILE = "faults.jsonl"
+#: The summary each process writes at its end.
 SUMMARY_FILE = "summary.json"
+#: The final parameters (numpy arrays, no pickles).
 PARAMS_FILE = "final_params.npz"
+#: The run's timeline picture (the ``plot`` extra).
 TIMELINE_FILE = "timeline.png"
 CHECKPOINTS_DIR = "checkpoints"
 #: TensorBoard event files (:mod:`elastic_dew.observe.tensorboard`), one per process.

@@ -33,6 +33,8 @@ __all__ = [
     "MULTI_TIER_DIR",
 ]
 
+#: What the global batch does when slices are lost: ``constant`` keeps it (more examples per
+#: surviving device), ``scale_by_active_slices`` scales it with the active slices.
 BATCH_POLICIES = ("constant", "scale_by_active_slices")
 CHECKPOINT_KINDS = ("orbax", "multi_tier")
 #: Seconds between slice health checks when ``poll_interval`` is left out, on simulated

@@ -60,8 +60,11 @@ __all__ = [
     "to_json",
 ]
 
+#: Why an attempt stops (a ``stop`` event's ``reason``).
 STOP_REASONS = ("preempted", "slice_lost", "scale_up", "done")
+#: Where an attempt's state comes from (a ``resume`` event's ``source``).
 RESUME_SOURCES = ("live", "snapshot", "checkpoint", "fresh")
+#: The phases of a recovery a ``resume`` event times (its ``durations``' keys), in order.
 DURATION_KEYS = ("detection", "wait_for_slices", "mesh_and_compile", "restore")
 
 
@@ -191,6 +194,7 @@ class Eval(Event):
     seconds: float
 
 
+#: Each event kind (a line's ``"event"``) and its type.
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault, Eval)}
 
 

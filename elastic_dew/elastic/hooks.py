@@ -73,6 +73,7 @@ PHASE_TABLE: Mapping[str, Phase] = {
 #: The phase names, in the order of :data:`PHASE_TABLE`.
 PHASES: tuple[str, ...] = tuple(PHASE_TABLE)
 
+#: What :func:`add_listener` takes: called with each announced phase's name and step.
 Listener = Callable[[str, int], None]
 
 _listeners: list[Listener] = []

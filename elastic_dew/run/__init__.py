@@ -86,6 +86,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Where ``--name NAME`` puts a run directory (``runs/NAME``), relative to the working directory.
 RUNS_DIR = Path("runs")
 #: How a user names the run directory, in refusals of one: the two keywords of
 #: :class:`RunConfig` that choose it (the console words them as their flags).

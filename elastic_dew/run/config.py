@@ -21,7 +21,9 @@ from elastic_dew.train_config import TrainConfig
 
 __all__ = ["RunConfig", "SimConfig", "DEFAULT_SLICES", "DEFAULT_DEVICES_PER_SLICE"]
 
+#: The simulated slices a run on CPU has unless told (``--slices``).
 DEFAULT_SLICES = 4
+#: The CPU devices of each simulated slice unless told (``--devices-per-slice``).
 DEFAULT_DEVICES_PER_SLICE = 2
 
 

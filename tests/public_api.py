@@ -1,0 +1,353 @@
+"""elastic_dew's public API: the one list of public names, its snapshot and its docs page.
+
+The public names are the ``__all__`` of the modules in :data:`PUBLIC_MODULES`, plus the
+pytest plugin's marker, fixture and option. For each, this module writes
+
+- ``tests/public_api.txt``: every name's signature (functions; classes with their
+  constructor, public methods and properties; dataclass fields with their defaults;
+  constants with their type and value), which ``tests/test_public_api.py`` compares with the
+  package as it is, so a change to the public API is a decision, not an accident;
+- ``docs/api.md``: every name with its one-line contract (the first sentence of its
+  docstring, or of the ``#:`` comment above a constant).
+
+After a deliberate change to the public API, regenerate both and add a ``CHANGELOG.md`` line::
+
+    python tests/public_api.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import importlib
+import inspect
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SNAPSHOT = REPO / "tests" / "public_api.txt"
+DOCS_PAGE = REPO / "docs" / "api.md"
+REGENERATE = "python tests/public_api.py --write"
+
+#: The public modules, and what each is for (the docs page's sections). A public name is in
+#: one of these modules' ``__all__``; every other module may change or move freely.
+PUBLIC_MODULES: dict[str, str] = {
+    "elastic_dew": "the trainer and its settings, at the top",
+    "elastic_dew.runtime": "the process: prepare it before JAX starts, preemption, compilation cache",
+    "elastic_dew.elastic": "the elastic layer for your own loop: settings, slices and meshes, state tiers, the stop/resume protocol",
+    "elastic_dew.elastic.hooks": "phase announcements: where a loop says what it is doing, for the simulator to fire faults at",
+    "elastic_dew.elastic.events": "the typed events of a run: the run record's lines and what sinks receive",
+    "elastic_dew.trainer": "the trainer",
+    "elastic_dew.run": "a recipe run, as the command line and a recipe's own main() run it",
+    "elastic_dew.record": "reading and summarising a run directory's record",
+    "elastic_dew.simulate": "simulated slices and fault schedules on CPU",
+    "elastic_dew.testing.pytest_plugin": "the pytest plugin (its marker, fixture and option are below)",
+}
+
+#: The pytest plugin's public surface that is not a Python name.
+PLUGIN_SURFACE = {
+    "marker slices": "@pytest.mark.slices(slices, devices_per_slice, schedule=None, step_program=None, "
+    "allow_unfired=False): the simulated_slices fixture's slices and schedule",
+    "fixture simulated_slices": "an entered SimulatedSlices shaped by the slices marker, its fault log in tmp_path; "
+    "a scheduled fault that never fired fails the test",
+    "option --simulated-devices N": "give JAX N host CPU devices before it starts (also the simulated_devices ini key)",
+}
+
+
+def _prepare_jax() -> None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _clean(text: str) -> str:
+    """A repr without what changes from run to run (addresses)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+
+
+class _Written(str):
+    """An annotation as its source wrote it (the modules use ``from __future__ import
+    annotations``, so annotations are strings): shown without quotes."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _unquoted(annotation: Any) -> Any:
+    return _Written(annotation) if isinstance(annotation, str) else annotation
+
+
+def _signature(obj: Any) -> str:
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return "(...)"
+    signature = signature.replace(
+        parameters=[p.replace(annotation=_unquoted(p.annotation)) for p in signature.parameters.values()],
+        return_annotation=_unquoted(signature.return_annotation),
+    )
+    return _clean(str(signature))
+
+
+def _own(cls: type, name: str) -> Any:
+    """``name``'s attribute as an elastic_dew class of ``cls``'s MRO defines it, or ``None``."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name] if klass.__module__.startswith("elastic_dew") else None
+    return None
+
+
+def _constant(value: Any) -> str:
+    if isinstance(value, (bool, int, float, str, bytes, type(None))):
+        return f"{type(value).__name__} = {value!r}"
+    if isinstance(value, (tuple, frozenset, list)) and all(isinstance(v, (int, float, str)) for v in value):
+        return f"{type(value).__name__} = {_clean(repr(value))}"
+    return type(value).__name__
+
+
+def _class_lines(qualified: str, cls: type) -> list[str]:
+    lines = []
+    if dataclasses.is_dataclass(cls):
+        flags = ", ".join(
+            flag for flag in ("frozen", "kw_only")
+            if getattr(cls.__dataclass_params__, flag, False)  # type: ignore[attr-defined]
+        )
+        lines.append(f"{qualified}: dataclass{f'({flags})' if flags else ''}")
+        for field in dataclasses.fields(cls):
+            if field.name.startswith("_"):
+                continue
+            if field.default is not dataclasses.MISSING:
+                default = f" = {_clean(repr(field.default))}"
+            elif field.default_factory is not dataclasses.MISSING:
+                default = " = <factory>"
+            else:
+                default = ""
+            lines.append(f"{qualified}.{field.name}: {field.type}{default}")
+    else:
+        bases = ", ".join(b.__name__ for b in cls.__bases__ if b is not object)
+        lines.append(f"{qualified}: class{f'({bases})' if bases else ''}{_signature(cls)}")
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    for name in sorted(dir(cls)):
+        if name.startswith("_") or name in fields:
+            continue
+        attr = _own(cls, name)
+        if attr is None:
+            continue
+        if isinstance(attr, property):
+            lines.append(f"{qualified}.{name}: property")
+        elif isinstance(attr, (classmethod, staticmethod)):
+            kind = type(attr).__name__
+            lines.append(f"{qualified}.{name}: {kind}{_signature(getattr(cls, name))}")
+        elif inspect.isfunction(attr):
+            lines.append(f"{qualified}.{name}{_signature(attr)}")
+        elif not callable(attr):
+            lines.append(f"{qualified}.{name}: {_constant(attr)}")
+    return lines
+
+
+def _lines(qualified: str, obj: Any) -> list[str]:
+    if inspect.isclass(obj):
+        return _class_lines(qualified, obj)
+    if inspect.ismodule(obj):
+        return [f"{qualified}: module"]
+    if callable(obj):
+        return [f"{qualified}{_signature(obj)}"]
+    return [f"{qualified}: {_constant(obj)}"]
+
+
+def public_names() -> dict[str, Any]:
+    """Every public name (``module.name``) and its object, in :data:`PUBLIC_MODULES` order."""
+    _prepare_jax()
+    names: dict[str, Any] = {}
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            names[f"{module_name}.{name}"] = getattr(module, name)
+    return names
+
+
+def snapshot() -> str:
+    """The snapshot text of the public API as the package is now."""
+    lines = []
+    for qualified, obj in public_names().items():
+        lines.extend(_lines(qualified, obj))
+    lines.extend(f"elastic_dew.testing.pytest_plugin: {what}: {how}" for what, how in PLUGIN_SURFACE.items())
+    return "\n".join(lines) + "\n"
+
+
+def _markdown(text: str) -> str:
+    """reStructuredText roles and literals as Markdown code."""
+    text = re.sub(r":\w+:`~([^`]+)`", lambda m: "`" + m.group(1).rsplit(".", 1)[-1] + "`", text)
+    text = re.sub(r":\w+:`([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
+
+
+def _first_sentence(text: str) -> str:
+    paragraph = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+    match = re.match(r"(.+?[.])(\s|$)", paragraph)
+    sentence = match.group(1) if match else paragraph
+    return _markdown(sentence.rstrip(".:;"))
+
+
+def _comment_above(name: str) -> str | None:
+    """The ``#:`` comment block above ``NAME = ...`` (or ``NAME: T = ...``) in elastic_dew's sources."""
+    pattern = re.compile(rf"^{re.escape(name)}\s*(:[^=]*)?=")
+    for path in sorted((REPO / "elastic_dew").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for index, line in enumerate(lines):
+            if pattern.match(line):
+                block = []
+                j = index - 1
+                while j >= 0 and lines[j].startswith("#:"):
+                    block.insert(0, lines[j][2:].strip())
+                    j -= 1
+                if block:
+                    return " ".join(block)
+    return None
+
+
+def contract(qualified: str, obj: Any) -> str | None:
+    """The one-line contract of a public name: its docstring's first sentence (the ``#:``
+    comment above a constant); ``None`` when it has neither."""
+    doc = None
+    if inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj):
+        doc = obj.__doc__
+    if doc:
+        return _first_sentence(doc)
+    comment = _comment_above(qualified.rsplit(".", 1)[1])
+    return _first_sentence(comment) if comment else None
+
+
+def routines() -> dict[str, Any]:
+    """Every public function, class and public method (``module.Class.method``), once each
+    (a name re-exported by several public modules is listed under the first)."""
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    for qualified, obj in public_names().items():
+        if id(obj) in seen or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        seen.add(id(obj))
+        out[qualified] = obj
+        if inspect.isclass(obj):
+            for name in sorted(dir(obj)):
+                attr = None if name.startswith("_") else _own(obj, name)
+                if isinstance(attr, (classmethod, staticmethod)):
+                    attr = attr.__func__
+                if inspect.isfunction(attr):
+                    out[f"{qualified}.{name}"] = attr
+    return out
+
+
+def sections_needed(obj: Any) -> list[str]:
+    """The docstring sections a public routine owes: ``Args`` when it takes arguments (a
+    dataclass: its fields), ``Returns`` when it returns something, ``Raises`` when its own
+    body raises."""
+    needed = []
+    if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
+        arguments = [f.name for f in dataclasses.fields(obj) if f.init]
+    else:
+        try:
+            parameters = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            parameters = {}
+        arguments = [name for name in parameters if name not in ("self", "cls")]
+    if arguments:
+        needed.append("Args")
+    if not inspect.isclass(obj) and inspect.signature(obj).return_annotation not in (
+        "None", None, inspect.Signature.empty, "Iterator[None]"
+    ):
+        needed.append("Returns")
+    try:
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError):
+        tree = None
+    if tree is not None:
+        body = tree.body[0]
+        if inspect.isclass(obj):  # the constructor's and __post_init__'s raises are the class's
+            body = ast.Module(body=[n for n in body.body if isinstance(n, ast.FunctionDef)
+                                    and n.name in ("__init__", "__post_init__")], type_ignores=[])
+        if any(isinstance(node, ast.Raise) for node in ast.walk(body)):
+            needed.append("Raises")
+    return needed
+
+
+def sections_lacking() -> dict[str, list[str]]:
+    """Each public routine whose docstring lacks a section it owes, and those sections."""
+    lacking = {}
+    for qualified, obj in routines().items():
+        doc = inspect.getdoc(obj) or ""
+        missing = [section for section in sections_needed(obj) if not re.search(rf"^\s*{section}:\s*$", doc, re.M)]
+        if missing:
+            lacking[qualified] = missing
+    return lacking
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def docs_page() -> str:
+    """``docs/api.md``: every public name with its one-line contract, by module."""
+    names = public_names()
+    out = [
+        "# Public API",
+        "",
+        "These are elastic_dew's public names: the `__all__` of the modules below, and the pytest",
+        "plugin's marker, fixture and option. They keep their word: a change to one is recorded in",
+        "`CHANGELOG.md`, and a public name that is renamed or moved keeps working from its old place",
+        "for one minor version, with a `DeprecationWarning` naming the new one. A wrong keyword to a",
+        "public constructor names its public parameters. Every other module may change without",
+        "notice. Each name's docstring has its full contract (`help(name)`), with its arguments,",
+        "what it returns and what it raises.",
+        "",
+        f"`tests/test_public_api.py` compares every signature here with `tests/public_api.txt`; after",
+        f"a deliberate change, regenerate both (`{REGENERATE}`) and add a `CHANGELOG.md` line.",
+        "",
+        f"{len(names)} public names in {len(PUBLIC_MODULES)} modules, and the plugin's "
+        f"{len(PLUGIN_SURFACE)} entries.",
+        "",
+    ]
+    for module_name, purpose in PUBLIC_MODULES.items():
+        out += [f"## `{module_name}`", "", purpose[0].upper() + purpose[1:] + ".", "", "| name | contract |",
+                "| --- | --- |"]
+        prefix = module_name + "."
+        for qualified, obj in names.items():
+            if qualified.startswith(prefix) and "." not in qualified[len(prefix):]:
+                text = contract(qualified, obj) or "(no contract written)"
+                out.append(f"| `{qualified[len(prefix):]}` | {_escape(text)} |")
+        if module_name == "elastic_dew.testing.pytest_plugin":
+            for what, how in PLUGIN_SURFACE.items():
+                out.append(f"| {what} | {_escape(how)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def diff(expected: str, actual: str, name: str) -> str:
+    return "".join(difflib.unified_diff(
+        expected.splitlines(keepends=True), actual.splitlines(keepends=True),
+        fromfile=f"{name} (checked in)", tofile=f"{name} (the package now)",
+    ))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="write tests/public_api.txt and docs/api.md")
+    args = parser.parse_args(argv)
+    outputs = {SNAPSHOT: snapshot(), DOCS_PAGE: docs_page()}
+    if args.write:
+        for path, text in outputs.items():
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO)}")
+        return 0
+    stale = [path for path, text in outputs.items() if not path.exists() or path.read_text() != text]
+    for path in stale:
+        sys.stdout.write(diff(path.read_text() if path.exists() else "", outputs[path], str(path.relative_to(REPO))))
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main())

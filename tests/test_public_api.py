@@ -1,0 +1,75 @@
+"""The public API keeps its word: its signatures are a checked-in snapshot, its names a docs
+page, and each public routine's docstring has its Args/Returns/Raises.
+
+The list of public names, the snapshot and the page are :mod:`public_api`'s (this directory);
+``python tests/public_api.py --write`` regenerates both files after a deliberate change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import public_api
+from conftest import REPO
+
+_HOW = (
+    "If the change is deliberate, regenerate with `{command}` and add a line to CHANGELOG.md "
+    "under Unreleased (Added, Changed, Deprecated or Removed; a renamed or moved public name "
+    "keeps working from its old place for one minor version, with a DeprecationWarning naming "
+    "the new one: elastic_dew._deprecation)."
+).format(command=public_api.REGENERATE)
+
+#: Public routines whose docstrings do not have every section they owe yet (Args when they
+#: take arguments, Returns when they return something, Raises when their body raises). The
+#: list is exact: a routine that gains its sections must leave it, and no other may join it.
+SECTIONS_STILL_OWED = frozenset(
+    (Path(__file__).parent / "public_api_sections_owed.txt").read_text().split()
+)
+
+
+def _fail_with_diff(path: Path, expected: str, actual: str) -> None:
+    raise AssertionError(
+        f"the public API differs from {path.relative_to(REPO)}:\n"
+        f"{public_api.diff(expected, actual, str(path.relative_to(REPO)))}\n{_HOW}"
+    )
+
+
+def test_every_public_signature_matches_the_checked_in_snapshot():
+    expected, actual = public_api.SNAPSHOT.read_text(), public_api.snapshot()
+    if expected != actual:
+        _fail_with_diff(public_api.SNAPSHOT, expected, actual)
+
+
+def test_the_docs_page_lists_every_public_name_with_its_contract_and_is_in_the_site_nav():
+    expected, actual = public_api.DOCS_PAGE.read_text(), public_api.docs_page()
+    if expected != actual:
+        _fail_with_diff(public_api.DOCS_PAGE, expected, actual)
+    missing = [name for name, obj in public_api.public_names().items() if not public_api.contract(name, obj)]
+    assert not missing, f"public names without a docstring or #: comment to take a contract from: {missing}"
+    assert "api.md" in (REPO / "mkdocs.yml").read_text()
+
+
+def test_each_public_routine_documents_its_arguments_what_it_returns_and_what_it_raises():
+    lacking = public_api.sections_lacking()
+    newly = {name: sections for name, sections in lacking.items() if name not in SECTIONS_STILL_OWED}
+    assert not newly, (
+        "public docstrings without the sections they owe (write Args:, Returns:, Raises: "
+        f"sections): {newly}"
+    )
+    done = sorted(SECTIONS_STILL_OWED - set(lacking))
+    assert not done, (
+        f"these now have their sections: remove them from tests/public_api_sections_owed.txt: {done}"
+    )
+
+
+def test_the_snapshot_fails_with_a_diff_and_how_to_regenerate_when_a_signature_changes(tmp_path):
+    expected = public_api.SNAPSHOT.read_text()
+    changed = expected.replace("elastic_dew.TrainConfig.log_every: int = 10", "elastic_dew.TrainConfig.log_every: int = 20")
+    assert changed != expected
+    try:
+        _fail_with_diff(public_api.SNAPSHOT, changed, expected)
+    except AssertionError as error:
+        text = str(error)
+    assert "-elastic_dew.TrainConfig.log_every: int = 20" in text
+    assert "+elastic_dew.TrainConfig.log_every: int = 10" in text
+    assert "python tests/public_api.py --write" in text and "CHANGELOG.md" in text
