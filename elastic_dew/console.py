@@ -251,15 +251,15 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
 def _quiet_logs(tty: bool) -> Iterator[None]:
     """Keep the output about the run: the progress display reports steps (the trainer's own
     step lines would repeat them), and Orbax's per-file INFO lines (through absl) drown
-    everything else unless ``-v`` asked for debug output. On a terminal, where the bar shows
-    every stop and resume, pathwaysutils' INFO lines about attempts are left out too."""
+    everything else unless ``-v`` asked for debug output. On a terminal every routine line
+    goes to the run log rather than the terminal (``elastic_dew.observe.logs``), so only the
+    trainer's step lines are left out there."""
     from elastic_dew.observe.logs import is_verbose
 
     quiet = [logging.getLogger("elastic_dew.trainer")]
-    if not is_verbose():
+    if not is_verbose() and not tty:
+        # On a terminal the routine lines go to the run log instead (observe.logs.RunLog).
         quiet.append(logging.getLogger("absl"))
-        if tty:
-            quiet.append(logging.getLogger("pathwaysutils"))
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.WARNING)
@@ -297,6 +297,10 @@ class Terminal:
     def running(self, plan: run.Plan) -> Iterator[list[Any]]:
         from elastic_dew.observe.logs import is_terminal
 
+        from elastic_dew.observe.logs import attach_run_log
+
+        if getattr(plan, "run_dir", None) is not None:
+            attach_run_log(plan.run_dir)  # a terminal's routine lines go to RUN_DIR/run.log
         total_slices = plan.sim.slices if plan.sim is not None else None
         progress: Any
         tty = is_terminal(sys.stderr)

@@ -79,10 +79,10 @@ def test_debug_and_custom_levels_map_onto_cloud_logging_names():
 def test_auto_is_text_on_a_terminal_and_json_lines_elsewhere():
     terminal, pipe = Terminal(), io.StringIO()
     setup_logging("auto", terminal)
-    logging.getLogger("elastic_dew.t").info("hello")
+    logging.getLogger("elastic_dew.t").warning("hello")  # (routine INFO lines go to the run log there)
     setup_logging("auto", pipe)
     logging.getLogger("elastic_dew.t").info("hello")
-    assert "INFO elastic_dew.t: hello" in terminal.getvalue()
+    assert "WARNING elastic_dew.t: hello" in terminal.getvalue()
     with pytest.raises(ValueError):
         json.loads(terminal.getvalue())
     assert _lines(pipe)[0]["message"] == "hello"

@@ -52,6 +52,11 @@ __all__ = [
     "VERBOSE_LOGGERS",
     "HandledSliceLossFilter",
     "JsonFormatter",
+    "RUN_LOG",
+    "RunLog",
+    "STORY_LOGGERS",
+    "TerminalFilter",
+    "attach_run_log",
     "LogContext",
     "is_terminal",
     "is_verbose",
@@ -68,6 +73,13 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 #: The loggers ``-v`` turns to DEBUG: elastic_dew's own. Third-party loggers stay at INFO.
 VERBOSE_LOGGERS = ("elastic_dew",)
+
+#: On a terminal, the run's routine lines (other libraries' INFO lines, elastic_dew's own)
+#: go to this file in the run directory (:class:`RunLog`) instead of the terminal.
+RUN_LOG = "run.log"
+#: On a terminal, the loggers whose INFO lines are the run's story and stay on it: the
+#: progress display's step, fault, stop and resume lines.
+STORY_LOGGERS = ("elastic_dew.observe.progress",)
 
 _SEVERITIES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"),
                (logging.WARNING, "WARNING"), (logging.INFO, "INFO"))
@@ -157,6 +169,79 @@ def is_verbose() -> bool:
     return logging.getLogger(VERBOSE_LOGGERS[0]).isEnabledFor(logging.DEBUG)
 
 
+class TerminalFilter(logging.Filter):
+    """What a person reads on a terminal: warnings and errors, and the run's story
+    (:data:`STORY_LOGGERS`); the routine INFO lines go to the run log (:class:`RunLog`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.name in STORY_LOGGERS
+
+
+class RunLog(logging.Handler):
+    """Every record, written to ``RUN_DIR/run.log`` (:data:`RUN_LOG`) once the run directory
+    is known (:meth:`attach`); until then the records are held in memory (at most
+    :attr:`HELD` of them, the oldest dropped first), so the lines of a process's start
+    (JAX's backend, the plan) land in the file too."""
+
+    HELD = 10_000
+
+    def __init__(self, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self.setFormatter(logging.Formatter(TEXT_FORMAT))
+        self._held: list[logging.LogRecord] = []
+        self._file: logging.FileHandler | None = None
+        self.path: Any = None
+
+    def attach(self, run_dir: Any) -> None:
+        """Write to ``run_dir``'s run log from now on, starting with the records held."""
+        import pathlib
+
+        path = pathlib.Path(run_dir) / RUN_LOG
+        if self._file is not None and self.path == path:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.acquire()
+        try:
+            if self._file is not None:
+                self._file.close()
+            self._file = logging.FileHandler(path, encoding="utf-8")
+            self._file.setFormatter(self.formatter)
+            self.path = path
+            held, self._held = self._held, []
+            for record in held:
+                self._file.emit(record)
+        finally:
+            self.release()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._file is not None:
+            self._file.emit(record)
+            return
+        self._held.append(record)
+        if len(self._held) > self.HELD:
+            del self._held[0]
+
+    def close(self) -> None:
+        self.acquire()
+        try:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+        finally:
+            self.release()
+        super().close()
+
+
+def attach_run_log(run_dir: Any) -> Any:
+    """Point the root logger's :class:`RunLog` (installed by :func:`setup_logging` on a
+    terminal) at ``run_dir``; returns the log's path, or None when there is none."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, RunLog):
+            handler.attach(run_dir)
+            return handler.path
+    return None
+
+
 def _install_slice_loss_filter() -> None:
     install_slice_loss_filter()
 
@@ -181,6 +266,12 @@ def setup_logging(
     a pipe, CI). Replaces the root logger's handlers, so calling it again switches format.
     ``level`` is the root logger's, so third-party libraries' too; ``-v`` is
     :func:`set_verbose`. Installs :class:`HandledSliceLossFilter`. Returns the handler.
+
+    Text on a terminal is for a person: without ``-v`` (:func:`is_verbose`, set before this
+    call) the terminal shows warnings, errors and the run's story (:class:`TerminalFilter`),
+    and every record also goes to a :class:`RunLog`, written to the run directory once
+    :func:`attach_run_log` names it. JSON lines, and text that is not on a terminal, show
+    every record as before.
     """
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format {fmt!r} is not one of {LOG_FORMATS}; give auto (text on a "
@@ -194,6 +285,9 @@ def setup_logging(
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
+    if fmt == "text" and is_terminal(stream) and not is_verbose():
+        handler.addFilter(TerminalFilter())
+        root.addHandler(RunLog())
     root.setLevel(level)
     _install_slice_loss_filter()
     return handler

@@ -113,7 +113,15 @@ class ProgressBar:
         """While open, console log records (to stderr/stdout) are written above the bar."""
         from tqdm.contrib.logging import logging_redirect_tqdm
 
+        root = logging.getLogger()
+        console = [h for h in root.handlers if type(h) is logging.StreamHandler]
         with logging_redirect_tqdm(loggers=loggers, tqdm_class=self._tqdm):
+            # tqdm's handler takes the console handler's formatter, not its level or filters
+            # (a terminal shows warnings and the run's story, elastic_dew.observe.logs).
+            for handler in root.handlers:
+                if console and handler not in console and type(handler).__name__ == "_TqdmLoggingHandler":
+                    handler.setLevel(console[0].level)
+                    handler.filters = list(console[0].filters)
             yield
 
     def close(self, summary: object = None) -> None:
