@@ -41,6 +41,11 @@ class Phase:
     has landed (a snapshot save is skipped while the previous snapshot's copy to host memory
     still runs), so an injector that must be deterministic lands that work
     (:func:`land_in_flight`) before it acts on the announcement. Every phase declares it.
+
+    Args:
+        name: the phase's name, as schedules write it (``step``, ``checkpoint``, ...).
+        meaning: what is under way when it is announced, and the step it belongs to.
+        meets_in_flight: whether what it starts depends on the work in flight having landed.
     """
 
     name: str
@@ -83,13 +88,21 @@ _lock = threading.Lock()
 
 
 def add_listener(listener: Listener) -> None:
-    """Call ``listener(phase, step)`` at every phase announcement until removed."""
+    """Call ``listener(phase, step)`` at every phase announcement until removed.
+
+    Args:
+        listener: called as ``listener(phase, step)``.
+    """
     with _lock:
         _listeners.append(listener)
 
 
 def remove_listener(listener: Listener) -> None:
-    """Stop calling ``listener``; removing one that is not registered is a no-op."""
+    """Stop calling ``listener``; removing one that is not registered is a no-op.
+
+    Args:
+        listener: a listener given to :func:`add_listener`.
+    """
     with _lock:
         if listener in _listeners:
             _listeners.remove(listener)
@@ -100,6 +113,16 @@ def phase(name: str, step: int) -> None:
 
     A listener may raise (a simulated fault surfacing) or send a signal to this process;
     either propagates to the caller exactly as a real fault at that point would.
+
+    Args:
+        name: one of :data:`PHASES`.
+        step: the step the phase belongs to (see each phase's meaning in :data:`PHASE_TABLE`).
+
+    Raises:
+        ValueError: ``name`` is not a phase (only while a listener is registered: with none,
+            an announcement costs one empty-list check and checks nothing).
+        Exception: whatever a listener raises (a simulated fault surfacing), as a real fault
+            at that point would.
     """
     if not _listeners:
         return
@@ -113,7 +136,11 @@ def phase(name: str, step: int) -> None:
 
 @contextmanager
 def receiving(receiver: Callable[[Any], None]) -> Iterator[None]:
-    """While inside, ``receiver(event)`` is called with every event :func:`report` is given."""
+    """While inside, ``receiver(event)`` is called with every event :func:`report` is given.
+
+    Args:
+        receiver: called with each reported event while the context is open.
+    """
     with _lock:
         _receivers.append(receiver)
     try:
@@ -128,6 +155,9 @@ def report(event: Any) -> None:
 
     With no run receiving (the simulator under someone else's loop) it goes nowhere; the
     fault log still holds every fault.
+
+    Args:
+        event: the event (an :class:`~elastic_dew.elastic.events.Fault` as it fires).
     """
     with _lock:
         receivers = list(_receivers)
@@ -137,7 +167,11 @@ def report(event: Any) -> None:
 
 @contextmanager
 def landing(land: Callable[[], None]) -> Iterator[None]:
-    """While inside, :func:`land_in_flight` calls ``land()``, which finishes the work in flight."""
+    """While inside, :func:`land_in_flight` calls ``land()``, which finishes the work in flight.
+
+    Args:
+        land: finishes the run's work in flight (the snapshot being copied to host memory).
+    """
     with _lock:
         _landers.append(land)
     try:

@@ -27,6 +27,9 @@ def cuda_plugin() -> bool:
 
     Asked before the backend opens, which no other question (``jax.devices()``) can be:
     it looks for the plugin's module without importing it.
+
+    Returns:
+        Whether the CUDA plugin's module is installed.
     """
     for name in _CUDA_PLUGIN_MODULES:
         try:

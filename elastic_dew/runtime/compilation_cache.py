@@ -87,6 +87,17 @@ def use_compilation_cache(
     nor in a GPU pool on a jax that keys a computation spanning processes differently on
     each process. ``ValueError`` for a directory that is not a path, or a threshold that
     is not a number of seconds >= 0, before anything changes.
+
+    Args:
+        directory: the cache's directory (created when needed), or ``None`` to turn it off.
+        min_compile_time_s: the least compile time, in seconds, of a program written to it.
+
+    Returns:
+        Whether the cache is on.
+
+    Raises:
+        ValueError: ``directory`` is not a path, or ``min_compile_time_s`` is not a number of
+            seconds >= 0; nothing was changed.
     """
     _check(directory, min_compile_time_s)
     import jax

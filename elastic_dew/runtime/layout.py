@@ -29,6 +29,12 @@ class Layout:
     host holds the transaction (CPU transaction ownership), which needs a CPU backend
     beside the accelerator and one CPU device per local accelerator; :func:`prepare_process`
     checks both. The same ``Layout`` is passed to the trainer.
+
+    Args:
+        host: the state parts the host owns (``params``, ``opt_state``); empty: none.
+
+    Raises:
+        ValueError: ``host`` is not a set of parts, or names a part other than those two.
     """
 
     host: frozenset[str] = frozenset()

@@ -95,6 +95,15 @@ def use_local_bucket(env: MutableMapping[str, str] | None = None) -> str | None:
 
     ``env`` is the process environment (``os.environ``, the default). Raises ``ValueError``
     for an address that is not ``http(s)://HOST:PORT``, before anything is changed.
+
+    Args:
+        env: the environment to read and set (``os.environ`` by default).
+
+    Returns:
+        The local server's URL, or ``None`` when ``STORAGE_EMULATOR_HOST`` is not set.
+
+    Raises:
+        ValueError: the address is not ``http(s)://HOST:PORT``; nothing was changed.
     """
     env = os.environ if env is None else env
     added = local_bucket_env(env)

@@ -37,6 +37,9 @@ class Preempted(Exception):
     Uncaught in a program that called :func:`install_exit_hook`, it ends the program with
     :data:`PREEMPTED_EXIT` and no traceback, the way SIGTERM itself would have; the same
     program run again resumes from the checkpoint.
+
+    Args:
+        step: the step a re-run resumes after (0: nothing could be persisted).
     """
 
     def __init__(self, step: int) -> None:
@@ -126,6 +129,10 @@ class PreemptionNotice:
     included, has no such service: the notice is SIGTERM itself, caught from creation
     until :meth:`close`. A second SIGTERM is logged and ignored: the run is already
     stopping. Use it as a context manager to close it on the way out.
+
+    Raises:
+        RuntimeError: created outside a pool in a thread other than the main one (only the
+            main thread may catch SIGTERM).
     """
 
     def __init__(self) -> None:
@@ -173,6 +180,11 @@ class PreemptionNotice:
         Outside a pool only: a pool's notice comes through JAX's preemption service, which
         agrees one stop step on every process at step boundaries, so a pooled wait ends
         on its own ``timeout`` and the agreed step's boundary stops the run after it.
+
+        Raises:
+            NoticeInWait: a notice arrived before the wait began (a ``BaseException``, so no
+                ``except Exception`` on the way swallows it; the protocol turns it into
+                :class:`Preempted`).
         """
         if self._pooled or self._closed:
             return
@@ -187,7 +199,14 @@ class PreemptionNotice:
 
     def reached(self, step: int) -> bool:
         """Whether to stop at ``step``: in a pool, whether every process agreed on it;
-        alone, whether SIGTERM arrived."""
+        alone, whether SIGTERM arrived.
+
+        Args:
+            step: the step just completed.
+
+        Returns:
+            Whether the run stops after ``step``.
+        """
         if self._pooled:
             manager = self._state.preemption_sync_manager
             hit = manager is not None and bool(manager.reached_sync_point(int(step)))
@@ -202,7 +221,11 @@ class PreemptionNotice:
         """Whether work between two step boundaries (an evaluation pass) stops now, to be
         done again after the resume: alone, whether SIGTERM arrived. In a pool, never: JAX's
         preemption service agrees a stop only where every process asks with the same step
-        (:meth:`reached`), so a pooled pass runs to its end and the boundary after it stops."""
+        (:meth:`reached`), so a pooled pass runs to its end and the boundary after it stops.
+
+        Returns:
+            Whether the work in progress stops now.
+        """
         return not self._pooled and self._signals > 0
 
     def close(self) -> None:

@@ -34,6 +34,14 @@ class Wandb:
 
     :func:`prepare_process` reads only ``offline``, and has to read it before wandb opens
     a run: wandb takes its mode from ``WANDB_MODE`` when it starts.
+
+    Args:
+        offline: whether wandb runs offline (``WANDB_MODE=offline``).
+        project: the wandb project, for the caller's own ``wandb.init``.
+        entity: the wandb entity, likewise.
+
+    Raises:
+        ValueError: ``offline`` is not a bool.
     """
 
     offline: bool = False
@@ -94,6 +102,24 @@ def prepare_process(
     or ``RuntimeError`` leaves the process as it was. The call also installs the hook that
     makes an uncaught :class:`Preempted` exit with :data:`PREEMPTED_EXIT`
     (:func:`install_exit_hook`).
+
+    Args:
+        wandb: the run's :class:`Wandb`, or ``None`` for a run without a tracker.
+        multi_host: ``True`` requires a process pool, ``False`` never forms one, ``None``
+            forms one where the environment says there is a cluster.
+        xla_flags: XLA flags to add to ``XLA_FLAGS`` (they must reach XLA before its backend
+            opens), or ``None``.
+        compilation_cache_dir: where JAX's persistent compilation cache lives, or ``None``
+            for none.
+        layout: the :class:`Layout` the trainer will get, checked against the backend
+            configuration, or ``None``.
+
+    Raises:
+        ValueError: an argument of the wrong kind, a malformed ``STORAGE_EMULATOR_HOST``, a
+            layout the backend configuration cannot serve, or a pool that cannot work (a
+            Slurm step with fewer tasks on this node than its GPUs); nothing was changed.
+        RuntimeError: a JAX backend already started, so the XLA flags could no longer take
+            effect; nothing was changed.
     """
     # ---- check everything first
     if wandb is not None and not isinstance(wandb, Wandb):

@@ -25,6 +25,9 @@ def run_timestamp() -> str:
     service's key-value store and the others wait for it; alone, it is the local clock.
     The n-th call on each process reads the n-th published value, so every process must
     call it the same number of times.
+
+    Returns:
+        Process 0's wall clock, formatted ``%Y-%m-%d_%H:%M:%S``.
     """
     global _timestamp_calls
     if "jax" in sys.modules:

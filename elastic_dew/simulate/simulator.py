@@ -145,6 +145,25 @@ class SimulatedSlices:
 
     ``on_attempt(active)`` is called with the active slices of each attempt as it starts
     (each answer of pathwaysutils' wait for slices; :attr:`attempts` lists them too).
+
+    Args:
+        slices: how many simulated slices (>= 1).
+        devices_per_slice: host CPU devices in each (>= 1).
+        schedule: the faults to fire (text in the grammar of :func:`parse_schedule`, or a
+            parsed :class:`Schedule`), or ``None`` for none.
+        fault_log: the fault log's path (``faults.jsonl``), or ``None`` for none.
+        step_program: the name of the loop's step program (the function given to
+            ``jax.jit``), or ``None`` to find it by :meth:`step_of`'s rule.
+        replicator: the directory of the multi-tier replicator stand-in, or ``None``.
+        on_attempt: called with each attempt's active slices as it starts, or ``None``.
+        num_slices: deprecated (goes in 0.3): ``slices``.
+
+    Raises:
+        ValueError: a shape below one slice or one device, a schedule that does not parse or
+            names a slice these slices do not have, or a fault log that belongs to another
+            schedule.
+        RuntimeError: (on entering) another simulator is active, or the host has too few CPU
+            devices (the error says how to set them before JAX starts).
     """
 
     @renamed_keywords("SimulatedSlices", num_slices="slices")
@@ -292,7 +311,12 @@ class SimulatedSlices:
         """Wait, up to ``timeout`` seconds, until ``manager``'s monitor thread (pathwaysutils'
         ``Manager.start_monitoring``) has seen every slice that came back: the monitor polls on
         its own thread, so without this wait the step at which a replica-resize run adds a
-        returned slice back depends on timing. A slice lost again meanwhile is not waited for."""
+        returned slice back depends on timing. A slice lost again meanwhile is not waited for.
+
+        Args:
+            manager: a pathwaysutils ``Manager`` whose monitor thread runs.
+            timeout: the longest wait, in seconds; it ends without error when it passes.
+        """
         returned = set(range(self.slices)) - set(self.lost) - set(manager.active_slice_indices)
         deadline = time.monotonic() + timeout
         while returned and not manager.available_inactive_slices and time.monotonic() < deadline:
@@ -324,6 +348,15 @@ class SimulatedSlices:
         generator dispatched before the first step): only its name counts from then on, and
         the count starts again at 1. The rule reads only the programs and their inputs,
         never the time, so the same loop counts the same steps.
+
+        Args:
+            arrays: the dispatch's input arrays.
+            name: the program's name, or ``None`` when it has none.
+            caller: the frame that dispatched it.
+            out_bytes: the bytes its results hold.
+
+        Returns:
+            The step's number, or ``None`` when the dispatch is not a step.
         """
         size = sum(int(a.nbytes) for a in arrays)
         carried = min(size, out_bytes)
@@ -347,16 +380,29 @@ class SimulatedSlices:
             return self._steps
 
     def on_dispatch(self, phase: str, step: int) -> None:
-        """Fire what is due at ``phase`` (``dispatch`` or ``step``) of counted step ``step``."""
+        """Fire what is due at ``phase`` (``dispatch`` or ``step``) of counted step ``step``.
+
+        Args:
+            phase: ``dispatch`` or ``step``.
+            step: the counted step.
+        """
         self._runner.on_dispatch(phase, step)
 
     def waiting_for_slices(self, delta: int) -> None:
-        """pathwaysutils' wait for slices began (``+1``) or ended (``-1``)."""
+        """pathwaysutils' wait for slices began (``+1``) or ended (``-1``).
+
+        Args:
+            delta: ``+1`` as a wait begins, ``-1`` as it ends.
+        """
         with self._answered:
             self._waits += delta
 
     def attempted(self, active: Any) -> None:
-        """pathwaysutils' wait for slices returned ``active``: an ``elastic_retry`` attempt starts."""
+        """pathwaysutils' wait for slices returned ``active``: an ``elastic_retry`` attempt starts.
+
+        Args:
+            active: the active slices the wait returned.
+        """
         attempt = tuple(sorted(active))
         self.attempts.append(attempt)
         if self._on_attempt is not None:
@@ -368,7 +414,14 @@ class SimulatedSlices:
         return self._blocked_reads > 0 or self._waits > 0
 
     def slice_of(self, device: jax.Device) -> int | None:
-        """The simulated slice a device belongs to, or None for a device outside every slice."""
+        """The simulated slice a device belongs to, or None for a device outside every slice.
+
+        Args:
+            device: a ``jax.Device``.
+
+        Returns:
+            Its slice's index, or ``None``.
+        """
         return self._topology.slice_of(device) if self._topology is not None else None
 
     def _check_index(self, index: int) -> None:
@@ -387,6 +440,9 @@ class SimulatedSlices:
         A wait for slices inside the simulator sleeps here between its checks (pathwaysutils'
         ``wait_for_slices``, whatever ``poll_interval`` it was given): a returned slice is
         seen at once, as the schedule fires it, and the order of events stays the schedule's.
+
+        Args:
+            seconds: the longest sleep.
         """
         with self._answered:
             seen = self._changes
@@ -401,6 +457,13 @@ class SimulatedSlices:
         """Lose slice ``i``: reads of its arrays, and dispatches onto it, fail with ``code``.
 
         ``code`` must be one pathwaysutils counts as slice-down (:data:`SLICE_DOWN_CODES`).
+
+        Args:
+            i: the slice's index.
+            code: the error code reads and dispatches fail with.
+
+        Raises:
+            ValueError: ``i`` is not a slice, or ``code`` is not a slice-down code.
         """
         self._check_index(i)
         if code not in SLICE_DOWN_CODES:
@@ -415,7 +478,11 @@ class SimulatedSlices:
         registry.refresh_managers()
 
     def hang(self, i: int) -> None:
-        """Slice ``i`` stops answering: reads of its results, old and new, block."""
+        """Slice ``i`` stops answering: reads of its results, old and new, block.
+
+        Args:
+            i: the slice's index.
+        """
         self._check_index(i)
         with self._answered:
             if i in self._codes:
@@ -434,7 +501,11 @@ class SimulatedSlices:
         registry.refresh_managers()
 
     def restore(self, i: int) -> None:
-        """Slice ``i`` is healthy again; arrays that lived on it while lost stay unreadable."""
+        """Slice ``i`` is healthy again; arrays that lived on it while lost stay unreadable.
+
+        Args:
+            i: the slice's index.
+        """
         self._check_index(i)
         with self._answered:
             if i not in self._codes:
@@ -471,7 +542,12 @@ class SimulatedSlices:
         return marked
 
     def inherit_mark(self, parent: Any, child: Any) -> None:
-        """A shard or a copy (``child``) of an array whose data is lost or hung is too."""
+        """A shard or a copy (``child``) of an array whose data is lost or hung is too.
+
+        Args:
+            parent: the original array.
+            child: its shard or copy.
+        """
         for name in (_MARK, _HUNG):
             value = self._mark_of(parent, name)
             if value is not None:
@@ -499,7 +575,14 @@ class SimulatedSlices:
 
     def check_readable(self, array: Any) -> None:
         """Block while ``array`` is a hung slice's result or lives on a hung slice; raise the
-        slice-down error Pathways raises when its data is lost or it is on a lost slice."""
+        slice-down error Pathways raises when its data is lost or it is on a lost slice.
+
+        Args:
+            array: the array being read.
+
+        Raises:
+            jax.errors.JaxRuntimeError: the slice-down error Pathways raises (its code first).
+        """
         hung = self._mark_of(array, _HUNG)
         if hung is None:
             hung = self._hung_slice_of(array)
@@ -531,6 +614,12 @@ class SimulatedSlices:
 
         ``jax.Array.is_ready()`` says ``False`` for such an array, as on Pathways, where a
         result a stopped worker owes never becomes ready.
+
+        Args:
+            array: a ``jax.Array``.
+
+        Returns:
+            Whether it can become ready.
         """
         hung = self._mark_of(array, _HUNG)
         if hung is None:
@@ -541,6 +630,12 @@ class SimulatedSlices:
         """Raise at dispatch when an input's data is lost or it is on a lost (not hung) slice.
 
         A hung slice accepts work (its results then block when read), as Pathways queues it.
+
+        Args:
+            arrays: the dispatch's input arrays.
+
+        Raises:
+            jax.errors.JaxRuntimeError: the slice-down error Pathways raises (its code first).
         """
         for array in arrays:
             code = self._mark_of(array, _MARK)
@@ -552,14 +647,26 @@ class SimulatedSlices:
                 raise _error(touched[min(touched)], f"a program was dispatched onto lost slice {slices}")
 
     def derive(self, inputs: list[Any], outputs: list[Any]) -> None:
-        """Results computed from a hung slice's results are hung too (they wait on them)."""
+        """Results computed from a hung slice's results are hung too (they wait on them).
+
+        Args:
+            inputs: a dispatch's input arrays.
+            outputs: its results.
+        """
         hung = next((h for h in (self._mark_of(a, _HUNG) for a in inputs) if h is not None), None)
         if hung is not None:
             for output in outputs:
                 self._set_mark(output, _HUNG, hung)
 
     def group(self, devices: Any) -> dict[int, list[jax.Device]]:
-        """``get_slice_to_devices``: ``devices`` grouped by simulated slice."""
+        """``get_slice_to_devices``: ``devices`` grouped by simulated slice.
+
+        Args:
+            devices: the devices to group.
+
+        Returns:
+            Each slice index and its devices (devices outside every slice left out).
+        """
         grouped, outside = self.topology.group(devices)
         if outside and not self._skipped_logged:
             self._skipped_logged = True

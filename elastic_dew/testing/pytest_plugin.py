@@ -44,7 +44,14 @@ _FAILED = pytest.StashKey[bool]()
 def set_host_devices(count: int) -> None:
     """Give JAX ``count`` host CPU devices when its backend starts (``JAX_PLATFORMS=cpu``,
     ``XLA_FLAGS``); an existing device-count flag is replaced. Raises ``ValueError`` for a
-    count below 1."""
+    count below 1.
+
+    Args:
+        count: the host CPU devices JAX will have.
+
+    Raises:
+        ValueError: ``count`` is below 1.
+    """
     if count < 1:
         raise ValueError(f"--simulated-devices={count} must be a whole number >= 1")
     os.environ["JAX_PLATFORMS"] = "cpu"
