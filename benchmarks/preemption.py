@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, median, worker_command, worker_env
-from elastic_dew.rundir import CHECKPOINTS_DIR, committed_checkpoint_steps
+from elastic_dew.elastic.state.orbax_step import committed_checkpoint_steps
+from elastic_dew.rundir import CHECKPOINTS_DIR
 
 __all__ = ["measure", "disk_write_seconds"]
 

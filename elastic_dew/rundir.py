@@ -1,4 +1,4 @@
-"""The run directory: its layout, its identity, the fault log, and the checkpoint commit rule.
+"""The run directory: its layout, its identity and the fault log.
 
 This module is the one home of every file format a run directory holds, except the event
 lines themselves (their schema is :mod:`elastic_dew.elastic.events`, their writer the run
@@ -14,12 +14,12 @@ record, the simulator, the chaos harness, the benchmarks, the tests) goes throug
       summary.json      written at the end of each process
       final_params.npz  the final parameters
       timeline.png      the run's timeline picture
-      checkpoints/      tier 2: Orbax steps, committed by the rule of :func:`committed`
+      checkpoints/      tier 2: Orbax steps (the elastic layer's default checkpoint directory)
       tensorboard/      TensorBoard event files, one per process (elastic_dew.observe)
 
-A step directory of the persistent tier is *committed* when Orbax has written its commit
-timestamp into ``_CHECKPOINT_METADATA`` and both items (``state`` and ``meta``) exist; a step
-without them is an interrupted save and is never restored.
+What is inside ``checkpoints/`` and when a step there is committed are the persistent tier's
+(:mod:`elastic_dew.elastic.state.orbax_step`): the run directory lies above the elastic layer
+and takes its names from it, never the other way round.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from elastic_dew.elastic.config import CHECKPOINTS_DIR
 from elastic_dew.elastic.events import Fault, from_json
 
 __all__ = [
@@ -49,8 +50,6 @@ __all__ = [
     "check",
     "read_identity",
     "write_identity",
-    "committed",
-    "committed_checkpoint_steps",
     "FaultLog",
     "read_faults",
     "fsync_append",
@@ -70,7 +69,6 @@ SUMMARY_FILE = "summary.json"
 PARAMS_FILE = "final_params.npz"
 #: The run's timeline picture (the ``plot`` extra).
 TIMELINE_FILE = "timeline.png"
-CHECKPOINTS_DIR = "checkpoints"
 #: TensorBoard event files (:mod:`elastic_dew.observe.tensorboard`), one per process.
 TENSORBOARD_DIR = "tensorboard"
 #: A simulated multi-tier run's replicator stand-in (:mod:`elastic_dew.simulate.replicator`):
@@ -86,11 +84,6 @@ ENTRIES = frozenset({
 #: The keys of ``command.json`` that must match for a run directory to be resumed.
 IDENTITY_KEYS = ("recipe", "overrides", "seed", "global_batch", "schedule")
 
-#: Orbax's per-step metadata file and the items every committed step holds.
-#: Orbax's marker of a finalized step written in place (``gs://``).
-_COMMIT_SUCCESS = "commit_success.txt"
-_ORBAX_METADATA = "_CHECKPOINT_METADATA"
-_ITEMS = ("state", "meta")
 
 
 class RunDirError(ValueError):
@@ -192,38 +185,6 @@ def write_identity(run_dir: str | os.PathLike[str], identity: Mapping[str, Any])
     os.replace(tmp, path)
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def committed(step_dir: Any) -> bool:
-    """Whether one Orbax step directory is committed (any ``pathlib``-like path, ``epath`` too).
-
-    Its step metadata carries the commit timestamp and both items are present. On ``gs://``,
-    where Orbax writes a step in place (no rename) and records the commit timestamp just
-    before it writes ``commit_success.txt``, that file must be there too: Orbax's own rule
-    for a finalized step, so a controller killed between the two leaves a step that neither
-    Orbax nor this function counts.
-    """
-    try:
-        metadata = json.loads((step_dir / _ORBAX_METADATA).read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(metadata, dict) or not metadata.get("commit_timestamp_nsecs"):
-        return False
-    if str(step_dir).startswith("gs://") and not (step_dir / _COMMIT_SUCCESS).exists():
-        return False
-    return all((step_dir / item).exists() for item in _ITEMS)
-
-
-def committed_checkpoint_steps(directory: Any) -> list[int]:
-    """The committed Orbax steps under a checkpoint directory, oldest first (the step lines
-    the run record counts as committed are :func:`elastic_dew.record.committed_steps`)."""
-    if not directory.exists():
-        return []
-    steps = (int(p.name) for p in directory.iterdir() if p.name.isdigit())
-    return sorted(step for step in steps if committed(directory / str(step)))
-
-
 def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     """Write ``path`` whole or not at all: ``write(file)`` fills ``PATH.tmp``, fsynced, then renamed."""
     tmp = path.with_name(path.name + ".tmp")
@@ -232,6 +193,25 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+#: Names that moved to the persistent tier's module, kept here for one minor version.
+_MOVED = {"committed", "committed_checkpoint_steps"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+
+    from elastic_dew.elastic.state import orbax_step
+
+    warnings.warn(
+        f"elastic_dew.rundir.{name} moved to elastic_dew.elastic.state.orbax_step.{name}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(orbax_step, name)
 
 
 # ----------------------------------------------------------------------------- fault log

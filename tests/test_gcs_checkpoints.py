@@ -23,7 +23,7 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from conftest import REPO
-from elastic_dew import rundir
+from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 
 
@@ -84,7 +84,7 @@ def test_only_the_newest_max_to_keep_steps_stay_in_the_bucket(bucket, gcs_server
     checkpoints.close()
     steps = {name.split("/")[1] for name in gcs_server.objects(bucket, "ckpt/")}
     assert steps == {"3", "4"}, steps  # every object of steps 1 and 2 deleted, not only listed away
-    assert rundir.committed_checkpoint_steps(epath.Path(f"{bucket}/ckpt")) == [3, 4]
+    assert orbax_step.committed_checkpoint_steps(epath.Path(f"{bucket}/ckpt")) == [3, 4]
 
 
 #: Saves step 1 of a sharded state to gs://, then pauses step 2's save at POINT (in Orbax's
@@ -207,7 +207,7 @@ def test_a_preempted_run_exits_143_and_the_same_command_resumes_from_its_gs_chec
     env = _one_switch_env(gcs_server)
     first = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert first.returncode == 143, first.stderr[-4000:]
-    assert rundir.committed_checkpoint_steps(epath.Path(checkpoints)) == [4]
+    assert orbax_step.committed_checkpoint_steps(epath.Path(checkpoints)) == [4]
     second = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-4000:]
     events = record.read_events(tmp_path / "a")
@@ -239,7 +239,7 @@ def test_a_large_state_is_committed_to_the_bucket_on_sigterm_before_the_grace_pe
         if worker.poll() is None:
             worker.kill()
     assert code == 143  # not -9: it finished inside the grace period
-    steps = rundir.committed_checkpoint_steps(epath.Path(checkpoints))
+    steps = orbax_step.committed_checkpoint_steps(epath.Path(checkpoints))
     assert len(steps) == 1
     import orbax.checkpoint as ocp
 

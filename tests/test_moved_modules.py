@@ -1,4 +1,4 @@
-"""The elastic layer's modules moved by its split keep their old paths for one minor version."""
+"""Modules and names moved by the elastic layer's split keep their old paths for one minor version."""
 
 from __future__ import annotations
 
@@ -16,10 +16,24 @@ MOVED = {
     "elastic_dew.elastic.slices": ("elastic_dew.elastic.slices.mesh", "build_mesh"),
 }
 
+#: (old module, name) -> the module that now holds the name
+MOVED_NAMES = {
+    ("elastic_dew.rundir", "committed"): "elastic_dew.elastic.state.orbax_step",
+    ("elastic_dew.rundir", "committed_checkpoint_steps"): "elastic_dew.elastic.state.orbax_step",
+}
+
 
 @pytest.mark.parametrize("old", sorted(MOVED))
 def test_an_old_module_path_serves_the_same_object_with_a_warning_naming_the_new_one(old):
     new, name = MOVED[old]
+    with pytest.warns(DeprecationWarning, match=f"{old}.{name} moved to {new}.{name}"):
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(new), name)
+
+
+@pytest.mark.parametrize(("old", "name"), sorted(MOVED_NAMES))
+def test_a_moved_name_is_served_from_its_old_module_with_a_warning_naming_its_new_one(old, name):
+    new = MOVED_NAMES[old, name]
     with pytest.warns(DeprecationWarning, match=f"{old}.{name} moved to {new}.{name}"):
         value = getattr(importlib.import_module(old), name)
     assert value is getattr(importlib.import_module(new), name)

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from elastic_dew.rundir import CHECKPOINTS_DIR
-
 __all__ = [
     "ElasticConfig",
     "Bound",
@@ -31,11 +29,15 @@ __all__ = [
     "SIMULATED_POLL_INTERVAL",
     "PATHWAYS_POLL_INTERVAL",
     "MULTI_TIER_DIR",
+    "CHECKPOINTS_DIR",
 ]
 
 #: What the global batch does when slices are lost: ``constant`` keeps it (more examples per
 #: surviving device), ``scale_by_active_slices`` scales it with the active slices.
 BATCH_POLICIES = ("constant", "scale_by_active_slices")
+#: The persistent tier's default directory inside a run directory (``RUN_DIR/checkpoints``);
+#: the run directory's layout (:mod:`elastic_dew.rundir`) takes it from here.
+CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_KINDS = ("orbax", "multi_tier")
 #: Seconds between slice health checks when ``poll_interval`` is left out, on simulated
 #: (CPU) slices, which come back at once, so polling fast keeps waits short ...

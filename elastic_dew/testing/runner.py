@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew import rundir
+from elastic_dew.elastic.state import orbax_step
 from elastic_dew.supervisor import supervise_in_process
 from elastic_dew.testing.scenarios import (
     DEVICES_PER_SLICE,
@@ -70,12 +71,12 @@ def _hash_dir(path: Path) -> str:
 
 def committed_checkpoints(directory: str | os.PathLike[str]) -> dict[int, str]:
     """``{step: sha256 of every file}`` of the committed checkpoints in ``directory``
-    (committed by :func:`elastic_dew.rundir.committed`)."""
+    (committed by :func:`elastic_dew.elastic.state.orbax_step.committed`)."""
     directory = Path(directory)
     if not directory.is_dir():
         return {}
     found = {}
-    for step in rundir.committed_checkpoint_steps(directory):
+    for step in orbax_step.committed_checkpoint_steps(directory):
         try:
             found[step] = _hash_dir(directory / str(step))
         except OSError:  # vanished while being read: the next look reports it

@@ -8,7 +8,7 @@ checkpoints beyond ``max_to_keep``. A save cut short (the process SIGKILLed mid-
 therefore leaves only a temporary directory, which is never listed and never costs the
 previous checkpoint. A step directory counts as committed only when Orbax's step metadata
 carries its commit timestamp and both items are present
-(:func:`elastic_dew.rundir.committed`), so a partial or corrupt ``<step>`` directory is
+(:func:`elastic_dew.elastic.state.orbax_step.committed`), so a partial or corrupt ``<step>`` directory is
 skipped too. A committed step written by a model of another shape is refused from its
 metadata before the restore starts (:func:`another_shape`); one that still cannot be read
 was damaged, and :func:`unreadable` says how to resume without it.
@@ -27,8 +27,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh
 
-from elastic_dew import rundir
 from elastic_dew.elastic import orbax_private
+from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
 from elastic_dew.elastic.state.warmup import SaveWarmup
 
@@ -36,8 +36,8 @@ __all__ = ["OrbaxBackend", "another_shape", "unreadable"]
 
 logger = logging.getLogger(__name__)
 
-_STATE = "state"
-_META = "meta"
+_STATE = orbax_step.STATE_ITEM
+_META = orbax_step.META_ITEM
 
 
 def _leaf_shapes(tree: Any) -> dict[str, tuple]:
@@ -83,7 +83,7 @@ def unreadable(directory: epath.Path, step: int, error: Exception) -> ValueError
     was damaged after it was committed. The fix: move it aside and resume from the previous
     committed step (named), or from step 1."""
     path = directory / str(step)
-    older = [s for s in rundir.committed_checkpoint_steps(directory) if s < step]
+    older = [s for s in orbax_step.committed_checkpoint_steps(directory) if s < step]
     previous = (
         f"to resume from the previous committed checkpoint {older[-1]}"
         if older else "to start again from step 1"
@@ -119,7 +119,7 @@ class OrbaxBackend:
         self.warmup = SaveWarmup(arrays)
 
     def latest_step(self) -> int | None:
-        steps = rundir.committed_checkpoint_steps(self.path)
+        steps = orbax_step.committed_checkpoint_steps(self.path)
         return steps[-1] if steps else None
 
     def _steps_on_disk(self) -> list[int]:
@@ -156,7 +156,7 @@ class OrbaxBackend:
         self.manager.check_for_errors()
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-        if not rundir.committed(self.path / str(step)):
+        if not orbax_step.committed(self.path / str(step)):
             raise ValueError(
                 f"checkpoint step {step} is not committed in {self.directory}; "
                 f"the newest committed step is {self.latest_step()}"

@@ -1,0 +1,65 @@
+"""An Orbax step directory of the persistent tier: its two items, and when it is committed.
+
+The persistent tier (:mod:`~elastic_dew.elastic.state.orbax_backend`) saves each step as two
+items, ``state`` (the arrays) and ``meta`` (JSON). A step directory is *committed* when
+Orbax has written its commit timestamp into ``_CHECKPOINT_METADATA`` and both items exist; a
+step without them is an interrupted save and is never restored. This module is that rule's
+one home: the backend restores by it, and the chaos harness and the benchmarks count steps
+by it. It imports nothing heavier than ``json``, so a reader of a run directory can use it
+without Orbax or JAX.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = [
+    "STATE_ITEM",
+    "META_ITEM",
+    "ITEMS",
+    "ORBAX_METADATA",
+    "COMMIT_SUCCESS",
+    "committed",
+    "committed_checkpoint_steps",
+]
+
+#: The item of a step holding the arrays (Orbax's ``StandardSave``).
+STATE_ITEM = "state"
+#: The item of a step holding its JSON ``meta`` (step, data position, ...).
+META_ITEM = "meta"
+#: Every item a committed step holds.
+ITEMS = (STATE_ITEM, META_ITEM)
+#: Orbax's per-step metadata file, which carries the commit timestamp.
+ORBAX_METADATA = "_CHECKPOINT_METADATA"
+#: Orbax's marker of a finalized step written in place (``gs://``).
+COMMIT_SUCCESS = "commit_success.txt"
+
+
+def committed(step_dir: Any) -> bool:
+    """Whether one Orbax step directory is committed (any ``pathlib``-like path, ``epath`` too).
+
+    Its step metadata carries the commit timestamp and both items are present. On ``gs://``,
+    where Orbax writes a step in place (no rename) and records the commit timestamp just
+    before it writes ``commit_success.txt``, that file must be there too: Orbax's own rule
+    for a finalized step, so a controller killed between the two leaves a step that neither
+    Orbax nor this function counts.
+    """
+    try:
+        metadata = json.loads((step_dir / ORBAX_METADATA).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(metadata, dict) or not metadata.get("commit_timestamp_nsecs"):
+        return False
+    if str(step_dir).startswith("gs://") and not (step_dir / COMMIT_SUCCESS).exists():
+        return False
+    return all((step_dir / item).exists() for item in ITEMS)
+
+
+def committed_checkpoint_steps(directory: Any) -> list[int]:
+    """The committed Orbax steps under a checkpoint directory, oldest first (the step lines
+    the run record counts as committed are :func:`elastic_dew.record.committed_steps`)."""
+    if not directory.exists():
+        return []
+    steps = (int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    return sorted(step for step in steps if committed(directory / str(step)))
