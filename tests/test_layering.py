@@ -31,7 +31,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "simulator": (("elastic_dew.simulate",), ("runtime", "elastic")),
     # the package root only re-exports the Trainer (lazily)
     "training": (
-        ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.flax_nnx", "elastic_dew.record",
+        ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.record",
          "elastic_dew.observe", "elastic_dew"),
         ("runtime", "elastic"),
     ),

@@ -9,7 +9,9 @@ One module per job:
 - :mod:`~elastic_dew.trainer.program`: :class:`ModelProgram`, the protocol's program of a
   model and an optimizer (state, shardings, compiled steps, gradient accumulation);
 - :mod:`~elastic_dew.trainer.recording`: the run record of one ``fit`` (its event stream,
-  log lines and summary).
+  log lines and summary);
+- :mod:`~elastic_dew.trainer.flax_nnx`: ``Trainer.from_nnx``'s adapter of a Flax NNX model
+  (imported only when it is used: Flax is an extra).
 """
 
 from __future__ import annotations

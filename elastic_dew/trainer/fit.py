@@ -206,7 +206,7 @@ class Trainer:
         eval_dataset: Any = None,
         **deprecated: Any,
     ) -> Trainer:
-        """A ``Trainer`` of a Flax NNX model, with no glue (:mod:`elastic_dew.flax_nnx`).
+        """A ``Trainer`` of a Flax NNX model, with no glue (:mod:`elastic_dew.trainer.flax_nnx`).
 
         ``model`` is an ``nnx.Module``, or a function of an ``nnx.Rngs`` that builds one
         (called with ``nnx.Rngs(seed)``-derived keys). ``loss(model, batch)`` returns the
@@ -243,7 +243,7 @@ class Trainer:
               anything is written.
             ImportError: Flax is not installed (the ``flax`` extra).
         """
-        from elastic_dew.flax_nnx import NnxModel
+        from elastic_dew.trainer.flax_nnx import NnxModel
 
         train = _train_of("Trainer.from_nnx", train, deprecated)
         trainer = cls.__new__(cls)

@@ -14,7 +14,7 @@ A model gives :class:`~elastic_dew.trainer.program.ModelProgram` five things:
 - ``annotations``: the variables' own sharding annotations, or ``None``.
 
 :class:`Functional` is the model of ``Trainer(init=, loss=)``;
-:class:`elastic_dew.flax_nnx.NnxModel` is the one of ``Trainer.from_nnx``.
+:class:`elastic_dew.trainer.flax_nnx.NnxModel` is the one of ``Trainer.from_nnx``.
 """
 
 from __future__ import annotations
