@@ -7,11 +7,14 @@ A test support package, not part of training: the fault-matrix and chaos tests a
   :func:`draw` (a random scenario from a seed) with its :func:`replay_command`;
 * :mod:`~elastic_dew.testing.runner`: :func:`run` (train a scenario, restarting after each
   preemption), :func:`reference` (the failure-free run) and :func:`run_seed`;
+* :mod:`~elastic_dew.testing.outcome`: :class:`Outcome`, what a run left behind, and
+  :func:`committed_checkpoints`;
 * :mod:`~elastic_dew.testing.invariants`: :func:`check`, every broken invariant of a run.
 """
 
 from elastic_dew.testing.invariants import check
-from elastic_dew.testing.runner import Outcome, committed_checkpoints, reference, run, run_seed
+from elastic_dew.testing.outcome import Outcome, committed_checkpoints
+from elastic_dew.testing.runner import reference, run, run_seed
 from elastic_dew.testing.scenarios import (
     DEVICES_PER_SLICE,
     GLOBAL_BATCH,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew.elastic import events as ev
-from elastic_dew.testing.runner import Outcome, committed_checkpoints
+from elastic_dew.testing.outcome import Outcome, committed_checkpoints
 from elastic_dew.testing.scenarios import GLOBAL_BATCH, TOLERANCE, TOTAL_SLICES
 
 __all__ = ["check"]

@@ -12,8 +12,6 @@ draws, runs and checks one seed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import logging
 import os
 import threading
@@ -22,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew import rundir
-from elastic_dew.elastic.state import orbax_step
 from elastic_dew.supervisor import supervise_in_process
+from elastic_dew.testing.invariants import check
+from elastic_dew.testing.outcome import Outcome, committed_checkpoints
 from elastic_dew.testing.scenarios import (
     DEVICES_PER_SLICE,
     MAX_PROCESSES,
@@ -33,55 +32,9 @@ from elastic_dew.testing.scenarios import (
     model,
 )
 
-__all__ = ["Outcome", "committed_checkpoints", "run", "reference", "run_seed"]
+__all__ = ["run", "reference", "run_seed"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Outcome:
-    """What a scenario's run left behind."""
-
-    scenario: Scenario
-    run_dir: Path
-    processes: int = 0
-    preempted_at: list[int] = dataclasses.field(default_factory=list)
-    error: BaseException | None = None
-    #: step -> hash of each committed checkpoint, as first seen during the run.
-    checkpoints_seen: dict[int, str] = dataclasses.field(default_factory=dict)
-    #: problems found while the run was going (a committed checkpoint changed or vanished).
-    problems: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.run_dir / rundir.CHECKPOINTS_DIR
-
-    @property
-    def fault_log(self) -> rundir.FaultLog:
-        return rundir.FaultLog(self.run_dir / rundir.FAULTS_FILE)
-
-
-def _hash_dir(path: Path) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(str(file.relative_to(path)).encode() + b"\0")
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
-
-
-def committed_checkpoints(directory: str | os.PathLike[str]) -> dict[int, str]:
-    """``{step: sha256 of every file}`` of the committed checkpoints in ``directory``
-    (committed by :func:`elastic_dew.elastic.state.orbax_step.committed`)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return {}
-    found = {}
-    for step in orbax_step.committed_checkpoint_steps(directory):
-        try:
-            found[step] = _hash_dir(directory / str(step))
-        except OSError:  # vanished while being read: the next look reports it
-            continue
-    return found
 
 
 class _CheckpointWatch:
@@ -201,8 +154,6 @@ def reference(steps: int, workdir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def run_seed(seed: int, workdir: str | os.PathLike[str]) -> tuple[Scenario, list[str]]:
     """Draw, run and check one seed in ``workdir``; return the scenario and its problems."""
-    from elastic_dew.testing.invariants import check
-
     scenario = draw(seed)
     logger.info("seed %d: %s", seed, scenario)
     expected = reference(scenario.steps, workdir)
