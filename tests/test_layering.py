@@ -12,11 +12,16 @@ that drives it.
 Inside the elastic layer, its packages by job form layers of their own
 (:data:`ELASTIC_PACKAGES`): the shared definitions directly in ``elastic_dew.elastic``, then
 the state tiers, the slices, the loop.
+
+No circle anywhere: inside every package, its modules and sub-packages (each sub-package
+taken whole, the package's own ``__init__`` one of them) import one another one way only, so
+no two modules and no two packages import each other, directly or round a longer circle.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 from conftest import REPO
@@ -171,3 +176,127 @@ def test_the_elastic_layers_packages_import_only_packages_before_them():
             if other is not None and order.index(other) > order.index(own):
                 violations.append(f"{module} ({own}) imports {imported} ({other})")
     assert not violations, "\n".join(violations)
+
+
+def _resolved_imports() -> dict[str, set[str]]:
+    """Each module's imports of the project's modules, by module: ``from pkg import sub``
+    names ``pkg.sub`` when that is a module, else ``pkg``; ``import a.b.c`` the longest
+    module it names."""
+    modules = dict(_modules())
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found = {}
+    for module, path in modules.items():
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(known(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    names.add(full if full in modules else known(node.module))
+        found[module] = {name for name in names if name is not None and name != module}
+    return found
+
+
+def _circles(edges: dict[str, dict[str, tuple[str, str]]]) -> Iterator[list[str]]:
+    """One circle (``[a, b, ..., a]``) through each strongly connected group of ``edges``
+    that has more than one member (Tarjan's algorithm, then a path back to the start)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in edges.get(node, {}):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            groups.append(group)
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    for group in groups:
+        if len(group) < 2:
+            continue
+        start = min(group)
+        paths = {start: [start]}
+        frontier = [start]
+        while frontier:  # breadth first inside the group: the shortest circle through start
+            node = frontier.pop(0)
+            for other in sorted(edges.get(node, {})):
+                if other == start:
+                    yield paths[node] + [start]
+                    frontier = []
+                    break
+                if other in group and other not in paths:
+                    paths[other] = paths[node] + [other]
+                    frontier.append(other)
+
+
+def _package_circles(imports: dict[str, set[str]]) -> list[str]:
+    """Every circle among the members of a package, each worded with the imports that make it."""
+    packages = {module for module, path in _modules() if path.name == "__init__.py"}
+
+    def member(package: str, module: str) -> str | None:
+        if module == package:
+            return "__init__"
+        if module.startswith(package + "."):
+            return module[len(package) + 1:].split(".")[0]
+        return None
+
+    found = []
+    for package in sorted(packages):
+        edges: dict[str, dict[str, tuple[str, str]]] = {}
+        for module, names in imports.items():
+            source = member(package, module)
+            if source is None:
+                continue
+            for name in sorted(names):
+                target = member(package, name)
+                if target is not None and target != source:
+                    edges.setdefault(source, {}).setdefault(target, (module, name))
+        for circle in _circles(edges):
+            how = "; ".join(f"{edges[a][b][0]} imports {edges[a][b][1]}" for a, b in zip(circle, circle[1:]))
+            found.append(f"in {package}: {' -> '.join(circle)} ({how})")
+    return found
+
+
+def test_no_modules_and_no_packages_import_each_other():
+    imports = _resolved_imports()
+    assert "elastic_dew.elastic.config" in imports["elastic_dew.elastic.loop.protocol"]
+    circles = _package_circles(imports)
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_circle_check_finds_a_circle_between_packages_and_names_it():
+    imports = {
+        "elastic_dew.elastic.config": {"elastic_dew.rundir"},
+        "elastic_dew.rundir": {"elastic_dew.elastic.events"},
+        "elastic_dew.elastic.events": set(),
+        "elastic_dew.testing.runner": {"elastic_dew.testing.invariants"},
+        "elastic_dew.testing.invariants": {"elastic_dew.testing.runner"},
+    }
+    assert _package_circles(imports) == [
+        "in elastic_dew: elastic -> rundir -> elastic (elastic_dew.elastic.config imports "
+        "elastic_dew.rundir; elastic_dew.rundir imports elastic_dew.elastic.events)",
+        "in elastic_dew.testing: invariants -> runner -> invariants (elastic_dew.testing.invariants "
+        "imports elastic_dew.testing.runner; elastic_dew.testing.runner imports "
+        "elastic_dew.testing.invariants)",
+    ]
