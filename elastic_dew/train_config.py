@@ -23,26 +23,28 @@ __all__ = ["TrainConfig"]
 class TrainConfig:
     """The training loop's settings.
 
-    log_every: steps between the trainer's step log lines.
-    seed: the seed of the parameters and of the per-step keys.
-    sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.slices.sharding`):
-      ``"fsdp"`` (each parameter of at least 16 KiB, and its optimizer moments, split over
-      the slice's ``data`` devices along its largest dimension they divide),
-      ``"replicated"``, or a callable ``(path, leaf, mesh) -> PartitionSpec`` over ``data``
-      and ``model`` (never ``replica``). Across slices the state is always replicated.
-    microbatch: examples per data-parallel device per micro-step, or ``None``. A step then
-      accumulates gradients over ``per-device batch / microbatch`` micro-steps (a
-      ``lax.scan``): the update is the full batch's, and a lost slice under the
-      ``constant`` batch policy adds micro-steps instead of memory per device. A slice
-      count whose per-device batch it does not divide is refused before the run.
-    eval_every: steps between evaluation passes over the trainer's ``eval_dataset`` (the
-      two go together); ``None``: no evaluation.
-    eval_batch: examples per evaluation batch; ``None``: the elastic config's
-      ``global_batch``. It must divide over the data-parallel devices of every reachable
-      slice count.
+    Args:
+      log_every: steps between the trainer's step log lines.
+      seed: the seed of the parameters and of the per-step keys.
+      sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.slices.sharding`):
+        ``"fsdp"`` (each parameter of at least 16 KiB, and its optimizer moments, split over
+        the slice's ``data`` devices along its largest dimension they divide),
+        ``"replicated"``, or a callable ``(path, leaf, mesh) -> PartitionSpec`` over ``data``
+        and ``model`` (never ``replica``). Across slices the state is always replicated.
+      microbatch: examples per data-parallel device per micro-step, or ``None``. A step then
+        accumulates gradients over ``per-device batch / microbatch`` micro-steps (a
+        ``lax.scan``): the update is the full batch's, and a lost slice under the
+        ``constant`` batch policy adds micro-steps instead of memory per device. A slice
+        count whose per-device batch it does not divide is refused before the run.
+      eval_every: steps between evaluation passes over the trainer's ``eval_dataset`` (the
+        two go together); ``None``: no evaluation.
+      eval_batch: examples per evaluation batch; ``None``: the elastic config's
+        ``global_batch``. It must divide over the data-parallel devices of every reachable
+        slice count.
 
-    Raises :class:`~elastic_dew.elastic.config.SettingError` for a field outside its
-    declaration.
+    Raises:
+      SettingError: a field outside its declaration
+        (:class:`~elastic_dew.elastic.config.SettingError`).
     """
 
     log_every: int = setting(

@@ -253,7 +253,10 @@ def sections_needed(obj: Any) -> list[str]:
             parameters = inspect.signature(obj).parameters
         except (TypeError, ValueError):
             parameters = {}
-        arguments = [name for name in parameters if name not in ("self", "cls")]
+        arguments = [
+            name for name, p in parameters.items()
+            if name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
     if arguments:
         needed.append("Args")
     if not inspect.isclass(obj) and inspect.signature(obj).return_annotation not in (

@@ -175,6 +175,9 @@ def check_fields(config: Any) -> None:
 class ElasticConfig:
     """How a training run survives slice loss, scale-up and preemption.
 
+    Args:
+      (each field, by what it sets)
+
     Recovery (pathwaysutils' ``elastic_retry``):
       minimum_slice_count: ``None`` is the guide's pause-resume mode (wait until every
         slice is healthy again); a smaller number is replica-resize (carry on with at
@@ -230,6 +233,10 @@ class ElasticConfig:
         every mesh of one slice fewer in a background thread once an attempt has started,
         and the snapshot's load and pack on that mesh, so that a lost slice finds them
         already compiled.
+
+    Raises:
+        SettingError: a field outside its declaration (its range, its choices), naming the
+            field and what it accepts; the config is never built.
     """
 
     minimum_slice_count: int | None = setting(
@@ -316,7 +323,14 @@ class ElasticConfig:
 
     def poll_seconds(self, simulated: bool) -> float:
         """The seconds between health checks: ``poll_interval``, else the default of
-        simulated or real slices."""
+        simulated or real slices.
+
+        Args:
+            simulated: whether the slices are simulated (CPU).
+
+        Returns:
+            Seconds between slice health checks.
+        """
         if self.poll_interval is not None:
             return self.poll_interval
         return SIMULATED_POLL_INTERVAL if simulated else PATHWAYS_POLL_INTERVAL
@@ -324,7 +338,14 @@ class ElasticConfig:
     def checkpoint_dir_for(self, run_dir: str | os.PathLike[str]) -> str:
         """Where the persistent tier writes for a run in ``run_dir``: ``checkpoint_dir``,
         else the workers' :data:`MULTI_TIER_DIR` for ``multi_tier``, else
-        ``RUN_DIR/checkpoints`` (absolute)."""
+        ``RUN_DIR/checkpoints`` (absolute).
+
+        Args:
+            run_dir: the run's directory.
+
+        Returns:
+            The persistent tier's directory or ``gs://`` URL.
+        """
         if self.checkpoint_dir is not None:
             return self.checkpoint_dir
         if self.checkpoint_kind == "multi_tier":
@@ -333,7 +354,14 @@ class ElasticConfig:
 
     def check_slices(self, total_slices: int) -> None:
         """Refuse a minimum slice count the allocation can never meet (:class:`SettingError`);
-        the one home of that rule."""
+        the one home of that rule.
+
+        Args:
+            total_slices: the slices of the allocation.
+
+        Raises:
+            SettingError: ``minimum_slice_count`` is above ``total_slices``.
+        """
         if self.minimum_slice_count is not None and self.minimum_slice_count > total_slices:
             raise SettingError(
                 ElasticConfig, "minimum_slice_count", self.minimum_slice_count,

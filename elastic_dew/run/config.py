@@ -34,6 +34,14 @@ class SimConfig:
     A run on real slices (``JAX_PLATFORMS=proxy``) takes none: :class:`RunConfig` ``sim``
     given there is refused. ``schedule`` is the fault schedule's text in the simulator's
     grammar (:func:`elastic_dew.simulate.parse_schedule`); :func:`plan` parses it once.
+
+    Args:
+        slices: simulated slices.
+        devices_per_slice: CPU devices per simulated slice.
+        schedule: the fault schedule's text (empty: no faults).
+
+    Raises:
+        SettingError: a field outside its declaration.
     """
 
     slices: int = setting(
@@ -71,6 +79,21 @@ class RunConfig:
     - ``sim``: ``None`` is :class:`SimConfig`'s defaults when simulating; one given on real
       slices is refused;
     - ``overrides``: the recipe's ``build()`` settings (``--set KEY=VALUE``).
+
+    Args:
+        recipe: the recipe's name (``lm``, ``mlp``, or one of your own package ``recipes``).
+        overrides: the recipe's ``build()`` settings.
+        steps: the step to train to, or ``None`` for the recipe's.
+        run_dir: the run directory, or ``None`` (then ``name``, else a fresh one).
+        name: the run's name (its directory ``runs/NAME``), or ``None``.
+        elastic: the :class:`ElasticConfig`, or ``None`` for the recipe's defaults.
+        train: the :class:`TrainConfig`.
+        sim: the :class:`SimConfig`, or ``None``.
+        observe: how the run is observed (``ObserveOptions``: logs, TensorBoard, goodput export).
+
+    Raises:
+        SettingError: a field outside its declaration.
+        TypeError: a part that is not of its type (``elastic`` not an ``ElasticConfig``, ...).
     """
 
     recipe: str = setting(

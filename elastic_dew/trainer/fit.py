@@ -41,9 +41,16 @@ __all__ = ["Trainer", "FitResult"]
 
 @dataclasses.dataclass(frozen=True)
 class FitResult:
-    """What ``fit`` ended with: the last completed step, the parameters (as numpy), the summary,
-    the final state's shardings (a tree of ``NamedSharding`` like the state), and for a
-    :meth:`Trainer.from_nnx` run the trained ``nnx.Module`` (``None`` otherwise)."""
+    """What ``fit`` ended with.
+
+    Args:
+        final_step: the last completed step.
+        params: the final parameters, as numpy arrays.
+        summary: the run's summary (``summary.json``'s fields).
+        run_dir: the run directory.
+        shardings: the final state's shardings (a tree of ``NamedSharding`` like the state).
+        model: for a :meth:`Trainer.from_nnx` run the trained ``nnx.Module``, else ``None``.
+    """
 
     final_step: int
     params: Any

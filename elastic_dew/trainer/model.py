@@ -31,7 +31,17 @@ __all__ = ["Functional", "split_loss"]
 
 def split_loss(out: Any, where: str = "the loss function") -> tuple[jax.Array, dict[str, jax.Array]]:
     """``(loss, metrics)`` of a loss function's output: a scalar, or a scalar and a dict of
-    scalars. Raises ``TypeError`` (at trace time) naming the form for anything else."""
+    scalars.
+
+    Args:
+        out: what the loss function returned.
+        where: how an error names the loss function.
+
+    Returns:
+        The loss and its metrics (``{}`` when it returned none).
+
+    Raises:
+        TypeError: (at trace time) any other form, naming the form it has."""
     if isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], Mapping):
         loss, metrics = out
     elif isinstance(out, (tuple, list)):

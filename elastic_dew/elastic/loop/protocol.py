@@ -94,11 +94,39 @@ class Program(Protocol):
 
     microbatch: int | None
 
-    def abstract_state(self, mesh: jax.sharding.Mesh) -> Any: ...
+    def abstract_state(self, mesh: jax.sharding.Mesh) -> Any:
+        """The state's shapes and target shardings on ``mesh``, computing nothing.
 
-    def init_state(self, mesh: jax.sharding.Mesh) -> Any: ...
+        Args:
+            mesh: the attempt's mesh (``replica``, ``data``, ``model``).
 
-    def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn: ...
+        Returns:
+            A pytree of ``jax.ShapeDtypeStruct`` carrying their shardings.
+        """
+        ...
+
+    def init_state(self, mesh: jax.sharding.Mesh) -> Any:
+        """A fresh state on ``mesh`` (the run's first step, or no tier holds a state).
+
+        Args:
+            mesh: the attempt's mesh.
+
+        Returns:
+            The state, laid out as :meth:`abstract_state` says.
+        """
+        ...
+
+    def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
+        """The compiled training step on ``mesh`` for ``global_batch`` examples.
+
+        Args:
+            mesh: the attempt's mesh.
+            global_batch: the attempt's global batch (its batch policy's, on its slices).
+
+        Returns:
+            ``step(state, batch) -> (state, metrics)``, ``metrics`` holding ``loss``.
+        """
+        ...
 
 
 class Finished(NamedTuple):
@@ -162,6 +190,24 @@ class ElasticRun:
     run that has one, is where the persistent tier writes when ``config.checkpoint_dir`` is
     ``None`` (:meth:`~elastic_dew.elastic.config.ElasticConfig.checkpoint_dir_for`); an
     ElasticRun with neither has no persistent tier.
+
+    Args:
+        program: the model side (:class:`Program`).
+        data: the elastic data (:class:`~elastic_dew.elastic.loop.data.ElasticData`).
+        config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
+        emit: called with every event in order.
+        notice: the preemption notice, or ``None`` for none.
+        manager: a pathwaysutils ``Manager`` to use, or ``None`` to create one.
+        snapshots: tier 1 to use, or ``None`` to build it from ``config``.
+        checkpoints: tier 2 to use, or ``None`` to build it from ``config``.
+        run_name: the run's name, for multi-tier checkpointing's backups.
+        evaluation: the evaluation passes, or ``None`` for none.
+        run_dir: the run directory, or ``None``.
+
+    Raises:
+        ValueError: slices of unequal device counts, or a global batch, microbatch,
+            minimum slice count or evaluation batch some reachable slice count cannot run;
+            refused before anything runs.
     """
 
     def __init__(
@@ -262,10 +308,23 @@ class ElasticRun:
     def run(self, final_step: int) -> Finished:
         """Train until ``final_step`` is complete; return its :class:`Finished` state and step.
 
-        Raises ``Preempted(step)`` after the checkpoint of the agreed step is committed, and
-        pathwaysutils' ``ElasticRuntimeError`` when the retry policy gives up. Whether it
-        returns or raises, every thread, iterator and Orbax manager the run started is
-        stopped and joined (the pathwaysutils ``Manager`` stops its own monitor).
+        Whether it returns or raises, every thread, iterator and Orbax manager the run
+        started is stopped and joined (the pathwaysutils ``Manager`` stops its own monitor).
+
+        Args:
+            final_step: the step to train to (>= 1).
+
+        Returns:
+            ``Finished(state, step)``: the final state and ``final_step``.
+
+        Raises:
+            ValueError: ``final_step`` is below 1.
+            elastic_dew.runtime.Preempted: a preemption notice was honoured, after the
+                checkpoint of the agreed step was committed.
+            TimeoutError: healthy slices did not come back within ``config.timeout``
+                (the error says what the tiers kept).
+            pathwaysutils.elastic.manager.ElasticRuntimeError: the retry policy gave up
+                (the error says after which step and what the tiers kept).
         """
         if final_step < 1:
             raise ValueError(f"final_step={final_step} must be >= 1")
