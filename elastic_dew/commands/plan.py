@@ -11,7 +11,9 @@ policies at their recommended settings, the recommendation and how goodput grows
 
 ``--draw-schedule SEED --steps S`` prints instead a fault schedule drawn from the rates
 (:func:`elastic_dew.plan.draw_schedule`) for a run of S steps, time compressed by the
-factor it states (``--compress``; by default so that the run meets about 20 faults).
+factor it states (``--compress``; by default so that the run meets about 20 faults),
+counted from step ``--start-step`` when given; ``--loss`` writes a slice loss as the
+restart policy meets it (``kill`` or ``error``).
 
 Every refusal (an input out of range, a cost neither given nor measured, a run directory
 without a record, a file that cannot be written, the plot without matplotlib) says which
@@ -81,8 +83,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     draw.add_argument("--steps", metavar="S", type=int, help="steps of the run the schedule is for")
     draw.add_argument("--compress", metavar="X", type=float,
                       help="compress the cluster's time X times (default: so the run meets about 20 faults)")
-    draw.add_argument("--loss", choices=("lose", "kill"), default="lose",
-                      help="a slice loss as lose (ridden in process) or kill (the restart policy ends the process)")
+    draw.add_argument("--start-step", metavar="K", type=int,
+                      help="count the faults from step K of the run instead of its start")
+    draw.add_argument("--loss", choices=("lose", "kill", "error"), default="lose",
+                      help="a slice loss as lose (ridden in process), or as the restart policy meets it: kill "
+                           "(the process ends) or error (the training raises)")
 
 
 class _Refused(Exception):
@@ -144,7 +149,7 @@ def _inputs(args: argparse.Namespace):
     return costs, cluster, figures
 
 
-def _schedule(args: argparse.Namespace, costs, cluster) -> str:
+def _schedule(args: argparse.Namespace, costs, cluster) -> tuple[str, float]:
     from elastic_dew.plan import compression, draw_schedule
 
     if args.steps is None or args.steps < 1:
@@ -154,14 +159,18 @@ def _schedule(args: argparse.Namespace, costs, cluster) -> str:
     if args.compress is not None and not (args.compress > 0 and math.isfinite(args.compress)):
         raise _Refused(f"--compress {args.compress} must be a number > 0")
     factor = args.compress or compression(cluster, costs.step_seconds, args.steps)
-    text = draw_schedule(cluster, costs.step_seconds, args.steps, args.draw_schedule, factor=factor, loss=args.loss)
+    if args.start_step is not None and args.start_step < 0:
+        raise _Refused(f"--start-step {args.start_step} must be >= 0")
+    text = draw_schedule(cluster, costs.step_seconds, args.steps, args.draw_schedule, factor=factor, loss=args.loss,
+                         start_step=args.start_step)
     return text, factor
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.draw_schedule is None and (args.steps is not None or args.compress is not None):
-            raise _Refused("--steps and --compress go with --draw-schedule SEED")
+        if args.draw_schedule is None and any(
+                value is not None for value in (args.steps, args.compress, args.start_step)):
+            raise _Refused("--steps, --compress and --start-step go with --draw-schedule SEED")
         if args.draw_schedule is not None and (args.json or args.plot):
             raise _Refused("--draw-schedule prints a schedule only; leave out --json and --plot")
         _writable("--json", args.json)

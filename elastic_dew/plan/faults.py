@@ -23,14 +23,18 @@ import random
 from elastic_dew.elastic.fault_token import Token
 from elastic_dew.plan.inputs import Cluster
 
-__all__ = ["compression", "draw_schedule", "TARGET_FAULTS", "HORIZON"]
+__all__ = ["compression", "draw_schedule", "TARGET_FAULTS", "HORIZON", "LOSSES"]
+
+#: The actions a drawn slice loss can be written as.
+LOSSES: tuple[str, ...] = ("lose", "kill", "error")
 
 #: The faults a drawn run of ``steps`` steps is compressed to meet, on average.
 TARGET_FAULTS = 20
 
 #: Faults are drawn over this many times the steps' own time (a run also spends time
 #: recovering): a run ends before the schedule does, and the faults it meets are Poisson.
-HORIZON = 4.0
+#: Every slice lost within it has its return written.
+HORIZON = 20.0
 
 
 def compression(cluster: Cluster, step_seconds: float, steps: int, faults: float = TARGET_FAULTS) -> float:
@@ -43,18 +47,26 @@ def compression(cluster: Cluster, step_seconds: float, steps: int, faults: float
 
 
 def draw_schedule(
-    cluster: Cluster, step_seconds: float, steps: int, seed: int, *, factor: float, loss: str = "lose"
+    cluster: Cluster, step_seconds: float, steps: int, seed: int, *, factor: float, loss: str = "lose",
+    start_step: int | None = None,
 ) -> str:
     """A fault schedule for a run of ``steps`` steps of ``step_seconds`` on ``cluster`` with
     its time compressed ``factor`` times, drawn with ``seed`` (the same arguments give the
     same text).
 
-    ``loss`` is the action of a slice loss: ``lose`` (the slice fails; it returns with a
-    ``restore``) or ``kill`` (the whole process ends, as the restart policy does with any
-    slice loss; the new process has every slice, so no returns are written).
+    ``loss`` is the action of a slice loss (:data:`LOSSES`): ``lose`` (the slice fails; it
+    returns with a ``restore``), or, for the restart policy, which ends the whole program at
+    any slice loss, ``kill`` (SIGKILL: a supervisor or a JobSet starts it again) or
+    ``error`` (a runtime error that is not retried: an in-process supervisor starts the
+    training again); the new program has every slice, so no returns are written then.
+
+    ``start_step``: the faults count from the run's first announcement of this step, not
+    from its start (so the time a program takes to start and compile meets none): the
+    schedule opens with ``restore:0@START_STEP``, the return of a slice that is healthy
+    then, which changes nothing and anchors the time-keyed faults after it.
     """
-    if loss not in ("lose", "kill"):
-        raise ValueError(f"loss={loss!r} must be 'lose' or 'kill'")
+    if loss not in LOSSES:
+        raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
     if not factor > 0:
         raise ValueError(f"factor={factor} must be > 0")
     rng = random.Random(seed)
@@ -72,19 +84,25 @@ def draw_schedule(
         order += 1
     tokens = []
     last = 0.0
+    down: set[int] = set()
     while queue:
         at, _, kind, index = heapq.heappop(queue)
         if at > horizon:
-            break
+            if not down:
+                break
+            if kind != "return":
+                continue  # past the horizon only the returns of slices still down are written
         if kind == "fail":
             action = loss
             if loss == "lose":
+                down.add(index)
                 back = at + (rng.expovariate(1.0 / down_mean) if down_mean > 0 else 0.0)
                 heapq.heappush(queue, (back, order, "return", index))
             else:
                 heapq.heappush(queue, (at + rng.expovariate(1.0 / up_mean), order, "fail", index))
         elif kind == "return":
             action = "restore"
+            down.discard(index)
             heapq.heappush(queue, (at + rng.expovariate(1.0 / up_mean), order, "fail", index))
         else:
             action = "preempt"
@@ -94,6 +112,8 @@ def draw_schedule(
         last = at
         takes_slice = action in ("lose", "restore")
         tokens.append(str(Token(action, str(index) if takes_slice else None, f"+{_seconds(gap)}", None)))
+    if start_step is not None:
+        tokens.insert(0, str(Token("restore", "0", str(start_step), None)))
     return ",".join(tokens)
 
 

@@ -168,11 +168,14 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     """The :class:`Costs` fields a run directory's record measures, each with its origin.
 
     From ``events.jsonl`` (and the simulator's fault log), by the record's own readers:
-    the median committed step on the run's largest slice count; the median taken snapshot
-    and checkpoint save; the median restore of snapshot and of checkpoint resumes; the
-    median detection plus mesh and compile of snapshot resumes (an in-process recovery);
-    the median time from each process's start to its first resume less that resume's
-    restore (a restart); the median ``live`` resume (a scale-up). A figure the run never
+    the median committed step on the run's largest slice count (the steady step); and,
+    as means (a plan's figures are expectations: a slow first save or a recovery that
+    compiles counts as often as it happens), the taken snapshot and checkpoint saves; the
+    restore of snapshot and of checkpoint resumes; the detection plus mesh and compile of
+    snapshot resumes (an in-process recovery); the time from each restarted process's start (or the previous process's last
+    event, when that is later: a restart inside one Python process) to its first resume
+    less that resume's restore (a restart; the first process's when the run never
+    restarted); the ``live`` resume (a scale-up). A figure the run never
     measured (no checkpoint resume, say) is left out. Raises ``ValueError`` when the
     directory holds no run record.
     """
@@ -183,7 +186,7 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     run_dir = Path(run_dir)
     if not (run_dir / record.EVENTS_FILE).is_file():
         raise ValueError(f"{run_dir} holds no {record.EVENTS_FILE}; give the directory a run wrote (runs/NAME)")
-    events = record.as_events(record.run_events(run_dir))
+    events = record.as_events(record.read_events(run_dir))
     flags = committed_flags(events)
     steps = [e for e, ok in zip(events, flags, strict=True) if ok and isinstance(e, ev.Step)]
     if not steps:
@@ -192,12 +195,12 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     out: dict[str, Input] = {}
     where = str(run_dir)
 
-    def put(name: str, values: list[float], what: str) -> None:
-        value = _median(values)
+    def put(name: str, values: list[float], what: str, statistic: str = "mean") -> None:
+        value = _median(values) if statistic == "median" else (statistics.fmean(values) if values else None)
         if value is not None:
-            out[name] = Input(round(value, 6), f"measured: {where} (median of {len(values)} {what})")
+            out[name] = Input(round(value, 6), f"measured: {where} ({statistic} of {len(values)} {what})")
 
-    put("step_seconds", [e.seconds for e in steps if e.slices == widest], f"steps on {widest} slices")
+    put("step_seconds", [e.seconds for e in steps if e.slices == widest], f"steps on {widest} slices", "median")
     saves = [e for e in events if isinstance(e, ev.Save) and e.taken]
     put("snapshot_seconds", [e.seconds for e in saves if e.tier == "snapshot"], "snapshot saves")
     put("checkpoint_seconds", [e.seconds for e in saves if e.tier == "checkpoint"], "checkpoint saves")
@@ -212,13 +215,21 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     put("scale_up_seconds", [sum(e.durations.values()) for e in resumes if e.source == "live"], "scale-ups")
     restarts = []
     started: float | None = None
+    previous = -math.inf  # the wall time of the last event before this process's start
     for event in events:
         if isinstance(event, ev.Start):
-            started = event.process_start if math.isfinite(event.process_start) else event.wall
+            begin = event.process_start if math.isfinite(event.process_start) else event.wall
+            # A process restarted inside one Python process (an in-process supervisor) shares
+            # its process start with the first: it began after the last one's last event.
+            started = max(begin, previous)
         elif isinstance(event, ev.Resume) and started is not None and math.isfinite(event.wall):
             restarts.append(max(0.0, event.wall - started - event.durations["restore"]))
             started = None
-    put("restart_seconds", restarts, "process starts")
+        if math.isfinite(event.wall):
+            previous = event.wall
+    # A restart is a process after the first (the first starts cold, with nothing cached);
+    # a run that never restarted gives its one start.
+    put("restart_seconds", restarts[1:] or restarts, "restarts" if len(restarts) > 1 else "process starts")
     return out
 
 
