@@ -316,5 +316,16 @@ class FaultLog:
 
 
 def read_faults(run_dir: str | os.PathLike[str]) -> list[Fault]:
-    """The faults fired in ``run_dir``, in the order they fired (none without a fault log)."""
+    """The faults fired in ``run_dir``, in the order they fired (none without a fault log).
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        The fired faults' ``fault`` events.
+
+    Raises:
+        ValueError: a line of the fault log that is not a fault record (other than a torn last
+            line, which is skipped).
+    """
     return FaultLog(Path(run_dir) / FAULTS_FILE).entries()

@@ -93,7 +93,14 @@ def committed_evals(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.E
     S is committed unless a later ``resume`` went back to S or before it (the run re-did
     the step, and evaluated it again). One per evaluated step: of two committed lines of
     one step, the later (a pass a preemption cut short is owed by its checkpoint, and a run
-    that resumes from that checkpoint twice runs it twice)."""
+    that resumes from that checkpoint twice runs it twice).
+
+    Args:
+        events: the run's events in record order.
+
+    Returns:
+        The committed ``eval`` events, one per evaluated step.
+    """
     typed = as_events(events)
     committed = [e for e, ok in zip(typed, committed_flags(typed, ev.Eval), strict=True) if ok]
     last = {e.step: i for i, e in enumerate(committed)}
@@ -105,6 +112,12 @@ def committed_steps(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[dict
 
     Returned as JSON lines (a given mapping is copied as it was), in file order, so after a
     rollback the re-done steps come last.
+
+    Args:
+        events: the run's events in record order.
+
+    Returns:
+        The committed step lines.
     """
     lines = [e for e in events if not isinstance(e, Mapping) or e.get("event") in ev.KINDS]
     typed = as_events(lines)
@@ -145,7 +158,15 @@ def _bounds(process: list[ev.Event]) -> tuple[float, float] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Goodput:
-    """A run's wall time split into productive seconds and badput seconds by category."""
+    """A run's wall time split into productive seconds and badput seconds by category.
+
+    Args:
+        wall_seconds: from the first process's start to the last event.
+        productive_seconds: the committed steps' ``seconds`` less their ``data_seconds``.
+        badput: seconds by category (:data:`BADPUT_CATEGORIES`).
+        processes: how many processes ran.
+        custom: ``custom_badput_events`` by type (``eval_step``).
+    """
 
     wall_seconds: float
     productive_seconds: float
@@ -187,6 +208,12 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
       that finished; a pass cut short by a fault is in the time it was lost in), split by
       type in :attr:`Goodput.custom` (``eval_step``);
     - ``other``: the remainder, so that productive time and badput add up to the wall time.
+
+    Args:
+        events: the run's events in record order.
+
+    Returns:
+        The :class:`Goodput` split.
     """
     events = as_events(events)
     flags = committed_flags(events)
@@ -276,6 +303,13 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
     ``custom_badput``: ``custom_badput_events`` by type (``eval_step``).
     ``stops``, ``resumes``, ``faults``: counts by reason, source and action.
     ``eval``: the last committed evaluation (``step`` and ``metrics``), or ``None``.
+
+    Args:
+        events: the run's events in record order.
+        params: the final parameters, for ``state_digest``, or ``None``.
+
+    Returns:
+        The summary's fields.
     """
     events = as_events(events)
     flags = committed_flags(events)

@@ -79,6 +79,9 @@ class RunRecord:
     asynchronous save reporting its duration, say) can share one record. It is a sink of
     the run's event stream: calling it with an event appends it. Lines that are not
     durable wait in memory (the module's rule); :meth:`events` and :meth:`close` write them.
+
+    Args:
+        run_dir: the run directory (created when missing).
     """
 
     name = "run record"
@@ -109,9 +112,14 @@ class RunRecord:
         """Write ``event`` (typed, or its JSON mapping) as one JSON line.
 
         A durable kind is on disk (fsynced, after every line before it) when this returns;
-        any other waits to be written with the next batch. Raises ``ValueError`` for a line
-        without a kind and ``TypeError`` for a value JSON cannot hold, before anything is
-        written.
+        any other waits to be written with the next batch.
+
+        Args:
+            event: a typed event, or its JSON mapping (with its ``"event"`` kind).
+
+        Raises:
+            ValueError: a line without a kind; nothing is written.
+            TypeError: a value JSON cannot hold; nothing is written.
         """
         line = ev.to_json(event)
         if "event" not in line:
@@ -145,7 +153,11 @@ class RunRecord:
 
     def events(self) -> list[dict[str, Any]]:
         """Every complete event appended so far, by any process, in file order (this
-        record's waiting lines are written first)."""
+        record's waiting lines are written first).
+
+        Returns:
+            The JSON lines.
+        """
         with self._lock:
             if not self._file.closed:
                 self._write_waiting()
@@ -153,7 +165,11 @@ class RunRecord:
 
     def close(self, summary: object = None) -> None:
         """Write the waiting lines, fsync and close (``summary``: as every sink's ``close``
-        takes it)."""
+        takes it).
+
+        Args:
+            summary: ignored (every sink's ``close`` takes it).
+        """
         with self._lock:
             if not self._file.closed:
                 self._write_waiting()
@@ -181,6 +197,15 @@ def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     A line that is not a complete JSON object is a torn write from a killed process; it is
     skipped with a warning and every other line is kept. :func:`as_events` types them.
+
+    Args:
+        path: an ``events.jsonl`` file or a run directory.
+
+    Returns:
+        The JSON lines, in file order.
+
+    Raises:
+        FileNotFoundError: there is no such file.
     """
     path = Path(path)
     if path.is_dir():
@@ -208,6 +233,15 @@ def as_event(line: ev.Event | Mapping[str, Any]) -> ev.Event | None:
     Fields a line leaves out read as in ``_MISSING`` (a hand-written line, or one from an
     older writer); a line without ``wall`` gets ``nan`` there (see :func:`has_wall`), never
     the current time. A line missing a required field is refused with ``ValueError``.
+
+    Args:
+        line: a typed event or a JSON line.
+
+    Returns:
+        The typed event, or ``None``.
+
+    Raises:
+        ValueError: the line lacks a required field.
     """
     if isinstance(line, ev.Event):
         return line
@@ -224,7 +258,14 @@ def as_event(line: ev.Event | Mapping[str, Any]) -> ev.Event | None:
 
 
 def as_events(lines: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.Event]:
-    """:func:`as_event` of each line, leaving out kinds this version does not know."""
+    """:func:`as_event` of each line, leaving out kinds this version does not know.
+
+    Args:
+        lines: typed events or JSON lines.
+
+    Returns:
+        The typed events of the known kinds, in order.
+    """
     return [e for e in map(as_event, lines) if e is not None]
 
 
@@ -259,6 +300,9 @@ def process_start_time() -> float:
     Program start-up badput runs from here to the first resume, so it includes the
     interpreter and the imports. Read from ``/proc/self/stat`` on Linux (psutil where
     installed); elsewhere the current time, which leaves the imports unmeasured.
+
+    Returns:
+        Seconds since the epoch.
     """
     try:
         import psutil

@@ -31,6 +31,15 @@ def flatten_params(params: Any) -> dict[str, np.ndarray]:
 
     A flat mapping of such paths (what :func:`load_params` returns) flattens to itself, so a
     digest of saved parameters equals the digest of the live ones.
+
+    Args:
+        params: a pytree of arrays, or a flat mapping of paths.
+
+    Returns:
+        Each leaf's path and its numpy array.
+
+    Raises:
+        ValueError: two leaves flatten to the same path.
     """
     import jax
 
@@ -49,6 +58,12 @@ def state_digest(params: Any) -> str:
 
     Equal digests mean bitwise-equal parameters; for runs whose meshes differed compare
     ``final_params.npz`` with ``allclose`` instead.
+
+    Args:
+        params: a pytree of arrays, or a flat mapping of paths.
+
+    Returns:
+        The hexadecimal digest.
     """
     digest = hashlib.sha256()
     for name, array in flatten_params(params).items():
@@ -61,14 +76,34 @@ def state_digest(params: Any) -> str:
 
 
 def write_params(run_dir: str | os.PathLike[str], flat: dict[str, np.ndarray]) -> Path:
-    """Write flattened parameters (:func:`flatten_params`) to ``run_dir/final_params.npz``, atomically."""
+    """Write flattened parameters (:func:`flatten_params`) to ``run_dir/final_params.npz``, atomically.
+
+    Args:
+        run_dir: the run directory.
+        flat: the flattened parameters.
+
+    Returns:
+        The file's path.
+    """
     path = Path(run_dir) / rundir.PARAMS_FILE
     rundir.atomic_write(path, lambda f: np.savez(f, **flat))
     return path
 
 
 def load_params(run_dir: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """The final parameters of a finished run, as written by :func:`write_params`."""
+    """The final parameters of a finished run, as written by :func:`write_params`.
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        Each parameter's path and its array.
+
+    Raises:
+        FileNotFoundError: the run has no ``final_params.npz``.
+        ValueError: the file is not one elastic_dew wrote (it would need unpickling, or is
+            damaged); it is never unpickled.
+    """
     path = Path(run_dir) / rundir.PARAMS_FILE
     try:
         with np.load(path, allow_pickle=False) as data:

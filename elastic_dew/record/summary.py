@@ -32,7 +32,15 @@ def write_summary(
     ``events`` defaults to the run directory's own ``events.jsonl``. ``memory`` (``state_bytes``,
     ``state_bytes_per_device_max``, ``snapshot_host_bytes_per_device_max``) is measured
     where the arrays are, by the trainer, and written as the summary's ``memory``.
-    Returns the summary.
+
+    Args:
+        run_dir: the run directory.
+        events: the run's events, or ``None`` for its ``events.jsonl``.
+        params: the final parameters, or ``None``.
+        memory: the memory figures, or ``None``.
+
+    Returns:
+        The summary.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -51,5 +59,12 @@ def write_summary(
 
 
 def load_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """``summary.json`` of a finished run."""
+    """``summary.json`` of a finished run.
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        The summary's fields.
+    """
     return json.loads((Path(run_dir) / rundir.SUMMARY_FILE).read_text())

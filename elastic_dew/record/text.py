@@ -18,7 +18,15 @@ def _mib(value: Any) -> str:
 
 
 def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None) -> str:
-    """The summary (``summary.json``'s fields) as a table: the run's outcome, then badput by category."""
+    """The summary (``summary.json``'s fields) as a table: the run's outcome, then badput by category.
+
+    Args:
+        summary: the summary's fields.
+        run_dir: the run directory, named in the table, or ``None``.
+
+    Returns:
+        The table's text.
+    """
     wall = float(summary.get("wall_seconds") or 0.0)
     rows = []
     if run_dir is not None:

@@ -48,7 +48,16 @@ def _detail(event: ev.Event) -> str:
 def draw_timeline(run_dir: str | os.PathLike[str]) -> Path:
     """Draw ``timeline.png``: active slices, step rate and stop/resume events over wall time.
 
-    Needs matplotlib (the ``plot`` extra); without it, a ``RuntimeError`` says how to install it.
+    Needs matplotlib (the ``plot`` extra).
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        The picture's path.
+
+    Raises:
+        RuntimeError: matplotlib is not installed (the error says how to install it).
     """
     try:
         import matplotlib

@@ -98,7 +98,22 @@ _PARTS = ("init", "loss", "optimizer", "dataset")
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A checked run: every part resolved, everything decided except a timestamp run name."""
+    """A checked run: every part resolved, everything decided except a timestamp run name.
+
+    Args:
+        recipe: the recipe's module name.
+        module: the recipe's module.
+        overrides: the recipe's ``build()`` settings.
+        steps: the step to train to.
+        simulate: whether the slices are simulated.
+        sim: the simulated slices, ``None`` on real ones.
+        schedule: the parsed fault schedule, ``None`` for none.
+        elastic: the elastic settings.
+        train: the training settings.
+        observe: the observability settings.
+        run_dir: the run directory, ``None`` for ``runs/TIMESTAMP`` chosen after
+            ``prepare_process``.
+    """
 
     recipe: str  # module name
     module: ModuleType
@@ -113,7 +128,11 @@ class Plan:
     run_dir: Path | None  # None: runs/<run_timestamp()>, chosen after prepare_process
 
     def identity(self) -> dict[str, Any]:
-        """What makes two runs different runs (:data:`elastic_dew.rundir.IDENTITY_KEYS`)."""
+        """What makes two runs different runs (:data:`elastic_dew.rundir.IDENTITY_KEYS`).
+
+        Returns:
+            The identity's keys and values (``command.json``).
+        """
         return {
             "recipe": self.recipe,
             "overrides": self.overrides,
@@ -126,7 +145,13 @@ class Plan:
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How an executed run ended: its exit status, its directory, and ``Trainer.fit``'s result
-    (``None`` after a preemption)."""
+    (``None`` after a preemption).
+
+    Args:
+        status: the exit status (0 done, 143 preempted, 1 failed, 2 refused).
+        run_dir: the run directory.
+        result: ``Trainer.fit``'s :class:`~elastic_dew.trainer.FitResult`, or ``None``.
+    """
 
     status: int
     run_dir: Path
@@ -136,12 +161,30 @@ class Outcome:
 class Display(Protocol):
     """How a run is shown: the refusal of a bad argument, the run itself, its end."""
 
-    def refused(self, error: UsageError | SettingError) -> None: ...
+    def refused(self, error: UsageError | SettingError) -> None:
+        """Show why the run was refused.
+
+        Args:
+            error: the refusal.
+        """
 
     def running(self, plan: Plan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
-        """While the run trains: the sinks that show it (each gets every typed event)."""
+        """While the run trains: the sinks that show it (each gets every typed event).
 
-    def finished(self, plan: Plan, outcome: Outcome) -> None: ...
+        Args:
+            plan: the run.
+
+        Returns:
+            A context manager whose value is the sinks.
+        """
+
+    def finished(self, plan: Plan, outcome: Outcome) -> None:
+        """Show how the run ended.
+
+        Args:
+            plan: the run.
+            outcome: how it ended.
+        """
 
 
 class _Quiet:
@@ -158,7 +201,11 @@ class _Quiet:
 
 
 def simulating() -> bool:
-    """Whether this process simulates its slices: ``JAX_PLATFORMS`` unset or ``cpu``."""
+    """Whether this process simulates its slices: ``JAX_PLATFORMS`` unset or ``cpu``.
+
+    Returns:
+        Whether the slices are simulated.
+    """
     return os.environ.get("JAX_PLATFORMS", "").strip().lower() in ("", "cpu")
 
 
@@ -263,8 +310,17 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
 def plan(config: RunConfig) -> Plan:
     """Check what spans the parts of ``config`` and decide the run, touching nothing.
 
-    Raises :class:`UsageError`, or :class:`~elastic_dew.elastic.config.SettingError` for a
-    setting its rule refuses (a batch some slice count cannot take among them).
+    Args:
+        config: the run's :class:`RunConfig`.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        UsageError: an argument the run cannot use (an unknown recipe, a run directory
+            that is not one, ...).
+        SettingError: a setting its rule refuses (a batch some slice count cannot take
+            among them).
     """
     simulate = simulating()
     module = load_recipe(config.recipe)
@@ -304,6 +360,9 @@ def compilation_cache_dir() -> Path:
     One per user, not per run: JAX keys an entry by the program, its devices, the flags and
     the jax version, so runs can share it, and the run directory is chosen only after the
     process is prepared.
+
+    Returns:
+        The cache's directory.
     """
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "elastic_dew" / "jax-compilation-cache"
@@ -314,7 +373,14 @@ def process_options(p: Plan) -> dict[str, Any]:
     JAX's persistent compilation cache (:func:`compilation_cache_dir`), so a restarted
     process loads the programs the previous one compiled. Without a writable cache
     directory the run compiles without one. On real slices (Pathways) nothing: Pathways
-    keeps its own compilation cache."""
+    keeps its own compilation cache.
+
+    Args:
+        p: the planned run.
+
+    Returns:
+        Keyword arguments for ``prepare_process``.
+    """
     if not p.simulate:
         return {}
     assert p.sim is not None
@@ -331,7 +397,17 @@ def process_options(p: Plan) -> dict[str, Any]:
 
 
 def choose_run_dir(p: Plan) -> Path:
-    """The planned run directory, else a fresh ``runs/TIMESTAMP`` (refused if it exists)."""
+    """The planned run directory, else a fresh ``runs/TIMESTAMP`` (refused if it exists).
+
+    Args:
+        p: the planned run.
+
+    Returns:
+        The run directory.
+
+    Raises:
+        UsageError: the timestamped directory already exists.
+    """
     if p.run_dir is not None:
         return p.run_dir
     from elastic_dew.runtime import run_timestamp
@@ -371,6 +447,20 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     :class:`~elastic_dew.elastic.slices.mesh.BatchError` for a batch they cannot take;
     ``command.json`` is written only after those checks. A preemption is an
     :class:`Outcome` with status 143.
+
+    Args:
+        p: the planned run.
+        build: a function returning the ``Trainer``'s model parts (``init``, ``loss``,
+            ``optimizer``, ``dataset``, ...), or ``None`` for the recipe's ``build()``.
+        display: how the run is shown, or ``None`` for logs only.
+
+    Returns:
+        The :class:`Outcome`.
+
+    Raises:
+        SettingError: recipe settings its ``build`` refuses, or an evaluation cadence for a
+            recipe with no evaluation split.
+        BatchError: on real slices, a batch they cannot take.
     """
     import jax
     from pathwaysutils.elastic.manager import ElasticRuntimeError
@@ -464,7 +554,16 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
 
 
 def main(config: RunConfig, build: Callable[..., dict] | None = None, display: Display | None = None) -> int:
-    """Plan the run once, prepare the process, execute it; the exit status (0, 143, 1 or 2)."""
+    """Plan the run once, prepare the process, execute it; the exit status (0, 143, 1 or 2).
+
+    Args:
+        config: the run's :class:`RunConfig`.
+        build: as :func:`execute`'s.
+        display: as :func:`execute`'s.
+
+    Returns:
+        The exit status.
+    """
     from elastic_dew.runtime import prepare_process
 
     display = display or _Quiet()

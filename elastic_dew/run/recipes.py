@@ -16,7 +16,11 @@ __all__ = ["available_recipes", "load_recipe", "recipe_defaults"]
 
 def available_recipes() -> list[str]:
     """The recipe names shipped in the ``recipes`` package (found by name, not imported:
-    recipes sit above this module and call it)."""
+    recipes sit above this module and call it).
+
+    Returns:
+        The recipe names, sorted.
+    """
     spec = importlib.util.find_spec("recipes")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     return sorted(
@@ -31,7 +35,17 @@ def _module_name(recipe: str) -> str:
 
 
 def load_recipe(recipe: str) -> ModuleType:
-    """The recipe's module (``lm`` is ``recipes.lm``), which must have ``build()``."""
+    """The recipe's module (``lm`` is ``recipes.lm``), which must have ``build()``.
+
+    Args:
+        recipe: a shipped recipe's name, or a module path (``mypkg.myrecipe``).
+
+    Returns:
+        The recipe's module.
+
+    Raises:
+        UsageError: no such module, or it has no ``build()``.
+    """
     name = _module_name(recipe)
     try:
         spec = importlib.util.find_spec(name)
@@ -52,6 +66,15 @@ def load_recipe(recipe: str) -> ModuleType:
 
 
 def recipe_defaults(recipe: str) -> dict[str, Any]:
-    """The recipe's own defaults (its module's ``DEFAULTS``: ``steps``, ``global_batch``);
-    raises :class:`UsageError` for an unknown recipe."""
+    """The recipe's own defaults (its module's ``DEFAULTS``: ``steps``, ``global_batch``).
+
+    Args:
+        recipe: as :func:`load_recipe`'s.
+
+    Returns:
+        The defaults (empty when the recipe has none).
+
+    Raises:
+        UsageError: an unknown recipe.
+    """
     return dict(getattr(load_recipe(recipe), "DEFAULTS", {}))
