@@ -70,14 +70,23 @@ DURATION_KEYS = ("detection", "wait_for_slices", "mesh_and_compile", "restore")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Event:
-    """What every event carries: when it happened, and keys this version does not know."""
+    """What every event carries: when it happened, and keys this version does not know.
+
+    Args:
+        wall: when it happened (seconds since the epoch; now by default).
+        extra: keys of its line this version does not know, kept for the round trip.
+    """
 
     kind: ClassVar[str] = ""
     wall: float = dataclasses.field(default_factory=time.time)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        """The event as its run-record line: ``{"event": kind, **fields}``."""
+        """The event as its run-record line: ``{"event": kind, **fields}``.
+
+        Returns:
+            The line's JSON mapping.
+        """
         out: dict[str, Any] = {"event": self.kind}
         for field in dataclasses.fields(self):
             if field.name == "extra":
@@ -93,7 +102,12 @@ class Event:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Start(Event):
-    """A process began (or resumed) the run."""
+    """A process began (or resumed) the run.
+
+    Args:
+        process_start: when the process started (seconds since the epoch).
+        pid: the process id.
+    """
 
     kind: ClassVar[str] = "start"
     process_start: float
@@ -102,7 +116,17 @@ class Start(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Step(Event):
-    """A training step whose result has been read."""
+    """A training step whose result has been read.
+
+    Args:
+        step: the step.
+        slices: the active slices it ran on.
+        loss: its loss.
+        examples: the ``[start, end)`` global example indices it consumed.
+        seconds: its time, its batch's wait included.
+        data_seconds: the time it waited for its batch.
+        metrics: the loss function's metrics, averaged over the step.
+    """
 
     kind: ClassVar[str] = "step"
     step: int
@@ -116,7 +140,14 @@ class Step(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Save(Event):
-    """A tier was asked to save a step (``taken``: whether it did, or skipped it)."""
+    """A tier was asked to save a step (``taken``: whether it did, or skipped it).
+
+    Args:
+        tier: ``snapshot`` or ``checkpoint``.
+        step: the step saved.
+        taken: whether the tier took it (``False``: skipped, the previous save still busy).
+        seconds: what the save cost the loop.
+    """
 
     kind: ClassVar[str] = "save"
     tier: str
@@ -164,6 +195,16 @@ class Fault(Event):
     durable line in the run directory's fault log (:class:`~elastic_dew.rundir.FaultLog`,
     the same :meth:`to_json`). ``index`` is its place in the schedule and ``pid`` the
     process that fired it (``None`` on a line that does not say).
+
+    Args:
+        action: the fault's action (``lose``, ``restore``, ``hang``, ``error``, ``preempt``,
+            ``kill``).
+        slice: its slice, or ``None``.
+        step: the step it fired at (-1: before any step).
+        phase: the phase it fired at.
+        scheduled: its schedule token (``lose:1@5/step``).
+        index: its place in the schedule, or ``None``.
+        pid: the process that fired it, or ``None``.
     """
 
     kind: ClassVar[str] = "fault"
@@ -183,6 +224,14 @@ class Eval(Event):
     A pass cut short by a fault is never emitted; it runs again once the protocol has
     resumed and reached ``step`` again, so each evaluated step has one eval line that the
     commit rule keeps (the same rule as step lines).
+
+    Args:
+        step: the step whose state was evaluated.
+        slices: the active slices it ran on.
+        metrics: ``loss`` and the loss function's metrics, means over the batches.
+        batches: the batches evaluated.
+        examples_evaluated: the examples evaluated.
+        seconds: its time.
     """
 
     kind: ClassVar[str] = "eval"
@@ -203,7 +252,14 @@ Sink = Callable[[Event], None]
 
 
 def describe(event: Event) -> str:
-    """A short human description of an event, the wording every display shows."""
+    """A short human description of an event, the wording every display shows.
+
+    Args:
+        event: a typed event.
+
+    Returns:
+        Its description (``stop slice_lost after step 10``).
+    """
     if isinstance(event, Stop):
         return f"stop {event.reason} after step {event.step}"
     if isinstance(event, Resume):
@@ -224,7 +280,17 @@ def describe(event: Event) -> str:
 
 
 def from_json(line: Mapping[str, Any]) -> Event:
-    """The typed event of one run-record line; raises ``ValueError`` naming what is wrong."""
+    """The typed event of one run-record line.
+
+    Args:
+        line: the line's JSON mapping.
+
+    Returns:
+        The typed event.
+
+    Raises:
+        ValueError: an unknown kind, or a line missing a field, naming what is wrong.
+    """
     kind = line.get("event")
     cls = KINDS.get(kind)  # type: ignore[arg-type]
     if cls is None:
@@ -241,5 +307,12 @@ def from_json(line: Mapping[str, Any]) -> Event:
 
 
 def to_json(event: Event | Mapping[str, Any]) -> dict[str, Any]:
-    """A run-record line from a typed event (or an already-JSON mapping, copied)."""
+    """A run-record line from a typed event (or an already-JSON mapping, copied).
+
+    Args:
+        event: a typed event, or a JSON mapping.
+
+    Returns:
+        The line's JSON mapping (a new dict).
+    """
     return event.to_json() if isinstance(event, Event) else dict(event)

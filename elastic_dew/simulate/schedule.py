@@ -111,6 +111,14 @@ class Fault:
 
     ``code`` is the error a ``lose`` raises (set by :func:`parse_schedule`, in turn); it is
     not part of the fault's text or identity.
+
+    Args:
+        action: the action's name.
+        slice: its slice, or ``None``.
+        step: the step it is due at (with ``after``: unused, 0).
+        phase: the phase it is due at.
+        after: seconds after the previous fault fired, or ``None`` (step-keyed).
+        code: the error a ``lose`` raises.
     """
 
     action: str
@@ -127,7 +135,16 @@ class Fault:
 
     def fired(self, index: int, phase: str, step: int | None) -> events.Fault:
         """This entry, the schedule's ``index``-th, as the ``fault`` event of firing now, in
-        this process, at ``phase`` of ``step`` (``None``: no step seen yet, recorded as -1)."""
+        this process, at ``phase`` of ``step`` (``None``: no step seen yet, recorded as -1).
+
+        Args:
+            index: its place in the schedule.
+            phase: the phase it fires at.
+            step: the step it fires at, or ``None``.
+
+        Returns:
+            The ``fault`` event.
+        """
         return events.Fault(action=self.action, slice=self.slice, step=-1 if step is None else step,
                             phase=phase, scheduled=str(self), index=index, pid=os.getpid())
 
@@ -137,7 +154,11 @@ class Fault:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """Faults in the order they were written (faults due together fire in this order)."""
+    """Faults in the order they were written (faults due together fire in this order).
+
+    Args:
+        faults: the faults.
+    """
 
     faults: tuple[Fault, ...] = ()
 
@@ -162,6 +183,14 @@ class Action:
     announcement on the run's own thread, never from the runner's clock during a wait.
     ``slice_healthy``: what the fault leaves its slice as (``False``: down, ``True``:
     healthy again, ``None``: unchanged), which :func:`unreachable` follows.
+
+    Args:
+        name: the action's name in the grammar.
+        takes_slice: whether its token names a slice (``lose:1``).
+        ends_process: whether it ends the process (``preempt``, ``kill``).
+        fire: ``fire(target, fault)`` does it.
+        raises: whether it raises where it fires.
+        slice_healthy: what it leaves its slice as.
     """
 
     name: str
@@ -272,9 +301,18 @@ def _parse_token(token: str, bad: Callable[[str], ValueError]) -> Fault:
 def parse_schedule(text: str) -> Schedule:
     """Parse the schedule's tokens, comma-separated; empty text is no faults.
 
-    A syntax error is a ``ValueError`` naming the bad token, what is wrong with it and the
-    accepted values. A time-keyed first fault counts from the start of the run's first
-    process. The ``lose`` faults take :data:`SLICE_DOWN_CODES` in turn.
+    A time-keyed first fault counts from the start of the run's first process. The
+    ``lose`` faults take :data:`SLICE_DOWN_CODES` in turn.
+
+    Args:
+        text: the schedule (``lose:1@20,restore:1@+3,preempt@60``).
+
+    Returns:
+        The :class:`Schedule`.
+
+    Raises:
+        ValueError: a token that does not parse, naming it, what is wrong with it and the
+            accepted values.
     """
     if not text or not text.strip():
         return Schedule()
@@ -309,7 +347,15 @@ def as_schedule(schedule: str | Schedule | None) -> Schedule:
 
 
 def check_slices(schedule: Schedule, slices: int) -> None:
-    """Refuse (``ValueError``) a fault naming a slice the ``slices`` slices do not have."""
+    """Refuse a fault naming a slice the ``slices`` slices do not have.
+
+    Args:
+        schedule: the parsed schedule.
+        slices: how many slices there are.
+
+    Raises:
+        ValueError: a fault names a slice outside ``0 .. slices - 1``.
+    """
     for fault in schedule:
         if fault.slice is not None and fault.slice >= slices:
             raise ValueError(
@@ -332,6 +378,14 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
     a fault that certainly cannot fire is reported. A process-ending fault starts a new
     process, with every slice healthy again. The reason names the setting as Python does
     (``minimum_slice_count=3``).
+
+    Args:
+        schedule: the parsed schedule.
+        slices: how many slices there are.
+        minimum_slice_count: the run's minimum, ``None`` for pause-resume.
+
+    Returns:
+        Why a fault cannot fire, or ``None`` when every fault can.
     """
     faults = schedule.faults
     needed = slices if minimum_slice_count is None else minimum_slice_count

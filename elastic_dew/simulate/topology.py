@@ -28,7 +28,14 @@ def _whole(name: str, value: object) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """``slices`` slices of ``devices_per_slice`` devices, built from the host's CPU devices."""
+    """``slices`` slices of ``devices_per_slice`` devices, built from the host's CPU devices.
+
+    Args:
+        slices: how many slices.
+        devices_per_slice: devices in each.
+        slice_to_devices: each slice's devices.
+        device_slice: each device id's slice.
+    """
 
     slices: int
     devices_per_slice: int
@@ -37,7 +44,15 @@ class Topology:
 
     @staticmethod
     def check_shape(slices: int, devices_per_slice: int) -> None:
-        """Refuse a shape that is not whole numbers >= 1, before anything else is touched."""
+        """Refuse a shape that is not whole numbers >= 1, before anything else is touched.
+
+        Args:
+            slices: how many slices.
+            devices_per_slice: devices in each.
+
+        Raises:
+            ValueError: either is not a whole number >= 1.
+        """
         _whole("slices", slices)
         _whole("devices_per_slice", devices_per_slice)
 
@@ -45,8 +60,16 @@ class Topology:
     def from_host(cls, slices: int, devices_per_slice: int) -> Topology:
         """Group the first ``slices * devices_per_slice`` CPU devices into slices.
 
-        Raises ``RuntimeError`` saying what to set when JAX's backend is not the CPU or the
-        host has too few devices.
+        Args:
+            slices: how many slices.
+            devices_per_slice: devices in each.
+
+        Returns:
+            The topology.
+
+        Raises:
+            RuntimeError: JAX's backend is not the CPU, or the host has too few devices
+                (saying what to set before JAX starts).
         """
         cls.check_shape(slices, devices_per_slice)
         needed = slices * devices_per_slice
@@ -80,22 +103,50 @@ class Topology:
         return [device for index in sorted(self.slice_to_devices) for device in self.slice_to_devices[index]]
 
     def slice_of(self, device: jax.Device) -> int | None:
-        """The slice a device belongs to, or None for a device outside every slice."""
+        """The slice a device belongs to, or None for a device outside every slice.
+
+        Args:
+            device: a ``jax.Device``.
+
+        Returns:
+            Its slice's index, or ``None``.
+        """
         return self.device_slice.get(device.id)
 
     def device_ids(self, slices: frozenset[int] | set[int]) -> frozenset[int]:
-        """The ids of every device of ``slices``."""
+        """The ids of every device of ``slices``.
+
+        Args:
+            slices: slice indices.
+
+        Returns:
+            Their devices' ids.
+        """
         return frozenset(device.id for index in slices for device in self.slice_to_devices[index])
 
     def check_index(self, index: int) -> None:
-        """Refuse a slice index outside ``0 .. slices - 1``."""
+        """Refuse a slice index outside ``0 .. slices - 1``.
+
+        Args:
+            index: a slice index.
+
+        Raises:
+            ValueError: it is not one of the slices.
+        """
         if not isinstance(index, int) or not 0 <= index < self.slices:
             raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.slices - 1}")
 
     def group(self, devices: Sequence[jax.Device]) -> tuple[dict[int, list[jax.Device]], int]:
         """``get_slice_to_devices``'s answer: ``devices`` by slice, and how many were outside.
 
-        Raises ``ValueError`` when none of ``devices`` belongs to a slice.
+        Args:
+            devices: the devices to group.
+
+        Returns:
+            Each slice's devices among them, and how many were outside every slice.
+
+        Raises:
+            ValueError: none of ``devices`` belongs to a slice.
         """
         grouped: dict[int, list[jax.Device]] = {}
         outside = 0

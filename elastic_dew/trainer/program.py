@@ -104,6 +104,16 @@ class ModelProgram:
     The state is ``{"params", "opt_state", "rng"}``, plus ``"variables"`` when the model
     carries variables other than its parameters (an NNX model's batch statistics and RNG
     streams): they are updated by the step, not by the optimizer.
+
+    Args:
+        model: the model (:mod:`elastic_dew.trainer.model`'s interface: a functional model or
+            an NNX one).
+        optimizer: an ``optax.GradientTransformation``.
+        example: one example of the dataset.
+        seed: the seed of the parameters and the step keys.
+        host_parts: the state parts kept in pinned host memory between steps.
+        policy: the layout inside a slice (``fsdp``, ``replicated`` or a callable).
+        microbatch: examples per data-parallel device per micro-step, or ``None``.
     """
 
     def __init__(self, model: Any, optimizer: optax.GradientTransformation, example: Any, seed: int = 0,
@@ -132,7 +142,15 @@ class ModelProgram:
     def check_loss(self, global_batch: int, *, evaluating: bool) -> None:
         """Trace the model's loss once on abstract values (and its evaluation loss too when
         ``evaluating``), so a loss of the wrong form raises here, before any file is
-        written: ``TypeError`` from :func:`~elastic_dew.trainer.model.split_loss`."""
+        written: ``TypeError`` from :func:`~elastic_dew.trainer.model.split_loss`.
+
+        Args:
+            global_batch: the batch the trace uses.
+            evaluating: whether the evaluation loss is traced too.
+
+        Raises:
+            TypeError: a loss of the wrong form (from ``split_loss``).
+        """
         shapes = self.shapes()
         batch = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((global_batch, *np.shape(x)), np.asarray(x).dtype), self._example
@@ -144,13 +162,23 @@ class ModelProgram:
             )
 
     def shapes(self) -> Any:
-        """The state's shapes and dtypes (no shardings)."""
+        """The state's shapes and dtypes (no shardings).
+
+        Returns:
+            A pytree of ``jax.ShapeDtypeStruct``.
+        """
         return jax.eval_shape(self._init, self._key(), self._given)
 
     def state_shardings(self, mesh: jax.sharding.Mesh) -> Any:
         """The state's shardings on ``mesh``: the policy's inside a slice, replicated across.
 
         The model's other variables take the policy as the parameters do.
+
+        Args:
+            mesh: the attempt's mesh.
+
+        Returns:
+            A pytree of ``NamedSharding`` like the state.
         """
         shapes = self.shapes()
         variables = shapes.pop("variables", None)
@@ -162,6 +190,14 @@ class ModelProgram:
         return out
 
     def abstract_state(self, mesh: jax.sharding.Mesh) -> Any:
+        """The state's shapes and target shardings on ``mesh`` (:meth:`Program.abstract_state`).
+
+        Args:
+            mesh: the attempt's mesh.
+
+        Returns:
+            A pytree of ``jax.ShapeDtypeStruct`` carrying their shardings.
+        """
         return jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
             self.shapes(),
@@ -169,6 +205,14 @@ class ModelProgram:
         )
 
     def init_state(self, mesh: jax.sharding.Mesh) -> Any:
+        """A fresh state on ``mesh``, from the seed (:meth:`Program.init_state`).
+
+        Args:
+            mesh: the attempt's mesh.
+
+        Returns:
+            The state.
+        """
         return jax.jit(self._init, out_shardings=self.state_shardings(mesh))(self._key(), self._given)
 
     def _train_step(self, state: dict, batch: Any, micro: Micro | None = None) -> tuple[dict, dict]:
@@ -193,7 +237,15 @@ class ModelProgram:
     def compile_eval(self, mesh: jax.sharding.Mesh, batch_size: int):
         """``(sums, state, batch) -> sums`` for :mod:`elastic_dew.elastic.loop.evaluation`: the
         loss and metrics of one batch (the model in evaluation mode, one fixed key) added to
-        ``sums`` (zeros for a pass's first batch), one compiled program per mesh."""
+        ``sums`` (zeros for a pass's first batch), one compiled program per mesh.
+
+        Args:
+            mesh: the attempt's mesh.
+            batch_size: the evaluation batch.
+
+        Returns:
+            The compiled evaluation step.
+        """
         rep = replicated(mesh)
         abstract_state = self.abstract_state(mesh)
         abstract_batch = self._abstract_batch(mesh, batch_size)
@@ -239,6 +291,15 @@ class ModelProgram:
         return Micro(steps, shards, NamedSharding(mesh, PartitionSpec(None, AXES[:2])))
 
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int):
+        """The compiled training step on ``mesh`` (:meth:`Program.compile`).
+
+        Args:
+            mesh: the attempt's mesh.
+            global_batch: the attempt's global batch.
+
+        Returns:
+            ``step(state, batch) -> (state, metrics)``.
+        """
         state_sharding = self.state_shardings(mesh)
         abstract_batch = self._abstract_batch(mesh, global_batch)
         train_step = functools.partial(self._train_step, micro=self._micro(mesh, global_batch))
