@@ -29,7 +29,7 @@ check of that premise, prepared to run in a few minutes on a lent or a user's ac
    so both reads come from the disk where the kernel honours it;
 5. **the first checkpoint save of the process against later ones**: the loop's hold (from
    ``save`` to its return, the state on the host) and the time to the commit, each first
-   over the median of the later ones. ``Tiers.prepare`` ran on the state first, as the
+   over the median of the later ones. ``Tiers.precompile_saves`` ran on the state first, as the
    protocol runs it at every resume.
 
 Each part runs on its own: one that fails (the Snapshotter splits replicas with
@@ -135,7 +135,7 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
      "device_later_save_hold_s_p50", "device_first_save_hold_over_later", None),
     ("  the same to the commit (s)", "device_first_save_commit_s", "device_later_save_commit_s_p50",
      "device_first_save_commit_over_later", None),
-    ("Tiers.prepare on the state (s)", "device_prepare_s", None, None, None),
+    ("Tiers.precompile_saves on the state (s)", "device_prepare_s", None, None, None),
 ]
 
 
@@ -502,10 +502,10 @@ def measure(mode: str, workdir: Path) -> tuple[dict[str, Any], list[str]]:
                       CheckpointTier(Checkpoints(str(workdir / "checkpoints"), max_to_keep=1), 0))
         box["tiers"] = tiers
         started = time.perf_counter()
-        tiers.prepare(state, model.mesh)  # as the protocol does at every resume
+        tiers.precompile_saves(state, model.mesh)  # as the protocol does at every resume
         results["device_prepare_s"] = time.perf_counter() - started
 
-    _part("init and Tiers.prepare", start, results)
+    _part("init and Tiers.precompile_saves", start, results)
     tiers = box.get("tiers")
     if tiers is None:
         return results, notes

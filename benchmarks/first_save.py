@@ -7,12 +7,12 @@ all of the first save's time is ``replica_slices.transfer_arrays_to_host`` ->
 ``slice_in_dim`` -> compile); later saves find them cached. Tier 2 now writes a leaf whose
 per-replica slice is under ``orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES`` whole from one
 replica (Orbax's ``min_slice_bytes_for_replica_parallel``), which compiles nothing, and
-``Checkpoints.prepare`` compiles the slicing of the larger leaves in the background.
+``Checkpoints.precompile_saves`` compiles the slicing of the larger leaves in the background.
 
 Each variant is a fresh process (compiled programs are per process): ``elastic-dew train
 lm`` on four simulated slices with a checkpoint every ``K`` steps, once as shipped and once
 as before issue 11 (the baseline: every leaf replica-parallel, the bound 0, and
-``Checkpoints.prepare`` a no-op). A save's cost to the loop is its ``save`` event's seconds;
+``Checkpoints.precompile_saves`` a no-op). A save's cost to the loop is its ``save`` event's seconds;
 the figure is the first save over the median of the later ones.
 """
 
@@ -33,7 +33,7 @@ __all__ = ["measure", "saves_of"]
 _UNPREPARED = (
     "import sys; from elastic_dew.elastic.state.checkpoints import Checkpoints; "
     "from elastic_dew.elastic import orbax_private; orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES = 0; "
-    "Checkpoints.prepare = lambda self, state: None; "
+    "Checkpoints.precompile_saves = lambda self, state: None; "
     "from elastic_dew.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 _PREPARED = "import sys; from elastic_dew.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -10,11 +10,12 @@ way. This module imports nothing of elastic_dew, so every layer may use it.
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["REMOVED_IN", "message", "warn", "renamed_keywords"]
+__all__ = ["REMOVED_IN", "message", "warn", "renamed_keywords", "renamed_method"]
 
 #: The version that removes what the coming release deprecates (one minor version later).
 REMOVED_IN = "0.3"
@@ -70,3 +71,30 @@ def renamed_keywords(owner: str, **renames: str) -> Callable[[_F], _F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def renamed_method(owner: str, old: str, new: _F) -> _F:
+    """``new`` under its old name ``old``, warning (``DeprecationWarning``) at each call.
+
+    Bind it in the class body after ``new``: ``prepare = renamed_method("Tiers", "prepare",
+    precompile_saves)``. The alias has ``new``'s signature and contract, its docstring led by
+    what to call instead.
+
+    Args:
+        owner: the class as the user names it (``Tiers``), for the warning.
+        old: the method's old name.
+        new: the method that replaces it (the function, as defined in the class body).
+
+    Returns:
+        The method to bind as ``old``.
+    """
+
+    @functools.wraps(new)
+    def alias(self: Any, *args: Any, **kwargs: Any) -> Any:
+        warn(f"{owner}.{old}", f"{owner}.{new.__name__}", stacklevel=2)
+        return new(self, *args, **kwargs)
+
+    alias.__name__ = old
+    alias.__qualname__ = f"{owner}.{old}"
+    alias.__doc__ = f"Deprecated: use :meth:`{new.__name__}` (this name goes in {REMOVED_IN}).\n\n{inspect.getdoc(new) or ''}"
+    return alias  # type: ignore[return-value]

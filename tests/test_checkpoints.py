@@ -416,8 +416,8 @@ def test_a_leaf_saved_replica_parallel_is_prepared_so_its_first_save_compiles_no
     with jax.default_device(jax.devices()[0]):
         checkpoints = Checkpoints(str(tmp_path / "prepared"))
         state = _fresh_state(mesh, 40)
-        checkpoints.prepare(state)
-        assert checkpoints.prepared(timeout=120)
+        checkpoints.precompile_saves(state)
+        assert checkpoints.saves_precompiled(timeout=120)
         assert _compiles_during(lambda: checkpoints.save(1, state, {"step": 1})) == 0
         checkpoints.wait()
         checkpoints.close()

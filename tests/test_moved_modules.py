@@ -46,3 +46,48 @@ def test_the_slices_package_keeps_its_submodules_and_serves_only_the_old_modules
     assert health.__name__ == "elastic_dew.elastic.slices.health"
     with pytest.raises(AttributeError, match="no attribute 'np'"):
         slices.np
+
+
+#: (class, old method) -> new method, for the warm-up words renamed to "precompile"
+RENAMED_METHODS = {
+    ("Tiers", "prepare"): "precompile_saves",
+    ("Tiers", "precompile"): "precompile_resume",
+    ("Snapshots", "prepare"): "precompile_saves",
+    ("Snapshots", "precompile"): "precompile_resume",
+    ("Checkpoints", "prepare"): "precompile_saves",
+    ("Checkpoints", "prepared"): "saves_precompiled",
+    ("Checkpoints", "stop_preparing"): "stop_precompiling",
+}
+
+
+@pytest.mark.parametrize(("owner", "old"), sorted(RENAMED_METHODS))
+def test_a_renamed_method_is_its_new_one_under_the_old_name(owner, old):
+    cls = getattr(importlib.import_module("elastic_dew.elastic"), owner)
+    new = RENAMED_METHODS[owner, old]
+    assert getattr(cls, old).__wrapped__ is getattr(cls, new)
+    assert getattr(cls, old).__doc__.startswith(f"Deprecated: use :meth:`{new}`")
+
+
+def test_a_renamed_method_warns_naming_the_new_one_and_forwards_its_arguments_and_result():
+    from elastic_dew._deprecation import renamed_method
+
+    class Owner:
+        def new(self, a, *, b=0):
+            return (self, a, b)
+
+        old = renamed_method("Owner", "old", new)
+
+    owner = Owner()
+    with pytest.warns(DeprecationWarning, match=r"Owner\.old is deprecated .* use Owner\.new"):
+        assert owner.old(1, b=2) == (owner, 1, 2)
+
+
+def test_the_step_compilers_old_pause_warns_and_pauses(tmp_path):
+    from elastic_dew.elastic import ElasticConfig, StepCompiler
+
+    compiler = StepCompiler(program=None, manager=None, config=ElasticConfig(checkpoint_dir=str(tmp_path)))
+    with pytest.warns(DeprecationWarning, match=r"StepCompiler\.hold is deprecated .* use StepCompiler\.pause_precompiling"):
+        compiler.hold()
+    assert not compiler._go.is_set()
+    with pytest.warns(DeprecationWarning, match=r"StepCompiler\.allow_precompiling is deprecated"):
+        compiler.allow_precompiling()

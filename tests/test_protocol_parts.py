@@ -96,7 +96,7 @@ def test_the_precompiler_starts_no_compile_while_a_resume_holds_it():
     compiler.start_precompiling()  # three layouts of two slices
     while program.compiles == 0:
         threading.Event().wait(0.01)
-    compiler.hold()  # a resume begins while the first layout compiles
+    compiler.pause_precompiling()  # a resume begins while the first layout compiles
     program.release.set()
     threading.Event().wait(0.3)
     assert program.compiles == 1
@@ -152,7 +152,6 @@ def test_the_precompiler_compiles_every_layout_that_loses_one_active_slice(tmp_p
         layouts = run.compiler.smaller_layouts()
         assert len(layouts) == 4
         assert {mesh.devices.shape for mesh, _ in layouts} == {(3, 2, 1)}
-        run.compiler.allow_precompiling()
         run.compiler.start_precompiling()
         assert program.all_seen.wait(300), program.layouts  # every layout, in the background
         run.compiler.stop_precompiling()

@@ -266,7 +266,7 @@ def test_a_load_onto_a_precompiled_mesh_and_the_save_after_it_compile_nothing():
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(three, x.sharding.spec)), state
     )
-    snapshots.precompile(abstract, three)
+    snapshots.precompile_resume(abstract, three)
     compiles: list = []
 
     def on_compile(event, duration, **kwargs):
@@ -285,7 +285,7 @@ def test_a_load_onto_a_precompiled_mesh_and_the_save_after_it_compile_nothing():
 
 
 def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_compiling_it_again():
-    from elastic_dew.elastic.state.snapshots import _Program
+    from elastic_dew.elastic.state.snapshots import _PrecompiledFunction
 
     class Jitted:  # jax.jit's surface: lower(...).compile() and a call that compiles if need be
         def __init__(self) -> None:
@@ -321,7 +321,7 @@ def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_c
             self.lock.release()
 
     jitted = Jitted()
-    program = _Program(jitted)
+    program = _PrecompiledFunction(jitted)
     program._lock = lock = WatchedLock()
     precompiler = threading.Thread(target=program.compile, args=("abstract",))
     precompiler.start()

@@ -25,7 +25,7 @@ snapshot whose buffers a failed load donated). :class:`HostSnapshotter` holds th
   :meth:`HostSnapshotter.stop` ends it with a request whose unpacking raises.
 
 **Replica-parallel slicing** (tier 2's first-save warm-up,
-:meth:`elastic_dew.elastic.state.checkpoints.Checkpoints.prepare`), in
+:meth:`elastic_dew.elastic.state.checkpoints.Checkpoints.precompile_saves`), in
 ``orbax/checkpoint/_src/serialization/replica_slices.py`` and ``jax_array_handlers.py``:
 ``get_replica_slices(arr, replica_id, use_replica_parallel,
 min_slice_bytes_for_replica_parallel, max_replicas_for_replica_parallel)`` returns a

@@ -9,10 +9,15 @@ compiled, the other programs a resume onto those meshes runs (``also``: the snap
 unpack and pack), so recovery finds them ready. The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
-recovery: between :meth:`StepCompiler.hold` (a resume begins) and the next
+recovery: between :meth:`StepCompiler.pause_precompiling` (a resume begins) and the next
 :meth:`StepCompiler.start_precompiling` (the resume is done) it starts no compile, so the
 layout, restore and programs the resume needs do not share the host with ahead-of-need
 compiles (the one in progress finishes).
+
+*Precompile* is the layer's one word for this: compiling, ahead of its first use, what that
+use would otherwise compile then (the steps here; the tiers' saves and loads,
+:meth:`~elastic_dew.elastic.state.tiers.Tiers.precompile_saves` and
+:meth:`~elastic_dew.elastic.state.tiers.Tiers.precompile_resume`).
 
 Compiled steps are executables, not device arrays: keeping them does not keep any attempt's
 state alive.
@@ -28,6 +33,7 @@ from typing import Any
 
 import jax
 
+from elastic_dew._deprecation import warn
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.slices.mesh import global_batch_for, mesh_of
 
@@ -62,7 +68,7 @@ class StepCompiler:
         self._locks: dict[tuple, threading.Lock] = {}
         self._precompiler: threading.Thread | None = None
         self._stop = threading.Event()
-        self._go = threading.Event()  # clear while a resume is in progress (hold)
+        self._go = threading.Event()  # clear while a resume is in progress (pause_precompiling)
         self._go.set()
 
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
@@ -96,20 +102,28 @@ class StepCompiler:
             layouts.append((mesh_of(devices, len(active) - 1, model), batch))
         return layouts
 
-    def hold(self) -> None:
+    def pause_precompiling(self) -> None:
         """A resume begins: the precompiler starts no compile until :meth:`start_precompiling`."""
         self._go.clear()
 
+    def hold(self) -> None:
+        """Deprecated: use :meth:`pause_precompiling` (this name goes in 0.3)."""
+        warn("StepCompiler.hold", "StepCompiler.pause_precompiling")
+        self.pause_precompiling()
+
     def allow_precompiling(self) -> None:
-        """Let :meth:`start_precompiling` run again (a run begins)."""
-        self._stop.clear()
+        """Deprecated: not needed (this name goes in 0.3); :meth:`start_precompiling` starts
+        again after :meth:`stop_precompiling` by itself."""
+        warn("StepCompiler.allow_precompiling", "StepCompiler.start_precompiling alone")
 
     def start_precompiling(self) -> None:
         """Compile the steps a lost slice would need, in a background thread.
 
-        Ends a :meth:`hold`. Starts nothing unless ``config.precompile_smaller_meshes``, or
-        while a previous precompiler is still at work (it goes on with its layouts).
+        Ends a :meth:`pause_precompiling`, and starts again after a
+        :meth:`stop_precompiling`. Starts nothing unless ``config.precompile_smaller_meshes``,
+        or while a previous precompiler is still at work (it goes on with its layouts).
         """
+        self._stop.clear()
         self._go.set()
         if not self.config.precompile_smaller_meshes:
             return

@@ -250,7 +250,7 @@ class ElasticRun:
         )
         self.compiler = StepCompiler(
             program, self.manager, config,
-            also=lambda mesh: self.tiers.precompile(mesh, program.abstract_state),
+            also=lambda mesh: self.tiers.precompile_resume(mesh, program.abstract_state),
         )
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout)
@@ -340,7 +340,6 @@ class ElasticRun:
             on_elastic_event_callback=self._on_slice_lost,
             policy=policy,
         )(self._attempt)
-        self.compiler.allow_precompiling()
         # A fault the simulator fires joins the stream as it fires (hooks.report), and the
         # simulator lands the snapshot in flight before saves and faults (hooks.land_in_flight).
         with hooks.receiving(lambda event: self.emit(event)), hooks.landing(self.tiers.snapshot.land):
@@ -488,7 +487,7 @@ class ElasticRun:
 
     def _resume(self, recovery: Recovery) -> _Attempt:
         """Build the mesh, get its compiled step, and restore the newest state onto it."""
-        self.compiler.hold()  # the resume has the host to itself until start_precompiling
+        self.compiler.pause_precompiling()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
         self.tiers.slices_changed(mesh)
         _, saved_guess = self.tiers.newest()
@@ -503,11 +502,11 @@ class ElasticRun:
         self.data.start(batch_size, meta.get("data"))
         recovery.lap("restore")
         # The restored step is the newest this process holds, even if a slice is lost in
-        # the preparation below: that loss's stop names it.
+        # the precompile below: that loss's stop names it.
         self.last_step = step
         self.furthest_step = max(self.furthest_step, step)
         # The saves' programs for this layout, compiled here: the first save compiles nothing.
-        self.tiers.prepare(state, mesh)
+        self.tiers.precompile_saves(state, mesh)
         recovery.lap("mesh_and_compile")
         logger.info(
             "resume from %s at step %d on %d slices (global batch %d)",
@@ -647,6 +646,6 @@ class ElasticRun:
         attempt.in_batch = batch_sharding(mesh)
         self.data.start(batch_size, attempt.data)  # the position after ``step``, not the step in flight
         recovery.lap("restore")
-        self.tiers.prepare(attempt.state, mesh)
+        self.tiers.precompile_saves(attempt.state, mesh)
         recovery.lap("mesh_and_compile")
         self.emit(Resume(source="live", step=step + 1, durations=recovery.durations))

@@ -11,7 +11,7 @@ module                 its job
 ``backend``            the ``Backend`` protocol both tier-2 backends implement
 ``orbax_backend``      the ``orbax`` backend: Orbax's ``CheckpointManager``
 ``multi_tier``         the ``multi_tier`` backend: Orbax's replicator manager
-``warmup``             a layout's first Orbax save compiled in a background thread
+``save_precompiler``   a layout's first Orbax save precompiled in a background thread
 ``meta``               the JSON ``meta`` saved beside the state, for both tiers
 ``persistence``        where tier 2 may write under Pathways persistence
 =====================  ===========================================================

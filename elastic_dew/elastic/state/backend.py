@@ -32,9 +32,9 @@ class Backend(Protocol):
     returns ``(state, meta)`` of a committed step on ``abstract_state``'s shardings or
     raises ``ValueError`` saying why it cannot. ``bind`` tells the backend the active
     devices and mesh (every attempt and scale-up); ``drop`` tells it a slice was lost, so
-    anything bound to the old devices must be forgotten without being called. ``prepare``,
-    ``prepared`` and ``stop_preparing`` get a layout's first save ready off the training
-    loop, where the backend has such work. ``close`` waits for the last save and releases
+    anything bound to the old devices must be forgotten without being called. ``precompile_saves``,
+    ``saves_precompiled`` and ``stop_precompiling`` precompile a layout's first save off the
+    training loop, where the backend has such work. ``close`` waits for the last save and releases
     the backend.
     """
 
@@ -52,11 +52,11 @@ class Backend(Protocol):
 
     def drop(self) -> None: ...
 
-    def prepare(self, state: Any) -> None: ...
+    def precompile_saves(self, state: Any) -> None: ...
 
-    def prepared(self, timeout: float | None) -> bool: ...
+    def saves_precompiled(self, timeout: float | None) -> bool: ...
 
-    def stop_preparing(self) -> None: ...
+    def stop_precompiling(self) -> None: ...
 
     def close(self) -> None: ...
 

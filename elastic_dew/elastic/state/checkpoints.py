@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
+from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic.state.backend import Backend
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
 from elastic_dew.elastic.state.orbax_backend import OrbaxBackend
@@ -124,8 +125,8 @@ class Checkpoints:
         """Block until the last save is committed; raise if it failed."""
         self.backend.wait()
 
-    def prepare(self, state: Any) -> None:
-        """Get the first save of ``state``'s layout ready while training goes on.
+    def precompile_saves(self, state: Any) -> None:
+        """Precompile the first save of ``state``'s layout while training goes on.
 
         For ``orbax``: compile, in a background thread, the per-device slicing Orbax's
         replica-parallel save compiles on its first save of a layout, for the leaves large
@@ -133,20 +134,34 @@ class Checkpoints:
         smaller ones are written whole by one replica and compile nothing); a save stops
         it and compiles what it had not reached. The protocol calls this after every
         resume and scale-up. Nothing for ``multi_tier``.
+
+        Args:
+            state: the state the loop will save (its layout is what is compiled).
         """
-        self.backend.prepare(state)
+        self.backend.precompile_saves(state)
 
-    def prepared(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds for :meth:`prepare`'s work; whether it is done."""
-        return self.backend.prepared(timeout)
+    def saves_precompiled(self, timeout: float | None = None) -> bool:
+        """Wait for :meth:`precompile_saves`'s background work.
 
-    def stop_preparing(self) -> None:
-        """Stop :meth:`prepare`'s background work and wait for it to end.
+        Args:
+            timeout: the most seconds to wait; ``None`` waits until it is done.
+
+        Returns:
+            Whether it is done (``True`` when none was started).
+        """
+        return self.backend.saves_precompiled(timeout)
+
+    def stop_precompiling(self) -> None:
+        """Stop :meth:`precompile_saves`'s background work and wait for it to end.
 
         A run calls this when it ends, however it ends: a compile still running in XLA when
         the interpreter exits aborts the process (``FATAL: exception not rethrown``).
         """
-        self.backend.stop_preparing()
+        self.backend.stop_precompiling()
+
+    prepare = renamed_method("Checkpoints", "prepare", precompile_saves)
+    prepared = renamed_method("Checkpoints", "prepared", saves_precompiled)
+    stop_preparing = renamed_method("Checkpoints", "stop_preparing", stop_precompiling)
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None``; saves still in flight do not count."""

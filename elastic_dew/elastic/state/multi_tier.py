@@ -235,14 +235,14 @@ class MultiTierBackend:
         meta = json.loads(np.asarray(restored[_META]).tobytes().decode())
         return rewrap_keys(restored[_ARRAYS], abstract_state), meta
 
-    # -- no warm-up: colocated saves do not slice replicas on the controller -------------
-    def prepare(self, state: Any) -> None:
+    # -- nothing to precompile: colocated saves do not slice replicas on the controller ---
+    def precompile_saves(self, state: Any) -> None:
         return None
 
-    def prepared(self, timeout: float | None = None) -> bool:
+    def saves_precompiled(self, timeout: float | None = None) -> bool:
         return True
 
-    def stop_preparing(self) -> None:
+    def stop_precompiling(self) -> None:
         return None
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 from elastic_dew.elastic import orbax_private
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
-from elastic_dew.elastic.state.warmup import SaveWarmup
+from elastic_dew.elastic.state.save_precompiler import SavePrecompiler
 
 __all__ = ["OrbaxBackend", "another_shape", "unreadable"]
 
@@ -98,8 +98,9 @@ def unreadable(directory: epath.Path, step: int, error: Exception) -> ValueError
 class OrbaxBackend:
     """``ocp.CheckpointManager`` with ``state`` + ``meta`` items and a strict commit check.
 
-    It does not depend on the mesh (``bind`` and ``drop`` do nothing); ``prepare`` compiles
-    a layout's first save in the background (:class:`~elastic_dew.elastic.state.warmup.SaveWarmup`).
+    It does not depend on the mesh (``bind`` and ``drop`` do nothing); ``precompile_saves``
+    compiles a layout's first save in the background
+    (:class:`~elastic_dew.elastic.state.save_precompiler.SavePrecompiler`).
     """
 
     def __init__(self, directory: str, max_to_keep: int) -> None:
@@ -116,7 +117,7 @@ class OrbaxBackend:
             options=options,
             item_handlers={_STATE: orbax_private.state_item_handler(arrays), _META: ocp.JsonCheckpointHandler()},
         )
-        self.warmup = SaveWarmup(arrays)
+        self.precompiler = SavePrecompiler(arrays)
 
     def latest_step(self) -> int | None:
         steps = orbax_step.committed_checkpoint_steps(self.path)
@@ -128,7 +129,7 @@ class OrbaxBackend:
         return sorted(int(p.name) for p in self.path.iterdir() if p.name.isdigit())
 
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
-        self.warmup.stop()
+        self.precompiler.stop()
         if step in self._steps_on_disk():
             # A partial <step> directory (never committed): clear it so the step can be written.
             self.manager.wait_until_finished()
@@ -182,17 +183,17 @@ class OrbaxBackend:
     def drop(self) -> None:
         return None
 
-    def prepare(self, state: Any) -> None:
-        self.warmup.start(state)
+    def precompile_saves(self, state: Any) -> None:
+        self.precompiler.start(state)
 
-    def prepared(self, timeout: float | None = None) -> bool:
-        return self.warmup.done(timeout)
+    def saves_precompiled(self, timeout: float | None = None) -> bool:
+        return self.precompiler.done(timeout)
 
-    def stop_preparing(self) -> None:
-        self.warmup.stop()
+    def stop_precompiling(self) -> None:
+        self.precompiler.stop()
 
     def close(self) -> None:
-        self.warmup.stop()
+        self.precompiler.stop()
         try:
             self.manager.wait_until_finished()
         finally:  # a save cut short by a fault still lets the manager's threads end

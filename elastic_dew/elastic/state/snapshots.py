@@ -42,6 +42,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic.state import packing
 from elastic_dew.elastic.state.meta import meta_json
 from elastic_dew.elastic.orbax_private import HostSnapshotter
@@ -58,13 +59,13 @@ _path_name = packing.path_name
 _is_key = packing.is_key
 
 
-class _Program:
-    """A jitted program whose compile the precompiler and the program's first call share.
+class _PrecompiledFunction:
+    """A jitted function whose compile the precompiler and the function's first call share.
 
     :meth:`compile` (the precompiler's, ahead of need) keeps the executable and calls run it
     directly: jit's own cache would not serve them, since JAX keys it by the calling
     thread's context and pathwaysutils runs each attempt under its own
-    ``jax.default_device``. Both hold the program's lock while they compile, so whoever
+    ``jax.default_device``. Both hold the function's lock while they compile, so whoever
     comes second waits for the first instead of compiling it again (a load that finds its
     unpack being precompiled waits for it). Once it has been compiled or called, calls take
     no lock.
@@ -116,7 +117,7 @@ class Snapshots:
         self._lock = threading.Lock()
         self._programs = threading.Lock()  # the two caches below, shared with the precompiler
         self._packers: dict[tuple, packing.Packer] = {}
-        self._unpackers: dict[tuple, _Program] = {}
+        self._unpackers: dict[tuple, _PrecompiledFunction] = {}
         self.requested = 0
         self.taken = 0
         #: The pinned-host bytes of the newest snapshot on its fullest device, measured by
@@ -170,17 +171,24 @@ class Snapshots:
             packer = self._packers.get(key)
             if packer is None:
                 made = packing.make_packer(paths, leaves, mesh, self.replica_axis_index)
-                packer = self._packers[key] = dataclasses.replace(made, pack=_Program(made.pack))
+                packer = self._packers[key] = dataclasses.replace(made, pack=_PrecompiledFunction(made.pack))
         return packer
 
-    def prepare(self, state: Any, mesh: Mesh) -> None:
+    def precompile_saves(self, state: Any, mesh: Mesh) -> None:
         """Compile the pack of ``state``'s layout on ``mesh`` now, so the first :meth:`save`
         of that layout compiles nothing.
 
         The protocol calls this in the resume window (a resume's ``mesh_and_compile``), on
         the state it resumes from, which has the layout of every step's output. The pack
         runs once on the devices (its groups are dropped at once); nothing reaches Orbax or
-        the host. Raises as :meth:`save` would for a state it cannot snapshot.
+        the host.
+
+        Args:
+            state: the state the loop will save, on ``mesh``.
+            mesh: the mesh it is on.
+
+        Raises:
+            ValueError: as :meth:`save` would, for a state it cannot snapshot.
         """
         paths, treedef, placed = self._on_mesh(state, mesh)
         packer = self._packer(paths, treedef, placed, mesh)
@@ -188,7 +196,7 @@ class Snapshots:
         if to_pack:
             jax.block_until_ready(packer.pack(*to_pack))
 
-    def precompile(self, abstract_state: Any, mesh: Mesh) -> None:
+    def precompile_resume(self, abstract_state: Any, mesh: Mesh) -> None:
         """Compile, running nothing, the programs a resume onto ``mesh`` would compile: the
         load's unpack of ``abstract_state``'s packing layout onto its shardings, and the
         pack of that layout for the saves after it.
@@ -198,9 +206,14 @@ class Snapshots:
         leave, every leaf a ``jax.ShapeDtypeStruct`` with its ``NamedSharding`` on ``mesh``.
         A snapshot taken on a mesh of the same slice shape has this layout, so its
         :meth:`load` and the first :meth:`save` after it run both programs as compiled
-        here (kept as executables, see :class:`_Program`); one that starts while this
+        here (kept as executables, see :class:`_PrecompiledFunction`); one that starts while this
         compiles its program waits for it.
         Holds no lock of the snapshots themselves: saves and loads go on meanwhile.
+
+        Args:
+            abstract_state: the state's leaves as ``jax.ShapeDtypeStruct`` with their
+                ``NamedSharding`` on ``mesh``.
+            mesh: the mesh a resume may land on.
         """
         flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
         paths, leaves = [p for p, _ in flat], [leaf for _, leaf in flat]
@@ -212,6 +225,9 @@ class Snapshots:
         layout = json.loads(packer.layout_json)
         targets = tuple(leaf.sharding for leaf, p in zip(leaves, packer.packed) if p)
         self._unpacker(layout, targets).compile(*packing.abstract_groups(layout, mesh, self.replica_axis_index))
+
+    prepare = renamed_method("Snapshots", "prepare", precompile_saves)
+    precompile = renamed_method("Snapshots", "precompile", precompile_resume)
 
     def save(self, step: int, state: Any, meta: dict, mesh: Mesh) -> bool:
         """Start an asynchronous snapshot of ``state`` after ``step`` updates.
@@ -362,10 +378,10 @@ class Snapshots:
                 raise
         return jax.tree_util.tree_unflatten(treedef, leaves), meta, step
 
-    def _unpacker(self, layout: dict, targets: tuple) -> _Program:
+    def _unpacker(self, layout: dict, targets: tuple) -> _PrecompiledFunction:
         key = (json.dumps(layout, sort_keys=True), targets)
         with self._programs:
             unpack = self._unpackers.get(key)
             if unpack is None:
-                unpack = self._unpackers[key] = _Program(packing.unpack_fn(layout, targets))
+                unpack = self._unpackers[key] = _PrecompiledFunction(packing.unpack_fn(layout, targets))
         return unpack

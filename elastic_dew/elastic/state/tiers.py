@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Save
@@ -271,30 +272,46 @@ class Tiers:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest.newest`)."""
         return newest(self.snapshots, self.checkpoints)
 
-    def prepare(self, state: Any, mesh: jax.sharding.Mesh) -> None:
-        """Get the first saves of ``state``'s layout on ``mesh`` ready before the loop saves.
+    def precompile_saves(self, state: Any, mesh: jax.sharding.Mesh) -> None:
+        """Precompile the first saves of ``state``'s layout on ``mesh`` before the loop saves.
 
         Tier 1's pack is compiled now, on the caller's time (the protocol calls this in the
         resume window and counts it in ``mesh_and_compile``), so no snapshot pays a compile;
-        tier 2 starts its preparation of the leaves it saves replica-parallel
-        (:meth:`~elastic_dew.elastic.state.checkpoints.Checkpoints.prepare`).
+        tier 2 starts precompiling, in the background, the leaves it saves replica-parallel
+        (:meth:`~elastic_dew.elastic.state.checkpoints.Checkpoints.precompile_saves`).
+
+        Args:
+            state: the state the loop will save, on ``mesh`` (the one a resume restored).
+            mesh: the mesh it is on.
+
+        Raises:
+            ValueError: tier 1 cannot snapshot ``state`` (as its ``save`` would raise).
         """
         if self.snapshots is not None and self.snapshot.every:
-            self.snapshots.prepare(state, mesh)
+            self.snapshots.precompile_saves(state, mesh)
         if self.checkpoints is not None:
-            self.checkpoints.prepare(state)
+            self.checkpoints.precompile_saves(state)
 
-    def precompile(self, mesh: jax.sharding.Mesh, abstract_state: Callable[[jax.sharding.Mesh], Any]) -> None:
+    def precompile_resume(self, mesh: jax.sharding.Mesh, abstract_state: Callable[[jax.sharding.Mesh], Any]) -> None:
         """Compile, running nothing, what a resume onto ``mesh`` would compile for the
-        tiers: tier 1's load and pack of the layout of ``abstract_state(mesh)`` (the
-        program's state on ``mesh``; built only when tier 1 takes snapshots,
-        :meth:`~elastic_dew.elastic.state.snapshots.Snapshots.precompile`). Tier 2 has nothing
-        to compile ahead of a state (its :meth:`prepare` works on the restored one).
+        tiers: tier 1's load and pack of the layout of ``abstract_state(mesh)`` (built only
+        when tier 1 takes snapshots,
+        :meth:`~elastic_dew.elastic.state.snapshots.Snapshots.precompile_resume`). Tier 2 has
+        nothing to compile ahead of a state (its :meth:`precompile_saves` works on the
+        restored one).
 
         The precompiler calls this for each mesh a lost slice would leave.
+
+        Args:
+            mesh: a mesh a resume may land on (the active slices less one).
+            abstract_state: the program's state on a mesh, every leaf a
+                ``jax.ShapeDtypeStruct`` with its sharding (``Program.abstract_state``).
         """
         if self.snapshots is not None and self.snapshot.every:
-            self.snapshots.precompile(abstract_state(mesh), mesh)
+            self.snapshots.precompile_resume(abstract_state(mesh), mesh)
+
+    prepare = renamed_method("Tiers", "prepare", precompile_saves)
+    precompile = renamed_method("Tiers", "precompile", precompile_resume)
 
     def slices_changed(self, mesh: jax.sharding.Mesh) -> None:
         """Bind tier 2 to ``mesh``'s devices before anything is saved or restored through it.
@@ -353,11 +370,11 @@ class Tiers:
 
     def close(self) -> None:
         """Release tier 1's pinned host memory and end its worker thread, stop tier 2's
-        background preparation, and close tier 2's Orbax manager if it was created here
+        background precompile, and close tier 2's Orbax manager if it was created here
         (after its last save; a manager the caller gave is the caller's to close). Tier 2's
         files stay."""
         if self.checkpoints is not None:
-            self.checkpoints.stop_preparing()
+            self.checkpoints.stop_precompiling()
             if self.owns_checkpoints:
                 try:
                     self.checkpoints.close()
