@@ -202,15 +202,10 @@ _MOVED = {"committed", "committed_checkpoint_steps"}
 def __getattr__(name: str) -> Any:
     if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import warnings
-
+    from elastic_dew._deprecation import warn
     from elastic_dew.elastic.state import orbax_step
 
-    warnings.warn(
-        f"elastic_dew.rundir.{name} moved to elastic_dew.elastic.state.orbax_step.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
+    warn(f"elastic_dew.rundir.{name}", f"elastic_dew.elastic.state.orbax_step.{name}")
     return getattr(orbax_step, name)
 
 

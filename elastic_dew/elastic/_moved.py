@@ -1,15 +1,17 @@
 """The old module paths of the elastic layer, kept for one minor version.
 
 A module that moved when ``elastic_dew/elastic/`` was split by job keeps its old path as a
-small module whose names resolve, with a ``DeprecationWarning`` naming the new path, to the
-module that now holds them (``CHANGELOG.md``, Deprecated).
+small module whose names resolve to the module that now holds them, with a
+``DeprecationWarning`` naming the new path in :func:`elastic_dew._deprecation.warn`'s one
+wording (``CHANGELOG.md``, Deprecated).
 """
 
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable
+
+from elastic_dew._deprecation import warn
 
 __all__ = ["moved"]
 
@@ -34,9 +36,7 @@ def moved(old: str, new: str, public_only: bool = False) -> Callable[[str], obje
         if public_only and name not in module.__all__:
             raise AttributeError(f"module {old!r} has no attribute {name!r}")
         value = getattr(module, name)
-        warnings.warn(
-            f"{old}.{name} moved to {new}.{name}; import it from {new}", DeprecationWarning, stacklevel=2
-        )
+        warn(f"{old}.{name}", f"{new}.{name}")
         return value
 
     return __getattr__
