@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("elastic_dew.commands.demo", "the main job: a simulated elastic run that survives faults"),
     "report": ("elastic_dew.commands.report", "print a run's summary and redraw its timeline"),
     "plan": ("elastic_dew.commands.plan", "expected goodput and the elastic settings to pick at N slices"),
+    "simulate": ("elastic_dew.commands.simulate", "run any Python training program, unmodified, on simulated slices"),
     "chaos": ("elastic_dew.commands.chaos", "run seeded random fault schedules and check every invariant"),
     "k8s": ("elastic_dew.k8s.cli", "render JobSet manifests for Pathways on GKE"),
     "data": ("elastic_dew.commands.data", "prepare text files as ArrayRecord shards for training"),

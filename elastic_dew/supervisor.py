@@ -1,7 +1,7 @@
 """Run a program again after a preemption or a kill, the way a JobSet restarts its pod.
 
-A process that ends with exit status 143 (it honoured SIGTERM: preempted), 137 or -9 (it
-was SIGKILLed) is started again with the same command, up to a number of processes; any
+A process that ends with exit status 143 or -15 (preempted: it honoured SIGTERM, or SIGTERM
+ended it), 137 or -9 (it was SIGKILLed) is started again with the same command, up to a number of processes; any
 other status ends the supervision. :func:`supervise` does it for a subprocess and returns
 every process's status; :func:`supervise_in_process` does it for a function run in this
 process, where a preemption is an exception (``elastic_dew.runtime.Preempted``).
@@ -21,9 +21,10 @@ __all__ = ["RESTART_STATUSES", "supervise", "supervise_in_process"]
 
 logger = logging.getLogger(__name__)
 
-#: Exit statuses after which a process is started again: 143 (preempted: SIGTERM
-#: honoured), 137 and -9 (SIGKILL, as a shell and as ``subprocess`` report it).
-RESTART_STATUSES: tuple[int, ...] = (143, 137, -9)
+#: Exit statuses after which a process is started again: 143 and -15 (preempted: SIGTERM
+#: honoured, or SIGTERM's default action, as a shell and as ``subprocess`` report it; a
+#: program that installs no handler dies of it), 137 and -9 (SIGKILL, likewise).
+RESTART_STATUSES: tuple[int, ...] = (143, -15, 137, -9)
 
 
 def _check_max(max_processes: int) -> None:

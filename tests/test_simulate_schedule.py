@@ -51,7 +51,7 @@ def test_an_empty_schedule_has_no_faults(text):
     ("text", "bad_token", "problem"),
     [
         ("lose@3", "lose@3", "lose needs a slice, e.g. lose:1@3"),
-        ("explode:1@3", "explode:1@3", "unknown action 'explode'; actions are lose, restore, hang, error, preempt, kill"),
+        ("explode:1@3", "explode:1@3", "unknown action 'explode'; actions are lose, restore, hang, suspend, wake, error, preempt, kill"),
         ("lose:x@3", "lose:x@3", "slice 'x' is not a whole number >= 0"),
         ("lose:1@", "lose:1@", "step '' is not a whole number"),
         ("lose:1@-2", "lose:1@-2", "step '-2' is not a whole number >= 0"),

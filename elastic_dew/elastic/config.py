@@ -266,7 +266,8 @@ class ElasticConfig:
     )
     step_timeout: float | None = setting(
         None, "seconds a step may take before it counts as a slice loss (DEADLINE_EXCEEDED) "
-        "(default: 20 times the median step, at least 60 s; 600 s before 5 steps are timed)",
+        "(default: 20 times the median step, at least 60 s, or 600 s when the run waits for every slice; "
+        "600 s before 5 steps are timed)",
         bound=Bound(0, strict=True, unit="seconds", none="automatic"), flag="--step-timeout", metavar="SECONDS",
     )
     pre_callback: Callable[[], Any] | None = None

@@ -12,8 +12,19 @@ thread) and a fresh one takes the next read.
 per slice): a read past the bound is reported late, not waited for.
 
 The bound is ``ElasticConfig.step_timeout`` when set. Otherwise it follows the run: 20
-times the median of the last 100 completed steps' times, never under 60 s; until 5 steps
-have been timed in this process (the first steps pay one-time costs) it is 600 s.
+times the median of the last 100 completed steps' times, never under 60 s, or never under
+600 s when the run waits for every slice (pause-resume); until 5 steps have been timed in
+this process (the first steps pay one-time costs) it is 600 s.
+
+Why the floors (``docs/elastic.md``, "The step deadline and Pathways' transparent
+suspend"): a slice whose worker Pathways suspended transparently (a preempted worker's
+state saved, the worker resumed when GKE reschedules its pod) stops answering for as long
+as the rescheduling takes, then completes its work with no error. Declaring it lost re-does
+the steps since the last snapshot and recompiles, twice (at the loss and at its return).
+A run that waits for every slice gains nothing from that: it must wait for the slice
+anyway, so it waits up to :data:`PAUSE_FLOOR`. A run that carries on without a slice
+(replica-resize) trains on the survivors meanwhile, so past :data:`FLOOR` a stall is
+cheaper as a slice loss and a scale-up when the slice returns.
 """
 
 from __future__ import annotations
@@ -29,14 +40,16 @@ from typing import TypeVar
 
 import jax
 
-__all__ = ["StepDeadline", "read_each", "MULTIPLE", "FLOOR", "BEFORE_TIMED", "TIMED_STEPS", "WINDOW"]
+__all__ = ["StepDeadline", "read_each", "MULTIPLE", "FLOOR", "PAUSE_FLOOR", "BEFORE_TIMED", "TIMED_STEPS", "WINDOW"]
 
 logger = logging.getLogger(__name__)
 
 #: The automatic bound: this many times the median step ...
 MULTIPLE = 20.0
-#: ... but never under this many seconds ...
+#: ... but never under this many seconds (a run that carries on without a slice) ...
 FLOOR = 60.0
+#: ... or this many, in a run that waits for every slice (pause-resume) ...
+PAUSE_FLOOR = 600.0
 #: ... and this many seconds until :data:`TIMED_STEPS` steps have been timed.
 BEFORE_TIMED = 600.0
 TIMED_STEPS = 5
@@ -51,16 +64,23 @@ class StepDeadline:
     """Reads a step's result within a bound, else raises ``DEADLINE_EXCEEDED``.
 
     ``fixed`` is ``ElasticConfig.step_timeout`` (``None``: automatic, from the steps timed
-    with :meth:`observe`).
+    with :meth:`observe`). ``waits_for_every_slice``: the run pauses while any slice is
+    down (``minimum_slice_count=None``), so the automatic bound is never under
+    :data:`PAUSE_FLOOR` instead of :data:`FLOOR`.
     """
 
-    def __init__(self, fixed: float | None = None) -> None:
+    def __init__(self, fixed: float | None = None, *, waits_for_every_slice: bool = False) -> None:
         if fixed is not None and not fixed > 0:
             raise ValueError(f"step_timeout={fixed} must be > 0 seconds, or None for automatic")
         self.fixed = fixed
+        self.follow(waits_for_every_slice=waits_for_every_slice)
         self._times: deque[float] = deque(maxlen=WINDOW)
         self._reader: _Reader | None = None
         self._lock = threading.Lock()
+
+    def follow(self, *, waits_for_every_slice: bool) -> None:
+        """The run's recovery mode changed: the automatic bound's floor follows it."""
+        self.floor = PAUSE_FLOOR if waits_for_every_slice else FLOOR
 
     def observe(self, seconds: float) -> None:
         """Count one completed step's time towards the automatic bound."""
@@ -72,7 +92,7 @@ class StepDeadline:
             return self.fixed
         if len(self._times) < TIMED_STEPS:
             return BEFORE_TIMED
-        return max(FLOOR, MULTIPLE * statistics.median(self._times))
+        return max(self.floor, MULTIPLE * statistics.median(self._times))
 
     def read(self, read: Callable[[], _T], step: int, ready: Callable[[], bool] | None = None) -> _T:
         """``read()`` (a read of step ``step``'s result), within :meth:`seconds`.

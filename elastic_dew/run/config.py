@@ -55,7 +55,8 @@ class SimConfig:
     schedule: str = setting(
         "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 "
         "(grammar ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the "
-        "previous fault fired; actions lose, restore, hang (the slice stops answering), error (a "
+        "previous fault fired; actions lose, restore, hang (the slice stops answering), suspend and wake (Pathways' "
+        "transparent suspend and its end), error (a "
         "runtime error that is not a slice loss), preempt, kill)", flag="--schedule", metavar="SCHEDULE",
     )
 

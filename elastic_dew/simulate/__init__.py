@@ -10,35 +10,44 @@ The package by job:
   a schedule at the elastic layer's phases, or at the step program's dispatches in a loop
   that announces nothing, through the run directory's fault log;
 * :mod:`~elastic_dew.simulate.simulator`: :class:`SimulatedSlices`, the context manager that
-  puts them together.
+  puts them together;
+* :mod:`~elastic_dew.simulate.launcher`: a program run unmodified under the simulator (the
+  child of ``elastic-dew simulate``).
+
+Names are imported lazily: the grammar is read without starting JAX.
 """
 
-from elastic_dew.simulate.schedule import (
-    ACTION_TABLE,
-    ACTIONS,
-    PHASES,
-    SLICE_DOWN_CODES,
-    Action,
-    Fault,
-    Schedule,
-    check_slices,
-    parse_schedule,
-    unreachable,
-)
-from elastic_dew.simulate.simulator import SimulatedSlices
-from elastic_dew.simulate.topology import Topology
+from __future__ import annotations
 
-__all__ = [
-    "ACTIONS",
-    "ACTION_TABLE",
-    "PHASES",
-    "SLICE_DOWN_CODES",
-    "Action",
-    "Fault",
-    "Schedule",
-    "SimulatedSlices",
-    "Topology",
-    "check_slices",
-    "parse_schedule",
-    "unreachable",
-]
+
+import importlib
+
+_EXPORTS = {
+    "ACTIONS": "schedule",
+    "ACTION_TABLE": "schedule",
+    "PHASES": "schedule",
+    "SLICE_DOWN_CODES": "schedule",
+    "Action": "schedule",
+    "Fault": "schedule",
+    "Schedule": "schedule",
+    "SimulatedSlices": "simulator",
+    "Topology": "topology",
+    "check_slices": "schedule",
+    "parse_schedule": "schedule",
+    "unreachable": "schedule",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    # Lazily, so the grammar and the launcher's settings are read without starting JAX
+    # (``elastic-dew simulate`` checks a schedule before the program's process starts).
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elastic_dew.simulate' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"elastic_dew.simulate.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -45,8 +45,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
-import jax
-
 from elastic_dew.elastic import events, fault_token, hooks
 from elastic_dew.rundir import FaultLog
 
@@ -94,6 +92,10 @@ class Target(Protocol):
     def restore(self, i: int) -> None: ...
 
     def hang(self, i: int) -> None: ...
+
+    def suspend(self, i: int) -> None: ...
+
+    def wake(self, i: int) -> None: ...
 
     @property
     def hung(self) -> frozenset[int]: ...
@@ -227,6 +229,8 @@ def _kill(target: Target, fault: Fault) -> None:
 
 
 def _error(target: Target, fault: Fault) -> None:
+    import jax  # here, so the grammar is read without starting JAX
+
     raise jax.errors.JaxRuntimeError(
         f"{NOT_A_SLICE_LOSS}: simulated runtime error {fault} (elastic_dew.simulate): not a "
         "slice loss, so it is not retried"
@@ -234,7 +238,9 @@ def _error(target: Target, fault: Fault) -> None:
 
 
 #: Every action, by name: ``lose`` a slice (its reads, dispatches and results derived from
-#: it fail), ``restore`` it, ``hang`` it (reads of its results block), ``error`` (a runtime
+#: it fail), ``restore`` it, ``hang`` it (reads of its results block), ``suspend`` it
+#: (Pathways' transparent suspend: reads of its results block until ``wake``, then complete
+#: with no error; a slice loss under multi-tier checkpointing), ``error`` (a runtime
 #: error that is not a slice loss, raised where it fires), ``preempt`` (SIGTERM to this
 #: process), ``kill`` (SIGKILL to this process).
 ACTION_TABLE: Mapping[str, Action] = {
@@ -243,6 +249,8 @@ ACTION_TABLE: Mapping[str, Action] = {
         Action("lose", takes_slice=True, ends_process=False, fire=_slice_action("lose"), slice_healthy=False),
         Action("restore", takes_slice=True, ends_process=False, fire=_slice_action("restore"), slice_healthy=True),
         Action("hang", takes_slice=True, ends_process=False, fire=_slice_action("hang"), slice_healthy=False),
+        Action("suspend", takes_slice=True, ends_process=False, fire=_slice_action("suspend"), slice_healthy=False),
+        Action("wake", takes_slice=True, ends_process=False, fire=_slice_action("wake"), slice_healthy=True),
         Action("error", takes_slice=False, ends_process=False, fire=_error, raises=True),
         Action("preempt", takes_slice=False, ends_process=True, fire=_preempt),
         Action("kill", takes_slice=False, ends_process=True, fire=_kill),

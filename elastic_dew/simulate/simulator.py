@@ -24,6 +24,10 @@ health check, Orbax's ``Snapshotter`` and a user's own loop run unchanged:
   until the slice is lost, restored or the simulator exits, as a read from a Pathways
   worker that stopped answering does. Only a bound on the read (the step deadline, the
   health check's probe timeout) ends such a wait.
+* :meth:`SimulatedSlices.suspend` is Pathways' transparent suspend: the slice's work stalls
+  as after ``hang`` until :meth:`SimulatedSlices.wake`, when every pending result arrives
+  with no error. With a multi-tier replicator (colocated Python is stateful, so Pathways
+  cannot suspend transparently) a suspend is a slice loss and its wake a return.
 * :meth:`SimulatedSlices.restore` makes the slice healthy again. Arrays that lived on it
   while it was lost stay unreadable: their data is gone. The Manager sees a returned slice at
   once: every lose, hang and restore re-runs the Manager's own check of its inactive slices
@@ -219,6 +223,8 @@ class SimulatedSlices:
         self._active = False
         self._codes: dict[int, str] = {}
         self._hung: frozenset[int] = frozenset()
+        self._suspended: frozenset[int] = frozenset()  # the hung slices that are suspended
+        self._wakes: dict[int, int] = {}  # each slice's wakes from a suspension so far
         self._lost_device_ids: frozenset[int] = frozenset()
         self._topology: Topology | None = None
         self._skipped_logged = False
@@ -230,6 +236,7 @@ class SimulatedSlices:
         registry.install(self)
         self._topology = topology
         self._codes, self._hung = {}, frozenset()
+        self._suspended, self._wakes = frozenset(), {}
         self._lost_device_ids = frozenset()
         self._steps, self._largest, self._blocked_reads, self._waits = 0, 0, 0, 0
         self._step_names = set()
@@ -265,6 +272,7 @@ class SimulatedSlices:
             self._answered.notify_all()  # readers blocked on a hung slice give up
         registry.uninstall(self)
         self._codes, self._hung = {}, frozenset()
+        self._suspended, self._wakes = frozenset(), {}
         self._lost_device_ids = frozenset()
 
     # ----------------------------------------------------------------- slices
@@ -472,6 +480,7 @@ class SimulatedSlices:
             if i in self._codes and i not in self._hung:
                 logger.info("slice %d is already lost", i)
                 return
+            self._suspended = self._suspended - {i}
             self._set({**self._codes, i: code}, self._hung - {i})
             marked = self._mark_live_arrays(i, code)
         logger.warning("simulated loss of slice %d with %s (%d live arrays lose their data)", i, code, marked)
@@ -500,6 +509,65 @@ class SimulatedSlices:
         logger.warning("simulated hang of slice %d (%d results stop answering)", i, marked)
         registry.refresh_managers()
 
+    def suspend(self, i: int) -> None:
+        """Pathways' transparent suspend of slice ``i``: its work stalls (reads of its results,
+        old and new, block, as after :meth:`hang`) until :meth:`wake`, which lets every
+        pending result complete with no error, as Pathways does when it saves a preempted
+        worker's state and resumes it on the rescheduled worker.
+
+        With a multi-tier replicator (``replicator=``: colocated Python is stateful, so
+        Pathways cannot suspend the worker transparently) a suspend is a slice loss
+        (:meth:`lose`) and its wake a return (:meth:`restore`).
+
+        Args:
+          i: the slice, ``0 .. slices - 1``.
+
+        Raises:
+          ValueError: ``i`` is not a slice.
+        """
+        self._check_index(i)
+        if self.replicator is not None:
+            logger.warning("slice %d suspended under multi-tier checkpointing: no transparent suspend, "
+                           "a slice loss", i)
+            self.lose(i, SLICE_DOWN_CODES[0])
+            return
+        self.hang(i)
+        with self._answered:
+            if i in self._hung:
+                self._suspended = self._suspended | {i}
+
+    def wake(self, i: int) -> None:
+        """Slice ``i``'s suspension ends: its pending results arrive with no error.
+
+        A slice that was not suspended (it was lost meanwhile, or lost under multi-tier
+        checkpointing) comes back as after :meth:`restore`.
+
+        Args:
+          i: the slice, ``0 .. slices - 1``.
+
+        Raises:
+          ValueError: ``i`` is not a slice.
+        """
+        self._check_index(i)
+        with self._answered:
+            suspended = i in self._suspended and i in self._hung
+        if not suspended:
+            self.restore(i)
+            return
+        with self._answered:
+            cleared = 0
+            for array in jax.live_arrays():
+                if self._mark_of(array, _HUNG) == i:
+                    self._set_mark(array, _HUNG, None)
+                    cleared += 1
+            self._suspended = self._suspended - {i}
+            self._wakes[i] = self._wakes.get(i, 0) + 1
+            codes = dict(self._codes)
+            del codes[i]
+            self._set(codes, self._hung - {i})
+        logger.warning("simulated slice %d woke from its suspension (%d pending results complete)", i, cleared)
+        registry.refresh_managers()
+
     def restore(self, i: int) -> None:
         """Slice ``i`` is healthy again; arrays that lived on it while lost stay unreadable.
 
@@ -515,6 +583,7 @@ class SimulatedSlices:
             marked = self._mark_live_arrays(i, SLICE_DOWN_CODES[0])
             codes = dict(self._codes)
             del codes[i]
+            self._suspended = self._suspended - {i}
             self._set(codes, self._hung - {i})
         logger.warning("simulated slice %d healthy again (%d arrays stay lost)", i, marked)
         registry.refresh_managers()
@@ -588,6 +657,7 @@ class SimulatedSlices:
             hung = self._hung_slice_of(array)
         if hung is not None:
             with self._answered:
+                wakes = self._wakes.get(hung, 0)
                 self._blocked_reads += 1
                 try:
                     while self._active and hung in self._hung:
@@ -596,6 +666,8 @@ class SimulatedSlices:
                     self._blocked_reads -= 1
                 released = self._active
                 ended = self._codes.get(hung, SLICE_DOWN_CODES[0])
+                if released and self._wakes.get(hung, 0) > wakes and self._mark_of(array, _HUNG) is None:
+                    hung = None  # the slice woke from a suspension: the result arrived
         code = self._mark_of(array, _MARK)
         if code is not None:
             raise _error(code, "this array's data was on a slice that was lost")

@@ -253,7 +253,8 @@ class ElasticRun:
             also=lambda mesh: self.tiers.precompile_resume(mesh, program.abstract_state),
         )
         self.timer = RecoveryTimer()
-        self.deadline = StepDeadline(config.step_timeout)
+        self.deadline = StepDeadline(config.step_timeout,
+                                     waits_for_every_slice=config.minimum_slice_count is None)
         self._config = config
         # Plain numbers only: an attempt's arrays live in its _Attempt.
         self.last_step = 0
@@ -271,6 +272,7 @@ class ElasticRun:
         self.compiler.config = config
         self.tiers.follow(config)
         self.deadline.fixed = config.step_timeout
+        self.deadline.follow(waits_for_every_slice=config.minimum_slice_count is None)
 
     @property
     def snapshots(self) -> Snapshots | None:

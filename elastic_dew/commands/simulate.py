@@ -1,0 +1,352 @@
+"""``elastic-dew simulate -- COMMAND``: any Python training program, unmodified, on simulated slices.
+
+COMMAND is the program as its users start it: ``python -m MODULE ARGS...``, ``python
+SCRIPT.py ARGS...`` or a console script of an installed Python package. It runs in a child
+process with the CPU devices set before JAX starts and
+:class:`~elastic_dew.simulate.SimulatedSlices` entered before its first line
+(:mod:`elastic_dew.simulate.launcher`), so pathwaysutils' ``Manager`` and
+``elastic_retry``, Orbax and the program's own loop meet simulated slice losses, hangs,
+returns and preemptions as on Pathways. A process that ends as a preempted or killed
+controller does (:data:`elastic_dew.supervisor.RESTART_STATUSES`) is started again with the
+same fault log, as a JobSet restarts its pod (:func:`elastic_dew.supervisor.supervise`), so
+each fault fires once across the restarts.
+
+The program's own output passes through unchanged. At the end one verdict is printed (to
+standard error): the faults fired and never fired, each ``elastic_retry`` attempt's active
+slices, each process's exit status and wall time; ``--report FILE`` writes the same as JSON.
+The exit status is the program's last one (``128 + N`` for a process ended by signal
+``N``), or 1 when it is 0 but a scheduled fault never fired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from elastic_dew.console import add_flag
+from elastic_dew.elastic.config import SettingError
+from elastic_dew.run import FAILED_EXIT, RUNS_DIR, USAGE_EXIT, SimConfig
+from elastic_dew.rundir import FAULTS_FILE, FaultLog
+from elastic_dew.runtime import run_timestamp
+from elastic_dew.simulate import check_slices, parse_schedule
+from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
+from elastic_dew.supervisor import supervise
+
+__all__ = ["configure", "run", "Program", "resolve", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE"]
+
+logger = logging.getLogger(__name__)
+
+_PROG = "elastic-dew simulate"
+#: Each process's start and each ``elastic_retry`` attempt's active slices (JSON lines).
+ATTEMPTS_FILE = "attempts.jsonl"
+#: The command's own log, in the run directory.
+LOG_FILE = "simulate.log"
+DEFAULT_RESTARTS = 3
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?(\.exe)?$")
+#: Interpreter options that take a value (``python -W error -m x``).
+_VALUED = ("-W", "-X", "-Q")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    # The simulated slices and the schedule: the run's own settings, built from their declarations.
+    for name in ("slices", "devices_per_slice", "schedule"):
+        add_flag(parser, name)
+    parser.add_argument("--fault-log", metavar="FILE",
+                        help="the fault log; a restarted process fires no fault it holds (default RUN_DIR/faults.jsonl)")
+    parser.add_argument("--step-program", metavar="NAME",
+                        help="count a step at each dispatch of the program of this name (the function given to "
+                             "jax.jit) instead of the simulator's rule (docs/simulator.md)")
+    parser.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
+                        help="start the program again at most N times after a preemption or a kill")
+    parser.add_argument("--report", metavar="FILE", help="write the verdict as JSON to FILE")
+    parser.add_argument("--run-dir", metavar="DIR", help="where the fault log, the attempts and this command's "
+                                                          "log go (default runs/simulate_TIMESTAMP)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
+                        help="the program: python -m MODULE ..., python SCRIPT.py ... or a console script")
+
+
+class CommandError(ValueError):
+    """COMMAND is not a Python program this command can run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """COMMAND resolved: the interpreter (with its options) that runs it, and what it runs.
+
+    ``form`` is ``module`` (``python -m``) or ``path`` (a script, or a console script's file).
+    """
+
+    interpreter: tuple[str, ...]
+    form: str
+    target: str
+    args: tuple[str, ...]
+
+    def launcher(self) -> list[str]:
+        """The child's command: the launcher running this program under the simulator."""
+        return [*self.interpreter, "-m", "elastic_dew.simulate.launcher", f"--{self.form}", self.target, *self.args]
+
+
+def _which(word: str) -> str | None:
+    if os.sep in word:
+        return word if Path(word).is_file() else None
+    return shutil.which(word)
+
+
+def _shebang_interpreter(path: str) -> list[str] | None:
+    """The Python interpreter a script's ``#!`` line names, or None."""
+    try:
+        with open(path, "rb") as source:
+            first = source.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    words = shlex.split(first[2:])
+    if words and Path(words[0]).name == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+    if not words or not _PYTHON.match(Path(words[0]).name):
+        return None
+    found = _which(words[0])
+    return [found] if found else None
+
+
+def resolve(command: Sequence[str]) -> Program:
+    """What COMMAND runs; raises :class:`CommandError` saying what is wrong and what works."""
+    forms = "python -m MODULE ..., python SCRIPT.py ... or a Python package's console script"
+    if not command:
+        raise CommandError(f"give the program after --: {_PROG} -- COMMAND (COMMAND: {forms})")
+    word, rest = command[0], list(command[1:])
+    if _PYTHON.match(Path(word).name):
+        interpreter = _which(word)
+        if interpreter is None:
+            raise CommandError(f"{word} is not on PATH")
+        options: list[str] = []
+        while rest and rest[0].startswith("-") and rest[0] != "-":
+            option = rest.pop(0)
+            if option == "-m":
+                if not rest:
+                    raise CommandError(f"{word} -m needs a module name")
+                return Program((interpreter, *options), "module", rest[0], tuple(rest[1:]))
+            if option.startswith("-m"):
+                return Program((interpreter, *options), "module", option[2:], tuple(rest))
+            if option.startswith("-c"):
+                raise CommandError(f"{word} -c runs no program file; put the code in a script: {forms}")
+            options.append(option)
+            if option in _VALUED and rest:
+                options.append(rest.pop(0))
+        if not rest or rest[0] == "-":
+            raise CommandError(f"{shlex.join(command)} names no program; COMMAND must be {forms}")
+        if not Path(rest[0]).is_file():
+            raise CommandError(f"{rest[0]}: no such file")
+        return Program((interpreter, *options), "path", rest[0], tuple(rest[1:]))
+    path = _which(word)
+    if path is None:
+        raise CommandError(f"{word}: command not found (COMMAND must be {forms})")
+    interpreter = _shebang_interpreter(path)
+    if interpreter is None:
+        if path.endswith(".py"):
+            interpreter = [sys.executable]
+        else:
+            raise CommandError(f"{path} is not a Python program (no python #! line); COMMAND must be {forms}")
+    return Program(tuple(interpreter), "path", path, tuple(rest))
+
+
+def _check_interpreter(program: Program) -> None:
+    """Refuse an interpreter that cannot import elastic_dew (the launcher is part of it)."""
+    if os.path.realpath(program.interpreter[0]) == os.path.realpath(sys.executable):
+        return
+    probe = subprocess.run(
+        [program.interpreter[0], "-c", "import importlib.util, sys; "
+                                       "sys.exit(importlib.util.find_spec('elastic_dew') is None)"],
+        capture_output=True, timeout=60, check=False,
+    )
+    if probe.returncode != 0:
+        raise CommandError(f"{program.interpreter[0]} cannot import elastic_dew; install elastic_dew in the "
+                           "environment that runs the program")
+
+
+def child_environment(sim: SimConfig, settings: LaunchSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The program's environment: CPU devices for the slices before JAX starts, the
+    launcher's settings, and the cloud metadata server out of reach (unless set)."""
+    env = dict(os.environ if base is None else base)
+    env["JAX_PLATFORMS"] = "cpu"
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    flags.append(f"--xla_force_host_platform_device_count={sim.slices * sim.devices_per_slice}")
+    env["XLA_FLAGS"] = " ".join(flags)
+    env[ENVIRONMENT] = settings.to_json()
+    env.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
+    env.setdefault("NO_GCE_CHECK", "True")
+    return env
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+    """One process of the run: its exit status, wall time, pid and attempts."""
+
+    number: int
+    status: int
+    seconds: float
+    pid: int | None
+    attempts: tuple[tuple[int, ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What a simulated run of a program did, and how ``elastic-dew simulate`` exits."""
+
+    command: tuple[str, ...]
+    slices: int
+    devices_per_slice: int
+    schedule: str
+    run_dir: str
+    processes: tuple[Process, ...]
+    fired: tuple[dict[str, Any], ...]
+    never_fired: tuple[str, ...]
+    exit: int
+
+    @property
+    def ok(self) -> bool:
+        return self.exit == 0
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["processes"] = [{**dataclasses.asdict(p), "attempts": [list(a) for a in p.attempts]}
+                            for p in self.processes]
+        out["ok"] = self.ok
+        return out
+
+    def lines(self) -> list[str]:
+        out = [f"{_PROG}: {shlex.join(self.command)} on {self.slices} slices of {self.devices_per_slice} "
+               f"CPU devices, schedule {self.schedule or 'none'}"]
+        for p in self.processes:
+            attempts = " -> ".join("[" + ",".join(map(str, a)) + "]" for a in p.attempts) or "none"
+            out.append(f"  process {p.number} (pid {p.pid}): exit {p.status} after {p.seconds:.1f} s; "
+                       f"elastic_retry attempts on slices {attempts}")
+        for f in self.fired:
+            target = f" slice {f['slice']}" if f["slice"] is not None else ""
+            out.append(f"  fired   {f['scheduled']}: {f['action']}{target} at {f['phase']} of step {f['step']} "
+                       f"(pid {f['pid']})")
+        for text in self.never_fired:
+            out.append(f"  NEVER FIRED {text}")
+        out.append(f"{_PROG}: {'ok' if self.ok else 'FAILED'}, exit {self.exit}; run directory {self.run_dir}")
+        return out
+
+
+def _status_code(status: int) -> int:
+    return 128 - status if status < 0 else status
+
+
+def _read_attempts(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a kill
+    return out
+
+
+def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir: Path, fault_log: Path,
+            statuses: Sequence[int], seconds: Sequence[float]) -> Verdict:
+    """The verdict of a run whose processes ended with ``statuses`` after ``seconds`` each."""
+    records = _read_attempts(run_dir / ATTEMPTS_FILE)
+    pids = [r["pid"] for r in records if r.get("start")]
+    processes = []
+    for number, (status, wall) in enumerate(zip(statuses, seconds, strict=True), 1):
+        pid = pids[number - 1] if number <= len(pids) else None
+        attempts = tuple(tuple(r["active"]) for r in records if r.get("pid") == pid and "active" in r)
+        processes.append(Process(number, status, round(wall, 3), pid, attempts))
+    schedule = parse_schedule(schedule_text)
+    texts = [str(f) for f in schedule]
+    fired = FaultLog(fault_log).fired(texts) if schedule else {}
+    fired_json = tuple(
+        {key: record.to_json()[key] for key in ("scheduled", "action", "slice", "phase", "step", "pid", "wall")}
+        for _, record in sorted(fired.items(), key=lambda item: item[1].wall)
+    )
+    never = tuple(text for index, text in enumerate(texts) if index not in fired)
+    code = _status_code(statuses[-1])
+    if code == 0 and never:
+        code = FAILED_EXIT
+    return Verdict(tuple(command), sim.slices, sim.devices_per_slice, schedule_text, str(run_dir),
+                   tuple(processes), fired_json, never, code)
+
+
+def _refuse(problem: str) -> int:
+    sys.stderr.write(f"{_PROG}: error: {problem}\n")
+    return USAGE_EXIT
+
+
+def _log_to(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("elastic_dew").addHandler(handler)
+    return handler
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    try:
+        sim = SimConfig(**{name: value for name in ("slices", "devices_per_slice", "schedule")
+                           if (value := getattr(args, f"sim.{name}", None)) is not None})
+        schedule = parse_schedule(sim.schedule)
+        check_slices(schedule, sim.slices)
+        program = resolve(command)
+        _check_interpreter(program)
+    except (SettingError, ValueError) as err:
+        return _refuse(str(err))
+    if args.restarts < 0:
+        return _refuse(f"--restarts {args.restarts} must be >= 0")
+    run_dir = Path(args.run_dir) if args.run_dir else RUNS_DIR / f"simulate_{run_timestamp()}"
+    if not args.run_dir and run_dir.exists():
+        return _refuse(f"{run_dir} exists; give --run-dir")
+    fault_log = Path(args.fault_log) if args.fault_log else run_dir / FAULTS_FILE
+    try:
+        FaultLog(fault_log).fired([str(f) for f in schedule])  # another run's log is refused here
+    except ValueError as err:
+        return _refuse(str(err))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handler = _log_to(run_dir / LOG_FILE)
+    try:
+        settings = LaunchSettings(sim.slices, sim.devices_per_slice, sim.schedule, str(fault_log.resolve()),
+                                  args.step_program, str((run_dir / ATTEMPTS_FILE).resolve()))
+        child = program.launcher()
+        logger.info("running %s under %d simulated slices of %d devices: %s", shlex.join(command), sim.slices,
+                    sim.devices_per_slice, shlex.join(child))
+        ended: list[float] = [time.monotonic()]
+
+        def restarting(status: int, restarts: int) -> None:
+            ended.append(time.monotonic())
+            sys.stderr.write(f"{_PROG}: the program exited with {status} (preempted or killed); starting it again, "
+                             f"as a JobSet restarts the pod (restart {restarts} of at most {args.restarts})\n")
+            sys.stderr.flush()
+
+        statuses = supervise(child, max_processes=args.restarts + 1, on_restart=restarting,
+                             env=child_environment(sim, settings))
+        ended.append(time.monotonic())
+        seconds = [later - earlier for earlier, later in zip(ended, ended[1:])]
+        result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds)
+        sys.stderr.write("\n".join(result.lines()) + "\n")
+        if args.report:
+            Path(args.report).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        logger.info("verdict: %s", json.dumps(result.to_json()))
+        return result.exit
+    finally:
+        logging.getLogger("elastic_dew").removeHandler(handler)
+        handler.close()
