@@ -19,14 +19,6 @@ _HOW = (
     "the new one: elastic_dew._deprecation)."
 ).format(command=public_api.REGENERATE)
 
-#: Public routines whose docstrings do not have every section they owe yet (Args when they
-#: take arguments, Returns when they return something, Raises when their body raises). The
-#: list is exact: a routine that gains its sections must leave it, and no other may join it.
-SECTIONS_STILL_OWED = frozenset(
-    (Path(__file__).parent / "public_api_sections_owed.txt").read_text().split()
-)
-
-
 def _fail_with_diff(path: Path, expected: str, actual: str) -> None:
     raise AssertionError(
         f"the public API differs from {path.relative_to(REPO)}:\n"
@@ -50,16 +42,10 @@ def test_the_docs_page_lists_every_public_name_with_its_contract_and_is_in_the_s
 
 
 def test_each_public_routine_documents_its_arguments_what_it_returns_and_what_it_raises():
+    """Args when it takes arguments (a dataclass: its fields), Returns when it returns
+    something, Raises when its own body raises."""
     lacking = public_api.sections_lacking()
-    newly = {name: sections for name, sections in lacking.items() if name not in SECTIONS_STILL_OWED}
-    assert not newly, (
-        "public docstrings without the sections they owe (write Args:, Returns:, Raises: "
-        f"sections): {newly}"
-    )
-    done = sorted(SECTIONS_STILL_OWED - set(lacking))
-    assert not done, (
-        f"these now have their sections: remove them from tests/public_api_sections_owed.txt: {done}"
-    )
+    assert not lacking, f"public docstrings without the sections they owe (write Args:, Returns:, Raises:): {lacking}"
 
 
 def test_the_snapshot_fails_with_a_diff_and_how_to_regenerate_when_a_signature_changes(tmp_path):

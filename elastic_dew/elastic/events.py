@@ -158,7 +158,15 @@ class Save(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Stop(Event):
-    """Why an attempt stopped, after which completed step."""
+    """Why an attempt stopped, after which completed step.
+
+    Args:
+        reason: why (:data:`STOP_REASONS`).
+        step: the last completed step.
+
+    Raises:
+        ValueError: ``reason`` is not one of :data:`STOP_REASONS`.
+    """
 
     kind: ClassVar[str] = "stop"
     reason: str
@@ -171,7 +179,16 @@ class Stop(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Resume(Event):
-    """Where an attempt's state came from, and the first step it runs."""
+    """Where an attempt's state came from, and the first step it runs.
+
+    Args:
+        source: where the state came from (:data:`RESUME_SOURCES`).
+        step: the first step it runs.
+        durations: seconds by recovery phase (:data:`DURATION_KEYS`).
+
+    Raises:
+        ValueError: ``source`` is not one of :data:`RESUME_SOURCES`.
+    """
 
     kind: ClassVar[str] = "resume"
     source: str

@@ -53,6 +53,12 @@ class StepCompiler:
     when given, is called in the precompiler's thread for each layout once every layout's
     step is compiled, to compile (not run) whatever else a resume onto ``mesh`` would
     compile; it must hold no lock the training loop takes.
+
+    Args:
+        program: the :class:`~elastic_dew.elastic.loop.protocol.Program`.
+        manager: the process's ``Manager``.
+        config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
+        also: ``also(mesh)`` compiles the rest of a resume onto ``mesh``, or ``None``.
     """
 
     def __init__(
@@ -76,6 +82,13 @@ class StepCompiler:
 
         The background precompiler may be compiling the same step: then this waits for it
         instead of compiling it a second time.
+
+        Args:
+            mesh: the attempt's mesh.
+            global_batch: the attempt's global batch.
+
+        Returns:
+            The compiled step.
         """
         key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, global_batch)
         with self._guard:
@@ -88,7 +101,11 @@ class StepCompiler:
         return self._compiled[key]
 
     def smaller_layouts(self) -> list[tuple[jax.sharding.Mesh, int]]:
-        """The meshes (and batches) of the active slices less any one of them."""
+        """The meshes (and batches) of the active slices less any one of them.
+
+        Returns:
+            Each mesh and its global batch.
+        """
         active = sorted(self.manager.active_slice_indices)
         lowest = self.config.minimum_slice_count
         if lowest is None or len(active) - 1 < lowest:

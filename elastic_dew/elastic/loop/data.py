@@ -76,6 +76,15 @@ class ElasticData:
 
     ``workers`` (default 0: read in this process) is the number of Grain worker processes;
     ``read_options`` the read-ahead (default :func:`default_read_options`).
+
+    Args:
+        dataset: a finite, deterministic ``grain.MapDataset``.
+        read_options: Grain's read-ahead, or ``None`` for :func:`default_read_options`.
+        workers: Grain worker processes (0: read in this process).
+
+    Raises:
+        TypeError: ``dataset`` is not a ``grain.MapDataset``.
+        ValueError: ``workers`` below 0, or an empty dataset.
     """
 
     #: How many recent positions of the running iterator keep Grain's state for a rewind.
@@ -115,6 +124,14 @@ class ElasticData:
         ``state`` is a dict from :meth:`get_state` (``None``: the start of the data). It is
         checked before the current iterator is touched. With workers, a position the
         running iterator has passed at the same batch reuses its workers (module docstring).
+
+        Args:
+            global_batch: examples per step in this attempt.
+            state: a position from :meth:`get_state`, or ``None`` for the start.
+
+        Raises:
+            ValueError: a batch below 1 or not divisible by the JAX processes, or a position that
+                is not this dataset's; the current iterator is untouched.
         """
         shards = jax.process_count()
         if not isinstance(global_batch, int) or global_batch < 1:
@@ -174,7 +191,14 @@ class ElasticData:
         return position
 
     def next(self) -> tuple[Any, tuple[int, int]]:
-        """The next batch (a numpy pytree) and the half-open range of global indices it consumed."""
+        """The next batch (a numpy pytree) and the half-open range of global indices it consumed.
+
+        Returns:
+            The batch, and its ``[start, end)`` global example indices.
+
+        Raises:
+            RuntimeError: called before :meth:`start`.
+        """
         if self._iterator is None:
             raise RuntimeError("ElasticData.next() before start(global_batch, state)")
         if self.workers:
@@ -189,7 +213,11 @@ class ElasticData:
         return batch, (start, self._position)
 
     def get_state(self) -> dict:
-        """A JSON-able dict: the global index of the next example, and the dataset length."""
+        """A JSON-able dict: the global index of the next example, and the dataset length.
+
+        Returns:
+            The position, as :meth:`start` takes it.
+        """
         return {POSITION_KEY: int(self._position), _LENGTH_KEY: int(self.length)}
 
     @property

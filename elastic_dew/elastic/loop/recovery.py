@@ -51,7 +51,11 @@ class RecoveryTimer:
         self._attempt_started = 0.0
 
     def step_started(self, now: float) -> None:
-        """A step began at ``now`` (``time.monotonic()``)."""
+        """A step began at ``now`` (``time.monotonic()``).
+
+        Args:
+            now: ``time.monotonic()`` at the step's start.
+        """
         self._step_started = now
 
     def slice_lost(self) -> None:
@@ -65,7 +69,11 @@ class RecoveryTimer:
         self._attempt_started = time.monotonic()
 
     def recover(self) -> Recovery:
-        """The recovery an attempt begins now, with the loss it recovers from (if any) consumed."""
+        """The recovery an attempt begins now, with the loss it recovers from (if any) consumed.
+
+        Returns:
+            The :class:`Recovery` that times it.
+        """
         started = self._attempt_started or time.monotonic()
         wait = started - self._lost_at if self._lost_at is not None else 0.0
         detection, self._lost_at, self._detection = self._detection, None, 0.0

@@ -57,6 +57,12 @@ def active_devices(manager: Any) -> list[jax.Device]:
     the package index does not, so this is the one documented change a user makes to the
     guide's code (``active_devices(manager)`` for ``manager.active_devices``). Where the
     installed Manager has the property, its answer is returned unchanged.
+
+    Args:
+        manager: a pathwaysutils ``Manager``.
+
+    Returns:
+        The active slices' devices.
     """
     own = getattr(type(manager), "active_devices", None)
     if own is not None:
@@ -87,6 +93,16 @@ def build_mesh(manager: Any, model_axis: int | None = None) -> Mesh:
 
     The axes are :data:`AXES`; ``model_axis=None`` means 1 (pure data parallelism inside a
     slice). Build it again on every attempt: the active slices change between attempts.
+
+    Args:
+        manager: the process's ``Manager``.
+        model_axis: devices along ``model`` inside a slice, ``None`` for 1.
+
+    Returns:
+        The mesh.
+
+    Raises:
+        ValueError: ``model_axis`` below 1, or not a divisor of a slice's devices.
     """
     if model_axis is not None and model_axis < 1:
         raise ValueError(f"model_axis={model_axis} must be >= 1, or None for 1")
@@ -113,6 +129,19 @@ def global_batch_for(global_batch: int, policy: str, active_slices: int, total_s
 
     ``constant`` keeps ``global_batch`` (each slice takes more when slices are lost);
     ``scale_by_active_slices`` scales it by ``active_slices / total_slices``, exactly.
+
+    Args:
+        global_batch: the batch with every slice active.
+        policy: a batch policy (:data:`BATCH_POLICIES`).
+        active_slices: the attempt's active slices.
+        total_slices: the allocation's slices.
+
+    Returns:
+        The attempt's global batch.
+
+    Raises:
+        ValueError: an unknown policy, a batch below 1, an active count outside
+            ``1 .. total_slices``, or a scaled batch that is not whole (saying what to use).
     """
     if policy not in BATCH_POLICIES:
         raise ValueError(f"batch policy {policy!r} must be one of {', '.join(BATCH_POLICIES)}")
@@ -138,7 +167,15 @@ def global_batch_for(global_batch: int, policy: str, active_slices: int, total_s
 
 
 def check_batch(global_batch: int, mesh: Mesh) -> None:
-    """Refuse a global batch the mesh's batch-parallel devices (replica x data) cannot divide."""
+    """Refuse a global batch the mesh's batch-parallel devices (replica x data) cannot divide.
+
+    Args:
+        global_batch: the attempt's global batch.
+        mesh: its mesh.
+
+    Raises:
+        ValueError: the batch does not divide (saying which batches would).
+    """
     replicas = mesh.shape[AXES[0]]
     data = mesh.shape[AXES[1]]
     shards = replicas * data
@@ -194,12 +231,26 @@ def _divides(microbatch: int, per_device: int) -> bool:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """The batch's sharding: leading dimension split over ``("replica", "data")``."""
+    """The batch's sharding: leading dimension split over ``("replica", "data")``.
+
+    Args:
+        mesh: the attempt's mesh.
+
+    Returns:
+        The ``NamedSharding``.
+    """
     return NamedSharding(mesh, PartitionSpec(AXES[:2]))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
-    """Fully replicated over the mesh (along the replica axis too, as snapshots need)."""
+    """Fully replicated over the mesh (along the replica axis too, as snapshots need).
+
+    Args:
+        mesh: the mesh.
+
+    Returns:
+        The ``NamedSharding``.
+    """
     return NamedSharding(mesh, PartitionSpec())
 
 

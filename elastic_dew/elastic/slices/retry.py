@@ -52,6 +52,12 @@ def make_manager(devices: Sequence[jax.Device] | None = None) -> pw_manager.Mana
     Its health checks (at creation, in its monitor thread and in every wait for slices) go
     through :class:`elastic_dew.elastic.slices.health.ReusableSliceHealthChecker`, installed here,
     and its handled slice losses are logged as one WARNING line (:class:`~elastic_dew.elastic.slices.loss_log.HandledSliceLossFilter`).
+
+    Args:
+        devices: the devices to track, or ``None`` for ``jax.devices()``.
+
+    Returns:
+        The ``Manager``.
     """
     health.install()
     install_slice_loss_filter()
@@ -81,6 +87,14 @@ class SliceLossRetryLimit:
 
     A new call of the decorated function (pathwaysutils' attempt number starting again)
     starts the count again. ``max_attempts=None`` retries slice loss for ever.
+
+    Args:
+        max_attempts: slice losses allowed within one count, ``None`` for no limit.
+        reset_steps: steps of new progress that start a new count (0: never).
+        progress: the furthest step completed, or ``None``.
+
+    Raises:
+        ValueError: ``reset_steps`` below 0.
     """
 
     def __init__(
@@ -137,7 +151,11 @@ class SliceLossRetryLimit:
         return allowed
 
     def describe(self) -> str:
-        """How the count that ended (or would end) the run was taken, for its message."""
+        """How the count that ended (or would end) the run was taken, for its message.
+
+        Returns:
+            The description.
+        """
         limit = None if self._limit is None else self._limit.max_attempts
         if self._progress is None:
             return f"slice losses reached max_attempts={limit} (counted over the whole run)"
@@ -179,6 +197,20 @@ def elastic_retry(
     furthest step completed; without it the count runs over the whole call); the poll
     interval :meth:`ElasticConfig.poll_seconds`. A ``minimum_slice_count`` above the
     allocation is refused here, before anything runs. Installs :class:`~elastic_dew.elastic.slices.loss_log.HandledSliceLossFilter`.
+
+    Args:
+        manager: the process's ``Manager`` (:func:`make_manager`).
+        config: the :class:`ElasticConfig`.
+        pre_callback: called at the start of every attempt, after the config's.
+        on_elastic_event_callback: called after every elastic event, after the config's.
+        progress: the furthest step completed, or ``None``.
+        policy: the retry policy, or ``None`` for the config's :class:`SliceLossRetryLimit`.
+
+    Returns:
+        The decorator of the function to retry.
+
+    Raises:
+        SettingError: ``minimum_slice_count`` is above the allocation.
     """
     config.check_slices(manager.total_slice_count)
     install_slice_loss_filter()  # also for a Manager the caller created itself

@@ -58,8 +58,20 @@ class Checkpoints:
     ``backup_interval_minutes`` is the replicator's backup cadence and
     ``init_timeout_seconds`` how long one initialisation may wait for it (multi-tier only).
 
-    Raises ``ValueError`` for a bad argument and ``RuntimeError`` for ``multi_tier`` without
-    a Pathways backend, before any directory is touched.
+    Args:
+        directory: where the checkpoints go (a path or ``gs://`` URL).
+        kind: ``orbax`` or ``multi_tier``.
+        max_to_keep: checkpoints kept.
+        mesh: a mesh to bind ``multi_tier`` to at once, or ``None``.
+        slices: the allocation's slices (informational), or ``None``.
+        run_name: the multi-tier run's name, or ``None`` for ``$JOBSET_NAME``.
+        backup_interval_minutes: the replicator's backup cadence (``multi_tier``).
+        init_timeout_seconds: the longest one initialisation may wait (``multi_tier``).
+
+    Raises:
+        ValueError: a bad argument, before any directory is touched.
+        RuntimeError: ``multi_tier`` without a Pathways backend (or the simulator's
+            replicator stand-in), before any directory is touched.
     """
 
     def __init__(
@@ -112,6 +124,12 @@ class Checkpoints:
 
         A step at or below the newest committed one is skipped (logged): Orbax would
         otherwise garbage-collect the newer checkpoints in favour of the older step.
+
+        Args:
+            step: the step whose state this is.
+            state: the state.
+            meta: its JSON-able meta (step, data position, ...).
+            force: save even where Orbax's own policy would skip the step.
         """
         _check_step(step)
         encoded = meta_json(meta, "checkpoint")
@@ -164,14 +182,26 @@ class Checkpoints:
     stop_preparing = renamed_method("Checkpoints", "stop_preparing", stop_precompiling)
 
     def latest_step(self) -> int | None:
-        """The newest committed step, or ``None``; saves still in flight do not count."""
+        """The newest committed step, or ``None``; saves still in flight do not count.
+
+        Returns:
+            The step, or ``None``.
+        """
         return self.backend.latest_step()
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         """Return ``(state, meta)`` of committed ``step``, on ``abstract_state``'s shardings.
 
-        Raises ``ValueError`` naming the newest committed step when ``step`` is not
-        committed, and saying what to do when a committed step cannot be read.
+        Args:
+            step: a committed step.
+            abstract_state: the state's shapes and target shardings.
+
+        Returns:
+            The state and its meta.
+
+        Raises:
+            ValueError: ``step`` is not committed (naming the newest that is), or a
+                committed step cannot be read (saying what to do).
         """
         _check_step(step)
         return self.backend.restore(int(step), abstract_state)
@@ -181,8 +211,14 @@ class Checkpoints:
 
         The multi-tier kind initialises again whenever the active devices differ from those
         its manager was built for (and after :meth:`on_slice_lost`, always); nothing for
-        ``orbax``. Raises :class:`MultiTierError` when the replicator fails or does not
-        answer.
+        ``orbax``.
+
+        Args:
+            devices: the active devices.
+            mesh: the attempt's mesh.
+
+        Raises:
+            MultiTierError: the replicator fails or does not answer.
         """
         self.backend.bind(list(devices), mesh)
 

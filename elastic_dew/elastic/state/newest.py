@@ -23,6 +23,13 @@ def newest(
     A snapshot counts once it has landed in host memory (this joins the one in flight); a
     checkpoint counts once committed. On a tie the snapshot wins: it loads from host
     memory, without reading storage. ``("fresh", None)`` when neither tier holds a state.
+
+    Args:
+        snapshots: tier 1, or ``None``.
+        checkpoints: tier 2, or ``None``.
+
+    Returns:
+        ``(source, step)``.
     """
     snapshot = snapshots.latest_step() if snapshots is not None else None
     checkpoint = checkpoints.latest_step() if checkpoints is not None else None

@@ -107,6 +107,12 @@ class Snapshots:
     ``replica_axis_index`` is the mesh axis that runs over slices; every array of the
     state must be replicated along it (the elastic layer's state is), so that the slices
     that survive a loss hold the whole state between them.
+
+    Args:
+        replica_axis_index: the mesh axis over slices.
+
+    Raises:
+        ValueError: ``replica_axis_index`` below 0.
     """
 
     def __init__(self, *, replica_axis_index: int = 0) -> None:
@@ -232,9 +238,19 @@ class Snapshots:
     def save(self, step: int, state: Any, meta: dict, mesh: Mesh) -> bool:
         """Start an asynchronous snapshot of ``state`` after ``step`` updates.
 
-        Returns whether Orbax took it: ``False`` when the previous snapshot was still
-        queued (Orbax skips rather than stall the training loop). ``meta`` must be a
-        JSON-able dict; it is restored with the arrays by :meth:`load`.
+        Args:
+            step: the step whose state this is (>= 1).
+            state: the state, replicated along the replica axis.
+            meta: its JSON-able meta, restored with the arrays by :meth:`load`.
+            mesh: the state's mesh.
+
+        Returns:
+            Whether Orbax took it: ``False`` when the previous snapshot was still queued
+            (Orbax skips rather than stall the training loop).
+
+        Raises:
+            ValueError: a step below 1, or a state it cannot snapshot (a leaf that is not a
+                ``jax.Array`` on ``mesh``, a mesh without the replica axis); nothing moved.
         """
         if step < 1:
             raise ValueError(f"snapshot step={step} must be >= 1 (the state after `step` updates)")
@@ -269,7 +285,11 @@ class Snapshots:
         self._snapshotter.join()
 
     def latest_step(self) -> int | None:
-        """The step of the newest complete snapshot, or ``None``; joins first."""
+        """The step of the newest complete snapshot, or ``None``; joins first.
+
+        Returns:
+            The step, or ``None``.
+        """
         self.join()
         latest = self._snapshotter.latest
         return None if latest is None else int(latest.step)
@@ -293,6 +313,9 @@ class Snapshots:
 
         Measured on the snapshot's own arrays: every shard of every replica tree counts
         on the device it lives on. The value is also kept in ``host_bytes_per_device``.
+
+        Returns:
+            The bytes.
         """
         latest = self._snapshotter.newest()
         if latest is None:
@@ -328,10 +351,19 @@ class Snapshots:
     def load(self, abstract_state: Any) -> tuple[Any, dict, int]:
         """Return ``(state, meta, step)`` of the newest snapshot on ``abstract_state``'s shardings.
 
-        Joins first. Replicas on lost slices are skipped; ``RuntimeError`` when there is no
-        snapshot or no replica survived; ``ValueError``, before anything is touched, when
-        ``abstract_state`` is not the layout the snapshot was packed from. The snapshot is
-        then re-split on the new mesh, so the next loss is survivable too.
+        Joins first. Replicas on lost slices are skipped. The snapshot is then re-split on
+        the new mesh, so the next loss is survivable too.
+
+        Args:
+            abstract_state: the state's shapes and target shardings on the new mesh.
+
+        Returns:
+            The state, its meta and its step.
+
+        Raises:
+            RuntimeError: there is no snapshot, or no replica survived.
+            ValueError: ``abstract_state`` is not the layout the snapshot was packed from;
+                nothing was touched.
         """
         with self._lock:
             self.join()

@@ -172,7 +172,13 @@ class Held(NamedTuple):
 
 
 class Tiers:
-    """Both tiers of one run, in the order a step saves them (snapshot, then checkpoint)."""
+    """Both tiers of one run, in the order a step saves them (snapshot, then checkpoint).
+
+    Args:
+        snapshot: tier 1.
+        checkpoint: tier 2.
+        owns_checkpoints: whether tier 2's manager was created here (and closed here).
+    """
 
     def __init__(self, snapshot: SnapshotTier, checkpoint: CheckpointTier, *, owns_checkpoints: bool = False) -> None:
         self.snapshot = snapshot
@@ -196,6 +202,17 @@ class Tiers:
         Tier 2 writes to ``config.checkpoint_dir``, else, for a run in ``run_dir``, to the
         default :meth:`~elastic_dew.elastic.config.ElasticConfig.checkpoint_dir_for` names;
         with neither there is no tier 2.
+
+        Args:
+            config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
+            slices: the allocation's slices.
+            snapshots: tier 1 to use, or ``None``.
+            checkpoints: tier 2 to use, or ``None``.
+            run_name: the run's name (multi-tier backups), or ``None``.
+            run_dir: the run directory, or ``None``.
+
+        Returns:
+            The tiers.
         """
         if snapshots is None and config.snapshot_every:
             snapshots = Snapshots(replica_axis_index=0)
@@ -220,7 +237,11 @@ class Tiers:
         )
 
     def follow(self, config: ElasticConfig) -> None:
-        """Take the cadences of ``config`` from the next step on."""
+        """Take the cadences of ``config`` from the next step on.
+
+        Args:
+            config: the config whose cadences to take.
+        """
         self.snapshot.every = config.snapshot_every
         self.checkpoint.every = config.checkpoint_every
 
@@ -237,7 +258,14 @@ class Tiers:
         return iter((self.snapshot, self.checkpoint))
 
     def due(self, step: int) -> bool:
-        """Whether either tier saves at ``step``."""
+        """Whether either tier saves at ``step``.
+
+        Args:
+            step: a step.
+
+        Returns:
+            Whether a tier saves at it.
+        """
         return any(tier.due(step) for tier in self)
 
     def on_step(
@@ -254,7 +282,16 @@ class Tiers:
         before the next tier is offered it (a fault inside the checkpoint cannot lose the
         snapshot's event); ``wait_step`` waits for the step in flight before the first save.
 
-        Returns ``None`` when no tier saved, else the :class:`Held` the step lines need.
+        Args:
+            step: the completed step.
+            state: its state.
+            meta: its meta.
+            mesh: its mesh.
+            emit: called with each save event.
+            wait_step: waits for the step in flight, or ``None``.
+
+        Returns:
+            ``None`` when no tier saved, else the :class:`Held` the step lines need.
         """
         if not self.due(step):
             return None
@@ -269,7 +306,11 @@ class Tiers:
         return Held(waited_from, seconds)
 
     def newest(self) -> tuple[str, int | None]:
-        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest.newest`)."""
+        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest.newest`).
+
+        Returns:
+            ``(source, step)``.
+        """
         return newest(self.snapshots, self.checkpoints)
 
     def precompile_saves(self, state: Any, mesh: jax.sharding.Mesh) -> None:
@@ -319,6 +360,9 @@ class Tiers:
         The protocol calls this at every attempt, at every scale-up and before it persists
         a snapshot while stopping; the multi-tier kind initialises again whenever the active
         devices changed or a slice was lost since it was last bound.
+
+        Args:
+            mesh: the attempt's mesh.
         """
         if self.checkpoints is not None:
             self.checkpoints.on_active_slices_changed(list(mesh.devices.flat), mesh)
@@ -334,6 +378,17 @@ class Tiers:
 
         A checkpoint still being written when the attempt ended is waited for first: its
         state is already on the host, and once committed it may be the newest one.
+
+        Args:
+            abstract: the state's shapes and target shardings.
+
+        Returns:
+            ``(source, step, state, meta)``, or ``None``.
+
+        Raises:
+            RuntimeError: from tier 1's load (no replica survived).
+            ValueError: from either tier's restore (a state of another layout, an unreadable
+                checkpoint).
         """
         if self.checkpoints is not None:
             try:
@@ -359,7 +414,11 @@ class Tiers:
         return None
 
     def kept(self) -> str:
-        """What a run that gave up leaves to resume from, for its error message."""
+        """What a run that gave up leaves to resume from, for its error message.
+
+        Returns:
+            The text.
+        """
         saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
         if saved is None:
             return "no checkpoint was committed, so a re-run starts from step 1"
