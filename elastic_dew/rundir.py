@@ -44,6 +44,7 @@ __all__ = [
     "CHECKPOINTS_DIR",
     "TENSORBOARD_DIR",
     "REPLICATOR_DIR",
+    "RUN_LOG_FILE",
     "ENTRIES",
     "IDENTITY_KEYS",
     "RunDirError",
@@ -71,6 +72,8 @@ PARAMS_FILE = "final_params.npz"
 TIMELINE_FILE = "timeline.png"
 #: TensorBoard event files (:mod:`elastic_dew.observe.tensorboard`), one per process.
 TENSORBOARD_DIR = "tensorboard"
+#: On a terminal, the run's routine log lines (:class:`elastic_dew.observe.logs.RunLog`).
+RUN_LOG_FILE = "run.log"
 #: A simulated multi-tier run's replicator stand-in (:mod:`elastic_dew.simulate.replicator`):
 #: ``local/`` (the checkpoint directory), ``replicas/``, ``backup/``.
 REPLICATOR_DIR = "replicator"
@@ -78,7 +81,7 @@ REPLICATOR_DIR = "replicator"
 #: Everything a run directory may hold (``*.tmp`` are atomic writes in progress).
 ENTRIES = frozenset({
     COMMAND_FILE, EVENTS_FILE, FAULTS_FILE, SUMMARY_FILE, PARAMS_FILE, TIMELINE_FILE,
-    CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", TENSORBOARD_DIR, REPLICATOR_DIR,
+    CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", TENSORBOARD_DIR, REPLICATOR_DIR, RUN_LOG_FILE,
 })
 
 #: The keys of ``command.json`` that must match for a run directory to be resumed.

@@ -43,7 +43,8 @@ EOF
     exit 1
   fi
   "$VENV/bin/python" -m pip install --quiet -r "$REQUIREMENTS"
-  "$VENV/bin/python" -m pip install --quiet -e "$REPO"  # elastic_dew, for its launcher
+  # elastic_dew, for its launcher, without its own pins: MaxText's set has what it imports.
+  "$VENV/bin/python" -m pip install --quiet --no-deps -e "$REPO"
 fi
 
 BASE_YML="$("$VENV/bin/python" -c 'import maxtext, pathlib; print(pathlib.Path(maxtext.__file__).parent / "configs" / "base.yml")')"

@@ -70,3 +70,12 @@ def test_json_lines_off_a_terminal_are_unchanged(restored_logging):
     records = [json.loads(line) for line in pipe.getvalue().splitlines()]
     assert [r["severity"] for r in records] == ["INFO", "INFO", "INFO", "WARNING"]
     assert logs.attach_run_log("unused") is None
+
+
+def test_a_run_directory_holding_only_its_run_log_is_still_a_run_directory(tmp_path, restored_logging):
+    from elastic_dew import rundir
+
+    logs.setup_logging("auto", _Terminal())
+    logs.attach_run_log(tmp_path)  # before the trainer checks the directory
+    logging.getLogger("jax").info("Resetting cache")
+    rundir.check(tmp_path)

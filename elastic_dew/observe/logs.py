@@ -45,6 +45,7 @@ import threading
 from typing import Any, Literal, TextIO
 
 from elastic_dew.elastic.slices.loss_log import HandledSliceLossFilter, install_slice_loss_filter
+from elastic_dew.rundir import RUN_LOG_FILE
 
 __all__ = [
     "LOG_FORMATS",
@@ -76,7 +77,7 @@ VERBOSE_LOGGERS = ("elastic_dew",)
 
 #: On a terminal, the run's routine lines (other libraries' INFO lines, elastic_dew's own)
 #: go to this file in the run directory (:class:`RunLog`) instead of the terminal.
-RUN_LOG = "run.log"
+RUN_LOG = RUN_LOG_FILE
 #: On a terminal, the loggers whose INFO lines are the run's story and stay on it: the
 #: progress display's step, fault, stop and resume lines.
 STORY_LOGGERS = ("elastic_dew.observe.progress",)
