@@ -49,14 +49,43 @@ PUBLIC_MODULES: dict[str, str] = {
     "elastic_dew.testing.pytest_plugin": "the pytest plugin (its marker, fixture and option are below)",
 }
 
-#: The pytest plugin's public surface that is not a Python name.
-PLUGIN_SURFACE = {
-    "marker slices": "@pytest.mark.slices(slices, devices_per_slice, schedule=None, step_program=None, "
-    "allow_unfired=False): the simulated_slices fixture's slices and schedule",
-    "fixture simulated_slices": "an entered SimulatedSlices shaped by the slices marker, its fault log in tmp_path; "
-    "a scheduled fault that never fired fails the test",
-    "option --simulated-devices N": "give JAX N host CPU devices before it starts (also the simulated_devices ini key)",
-}
+def plugin_surface() -> dict[str, str]:
+    """The pytest plugin's public surface that is not a Python name, read from the plugin
+    itself: its marker (as it registers it), its command-line option and ini key, and its
+    fixture."""
+    from elastic_dew.testing import pytest_plugin
+
+    surface: dict[str, str] = {}
+
+    class Group:
+        def addoption(self, name: str, **options: Any) -> None:
+            surface[f"option {name} {options.get('metavar', '')}".rstrip()] = options.get("help", "")
+
+    class Parser:
+        def getgroup(self, *args: Any) -> Group:
+            return Group()
+
+        def addini(self, name: str, help: str, **options: Any) -> None:
+            surface[f"ini {name}"] = help
+
+    class Config:
+        def addinivalue_line(self, name: str, line: str) -> None:
+            if name == "markers":
+                signature, _, meaning = line.partition(": ")
+                surface[f"marker {signature}"] = meaning
+
+        def getoption(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+        def getini(self, name: str) -> str:
+            return ""
+
+    pytest_plugin.pytest_addoption(Parser())  # type: ignore[arg-type]
+    pytest_plugin.pytest_configure(Config())  # type: ignore[arg-type]
+    fixture = pytest_plugin.simulated_slices
+    doc = getattr(fixture, "__doc__", None) or getattr(getattr(fixture, "__wrapped__", None), "__doc__", "")
+    surface["fixture simulated_slices"] = _first_sentence(doc or "")
+    return surface
 
 
 def _prepare_jax() -> None:
@@ -174,7 +203,7 @@ def snapshot() -> str:
     lines = []
     for qualified, obj in public_names().items():
         lines.extend(_lines(qualified, obj))
-    lines.extend(f"elastic_dew.testing.pytest_plugin: {what}: {how}" for what, how in PLUGIN_SURFACE.items())
+    lines.extend(f"elastic_dew.testing.pytest_plugin: {what}: {how}" for what, how in plugin_surface().items())
     return "\n".join(lines) + "\n"
 
 
@@ -310,7 +339,7 @@ def docs_page() -> str:
         f"a deliberate change, regenerate both (`{REGENERATE}`) and add a `CHANGELOG.md` line.",
         "",
         f"{len(names)} public names in {len(PUBLIC_MODULES)} modules, and the plugin's "
-        f"{len(PLUGIN_SURFACE)} entries.",
+        f"{len(plugin_surface())} entries.",
         "",
     ]
     for module_name, purpose in PUBLIC_MODULES.items():
@@ -322,8 +351,8 @@ def docs_page() -> str:
                 text = contract(qualified, obj) or "(no contract written)"
                 out.append(f"| `{qualified[len(prefix):]}` | {_escape(text)} |")
         if module_name == "elastic_dew.testing.pytest_plugin":
-            for what, how in PLUGIN_SURFACE.items():
-                out.append(f"| {what} | {_escape(how)} |")
+            for what, how in plugin_surface().items():
+                out.append(f"| `{what}` | {_escape(_markdown(how))} |")
         out.append("")
     return "\n".join(out)
 
