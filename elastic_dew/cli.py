@@ -11,6 +11,9 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import Any
+
+from elastic_dew._compat.argparse import DefaultsHelpFormatter
 
 __all__ = ["main", "SUBCOMMANDS", "RENAMED_FLAGS", "HelpFormatter"]
 
@@ -54,13 +57,24 @@ def _renamed_flags(argv: list[str]) -> list[str]:
     return out
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(DefaultsHelpFormatter):
     """Every flag's help shows its default, except where there is none to show."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False, argparse.SUPPRESS) or action.required or not action.option_strings:
-            return action.help or ""
-        return super()._get_help_string(action)
+    def shows_default(self, action: argparse.Action) -> bool:
+        return not (
+            action.default in (None, False, argparse.SUPPRESS) or action.required or not action.option_strings
+        )
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser that keeps the subcommands' action its ``add_subparsers`` returns (its
+    subcommands' parsers are of this class too, however deep)."""
+
+    subcommands: argparse.Action | None = None
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -75,12 +89,8 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """The parsers of ``parser``'s own subcommands (``k8s render``, ``k8s validate``, ...)."""
-    return [
-        sub
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction)
-        for sub in action.choices.values()
-    ]
+    subcommands = getattr(parser, "subcommands", None)
+    return [] if subcommands is None else list(subcommands.choices.values())
 
 
 def _global_options_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +101,7 @@ def _global_options_everywhere(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="elastic-dew",
         description="Elastic JAX training on Pathways, and its CPU simulator.",
         formatter_class=HelpFormatter,

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import yaml
 
+from elastic_dew._compat.argparse import DefaultsHelpFormatter
 from elastic_dew.console import in_flags
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import (
@@ -52,13 +53,11 @@ _DEFAULTS = JobSetParams(name="", tpu_type="", topology="", slices=0, elastic_sl
                          image="", recipe="", bucket="")
 
 
-class _FORMATTER(argparse.ArgumentDefaultsHelpFormatter):
+class _FORMATTER(DefaultsHelpFormatter):
     """Shows each flag's default, except where there is none to show."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False) or action.required:
-            return action.help or ""
-        return super()._get_help_string(action)
+    def shows_default(self, action: argparse.Action) -> bool:
+        return not (action.default in (None, False) or action.required)
 
 
 _Shown = Literal["given", "changed", ""]

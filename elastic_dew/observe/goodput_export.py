@@ -72,6 +72,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from elastic_dew._compat import goodput as goodput_private
 from elastic_dew.elastic.events import Eval, Event, Resume, Save, Start, Step, Stop
 from elastic_dew.observe.extras import require
 
@@ -127,6 +128,9 @@ class GoodputExport:
         self.recorder = ElasticGoodputRecorder(
             job_name, self.logger_name, logging_enabled=True, cloud_logger=cloud_logger
         )
+        # The recorder's log, where the library's checkpoint calculator reads save entries:
+        # the one given, else the Cloud Logging client the recorder made.
+        self._cloud_logger = cloud_logger if cloud_logger is not None else goodput_private.cloud_logger_of(self.recorder)
         self._total_slices = total_slices
         self._most_slices = 0
         self._stopped = False  # a stop since this process's last resume
@@ -207,7 +211,7 @@ class GoodputExport:
     def _write_orbax_saves(self) -> None:
         """Write the saves after the last step as Orbax save-statistics entries, one per
         step (see the module)."""
-        logger = self.recorder._cloud_logger  # the recorder's own log, where the calculator reads
+        logger = self._cloud_logger
         by_step: dict[int, tuple[float, float]] = {}
         for save in self._saves:
             began, seconds = by_step.get(save.step, (save.wall - save.seconds, 0.0))

@@ -12,6 +12,8 @@ import importlib.util
 import os
 import sys
 
+from elastic_dew._compat import jax as jax_private
+
 __all__ = ["cuda_plugin"]
 
 _CUDA_PLUGIN_MODULES = (
@@ -42,14 +44,7 @@ def cuda_plugin() -> bool:
 
 def _backend_started() -> bool:
     """Whether this process already opened a JAX backend (XLA has read its flags)."""
-    if "jax" not in sys.modules:
-        return False
-    from jax._src import xla_bridge
-
-    check = getattr(xla_bridge, "backends_are_initialized", None)
-    if check is not None:
-        return bool(check())
-    return bool(getattr(xla_bridge, "_backends", {}))
+    return jax_private.backends_started()
 
 
 def _platforms() -> str:

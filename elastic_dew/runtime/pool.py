@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import sys
 from collections.abc import Mapping
 from typing import Any
+
+from elastic_dew._compat import jax as jax_private
 
 __all__: list[str] = []
 
@@ -160,8 +161,4 @@ def _join_pool(plan: _PoolPlan) -> None:
 
 
 def _pool_size() -> int:
-    if "jax" not in sys.modules:
-        return 1
-    from jax._src import distributed
-
-    return distributed.global_state.num_processes if distributed.global_state.client else 1
+    return jax_private.pool_size()

@@ -136,17 +136,18 @@ class PreemptionNotice:
     """
 
     def __init__(self) -> None:
-        from jax._src import distributed
+        import jax
 
-        self._state = distributed.global_state
-        self._pooled = self._state.client is not None
+        self._pooled = jax.distributed.is_initialized()
+        # The pool made its preemption service when it formed, if this option was on then.
+        self._service = self._pooled and bool(jax.config.jax_enable_preemption_service)
         self._signals = 0
         self._reported = False
         self._previous: Any = None
         self._closed = False
         self._waiting = False
         if self._pooled:
-            if self._state.preemption_sync_manager is None:
+            if not self._service:
                 logger.info(
                     "the JAX preemption service is off (jax_enable_preemption_service): "
                     "this pool gets no preemption notice, and SIGTERM ends it"
@@ -208,8 +209,7 @@ class PreemptionNotice:
             Whether the run stops after ``step``.
         """
         if self._pooled:
-            manager = self._state.preemption_sync_manager
-            hit = manager is not None and bool(manager.reached_sync_point(int(step)))
+            hit = self._service and _reached_sync_point(int(step))
         else:
             hit = self._signals > 0
         if hit and not self._reported:
@@ -241,3 +241,16 @@ class PreemptionNotice:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _reached_sync_point(step: int) -> bool:
+    """JAX's preemption service: whether every process of the pool agreed to stop at ``step``.
+
+    ``False`` when the pool has no preemption service (it was off when the pool formed).
+    """
+    from jax.experimental import multihost_utils
+
+    try:
+        return bool(multihost_utils.reached_preemption_sync_point(step))
+    except RuntimeError:  # "Preemption sync manager has not been initialized"
+        return False

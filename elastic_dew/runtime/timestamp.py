@@ -7,8 +7,9 @@ different directory. :func:`run_timestamp` gives process 0's clock on every proc
 
 from __future__ import annotations
 
-import sys
 import time
+
+from elastic_dew._compat import jax as jax_private
 
 __all__ = ["run_timestamp"]
 
@@ -30,17 +31,12 @@ def run_timestamp() -> str:
         Process 0's wall clock, formatted ``%Y-%m-%d_%H:%M:%S``.
     """
     global _timestamp_calls
-    if "jax" in sys.modules:
-        from jax._src import distributed
-
-        client = distributed.global_state.client
-    else:
-        client = None
+    client = jax_private.pool_client()
     if client is None:
         return time.strftime(_TIMESTAMP_FORMAT)
     key = f"elastic_dew/run_timestamp/{_timestamp_calls}"
     _timestamp_calls += 1
-    if distributed.global_state.process_id == 0:
+    if jax_private.pool_process_id() == 0:
         stamp = time.strftime(_TIMESTAMP_FORMAT)
         client.key_value_set(key, stamp)
         return stamp

@@ -11,7 +11,7 @@ its shards, and ``jax.device_put`` to its copies. Dispatch is intercepted at
 ``jax.stages.Compiled.__call__`` (what ``jit(...).lower(...).compile()`` returns: the
 protocol's compiled steps and the health check's probes) and at every call of a
 ``jax.jit`` function: JAX's C++ fast path, which has no Python seam, is turned off for
-``jax.jit`` functions while a simulator is active (``jax._src.pjit._run_python_pjit`` runs
+``jax.jit`` functions while a simulator is active (JAX's ``_run_python_pjit`` runs
 each call and ``_get_fastpath_data`` gives the C++ cache no fast path for it; JAX's C++
 jit caches are emptied at install and uninstall, so no call takes a fast path cached
 outside the simulator and none stays on the slow one after it; the cost per call is in
@@ -36,6 +36,11 @@ pathwaysutils' mesh-axis operations that donate their inputs (``pathwaysutils.ja
 ``concatenate_by_mesh_axis`` and ``split_by_mesh_axis``, which Orbax's Snapshotter calls)
 leave a donated input deleted, as on Pathways, instead of broken, and copy nothing
 (:func:`_donating_views`).
+
+Every private name these patches replace or read (and each pathwaysutils name whose
+module-level look-up they rely on) is declared, with why and what public API would replace
+it, in the seam :mod:`elastic_dew._compat` (``jax_private``, ``pw_private``), checked by
+``tests/test_compat.py``.
 
 :data:`registry` holds the one active simulator: :meth:`Registry.install` patches
 everything and makes a simulator active, :meth:`Registry.uninstall` undoes every patch. The
@@ -63,24 +68,18 @@ from typing import Any, Protocol
 
 import jax
 import numpy as np
-import pathwaysutils
-from jax._src import array as _jax_array
-from jax._src import core as _jax_core
-from jax._src import pjit as _pjit
-from jax._src import stages as _stages
-from jax._src.lib import xla_client as _xla_client
-from pathwaysutils.elastic import elastic as _pw_elastic
-from pathwaysutils import _initialize as _pw_initialize
-from pathwaysutils import jax as _pw_jax
 from pathwaysutils.elastic import manager as _pw_manager
 
+from elastic_dew._compat import Private
+from elastic_dew._compat import jax as jax_private
+from elastic_dew._compat import pathwaysutils as pw_private
 from elastic_dew.elastic import orbax_private
 
 __all__ = ["Simulator", "Registry", "registry"]
 
 logger = logging.getLogger(__name__)
 
-_ArrayImpl = _jax_array.ArrayImpl
+_ArrayImpl = jax_private.ARRAY_IMPL.get()
 
 
 class Simulator(Protocol):
@@ -117,7 +116,7 @@ class Registry:
     """The active simulator (at most one) and the patches installed for it."""
 
     _ARRAY_METHODS = ("block_until_ready", "__getitem__", "__iter__", "__array__", "__dlpack__", "item")
-    _ARRAY_PROPERTIES = ("_value",)
+    _ARRAY_PROPERTIES = (jax_private.ARRAY_VALUE.name,)
     _NUMPY = ("asarray", "array", "asanyarray", "ascontiguousarray")
 
     def __init__(self) -> None:
@@ -217,7 +216,7 @@ class Registry:
             return
         for manager in list(self._managers):
             try:
-                manager._check_inactive_slices()
+                pw_private.check_inactive_slices(manager)
             except Exception:  # noqa: BLE001 - the monitor thread logs and carries on too
                 logger.exception("the Manager's check of its inactive slices failed")
 
@@ -231,7 +230,7 @@ class Registry:
     def get_slice_to_devices(self, devices: Sequence[jax.Device]) -> Mapping[int, Sequence[jax.Device]]:
         simulator = self._active
         if simulator is None:
-            original = self._original_get_slice_to_devices or _pw_elastic.get_slice_to_devices
+            original = self._original_get_slice_to_devices or pw_private.GET_SLICE_TO_DEVICES.get()
             return original(devices)
         return simulator.group(devices)
 
@@ -250,12 +249,17 @@ class Registry:
 
         self._undo.append(undo)
 
+    def _replace_private(self, point: Private, wrap: Callable[[Any], Any]) -> None:
+        """Replace the seam's ``point`` with ``wrap`` of its own object (a class's own
+        descriptor, for a member of a class)."""
+        self._replace(point.owner(), point.name, wrap(point.raw()))
+
     def _patch(self) -> None:
-        self._original_get_slice_to_devices = _pw_elastic.get_slice_to_devices
-        self._replace(_pw_elastic, "get_slice_to_devices", self.get_slice_to_devices)
+        self._original_get_slice_to_devices = pw_private.GET_SLICE_TO_DEVICES.get()
+        self._replace_private(pw_private.GET_SLICE_TO_DEVICES, lambda _: self.get_slice_to_devices)
         self._replace(jax.Device, "slice_index", property(self.slice_index, doc=self.slice_index.__doc__))
-        for owner in (pathwaysutils, _pw_initialize):
-            self._replace(owner, "is_pathways_backend_used", _pathways_backend)
+        for point in pw_private.BACKEND_TESTS:
+            self._replace_private(point, lambda _: _pathways_backend)
         for owner in orbax_private.pathways_backend_bindings():
             self._replace(owner, "is_pathways_backend", _pathways_backend)
         for name in self._ARRAY_METHODS:
@@ -268,29 +272,23 @@ class Registry:
         self._replace(
             _ArrayImpl, "addressable_shards", _marking_property(self, vars(_ArrayImpl)["addressable_shards"])
         )
-        self._replace(
-            _xla_client, "batched_block_until_ready", _guard_batched(self, _xla_client.batched_block_until_ready)
-        )
+        self._replace_private(jax_private.BATCHED_BLOCK_UNTIL_READY, lambda original: _guard_batched(self, original))
         for name in self._NUMPY:
             self._replace(np, name, _guard_numpy(self, getattr(np, name)))
-        self._replace(_stages.Compiled, "__call__", _guard_dispatch(self, vars(_stages.Compiled)["__call__"]))
+        self._replace(jax.stages.Compiled, "__call__", _guard_dispatch(self, vars(jax.stages.Compiled)["__call__"]))
         if _JIT_SEAM:
-            self._replace(_pjit, "_run_python_pjit", _jit_dispatch(self, _pjit._run_python_pjit))
-            self._replace(_pjit, "_get_fastpath_data", _no_jit_fastpath(_pjit._get_fastpath_data))
-            _clear_jit_caches()
-            self._undo.append(_clear_jit_caches)
-        self._replace(_pw_elastic, "wait_for_slices", _counting_waits(self, _pw_elastic.wait_for_slices))
-        self._replace(_pw_elastic, "time", _SimulatedSleep(self, _pw_elastic.time))
-        for name in _DONATING_OPS:
-            if hasattr(_pw_jax, name):
-                self._replace(_pw_jax, name, _donating_views(getattr(_pw_jax, name)))
+            self._replace_private(jax_private.RUN_PYTHON_PJIT, lambda original: _jit_dispatch(self, original))
+            self._replace_private(jax_private.GET_FASTPATH_DATA, _no_jit_fastpath)
+            jax_private.clear_jit_caches()
+            self._undo.append(jax_private.clear_jit_caches)
+        self._replace_private(pw_private.WAIT_FOR_SLICES, lambda original: _counting_waits(self, original))
+        self._replace_private(pw_private.ELASTIC_TIME, lambda original: _SimulatedSleep(self, original))
+        for point in pw_private.DONATING_OPS:
+            if point.check() is None:
+                self._replace_private(point, _donating_views)
         self._replace(jax, "device_put", _marking_copy(self, jax.device_put))
         self._replace(_pw_manager.Manager, "__init__", _remembering(self, vars(_pw_manager.Manager)["__init__"]))
-        self._replace(
-            _pw_manager.Manager,
-            "_check_inactive_slices",
-            _under_lock(self, vars(_pw_manager.Manager)["_check_inactive_slices"]),
-        )
+        self._replace_private(pw_private.MANAGER_CHECK, lambda original: _under_lock(self, original))
 
 
 #: The process's one registry: the simulator installs itself here.
@@ -391,9 +389,8 @@ def _compiled_name(compiled: Any) -> str | None:
     ``jit(train_step).lower(...).compile()``), kept on the object after the first ask."""
     name = vars(compiled).get("_elastic_dew_name")
     if name is None:
-        try:
-            name = compiled._executable.unsafe_call.name
-        except AttributeError:
+        name = jax_private.compiled_name(compiled)
+        if name is None:
             return None
         if name.startswith("jit(") and name.endswith(")"):
             name = name[4:-1]
@@ -424,19 +421,10 @@ def _compiled_out_bytes(compiled: Any) -> int:
     return size
 
 
-#: Whether this JAX has the jit internals the jit seam replaces (read against jax 0.10.2
-#: and 0.12.0); without them a ``jax.jit`` call is not seen at dispatch.
-_JIT_SEAM = all(
-    hasattr(_pjit, name)
-    for name in ("_run_python_pjit", "_get_fastpath_data", "_cpp_pjit_cache_fun_only",
-                 "_cpp_pjit_cache_explicit_attributes")
-)
+#: Whether this JAX has the jit internals the jit seam replaces (the seam's
+#: ``jax_private.jit_seam``); without them a ``jax.jit`` call is not seen at dispatch.
+_JIT_SEAM = jax_private.jit_seam()
 _no_fastpath = threading.local()
-
-
-def _clear_jit_caches() -> None:
-    for cache in (_pjit._cpp_pjit_cache_fun_only, _pjit._cpp_pjit_cache_explicit_attributes):
-        cache.clear()
 
 
 def _jit_dispatch(reg: Registry, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -444,7 +432,7 @@ def _jit_dispatch(reg: Registry, original: Callable[..., Any]) -> Callable[..., 
 
     def _run_python_pjit(p, args_flat, fun, args, kwargs):
         caller = _jit_caller(sys._getframe(1))
-        if (reg.active is None or not _jax_core.trace_state_clean() or caller is None
+        if (reg.active is None or not jax_private.trace_state_clean() or caller is None
                 or _module(caller).startswith(("jax.", "jaxlib."))):
             # JAX's own calls (a primitive applied outside jit, jax.numpy's helpers) keep
             # the fast path: they are not a loop's dispatches.
@@ -466,7 +454,7 @@ def _module(frame: Any) -> str:
 
 def _jit_caller(frame: Any) -> Any:
     """The frame that called the ``jax.jit`` function whose cache miss is ``frame``'s."""
-    while frame is not None and _module(frame) in ("jax._src.pjit", "jax._src.traceback_util"):
+    while frame is not None and _module(frame) in jax_private.JIT_FRAME_MODULES:
         frame = frame.f_back
     return frame
 
@@ -481,12 +469,6 @@ def _no_jit_fastpath(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(*args, **kwargs)
 
     return _get_fastpath_data
-
-
-#: pathwaysutils' mesh-axis operations (``pathwaysutils.jax``, jaxlib's ``_pathways``) that
-#: take ``donate``: Orbax's Snapshotter joins the replicas of a snapshot at every load with
-#: ``concatenate_by_mesh_axis``, which always donates them.
-_DONATING_OPS = ("concatenate_by_mesh_axis", "split_by_mesh_axis")
 
 
 #: The attribute that marks an input a donating mesh-axis operation took (see

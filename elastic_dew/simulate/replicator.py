@@ -76,6 +76,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from elastic_dew._compat import Private
+from elastic_dew._compat import jax as jax_private
+from elastic_dew._compat import orbax as orbax_private
+
 __all__ = ["Replicator", "Handshake", "Restore", "REPLICATOR_FILE", "FAILED_FILE", "local_directory"]
 
 logger = logging.getLogger(__name__)
@@ -291,16 +295,15 @@ class Replicator:
 
     # ------------------------------------------------------------------ per-worker dispatch
     def _install(self) -> None:
-        import jax.experimental.colocated_python as colocated
-        from jax.experimental.colocated_python import func as colocated_func
         from absl import flags
-        from orbax.checkpoint.experimental.emergency.multi_tier_checkpointing import initialization
 
-        self._replace(initialization, "colocated_python", SimpleNamespace(colocated_python=_per_worker))
+        self._replace(orbax_private.MTC_COLOCATED_PYTHON, SimpleNamespace(colocated_python=_per_worker))
         functions = _InProcessFunctions()
-        self._replace(colocated_func, "_serialize", functions.serialize)
-        self._replace(colocated_func, "_deserialize", functions.deserialize)
-        self._replace(colocated, "colocated_cpu_devices", _colocated_cpu_devices(colocated.colocated_cpu_devices))
+        self._replace(jax_private.COLOCATED_SERIALIZE, functions.serialize)
+        self._replace(jax_private.COLOCATED_DESERIALIZE, functions.deserialize)
+        self._replace(
+            jax_private.COLOCATED_CPU_DEVICES, _colocated_cpu_devices(jax_private.COLOCATED_CPU_DEVICES.get())
+        )
         if not flags.FLAGS.is_parsed():
             # The sidecars' Orbax reads absl flags (a restore reads
             # --experimental_use_distributed_id_for_mesh_consistency); a sidecar process
@@ -309,7 +312,9 @@ class Replicator:
             self._undo.append(flags.FLAGS.unparse_flags)
 
 
-    def _replace(self, owner: Any, name: str, replacement: Any) -> None:
+    def _replace(self, point: Private, replacement: Any) -> None:
+        """Replace the seam's ``point`` until :meth:`uninstall`."""
+        owner, name = point.owner(), point.name
         original = getattr(owner, name)
         setattr(owner, name, replacement)
         self._undo.append(lambda: setattr(owner, name, original))
