@@ -32,7 +32,7 @@ __all__ = ["measure", "saves_of"]
 
 _UNPREPARED = (
     "import sys; from elastic_dew.elastic.state.checkpoints import Checkpoints; "
-    "from elastic_dew.elastic import orbax_private; orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES = 0; "
+    "from elastic_dew._compat import orbax as orbax_private; orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES = 0; "
     "Checkpoints.precompile_saves = lambda self, state: None; "
     "from elastic_dew.cli import main; sys.exit(main(sys.argv[1:]))"
 )

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from elastic_dew.elastic import orbax_private
+from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.state.checkpoints import Checkpoints, MultiTierError
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.data import ElasticData

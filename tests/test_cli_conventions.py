@@ -12,6 +12,7 @@ import argparse
 import pytest
 
 from elastic_dew import cli
+from elastic_dew._compat.argparse import actions
 
 
 def _parse(argv):
@@ -43,10 +44,9 @@ def test_launch_without_a_command_is_a_usage_error_with_exit_2(capsys):
 def _all_parsers(parser, prefix=()):
     """Every (command words, parser) pair under ``parser``, nested subcommands included."""
     yield prefix, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for word, sub in action.choices.items():
-                yield from _all_parsers(sub, (*prefix, word))
+    subcommands = getattr(parser, "subcommands", None)  # what add_subparsers returned (cli._Parser)
+    for word, sub in ({} if subcommands is None else subcommands.choices).items():
+        yield from _all_parsers(sub, (*prefix, word))
 
 
 def _parsers_of(name):
@@ -60,7 +60,7 @@ def test_every_subcommand_has_a_description_and_every_flag_help_with_its_default
     for words, sub in _parsers_of(name):
         assert sub.description, f"elastic-dew {' '.join(words)} has no description"
         text = " ".join(sub.format_help().split())
-        for action in sub._actions:
+        for action in actions(sub):
             if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":
                 continue
             where = f"elastic-dew {' '.join(words)} {'/'.join(action.option_strings)}"

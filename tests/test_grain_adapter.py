@@ -1,6 +1,6 @@
 """The Grain adapter: the installed Grain still has the private members ``ElasticData`` relies on.
 
-``elastic_dew.elastic.grain_private`` is the one module that reaches into Grain's internals
+``elastic_dew._compat.grain`` is the one module that reaches into Grain's internals
 (the iterator ``ElasticIterator`` reads through, its pipeline and its position field). When a
 Grain release renames or reshapes one of them, these tests fail with the member's name
 instead of a rewind silently restarting worker processes, or a close leaking them.
@@ -13,7 +13,7 @@ import re
 
 import grain
 
-from elastic_dew.elastic import grain_private as adapter
+from elastic_dew._compat import grain as adapter
 
 
 def _iterator(global_batch=4):
@@ -59,4 +59,4 @@ def test_no_other_module_of_elastic_dew_names_grains_private_members():
         for path in package.rglob("*.py")
         if path != pathlib.Path(adapter.__file__) and pattern.search(path.read_text())
     ]
-    assert offenders == [], f"{offenders} reach into Grain's internals; go through elastic_dew/elastic/grain_private.py"
+    assert offenders == [], f"{offenders} reach into Grain's internals; go through elastic_dew/_compat/grain.py"

@@ -22,7 +22,7 @@ import yaml
 
 from conftest import REPO
 from elastic_dew.cli import main
-from elastic_dew.elastic import orbax_private
+from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.k8s import validate as V
 
 K8S = REPO / "k8s"

@@ -29,34 +29,36 @@ from conftest import REPO
 #: Each layer: the module path prefixes it holds (the longest prefix wins), and the layers
 #: below it that it may import. Listed bottom up.
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # the one seam for other libraries' internals: imports only the libraries
+    "compat": (("elastic_dew._compat",), ()),
     # (and the deprecation shims' one wording, which imports nothing of elastic_dew)
-    "runtime": (("elastic_dew.runtime", "elastic_dew.launch", "elastic_dew._deprecation"), ()),
+    "runtime": (("elastic_dew.runtime", "elastic_dew.launch", "elastic_dew._deprecation"), ("compat",)),
     # the elastic layer and the run directory's formats: below everything that reads them
-    "elastic": (("elastic_dew.elastic", "elastic_dew.rundir"), ("runtime",)),
-    "simulator": (("elastic_dew.simulate",), ("runtime", "elastic")),
+    "elastic": (("elastic_dew.elastic", "elastic_dew.rundir"), ("compat", "runtime")),
+    "simulator": (("elastic_dew.simulate",), ("compat", "runtime", "elastic")),
     # the package root only re-exports the Trainer (lazily)
     "training": (
         ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.record",
          "elastic_dew.observe", "elastic_dew"),
-        ("runtime", "elastic"),
+        ("compat", "runtime", "elastic"),
     ),
     # Planning a run at scale: reads run records, writes fault schedules' text
-    "plan": (("elastic_dew.plan",), ("runtime", "elastic", "training")),
+    "plan": (("elastic_dew.plan",), ("compat", "runtime", "elastic", "training")),
     # The run (plan, check, execute) and its terminal face: recipes call them from main(),
     # and they load recipes by name at run time, never by import.
-    "run": (("elastic_dew.run", "elastic_dew.console"), ("runtime", "elastic", "simulator", "training")),
-    "recipes": (("recipes",), ("runtime", "elastic", "training", "run")),
+    "run": (("elastic_dew.run", "elastic_dew.console"), ("compat", "runtime", "elastic", "simulator", "training")),
+    "recipes": (("recipes",), ("compat", "runtime", "elastic", "training", "run")),
     # the chaos harness (scenarios, runner, invariants) and the supervisor that re-runs a
     # program after 143 or a kill, as a JobSet does
     "harness": (
         ("elastic_dew.testing", "elastic_dew.supervisor"),
-        ("runtime", "elastic", "simulator", "training", "run"),
+        ("compat", "runtime", "elastic", "simulator", "training", "run"),
     ),
     # the command line and its program entry points (python -m elastic_dew, python -m
     # elastic_dew.chaos)
     "cli": (
         ("elastic_dew.commands", "elastic_dew.cli", "elastic_dew.k8s", "elastic_dew.chaos", "elastic_dew.__main__"),
-        ("runtime", "elastic", "simulator", "training", "plan", "run", "recipes", "harness"),
+        ("compat", "runtime", "elastic", "simulator", "training", "plan", "run", "recipes", "harness"),
     ),
 }
 
@@ -300,3 +302,192 @@ def test_the_circle_check_finds_a_circle_between_packages_and_names_it():
         "imports elastic_dew.testing.runner; elastic_dew.testing.runner imports "
         "elastic_dew.testing.invariants)",
     ]
+
+
+# ------------------------------------------------------------------ the seam for other libraries' internals
+
+#: The libraries whose private names only the seam (``elastic_dew._compat``) may touch.
+LIBRARIES = ("jax", "jaxlib", "orbax", "grain", "pathwaysutils", "argparse", "ml_goodput_measurement")
+SEAM = "elastic_dew._compat"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _outside_the_seam():
+    for module, path in _modules():
+        if module != SEAM and not module.startswith(SEAM + "."):
+            yield module, path
+
+
+def _seam_names() -> frozenset[str]:
+    """The underscore names the seam declares (each private member's last attribute)."""
+    from elastic_dew import _compat
+
+    names = {point.name for points in _compat.all_private().values() for point in points}
+    return frozenset(name for name in names if _private(name)) | {"_impl"}
+
+
+_SEAM_NAMES = _seam_names()
+
+
+def _library_imports(tree: ast.AST) -> list[tuple[str, str | None, str]]:
+    """Every import of :data:`LIBRARIES` in ``tree``: (module, imported name or None, bound name)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in LIBRARIES:
+                    found.append((alias.name, None, alias.asname or alias.name.split(".")[0]))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] in LIBRARIES:
+                found.extend((node.module, alias.name, alias.asname or alias.name) for alias in node.names)
+    return found
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, ``None`` for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _root(node: ast.AST) -> str | None:
+    """What an expression is made from: a call's function, an attribute's or subscript's object."""
+    while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript, ast.Await)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+        dotted = _dotted(node)
+        if dotted is not None:
+            return dotted
+    return _dotted(node)
+
+
+def _library_objects(tree: ast.AST) -> set[str]:
+    """The names (and ``self.x`` attributes) that hold a library's module, class or object:
+    bound by an import of one, or assigned from an expression made from one."""
+    held = {bound for _, _, bound in _library_imports(tree)}
+    # a parameter annotated with a library's type (``parser: argparse.ArgumentParser``)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            annotation = node.annotation
+            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+                try:
+                    annotation = ast.parse(annotation.value, mode="eval").body
+                except SyntaxError:
+                    continue
+            if _held_by(_dotted(annotation), held):
+                held.add(node.arg)
+    changed = True
+    while changed:
+        changed = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            if not _held_by(_root(value), held):
+                continue
+            for target in targets:
+                name = _dotted(target)
+                if name is not None and name not in held:
+                    held.add(name)
+                    changed = True
+    return held
+
+
+def _held_by(name: str | None, held: set[str]) -> bool:
+    return name is not None and any(name == h or name.startswith(h + ".") for h in held)
+
+
+def _underscore_uses(tree: ast.AST) -> list[str]:
+    """Each non-dunder underscore attribute read or written on a library's object."""
+    held = _library_objects(tree)
+    imported = {bound for _, _, bound in _library_imports(tree)}
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = _dotted(node.value)
+            if _held_by(owner, held):
+                uses.append(f"line {node.lineno}: {owner}.{node.attr}")
+            elif node.attr in _SEAM_NAMES and owner not in ("self", "cls") and not (
+                isinstance(node.value, ast.Call) and _dotted(node.value.func) == "super"
+            ):
+                # one of the seam's names, on an object no import says is a library's
+                # (``recorder._cloud_logger``, ``a.dtype._impl``)
+                uses.append(f"line {node.lineno}: {owner or '(expression)'}.{node.attr} (a name the seam declares)")
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _held_by(_dotted(node.value), imported):
+            # a library's module or class rebound from outside the seam
+            uses.append(f"line {node.lineno}: {_dotted(node)} = ... (rebinds a library's name)")
+        if isinstance(node, ast.ClassDef):
+            # A subclass of a library's class: its private methods override the library's,
+            # and super()._x calls the library's.
+            bases = [_dotted(base) for base in node.bases]
+            if not any(_held_by(base, held) for base in bases):
+                continue
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(item.name):
+                    uses.append(f"line {item.lineno}: {node.name}.{item.name} (overrides {', '.join(map(str, bases))}'s)")
+            for inner in ast.walk(node):
+                if (isinstance(inner, ast.Attribute) and _private(inner.attr) and isinstance(inner.value, ast.Call)
+                        and _dotted(inner.value.func) == "super"):
+                    uses.append(f"line {inner.lineno}: super().{inner.attr}")
+    return uses
+
+
+def test_the_seam_is_the_lowest_layer_and_imports_only_the_libraries():
+    seam = [(module, path) for module, path in _modules() if module == SEAM or module.startswith(SEAM + ".")]
+    assert {f"{SEAM}.jax", f"{SEAM}.orbax", f"{SEAM}.grain", f"{SEAM}.pathwaysutils", f"{SEAM}.argparse"} <= {
+        module for module, _ in seam
+    }
+    offenders = [
+        f"{module} imports {imported}"
+        for module, path in seam
+        for imported in _imports(path)
+        if imported != SEAM and not imported.startswith(SEAM + ".")
+    ]
+    assert offenders == []
+    assert all("compat" in _may_import(layer) for layer in LAYERS) and list(LAYERS)[0] == "compat"
+
+
+def test_no_module_outside_the_seam_imports_a_private_name_of_the_libraries():
+    offenders = []
+    for module, path in _outside_the_seam():
+        for imported, name, _ in _library_imports(ast.parse(path.read_text())):
+            parts = imported.split(".") + ([name] if name else [])
+            if any(_private(part) for part in parts):
+                offenders.append(f"{module}: {imported}{'' if name is None else ' import ' + name}")
+    assert offenders == [], "private names of other libraries belong in elastic_dew._compat:\n" + "\n".join(offenders)
+
+
+def test_no_module_outside_the_seam_takes_an_underscore_attribute_from_the_libraries_objects():
+    offenders = [
+        f"{module} {use}"
+        for module, path in _outside_the_seam()
+        for use in _underscore_uses(ast.parse(path.read_text()))
+    ]
+    assert offenders == [], "private members of other libraries belong in elastic_dew._compat:\n" + "\n".join(offenders)
+
+
+def test_the_underscore_check_finds_reads_writes_and_overrides_through_names_and_what_they_made():
+    source = (
+        "import argparse\nimport orbax.checkpoint as ocp\nfrom x import y\n"
+        "parser = argparse.ArgumentParser()\nparser._actions\n"
+        "handler = ocp.StandardCheckpointHandler()\nhandler._impl = 1\n"
+        "class F(argparse.HelpFormatter):\n    def _get_help_string(self, a):\n        return super()._get_help_string(a)\n"
+        "class Mine:\n    def __init__(self):\n        self.recorder = ocp.Recorder()\n"
+        "    def f(self, p: argparse.ArgumentParser):\n"
+        "        return self.recorder._cloud_logger, y._fine, self._own, argparse.__name__, p._defaults\n"
+        "ocp.utils.is_pathways_backend = bool\nparser.prog = 'fine'\n"
+        "restore = lambda x, a: a.dtype._impl\n"
+    )
+    found = sorted(use.split(": ", 1)[1].split(" ")[0] for use in _underscore_uses(ast.parse(source)))
+    assert found == sorted([
+        "parser._actions", "handler._impl", "F._get_help_string", "super()._get_help_string",
+        "self.recorder._cloud_logger", "p._defaults", "ocp.utils.is_pathways_backend", "a.dtype._impl",
+    ])

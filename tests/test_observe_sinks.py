@@ -10,6 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from elastic_dew import console
+from elastic_dew._compat.argparse import actions
 from elastic_dew.observe.logs import log_context
 from elastic_dew.observe.sinks import ObserveOptions, Sinks, chosen, close
 from goodputlib import MemoryLogger, preempted_run_with_gap
@@ -26,7 +27,7 @@ def _parse(*argv):
 
 
 def test_each_option_has_one_flag_built_with_the_runs_other_flags_from_its_declaration():
-    flags = [flag for action in _parser()._actions for flag in action.option_strings]
+    flags = [flag for action in actions(_parser()) for flag in action.option_strings]
     for field in dataclasses.fields(ObserveOptions):
         assert flags.count(field.metadata["flag"]) == 1, field.name
     assert flags.count("--no-tensorboard") == 1  # on/off by default None: --X and --no-X

@@ -1,6 +1,6 @@
 """The Orbax adapter: the installed Orbax still has the private members elastic_dew relies on.
 
-``elastic_dew.elastic.orbax_private`` is the one module that reaches into Orbax's internals:
+``elastic_dew._compat.orbax`` is the one module that reaches into Orbax's internals:
 the experimental ``Snapshotter``'s members, the replica-parallel slicing of a save and the
 Pathways backend test. When an Orbax release renames or reshapes one of those members, these
 tests fail with the member's name instead of a training run failing later.
@@ -20,13 +20,13 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
 
-from elastic_dew.elastic import orbax_private as adapter
+from elastic_dew._compat import orbax as adapter
 
 
 @pytest.mark.parametrize("name", sorted(adapter.METHODS))
 def test_every_snapshotter_method_the_adapter_calls_exists_with_its_parameters(name):
     method = getattr(Snapshotter, name, None)
-    assert callable(method), f"Snapshotter.{name} is gone; update elastic_dew/elastic/orbax_private.py"
+    assert callable(method), f"Snapshotter.{name} is gone; update elastic_dew/_compat/orbax.py"
     params = list(inspect.signature(method).parameters)[1:]
     expected = list(adapter.METHODS[name])
     assert params[: len(expected)] == expected, (
@@ -48,9 +48,9 @@ def test_the_snapshotter_still_has_the_private_attributes_the_adapter_reads():
 
 def test_a_changed_member_is_named_by_the_compatibility_check():
     class Renamed(Snapshotter):
-        _to_snapshot_state = None
+        _worker = None
 
-    assert any("_to_snapshot_state" in p for p in adapter.class_incompatibilities(Renamed))
+    assert any("_worker" in p for p in adapter.class_incompatibilities(Renamed))
 
     class Broken:
         _queue = queue.Queue(maxsize=3)
@@ -72,7 +72,7 @@ def _replicated(values: jax.Array) -> jax.Array:
 
 
 def test_a_taken_save_lands_as_replica_trees_and_step_and_can_be_dropped():
-    """The behaviour behind the private reads: ``took``, ``busy``, ``newest`` and ``drop``."""
+    """The behaviour behind the private reads: ``offer``'s answer, ``busy``, ``newest`` and ``drop``."""
     weights = _replicated(jnp.arange(4.0))
     snapshotter = adapter.HostSnapshotter(replica_axis_index=0)
     assert snapshotter.newest() is None
@@ -89,7 +89,7 @@ def test_orbax_replica_slicing_still_has_the_function_types_and_handler_settings
     from orbax.checkpoint._src.serialization import replica_slices
 
     get = getattr(replica_slices, "get_replica_slices", None)
-    assert callable(get), "replica_slices.get_replica_slices is gone; update elastic_dew/elastic/orbax_private.py"
+    assert callable(get), "replica_slices.get_replica_slices is gone; update elastic_dew/_compat/orbax.py"
     params = list(inspect.signature(get).parameters)
     expected = list(adapter.REPLICA_SLICE_PARAMETERS)
     assert params[: len(expected)] == expected, f"get_replica_slices now takes {params}, the adapter expects {expected}"
@@ -145,4 +145,4 @@ def test_no_other_module_of_elastic_dew_imports_orbax_private_internals():
         for path in package.rglob("*.py")
         if path != pathlib.Path(adapter.__file__) and pattern.search(path.read_text())
     ]
-    assert offenders == [], f"{offenders} reach into Orbax's internals; go through elastic_dew/elastic/orbax_private.py"
+    assert offenders == [], f"{offenders} reach into Orbax's internals; go through elastic_dew/_compat/orbax.py"

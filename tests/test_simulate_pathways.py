@@ -18,7 +18,7 @@ from orbax.checkpoint._src.multihost import multihost
 from orbax.checkpoint._src.multihost import pathways as ocp_pathways
 from pathwaysutils.elastic import manager
 
-from elastic_dew.elastic import orbax_private
+from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate import SimulatedSlices
 
 

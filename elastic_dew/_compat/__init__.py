@@ -14,8 +14,9 @@ every CI environment) resolves each and checks the shape the project uses, so an
 that removes or reshapes one fails there, naming the library, its version and the name.
 
 This package is the lowest layer: it imports only the libraries, never elastic_dew. It
-imports each library lazily (when a name is first used), so importing the seam does not
-start JAX.
+imports each library lazily (when a name is first used), so the runtime can ask it before
+JAX starts; only :mod:`.orbax` imports its library at once (it subclasses Orbax's
+``Snapshotter``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 __all__ = ["Private", "all_private", "version"]
 
 #: The seam's modules, one per library.
-MODULES = ("jax", "orbax", "pathwaysutils", "argparse", "goodput")
+MODULES = ("jax", "orbax", "grain", "pathwaysutils", "argparse", "goodput")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,10 @@ class Private:
         if not self.attributes:
             return importlib.import_module(self.module)
         return getattr(self.owner(), self.name)
+
+    def set(self, value: Any) -> None:
+        """Bind :attr:`name` on its owner to ``value`` (a run-time patch; the caller undoes it)."""
+        setattr(self.owner(), self.name, value)
 
     def raw(self) -> Any:
         """The object as its owner holds it (a class's own ``property``, not its value)."""

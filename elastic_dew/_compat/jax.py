@@ -143,10 +143,20 @@ COLOCATED_CPU_DEVICES = Private(
 #: The modules whose frames lie between a ``jax.jit`` function's caller and ``_run_python_pjit``.
 JIT_FRAME_MODULES = (_PJIT_MODULE.module, _TRACEBACK_UTIL.module)
 
-#: A compiled program's executable, read for the name of the function it was lowered from
-#: (``jax.stages.Compiled``'s ``_executable.unsafe_call.name``); checked by the canary on a
-#: compiled program, as it is an instance attribute.
-COMPILED_EXECUTABLE = "_executable"
+def _compiled() -> Any:
+    import jax
+
+    return jax.jit(lambda x: x).lower(1.0).compile()
+
+
+_COMPILED_EXECUTABLE = Private(
+    "jax",
+    "jax.stages:Compiled._executable",
+    why="a compiled program's executable, whose unsafe_call.name names the function it was "
+    "lowered from: the simulator tells the loop's step program from the others by it",
+    instead="a public name of the function a jax.stages.Compiled was lowered from",
+    probe=_compiled,
+)
 
 PRIVATE: tuple[Private, ...] = (
     _DISTRIBUTED_STATE,
@@ -159,6 +169,7 @@ PRIVATE: tuple[Private, ...] = (
     _CPP_CACHE_FUN_ONLY,
     _CPP_CACHE_EXPLICIT,
     _TRACE_STATE_CLEAN,
+    _COMPILED_EXECUTABLE,
     _PJIT_MODULE,
     _TRACEBACK_UTIL,
     COLOCATED_SERIALIZE,
@@ -221,6 +232,6 @@ def compiled_name(compiled: Any) -> str | None:
     """The name of the function a ``jax.stages.Compiled`` was lowered from (``jit(f)``'s
     ``"jit(f)"``), ``None`` when its executable does not say."""
     try:
-        return getattr(compiled, COMPILED_EXECUTABLE).unsafe_call.name
+        return getattr(compiled, _COMPILED_EXECUTABLE.name).unsafe_call.name
     except AttributeError:
         return None

@@ -246,11 +246,9 @@ class PreemptionNotice:
 def _reached_sync_point(step: int) -> bool:
     """JAX's preemption service: whether every process of the pool agreed to stop at ``step``.
 
-    ``False`` when the pool has no preemption service (it was off when the pool formed).
+    Asked only of a pool formed with the service on (``jax_enable_preemption_service``,
+    read when the notice is created); JAX raises ``RuntimeError`` for a pool without one.
     """
     from jax.experimental import multihost_utils
 
-    try:
-        return bool(multihost_utils.reached_preemption_sync_point(step))
-    except RuntimeError:  # "Preemption sync manager has not been initialized"
-        return False
+    return bool(multihost_utils.reached_preemption_sync_point(step))

@@ -27,7 +27,7 @@ simulated slice is one worker) and code that groups devices itself read it.
 topology too, leaving out devices outside every slice. The Pathways backend tests answer
 ``True``: ``pathwaysutils.is_pathways_backend_used`` (at ``pathwaysutils`` and
 ``pathwaysutils._initialize``) and Orbax's ``multihost.is_pathways_backend`` (at each binding
-:data:`elastic_dew.elastic.orbax_private.PATHWAYS_BACKEND_BINDINGS` names). Every
+:data:`elastic_dew._compat.orbax.PATHWAYS_BACKEND_BINDINGS` names). Every
 pathwaysutils ``Manager`` created while a simulator is active is remembered
 (weakly), and its ``_check_inactive_slices`` (the monitor thread's check) runs under the
 simulator's lock, so :meth:`Registry.refresh_managers` can make each see a change of slice
@@ -73,7 +73,7 @@ from pathwaysutils.elastic import manager as _pw_manager
 from elastic_dew._compat import Private
 from elastic_dew._compat import jax as jax_private
 from elastic_dew._compat import pathwaysutils as pw_private
-from elastic_dew.elastic import orbax_private
+from elastic_dew._compat import orbax as orbax_private
 
 __all__ = ["Simulator", "Registry", "registry"]
 

@@ -32,7 +32,7 @@ of or before the running iterator's) starts new workers.
 **Grain's API.** The installed releases' ``ElasticIterator`` is an ``IterDataset``; Grain's
 main branch (after 0.2.18) makes it a ``DatasetIterator`` whose ``close()`` leaves its
 workers running. Both work: what the rewind and the close need of Grain's internals is in
-:mod:`elastic_dew.elastic.grain_private`, for either API.
+:mod:`elastic_dew._compat.grain`, for either API.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 import grain
 import jax
 
-from elastic_dew.elastic import grain_private
+from elastic_dew._compat import grain as grain_private
 
 __all__ = ["ElasticData", "POSITION_KEY", "default_read_options"]
 

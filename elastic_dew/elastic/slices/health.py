@@ -21,7 +21,7 @@ The seam. pathwaysutils 0.1.13 accepts a ``checker`` in
 (``Manager._check_inactive_slices``) and ``elastic_retry``'s wait all end in
 ``get_active_slice_indices(slice_to_devices, None)``, which constructs
 ``elastic.DefaultSliceHealthChecker(slice_to_devices)`` by its module-level name.
-:func:`install` binds that one name to :class:`ReusableSliceHealthChecker` (same
+:func:`install` binds that one name (the seam's ``pw_private.DEFAULT_CHECKER``) to :class:`ReusableSliceHealthChecker` (same
 constructor, same interface), which reaches all three paths without copying any of
 pathwaysutils' code; :func:`uninstall` restores it. ``make_manager`` installs it. Once a
 pathwaysutils ``Manager`` takes a checker, pass one instead of installing.
@@ -47,6 +47,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import elastic as pw_elastic
 
+from elastic_dew._compat import pathwaysutils as pw_private
 from elastic_dew.elastic.deadline import read_each
 
 __all__ = [
@@ -212,8 +213,8 @@ def install() -> None:
     with _install_lock:
         if _original is not None:
             return
-        _original = pw_elastic.DefaultSliceHealthChecker
-        pw_elastic.DefaultSliceHealthChecker = ReusableSliceHealthChecker
+        _original = pw_private.DEFAULT_CHECKER.get()
+        pw_private.DEFAULT_CHECKER.set(ReusableSliceHealthChecker)
     logger.info("slice health checks compile each slice's probe once (elastic_dew.elastic.slices.health)")
 
 
@@ -223,10 +224,10 @@ def uninstall() -> None:
     with _install_lock:
         if _original is None:
             return
-        pw_elastic.DefaultSliceHealthChecker = _original
+        pw_private.DEFAULT_CHECKER.set(_original)
         _original = None
 
 
 def installed() -> bool:
     """Whether pathwaysutils' health checks go through :class:`ReusableSliceHealthChecker`."""
-    return pw_elastic.DefaultSliceHealthChecker is ReusableSliceHealthChecker
+    return pw_private.DEFAULT_CHECKER.get() is ReusableSliceHealthChecker

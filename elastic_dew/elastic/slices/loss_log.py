@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from elastic_dew._compat import pathwaysutils as pw_private
+
 __all__ = ["HandledSliceLossFilter", "install_slice_loss_filter"]
 
 
@@ -32,8 +34,8 @@ class HandledSliceLossFilter(logging.Filter):
     lines are on (``-v``). pathwaysutils' other records keep their severity.
     """
 
-    LOGGER = "pathwaysutils.elastic.manager"
-    MESSAGE = "Elastic event detected"
+    LOGGER = pw_private.MANAGER_LOGGER
+    MESSAGE = pw_private.SLICE_LOSS_MESSAGE
 
     def filter(self, record: logging.LogRecord) -> bool:
         if (

@@ -86,7 +86,7 @@ def abstract_key_data(abstract: Any) -> Any:
 def rewrap_keys(restored: Any, abstract: Any) -> Any:
     """Typed keys again where ``abstract`` has them (a key's dtype names its implementation)."""
     return jax.tree.map(
-        lambda x, a: jax.random.wrap_key_data(x, impl=a.dtype._impl) if _is_key(a) and not _is_key(x) else x,
+        lambda x, a: jax.random.wrap_key_data(x, dtype=a.dtype) if _is_key(a) and not _is_key(x) else x,
         restored,
         abstract,
     )

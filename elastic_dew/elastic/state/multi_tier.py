@@ -43,7 +43,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elastic_dew.elastic import orbax_private
+from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
 
 __all__ = ["MultiTierBackend", "MultiTierError", "META_CAPACITY", "require_colocated_python"]

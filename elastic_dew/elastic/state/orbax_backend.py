@@ -27,7 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh
 
-from elastic_dew.elastic import orbax_private
+from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
 from elastic_dew.elastic.state.save_precompiler import SavePrecompiler

@@ -4,7 +4,7 @@ Orbax saves a replicated array replica-parallel: each replica transfers its own 
 by a small ``jax.lax.slice_in_dim`` program per (device, shard shape, slice). Compiling
 those programs can be most of a process's first save of a layout (``docs/performance.md``,
 *The first checkpoint save of a process*). :class:`SavePrecompiler` runs Orbax's own slicing
-(:func:`elastic_dew.elastic.orbax_private.slice_replicas`) on a state's arrays, one leaf at
+(:func:`elastic_dew._compat.orbax.slice_replicas`) on a state's arrays, one leaf at
 a time, and drops the slices: the same programs are compiled and cached, and nothing
 reaches the host or the disk.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from elastic_dew.elastic import orbax_private
+from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.state.backend import unwrap_keys
 
 __all__ = ["SavePrecompiler", "precompile_replica_slices"]

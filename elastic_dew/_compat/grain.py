@@ -1,4 +1,4 @@
-"""The one place that touches Grain's private internals, each use named and checked.
+"""Grain's private names elastic_dew uses, each named and checked (the seam's Grain module).
 
 :class:`elastic_dew.elastic.loop.data.ElasticData` needs three things Grain's public API does not
 give: the iterator ``ElasticIterator`` reads through (to close it, and its worker processes,
@@ -6,7 +6,7 @@ under both Grain APIs), that iterator's running pipeline (to save and set Grain'
 for a rewind that keeps the workers), and that iterator's position field (set with the
 pipeline's state, since the public ``set_state`` drops the pipeline and its workers). Every
 such use is here, so a Grain release that renames or reshapes one breaks this module alone,
-and ``tests/test_grain_adapter.py`` names the member that changed. Read against grain 0.2.18
+and ``tests/test_compat.py`` and ``tests/test_grain_adapter.py`` name the member that changed. Read against grain 0.2.18
 (:data:`GRAIN_VERSION_READ`) and google/grain's main branch at commit
 f5dd0d8a490004ecf07436bbb0222c73cf4c03b9, in ``grain/_src/python/dataset/elastic_iterator.py``:
 
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GRAIN_VERSION_READ", "READER_ATTRIBUTES", "PIPELINE", "POSITION", "reader", "pipeline",
+from elastic_dew._compat import Private
+
+__all__ = ["PRIVATE", "GRAIN_VERSION_READ", "READER_ATTRIBUTES", "PIPELINE", "POSITION", "reader", "pipeline",
            "rewind", "close"]
 
 #: The Grain release this module was read against.
@@ -36,6 +38,53 @@ READER_ATTRIBUTES = ("_default_iterator", "base_iterator")
 PIPELINE = "_iterator"
 #: The reading iterator's position field.
 POSITION = "_global_next_index"
+
+
+_MODULE = "grain._src.python.dataset.elastic_iterator"
+_INSTEAD = ("ElasticIterator.set_state that keeps the running pipeline and its workers, and a "
+            "close() that closes the iterator it reads through")
+#: Each private name of the supported release (0.2.18); main's ``base_iterator`` is public.
+PRIVATE: tuple[Private, ...] = (
+    Private(
+        "grain",
+        f"{_MODULE}:ElasticIterator.{READER_ATTRIBUTES[0]}",
+        why="the iterator an ElasticIterator reads through (a cached property): closed with "
+        "its workers, and holding the pipeline a rewind sets",
+        instead=_INSTEAD,
+    ),
+    Private(
+        "grain",
+        f"{_MODULE}:_ElasticMapDatasetIterator",
+        why="the reading iterator's class (Grain's private helper), whose pipeline and "
+        "position a rewind sets",
+        instead=_INSTEAD,
+    ),
+    Private(
+        "grain",
+        f"{_MODULE}:_ElasticMapDatasetIterator.{PIPELINE}",
+        why="the reading iterator's running pipeline (a cached property), whose own "
+        "get_state/set_state rewind it without restarting its workers",
+        instead=_INSTEAD,
+    ),
+    Private(
+        "grain",
+        f"{_MODULE}:_ElasticMapDatasetIterator.{POSITION}",
+        why="the position the public state reports as global_next_index, set with the "
+        "pipeline's state, since the public set_state drops the pipeline and its workers",
+        instead=_INSTEAD,
+        probe=lambda: _reading_iterator(),
+    ),
+)
+
+
+def _reading_iterator() -> Any:
+    """One reading iterator over a tiny dataset, for the canary."""
+    import grain
+
+    iterator = grain.experimental.ElasticIterator(
+        grain.MapDataset.range(8), 2, grain.sharding.ShardOptions(shard_index=0, shard_count=1)
+    )
+    return getattr(iterator, READER_ATTRIBUTES[0])
 
 
 def reader(iterator: Any) -> Any:
