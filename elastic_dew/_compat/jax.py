@@ -19,6 +19,7 @@ __all__ = [
     "COLOCATED_CPU_DEVICES",
     "COLOCATED_DESERIALIZE",
     "COLOCATED_SERIALIZE",
+    "DISTRIBUTED_INITIALIZE",
     "GET_FASTPATH_DATA",
     "JIT_FRAME_MODULES",
     "PRIVATE",
@@ -140,6 +141,16 @@ COLOCATED_CPU_DEVICES = Private(
     params=("devices_or_mesh",),
 )
 
+DISTRIBUTED_INITIALIZE = Private(
+    "jax",
+    "jax.distributed:initialize",
+    why="a program run unmodified under `elastic-dew simulate` may join a pool with "
+    "jax.distributed.initialize(); under the simulator it is one Pathways controller whose "
+    "backend already started, so the launcher rebinds it (by module attribute, as programs "
+    "call it) to join nothing",
+    instead="none: JAX has no switch that makes initialize a no-op for one controller",
+)
+
 #: The modules whose frames lie between a ``jax.jit`` function's caller and ``_run_python_pjit``.
 JIT_FRAME_MODULES = (_PJIT_MODULE.module, _TRACEBACK_UTIL.module)
 
@@ -175,6 +186,7 @@ PRIVATE: tuple[Private, ...] = (
     COLOCATED_SERIALIZE,
     COLOCATED_DESERIALIZE,
     COLOCATED_CPU_DEVICES,
+    DISTRIBUTED_INITIALIZE,
 )
 
 

@@ -86,13 +86,13 @@ def _one_controller() -> None:
     """``jax.distributed.initialize`` joins nothing under the simulator: the program is one
     Pathways controller, a single process, and the simulator started JAX's backend before the
     program's first line (where JAX would refuse a late initialisation)."""
-    import jax
+    from elastic_dew._compat import jax as jax_private
 
     def initialize(*args: Any, **kwargs: Any) -> None:
         logger.info("jax.distributed.initialize() under elastic-dew simulate: one controller process, "
                     "nothing to join")
 
-    jax.distributed.initialize = initialize
+    jax_private.DISTRIBUTED_INITIALIZE.set(initialize)
 
 
 def run_program(form: str, target: str, args: Sequence[str]) -> None:
