@@ -175,7 +175,7 @@ def _record(tmp_path):
         {"event": "resume", "wall": 110.0, "source": "fresh", "step": 0,
          "durations": {"detection": 0, "wait_for_slices": 0, "mesh_and_compile": 4.0, "restore": 1.0}},
         *[{"event": "step", "wall": 110.0 + i, "step": i, "slices": 4, "loss": 1.0, "examples": [i, i + 1],
-           "seconds": 0.5} for i in range(1, 6)],
+           "seconds": 0.5, "data_seconds": 0.1} for i in range(1, 6)],
         {"event": "save", "wall": 116.0, "tier": "snapshot", "step": 5, "taken": True, "seconds": 0.02},
         {"event": "save", "wall": 116.5, "tier": "checkpoint", "step": 5, "taken": True, "seconds": 0.3},
         {"event": "stop", "wall": 117.0, "reason": "slice_lost", "step": 6},
@@ -189,8 +189,9 @@ def _record(tmp_path):
 
 def test_the_costs_a_run_record_measures_name_their_origin(tmp_path):
     measured = inputs.measured_costs(_record(tmp_path))
-    assert measured["step_seconds"].value == 0.5  # the widest slice count's steps only
-    assert "median of 5 steps on 4 slices" in measured["step_seconds"].source
+    assert measured["step_seconds"].value == 0.4  # the widest slice count's steps, less the batch wait
+    assert measured["data_wait_seconds"].value == 0.1
+    assert "mean of 5 steps on 4 slices" in measured["step_seconds"].source
     assert measured["snapshot_seconds"].value == 0.02 and measured["checkpoint_seconds"].value == 0.3
     assert measured["snapshot_restore_seconds"].value == 0.25
     assert measured["recovery_seconds"].value == 2.0  # detection and mesh; the wait is the cluster's

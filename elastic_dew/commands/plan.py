@@ -137,6 +137,9 @@ def _inputs(args: argparse.Namespace):
     costs_given = _given(args, "costs")
     figures = inputs.resolve(costs_given, measured)
     costs = _build(parts["costs"], {name: figure.value for name, figure in figures.items()})
+    for field in dataclasses.fields(costs):
+        if field.name not in figures and getattr(costs, field.name) is not None:
+            figures[field.name] = inputs.Input(getattr(costs, field.name), "default: none")
     missing = costs.missing()
     if missing and args.draw_schedule is None:
         flags = ", ".join(_flag(parts["costs"], name) for name in missing)
@@ -244,7 +247,8 @@ def _table(result, figures, cluster) -> str:
             f"{'-' if row.min_slices is None else row.min_slices:>6} {row.lost_steps:10.1f} "
             f"{row.downtime_seconds:10.0f} {row.faults_per_day:10.1f}")
     best = result.recommended
-    lines += ["", f"recommended (the most useful work): {best.policy} with {best.spares} spares"
+    lines += ["", f"recommended (the most useful work): {best.policy} with {best.spares} "
+              f"spare{'' if best.spares == 1 else 's'}"
               + (f", min_slices {best.min_slices}" if best.min_slices is not None else "")
               + (f", snapshot every {best.snapshot_every} steps" if best.snapshot_every else "")
               + f", checkpoint every {best.checkpoint_every} steps: useful work {_pct(best.useful_work).strip()}, "

@@ -52,7 +52,9 @@ class Costs:
     """What the run's program costs, in seconds (``None``: not known yet).
 
     Attributes:
-      step_seconds: one training step on every slice (the loop's step line).
+      step_seconds: one training step on every slice, less the time it waits for its
+        batch (the productive time of the loop's step line).
+      data_wait_seconds: the time a step waits for its batch (badput: ``data_loading_sync``).
       snapshot_seconds: the time one in-memory snapshot save blocks the loop.
       checkpoint_seconds: the time one persistent checkpoint save blocks the loop.
       snapshot_restore_seconds: restoring the state from a snapshot after a slice loss.
@@ -65,8 +67,10 @@ class Costs:
     """
 
     step_seconds: float | None = setting(
-        None, "seconds of one training step on every slice", bound=_POSITIVE_SECONDS, flag="--step-seconds",
-        metavar="S")
+        None, "seconds of one training step on every slice, less its wait for the batch", bound=_POSITIVE_SECONDS,
+        flag="--step-seconds", metavar="S")
+    data_wait_seconds: float = setting(
+        0.0, "seconds a step waits for its batch", bound=_SECONDS, flag="--data-wait-seconds", metavar="S")
     snapshot_seconds: float | None = setting(
         None, "seconds one in-memory snapshot save blocks the loop", bound=_SECONDS,
         flag="--snapshot-seconds", metavar="S")
@@ -97,7 +101,8 @@ class Costs:
                 raise SettingError(type(self), field.name, value, problem=f"{field.name}={value} must be finite")
 
     def missing(self) -> list[str]:
-        """The fields no one has given or measured."""
+        """The fields no one has given or measured (every one but ``data_wait_seconds``,
+        0 unless measured or given, is needed)."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
 
 
@@ -160,17 +165,14 @@ class Input:
         return {"value": self.value, "source": self.source}
 
 
-def _median(values: list[float]) -> float | None:
-    return float(statistics.median(values)) if values else None
-
-
 def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     """The :class:`Costs` fields a run directory's record measures, each with its origin.
 
-    From ``events.jsonl`` (and the simulator's fault log), by the record's own readers:
-    the median committed step on the run's largest slice count (the steady step); and,
-    as means (a plan's figures are expectations: a slow first save or a recovery that
-    compiles counts as often as it happens), the taken snapshot and checkpoint saves; the
+    From ``events.jsonl`` (and the simulator's fault log), by the record's own readers,
+    each a mean (a plan's figures are expectations: a slow first save or a recovery that
+    compiles counts as often as it happens): the committed steps on the run's largest
+    slice count, less their wait for the batch, and that wait; the taken snapshot and
+    checkpoint saves; the
     restore of snapshot and of checkpoint resumes; the detection plus mesh and compile of
     snapshot resumes (an in-process recovery); the time from each restarted process's start (or the previous process's last
     event, when that is later: a restart inside one Python process) to its first resume
@@ -195,12 +197,14 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     out: dict[str, Input] = {}
     where = str(run_dir)
 
-    def put(name: str, values: list[float], what: str, statistic: str = "mean") -> None:
-        value = _median(values) if statistic == "median" else (statistics.fmean(values) if values else None)
-        if value is not None:
-            out[name] = Input(round(value, 6), f"measured: {where} ({statistic} of {len(values)} {what})")
+    def put(name: str, values: list[float], what: str) -> None:
+        if values:
+            out[name] = Input(round(statistics.fmean(values), 6), f"measured: {where} (mean of {len(values)} {what})")
 
-    put("step_seconds", [e.seconds for e in steps if e.slices == widest], f"steps on {widest} slices", "median")
+    on_all = [e for e in steps if e.slices == widest]
+    waits = [min(float(e.data_seconds), float(e.seconds)) for e in on_all]
+    put("step_seconds", [e.seconds - w for e, w in zip(on_all, waits, strict=True)], f"steps on {widest} slices")
+    put("data_wait_seconds", waits, f"steps on {widest} slices")
     saves = [e for e in events if isinstance(e, ev.Save) and e.taken]
     put("snapshot_seconds", [e.seconds for e in saves if e.tier == "snapshot"], "snapshot saves")
     put("checkpoint_seconds", [e.seconds for e in saves if e.tier == "checkpoint"], "checkpoint saves")

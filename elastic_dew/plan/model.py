@@ -180,10 +180,11 @@ def _shortage(pool: int, spares: int, r: Rates) -> tuple[float, float, float]:
 
 
 def _efficiency(costs: Costs, snapshot_every: int | None, checkpoint_every: int | None) -> tuple[float, float, float]:
-    """The share of running time that is steps, and the running time between snapshots
-    and between checkpoints (``inf`` when off)."""
+    """The share of running time that is productive step time (not the wait for a batch,
+    not a save), and the running time between snapshots and between checkpoints (``inf``
+    when off)."""
     step = costs.step_seconds
-    per_step = step
+    per_step = step + costs.data_wait_seconds
     if snapshot_every:
         per_step += costs.snapshot_seconds / snapshot_every
     if checkpoint_every:

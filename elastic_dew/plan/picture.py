@@ -45,7 +45,7 @@ def draw_plan(plan: Plan, path: str | os.PathLike[str], title: str = "") -> Path
     ax.set_xscale("log")
     ax.set_ylim(0, 100)
     ax.set_xlabel("slices")
-    ax.set_ylabel("% of wall time (goodput) / of the whole allocation's work (useful work)")
+    ax.set_ylabel("goodput, useful work (%)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     if title:
