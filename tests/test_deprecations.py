@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from elastic_dew import Trainer, TrainConfig, cli
+from elastic_dew import Trainer, TrainConfig, cli, simulate
 from elastic_dew._deprecation import REMOVED_IN
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.simulate import SimulatedSlices
@@ -115,3 +115,13 @@ def test_a_wrong_keyword_to_from_nnx_names_from_nnx_and_its_public_parameters(tm
                            "model, loss, optimizer, dataset, config, run_dir,")
     assert "model_sharding" not in text and "_configure" not in text
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: simulate.check_slices(simulate.parse_schedule("lose:1@3"), num_slices=4),
+    lambda: simulate.unreachable(simulate.parse_schedule("lose:1@3"), num_slices=4),
+    lambda: simulate.Topology.check_shape(num_slices=4, devices_per_slice=2),
+], ids=["check_slices", "unreachable", "Topology.check_shape"])
+def test_the_other_public_callables_that_took_num_slices_take_it_with_a_warning_naming_slices(call):
+    with pytest.warns(DeprecationWarning, match=r"\(num_slices=\.\.\.\) is deprecated .*; use .*\(slices=\.\.\.\)"):
+        assert call() is None

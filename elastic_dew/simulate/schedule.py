@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
+from elastic_dew._deprecation import renamed_keywords
 from elastic_dew.elastic import events, fault_token, hooks
 from elastic_dew.rundir import FaultLog
 
@@ -354,6 +355,7 @@ def as_schedule(schedule: str | Schedule | None) -> Schedule:
 # --------------------------------------------------------------------------- reachability
 
 
+@renamed_keywords("check_slices", num_slices="slices")
 def check_slices(schedule: Schedule, slices: int) -> None:
     """Refuse a fault naming a slice the ``slices`` slices do not have.
 
@@ -373,6 +375,7 @@ def check_slices(schedule: Schedule, slices: int) -> None:
 
 
 
+@renamed_keywords("unreachable", num_slices="slices")
 def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None = None) -> str | None:
     """Why a fault of ``schedule`` can never fire on ``slices`` slices, or ``None``.
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from elastic_dew._deprecation import renamed_method
+from elastic_dew._deprecation import renamed_keywords, renamed_method
 from elastic_dew.elastic.state.backend import Backend
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
 from elastic_dew.elastic.state.orbax_backend import OrbaxBackend
@@ -74,6 +74,7 @@ class Checkpoints:
             replicator stand-in), before any directory is touched.
     """
 
+    @renamed_keywords("Checkpoints", num_slices="slices")
     def __init__(
         self,
         directory: str,

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from elastic_dew._deprecation import renamed_keywords
 from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
@@ -187,6 +188,7 @@ class Tiers:
         self.owns_checkpoints = owns_checkpoints
 
     @classmethod
+    @renamed_keywords("Tiers.from_config", num_slices="slices")
     def from_config(
         cls,
         config: ElasticConfig,
