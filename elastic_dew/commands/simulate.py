@@ -21,6 +21,7 @@ The exit status is the program's last one (``128 + N`` for a process ended by si
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,11 +32,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from elastic_dew.console import add_flag
+from elastic_dew.observe.logs import TEXT_FORMAT
 from elastic_dew.elastic.config import SettingError
 from elastic_dew.run import FAILED_EXIT, RUNS_DIR, USAGE_EXIT, SimConfig
 from elastic_dew.rundir import FAULTS_FILE, FaultLog
@@ -237,8 +239,8 @@ class Verdict:
                        f"elastic_retry attempts on slices {attempts}")
         for f in self.fired:
             target = f" slice {f['slice']}" if f["slice"] is not None else ""
-            out.append(f"  fired   {f['scheduled']}: {f['action']}{target} at {f['phase']} of step {f['step']} "
-                       f"(pid {f['pid']})")
+            out.append(f"  fired   {f['scheduled']}: {f['action']}{target} at step {f['step']} ({f['phase']}, "
+                       f"pid {f['pid']})")
         for text in self.never_fired:
             out.append(f"  NEVER FIRED {text}")
         out.append(f"{_PROG}: {'ok' if self.ok else 'FAILED'}, exit {self.exit}; run directory {self.run_dir}")
@@ -291,11 +293,25 @@ def _refuse(problem: str) -> int:
     return USAGE_EXIT
 
 
-def _log_to(path: Path) -> logging.Handler:
+@contextlib.contextmanager
+def _logging_to(path: Path, verbose: bool) -> Iterator[None]:
+    """This command's log lines go to ``path``; the terminal shows only its warnings (all of
+    them with ``-v``), its restart lines and its verdict."""
     handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger("elastic_dew").addHandler(handler)
-    return handler
+    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    levels = [(h, h.level) for h in root.handlers]
+    if not verbose:
+        for h, level in levels:
+            h.setLevel(max(level, logging.WARNING))
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for h, level in levels:
+            h.setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -322,8 +338,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         return _refuse(str(err))
     run_dir.mkdir(parents=True, exist_ok=True)
-    handler = _log_to(run_dir / LOG_FILE)
-    try:
+    with _logging_to(run_dir / LOG_FILE, bool(getattr(args, "verbose", False))):
         settings = LaunchSettings(sim.slices, sim.devices_per_slice, sim.schedule, str(fault_log.resolve()),
                                   args.step_program, str((run_dir / ATTEMPTS_FILE).resolve()))
         child = program.launcher()
@@ -347,6 +362,4 @@ def run(args: argparse.Namespace) -> int:
             Path(args.report).write_text(json.dumps(result.to_json(), indent=2) + "\n")
         logger.info("verdict: %s", json.dumps(result.to_json()))
         return result.exit
-    finally:
-        logging.getLogger("elastic_dew").removeHandler(handler)
-        handler.close()
+
