@@ -59,3 +59,21 @@ def test_the_snapshot_fails_with_a_diff_and_how_to_regenerate_when_a_signature_c
     assert "-elastic_dew.TrainConfig.log_every: int = 20" in text
     assert "+elastic_dew.TrainConfig.log_every: int = 10" in text
     assert "python tests/public_api.py --write" in text and "CHANGELOG.md" in text
+
+
+def test_a_wrong_keyword_to_any_public_constructor_names_the_class_and_no_private_method():
+    import inspect
+    import re
+    import typing
+
+    for qualified, cls in public_api.public_names().items():
+        if not inspect.isclass(cls) or issubclass(cls, BaseException) or typing.Protocol in cls.__mro__:
+            continue
+        try:
+            cls(wrong_keyword=1)
+        except TypeError as error:
+            text = str(error)
+        else:
+            raise AssertionError(f"{qualified}(wrong_keyword=1) was accepted")
+        assert text.startswith(cls.__name__), f"{qualified}: {text}"
+        assert not re.search(r"(?<![\w.])_[A-Za-z]|\._[A-Za-z]", text), f"{qualified} names a private name: {text}"
