@@ -26,12 +26,12 @@ import math
 import os
 import threading
 import time
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from elastic_dew import rundir
+from elastic_dew._deprecation import warn
 from elastic_dew.elastic import events as ev
 
 __all__ = [
@@ -286,11 +286,7 @@ def run_events(
     Returns:
         The lines, as :func:`read_events` returns them.
     """
-    warnings.warn(
-        "elastic_dew.record.run_events is deprecated and will be removed in 0.3: use "
-        "elastic_dew.record.read_events (the run record holds the simulator's faults)",
-        DeprecationWarning, stacklevel=2,
-    )
+    warn("elastic_dew.record.run_events", "elastic_dew.record.read_events (the run record holds the simulator's faults)")
     return [ev.to_json(e) for e in (read_events(run_dir) if events is None else events)]
 
 
