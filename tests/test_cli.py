@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from elastic_dew import cli, console, record, rundir
+from elastic_dew._compat.argparse import actions
 from elastic_dew import run as runs
 from elastic_dew.commands import train
 from elastic_dew.elastic.config import ElasticConfig
@@ -304,5 +305,5 @@ def test_demo_passes_its_log_format_to_every_training_process(tmp_path):
     # One declaration: demo's choices and default are train's.
     trained = argparse.ArgumentParser()
     train.configure(trained)
-    ours, theirs = (next(a for a in p._actions if "--log-format" in a.option_strings) for p in (parser, trained))
+    ours, theirs = (next(a for a in actions(p) if "--log-format" in a.option_strings) for p in (parser, trained))
     assert (ours.choices, ours.default, ours.help) == (theirs.choices, theirs.default, theirs.help)
