@@ -1,158 +1,158 @@
 """A run on a terminal: its options, its progress display, its logs and its summary.
 
 ``elastic-dew train`` and each recipe's ``python -m recipes.NAME`` take the same options and
-show a run the same way, so both come here. The options are built from the fields' own
-metadata (:func:`elastic_dew.elastic.config.setting`): the flagged fields of each part of a
-:class:`~elastic_dew.run.RunConfig` (its own, :class:`~elastic_dew.run.SimConfig`,
-:class:`~elastic_dew.train_config.TrainConfig`,
+show a run the same way, so both come here. The options are the command line's words for
+the settings of a :class:`~elastic_dew.run.RunConfig`'s parts (its own,
+:class:`~elastic_dew.run.SimConfig`, :class:`~elastic_dew.train_config.TrainConfig`,
 :class:`~elastic_dew.elastic.config.ElasticConfig`,
-:class:`~elastic_dew.observe.sinks.ObserveOptions`), so a setting's default, help and range
-are declared once and every flag is built from it by one function (all of them by
-:func:`add_options`, one alone by :func:`add_flag`). A flag left out takes its part's
-default, as the Python API does. Only
-here is a refused setting worded with its flag (:func:`refusal`): the library names a
-setting as Python does (``minimum_slice_count=3``), and :func:`in_flags` words each such
-mention as its flag (``--min-slices 3``).
+:class:`~elastic_dew.observe.sinks.ObserveOptions`): which fields are offered, each flag's
+help and metavar, and the two flags that are not their field's name (:data:`RUN_FLAGS`).
+The parts declare each setting's default and range once, in Python terms; one builder
+(:mod:`elastic_dew.settings`) makes the flags from both (all of them: :func:`add_options`,
+one alone: :func:`add_flag`), and a refused setting, whose error carries its field and
+the settings it names as data, is worded with their flags (:func:`refusal`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import collections.abc
 import contextlib
-import dataclasses
 import logging
-import re
 import sys
-import types
-import typing
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from elastic_dew import run
-from elastic_dew.elastic.config import ElasticConfig, SettingError
+from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.observe import sinks as observing
+from elastic_dew.settings import Flag, SettingError, add_flags, flag_name, flag_namer, given, worded, wording
 from elastic_dew.train_config import TrainConfig
 
-__all__ = ["add_options", "add_flag", "observe_of", "flag_of", "in_flags", "refusal", "config_of", "parse_overrides", "setup", "train", "Terminal", "main"]
+__all__ = ["RUN_FLAGS", "add_options", "add_flag", "observe_of", "flag_of", "refusal", "config_of", "parse_overrides",
+           "setup", "train", "Terminal", "main"]
 
 logger = logging.getLogger(__name__)
 
-def _flagged(cls: type) -> list[tuple[dataclasses.Field, type]]:
-    hints = typing.get_type_hints(cls)
-    out = []
-    for field in dataclasses.fields(cls):
-        if "flag" not in field.metadata:
-            continue
-        kind = hints[field.name]
-        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: the flag's X
-            kind = next(t for t in typing.get_args(kind) if t is not type(None))
-        out.append((field, kind))
-    return out
+_SECONDS = "SECONDS"
 
-
-def _add(parser: argparse.ArgumentParser, field: dataclasses.Field, kind: Any, *, dest: str) -> None:
-    """``field``'s flag, from its declaration: a choice, a repeatable flag for a tuple or a
-    mapping, an on/off field (``bool``) as a switch ``--X`` when it is off by default and as
-    ``--X/--no-X`` otherwise, a number parsed as its type. A flag left out parses as ``None``
-    (nothing given), so its part's own default applies."""
-    meta = field.metadata
-    options: dict[str, Any] = {"dest": dest, "help": meta.get("help", "").format(default=field.default)}
-    if "metavar" in meta:
-        options["metavar"] = meta["metavar"]
-    if "choices" in meta:
-        options["choices"] = meta["choices"]
-    elif kind is bool:
-        options.update(default=None,
-                       action="store_true" if field.default is False else argparse.BooleanOptionalAction)
-    elif typing.get_origin(kind) in (tuple, collections.abc.Mapping):  # repeatable
-        options.update(action="append", default=[])
-    elif kind in (int, float):
-        options["type"] = kind
-    parser.add_argument(meta["flag"], **options)
-
-
-#: The parts of a :class:`~elastic_dew.run.RunConfig` whose flagged fields are the run's
-#: options, by the name the run configuration gives each (field names are unique across
-#: them; ``run`` is the run configuration's own fields).
-_PARTS: dict[str, type] = {
-    "run": run.RunConfig, "sim": run.SimConfig, "train": TrainConfig, "elastic": ElasticConfig,
-    "observe": observing.ObserveOptions,
+#: The run's options: each part of a :class:`~elastic_dew.run.RunConfig` (by the name the
+#: run configuration gives it; ``run`` is its own fields), its configuration class and the
+#: fields the command line offers, each with its :class:`~elastic_dew.settings.Flag`, in
+#: ``--help``'s order. Field names are unique across the parts.
+RUN_FLAGS: dict[str, tuple[type, dict[str, Flag]]] = {
+    "run": (run.RunConfig, {
+        "overrides": Flag("a recipe setting, e.g. --set d_model=128 (repeatable)", "KEY=VALUE", "--set"),
+        "steps": Flag("train until step N (default: the recipe's)", "N"),
+        "run_dir": Flag("the run directory; an existing one is resumed", "DIR"),
+        "name": Flag("run in runs/NAME (default $JOBSET_NAME, else a timestamp)"),
+    }),
+    "sim": (run.SimConfig, {
+        "slices": Flag("simulated slices (default {default})", "S"),
+        "devices_per_slice": Flag("CPU devices per simulated slice (default {default})", "D"),
+        "schedule": Flag(
+            "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 (grammar "
+            "ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the previous fault "
+            "fired; actions lose, restore, hang (the slice stops answering), suspend and wake (Pathways' transparent "
+            "suspend and its end), error (a runtime error that is not a slice loss), preempt, kill)"),
+    }),
+    "train": (TrainConfig, {
+        "log_every": Flag("steps between log lines (default {default})", "L"),
+        "seed": Flag("seed of the parameters and step keys (default {default})"),
+        "sharding": Flag(
+            "the state inside a slice: fsdp (large parameters and their optimizer moments split over the slice's "
+            "data devices) or replicated (whole on every device); always replicated across slices (default "
+            "{default})"),
+        "microbatch": Flag(
+            "examples per data-parallel device per micro-step; the step accumulates gradients over the per-device "
+            "batch in micro-steps of M (default: the whole per-device batch at once)", "M"),
+        "eval_every": Flag(
+            "evaluate the recipe's evaluation split every E steps (eval events in the run record and TensorBoard; "
+            "for recipes whose build() returns an eval_dataset: lm, mlp; default: never)", "E"),
+    }),
+    "elastic": (ElasticConfig, {
+        "minimum_slice_count": Flag(
+            "replica-resize: carry on with at least K slices after a loss (default: pause-resume, wait for every "
+            "slice)", "K", "--min-slices"),
+        "poll_interval": Flag(
+            "seconds between slice health checks (default 0.5 on simulated slices, pathwaysutils' 10 on real ones)",
+            _SECONDS),
+        "timeout": Flag("seconds to wait for healthy slices before giving up (default {default})", _SECONDS),
+        "max_attempts": Flag(
+            "slice losses within --retry-reset-steps steps of progress survived before giving up (default "
+            "{default})", "N"),
+        "retry_reset_steps": Flag(
+            "steps of progress after which the count of slice losses starts again; 0 counts them over the whole "
+            "run, as pathwaysutils' ElasticRetryLimit does (default {default})", "STEPS"),
+        "step_timeout": Flag(
+            "seconds a step may take before it counts as a slice loss (DEADLINE_EXCEEDED) (default: 20 times the "
+            "median step, at least 60 s, or 600 s when the run waits for every slice; 600 s before 5 steps are "
+            "timed)", _SECONDS),
+        "model_axis": Flag(
+            "devices of the model (tensor-parallel) axis inside a slice; the rest of a slice's devices form the "
+            "data axis (default 1)", "N"),
+        "global_batch": Flag("examples per step (default: the recipe's)", "B"),
+        "snapshot_every": Flag("steps between in-memory snapshots; 0 turns them off (default {default})", "K"),
+        "checkpoint_every": Flag(
+            "steps between persistent checkpoints; 0 keeps only preemption checkpoints (default {default})", "M"),
+        "checkpoint_dir": Flag(
+            "where the persistent tier writes (default RUN_DIR/checkpoints; for multi_tier the workers' local "
+            "directory, default /tmp/mtc_checkpoints)", "DIR"),
+        "checkpoint_kind": Flag(
+            "persistent tier: orbax (a CheckpointManager in the run directory) or multi_tier (the guide's "
+            "ReplicatorCheckpointManager over colocated-Python sidecars; simulated with a stand-in for GKE's "
+            "replicator in RUN_DIR/replicator)"),
+        "mtc_backup_minutes": Flag(
+            "multi_tier: minutes between the replicator's backups of the local checkpoints to the bucket (default "
+            "{default}, the guide's)", "MINUTES"),
+        "mtc_init_timeout": Flag(
+            "multi_tier: seconds one initialisation (at start, every attempt and scale-up) may wait for the "
+            "replicator before the run fails (default {default}, Orbax's)", _SECONDS),
+    }),
+    "observe": (observing.ObserveOptions, {
+        "log_format": Flag(
+            "log lines as text or as JSON lines with a Cloud Logging severity; auto is text on a terminal and JSON "
+            "lines otherwise (default: {default})"),
+        "tensorboard": Flag(
+            "write TensorBoard event files under RUN_DIR/tensorboard/ (default: on when tensorboardX, the observe "
+            "extra, is installed)"),
+        "goodput_export": Flag(
+            "record the run through ml-goodput-measurement's recorder to Cloud Logging, for its goodput dashboards "
+            "(the gke extra; default: off)"),
+    }),
 }
 
 
-def _settings() -> Iterator[tuple[str, dataclasses.Field, type]]:
-    """Each flagged field of the run's parts: its part's name, the field, the flag's type."""
-    for part, cls in _PARTS.items():
-        for field, kind in _flagged(cls):
-            yield part, field, kind
-
-
-def flag_of(field: str, owner: type | None = None) -> str:
+def flag_of(field: str) -> str:
     """The command-line flag of a run setting, by field name (``snapshot_every`` ->
-    ``--snapshot-every``) and, where given, the configuration that declares it, read from
-    its declaration; the field name itself when it has none."""
-    parts = sorted(_PARTS.values(), key=lambda cls: cls is not owner)  # the owner's own first
-    for cls in parts:
-        for f in dataclasses.fields(cls):
-            if f.name == field:
-                return f.metadata.get("flag", field)
-    return field
+    ``--snapshot-every``, ``minimum_slice_count`` -> ``--min-slices``).
 
-
-def _flags() -> dict[str, tuple[str, type]]:
-    return {field.name: (field.metadata["flag"], kind) for _, field, kind in _settings()}
-
-
-#: A setting named as Python names it, ``field=value``, or the keyword alone, ``field=``
-#: (not an attribute, not a keyword's tail; the end of a range, ``0..slices=``, is one).
-_MENTION = re.compile(r"(?<!\w)(?<!\w\.)([a-z][a-z0-9_]*)=([^\s,;)]\S*|(?=[\s,;)]|$))")
-
-
-def _worded(flag: str, kind: type, value: str) -> str:
-    """``flag`` given ``value`` as the command line gives it: a switch alone (``--X``, or
-    ``--no-X`` for off), the flag alone for the keyword alone, else ``--flag value``."""
-    if kind is bool and value in ("True", "False"):
-        return flag if value == "True" else f"--no-{flag[2:]}"
-    return f"{flag} {value}" if value else flag
-
-
-def in_flags(text: str, *, keep: str | None = None,
-             flags: collections.abc.Mapping[str, tuple[str, type]] | None = None) -> str:
-    """``text`` with each ``field=value`` that names a setting with a flag worded as that flag
-    (``minimum_slice_count=3`` -> ``--min-slices 3``, ``tensorboard=False`` ->
-    ``--no-tensorboard``, the keyword alone ``run_dir=`` -> ``--run-dir``). ``flags`` maps
-    each field to its flag and its type (``bool`` for an on/off one); by default the run's
-    and the observability settings'. ``keep`` is a field whose mentions stay as they are (a
-    refusal already headed by its flag)."""
-    flags = _flags() if flags is None else flags
-
-    def worded(match: re.Match) -> str:
-        field = match[1]
-        if field == keep or field not in flags:
-            return match[0]
-        return _worded(*flags[field], match[2])
-
-    return _MENTION.sub(worded, text)
+    Raises:
+      KeyError: no run option sets ``field``.
+    """
+    for _, flags in RUN_FLAGS.values():
+        if field in flags:
+            return flag_name(field, flags[field])
+    raise KeyError(f"no run option sets {field!r}")
 
 
 def refusal(error: ValueError) -> str:
-    """A refused setting worded for the command line: a
-    :class:`~elastic_dew.elastic.config.SettingError` headed by its field's flag, and in any
-    refusal each other setting it names worded as its flag (:func:`in_flags`)."""
+    """A refusal worded for the command line: each setting it mentions
+    (:func:`~elastic_dew.settings.mention`) named by its flag, a
+    :class:`~elastic_dew.settings.SettingError` headed by its own flag unless it starts
+    with it."""
     if isinstance(error, SettingError):
-        return in_flags(error.wording(flag_of(error.field, error.owner)), keep=error.field)
-    return in_flags(str(error))
+        return wording(error, RUN_FLAGS.values())
+    return worded(ValueError.__str__(error), flag_namer(RUN_FLAGS.values()))
 
 
 def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None:
     """The run's options on ``parser`` (the recipe as a positional when ``recipe``)."""
     if recipe:
-        field = next(f for f in dataclasses.fields(run.RunConfig) if f.name == "recipe")
-        parser.add_argument("recipe", metavar=field.metadata["metavar"], help=field.metadata["help"])
-    for part, field, kind in _settings():
-        _add(parser, field, kind, dest=f"{part}.{field.name}")
+        parser.add_argument("recipe", metavar="RECIPE",
+                            help="a recipe name (lm, mlp, ...) or a module path with build() (mypkg.myrecipe)")
+    for part, (owner, flags) in RUN_FLAGS.items():
+        add_flags(parser, owner, flags, part=part)
     # The demo prints its own summary after the last restart.
     parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
 
@@ -160,28 +160,26 @@ def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None
 def add_flag(parser: argparse.ArgumentParser, name: str) -> None:
     """The flag of the run setting ``name`` alone on ``parser``, built as :func:`add_options`
     builds it (for a command that passes one setting on, as ``demo`` passes ``--log-format``
-    to its training processes); read it back with :func:`config_of` or :func:`observe_of`."""
-    for part, field, kind in _settings():
-        if field.name == name:
-            _add(parser, field, kind, dest=f"{part}.{name}")
+    to its training processes); read it back with :func:`config_of` or :func:`observe_of`.
+
+    Raises:
+      KeyError: no run option sets ``name``.
+    """
+    for part, (owner, flags) in RUN_FLAGS.items():
+        if name in flags:
+            add_flags(parser, owner, {name: flags[name]}, part=part)
             return
-    raise KeyError(f"no run setting {name!r} has a flag")
+    raise KeyError(f"no run option sets {name!r}")
 
 
 def _given(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The settings parsed options give, by part: each flag that was given (not ``None``,
-    not an empty repeatable one), by its field name."""
-    given: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
-    for key, value in vars(args).items():
-        part, dot, name = key.partition(".")
-        if dot and part in given and value is not None and value != []:
-            given[part][name] = value
-    return given
+    """The settings parsed options give, by part and field."""
+    return {part: given(args, owner, flags, part=part) for part, (owner, flags) in RUN_FLAGS.items()}
 
 
 def observe_of(args: argparse.Namespace) -> observing.ObserveOptions:
     """The :class:`~elastic_dew.observe.sinks.ObserveOptions` that parsed options ask for
-    (raises its :class:`~elastic_dew.elastic.config.SettingError`)."""
+    (raises its :class:`~elastic_dew.settings.SettingError`)."""
     return observing.ObserveOptions(**_given(args)["observe"])
 
 
@@ -197,7 +195,7 @@ def setup(args: argparse.Namespace, prog: str) -> Terminal:
     try:
         options = observe_of(args)
     except ValueError as err:
-        sys.stderr.write(f"{prog}: error: {in_flags(str(err))}\n")
+        sys.stderr.write(f"{prog}: error: {refusal(err)}\n")
         raise SystemExit(run.USAGE_EXIT) from None
     # Third-party libraries stay at INFO; -v (set by the command line) is elastic_dew's own.
     setup_logging(options.log_format, level=logging.INFO)
@@ -226,7 +224,7 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
     A part none of whose options is given is left to the run configuration's own default
     (``sim``, ``elastic``: ``None``); elastic options given take the recipe's global batch
     unless ``--global-batch`` is one of them, as ``RunConfig(elastic=None)`` does. Raises
-    :class:`~elastic_dew.elastic.config.SettingError` for a value outside its field's
+    :class:`~elastic_dew.settings.SettingError` for a value outside its field's
     declaration, :class:`~elastic_dew.run.UsageError` for a bad ``--set`` or an unknown recipe.
     """
     given = _given(args)

@@ -3,9 +3,9 @@
 The elastic layer's settings (slices, batch, tiers, retries) are
 :class:`~elastic_dew.elastic.config.ElasticConfig`'s; these are the training loop's own:
 its log lines, its seed, the state's layout inside a slice, gradient accumulation and
-evaluation. Each field is declared once with :func:`~elastic_dew.elastic.config.setting`
-(default, help, range, flag), so ``Trainer(train=TrainConfig(...))`` and ``elastic-dew
-train``'s options share one default and one check. This module imports no JAX.
+evaluation. Each field is declared once with :func:`~elastic_dew.settings.setting` (default,
+range), so ``Trainer(train=TrainConfig(...))`` and ``elastic-dew train``'s options share one
+default and one check. This module imports no JAX.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from elastic_dew.elastic.config import MICROBATCH, SHARDINGS, Bound, check_fields, setting
+from elastic_dew.elastic.config import MICROBATCH, SHARDINGS
+from elastic_dew.settings import Bound, check_fields, setting
 
 __all__ = ["TrainConfig"]
 
@@ -44,33 +45,14 @@ class TrainConfig:
 
     Raises:
       SettingError: a field outside its declaration
-        (:class:`~elastic_dew.elastic.config.SettingError`).
+        (:class:`~elastic_dew.settings.SettingError`).
     """
 
-    log_every: int = setting(
-        10, "steps between log lines (default {default})", bound=Bound(1, whole=True), flag="--log-every",
-        metavar="L",
-    )
-    seed: int = setting(0, "seed of the parameters and step keys (default {default})", flag="--seed")
-    sharding: str | Callable[..., Any] = setting(
-        "fsdp",
-        "the state inside a slice: fsdp (large parameters and their optimizer moments split over "
-        "the slice's data devices) or replicated (whole on every device); always replicated "
-        "across slices (default {default})",
-        flag="--sharding", choices=SHARDINGS, or_callable=True,
-    )
-    microbatch: int | None = setting(
-        None,
-        "examples per data-parallel device per micro-step; the step accumulates gradients over "
-        "the per-device batch in micro-steps of M (default: the whole per-device batch at once)",
-        bound=MICROBATCH, flag="--microbatch", metavar="M",
-    )
-    eval_every: int | None = setting(
-        None,
-        "evaluate the recipe's evaluation split every E steps (eval events in the run record and "
-        "TensorBoard; for recipes whose build() returns an eval_dataset: lm, mlp; default: never)",
-        bound=Bound(1, none=True, whole=True), flag="--eval-every", metavar="E",
-    )
+    log_every: int = setting(10, bound=Bound(1, whole=True))
+    seed: int = 0
+    sharding: str | Callable[..., Any] = setting("fsdp", choices=SHARDINGS, or_callable=True)
+    microbatch: int | None = setting(None, bound=MICROBATCH)
+    eval_every: int | None = setting(None, bound=Bound(1, none=True, whole=True))
     eval_batch: int | None = setting(None, bound=Bound(1, none=True, whole=True))
 
     def __post_init__(self) -> None:

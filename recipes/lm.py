@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from elastic_dew.elastic.config import Bound, check_fields, setting
+from elastic_dew.settings import Bound, check_fields, setting
 from recipes._common import make_config
 from recipes.data import VOCABULARY, corpus, encode
 

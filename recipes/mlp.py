@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from elastic_dew.elastic.config import Bound, check_fields, setting
+from elastic_dew.settings import Bound, check_fields, setting
 from recipes._common import make_config
 
 __all__ = ["MLPConfig", "DEFAULTS", "build", "make_data", "make_eval_data", "main"]

@@ -269,7 +269,7 @@ def _cli(argv, capsys) -> tuple[int, str]:
     ("argv", "message"),
     [
         (["nosuch"], "unknown recipe 'nosuch'; the recipes are lm, mlp"),
-        (["mlp", "--global-batch", "20", "--min-slices", "1"], "--global-batch: global_batch=20"),
+        (["mlp", "--global-batch", "20", "--min-slices", "1"], "--global-batch 20 (policy 'constant') gives"),
         (["mlp", "--snapshot-every", "-1"], "--snapshot-every -1 must be >= 0 (0 turns it off)"),
         (["mlp", "--steps", "0"], "--steps 0 must be >= 1"),
         (["mlp", "--schedule", "lose:9@3"], "--schedule: fault lose:9@3/step names slice 9, but there are 4 slices (0..3); fix the schedule or use more slices"),

@@ -272,19 +272,20 @@ def test_one_invocation_plans_its_run_once(tmp_path, monkeypatch, capsys):
 
 
 def test_the_train_options_come_from_the_settings_own_declarations():
-    """Each ElasticConfig setting the command line offers has its flag, help and default
-    declared once, on the dataclass field; the parser is built from them."""
+    """Each ElasticConfig setting the command line offers takes its default and range from
+    the dataclass field and its flag from the field's name (or the console's override); the
+    parser is built from them."""
     parser = argparse.ArgumentParser()
     train.configure(parser)
     text = parser.format_help()
-    offered = [f for f in dataclasses.fields(ElasticConfig) if "flag" in f.metadata]
-    assert {f.metadata["flag"] for f in offered} == {
+    offered = console.RUN_FLAGS["elastic"][1]
+    assert {console.flag_of(field) for field in offered} == {
         "--min-slices", "--poll-interval", "--global-batch", "--snapshot-every", "--checkpoint-every",
         "--checkpoint-dir", "--checkpoint-kind", "--model-axis", "--timeout", "--max-attempts", "--step-timeout",
         "--retry-reset-steps", "--mtc-backup-minutes", "--mtc-init-timeout",
     }
     for field in offered:
-        assert field.metadata["flag"] in text
+        assert console.flag_of(field) in text
     assert "steps between in-memory snapshots; 0 turns them off (default 10)" in " ".join(text.split())
     config = console.config_of(parser.parse_args(["mlp", "--snapshot-every", "3", "--set", "hidden=4"]))
     assert config.elastic == ElasticConfig(global_batch=24, snapshot_every=3)  # mlp's own batch

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from elastic_dew import cli
+from elastic_dew._compat.argparse import actions
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REGENERATE = os.environ.get("ELASTIC_DEW_REGOLDEN") == "1"
@@ -52,7 +53,8 @@ def _help_pages() -> dict[str, list[str]]:
 
 
 def _sub_actions(parser: argparse.ArgumentParser) -> list:
-    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    """The subcommand actions of ``parser``: those whose choices map words to parsers."""
+    return [a for a in actions(parser) if isinstance(getattr(a, "choices", None), dict)]
 
 
 def _find(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
@@ -183,6 +185,10 @@ COMMANDS = [
     "k8s priority-class --name high --value 2000000000",
     "k8s checkpoint-config --name c --bucket gs://b-1 --tpu-type v6e --in-memory-size lots",
     "k8s validate missing.yaml",
+    "plan --slices 0",
+    "plan --slices 4 --step-seconds -1",
+    "plan --slices 4 --slice-mtbf-hours 0",
+    "plan --slices 4",
 ]
 
 PYTHON = [
@@ -265,3 +271,24 @@ def test_every_refusal_reads_as_its_golden_file(tmp_path, monkeypatch, capsys):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "photos"], f"{line} wrote something"
     blocks += [_run_python(expression) for expression in PYTHON]
     _compare(GOLDEN / "refusals.txt", "\n".join(blocks))
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "new"),
+    [
+        ("elastic_dew.elastic.config", "SettingError", "elastic_dew.settings.SettingError"),
+        ("elastic_dew.elastic.config", "Bound", "elastic_dew.settings.Bound"),
+        ("elastic_dew.elastic.config", "setting", "elastic_dew.settings.setting"),
+        ("elastic_dew.elastic.config", "check_fields", "elastic_dew.settings.check_fields"),
+        ("elastic_dew.k8s", "ParameterError", "elastic_dew.settings.SettingError"),
+        ("elastic_dew.k8s.params", "ParameterError", "elastic_dew.settings.SettingError"),
+    ],
+)
+def test_a_settings_name_that_moved_still_works_from_its_old_place_and_warns_naming_the_new_one(module, name, new):
+    import importlib
+
+    from elastic_dew import settings
+
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        old = getattr(importlib.import_module(module), name)
+    assert old is getattr(settings, new.rpartition(".")[2])

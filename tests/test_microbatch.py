@@ -21,7 +21,8 @@ from elastic_dew import Trainer, TrainConfig
 from elastic_dew import console
 from elastic_dew import run as runs
 from elastic_dew.elastic import hooks
-from elastic_dew.elastic.config import ElasticConfig, SettingError
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.settings import SettingError
 from elastic_dew.simulate import SimulatedSlices
 
 GLOBAL_BATCH = 48  # per device: 6 on 4 slices of 2, 8 on 3, 12 on 2; all divisible by 2
@@ -118,7 +119,7 @@ def test_the_command_line_refuses_a_microbatch_before_anything_runs(tmp_path):
     )
     with pytest.raises(SettingError) as refused:
         runs.plan(config)
-    assert re.search(r"^--microbatch: microbatch=5 does not divide.*microbatch 1, 2 divide", console.refusal(refused.value))
+    assert re.search(r"^--microbatch 5 does not divide.*microbatch 1, 2 divide", console.refusal(refused.value))
     assert not (tmp_path / "run").exists()
 
 
@@ -143,8 +144,8 @@ class _Refusals:
 @pytest.mark.parametrize(
     ("given", "refusal"),
     [
-        (dict(microbatch=5), r"^--microbatch: microbatch=5 does not divide.*microbatch 1, 2 divide"),
-        (dict(global_batch=20), r"^--global-batch: global_batch=20 .* divisible by"),
+        (dict(microbatch=5), r"^--microbatch 5 does not divide.*microbatch 1, 2 divide"),
+        (dict(global_batch=20), r"^--global-batch 20 .* divisible by"),
     ],
 )
 def test_on_real_slices_a_batch_they_cannot_take_exits_2_and_leaves_the_run_directory_untouched(

@@ -29,7 +29,7 @@ def _parse(*argv):
 def test_each_option_has_one_flag_built_with_the_runs_other_flags_from_its_declaration():
     flags = [flag for action in actions(_parser()) for flag in action.option_strings]
     for field in dataclasses.fields(ObserveOptions):
-        assert flags.count(field.metadata["flag"]) == 1, field.name
+        assert flags.count(console.flag_of(field.name)) == 1, field.name
     assert flags.count("--no-tensorboard") == 1  # on/off by default None: --X and --no-X
     assert "--no-goodput-export" not in flags  # off by default: a switch
 
@@ -105,7 +105,7 @@ def test_a_failing_required_sink_fails_the_run():
 
 def test_an_option_whose_library_is_missing_is_refused_by_field_and_worded_as_flags_on_the_command_line(monkeypatch):
     from elastic_dew import console
-    from elastic_dew.elastic.config import SettingError
+    from elastic_dew.settings import SettingError
     from elastic_dew.observe import sinks
 
     monkeypatch.setattr(sinks, "tensorboard_available", lambda: False)
@@ -114,6 +114,6 @@ def test_an_option_whose_library_is_missing_is_refused_by_field_and_worded_as_fl
     assert refused.value.field == "tensorboard"
     assert str(refused.value) == ("tensorboard=True needs tensorboardX; install it with "
                                   "pip install 'elastic-dew[observe]', or pass tensorboard=False")
-    assert console.in_flags(str(refused.value)) == (
+    assert console.refusal(refused.value) == (
         "--tensorboard needs tensorboardX; install it with pip install 'elastic-dew[observe]', "
         "or pass --no-tensorboard")

@@ -27,11 +27,11 @@ import dataclasses
 import json
 import math
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 from elastic_dew.run import USAGE_EXIT
+from elastic_dew.settings import Flag, Flags, SettingError, add_flags, flag_name, given, wording
 
 __all__ = ["configure", "run"]
 
@@ -45,35 +45,42 @@ _DEFAULT_SOURCES = {
 }
 
 
-def _parts():
+def _flags() -> dict[str, tuple[type, Flags]]:
+    """The plan's settings on the command line: each part, its configuration and its flags."""
     from elastic_dew.plan.inputs import Cluster, Costs
 
-    return {"cluster": Cluster, "costs": Costs}
-
-
-def _add_settings(parser: argparse.ArgumentParser, part: str, cls: type) -> None:
-    """Each declared field of ``cls`` as its flag (``None`` when left out)."""
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        meta = field.metadata
-        kind = hints[field.name]
-        numeric = int if int in typing.get_args(kind) or kind is int else float
-        help_ = meta.get("help", "")
-        required = part == "cluster" and field.name == "slices"
-        if field.default is not None and not required:
-            help_ += f" (default: {field.default:g})"
-        parser.add_argument(meta["flag"], dest=f"{part}.{field.name}", type=numeric, metavar=meta.get("metavar"),
-                            default=None, required=required, help=help_)
+    return {
+        "cluster": (Cluster, {
+            "slices": Flag("slices the run trains on", "N", required=True),
+            "slice_mtbf_hours": Flag("a slice's mean time between failures, in hours (default: {default:g})", "H"),
+            "preemptions_per_day": Flag("whole-job preemptions per day (default: {default:g})", "P"),
+            "return_minutes": Flag("mean minutes a lost slice takes to return (default: {default:g})", "R"),
+            "spares": Flag("hot spare slices (default: {default:g})", "K"),
+            "reschedule_minutes": Flag("minutes a restarted controller takes to be rescheduled (default: {default:g})",
+                                       "M"),
+        }),
+        "costs": (Costs, {
+            "step_seconds": Flag("seconds of one training step on every slice, less its wait for the batch", "S"),
+            "data_wait_seconds": Flag("seconds a step waits for its batch (default: {default:g})", "S"),
+            "snapshot_seconds": Flag("seconds one in-memory snapshot save blocks the loop", "S"),
+            "checkpoint_seconds": Flag("seconds one persistent checkpoint save blocks the loop", "S"),
+            "snapshot_restore_seconds": Flag("seconds to restore the state from a snapshot", "S"),
+            "checkpoint_restore_seconds": Flag("seconds to restore the state from the newest checkpoint", "S",
+                                               "--restore-seconds"),
+            "recovery_seconds": Flag("seconds of an in-process recovery less its restore and wait (detection, mesh, "
+                                     "compile)", "S"),
+            "restart_seconds": Flag("seconds from a new process's start to its first resume, less the restore", "S"),
+            "scale_up_seconds": Flag("seconds of a scale-up when a slice returns", "S"),
+        }),
+    }
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_dir", metavar="RUN_DIR",
                         help="a run directory whose record measures the costs (flags override it)")
-    parts = _parts()
-    cluster = parser.add_argument_group("the cluster")
-    _add_settings(cluster, "cluster", parts["cluster"])
-    costs = parser.add_argument_group("the run's costs (measured by --from, or given)")
-    _add_settings(costs, "costs", parts["costs"])
+    titles = {"cluster": "the cluster", "costs": "the run's costs (measured by --from, or given)"}
+    for part, (owner, flags) in _flags().items():
+        add_flags(parser.add_argument_group(titles[part]), owner, flags, part=part)
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the plan as JSON")
     out.add_argument("--plot", metavar="FILE", help="draw goodput against slices, 1 to 10,000 (PNG; matplotlib)")
@@ -94,22 +101,12 @@ class _Refused(Exception):
     """An input the plan cannot use: the message says which and why."""
 
 
-def _given(args: argparse.Namespace, part: str) -> dict[str, Any]:
-    return {key.partition(".")[2]: value for key, value in vars(args).items()
-            if key.startswith(part + ".") and value is not None}
-
-
-def _flag(cls: type, name: str) -> str:
-    return next(f.metadata["flag"] for f in dataclasses.fields(cls) if f.name == name)
-
-
-def _build(cls: type, values: dict[str, Any]):
-    from elastic_dew.elastic.config import SettingError
-
+def _build(part: str, values: dict[str, Any]):
+    owner, flags = _flags()[part]
     try:
-        return cls(**values)
+        return owner(**values)
     except SettingError as error:
-        raise _Refused(error.wording(_flag(cls, error.field))) from None
+        raise _Refused(wording(error, [(owner, flags)])) from None
 
 
 def _writable(flag: str, path: str | None) -> None:
@@ -125,24 +122,24 @@ def _writable(flag: str, path: str | None) -> None:
 def _inputs(args: argparse.Namespace):
     from elastic_dew.plan import inputs
 
-    parts = _parts()
-    cluster_given = _given(args, "cluster")
-    cluster = _build(parts["cluster"], cluster_given)
+    parts = _flags()
+    cluster_given = given(args, *parts["cluster"], part="cluster")
+    cluster = _build("cluster", cluster_given)
     measured: dict[str, inputs.Input] = {}
     if args.from_dir is not None:
         try:
             measured = inputs.measured_costs(args.from_dir)
         except (ValueError, OSError) as error:
             raise _Refused(f"--from {args.from_dir}: {error}") from None
-    costs_given = _given(args, "costs")
+    costs_given = given(args, *parts["costs"], part="costs")
     figures = inputs.resolve(costs_given, measured)
-    costs = _build(parts["costs"], {name: figure.value for name, figure in figures.items()})
+    costs = _build("costs", {name: figure.value for name, figure in figures.items()})
     for field in dataclasses.fields(costs):
         if field.name not in figures and getattr(costs, field.name) is not None:
             figures[field.name] = inputs.Input(getattr(costs, field.name), "default: none")
     missing = costs.missing()
     if missing and args.draw_schedule is None:
-        flags = ", ".join(_flag(parts["costs"], name) for name in missing)
+        flags = ", ".join(flag_name(name, parts["costs"][1][name]) for name in missing)
         where = f"{args.from_dir} does not measure them" if args.from_dir else "no --from RUN_DIR measures them"
         raise _Refused(f"the plan needs {flags} ({where}); give them, or a run directory that measures them")
     for field in dataclasses.fields(cluster):

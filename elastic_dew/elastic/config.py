@@ -1,27 +1,25 @@
 """Frozen configuration of the elastic layer, checked once as it is built, before any state is touched.
 
-A setting is declared once, as a field made by :func:`setting`: its default, its help, its
-range (:class:`Bound`) or ``choices``, and the flag the command line offers it as. Every
-configuration dataclass checks its fields with :func:`check_fields` as it is built and
-raises one :class:`SettingError` naming the field, the value and the rule; only the console
-words that with the flag (:mod:`elastic_dew.console`).
+:class:`ElasticConfig` declares each setting once, in Python terms, with
+:func:`~elastic_dew.settings.setting` (its default, its range or choices); as it is built it
+checks its fields and raises one :class:`~elastic_dew.settings.SettingError` naming the
+field, the value and the rule. The command line that offers these settings is built in the
+console (:mod:`elastic_dew.console`); nothing here names a flag.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from elastic_dew import _deprecation
+from elastic_dew import settings as _settings
+
 __all__ = [
     "ElasticConfig",
-    "Bound",
-    "SettingError",
-    "setting",
-    "check_fields",
     "BATCH_POLICIES",
     "CHECKPOINT_KINDS",
     "SHARDINGS",
@@ -31,6 +29,8 @@ __all__ = [
     "MULTI_TIER_DIR",
     "CHECKPOINTS_DIR",
 ]
+
+_Bound, _setting = _settings.Bound, _settings.setting
 
 #: What the global batch does when slices are lost: ``constant`` keeps it (more examples per
 #: surviving device), ``scale_by_active_slices`` scales it with the active slices.
@@ -50,125 +50,21 @@ MULTI_TIER_DIR = "/tmp/mtc_checkpoints"
 #: The named sharding policies of the training state inside a slice (``elastic.sharding``).
 SHARDINGS: tuple[str, ...] = ("replicated", "fsdp")
 
-
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """The range of a numeric setting, declared once and worded for each way it is given.
-
-    ``low`` is the smallest value (``strict``: values must exceed it); ``unit`` names what
-    is counted; ``off`` says 0 turns the setting off; ``none`` says ``None`` is allowed
-    (and, if text, what it means); ``whole`` says the value must be an ``int`` (not a
-    ``bool``).
-    """
-
-    low: float
-    strict: bool = False
-    unit: str = ""
-    off: bool = False
-    none: bool | str = False
-    whole: bool = False
-
-    def holds(self, value: Any) -> bool:
-        if value is None:
-            return bool(self.none)
-        if self.whole and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
-            return False
-        return value > self.low if self.strict else value >= self.low
-
-    def refusal(self, value: Any, *, name: str | None = None, flag: str | None = None) -> str:
-        """Why ``value`` is refused, as ``name=value ...`` (Python) or ``--flag value ...``.
-
-        A flag's help already says it counts steps, so its wording names only other units.
-        """
-        rule = f"must be {'>' if self.strict else '>='} {self.low}"
-        if flag is not None:  # the command line parses a whole-number flag as an int already
-            unit = f" {self.unit}" if self.unit and self.unit != "steps" else ""
-            return f"{flag} {value} {rule}{unit}{' (0 turns it off)' if self.off else ''}"
-        unit = f" {self.unit}" if self.unit else ""
-        if self.whole:
-            rule = rule.replace("must be ", "must be a whole number ")
-        none = ""
-        if self.none:
-            none = ", or None" + (f" for {self.none}" if isinstance(self.none, str) else "")
-        return f"{name}={value} {rule}{unit}{' (0 turns it off)' if self.off else ''}{none}"
-
-
 #: What a microbatch may be (examples per data-parallel device per micro-step): a whole
 #: number >= 1, or ``None`` for the whole per-device batch at once. One declaration for
 #: :class:`~elastic_dew.train_config.TrainConfig`'s field and for the microbatch a
 #: protocol ``Program`` brings (:func:`~elastic_dew.elastic.slices.mesh.check_batch_for_every_slice_count`).
-MICROBATCH = Bound(1, none=True, whole=True)
+MICROBATCH = _Bound(1, none=True, whole=True)
+
+#: Names that moved to :mod:`elastic_dew.settings` (kept here, deprecated, for one minor version).
+_MOVED = ("Bound", "SettingError", "setting", "check_fields")
 
 
-def setting(default: Any, help: str = "", *, bound: Bound | None = None, flag: str | None = None,
-            metavar: str | None = None, choices: tuple[str, ...] | None = None,
-            or_callable: bool = False, factory: Callable[[], Any] | None = None) -> Any:
-    """A configuration field with its range or choices and, for settings the command line
-    offers, its flag and help: the command line builds its options (and the controller
-    command the Kubernetes renderer writes) from these, one declaration each.
-
-    ``or_callable``: besides its ``choices``, the field takes a callable (a policy the
-    Python API gives as a function; the command line offers only the named ones). The help
-    may name ``{default}``, which the command line fills in. ``factory`` makes each default
-    anew (a mapping's), in place of ``default``."""
-    metadata = {"help": help, "bound": bound, "flag": flag, "metavar": metavar, "choices": choices,
-                "or_callable": or_callable or None}
-    metadata = {k: v for k, v in metadata.items() if v is not None}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-class SettingError(ValueError):
-    """A setting outside what its field declares: which configuration, which field, the value.
-
-    Raised once, by the configuration's own check as it is built (:func:`check_fields`),
-    before any state is touched. ``str()`` is the Python wording (``invalid ElasticConfig:
-    snapshot_every=-1 must be >= 0 steps (0 turns it off)``); :meth:`wording` with a flag is
-    the command line's (``--snapshot-every -1 must be >= 0 (0 turns it off)``), which only
-    the console asks for.
-    """
-
-    def __init__(self, owner: type, field: str, value: Any, bound: Bound | None = None,
-                 *, choices: tuple[Any, ...] | None = None, problem: str | None = None) -> None:
-        self.owner, self.field, self.value, self.bound, self.choices = owner, field, value, bound, choices
-        self.problem = problem
-        super().__init__(problem if problem is not None else f"invalid {owner.__name__}: {self.wording()}")
-
-    def wording(self, flag: str | None = None) -> str:
-        """The refusal worded for Python (``name=value ...``) or for ``flag`` (``--flag value ...``).
-
-        A refusal that is not a range or a choice (``problem``: a batch some slice count
-        cannot divide, say) keeps its own text, after the flag."""
-        if self.problem is not None:
-            return self.problem if flag is None else f"{flag}: {self.problem}"
-        if self.bound is not None:
-            return self.bound.refusal(self.value, name=self.field, flag=flag)
-        allowed = ", ".join(map(str, self.choices or ()))
-        if dataclasses.is_dataclass(self.owner) and any(
-            f.name == self.field and f.metadata.get("or_callable") for f in dataclasses.fields(self.owner)
-        ):
-            allowed += ", or a callable"
-        if flag is not None:
-            return f"{flag} {self.value} must be one of {allowed}"
-        return f"{self.field}={self.value!r} must be one of {allowed}"
-
-
-def check_fields(config: Any) -> None:
-    """Check every field of a configuration dataclass against its declared ``bound`` and
-    ``choices``; raises :class:`SettingError` for the first one outside them. ``None`` is
-    accepted where the bound allows it or the field's default is ``None`` (not given)."""
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        bound, choices = field.metadata.get("bound"), field.metadata.get("choices")
-        if value is None and (field.default is None or (bound is not None and bound.none)):
-            continue
-        if bound is not None and not bound.holds(value):
-            raise SettingError(type(config), field.name, value, bound)
-        if choices is not None and value not in choices and not (
-            field.metadata.get("or_callable") and callable(value)
-        ):
-            raise SettingError(type(config), field.name, value, choices=choices)
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        _deprecation.warn(f"elastic_dew.elastic.config.{name}", f"elastic_dew.settings.{name}")
+        return getattr(_settings, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,88 +135,31 @@ class ElasticConfig:
             field and what it accepts; the config is never built.
     """
 
-    minimum_slice_count: int | None = setting(
-        None,
-        "replica-resize: carry on with at least K slices after a loss "
-        "(default: pause-resume, wait for every slice)",
-        bound=Bound(1, none="pause-resume"), flag="--min-slices", metavar="K",
-    )
-    poll_interval: float | None = setting(
-        None,
-        f"seconds between slice health checks (default {SIMULATED_POLL_INTERVAL:g} on simulated slices, "
-        f"pathwaysutils' {PATHWAYS_POLL_INTERVAL:g} on real ones)",
-        bound=Bound(0, strict=True, unit="seconds", none="automatic"), flag="--poll-interval", metavar="SECONDS",
-    )
-    timeout: float | None = setting(
-        300.0, "seconds to wait for healthy slices before giving up (default {default})",
-        bound=Bound(0, strict=True, unit="seconds", none=True), flag="--timeout", metavar="SECONDS",
-    )
-    max_attempts: int | None = setting(
-        10, "slice losses within --retry-reset-steps steps of progress survived before giving up (default {default})",
-        bound=Bound(1, none=True), flag="--max-attempts", metavar="N",
-    )
-    retry_reset_steps: int = setting(
-        50, "steps of progress after which the count of slice losses starts again; 0 counts "
-        "them over the whole run, as pathwaysutils' ElasticRetryLimit does (default {default})",
-        bound=Bound(0, unit="steps", off=True), flag="--retry-reset-steps", metavar="STEPS",
-    )
-    step_timeout: float | None = setting(
-        None, "seconds a step may take before it counts as a slice loss (DEADLINE_EXCEEDED) "
-        "(default: 20 times the median step, at least 60 s, or 600 s when the run waits for every slice; "
-        "600 s before 5 steps are timed)",
-        bound=Bound(0, strict=True, unit="seconds", none="automatic"), flag="--step-timeout", metavar="SECONDS",
-    )
+    minimum_slice_count: int | None = _setting(None, bound=_Bound(1, none="pause-resume"))
+    poll_interval: float | None = _setting(None, bound=_Bound(0, strict=True, unit="seconds", none="automatic"))
+    timeout: float | None = _setting(300.0, bound=_Bound(0, strict=True, unit="seconds", none=True))
+    max_attempts: int | None = _setting(10, bound=_Bound(1, none=True))
+    retry_reset_steps: int = _setting(50, bound=_Bound(0, unit="steps", off=True))
+    step_timeout: float | None = _setting(None, bound=_Bound(0, strict=True, unit="seconds", none="automatic"))
     pre_callback: Callable[[], Any] | None = None
     on_elastic_event_callback: Callable[[], Any] | None = None
 
-    model_axis: int | None = setting(
-        None,
-        "devices of the model (tensor-parallel) axis inside a slice; the rest of a slice's "
-        "devices form the data axis (default 1)",
-        bound=Bound(1, none=True), flag="--model-axis", metavar="N",
-    )
-    global_batch: int = setting(
-        32, "examples per step (default: the recipe's)", bound=Bound(1), flag="--global-batch", metavar="B"
-    )
-    batch_policy: Literal["constant", "scale_by_active_slices"] = setting("constant", choices=BATCH_POLICIES)
+    model_axis: int | None = _setting(None, bound=_Bound(1, none=True))
+    global_batch: int = _setting(32, bound=_Bound(1))
+    batch_policy: Literal["constant", "scale_by_active_slices"] = _setting("constant", choices=BATCH_POLICIES)
 
-    snapshot_every: int = setting(
-        10, "steps between in-memory snapshots; 0 turns them off (default {default})",
-        bound=Bound(0, unit="steps", off=True), flag="--snapshot-every", metavar="K",
-    )
-    checkpoint_every: int = setting(
-        100, "steps between persistent checkpoints; 0 keeps only preemption checkpoints (default {default})",
-        bound=Bound(0, unit="steps", off=True), flag="--checkpoint-every", metavar="M",
-    )
-    checkpoint_dir: str | None = setting(
-        None,
-        f"where the persistent tier writes (default RUN_DIR/{CHECKPOINTS_DIR}; for multi_tier the "
-        f"workers' local directory, default {MULTI_TIER_DIR})",
-        flag="--checkpoint-dir", metavar="DIR",
-    )
-    checkpoint_kind: Literal["orbax", "multi_tier"] = setting(
-        "orbax",
-        "persistent tier: orbax (a CheckpointManager in the run directory) or multi_tier "
-        "(the guide's ReplicatorCheckpointManager over colocated-Python sidecars; simulated "
-        "with a stand-in for GKE's replicator in RUN_DIR/replicator)",
-        flag="--checkpoint-kind", choices=CHECKPOINT_KINDS,
-    )
-    max_to_keep: int = setting(3, bound=Bound(1))
-    mtc_backup_minutes: int = setting(
-        10, "multi_tier: minutes between the replicator's backups of the local checkpoints to "
-        "the bucket (default {default}, the guide's)",
-        bound=Bound(1, unit="minutes"), flag="--mtc-backup-minutes", metavar="MINUTES",
-    )
-    mtc_init_timeout: int = setting(
-        900, "multi_tier: seconds one initialisation (at start, every attempt and scale-up) may wait "
-        "for the replicator before the run fails (default {default}, Orbax's)",
-        bound=Bound(1, unit="seconds"), flag="--mtc-init-timeout", metavar="SECONDS",
-    )
+    snapshot_every: int = _setting(10, bound=_Bound(0, unit="steps", off=True))
+    checkpoint_every: int = _setting(100, bound=_Bound(0, unit="steps", off=True))
+    checkpoint_dir: str | None = None
+    checkpoint_kind: Literal["orbax", "multi_tier"] = _setting("orbax", choices=CHECKPOINT_KINDS)
+    max_to_keep: int = _setting(3, bound=_Bound(1))
+    mtc_backup_minutes: int = _setting(10, bound=_Bound(1, unit="minutes"))
+    mtc_init_timeout: int = _setting(900, bound=_Bound(1, unit="seconds"))
 
     precompile_smaller_meshes: bool = True
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        _settings.check_fields(self)
 
     def poll_seconds(self, simulated: bool) -> float:
         """The seconds between health checks: ``poll_interval``, else the default of
@@ -354,7 +193,7 @@ class ElasticConfig:
         return str(Path(run_dir).resolve() / CHECKPOINTS_DIR)
 
     def check_slices(self, total_slices: int) -> None:
-        """Refuse a minimum slice count the allocation can never meet (:class:`SettingError`);
+        """Refuse a minimum slice count the allocation can never meet (:class:`~elastic_dew.settings.SettingError`);
         the one home of that rule.
 
         Args:
@@ -364,9 +203,9 @@ class ElasticConfig:
             SettingError: ``minimum_slice_count`` is above ``total_slices``.
         """
         if self.minimum_slice_count is not None and self.minimum_slice_count > total_slices:
-            raise SettingError(
+            raise _settings.SettingError(
                 ElasticConfig, "minimum_slice_count", self.minimum_slice_count,
-                problem=f"minimum_slice_count={self.minimum_slice_count} is above the "
+                problem=f"{_settings.mention('minimum_slice_count', self.minimum_slice_count)} is above the "
                 f"{total_slices} slices of the allocation; use at most {total_slices}, "
-                "or leave it out (None) for pause-resume",
+                "or leave it out for pause-resume",
             )

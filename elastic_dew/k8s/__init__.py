@@ -3,10 +3,14 @@
 ``JobSetParams`` + ``jobset()`` build the elastic training JobSet; ``priority_class()`` and
 ``checkpoint_configuration()`` the one-time cluster objects for hot swap and multi-tier
 checkpointing; ``dump()`` writes them as deterministic YAML. ``elastic_dew.k8s.validate``
-checks manifests against the JobSet CRD and Kubernetes' schemas. Nothing here imports JAX.
+checks manifests against the JobSet CRD and Kubernetes' schemas. A parameter that cannot work
+is refused with an :class:`~elastic_dew.settings.SettingError` (once ``ParameterError``, which
+still names it, deprecated). Nothing here imports JAX.
 """
 
-from elastic_dew.k8s.params import KNOWN_RECIPES, PROXY_FLAG_SPELLINGS, JobSetParams, ParameterError
+from typing import Any as _Any
+
+from elastic_dew.k8s.params import KNOWN_RECIPES, PROXY_FLAG_SPELLINGS, JobSetParams
 from elastic_dew.k8s.render import checkpoint_configuration, dump, jobset, priority_class
 from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type
 
@@ -14,7 +18,6 @@ __all__ = [
     "KNOWN_RECIPES",
     "PROXY_FLAG_SPELLINGS",
     "JobSetParams",
-    "ParameterError",
     "TPU_TYPES",
     "TpuType",
     "lookup_tpu_type",
@@ -23,3 +26,14 @@ __all__ = [
     "checkpoint_configuration",
     "dump",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    if name == "ParameterError":
+        from elastic_dew._deprecation import warn
+
+        warn("elastic_dew.k8s.ParameterError", "elastic_dew.settings.SettingError")
+        from elastic_dew.settings import SettingError
+
+        return SettingError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,9 +2,9 @@
 
 ``JobSetParams`` holds the renderer's inputs; ``check()`` refuses any combination that
 would give a manifest Kubernetes rejects or a run that cannot work, with a
-``ParameterError`` naming the field as Python names it (``tpu_type``) and writing any other
-field it mentions as ``field=`` or ``field=value`` (``raise slices=``); only the
-``elastic-dew k8s`` command line words them as its flags.
+:class:`~elastic_dew.settings.SettingError` that carries the field and names any other
+field it mentions as data (:func:`~elastic_dew.settings.mention`): ``raise slices=`` from
+Python, ``raise --slices`` on the ``elastic-dew k8s`` command line.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type, parse_tpu_type
 from elastic_dew.elastic.config import MULTI_TIER_DIR
+from elastic_dew import _deprecation
 from elastic_dew.run import available_recipes
+from elastic_dew.settings import SettingError, mention, setting
 
 __all__ = [
     "KNOWN_RECIPES",
@@ -28,7 +31,6 @@ __all__ = [
     "known_recipes",
     "check_recipe",
     "JobSetParams",
-    "ParameterError",
     "parse_bucket",
     "check_rfc1123_label",
     "check_quantity",
@@ -52,7 +54,7 @@ def check_recipe(field: str, recipe: str) -> None:
     it must be importable in the controller image, which need not be this machine."""
     if recipe in KNOWN_RECIPES or _MODULE_PATH.match(recipe):
         return
-    raise ParameterError(field, f"unknown recipe {recipe!r}",
+    raise _refused(field, f"unknown recipe {recipe!r}",
                          f"use one of {', '.join(KNOWN_RECIPES)}, or a module path with build() that "
                          "the controller image can import (mypkg.myrecipe)")
 
@@ -93,20 +95,22 @@ MAX_BACKOFF_LIMIT = 2**31 - 1
 MIN_SLICE_RESTARTS = 100
 
 
-class ParameterError(ValueError):
-    """A renderer parameter that cannot work: which field (its Python name, ``tpu_type``), what
-    is wrong, how to fix it; other fields the text names are written ``field=`` or
-    ``field=value``."""
+def _refused(field: str, problem: str, fix: str, value: Any = None) -> SettingError:
+    """A renderer parameter that cannot work: which field, what is wrong, how to fix it."""
+    return SettingError(JobSetParams, field, value, problem=f"{problem}; {fix}")
 
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(f"{field}: {problem}; {fix}")
+
+def __getattr__(name: str) -> Any:
+    if name == "ParameterError":
+        _deprecation.warn("elastic_dew.k8s.params.ParameterError", "elastic_dew.settings.SettingError")
+        return SettingError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_rfc1123_label(field: str, value: str, max_len: int = 63) -> None:
     """Refuse ``value`` unless it is an RFC 1123 label of at most ``max_len`` characters."""
     if not value or len(value) > max_len or not _LABEL.match(value):
-        raise ParameterError(
+        raise _refused(
             field,
             f"{value!r} is not an RFC 1123 label",
             f"use at most {max_len} lowercase letters, digits and '-', starting and ending "
@@ -117,13 +121,13 @@ def check_rfc1123_label(field: str, value: str, max_len: int = 63) -> None:
 def parse_bucket(field: str, value: str) -> tuple[str, str]:
     """Split ``gs://BUCKET[/PREFIX]`` into (bucket name, prefix without slashes)."""
     if not value.startswith("gs://"):
-        raise ParameterError(
+        raise _refused(
             field, f"{value!r} is not a Cloud Storage URL",
             "pass gs://BUCKET_NAME (the bucket that holds Pathways scratch files and the run directory)",
         )
     name, _, prefix = value[len("gs://"):].partition("/")
     if not BUCKET.match(name) or ".." in name:
-        raise ParameterError(
+        raise _refused(
             field, f"{name!r} is not a valid bucket name",
             "bucket names are 3-63 lowercase letters, digits, '-', '_' or '.', "
             "starting and ending with a letter or digit",
@@ -146,7 +150,7 @@ class JobSetParams:
     mtc: bool = False
     sidecar_image: str | None = None
     priority: str | None = None
-    proxy_flag_spelling: str = "instances"
+    proxy_flag_spelling: str = setting("instances", choices=tuple(PROXY_FLAG_SPELLINGS))
     namespace: str = "default"
     pathways_version: str = PATHWAYS_VERSION
     head_node_pool: str = "cpu-np"
@@ -156,7 +160,7 @@ class JobSetParams:
     mtc_ramdisk_dir: str = MULTI_TIER_DIR
     service_account: str = "default"
     queue: str | None = None
-    on_controller_failure: str = CONTROLLER_FAILURE_MODES[0]
+    on_controller_failure: str = setting(CONTROLLER_FAILURE_MODES[0], choices=CONTROLLER_FAILURE_MODES)
 
     # -- derived values -------------------------------------------------------------
     @property
@@ -205,13 +209,13 @@ class JobSetParams:
 
     # -- validation -----------------------------------------------------------------
     def check(self) -> "JobSetParams":
-        """Raise ``ParameterError`` for the first parameter that cannot work; return the
+        """Raise :class:`~elastic_dew.settings.SettingError` for the first parameter that cannot work; return the
         parameters with a sized TPU type (``v6e-16``) resolved to its type and topology."""
         check_rfc1123_label("name", self.name)
         check_rfc1123_label("namespace", self.namespace)
         parsed = parse_tpu_type(self.tpu_type)
         if parsed is None:
-            raise ParameterError(
+            raise _refused(
                 "tpu_type", f"unknown TPU type {self.tpu_type!r}",
                 f"use one of {', '.join(TPU_TYPES)}, or TYPE-N as gcloud and xpk write it (v6e-16)",
             )
@@ -220,79 +224,79 @@ class JobSetParams:
             implied = tpu.topology_for(size)
             if implied is None:
                 sizes = ", ".join(tpu.sized_name(t) for t in tpu.topologies)
-                raise ParameterError("tpu_type", f"{self.tpu_type!r} is no {tpu.name} slice size",
+                raise _refused("tpu_type", f"{self.tpu_type!r} is no {tpu.name} slice size",
                                      f"use one of {sizes}")
             if self.topology and self.topology != implied:
-                raise ParameterError("topology", f"{self.tpu_type} is a {implied} slice, not {self.topology}",
-                                     f"drop topology= or pass topology={implied}")
+                raise _refused("topology", f"{self.tpu_type} is a {implied} slice, not {self.topology}",
+                                     f"drop {mention('topology')} or pass {mention('topology', implied)}")
             return dataclasses.replace(self, tpu_type=tpu.name, topology=implied).check()
         if not self.topology:
-            raise ParameterError("topology", f"TPU type {tpu.name} needs a topology",
-                                 f"pass topology= (one of {', '.join(tpu.topologies)}) or a sized "
-                                 f"tpu_type= such as {tpu.sized_name(tpu.topologies[2])}")
+            raise _refused("topology", f"TPU type {tpu.name} needs a topology",
+                                 f"pass {mention('topology')} (one of {', '.join(tpu.topologies)}) or a sized "
+                                 f"{mention('tpu_type')} such as {tpu.sized_name(tpu.topologies[2])}")
         if self.topology not in tpu.topologies:
-            raise ParameterError(
+            raise _refused(
                 "topology", f"TPU type {tpu.name} has no topology {self.topology!r}",
                 f"use one of {', '.join(tpu.topologies)}",
             )
         if self.slices < 1:
-            raise ParameterError("slices", f"{self.slices} slices", "use at least 1")
+            raise _refused("slices", f"{self.slices} slices", "use at least 1")
         if not 0 <= self.elastic_slices <= self.slices:
-            raise ParameterError(
+            raise _refused(
                 "elastic_slices",
-                f"{self.elastic_slices} is outside 0..slices= ({self.slices})",
-                f"use at most {self.slices} (the number of slices), or raise slices=",
+                f"{self.elastic_slices} is outside 0..{mention('slices')} ({self.slices})",
+                f"use at most {self.slices} (the number of slices), or raise {mention('slices')}",
             )
         # JobSet labels every pod with the coordinator's address, NAME-pathways-head-0-0.NAME,
         # and a label value is at most 63 characters: NAME can have at most 22.
         coordinator = f"{self.name}-pathways-head-0-0.{self.name}"
         if len(coordinator) > 63:
-            raise ParameterError(
+            raise _refused(
                 "name", f"the coordinator label {coordinator!r} would be longer than 63 characters",
-                f"shorten name= to at most {(63 - len('-pathways-head-0-0.')) // 2} characters",
+                f"shorten {mention('name')} to at most {(63 - len('-pathways-head-0-0.')) // 2} characters",
             )
         _check_image("image", self.image, "controller")
         check_recipe("recipe", self.recipe)
         if self.pathways_version == "latest" or not _IMAGE_TAG.match(self.pathways_version):
-            raise ParameterError(
+            raise _refused(
                 "pathways_version", f"{self.pathways_version!r} is not a pinned Pathways release",
                 f"pass a release tag such as {PATHWAYS_VERSION} (the JAX of your controller image): a "
                 "moving tag lets a restarted worker pull another release than the running proxy")
         if self.queue is not None and (len(self.queue) > 63 or not _LABEL.match(self.queue)):
-            raise ParameterError("queue", f"{self.queue!r} is not a Kueue LocalQueue name",
+            raise _refused("queue", f"{self.queue!r} is not a Kueue LocalQueue name",
                                  "pass the LocalQueue's name (lowercase letters, digits and '-', at most 63), "
                                  "as kubectl get localqueues lists it")
         if self.on_controller_failure not in CONTROLLER_FAILURE_MODES:
-            raise ParameterError("on_controller_failure", f"unknown mode {self.on_controller_failure!r}",
+            raise _refused("on_controller_failure", f"unknown mode {self.on_controller_failure!r}",
                                  f"use one of {', '.join(CONTROLLER_FAILURE_MODES)}")
         _, prefix = parse_bucket("bucket", self.bucket)
         if prefix and any(part in ("", ".", "..") or any(c.isspace() for c in part) for part in prefix.split("/")):
-            raise ParameterError(
+            raise _refused(
                 "bucket", f"the prefix {prefix!r} is not a plain folder path",
                 "write gs://BUCKET or gs://BUCKET/FOLDER[/FOLDER...] without '.', '..', '//' or spaces "
                 "(the run directory is FOLDER/runs/NAME in the bucket)",
             )
         if self.mtc and not self.sidecar_image:
-            raise ParameterError("sidecar_image", "mtc=True needs the colocated-Python sidecar image",
-                                 "build k8s/Dockerfile.sidecar and pass its URI with sidecar_image=")
+            raise _refused("sidecar_image", f"{mention('mtc', True)} needs the colocated-Python sidecar image",
+                           f"build k8s/Dockerfile.sidecar and pass its URI with {mention('sidecar_image')}")
         if self.sidecar_image is not None:
             _check_image("sidecar_image", self.sidecar_image, "sidecar")
         if self.priority is not None and (len(self.priority) > 253 or not _SUBDOMAIN.match(self.priority)):
-            raise ParameterError("priority", f"{self.priority!r} is not a PriorityClass name",
+            raise _refused("priority", f"{self.priority!r} is not a PriorityClass name",
                                  "use a lowercase DNS subdomain name such as 'high-prior-job'")
         if self.proxy_flag_spelling not in PROXY_FLAG_SPELLINGS:
-            raise ParameterError("proxy_flag_spelling", f"unknown spelling {self.proxy_flag_spelling!r}",
+            raise _refused("proxy_flag_spelling", f"unknown spelling {self.proxy_flag_spelling!r}",
                                  f"use one of {', '.join(PROXY_FLAG_SPELLINGS)}")
         check_rfc1123_label("head_node_pool", self.head_node_pool)
         if len(self.service_account) > 253 or not _SUBDOMAIN.match(self.service_account):
-            raise ParameterError("service_account", f"{self.service_account!r} is not a Kubernetes service account name",
+            raise _refused("service_account", f"{self.service_account!r} is not a Kubernetes service account name",
                                  "use a lowercase DNS subdomain name such as 'elastic-dew' (the account needs "
-                                 "Workload Identity access to bucket=; see docs/kubernetes.md)")
+                                 f"Workload Identity access to {mention('bucket')}; see docs/kubernetes.md)")
         if self.grace_seconds < 30:
-            raise ParameterError("grace_seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
+            raise _refused("grace_seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
                                  "use at least 30 (the default, 300, suits a multi-GB Orbax write)")
         if self.max_restarts < 0:
-            raise ParameterError("max_restarts", f"{self.max_restarts} is negative", "use 0 or more")
+            raise _refused("max_restarts", f"{self.max_restarts} is negative", "use 0 or more")
         hosts = tpu.hosts(self.topology)
         if not MIN_SLICE_RESTARTS <= self.slice_restarts <= MAX_BACKOFF_LIMIT // hosts:
             problem = (
@@ -300,9 +304,9 @@ class JobSetParams:
                 "back again and again without failing its Job" if self.slice_restarts < MIN_SLICE_RESTARTS
                 else f"{self.slice_restarts} restarts x {hosts} hosts does not fit the Job's backoffLimit (2^31-1)"
             )
-            raise ParameterError("slice_restarts", problem, f"use {MIN_SLICE_RESTARTS}..{MAX_BACKOFF_LIMIT // hosts}")
+            raise _refused("slice_restarts", problem, f"use {MIN_SLICE_RESTARTS}..{MAX_BACKOFF_LIMIT // hosts}")
         if not self.mtc_ramdisk_dir.startswith("/"):
-            raise ParameterError("mtc_ramdisk_dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
+            raise _refused("mtc_ramdisk_dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
                                  f"use an absolute path such as {MULTI_TIER_DIR}")
         return self
 
@@ -310,12 +314,12 @@ class JobSetParams:
 def _check_image(field: str, image: str, what: str) -> None:
     """Refuse an image reference that is malformed or not pinned to a tag or digest."""
     if not image or any(c.isspace() for c in image):
-        raise ParameterError(field, f"{image!r} is not an image reference",
+        raise _refused(field, f"{image!r} is not an image reference",
                              f"pass REGISTRY/REPOSITORY:TAG of the {what} image")
     name, at, _ = image.partition("@")
     tag = name.rpartition("/")[2].partition(":")[2]
     if not at and (not tag or tag == "latest"):
-        raise ParameterError(field, f"{image!r} is not pinned to a version",
+        raise _refused(field, f"{image!r} is not pinned to a version",
                              f"pass REGISTRY/REPOSITORY:TAG (not :latest) or @sha256:DIGEST of the {what} "
                              "image, so a restarted pod runs the same code (imagePullPolicy is IfNotPresent)")
 
@@ -323,12 +327,12 @@ def _check_image(field: str, image: str, what: str) -> None:
 def check_quantity(field: str, value: str) -> None:
     """Refuse ``value`` unless it is a Kubernetes resource quantity such as ``50Gi``."""
     if not QUANTITY.match(value):
-        raise ParameterError(field, f"{value!r} is not a Kubernetes quantity",
+        raise _refused(field, f"{value!r} is not a Kubernetes quantity",
                              "use a size such as 50Gi or 200G")
 
 
 def check_subdomain(field: str, value: str) -> None:
     """Refuse ``value`` unless it is a DNS subdomain name (the rule for most object names)."""
     if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
-        raise ParameterError(field, f"{value!r} is not a valid object name",
+        raise _refused(field, f"{value!r} is not a valid object name",
                              "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")

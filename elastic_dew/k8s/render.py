@@ -401,7 +401,7 @@ def _worker_job(p: JobSetParams) -> dict[str, Any]:
 
 
 def jobset(p: JobSetParams) -> dict[str, Any]:
-    """The elastic training JobSet for ``p`` (checked first; raises ``ParameterError``)."""
+    """The elastic training JobSet for ``p`` (checked first; raises :class:`~elastic_dew.settings.SettingError`)."""
     p = p.check()
     labels = {"app.kubernetes.io/name": "elastic-dew", "elastic-dew/recipe": _label_value(p.recipe)}
     if p.queue:

@@ -14,7 +14,7 @@
 
 ``jsonschema`` and ``kubernetes-validate`` are the project's ``k8s`` extra
 (:data:`INSTALL_K8S`; the ``test`` extra holds them too); they are imported only when a
-schema check runs, and a missing one is a ``ParameterError`` naming that install command.
+schema check runs, and a missing one is a ``SettingError`` naming that install command.
 Every function returns a list of messages, empty when valid.
 """
 
@@ -32,12 +32,13 @@ from typing import Any, Iterable
 
 import yaml
 
-from elastic_dew.console import in_flags
+from elastic_dew.console import RUN_FLAGS, flag_of
 from elastic_dew.elastic.state.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
-from elastic_dew.k8s.params import BUCKET, MAX_BACKOFF_LIMIT, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY, ParameterError
+from elastic_dew.k8s.params import BUCKET, MAX_BACKOFF_LIMIT, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY
 from elastic_dew.k8s.tpus import by_accelerator
 from elastic_dew.run import SimConfig
+from elastic_dew.settings import SettingError, flag_namer, worded
 
 __all__ = [
     "INSTALL_K8S",
@@ -101,10 +102,9 @@ def _schema_library(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise ParameterError(
-            "validate", f"{error.name or module} is not installed (the schema checks need it)",
-            f"install the k8s extra: {INSTALL_K8S}",
-        ) from error
+        raise SettingError("validate", "validate", module, problem=(
+            f"{error.name or module} is not installed (the schema checks need it); install the k8s extra: "
+            f"{INSTALL_K8S}")) from error
 
 
 def jobset_schema_errors(jobset: dict[str, Any], crd_path: str | None = None) -> list[str]:
@@ -171,7 +171,7 @@ def _mounts(c: dict[str, Any] | None) -> dict[str, str]:
 
 #: Flags of ``elastic-dew train`` that only the simulator takes: under ``JAX_PLATFORMS=proxy``
 #: the command refuses them with exit 2, which fails the head Job and the JobSet.
-_SIMULATOR_FLAGS = tuple(f.metadata["flag"] for f in dataclasses.fields(SimConfig))
+_SIMULATOR_FLAGS = tuple(flag_of(f.name) for f in dataclasses.fields(SimConfig))
 
 
 def _controller_command_errors(head: dict[str, Any], controller: dict[str, Any]) -> list[str]:
@@ -225,7 +225,7 @@ def _checkpoint_errors(controller: dict[str, Any]) -> list[str]:
     run_dir = value("--run-dir") or "RUN_DIR"
     env = {k: str(v) for k, v in _env_of(controller).items() if isinstance(v, (str, int))}
     problem = checkpoint_dir_problem(value("--checkpoint-dir") or f"{run_dir}/checkpoints", env)
-    return [f"{R.HEAD_JOB}/{R.CONTROLLER}: {in_flags(problem)}"] if problem else []
+    return [f"{R.HEAD_JOB}/{R.CONTROLLER}: {worded(problem, flag_namer(RUN_FLAGS.values()))}"] if problem else []
 
 
 def jobset_failure_action(jobset: dict[str, Any], replicated_job: str, reason: str, message: str) -> str:

@@ -3,8 +3,7 @@
 :class:`Sinks` is the one fan-out: the protocol emits each typed event to it and it hands
 the event, in order, to each sink of one list (the run record, the progress display,
 TensorBoard, the goodput export, a user's own callable). A program's entry point reads
-:class:`ObserveOptions` (the command line builds its flags from the fields' declarations,
-:mod:`elastic_dew.console`), calls :func:`~elastic_dew.observe.logs.setup_logging` with the
+:class:`ObserveOptions` (which the command line offers as flags, :mod:`elastic_dew.console`), calls :func:`~elastic_dew.observe.logs.setup_logging` with the
 log format, and gives the trainer :func:`chosen`'s sinks beside its display:
 
 - ``log_format`` ``auto``, ``text`` or ``json`` (default ``auto``: text on a terminal, JSON
@@ -31,10 +30,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.elastic.config import SettingError, check_fields, setting
 from elastic_dew.elastic.events import Event, Sink, Step
 from elastic_dew.observe.extras import available, missing
 from elastic_dew.observe.logs import LOG_FORMATS, log_context
+from elastic_dew.settings import SettingError, check_fields, mention, setting
 
 __all__ = [
     "ObserveOptions",
@@ -56,41 +55,25 @@ def tensorboard_available() -> bool:
 @dataclasses.dataclass(frozen=True)
 class ObserveOptions:
     """How a run is observed (see the module for each option and its default), each field
-    declared once with :func:`~elastic_dew.elastic.config.setting`: the command line's flags
-    are built from these declarations (:func:`elastic_dew.console.add_options`).
+    declared once with :func:`~elastic_dew.settings.setting`.
 
-    Raises :class:`~elastic_dew.elastic.config.SettingError` for a log format that is not one
+    Raises :class:`~elastic_dew.settings.SettingError` for a log format that is not one
     of :data:`~elastic_dew.observe.logs.LOG_FORMATS`, and for an option whose library is not
     installed (worded with the field, ``tensorboard=True needs tensorboardX; ...``).
     """
 
-    log_format: str = setting(
-        "auto",
-        "log lines as text or as JSON lines with a Cloud Logging severity; auto is text on a "
-        "terminal and JSON lines otherwise (default: {default})",
-        flag="--log-format", choices=LOG_FORMATS,
-    )
-    tensorboard: bool | None = setting(
-        None,
-        "write TensorBoard event files under RUN_DIR/tensorboard/ (default: on when tensorboardX, "
-        "the observe extra, is installed)",
-        flag="--tensorboard",
-    )
-    goodput_export: bool = setting(
-        False,
-        "record the run through ml-goodput-measurement's recorder to Cloud Logging, for its "
-        "goodput dashboards (the gke extra; default: off)",
-        flag="--goodput-export",
-    )
+    log_format: str = setting("auto", choices=LOG_FORMATS)
+    tensorboard: bool | None = None
+    goodput_export: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.tensorboard and not tensorboard_available():
             raise SettingError(type(self), "tensorboard", True, problem=missing(
-                "tensorboard=True", "tensorboardX") + ", or pass tensorboard=False")
+                mention("tensorboard", True), "tensorboardX") + f", or pass {mention('tensorboard', False)}")
         if self.goodput_export and not available("ml_goodput_measurement"):
             raise SettingError(type(self), "goodput_export", True, problem=missing(
-                "goodput_export=True", "ml_goodput_measurement"))
+                mention("goodput_export", True), "ml_goodput_measurement"))
 
     @property
     def writes_tensorboard(self) -> bool:

@@ -1,7 +1,7 @@
 """What a plan is computed from: a run's measured costs and the cluster's rates, each with its origin.
 
-Two frozen configurations, each setting declared once (:func:`~elastic_dew.elastic.config.setting`:
-default, help, range, flag) and checked as it is built:
+Two frozen configurations, each setting declared once (:func:`~elastic_dew.settings.setting`:
+default, range) and checked as it is built:
 
 - :class:`Costs`: what the run's own program costs, in seconds, as its run record measures
   them (:func:`measured_costs` reads a run directory): a step, a snapshot save and a
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.elastic.config import Bound, SettingError, check_fields, setting
+from elastic_dew.settings import Bound, SettingError, check_fields, mention, setting
 
 __all__ = [
     "Costs",
@@ -66,39 +66,22 @@ class Costs:
       scale_up_seconds: a scale-up when a slice returns (the ``live`` resume).
     """
 
-    step_seconds: float | None = setting(
-        None, "seconds of one training step on every slice, less its wait for the batch", bound=_POSITIVE_SECONDS,
-        flag="--step-seconds", metavar="S")
-    data_wait_seconds: float = setting(
-        0.0, "seconds a step waits for its batch", bound=_SECONDS, flag="--data-wait-seconds", metavar="S")
-    snapshot_seconds: float | None = setting(
-        None, "seconds one in-memory snapshot save blocks the loop", bound=_SECONDS,
-        flag="--snapshot-seconds", metavar="S")
-    checkpoint_seconds: float | None = setting(
-        None, "seconds one persistent checkpoint save blocks the loop", bound=_SECONDS,
-        flag="--checkpoint-seconds", metavar="S")
-    snapshot_restore_seconds: float | None = setting(
-        None, "seconds to restore the state from a snapshot", bound=_SECONDS,
-        flag="--snapshot-restore-seconds", metavar="S")
-    checkpoint_restore_seconds: float | None = setting(
-        None, "seconds to restore the state from the newest checkpoint", bound=_SECONDS,
-        flag="--restore-seconds", metavar="S")
-    recovery_seconds: float | None = setting(
-        None, "seconds of an in-process recovery less its restore and wait (detection, mesh, compile)",
-        bound=_SECONDS, flag="--recovery-seconds", metavar="S")
-    restart_seconds: float | None = setting(
-        None, "seconds from a new process's start to its first resume, less the restore", bound=_SECONDS,
-        flag="--restart-seconds", metavar="S")
-    scale_up_seconds: float | None = setting(
-        None, "seconds of a scale-up when a slice returns", bound=_SECONDS, flag="--scale-up-seconds",
-        metavar="S")
+    step_seconds: float | None = setting(None, bound=_POSITIVE_SECONDS)
+    data_wait_seconds: float = setting(0.0, bound=_SECONDS)
+    snapshot_seconds: float | None = setting(None, bound=_SECONDS)
+    checkpoint_seconds: float | None = setting(None, bound=_SECONDS)
+    snapshot_restore_seconds: float | None = setting(None, bound=_SECONDS)
+    checkpoint_restore_seconds: float | None = setting(None, bound=_SECONDS)
+    recovery_seconds: float | None = setting(None, bound=_SECONDS)
+    restart_seconds: float | None = setting(None, bound=_SECONDS)
+    scale_up_seconds: float | None = setting(None, bound=_SECONDS)
 
     def __post_init__(self) -> None:
         check_fields(self)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if value is not None and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value, problem=f"{field.name}={value} must be finite")
+                raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
 
     def missing(self) -> list[str]:
         """The fields no one has given or measured (every one but ``data_wait_seconds``,
@@ -124,28 +107,19 @@ class Cluster:
         takes to be rescheduled, in minutes.
     """
 
-    slices: int = setting(1, "slices the run trains on", bound=Bound(1, whole=True, unit="slices"),
-                          flag="--slices", metavar="N")
-    slice_mtbf_hours: float = setting(
-        DEFAULT_SLICE_MTBF_HOURS, "a slice's mean time between failures, in hours", bound=Bound(0, strict=True, unit="hours"),
-        flag="--slice-mtbf-hours", metavar="H")
-    preemptions_per_day: float = setting(
-        0.0, "whole-job preemptions per day", bound=Bound(0), flag="--preemptions-per-day", metavar="P")
-    return_minutes: float = setting(
-        60.0, "mean minutes a lost slice takes to return", bound=Bound(0, unit="minutes"),
-        flag="--return-minutes", metavar="R")
-    spares: int = setting(0, "hot spare slices", bound=Bound(0, whole=True, unit="slices"), flag="--spares",
-                          metavar="K")
-    reschedule_minutes: float = setting(
-        5.0, "minutes a restarted controller takes to be rescheduled", bound=Bound(0, unit="minutes"),
-        flag="--reschedule-minutes", metavar="M")
+    slices: int = setting(1, bound=Bound(1, whole=True, unit="slices"))
+    slice_mtbf_hours: float = setting(DEFAULT_SLICE_MTBF_HOURS, bound=Bound(0, strict=True, unit="hours"))
+    preemptions_per_day: float = setting(0.0, bound=Bound(0))
+    return_minutes: float = setting(60.0, bound=Bound(0, unit="minutes"))
+    spares: int = setting(0, bound=Bound(0, whole=True, unit="slices"))
+    reschedule_minutes: float = setting(5.0, bound=Bound(0, unit="minutes"))
 
     def __post_init__(self) -> None:
         check_fields(self)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value, problem=f"{field.name}={value} must be finite")
+                raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
 
 
 #: The fields of each configuration, in the order a report lists them.

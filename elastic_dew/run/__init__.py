@@ -47,12 +47,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_dew import rundir
-from elastic_dew.elastic.config import ElasticConfig, SettingError
+from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Sink
 from elastic_dew.observe.sinks import ObserveOptions
 from elastic_dew.run.config import DEFAULT_DEVICES_PER_SLICE, DEFAULT_SLICES, RunConfig, SimConfig
 from elastic_dew.run.exits import FAILED_EXIT, USAGE_EXIT, UsageError
 from elastic_dew.run.recipes import available_recipes, load_recipe, recipe_defaults
+from elastic_dew.settings import SettingError, mention
 from elastic_dew.train_config import TrainConfig
 
 if TYPE_CHECKING:
@@ -88,9 +89,9 @@ logger = logging.getLogger(__name__)
 
 #: Where ``--name NAME`` puts a run directory (``runs/NAME``), relative to the working directory.
 RUNS_DIR = Path("runs")
-#: How a user names the run directory, in refusals of one: the two keywords of
-#: :class:`RunConfig` that choose it (the console words them as their flags).
-RUN_DIR_OPTION = "run_dir= or name="
+#: How a user names the run directory, in refusals of one: the two fields of
+#: :class:`RunConfig` that choose it, as :func:`~elastic_dew.settings.mention` names them.
+RUN_DIR_OPTION = f"{mention('run_dir')} or {mention('name')}"
 #: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PARTS = ("init", "loss", "optimizer", "dataset")
@@ -211,13 +212,13 @@ def simulating() -> bool:
 
 def _run_dir_of(spec: RunConfig) -> Path | None:
     if spec.run_dir and spec.name:
-        raise UsageError("give run_dir= or name=, not both (name=NAME means run_dir=runs/NAME)")
+        raise UsageError(f"give {mention('run_dir')} or {mention('name')}, not both ({mention('name', 'NAME')} "
+                         f"means {mention('run_dir', 'runs/NAME')})")
     if spec.run_dir and _URL.match(spec.run_dir):
-        raise UsageError(
-            f"run_dir={spec.run_dir} is a URL, but the run directory must be a local directory "
-            "(the run record is appended to, and fsynced at every save, stop and resume); mount the bucket, for example "
-            "with Cloud Storage FUSE, and give the mounted path (run_dir=/gcs/runs/NAME)"
-        )
+        raise SettingError(RunConfig, "run_dir", spec.run_dir, problem=(
+            f"{mention('run_dir', spec.run_dir)} is a URL, but the run directory must be a local directory (the run "
+            "record is appended to, and fsynced at every save, stop and resume); mount the bucket, for example "
+            f"with Cloud Storage FUSE, and give the mounted path ({mention('run_dir', '/gcs/runs/NAME')})"))
     if spec.run_dir:
         run_dir = Path(spec.run_dir)
         top = Path(*run_dir.parts[:2]) if run_dir.is_absolute() and len(run_dir.parts) > 2 else None
@@ -226,11 +227,10 @@ def _run_dir_of(spec: RunConfig) -> Path | None:
             # manifests mount the bucket at /gcs); without the mount it would land in the
             # container's own filesystem and vanish with the pod, and a restart would
             # silently start over.
-            raise UsageError(
-                f"run_dir={run_dir}: {top} does not exist, so the volume it should be on is "
+            raise SettingError(RunConfig, "run_dir", spec.run_dir, problem=(
+                f"{mention('run_dir', run_dir)}: {top} does not exist, so the volume it should be on is "
                 "not mounted; mount the persistent volume (the manifests mount the bucket with "
-                "Cloud Storage FUSE at /gcs) or give a run directory on one"
-            )
+                "Cloud Storage FUSE at /gcs) or give a run directory on one"))
         return run_dir
     name = spec.name or os.environ.get("JOBSET_NAME")
     if name is not None:
@@ -245,13 +245,11 @@ def _sim_of(config: RunConfig, simulate: bool) -> SimConfig | None:
     if simulate:
         return config.sim if config.sim is not None else SimConfig()
     if config.sim is not None:
-        given = [f.metadata["flag"] for f in dataclasses.fields(SimConfig)
-                 if getattr(config.sim, f.name) != f.default]
-        raise UsageError(
+        given = [mention(f.name) for f in dataclasses.fields(SimConfig) if getattr(config.sim, f.name) != f.default]
+        raise SettingError(RunConfig, "sim", config.sim, problem=(
             f"{', '.join(given) or 'simulated slices'} only apply to simulated slices, but JAX_PLATFORMS="
             f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
-            "set JAX_PLATFORMS=cpu to simulate"
-        )
+            "set JAX_PLATFORMS=cpu to simulate"))
     return None
 
 
@@ -264,7 +262,7 @@ def _schedule_of(sim: SimConfig | None, minimum: int | None) -> Schedule | None:
     try:
         schedule = parse_schedule(sim.schedule)
         check_slices(schedule, sim.slices)
-        never = unreachable(schedule, sim.slices, minimum)
+        never = unreachable(schedule, sim.slices, minimum, name=mention)
         if never is not None:
             raise ValueError(never)
     except ValueError as err:
@@ -280,13 +278,13 @@ def _elastic_of(config: RunConfig, defaults: Mapping[str, Any], simulate: bool) 
         elastic = ElasticConfig(global_batch=defaults.get("global_batch", ElasticConfig.global_batch))
     directory = elastic.checkpoint_dir
     if directory is not None and _URL.match(directory) is None and not os.path.isabs(directory):
-        raise UsageError(f"checkpoint_dir={directory} must be an absolute path or a gs:// URL")
+        raise SettingError(ElasticConfig, "checkpoint_dir", directory, problem=(
+            f"{mention('checkpoint_dir', directory)} must be an absolute path or a gs:// URL"))
     if elastic.checkpoint_kind == "multi_tier" and simulate and directory:
-        raise UsageError(
-            f"checkpoint_dir is the TPU workers' local volume for checkpoint_kind=multi_tier; "
-            f"simulated slices write to the replicator stand-in's RUN_DIR/{rundir.REPLICATOR_DIR}/local: "
-            f"drop checkpoint_dir={directory}"
-        )
+        raise SettingError(ElasticConfig, "checkpoint_dir", directory, problem=(
+            f"{mention('checkpoint_dir')} is the TPU workers' local volume for "
+            f"{mention('checkpoint_kind', 'multi_tier')}; simulated slices write to the replicator stand-in's "
+            f"RUN_DIR/{rundir.REPLICATOR_DIR}/local: drop {mention('checkpoint_dir', directory)}"))
     return elastic
 
 
@@ -303,8 +301,9 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
 
     directory = config.checkpoint_dir_for(run_dir or RUNS_DIR / "NAME")
     problem = checkpoint_dir_problem(directory, os.environ)
-    if problem is not None:
-        raise UsageError(problem)
+    if problem is not None:  # one of the directory, or one of the environment alone
+        error = SettingError(ElasticConfig, "checkpoint_dir", directory, problem=problem)
+        raise error if error.names_itself else UsageError(problem)
 
 
 def plan(config: RunConfig) -> Plan:
@@ -440,7 +439,7 @@ def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
 def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display | None = None) -> Outcome:
     """Train the planned run (after ``prepare_process``) with ``build``, else the recipe's.
 
-    Raises :class:`~elastic_dew.elastic.config.SettingError` for recipe settings its ``build``
+    Raises :class:`~elastic_dew.settings.SettingError` for recipe settings its ``build``
     refuses (of the field ``overrides``) and for an evaluation cadence the recipe has no
     evaluation split for, and, on real slices
     (whose count is known only once the protocol is built), a

@@ -4,9 +4,9 @@
 :class:`~elastic_dew.elastic.config.ElasticConfig`, the
 :class:`~elastic_dew.train_config.TrainConfig`, the simulated slices (:class:`SimConfig`) and
 the :class:`~elastic_dew.observe.sinks.ObserveOptions`) beside its own fields. Each part
-checks its fields as it is built (:func:`~elastic_dew.elastic.config.check_fields`), and
-the command line builds its options from these declarations
-(:mod:`elastic_dew.console`); :func:`elastic_dew.run.plan` checks what spans the parts.
+checks its fields as it is built (:func:`~elastic_dew.settings.check_fields`); the command
+line offers them as flags (:mod:`elastic_dew.console`); :func:`elastic_dew.run.plan` checks
+what spans the parts.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from elastic_dew.elastic.config import Bound, ElasticConfig, check_fields, setting
+from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.observe.sinks import ObserveOptions
+from elastic_dew.settings import Bound, check_fields, setting
 from elastic_dew.train_config import TrainConfig
 
 __all__ = ["RunConfig", "SimConfig", "DEFAULT_SLICES", "DEFAULT_DEVICES_PER_SLICE"]
@@ -44,21 +45,9 @@ class SimConfig:
         SettingError: a field outside its declaration.
     """
 
-    slices: int = setting(
-        DEFAULT_SLICES, "simulated slices (default {default})", bound=Bound(1, whole=True), flag="--slices",
-        metavar="S",
-    )
-    devices_per_slice: int = setting(
-        DEFAULT_DEVICES_PER_SLICE, "CPU devices per simulated slice (default {default})",
-        bound=Bound(1, whole=True), flag="--devices-per-slice", metavar="D",
-    )
-    schedule: str = setting(
-        "", "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 "
-        "(grammar ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the "
-        "previous fault fired; actions lose, restore, hang (the slice stops answering), suspend and wake (Pathways' "
-        "transparent suspend and its end), error (a "
-        "runtime error that is not a slice loss), preempt, kill)", flag="--schedule", metavar="SCHEDULE",
-    )
+    slices: int = setting(DEFAULT_SLICES, bound=Bound(1, whole=True))
+    devices_per_slice: int = setting(DEFAULT_DEVICES_PER_SLICE, bound=Bound(1, whole=True))
+    schedule: str = ""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -69,7 +58,7 @@ class RunConfig:
     """One training run of a recipe, as the Python API and the command line ask for it.
 
     Each part checks its own fields as it is built (one
-    :class:`~elastic_dew.elastic.config.SettingError`); :func:`plan` checks what spans the
+    :class:`~elastic_dew.settings.SettingError`); :func:`plan` checks what spans the
     parts (the batch against every slice count, the schedule against the slices, the run
     directory). The defaults are the command line's:
 
@@ -97,23 +86,11 @@ class RunConfig:
         TypeError: a part that is not of its type (``elastic`` not an ``ElasticConfig``, ...).
     """
 
-    recipe: str = setting(
-        "", "a recipe name (lm, mlp, ...) or a module path with build() (mypkg.myrecipe)", metavar="RECIPE"
-    )
-    overrides: Mapping[str, Any] = setting(
-        None, "a recipe setting, e.g. --set d_model=128 (repeatable)", flag="--set", metavar="KEY=VALUE",
-        factory=dict,
-    )
-    steps: int | None = setting(
-        None, "train until step N (default: the recipe's)", bound=Bound(1, whole=True), flag="--steps",
-        metavar="N",
-    )
-    run_dir: str | None = setting(
-        None, "the run directory; an existing one is resumed", flag="--run-dir", metavar="DIR"
-    )
-    name: str | None = setting(
-        None, "run in runs/NAME (default $JOBSET_NAME, else a timestamp)", flag="--name", metavar="NAME"
-    )
+    recipe: str = ""
+    overrides: Mapping[str, Any] = setting(factory=dict)
+    steps: int | None = setting(None, bound=Bound(1, whole=True))
+    run_dir: str | None = None
+    name: str | None = None
     elastic: ElasticConfig | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     sim: SimConfig | None = None

@@ -4,6 +4,8 @@ the run and every command."""
 
 from __future__ import annotations
 
+from elastic_dew.settings import worded
+
 __all__ = ["UsageError", "USAGE_EXIT", "FAILED_EXIT"]
 
 #: The exit status of a bad argument (argparse's).
@@ -14,4 +16,11 @@ FAILED_EXIT = 1
 
 
 class UsageError(ValueError):
-    """A bad argument, found before anything was touched."""
+    """A bad argument, found before anything was touched.
+
+    Its text may name settings with :func:`~elastic_dew.settings.mention`: ``str()`` names
+    them as Python does (``run_dir=``), a command line as its flags (``--run-dir``).
+    """
+
+    def __str__(self) -> str:
+        return worded(super().__str__())

@@ -43,7 +43,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from elastic_dew._deprecation import renamed_keywords
 from elastic_dew.elastic import events, fault_token, hooks
@@ -376,7 +376,8 @@ def check_slices(schedule: Schedule, slices: int) -> None:
 
 
 @renamed_keywords("unreachable", num_slices="slices")
-def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None = None) -> str | None:
+def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None = None, *,
+                name: Callable[[str, Any], str] | None = None) -> str | None:
     """Why a fault of ``schedule`` can never fire on ``slices`` slices, or ``None``.
 
     A run stops stepping while fewer than ``minimum_slice_count`` slices are healthy (all of
@@ -387,17 +388,20 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
     paused (wall time passes in a wait). Where the order is not certain (a time-keyed fault
     whose predecessor fired while the run was stepping) the check stops and accepts: only
     a fault that certainly cannot fire is reported. A process-ending fault starts a new
-    process, with every slice healthy again. The reason names the setting as Python does
-    (``minimum_slice_count=3``).
+    process, with every slice healthy again. The reason names the setting with ``name``
+    (the field and its value), by default as Python does (``minimum_slice_count=3``);
+    :func:`elastic_dew.settings.mention` keeps it as data for a refusal a command line words.
 
     Args:
         schedule: the parsed schedule.
         slices: how many slices there are.
         minimum_slice_count: the run's minimum, ``None`` for pause-resume.
+        name: names ``minimum_slice_count`` in the reason, given the field and the value.
 
     Returns:
         Why a fault cannot fire, or ``None`` when every fault can.
     """
+    name = name or (lambda field, value: f"{field}={value}")
     faults = schedule.faults
     needed = slices if minimum_slice_count is None else minimum_slice_count
     lost: set[int] = set()
@@ -440,7 +444,7 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
             names = ", ".join(map(str, down))
             first = down[0]
             mode = ("pause-resume waits for every slice" if minimum_slice_count is None
-                    else f"minimum_slice_count={minimum_slice_count} needs {needed} healthy slices")
+                    else f"{name('minimum_slice_count', minimum_slice_count)} needs {needed} healthy slices")
             back = next(name for name, action in ACTION_TABLE.items() if action.slice_healthy)
             return (
                 f"fault {fault} can never fire: after {cause[0]} the run stops stepping at step "
@@ -448,7 +452,7 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
                 f"{'it' if len(down) == 1 else 'them'} back before step {step}. Key the return "
                 f"to time instead, e.g. {back}:{first}@+3 (3 s after the previous fault fired), "
                 f"or let the run carry on without {'it' if len(down) == 1 else 'them'} with "
-                f"minimum_slice_count={max(1, slices - len(down))}"
+                f"{name('minimum_slice_count', max(1, slices - len(down)))}"
             )
         if not fire_chain(index, step):
             return None

@@ -28,7 +28,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elastic_dew.elastic.config import BATCH_POLICIES, MICROBATCH, ElasticConfig, SettingError
+from elastic_dew.elastic.config import BATCH_POLICIES, MICROBATCH, ElasticConfig
+from elastic_dew.settings import SettingError, mention
 
 __all__ = [
     "AXES",
@@ -293,12 +294,12 @@ def check_batch_for_every_slice_count(
     try:
         config.check_slices(total_slices)
     except SettingError as err:
-        raise BatchError(str(err), field=err.field, value=err.value) from None
+        raise BatchError(err.problem or str(err), field=err.field, value=err.value) from None
     model = config.model_axis or 1
     if devices_per_slice % model:
         raise BatchError(
-            f"model_axis={model} does not divide the {devices_per_slice} devices of a slice; "
-            f"choose a model_axis that divides {devices_per_slice}",
+            f"{mention('model_axis', model)} does not divide the {devices_per_slice} devices of a slice; "
+            f"choose a model axis that divides {devices_per_slice}",
             field="model_axis", value=config.model_axis,
         )
     shard_counts = reachable_shards(config, total_slices, devices_per_slice)
@@ -308,10 +309,10 @@ def check_batch_for_every_slice_count(
         batch = global_batch_for(config.global_batch, config.batch_policy, active, total_slices)
         if batch % shards:
             raise BatchError(
-                f"global_batch={config.global_batch} (policy {config.batch_policy!r}) gives a batch "
+                f"{mention('global_batch', config.global_batch)} (policy {config.batch_policy!r}) gives a batch "
                 f"of {batch} on {active} active slices, which their {shards} data-parallel devices "
                 f"cannot divide; choose a global batch divisible by {shards} for every slice count "
-                f"from {lowest} to {total_slices}, or raise minimum_slice_count",
+                f"from {lowest} to {total_slices}, or raise {mention('minimum_slice_count')}",
                 field="global_batch", value=config.global_batch,
             )
         per_device[active] = batch // shards
@@ -324,7 +325,7 @@ def check_batch_for_every_slice_count(
             common = math.gcd(*per_device.values())
             working = [m for m in range(1, common + 1) if common % m == 0]
             raise BatchError(
-                f"microbatch={microbatch} does not divide the per-device batch of {examples} on "
+                f"{mention('microbatch', microbatch)} does not divide the per-device batch of {examples} on "
                 f"{active} active slices (global batch {config.global_batch}, policy "
                 f"{config.batch_policy!r}); the per-device batches from {lowest} to {total_slices} "
                 f"slices are {', '.join(str(per_device[a]) for a in sorted(per_device))}, which "

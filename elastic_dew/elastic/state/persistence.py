@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from elastic_dew.settings import mention
+
 __all__ = ["PERSISTENCE_ENV", "persistence_enabled", "checkpoint_dir_problem"]
 
 #: The variable pathwaysutils reads to install its Pathways array handler ("1", "0" or unset).
@@ -37,8 +39,9 @@ def persistence_enabled(env: Mapping[str, str]) -> bool:
 
 def checkpoint_dir_problem(checkpoint_dir: str, env: Mapping[str, str]) -> str | None:
     """None when the persistent tier can write to ``checkpoint_dir`` under ``env``, else a
-    message that says what is wrong and how to fix it, naming the setting as Python does
-    (``checkpoint_dir=...``; the console words it as its flag).
+    message that says what is wrong and how to fix it, naming the setting with
+    :func:`~elastic_dew.settings.mention` (a :class:`~elastic_dew.settings.SettingError` of
+    ``checkpoint_dir`` words it).
 
     ``checkpoint_dir`` is the directory the tier will really use (the default included, e.g.
     ``RUN_DIR/checkpoints``); ``env`` is the process environment (``os.environ``).
@@ -54,11 +57,11 @@ def checkpoint_dir_problem(checkpoint_dir: str, env: Mapping[str, str]) -> str |
         bucket = checkpoint_dir[len("gs://"):].partition("/")[0]
         if bucket:
             return None
-        return (f"checkpoint_dir={checkpoint_dir} names no bucket; "
-                "give checkpoint_dir=gs://BUCKET/runs/NAME/checkpoints")
-    return (f"checkpoint_dir={checkpoint_dir} is not a gs:// URL, but {PERSISTENCE_ENV}=1 under "
+        return (f"{mention('checkpoint_dir', checkpoint_dir)} names no bucket; "
+                f"give {mention('checkpoint_dir', 'gs://BUCKET/runs/NAME/checkpoints')}")
+    return (f"{mention('checkpoint_dir', checkpoint_dir)} is not a gs:// URL, but {PERSISTENCE_ENV}=1 under "
             "JAX_PLATFORMS=proxy makes the TPU workers write the checkpoint arrays themselves "
             "(pathwaysutils' Pathways array handler), and the workers cannot see a directory of "
             "this pod (a local disk or a Cloud Storage FUSE mount): the checkpoint would hold "
-            "metadata and no arrays. Give checkpoint_dir=gs://BUCKET/runs/NAME/checkpoints, "
+            f"metadata and no arrays. Give {mention('checkpoint_dir', 'gs://BUCKET/runs/NAME/checkpoints')}, "
             f"or set {PERSISTENCE_ENV}=0 to write through the controller")

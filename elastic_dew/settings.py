@@ -1,0 +1,313 @@
+"""Settings declared once, in Python terms, checked once, and offered on a command line.
+
+A configuration dataclass declares each setting with :func:`setting`: its default and its
+range (:class:`Bound`) or ``choices``; :func:`check_fields`, called as it is built, raises
+one :class:`SettingError` that carries the configuration, the field and the value as data.
+A refusal that names other settings names them with :func:`mention`, so the same error reads
+``minimum_slice_count=3`` from Python and ``--min-slices 3`` on a command line, and nothing
+rewrites its prose.
+
+A command line offers some of those fields as flags (:class:`Flag`: the help, the metavar,
+and the flag where it is not the field's name, ``--snapshot-every`` for ``snapshot_every``);
+:func:`add_flags` puts them on an :mod:`argparse` parser, :func:`given` reads the fields
+back, and :func:`wording` words a :class:`SettingError` with the flags. This module is the
+one builder of every ``elastic-dew`` command's settings; it imports nothing of elastic_dew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections.abc
+import dataclasses
+import numbers
+import re
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+__all__ = ["Bound", "setting", "check_fields", "SettingError", "mention", "worded", "Flag", "Flags", "flag_name",
+           "add_flags", "given", "flag_namer", "wording"]
+
+_NO_VALUE = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The range of a numeric setting, declared once and worded for each way it is given.
+
+    ``low`` is the smallest value (``strict``: values must exceed it); ``unit`` names what
+    is counted; ``off`` says 0 turns the setting off; ``none`` says ``None`` is allowed
+    (and, if text, what it means); ``whole`` says the value must be an ``int`` (not a
+    ``bool``).
+    """
+
+    low: float
+    strict: bool = False
+    unit: str = ""
+    off: bool = False
+    none: bool | str = False
+    whole: bool = False
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is in the range."""
+        if value is None:
+            return bool(self.none)
+        if self.whole and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
+            return False
+        return value > self.low if self.strict else value >= self.low
+
+    def refusal(self, value: Any, *, name: str | None = None, flag: str | None = None) -> str:
+        """Why ``value`` is refused, as ``name=value ...`` (Python) or ``--flag value ...``.
+
+        A flag's help already says it counts steps, so its wording names only other units.
+        """
+        rule = f"must be {'>' if self.strict else '>='} {self.low}"
+        if flag is not None:  # the command line parses a whole-number flag as an int already
+            unit = f" {self.unit}" if self.unit and self.unit != "steps" else ""
+            return f"{flag} {value} {rule}{unit}{' (0 turns it off)' if self.off else ''}"
+        unit = f" {self.unit}" if self.unit else ""
+        if self.whole:
+            rule = rule.replace("must be ", "must be a whole number ")
+        none = ""
+        if self.none:
+            none = ", or None" + (f" for {self.none}" if isinstance(self.none, str) else "")
+        return f"{name}={value} {rule}{unit}{' (0 turns it off)' if self.off else ''}{none}"
+
+
+def setting(default: Any = None, help: str | None = None, *, bound: Bound | None = None,
+            choices: tuple[Any, ...] | None = None, or_callable: bool = False,
+            factory: Callable[[], Any] | None = None, flag: str | None = None, metavar: str | None = None) -> Any:
+    """A configuration field with its range or choices, checked by :func:`check_fields`.
+
+    Args:
+      default: the field's default.
+      bound: its range, for a number.
+      choices: the values it takes, for a name.
+      or_callable: besides its ``choices``, the field takes a callable (a policy the Python
+        API gives as a function; a command line offers only the named ones).
+      factory: makes each default anew (a mapping's), in place of ``default``.
+      help, flag, metavar: deprecated and ignored: a command line's words are its own
+        (:class:`Flag`).
+    """
+    if help is not None or flag is not None or metavar is not None:
+        from elastic_dew._deprecation import warn
+
+        warn("setting(help=, flag=, metavar=)", "a command line's own Flag (elastic_dew.settings.Flag)")
+    metadata = {k: v for k, v in (("bound", bound), ("choices", choices), ("or_callable", or_callable or None))
+                if v is not None}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+# A mention of a setting inside a refusal's text: the field and, optionally, its value,
+# between private-use characters that no message holds otherwise.
+_OPEN, _IS, _CLOSE = "\ue000", "\ue001", "\ue002"
+_MENTION = re.compile(f"{_OPEN}(\\w+)(?:{_IS}([^{_CLOSE}]*))?{_CLOSE}")
+
+
+def mention(field: str, value: Any = _NO_VALUE) -> str:
+    """``field`` (given ``value``) named inside a :class:`SettingError`'s ``problem``: from
+    Python it reads ``field=value`` (``field=`` alone without a value), on a command line as
+    the field's flag (``--flag value``, a switch alone for ``True``, ``--no-X`` for ``False``)."""
+    return f"{_OPEN}{field}{'' if value is _NO_VALUE else _IS + str(value)}{_CLOSE}"
+
+
+#: How a refusal names one setting it mentions: the field and the value as text (``None``
+#: for a mention without a value).
+Namer = Callable[[str, "str | None"], str]
+
+
+def _python_name(field: str, value: str | None) -> str:
+    return f"{field}={'' if value is None else value}"
+
+
+class SettingError(ValueError):
+    """A setting outside what its field declares: which configuration, which field, the value.
+
+    Raised once, before any state is touched: by a configuration's own check as it is built
+    (:func:`check_fields`: ``bound`` or ``choices`` says which rule), or by a rule that
+    spans settings, with ``problem`` (its text, naming other settings with :func:`mention`).
+    ``str()`` is the Python wording (``invalid ElasticConfig: snapshot_every=-1 must be >= 0
+    steps (0 turns it off)``); :meth:`wording` with a namer is another surface's (the
+    command line's ``--snapshot-every -1 must be >= 0 (0 turns it off)``, :func:`wording`).
+
+    Attributes:
+      owner: the configuration class (or, for settings of no class, its name).
+      field, value: the setting refused and the value it was given.
+    """
+
+    def __init__(self, owner: type | str, field: str, value: Any, bound: Bound | None = None,
+                 *, choices: tuple[Any, ...] | None = None, problem: str | None = None) -> None:
+        self.owner, self.field, self.value, self.bound, self.choices = owner, field, value, bound, choices
+        self.problem = problem
+        text = self.wording()
+        super().__init__(text if problem is not None else f"invalid {getattr(owner, '__name__', owner)}: {text}")
+
+    def wording(self, name: Namer | None = None, flag: str | None = None) -> str:
+        """The refusal with each setting it mentions named by ``name`` (Python's
+        ``field=value`` by default); ``flag``, the refused field's own flag, words a range
+        or a choice as ``--flag value ...``. A ``problem`` that does not start by mentioning
+        the field is headed by it (``field: ...`` from Python, ``--flag: ...`` given ``name``)."""
+        if self.problem is not None:
+            text = worded(self.problem, name)
+            head = self.field if name is None else flag
+            return text if head is None or self.names_itself else f"{head}: {text}"
+        if self.bound is not None:
+            return self.bound.refusal(self.value, name=self.field, flag=flag)
+        allowed = ", ".join(map(str, self.choices or ()))
+        if dataclasses.is_dataclass(self.owner) and any(
+            f.name == self.field and f.metadata.get("or_callable") for f in dataclasses.fields(self.owner)
+        ):
+            allowed += ", or a callable"
+        if flag is not None:
+            return f"{flag} {self.value} must be one of {allowed}"
+        return f"{self.field}={self.value!r} must be one of {allowed}"
+
+    @property
+    def names_itself(self) -> bool:
+        """Whether the problem's text starts by mentioning the refused field (so it needs
+        no head naming it)."""
+        return self.problem is not None and re.match(f"{_OPEN}{self.field}[{_IS}{_CLOSE}]", self.problem) is not None
+
+
+def check_fields(config: Any) -> None:
+    """Check every field of a configuration dataclass against its declared ``bound`` and
+    ``choices``.
+
+    ``None`` is accepted where the bound allows it or the field's default is ``None`` (not
+    given).
+
+    Raises:
+      SettingError: for the first field outside its declaration.
+    """
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        bound, choices = field.metadata.get("bound"), field.metadata.get("choices")
+        if value is None and (field.default is None or (bound is not None and bound.none)):
+            continue
+        if bound is not None and not bound.holds(value):
+            raise SettingError(type(config), field.name, value, bound)
+        if choices is not None and value not in choices and not (
+            field.metadata.get("or_callable") and callable(value)
+        ):
+            raise SettingError(type(config), field.name, value, choices=choices)
+
+
+# ----------------------------------------------------------------------- the command line
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How a command line offers one setting.
+
+    Attributes:
+      help: what the flag does; ``{default}`` is filled with the field's default.
+      metavar: the value's name in the help (default: the field's name in capitals).
+      name: the flag, where it is not the field's name with dashes (``--min-slices`` for
+        ``minimum_slice_count``).
+      required: whether the flag must be given (default: when the field has no default).
+    """
+
+    help: str
+    metavar: str | None = None
+    name: str | None = None
+    required: bool | None = None
+
+
+#: A command's flags: each offered field of a configuration and its :class:`Flag`, in the
+#: order of its ``--help``.
+Flags = Mapping[str, Flag]
+
+
+def _kind(owner: type, field: str) -> Any:
+    """The type a flag parses for ``field`` (``X`` for ``X | None``)."""
+    kind = typing.get_type_hints(owner)[field]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(t for t in typing.get_args(kind) if t is not type(None))
+    return kind
+
+
+def flag_name(field: str, flag: Flag) -> str:
+    """The flag of ``field``: its override, else ``--`` and the field's name with dashes."""
+    return flag.name or "--" + field.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser | Any, owner: type, flags: Flags, *, part: str | None = None,
+              defaults: bool = False) -> None:
+    """Offer the fields of the configuration ``owner`` named in ``flags`` on ``parser``.
+
+    Each is built from its declaration: its choices, a repeatable flag for a tuple or a
+    mapping, an on/off field (``bool``) as a switch ``--X`` when it is off by default and as
+    ``--X/--no-X`` otherwise, a number parsed as its type. A field without a default is a
+    required flag. A flag left out parses as ``None`` (nothing given), so the field's own
+    default applies, or, with ``defaults``, as that default (which ``--help`` then shows).
+    ``part`` prefixes each ``dest`` (``part.field``), so fields of several configurations
+    can share one parser (read them back with :func:`given`).
+    """
+    fields = {f.name: f for f in dataclasses.fields(owner)}
+    for name, flag in flags.items():
+        field, kind = fields[name], _kind(owner, name)
+        default = None if field.default is dataclasses.MISSING else field.default
+        required = flag.required
+        if required is None:
+            required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        options: dict[str, Any] = {"dest": f"{part}.{name}" if part else name, "help": flag.help.format(default=default)}
+        if required:
+            options["required"] = True
+        elif defaults and default is not None:
+            options["default"] = default
+        if "choices" in field.metadata:
+            options["choices"] = field.metadata["choices"]
+        elif kind is bool:
+            options.update(default=None, action="store_true" if default is False else argparse.BooleanOptionalAction)
+        elif typing.get_origin(kind) in (tuple, collections.abc.Mapping):
+            options.update(action="append", default=[])
+        elif kind in (int, float):
+            options["type"] = kind
+        if flag.metavar or (kind is not bool and "choices" not in field.metadata):
+            options["metavar"] = flag.metavar or name.upper()
+        parser.add_argument(flag_name(name, flag), **options)
+
+
+def given(args: argparse.Namespace, owner: type, flags: Flags, *, part: str | None = None) -> dict[str, Any]:
+    """The fields of ``owner`` that parsed options give: each flag of ``flags`` that was
+    given (not ``None``, not an empty repeatable one), by its field's name."""
+    values = {name: getattr(args, f"{part}.{name}" if part else name, None) for name in flags}
+    return {name: value for name, value in values.items() if value is not None and value != []}
+
+
+def flag_namer(commands: Iterable[tuple[type, Flags]], first: type | str | None = None) -> Namer:
+    """How a command line names a setting a refusal mentions: by its flag among
+    ``commands``' (a configuration and its flags; ``first``'s own first), with its value
+    (``--flag value``, a switch alone for ``True``, ``--no-X`` for ``False``). A field no
+    flag offers keeps its Python name."""
+    named: dict[str, tuple[str, Any]] = {}
+    for owner, flags in sorted(commands, key=lambda command: command[0] is not first):
+        for field, flag in flags.items():
+            named.setdefault(field, (flag_name(field, flag), _kind(owner, field)))
+
+    def name(field: str, value: str | None) -> str:
+        if field not in named:
+            return _python_name(field, value)
+        flag, kind = named[field]
+        if kind is bool and value in ("True", "False"):
+            return flag if value == "True" else f"--no-{flag[2:]}"
+        return flag if value is None else f"{flag} {value}"
+
+    return name
+
+
+def worded(text: str, name: Namer | None = None) -> str:
+    """``text`` with each setting it mentions (:func:`mention`) named by ``name`` (by
+    default as Python does, ``field=value``)."""
+    return _MENTION.sub(lambda m: (name or _python_name)(m[1], m[2]), text)
+
+
+def wording(error: SettingError, commands: Iterable[tuple[type, Flags]]) -> str:
+    """``error`` as a command line says it: each setting it mentions (and the refused one)
+    named by its flag among ``commands`` (:func:`flag_namer`)."""
+    commands = sorted(commands, key=lambda command: command[0] is not error.owner)
+    flag = next((flag_name(error.field, flags[error.field]) for _, flags in commands if error.field in flags), None)
+    return error.wording(flag_namer(commands), flag)
