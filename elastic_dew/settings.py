@@ -36,10 +36,13 @@ _NO_VALUE = object()
 class Bound:
     """The range of a numeric setting, declared once and worded for each way it is given.
 
-    ``low`` is the smallest value (``strict``: values must exceed it); ``unit`` names what
-    is counted; ``off`` says 0 turns the setting off; ``none`` says ``None`` is allowed
-    (and, if text, what it means); ``whole`` says the value must be an ``int`` (not a
-    ``bool``).
+    Args:
+      low: the smallest value.
+      strict: values must exceed ``low``.
+      unit: what is counted (``seconds``), for the refusal.
+      off: 0 turns the setting off (the refusal says so).
+      none: ``None`` is allowed (and, if text, what it means: ``pause-resume``).
+      whole: the value must be an ``int`` (not a ``bool``).
     """
 
     low: float
@@ -50,7 +53,14 @@ class Bound:
     whole: bool = False
 
     def holds(self, value: Any) -> bool:
-        """Whether ``value`` is in the range."""
+        """Whether ``value`` is in the range.
+
+        Args:
+          value: the setting's value.
+
+        Returns:
+          ``True`` when the range holds it.
+        """
         if value is None:
             return bool(self.none)
         if self.whole and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
@@ -60,7 +70,14 @@ class Bound:
     def refusal(self, value: Any, *, name: str | None = None, flag: str | None = None) -> str:
         """Why ``value`` is refused, as ``name=value ...`` (Python) or ``--flag value ...``.
 
-        A flag's help already says it counts steps, so its wording names only other units.
+        Args:
+          value: the refused value.
+          name: the field, for Python's wording.
+          flag: the flag, for a command line's (whose help already says it counts steps, so
+            it names only other units).
+
+        Returns:
+          The refusal's text.
         """
         rule = f"must be {'>' if self.strict else '>='} {self.low}"
         if flag is not None:  # the command line parses a whole-number flag as an int already
@@ -89,6 +106,9 @@ def setting(default: Any = None, help: str | None = None, *, bound: Bound | None
       factory: makes each default anew (a mapping's), in place of ``default``.
       help, flag, metavar: deprecated and ignored: a command line's words are its own
         (:class:`Flag`).
+
+    Returns:
+      The :func:`dataclasses.field`, its declaration in its metadata.
     """
     if help is not None or flag is not None or metavar is not None:
         from elastic_dew._deprecation import warn
@@ -110,7 +130,15 @@ _MENTION = re.compile(f"{_OPEN}(\\w+)(?:{_IS}([^{_CLOSE}]*))?{_CLOSE}")
 def mention(field: str, value: Any = _NO_VALUE) -> str:
     """``field`` (given ``value``) named inside a :class:`SettingError`'s ``problem``: from
     Python it reads ``field=value`` (``field=`` alone without a value), on a command line as
-    the field's flag (``--flag value``, a switch alone for ``True``, ``--no-X`` for ``False``)."""
+    the field's flag (``--flag value``, a switch alone for ``True``, ``--no-X`` for ``False``).
+
+    Args:
+      field: the setting's field name.
+      value: the value it is given (left out: the setting alone).
+
+    Returns:
+      The mention, to put in the text (private-use characters mark it as data).
+    """
     return f"{_OPEN}{field}{'' if value is _NO_VALUE else _IS + str(value)}{_CLOSE}"
 
 
@@ -133,9 +161,13 @@ class SettingError(ValueError):
     steps (0 turns it off)``); :meth:`wording` with a namer is another surface's (the
     command line's ``--snapshot-every -1 must be >= 0 (0 turns it off)``, :func:`wording`).
 
-    Attributes:
+    Args:
       owner: the configuration class (or, for settings of no class, its name).
-      field, value: the setting refused and the value it was given.
+      field: the setting refused.
+      value: the value it was given.
+      bound: the range it is outside.
+      choices: the values it may take, which it is not one of.
+      problem: what is wrong, for any other rule; it may name settings with :func:`mention`.
     """
 
     def __init__(self, owner: type | str, field: str, value: Any, bound: Bound | None = None,
@@ -146,10 +178,18 @@ class SettingError(ValueError):
         super().__init__(text if problem is not None else f"invalid {getattr(owner, '__name__', owner)}: {text}")
 
     def wording(self, name: Namer | None = None, flag: str | None = None) -> str:
-        """The refusal with each setting it mentions named by ``name`` (Python's
-        ``field=value`` by default); ``flag``, the refused field's own flag, words a range
-        or a choice as ``--flag value ...``. A ``problem`` that does not start by mentioning
-        the field is headed by it (``field: ...`` from Python, ``--flag: ...`` given ``name``)."""
+        """The refusal, worded for Python or for another surface (a command line's).
+
+        A ``problem`` that does not start by mentioning the field is headed by it
+        (``field: ...`` from Python, ``--flag: ...`` given ``name``).
+
+        Args:
+          name: names each setting the text mentions (default: Python's ``field=value``).
+          flag: the refused field's own flag, to word a range or a choice as ``--flag value ...``.
+
+        Returns:
+          The refusal's text.
+        """
         if self.problem is not None:
             text = worded(self.problem, name)
             head = self.field if name is None else flag
@@ -179,6 +219,9 @@ def check_fields(config: Any) -> None:
     ``None`` is accepted where the bound allows it or the field's default is ``None`` (not
     given).
 
+    Args:
+      config: the dataclass instance, as it is built (``__post_init__``).
+
     Raises:
       SettingError: for the first field outside its declaration.
     """
@@ -202,7 +245,7 @@ def check_fields(config: Any) -> None:
 class Flag:
     """How a command line offers one setting.
 
-    Attributes:
+    Args:
       help: what the flag does; ``{default}`` is filled with the field's default.
       metavar: the value's name in the help (default: the field's name in capitals).
       name: the flag, where it is not the field's name with dashes (``--min-slices`` for
@@ -230,7 +273,15 @@ def _kind(owner: type, field: str) -> Any:
 
 
 def flag_name(field: str, flag: Flag) -> str:
-    """The flag of ``field``: its override, else ``--`` and the field's name with dashes."""
+    """The flag of ``field``: its override, else ``--`` and the field's name with dashes.
+
+    Args:
+      field: the field's name.
+      flag: how the command line offers it.
+
+    Returns:
+      The flag (``--snapshot-every``).
+    """
     return flag.name or "--" + field.replace("_", "-")
 
 
@@ -245,6 +296,13 @@ def add_flags(parser: argparse.ArgumentParser | Any, owner: type, flags: Flags, 
     default applies, or, with ``defaults``, as that default (which ``--help`` then shows).
     ``part`` prefixes each ``dest`` (``part.field``), so fields of several configurations
     can share one parser (read them back with :func:`given`).
+
+    Args:
+      parser: an :mod:`argparse` parser or argument group.
+      owner: the configuration dataclass.
+      flags: the fields offered, each with its :class:`Flag`, in ``--help``'s order.
+      part: the prefix of each ``dest``.
+      defaults: a flag left out parses as its field's default, which ``--help`` shows.
     """
     fields = {f.name: f for f in dataclasses.fields(owner)}
     for name, flag in flags.items():
@@ -272,17 +330,33 @@ def add_flags(parser: argparse.ArgumentParser | Any, owner: type, flags: Flags, 
 
 
 def given(args: argparse.Namespace, owner: type, flags: Flags, *, part: str | None = None) -> dict[str, Any]:
-    """The fields of ``owner`` that parsed options give: each flag of ``flags`` that was
-    given (not ``None``, not an empty repeatable one), by its field's name."""
+    """The fields of ``owner`` that parsed options give.
+
+    Args:
+      args: the parsed options.
+      owner: the configuration dataclass the flags were built for.
+      flags: its flags, as :func:`add_flags` took them.
+      part: the prefix :func:`add_flags` took.
+
+    Returns:
+      Each field whose flag was given (not ``None``, not an empty repeatable one), by name:
+      the keywords of ``owner``.
+    """
     values = {name: getattr(args, f"{part}.{name}" if part else name, None) for name in flags}
     return {name: value for name, value in values.items() if value is not None and value != []}
 
 
 def flag_namer(commands: Iterable[tuple[type, Flags]], first: type | str | None = None) -> Namer:
-    """How a command line names a setting a refusal mentions: by its flag among
-    ``commands``' (a configuration and its flags; ``first``'s own first), with its value
-    (``--flag value``, a switch alone for ``True``, ``--no-X`` for ``False``). A field no
-    flag offers keeps its Python name."""
+    """How a command line names a setting a refusal mentions.
+
+    Args:
+      commands: the command's configurations, each with its flags.
+      first: the configuration whose flags win where two offer a field of one name.
+
+    Returns:
+      A namer: a field and its value to ``--flag value`` (a switch alone for ``True``,
+      ``--no-X`` for ``False``); a field no flag offers keeps its Python name.
+    """
     named: dict[str, tuple[str, Any]] = {}
     for owner, flags in sorted(commands, key=lambda command: command[0] is not first):
         for field, flag in flags.items():
@@ -300,14 +374,29 @@ def flag_namer(commands: Iterable[tuple[type, Flags]], first: type | str | None 
 
 
 def worded(text: str, name: Namer | None = None) -> str:
-    """``text`` with each setting it mentions (:func:`mention`) named by ``name`` (by
-    default as Python does, ``field=value``)."""
+    """``text`` with each setting it mentions named.
+
+    Args:
+      text: a refusal's text, with settings named by :func:`mention`.
+      name: names each (default: as Python does, ``field=value``).
+
+    Returns:
+      The text as the surface of ``name`` says it.
+    """
     return _MENTION.sub(lambda m: (name or _python_name)(m[1], m[2]), text)
 
 
 def wording(error: SettingError, commands: Iterable[tuple[type, Flags]]) -> str:
-    """``error`` as a command line says it: each setting it mentions (and the refused one)
-    named by its flag among ``commands`` (:func:`flag_namer`)."""
+    """``error`` as a command line says it.
+
+    Args:
+      error: the refusal.
+      commands: the command's configurations, each with its flags.
+
+    Returns:
+      The refusal with each setting it mentions, and the refused one, named by its flag
+      (:func:`flag_namer`).
+    """
     commands = sorted(commands, key=lambda command: command[0] is not error.owner)
     flag = next((flag_name(error.field, flags[error.field]) for _, flags in commands if error.field in flags), None)
     return error.wording(flag_namer(commands), flag)

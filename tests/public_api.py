@@ -39,6 +39,7 @@ REGENERATE = "python tests/public_api.py --write"
 PUBLIC_MODULES: dict[str, str] = {
     "elastic_dew": "the trainer and its settings, at the top",
     "elastic_dew.runtime": "the process: prepare it before JAX starts, preemption, compilation cache",
+    "elastic_dew.settings": "settings declared once (default, range), their one refusal, and the one command-line builder",
     "elastic_dew.elastic": "the elastic layer for your own loop: settings, slices and meshes, state tiers, the stop/resume protocol",
     "elastic_dew.elastic.hooks": "phase announcements: where a loop says what it is doing, for the simulator to fire faults at",
     "elastic_dew.elastic.events": "the typed events of a run: the run record's lines and what sinks receive",

@@ -89,9 +89,11 @@ logger = logging.getLogger(__name__)
 
 #: Where ``--name NAME`` puts a run directory (``runs/NAME``), relative to the working directory.
 RUNS_DIR = Path("runs")
-#: How a user names the run directory, in refusals of one: the two fields of
-#: :class:`RunConfig` that choose it, as :func:`~elastic_dew.settings.mention` names them.
-RUN_DIR_OPTION = f"{mention('run_dir')} or {mention('name')}"
+#: How a user names the run directory, in refusals of one: the two keywords of
+#: :class:`RunConfig` that choose it (a refusal carries them as data, ``_RUN_DIR_FIELDS``,
+#: which the command line names by their flags).
+RUN_DIR_OPTION = "run_dir= or name="
+_RUN_DIR_FIELDS = f"{mention('run_dir')} or {mention('name')}"
 #: A URL scheme (gs://, s3://, file://): not a local path, which the run directory must be.
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PARTS = ("init", "loss", "optimizer", "dataset")
@@ -346,7 +348,7 @@ def plan(config: RunConfig) -> Plan:
     _check_checkpoint_dir(elastic, result.run_dir)
     if result.run_dir is not None:
         try:
-            rundir.check(result.run_dir, result.identity(), option=RUN_DIR_OPTION)
+            rundir.check(result.run_dir, result.identity(), option=_RUN_DIR_FIELDS)
         except rundir.RunDirError as err:
             raise UsageError(str(err)) from None
     return result
