@@ -189,6 +189,10 @@ COMMANDS = [
     "plan --slices 4 --step-seconds -1",
     "plan --slices 4 --slice-mtbf-hours 0",
     "plan --slices 4",
+    "simulate --slices 0 -- python -c pass",
+    "simulate --schedule lose:9@3 -- python -c pass",
+    "simulate --restarts -1 -- python -m json.tool",
+    "simulate -- nosuchprogram",
 ]
 
 PYTHON = [

@@ -36,9 +36,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.console import add_flag
+from elastic_dew.console import add_flag, refusal
 from elastic_dew.observe.logs import TEXT_FORMAT
-from elastic_dew.elastic.config import SettingError
+from elastic_dew.settings import SettingError
 from elastic_dew.run import FAILED_EXIT, RUNS_DIR, USAGE_EXIT, SimConfig
 from elastic_dew.rundir import FAULTS_FILE, FaultLog
 from elastic_dew.runtime import run_timestamp
@@ -321,12 +321,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         sim = SimConfig(**{name: value for name in ("slices", "devices_per_slice", "schedule")
                            if (value := getattr(args, f"sim.{name}", None)) is not None})
-        schedule = parse_schedule(sim.schedule)
-        check_slices(schedule, sim.slices)
+        try:
+            schedule = parse_schedule(sim.schedule)
+            check_slices(schedule, sim.slices)
+        except ValueError as err:
+            raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
         program = resolve(command)
         _check_interpreter(program)
-    except (SettingError, ValueError) as err:
-        return _refuse(str(err))
+    except ValueError as err:  # a SettingError among them, worded with its flags
+        return _refuse(refusal(err))
     if args.restarts < 0:
         return _refuse(f"--restarts {args.restarts} must be >= 0")
     run_dir = Path(args.run_dir) if args.run_dir else RUNS_DIR / f"simulate_{run_timestamp()}"
