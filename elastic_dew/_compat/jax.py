@@ -14,6 +14,8 @@ from elastic_dew._compat import Private
 
 __all__ = [
     "ARRAY_IMPL",
+    "ARRAY_MEMBERS",
+    "ARRAY_READS",
     "ARRAY_VALUE",
     "BATCHED_BLOCK_UNTIL_READY",
     "COLOCATED_CPU_DEVICES",
@@ -64,6 +66,21 @@ ARRAY_VALUE = Private(
     why="the property float(), int(), bool(), tolist() and repr() of an array read through; "
     "the simulator guards it",
     instead="none: JAX has no hook on an array's host reads",
+)
+#: ``ArrayImpl``'s members the simulator wraps, besides ``_value``: the host reads
+#: (``block_until_ready`` ... ``item``), whether a result is ready or deleted, and the
+#: shards a lost mark passes on to. Public names of a private class: the canary checks each
+#: is still ``ArrayImpl``'s (the class, not an instance, holds it).
+ARRAY_READS = ("block_until_ready", "__getitem__", "__iter__", "__array__", "__dlpack__", "item")
+ARRAY_MEMBERS = tuple(
+    Private(
+        "jax",
+        f"jax._src.array:ArrayImpl.{name}",
+        why="the simulator wraps it on jax.Array's one implementation class (a read of a lost "
+        "or hung slice's data raises or blocks; a lost mark passes to shards and copies)",
+        instead="none: JAX has no hook on an array's host reads",
+    )
+    for name in (*ARRAY_READS, "is_ready", "is_deleted", "addressable_data", "addressable_shards")
 )
 BATCHED_BLOCK_UNTIL_READY = Private(
     "jaxlib",
@@ -174,6 +191,7 @@ PRIVATE: tuple[Private, ...] = (
     _BACKENDS_INITIALIZED,
     ARRAY_IMPL,
     ARRAY_VALUE,
+    *ARRAY_MEMBERS,
     BATCHED_BLOCK_UNTIL_READY,
     RUN_PYTHON_PJIT,
     GET_FASTPATH_DATA,

@@ -115,7 +115,7 @@ class Simulator(Protocol):
 class Registry:
     """The active simulator (at most one) and the patches installed for it."""
 
-    _ARRAY_METHODS = ("block_until_ready", "__getitem__", "__iter__", "__array__", "__dlpack__", "item")
+    _ARRAY_METHODS = jax_private.ARRAY_READS
     _ARRAY_PROPERTIES = (jax_private.ARRAY_VALUE.name,)
     _NUMPY = ("asarray", "array", "asanyarray", "ascontiguousarray")
 
