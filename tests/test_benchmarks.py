@@ -94,6 +94,7 @@ def tiny(tmp_path_factory) -> Iterator[dict[str, _TinyRun]]:
 
 
 @pytest.mark.timeout(HANG)
+@pytest.mark.slow
 def test_the_tiny_mode_writes_results_json_and_a_markdown_table(tiny):
     results, md = tiny["format"].results()
     for key in (
@@ -158,6 +159,7 @@ def test_an_unknown_benchmark_name_is_refused_with_the_choices(capsys):
 
 
 @pytest.mark.timeout(HANG)
+@pytest.mark.slow
 def test_the_recovery_scaling_benchmark_measures_both_slice_counts_and_their_ratio(tiny):
     results, md = tiny["recovery_scaling"].results()
     for key in ("recovery_scaling_s_p50_4", "recovery_scaling_s_p50_32", "recovery_scaling_ratio",
@@ -212,6 +214,7 @@ def test_the_recovery_scaling_rows_and_target_live_in_common_with_the_others():
 
 
 @pytest.mark.timeout(HANG)
+@pytest.mark.slow
 def test_the_issue_11_benchmarks_run_under_fsdp_and_report_their_rows(tiny):
     """snapshot_cost, overhead and first_save: every key their rows read is written, and the
     snapshot's host memory (counted from the snapshot's own arrays, not timed) is one copy per
@@ -241,6 +244,7 @@ def test_the_host_memory_row_is_met_at_one_copy_per_slice_and_not_at_two():
     assert verdicts({"snapshot_host_memory_ratio": 2.0})["snapshot_host_memory_ratio"] is False
 
 
+@pytest.mark.slow
 def test_the_soak_reports_its_rate_each_failures_replay_the_work_lost_and_what_the_runs_left(tmp_path, monkeypatch):
     """One real schedule from the soak's seed range, run and checked in this process; the
     checker is made to find a problem so that the failure's report can be read."""

@@ -53,6 +53,7 @@ def test_a_slice_lost_at_a_dispatch_resumes_with_exactly_once_data(tmp_path):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.slow
 def test_a_random_schedule_keeps_every_invariant(seed, workdir):
     scenario, problems = chaos.run_seed(seed, workdir)
     assert not problems, (
@@ -87,6 +88,7 @@ def test_a_failing_seed_prints_the_seed_and_the_one_replay_command(monkeypatch, 
     assert "replay: python -m elastic_dew.chaos --seed 5" in out
 
 
+@pytest.mark.slow
 def test_the_replay_command_runs_a_seed_from_the_shell(tmp_path):
     """``python -m elastic_dew.chaos --seed N`` in a fresh process sets up its own CPU devices."""
     proc = subprocess.run(

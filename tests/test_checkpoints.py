@@ -34,6 +34,8 @@ from elastic_dew.simulate import SimulatedSlices
 from linear import LinearProgram
 from linear import dataset as linear_dataset
 
+pytestmark = pytest.mark.libraries  # Orbax's CheckpointManager and its multi-tier replicator manager
+
 AXES = ("replica", "data", "model")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -167,6 +169,7 @@ _KILLED_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_save_killed_mid_write_is_never_restored_and_keeps_the_previous_checkpoint(tmp_path):
     """A real child process is SIGKILLed while Orbax writes step 2 (max_to_keep=1)."""
     directory = tmp_path / "ckpt"
@@ -430,6 +433,7 @@ def test_a_leaf_saved_replica_parallel_is_prepared_so_its_first_save_compiles_no
     assert Checkpoints(str(tmp_path / "prepared")).latest_step() == 1
 
 
+@pytest.mark.slow
 def test_a_preemption_while_waiting_for_a_slice_commits_the_snapshot_through_multi_tier_on_the_healthy_slices(tmp_path):
     """Pause-resume loses slice 1 for good; a real SIGTERM (``preempt@+1``) ends the wait. The
     newest snapshot is committed through a multi-tier setup re-initialised on slice 0 alone,
@@ -459,6 +463,7 @@ def test_a_preemption_while_waiting_for_a_slice_commits_the_snapshot_through_mul
     assert resumes == [("checkpoint", 7)]
 
 
+@pytest.mark.slow
 def test_replica_resize_with_multi_tier_resumes_on_the_survivors_and_scales_back_through_new_setups(tmp_path):
     """Slice 1 is lost and returns: the next attempt initialises for slice 0 alone (the manager
     of the lost slice's mesh is never called again), resumes from the multi-tier checkpoint,

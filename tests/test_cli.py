@@ -95,6 +95,7 @@ def test_the_run_is_named_by_name_else_jobset_name_else_a_fresh_timestamp(tmp_pa
 
 # ----------------------------------------------------------------- end to end
 
+@pytest.mark.slow
 def test_the_summary_has_every_field_and_badput_category_and_they_add_up_to_the_wall_time(uninterrupted):
     summary = json.loads((uninterrupted / "summary.json").read_text())
     assert summary["final_step"] == 30
@@ -109,6 +110,7 @@ def test_the_summary_has_every_field_and_badput_category_and_they_add_up_to_the_
     assert (uninterrupted / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_a_preempted_run_resumed_by_the_same_command_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
     run_dir = tmp_path / "preempted"
     first = _ok(_train(run_dir, "--schedule", "preempt@12"), status=143)
@@ -129,6 +131,7 @@ def test_a_preempted_run_resumed_by_the_same_command_ends_as_the_uninterrupted_r
     assert summary["processes"] == 2 and summary["stops"]["preempted"] == 1
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_ends_as_the_uninterrupted_run(
     uninterrupted, tmp_path
 ):
@@ -150,6 +153,7 @@ def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_ends_as_
     assert summary["badput"]["wasted_progress_from_disruption"] > 0  # steps after the checkpoint ran twice
 
 
+@pytest.mark.slow
 def test_a_lost_and_returned_slice_gives_exactly_once_data_and_the_uninterrupted_parameters(
     uninterrupted, tmp_path
 ):
@@ -173,6 +177,7 @@ def test_a_lost_and_returned_slice_gives_exactly_once_data_and_the_uninterrupted
     assert summary["faults"] == {"lose": 1, "restore": 1}
 
 
+@pytest.mark.slow
 def test_a_recipes_own_main_prepares_the_process_before_jax_starts(tmp_path):
     """Without XLA_FLAGS in the environment, only prepare_process can give JAX 8 devices."""
     env = _env()
@@ -186,6 +191,7 @@ def test_a_recipes_own_main_prepares_the_process_before_jax_starts(tmp_path):
     assert "4 simulated slices of 2 devices" in proc.stderr
 
 
+@pytest.mark.slow
 def test_report_prints_the_summary_table_and_redraws_the_timeline(uninterrupted, capsys):
     (uninterrupted / "timeline.png").unlink()
     assert cli.main(["report", str(uninterrupted)]) == 0
@@ -198,6 +204,7 @@ def test_report_prints_the_summary_table_and_redraws_the_timeline(uninterrupted,
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption(tmp_path):
     """Two training processes: under a minute on an idle machine, several minutes on one
     loaded many times over, so the limit only catches a hang."""
@@ -217,6 +224,7 @@ def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption(tmp_pa
     assert (run_dir / "timeline.png").exists()
 
 
+@pytest.mark.slow
 def test_a_simulated_multi_tier_run_checkpoints_through_the_replicator_stand_in_in_its_run_directory(tmp_path):
     """Orbax's real multi-tier manager, with the simulator's stand-in for GKE's replicator
     (planned from the command line's options and executed in this process, whose 8 CPU

@@ -10,6 +10,8 @@ import pytest
 
 from elastic_dew.elastic.loop.data import ElasticData
 
+pytestmark = pytest.mark.libraries  # Grain's ElasticIterator
+
 
 def indexed(n: int) -> grain.MapDataset:
     """Element i carries its index and a value derived from it, so contents can be checked."""

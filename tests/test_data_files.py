@@ -21,6 +21,8 @@ from elastic_dew.runtime import Preempted, PreemptionNotice
 from recipes.data import encode
 from recipes.data.files import load, tokenize
 
+pytestmark = pytest.mark.libraries  # Grain and ArrayRecord
+
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs!\n"
     "How vexingly quick daft zebras jump?\tSphinx of black quartz, judge my vow.\n"
@@ -90,6 +92,7 @@ def _workers() -> set[int]:
     return {p.pid for p in multiprocessing.active_children()}
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_batches_of_no_workers_across_a_resize_and_reuse_workers_on_a_rewind(prepared):
     dataset, _ = load(prepared)
     plain = ElasticData(dataset)
@@ -173,6 +176,7 @@ class _NextElasticIterator(grain.DatasetIterator):
         """Leaves ``base_iterator`` and its workers running, as the next API does."""
 
 
+@pytest.mark.slow
 def test_grain_mains_elastic_iterator_reads_the_same_batches_and_its_workers_stop_on_close(prepared, monkeypatch):
     dataset, _ = load(prepared)
     current = ElasticData(dataset)
@@ -272,6 +276,7 @@ def _run_files(prepared, tmp_path, workers, schedule, steps=10, notice=None):
     return jax.device_get(state)["acc"], events, pids
 
 
+@pytest.mark.slow
 def test_file_data_through_workers_survives_a_slice_loss_and_a_preemption_exactly_once_as_without_workers(prepared, tmp_path):
     """Four simulated slices lose one at step 5 (constant global batch): the run restores the
     snapshot of step 4 on three slices with its workers rewound, not started again; a real

@@ -19,6 +19,7 @@ from benchmarks.device_check import ROWS, WORKLOADS, main, versions
 pytestmark = pytest.mark.libraries  # Orbax's Snapshotter and CheckpointManager, pathwaysutils' split
 
 
+@pytest.mark.slow
 def test_the_tiny_device_check_reports_every_row_with_no_part_failing(tmp_path, capsys):
     assert main(["--tiny", "--out", str(tmp_path)]) == 0, capsys.readouterr().err[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

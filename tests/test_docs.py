@@ -4,8 +4,10 @@ import subprocess
 import sys
 
 from conftest import REPO
+import pytest
 
 
+@pytest.mark.slow
 def test_the_docs_site_builds_strictly(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],

@@ -60,6 +60,7 @@ SLICE_LOSS_AT_EVERY_PHASE = {
 
 
 @pytest.mark.parametrize("phase", sorted(SLICE_LOSS_AT_EVERY_PHASE))
+@pytest.mark.slow
 def test_a_slice_lost_at_any_phase_keeps_every_invariant(phase, tmp_path, expected):
     outcome = _run(tmp_path, SLICE_LOSS_AT_EVERY_PHASE[phase])
     assert_all_fired(outcome)
@@ -128,6 +129,7 @@ def test_the_retry_policy_exhausted_surfaces_elastic_runtime_error_and_leaves_th
 
 
 @pytest.mark.parametrize(("reset_steps", "finishes"), [(3, True), (0, False)])
+@pytest.mark.slow
 def test_the_retry_budget_starts_again_after_a_stretch_of_progress_and_counts_over_the_run_when_it_is_zero(
     reset_steps, finishes, tmp_path, expected
 ):
@@ -164,6 +166,7 @@ PREEMPTION_AT = {
 
 
 @pytest.mark.parametrize("when", sorted(PREEMPTION_AT))
+@pytest.mark.slow
 def test_a_preemption_at_any_moment_stops_at_a_committed_checkpoint_and_the_rerun_finishes(when, tmp_path, expected):
     outcome = _run(tmp_path, PREEMPTION_AT[when])
     assert_all_fired(outcome)

@@ -19,6 +19,9 @@ from elastic_dew import testing as chaos
 
 from conftest import REPO
 from faultlib import assert_invariants
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
 def _command(run_dir) -> list[str]:

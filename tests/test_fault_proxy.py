@@ -15,6 +15,8 @@ import pytest
 
 from elastic_dew.testing.fault_proxy import Fault, FaultProxy, object_path
 
+pytestmark = pytest.mark.libraries  # the Cloud Storage clients' retries
+
 
 def _upload(url: str, bucket: str, name: str, data: bytes, timeout: float = 10) -> int:
     query = urllib.parse.urlencode({"uploadType": "media", "name": name})

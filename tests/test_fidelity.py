@@ -24,6 +24,8 @@ from elastic_dew.simulate import SLICE_DOWN_CODES, Fault, SimulatedSlices, parse
 
 from faultlib import kinds
 
+pytestmark = pytest.mark.libraries  # the simulator's patches
+
 
 def _on_slice(sim: SimulatedSlices, index: int) -> jax.Array:
     mesh = Mesh(np.asarray(sim.slice_to_devices[index]), ("d",))

@@ -18,6 +18,8 @@ from elastic_dew.record import committed_steps, read_events
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # Flax NNX
+
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # the elastic layer's tolerance across meshes
 STEPS, BATCH = 9, 24
 
@@ -67,6 +69,7 @@ def _rng_count(model: Net) -> int:
     return int(count)
 
 
+@pytest.mark.slow
 def test_an_nnx_model_with_batch_statistics_trains_exactly_once_through_a_loss_a_return_and_a_preemption(tmp_path):
     faults = "lose:1@3,restore:1@5"
     with SimulatedSlices(2, 2, schedule=f"{faults},preempt@7", fault_log=tmp_path / "run" / "faults.jsonl"):

@@ -26,6 +26,8 @@ from conftest import REPO
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 
+pytestmark = pytest.mark.libraries  # the Cloud Storage clients, gcsfs and TensorStore's gcs driver
+
 
 def _mesh() -> Mesh:
     return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("replica", "data"))
@@ -139,6 +141,7 @@ _KILLED_WRITER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("point", ["step-created", "items-written", "commit-recorded"])
+@pytest.mark.slow
 def test_a_step_killed_half_written_in_a_bucket_is_skipped_and_saved_again_cleanly(bucket, gcs_server, point):
     """A real writer is SIGKILLed with step 2 half written (objects, no ``commit_success.txt``)."""
     directory = f"{bucket}/ckpt"
@@ -196,6 +199,7 @@ def _one_switch_env(gcs_server, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_a_preempted_run_exits_143_and_the_same_command_resumes_from_its_gs_checkpoint(bucket, gcs_server, tmp_path):
     """``elastic-dew train --checkpoint-dir gs://...`` under a real SIGTERM, then the same
     command, with ``STORAGE_EMULATOR_HOST`` alone pointing every client at the local bucket."""
@@ -218,6 +222,7 @@ def test_a_preempted_run_exits_143_and_the_same_command_resumes_from_its_gs_chec
     assert spans == [(width * k, width * (k + 1)) for k in range(8)]
 
 
+@pytest.mark.slow
 def test_a_large_state_is_committed_to_the_bucket_on_sigterm_before_the_grace_period_ends(bucket, gcs_server):
     """128 MB saved by a real preempted process; SIGKILLed at the grace period's end, as the kubelet does."""
     grace = 30.0

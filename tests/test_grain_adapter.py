@@ -12,8 +12,11 @@ import pathlib
 import re
 
 import grain
+import pytest
 
 from elastic_dew._compat import grain as adapter
+
+pytestmark = pytest.mark.libraries  # Grain's private members, through the seam
 
 
 def _iterator(global_batch=4):

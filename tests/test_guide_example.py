@@ -33,6 +33,9 @@ from pathwaysutils.elastic import manager
 
 from elastic_dew.elastic.slices.mesh import active_devices
 from elastic_dew.simulate import SimulatedSlices
+import pytest
+
+pytestmark = pytest.mark.libraries  # pathwaysutils' Manager and elastic_retry, Orbax
 
 pathwaysutils.initialize()
 log = logging.getLogger(__name__)

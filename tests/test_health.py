@@ -19,6 +19,8 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.slices.retry import elastic_retry, make_manager
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # pathwaysutils' slice health check
+
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 

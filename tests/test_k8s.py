@@ -593,6 +593,7 @@ def test_validate_accepts_good_files_and_reports_each_problem_of_a_bad_one(tmp_p
     assert "bad.yaml" in err and "JAX_PLATFORMS must be 'proxy'" in err and "good.yaml" not in err
 
 
+@pytest.mark.slow
 def test_the_elastic_dew_command_reaches_the_k8s_renderer_in_a_real_process_without_starting_jax():
     code = ("import sys; from elastic_dew.cli import main; rc = main(sys.argv[1:]); "
             "assert 'jax' not in sys.modules, 'rendering imported jax'; sys.exit(rc)")

@@ -92,6 +92,7 @@ def test_the_controller_and_sidecar_images_pin_the_same_jax_orbax_pathwaysutils_
     assert "--upgrade" not in sidecar
 
 
+@pytest.mark.slow
 def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_manifests(tmp_path):
     """What a fresh clone or a plain pip install has: the package and the manifests, and no
     development-only directory beside them. The copy (the working tree's package and k8s/, so uncommitted changes are what
@@ -114,6 +115,7 @@ def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_mani
     assert result.stdout.count(": ok (") == len(files) == len(MANIFESTS)
 
 
+@pytest.mark.slow
 def test_the_schema_generator_skips_its_drift_check_with_a_message_when_the_crd_is_absent(tmp_path):
     """CI's clean clone may have no CRD beside it: the check says so and passes; with a CRD given
     it compares (here a CRD that is not the JobSet one is refused by name)."""
@@ -128,6 +130,7 @@ def test_the_schema_generator_skips_its_drift_check_with_a_message_when_the_crd_
     assert wrong.returncode != 0 and "not the JobSet CustomResourceDefinition" in wrong.stderr
 
 
+@pytest.mark.slow
 def test_the_schema_generator_detects_drift_between_a_crd_and_the_schema_file(tmp_path):
     script = REPO / "scripts" / "jobset_schema.py"
     crd = tmp_path / "crd.yaml"

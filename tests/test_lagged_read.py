@@ -29,6 +29,8 @@ from elastic_dew.simulate import SimulatedSlices
 import linear
 from linear import LinearProgram, dataset
 
+pytestmark = pytest.mark.libraries  # the simulator's dispatch patch
+
 GLOBAL_BATCH = linear.GLOBAL_BATCH
 
 

@@ -7,6 +7,9 @@ import re
 import signal
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.slow
 
 HANG_GUARD = 60  # seconds; a guard against a hung launcher, not a speed assertion
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.libraries]  # JAX's distributed service across real processes
+
 WORKER = Path(__file__).with_name("pool_worker.py")
 HANG_GUARD = 120  # seconds; a guard against a hung pool, not a speed assertion
 

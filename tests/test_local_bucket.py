@@ -13,6 +13,8 @@ import pytest
 from conftest import REPO
 from elastic_dew.runtime import local_bucket, prepare_process
 
+pytestmark = pytest.mark.libraries  # the Cloud Storage clients and gcsfs
+
 
 def test_the_emulator_address_alone_points_every_client_at_it_and_keeps_what_the_user_set():
     env = {"STORAGE_EMULATOR_HOST": "http://127.0.0.1:4443/", "GCE_METADATA_HOST": "10.0.0.1:80"}
@@ -49,6 +51,7 @@ def test_a_malformed_emulator_address_is_refused_by_prepare_process_before_anyth
     assert dict(os.environ) == before
 
 
+@pytest.mark.slow
 def test_gcsfs_imported_before_the_switch_still_gets_the_plain_http_file_system_and_no_credentials(gcs_server):
     """A fresh process that imported fsspec and gcsfs first, then calls ``use_local_bucket``."""
     program = textwrap.dedent(
@@ -72,6 +75,7 @@ def test_gcsfs_imported_before_the_switch_still_gets_the_plain_http_file_system_
     assert out.stdout.split() == ["GCSFileSystem", "anon", "hello"]
 
 
+@pytest.mark.slow
 def test_gcs_server_serves_its_buckets_and_prints_the_variable_to_export_until_terminated(tmp_path):
     from elastic_dew.testing.gcs_server import GCSServer
 
@@ -94,6 +98,7 @@ def test_gcs_server_serves_its_buckets_and_prints_the_variable_to_export_until_t
         client.objects("my-bucket")
 
 
+@pytest.mark.slow
 def test_gcs_server_refuses_a_bad_bucket_name_with_exit_2():
     out = subprocess.run(
         [sys.executable, "-m", "elastic_dew", "gcs-server", "--bucket", "No"],

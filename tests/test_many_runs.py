@@ -100,6 +100,7 @@ def _one_run(number: int, program, data, workdir) -> str:
     return "done"
 
 
+@pytest.mark.slow
 def test_a_hundred_runs_that_return_preempt_or_give_up_leave_flat_threads_and_bounded_memory(tmp_path):
     program, data = _SharedProgram(), dataset(512)
     handler = signal.getsignal(signal.SIGTERM)

@@ -84,6 +84,7 @@ def test_a_microbatched_step_makes_the_full_batch_update(tmp_path):
         np.testing.assert_allclose(micro.params[name], full.params[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_lost_slice_under_the_constant_batch_adds_micro_steps_not_examples_per_device(tmp_path):
     full, _ = _fit(tmp_path / "full", 8, lose_at=4)
     micro, rows = _fit(tmp_path / "micro", 8, lose_at=4, microbatch=2)

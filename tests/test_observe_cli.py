@@ -12,6 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 
 def _train(run_dir, *args):
     env = dict(os.environ)

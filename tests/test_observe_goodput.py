@@ -24,6 +24,8 @@ from goodputlib import (
     step_events,
 )
 
+pytestmark = pytest.mark.libraries  # ml-goodput-measurement's own calculator
+
 
 def test_the_gap_between_processes_is_infrastructure_recovery_and_part_of_the_wall_time():
     events = preempted_run_with_gap(gap=85.0)

@@ -25,6 +25,8 @@ from elastic_dew.record.goodput import account, summarize
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from goodputlib import library_breakdown, library_only_rules  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 GAP = 3.0
 SCHEDULES = {

@@ -22,6 +22,8 @@ from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
 
 from elastic_dew._compat import orbax as adapter
 
+pytestmark = pytest.mark.libraries  # Orbax's private members, through the seam
+
 
 @pytest.mark.parametrize("name", sorted(adapter.METHODS))
 def test_every_snapshotter_method_the_adapter_calls_exists_with_its_parameters(name):

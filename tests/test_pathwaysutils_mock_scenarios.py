@@ -25,6 +25,8 @@ import pytest
 
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # pathwaysutils' own scenarios
+
 
 def test_a_scalar_on_a_lost_slice_raises_data_loss():
     with SimulatedSlices(2, 2) as sim:

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 FAILING = '''
@@ -46,6 +48,7 @@ def test_a_failing_simulated_test(simulated_slices):
 '''
 
 
+@pytest.mark.slow
 def test_a_users_test_directory_runs_under_the_plugin_and_failures_say_what_the_slices_did(tmp_path):
     """Four devices set before JAX starts; the example passes; a fault never reached, a
     marker wanting more devices than the host has and a lost slice each fail, saying why."""

@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 from conftest import REPO
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
 def _commands() -> list[str]:

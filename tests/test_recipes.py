@@ -62,6 +62,8 @@ def test_lm_examples_are_windows_of_the_corpus_one_token_longer_than_the_context
 
 def test_lms_evaluation_split_is_the_corpus_end_that_training_never_reads():
     parts = lm.build(seq_len=16, corpus_chars=1000, examples=500)
+    # What Trainer(**parts) and the train command take from the recipe.
+    assert set(parts) == {"init", "loss", "optimizer", "dataset", "eval_dataset", "model_sharding", "data_workers"}
     text = corpus(1000)
     held_out = text[900:]  # eval_fraction 0.1
     evaluated = [decode(parts["eval_dataset"][i]["tokens"]) for i in range(len(parts["eval_dataset"]))]
@@ -70,31 +72,46 @@ def test_lms_evaluation_split_is_the_corpus_end_that_training_never_reads():
     assert all(window in text[:900] for window in trained)
 
 
-def test_lm_logits_cover_the_vocabulary_and_the_untrained_loss_is_a_uniform_guess():
-    cfg = lm.LMConfig(seq_len=16, d_model=32, heads=2, layers=1)
-    params = jax.jit(lm.init_params, static_argnums=1)(jax.random.PRNGKey(0), cfg)
-    parts = lm.build(seq_len=16, d_model=32, heads=2, layers=1, corpus_chars=2000)
-    tokens = np.stack([parts["dataset"][i]["tokens"] for i in range(4)])
-    logits = jax.jit(lm.forward, static_argnums=2)(params, tokens[:, :-1], cfg)
-    assert logits.shape == (4, 16, len(VOCABULARY))
-    loss = jax.jit(parts["loss"])(params, {"tokens": tokens}, None)
+#: The small ``lm`` the model tests share: its parameters are initialised once, and its
+#: forward pass and loss compiled once per dtype, for every test that reads them.
+SMALL = dict(seq_len=16, d_model=32, heads=2, layers=1, corpus_chars=2000)
+_forward = jax.jit(lm.forward, static_argnums=2)
+
+
+@pytest.fixture(scope="module")
+def small_lm() -> dict:
+    """The small ``lm``'s config, untrained parameters, a batch of 8 windows of the corpus,
+    and the recipe's loss and gradients on that batch computed in each dtype."""
+    parts = lm.build(**SMALL)
+    tokens = np.stack([parts["dataset"][i]["tokens"] for i in range(8)])
+    params = jax.jit(parts["init"])(jax.random.PRNGKey(0))
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        loss = lm.build(**SMALL, compute_dtype=dtype)["loss"]
+        losses[dtype] = jax.jit(jax.value_and_grad(loss))(params, {"tokens": tokens}, jax.random.PRNGKey(1))
+    return {"cfg": lm.LMConfig(**SMALL), "params": params, "tokens": tokens, "losses": losses}
+
+
+def test_lm_logits_cover_the_vocabulary_and_the_untrained_loss_is_a_uniform_guess(small_lm):
+    logits = _forward(small_lm["params"], small_lm["tokens"][:, :-1], small_lm["cfg"])
+    assert logits.shape == (8, 16, len(VOCABULARY))
+    loss, _ = small_lm["losses"]["float32"]
     assert abs(float(loss) - math.log(len(VOCABULARY))) < 0.2
 
 
-def test_lm_attention_is_causal_so_later_tokens_never_change_earlier_logits():
-    cfg = lm.LMConfig(seq_len=16, d_model=32, heads=2, layers=2)
-    params = jax.jit(lm.init_params, static_argnums=1)(jax.random.PRNGKey(1), cfg)
-    tokens = encode(corpus(1000)[:16])[None]
+def test_lm_attention_is_causal_so_later_tokens_never_change_earlier_logits(small_lm):
+    tokens = small_lm["tokens"][:, :-1]
     changed = tokens.copy()
     changed[0, 10:] = (changed[0, 10:] + 1) % len(VOCABULARY)
-    forward = jax.jit(lm.forward, static_argnums=2)
-    a, b = forward(params, tokens, cfg), forward(params, changed, cfg)
+    a = _forward(small_lm["params"], tokens, small_lm["cfg"])
+    b = _forward(small_lm["params"], changed, small_lm["cfg"])
     np.testing.assert_allclose(a[0, :10], b[0, :10], rtol=1e-5, atol=1e-6)
     assert not np.allclose(a[0, 10:], b[0, 10:])
+    np.testing.assert_array_equal(a[1:], b[1:])  # the other windows are untouched
 
 
 def test_lm_loss_goes_down_visibly_in_a_plain_jitted_loop():
-    losses = _train(lm.build(seq_len=32, d_model=32, heads=2, layers=1), steps=80, batch=16)
+    losses = _train(lm.build(seq_len=16, d_model=32, heads=2, layers=1), steps=80, batch=16)
     assert losses[0] > 3.0
     assert np.mean(losses[-10:]) < 0.75 * losses[0]
 
@@ -132,14 +149,9 @@ def test_every_recipe_declares_the_training_defaults_the_train_command_uses():
         assert all(recipe.DEFAULTS["global_batch"] % (2 * s) == 0 for s in range(1, 5))
 
 
-def test_lm_in_bfloat16_keeps_float32_master_weights_and_a_float32_loss_near_the_float32_one():
-    small = dict(seq_len=16, d_model=32, heads=2, layers=1, corpus_chars=1000, examples=8)
-    tokens = {"tokens": np.stack([lm.build(**small)["dataset"][i]["tokens"] for i in range(8)])}
+def test_lm_in_bfloat16_keeps_float32_master_weights_and_a_float32_loss_near_the_float32_one(small_lm):
     losses = {}
-    for dtype in ("float32", "bfloat16"):
-        parts = lm.build(**small, compute_dtype=dtype)
-        params = jax.jit(parts["init"])(jax.random.PRNGKey(0))
-        loss, grads = jax.jit(jax.value_and_grad(parts["loss"]))(params, tokens, jax.random.PRNGKey(1))
+    for dtype, (loss, grads) in small_lm["losses"].items():
         assert loss.dtype == np.float32
         assert {str(g.dtype) for g in jax.tree.leaves(grads)} == {"float32"}  # master weights stay float32
         losses[dtype] = float(loss)

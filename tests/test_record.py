@@ -105,6 +105,7 @@ def test_a_torn_last_line_from_a_killed_writer_is_ignored_and_the_next_writer_st
         assert [e["event"] for e in rec.events()] == ["step", "step", "start"]
 
 
+@pytest.mark.slow
 def test_a_writer_killed_with_sigkill_keeps_every_line_up_to_its_last_save_and_no_later_line_breaks_reading(tmp_path):
     """A real process appends steps, a save and more steps, starts a line and is SIGKILLed:
     the steps before the save and the save itself are on disk; of the step lines after it,

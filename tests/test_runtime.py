@@ -39,6 +39,8 @@ from elastic_dew.runtime import (
 )
 from elastic_dew.runtime.compilation_cache import JAX_MIN_COMPILE_TIME_S
 
+pytestmark = pytest.mark.libraries  # JAX's distributed and preemption services
+
 HANG_GUARD = 120
 
 
@@ -91,6 +93,7 @@ def test_the_public_constants_are_the_seeds():
     }
 
 
+@pytest.mark.slow
 def test_importing_the_runtime_and_preparing_a_lone_process_do_not_import_jax():
     out = _python(
         "import sys, elastic_dew.runtime as r; r.prepare_process(multi_host=False);"
@@ -102,6 +105,7 @@ def test_importing_the_runtime_and_preparing_a_lone_process_do_not_import_jax():
 # ------------------------------------------------------------------- 1. rlimits
 
 
+@pytest.mark.slow
 def test_prepare_process_raises_the_soft_fd_and_core_limits_to_the_hard_ones():
     """The child lowers its own soft limits first (as a restrictive scheduler would have),
     then prepares; lowering them in a preexec_fn would fork this multithreaded process."""
@@ -169,6 +173,7 @@ def test_bad_arguments_are_refused_before_anything_changes(clean_env):
 # ------------------------------------------------------------------- 3. XLA flags
 
 
+@pytest.mark.slow
 def test_xla_flags_are_appended_to_XLA_FLAGS_without_duplicates(clean_env, monkeypatch):
     """This pytest process may already run a backend; whether one started is set to no,
     since the test is about how flags merge (the started case runs in a subprocess)."""
@@ -202,6 +207,7 @@ def test_the_execution_timeout_is_added_only_with_the_cuda_plugin_and_never_over
     assert os.environ["XLA_FLAGS"] == after
 
 
+@pytest.mark.slow
 def test_new_xla_flags_after_a_backend_started_are_refused_and_nothing_changes():
     out = _python(
         """
@@ -355,6 +361,7 @@ def test_multi_host_false_never_asks_for_a_pool(clean_env):
     assert clean_env == []
 
 
+@pytest.mark.slow
 def test_no_cluster_environment_is_a_single_host_run(clean_env):
     """The real ``jax.distributed.initialize``, in a fresh process (it refuses to run once
     a backend has started, as pytest's has): with no cluster it raises the ValueError naming
@@ -476,6 +483,7 @@ def test_host_params_are_checked_against_a_started_backend_without_changing_it(c
 # -------------------------------------------------------- 8. alone: the notice is SIGTERM
 
 
+@pytest.mark.slow
 def test_a_lone_process_catches_sigterm_reports_it_once_and_close_restores_the_handler():
     out = _python(
         """
@@ -520,6 +528,7 @@ def test_preempted_carries_its_step_and_survives_pickling():
     assert isinstance(err, Preempted) and err.step == 12 and "12" in str(err)
 
 
+@pytest.mark.slow
 def test_an_uncaught_preempted_exits_143_with_no_traceback():
     out = _python(
         """
@@ -534,6 +543,7 @@ def test_an_uncaught_preempted_exits_143_with_no_traceback():
     assert out.stderr == ""
 
 
+@pytest.mark.slow
 def test_an_uncaught_preempted_exits_143_after_install_exit_hook_alone_and_atexit_still_runs():
     out = _python(
         """
@@ -549,6 +559,7 @@ def test_an_uncaught_preempted_exits_143_after_install_exit_hook_alone_and_atexi
     assert out.stderr == ""
 
 
+@pytest.mark.slow
 def test_an_uncaught_preempted_exits_143_while_idle_thread_pools_are_alive():
     """Grain and Orbax keep idle ThreadPoolExecutor workers, which only stop when the
     interpreter's threading shutdown tells them to: the exit must not wait for them."""
@@ -566,6 +577,7 @@ def test_an_uncaught_preempted_exits_143_while_idle_thread_pools_are_alive():
     assert out.stderr == ""
 
 
+@pytest.mark.slow
 def test_other_uncaught_exceptions_still_reach_the_previous_hook():
     out = _python(
         """
@@ -579,6 +591,7 @@ def test_other_uncaught_exceptions_still_reach_the_previous_hook():
     assert "Traceback" in out.stderr and "not a preemption" in out.stderr
 
 
+@pytest.mark.slow
 def test_importing_the_runtime_leaves_sys_excepthook_alone_and_an_uncaught_preempted_is_a_plain_error():
     out = _python(
         """
@@ -598,6 +611,7 @@ def test_importing_the_runtime_leaves_sys_excepthook_alone_and_an_uncaught_preem
     assert "Traceback" in out.stderr and "preempted at step 4" in out.stderr
 
 
+@pytest.mark.slow
 def test_install_exit_hook_installs_the_hook_once_and_chains_to_the_previous_one():
     out = _python(
         """

@@ -135,6 +135,7 @@ def test_typed_prng_keys_and_integer_counters_are_replicated_whatever_their_size
     assert asked == ["['count']", "['w']"]
 
 
+@pytest.mark.slow
 def test_an_fsdp_run_that_loses_a_slice_and_gets_it_back_consumes_every_example_once_and_ends_allclose(
     tmp_path, reference
 ):
@@ -152,6 +153,7 @@ def test_an_fsdp_run_that_loses_a_slice_and_gets_it_back_consumes_every_example_
         np.testing.assert_allclose(result.params[name], reference.params[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_an_fsdp_run_preempted_and_run_again_ends_bitwise_equal_to_the_uninterrupted_one(tmp_path, reference):
     result = _train(tmp_path / "run", schedule="preempt@6")
     events = record.read_events(result.run_dir)
@@ -179,6 +181,7 @@ def test_the_memory_figures_match_the_shardings_the_test_computes(reference):
     assert memory["snapshot_host_bytes_per_device_max"] <= 1.1 * memory["state_bytes"] / PER_SLICE
 
 
+@pytest.mark.slow
 def test_with_snapshots_off_the_snapshot_host_bytes_are_zero(tmp_path):
     with SimulatedSlices(SLICES, PER_SLICE):
         result = Trainer(**_model(), config=_config(snapshot_every=0), run_dir=tmp_path / "run",
@@ -189,22 +192,29 @@ def test_with_snapshots_off_the_snapshot_host_bytes_are_zero(tmp_path):
     assert result.shardings["params"]["w"].spec == P()
 
 
+@pytest.mark.slow
 def test_a_model_axis_2_lm_run_from_the_command_line_splits_block_weights_over_model(tmp_path):
+    """The recipe's ``model_sharding`` rule reaches the ``Trainer`` as the command line gives
+    it, combined with the named ``sharding``; the evaluation split is evaluated on the same
+    tensor-parallel layout."""
     parser = argparse.ArgumentParser()
     console.add_options(parser)
     args = parser.parse_args([
         "lm", "--model-axis", "2", "--sharding", "fsdp", "--steps", "3", "--global-batch", "8",
-        "--run-dir", str(tmp_path / "run"), "--snapshot-every", "1",
+        "--run-dir", str(tmp_path / "run"), "--snapshot-every", "1", "--eval-every", "2",
         "--set", "d_model=32", "--set", "layers=1", "--set", "seq_len=16", "--set", "corpus_chars=5000",
     ])
     plan = runs.plan(console.config_of(args))
     assert plan.elastic.model_axis == 2 and plan.train.sharding == "fsdp"
     outcome = runs.execute(plan)
     assert outcome.status == 0 and outcome.result.final_step == 3
+    evaluated = outcome.result.summary["eval"]
+    assert evaluated["step"] == 2 and 2 < evaluated["metrics"]["loss"] < 4
     block = outcome.result.shardings["params"]["blocks"][0]
     assert block["qkv"].spec == P(None, "model") and block["mlp_in"].spec == P(None, "model")
     assert block["proj"].spec == P("model", None) and block["mlp_out"].spec == P("model", None)
     assert block["qkv"].shard_shape((32, 96)) == (32, 48)
+    assert outcome.result.shardings["params"]["embed"].spec == P()  # not a block weight: whole
     mu = outcome.result.shardings["opt_state"][1][0].mu["blocks"][0]  # adamw's moments follow
     assert mu["proj"].spec == P("model", None)
     losses = [e["loss"] for e in record.read_events(outcome.run_dir) if e["event"] == "step"]

@@ -18,6 +18,8 @@ from pathwaysutils.elastic import elastic, manager
 
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # the simulator's patches
+
 
 def _on_slice(sim: SimulatedSlices, index: int) -> jax.Array:
     """A two-device array on slice ``index`` (sharded over its devices)."""

@@ -27,6 +27,9 @@ from elastic_dew.simulate import SimulatedSlices
 from linear import LinearProgram
 from linear import config as _config
 from linear import dataset as _dataset
+import pytest
+
+pytestmark = pytest.mark.libraries  # the simulator's patches and pathwaysutils' wait for slices
 
 HANG_THEN_DEAD = "hang:1@7,lose:1@+3"
 #: How long after its due time the blocked read may end (the clock ticks every 0.05 s).

@@ -21,6 +21,8 @@ from pathwaysutils.elastic import manager
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # the simulator's patches over pathwaysutils and Orbax
+
 
 def test_every_simulated_device_carries_its_slice_index_and_the_rest_carry_none():
     with SimulatedSlices(3, 2) as sim:

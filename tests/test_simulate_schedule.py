@@ -167,6 +167,7 @@ _RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_faults_fire_once_per_run_across_a_sigterm_and_a_sigkill_restart(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(_RUN)

@@ -18,6 +18,8 @@ from pathwaysutils.elastic import manager
 
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # the simulator's patches
+
 FEATURES = 64
 BATCH = 8
 

@@ -22,6 +22,8 @@ from pathwaysutils.elastic import manager
 from elastic_dew.elastic.slices import health
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # the simulator's patches
+
 
 def _run(elastic_manager: manager.Manager, steps: int, record: list, *, compiled: bool = False,
          minimum_slice_count: int = 1):

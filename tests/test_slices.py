@@ -27,6 +27,8 @@ from elastic_dew.elastic.slices.mesh import (
 )
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = pytest.mark.libraries  # pathwaysutils' Manager and retry policy
+
 FAST = dict(poll_interval=0.05, timeout=30)
 
 

@@ -14,6 +14,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic.state.newest import Checkpoints, Snapshots, newest
 
+pytestmark = pytest.mark.libraries  # Orbax's Snapshotter and pathwaysutils' split and concatenate
+
 AXES = ("replica", "data", "model")
 
 

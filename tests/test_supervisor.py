@@ -23,6 +23,7 @@ def _exits(tmp_path, *statuses: int) -> list[str]:
     return [sys.executable, "-c", script]
 
 
+@pytest.mark.slow
 def test_a_preempted_or_killed_process_is_run_again_until_it_succeeds(tmp_path):
     restarts = []
     statuses = supervise(
@@ -33,15 +34,18 @@ def test_a_preempted_or_killed_process_is_run_again_until_it_succeeds(tmp_path):
     assert set(RESTART_STATUSES) == {143, -15, 137, -9}
 
 
+@pytest.mark.slow
 def test_another_status_ends_the_supervision_without_a_restart(tmp_path):
     assert supervise(_exits(tmp_path, 143, 1, 0), max_processes=10) == [143, 1]
 
 
+@pytest.mark.slow
 def test_the_supervision_stops_after_max_processes(tmp_path):
     assert supervise(_exits(tmp_path, 143, 143, 143, 0), max_processes=2) == [143, 143]
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+@pytest.mark.slow
 def test_a_bad_process_limit_is_refused_before_anything_runs(bad, tmp_path):
     with pytest.raises(ValueError, match="max_processes=.* must be a whole number >= 1"):
         supervise(_exits(tmp_path, 0), max_processes=bad)

@@ -26,6 +26,8 @@ from pathwaysutils.extras.simple_model import workload as workload_lib
 
 from elastic_dew.simulate import SimulatedSlices
 
+pytestmark = [pytest.mark.slow, pytest.mark.libraries]  # pathwaysutils' own elastic workload
+
 CONFIG = config_lib.ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_heads=2,
                                 head_dim=16, num_layers=1, per_device_batch_size=1, seq_len=8)
 STEPS = 10

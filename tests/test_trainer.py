@@ -41,6 +41,7 @@ def _config(**overrides):
     return ElasticConfig(**values)
 
 
+@pytest.mark.slow
 def test_fit_writes_the_run_record_and_a_summary_with_every_badput_category(tmp_path):
     with SimulatedSlices(4, 2, schedule="lose:3@5", fault_log=tmp_path / "run" / "faults.jsonl"):
         result = Trainer(**_model(), config=_config(), run_dir=tmp_path / "run").fit(10)
@@ -119,28 +120,8 @@ def test_fit_refuses_a_non_positive_step_count(tmp_path):
         Trainer(**_model(), config=_config(), run_dir=tmp_path / "run").fit(0)
 
 
-def test_the_lm_recipes_parts_train_directly_with_its_weights_split_over_model(tmp_path):
-    """``Trainer(**lm.build())``: the recipe's ``model_sharding`` rule is a Trainer argument,
-    combined with the named ``sharding`` as the command line combines it; its evaluation split
-    is evaluated on the same tensor-parallel layout."""
-    from recipes import lm
-
-    parts = lm.build(d_model=32, layers=1, seq_len=16, corpus_chars=5000)
-    assert set(parts) == {"init", "loss", "optimizer", "dataset", "eval_dataset", "model_sharding", "data_workers"}
-    with SimulatedSlices(4, 2):
-        result = Trainer(
-            **parts, config=_config(model_axis=2, global_batch=12), run_dir=tmp_path / "run",
-            train=TrainConfig(sharding="fsdp", eval_every=2),
-        ).fit(2)
-    assert result.final_step == 2
-    assert result.summary["eval"]["step"] == 2 and 2 < result.summary["eval"]["metrics"]["loss"] < 4
-    block = result.shardings["params"]["blocks"][0]
-    assert block["qkv"].spec == P(None, "model") and block["mlp_in"].spec == P(None, "model")
-    assert block["proj"].spec == P("model", None) and block["mlp_out"].spec == P("model", None)
-    assert block["qkv"].shard_shape((32, 96)) == (32, 48)
-    assert result.shardings["params"]["embed"].spec == P()  # not a block weight: whole
-
-
+@pytest.mark.slow
+@pytest.mark.libraries
 def test_a_flax_linen_model_trains_through_init_and_loss_as_the_trainer_page_writes_them(tmp_path):
     """Linen needs no adapter: its variables are the params tree, and the trained ones apply."""
     from flax import linen as nn

@@ -47,6 +47,7 @@ def _status(proc: subprocess.CompletedProcess, expected: int) -> subprocess.Comp
     return proc
 
 
+@pytest.mark.slow
 def test_the_train_command_offers_the_waits_flags():
     proc = subprocess.run([sys.executable, "-m", "elastic_dew", "train", "--help"], capture_output=True,
                           text=True, timeout=120, env=_env())
@@ -62,6 +63,7 @@ def test_the_chaos_flags_help_names_time_keyed_faults_hang_and_error(capsys):
         assert text in chaos, chaos
 
 
+@pytest.mark.slow
 def test_a_paused_run_whose_slice_returns_after_three_seconds_finishes_on_four_slices(tmp_path):
     run_dir = tmp_path / "r"
     _status(_train(run_dir, 30, "--schedule", "lose:3@17,restore:3@+3"), 0)
@@ -83,6 +85,7 @@ def test_a_return_keyed_to_a_step_a_paused_run_cannot_reach_is_refused_before_an
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_the_snapshot(tmp_path):
     run_dir = tmp_path / "r"
     command = _command(run_dir, 30, "--schedule", "lose:3@17", "--snapshot-every", "5", "--timeout", "200")
@@ -114,6 +117,7 @@ def test_sigterm_while_waiting_for_a_slice_exits_143_and_the_rerun_resumes_from_
     assert turns[-1] == ("stop", "done", 30)
 
 
+@pytest.mark.slow
 def test_a_sigterm_just_before_a_slice_loss_ends_the_wait_at_once_and_the_rerun_resumes_from_the_snapshot(tmp_path):
     """The notice is pending when the wait begins (its step boundary never came): the wait
     must end at once, as a SIGTERM during it does, not after ``--timeout``."""
@@ -132,6 +136,7 @@ def test_a_sigterm_just_before_a_slice_loss_ends_the_wait_at_once_and_the_rerun_
     assert turns[-1] == ("stop", "done", 30)
 
 
+@pytest.mark.slow
 def test_a_hung_slice_past_the_step_timeout_is_a_slice_loss_and_the_run_recovers(tmp_path):
     run_dir = tmp_path / "r"
     proc = _status(_train(run_dir, 24, "--schedule", "hang:3@10,restore:3@+2", "--step-timeout", "1"), 0)
@@ -141,6 +146,7 @@ def test_a_hung_slice_past_the_step_timeout_is_a_slice_loss_and_the_run_recovers
     assert turns[-1] == ("stop", "done", 24)
 
 
+@pytest.mark.slow
 def test_an_error_that_is_not_a_slice_loss_fails_the_run_without_a_retry(tmp_path):
     run_dir = tmp_path / "r"
     proc = _status(_train(run_dir, 30, "--schedule", "error@12"), run.FAILED_EXIT)
@@ -150,6 +156,7 @@ def test_an_error_that_is_not_a_slice_loss_fails_the_run_without_a_retry(tmp_pat
     assert [t for t in turns if t[0] == "resume"] == [("resume", "fresh", 1)]
 
 
+@pytest.mark.slow
 def test_the_timeout_ends_a_wait_for_a_slice_that_never_returns(tmp_path):
     run_dir = tmp_path / "r"
     started = time.monotonic()

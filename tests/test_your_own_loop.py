@@ -10,6 +10,9 @@ import subprocess
 import sys
 
 from conftest import REPO
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_own_loop_example_survives_a_loss_a_return_and_a_preemption_and_trains_on_each_example_once(tmp_path):
