@@ -15,6 +15,7 @@ This module never imports JAX: the ranks do.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -26,7 +27,9 @@ import time
 from collections.abc import Sequence
 from typing import BinaryIO
 
-__all__ = ["configure", "run", "free_port", "launch"]
+from elastic_dew.settings import Bound, Flag, SettingError, add_flags, check_fields, given, mention, setting, wording
+
+__all__ = ["Pool", "configure", "run", "free_port", "launch"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,43 +44,45 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--env takes KEY=VALUE, got {text!r}")
-    return key, value
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """A local pool's settings, checked once as they are built.
+
+    Args:
+      nprocs: the number of ranks.
+      env: ``KEY=VALUE`` variables set in every rank.
+      grace: seconds the ranks may take to stop before SIGKILL.
+
+    Raises:
+      SettingError: a setting outside its range, or an ``env`` text that is not ``KEY=VALUE``.
+    """
+
+    nprocs: int = setting(1, bound=Bound(1, whole=True))
+    env: tuple[str, ...] = ()
+    grace: float = setting(DEFAULT_GRACE, bound=Bound(0, unit="seconds"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for text in self.env:
+            if not text.partition("=")[0] or "=" not in text:
+                raise SettingError(Pool, "env", text, problem=f"{mention('env', text)} is not KEY=VALUE")
+
+    @property
+    def variables(self) -> dict[str, str]:
+        """``env`` as a mapping."""
+        return dict(text.split("=", 1) for text in self.env)
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"-n takes a whole number of ranks, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"-n takes at least 1 rank, got {n}")
-    return n
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--grace takes seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--grace cannot be negative, got {value}")
-    return value
+_FLAGS = {
+    "nprocs": Flag("number of ranks", required=True, short="-n"),
+    "env": Flag("set an environment variable in every rank (repeatable)", "K=V"),
+    "grace": Flag("how long ranks may take to stop before SIGKILL", "SECONDS"),
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--nprocs", type=_positive, required=True, help="number of ranks")
-    parser.add_argument(
-        "--env", type=_env_pair, action="append", default=[], metavar="K=V",
-        help="set an environment variable in every rank (repeatable)",
-    )
-    parser.add_argument(
-        "--grace", type=_seconds, default=DEFAULT_GRACE, metavar="SECONDS",
-        help="how long ranks may take to stop before SIGKILL",
-    )
+    """Declare ``elastic-dew launch``'s arguments: :class:`Pool`'s flags and the command."""
+    add_flags(parser, Pool, _FLAGS, defaults=True)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...: what each rank runs")
     parser.set_defaults(usage_error=parser.error)
 
@@ -118,7 +123,13 @@ def launch(
     env: dict[str, str] | None = None,
     grace: float = DEFAULT_GRACE,
 ) -> int:
-    """Run ``cmd`` as ``nprocs`` ranks of one pool and return the pool's exit status."""
+    """Run ``cmd`` as ``nprocs`` ranks of one pool and return the pool's exit status.
+
+    Raises:
+      SettingError: ``nprocs`` or ``grace`` out of range (:class:`Pool`).
+      ValueError: no command.
+    """
+    Pool(nprocs, grace=grace)
     if not cmd:
         raise ValueError("nothing to launch: give the command after --, e.g. `-- python train.py`")
     address = f"127.0.0.1:{free_port()}"
@@ -220,6 +231,10 @@ def run(args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    try:
+        pool = Pool(**given(args, Pool, _FLAGS))
+    except SettingError as error:
+        args.usage_error(wording(error, [(Pool, _FLAGS)]))  # exits 2
     if not cmd:
         args.usage_error("give the command after --, e.g. `-- python train.py`")  # exits 2
-    return launch(args.nprocs, cmd, dict(args.env), args.grace)
+    return launch(pool.nprocs, cmd, pool.variables, pool.grace)

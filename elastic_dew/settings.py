@@ -251,12 +251,14 @@ class Flag:
       name: the flag, where it is not the field's name with dashes (``--min-slices`` for
         ``minimum_slice_count``).
       required: whether the flag must be given (default: when the field has no default).
+      short: a one-letter spelling beside the flag (``-n``).
     """
 
     help: str
     metavar: str | None = None
     name: str | None = None
     required: bool | None = None
+    short: str | None = None
 
 
 #: A command's flags: each offered field of a configuration and its :class:`Flag`, in the
@@ -326,7 +328,7 @@ def add_flags(parser: argparse.ArgumentParser | Any, owner: type, flags: Flags, 
             options["type"] = kind
         if flag.metavar or (kind is not bool and "choices" not in field.metadata):
             options["metavar"] = flag.metavar or name.upper()
-        parser.add_argument(flag_name(name, flag), **options)
+        parser.add_argument(*filter(None, (flag.short, flag_name(name, flag))), **options)
 
 
 def given(args: argparse.Namespace, owner: type, flags: Flags, *, part: str | None = None) -> dict[str, Any]:

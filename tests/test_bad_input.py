@@ -379,7 +379,7 @@ def test_launch_refuses_a_pool_of_no_ranks(capsys):
     with pytest.raises(SystemExit) as exited:  # argparse's usage error
         cli.main(["launch", "-n", "0", "--", "true"])
     assert exited.value.code == 2
-    assert "-n takes at least 1 rank, got 0" in capsys.readouterr().err
+    assert "--nprocs 0 must be >= 1" in capsys.readouterr().err
 
 
 def test_k8s_render_refuses_a_bad_field_naming_it_and_the_fix(tmp_path, capsys):

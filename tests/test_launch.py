@@ -77,7 +77,7 @@ def test_a_sigterm_that_ends_every_rank_makes_the_pool_exit_143():
 def test_bad_arguments_are_refused_with_a_message_naming_them():
     for args, needle in (
         (["-n", "2", "--env", "NOEQUALS", "--", "true"], "KEY=VALUE"),
-        (["-n", "0", "--", "true"], "at least 1"),
+        (["-n", "0", "--", "true"], "--nprocs 0 must be >= 1"),
         (["-n", "2", "--grace", "soon", "--", "true"], "--grace"),
         (["-n", "2"], "after --"),
     ):
