@@ -309,7 +309,8 @@ def test_the_circle_check_finds_a_circle_between_packages_and_names_it():
 # ------------------------------------------------------------------ the seam for other libraries' internals
 
 #: The libraries whose private names only the seam (``elastic_dew._compat``) may touch.
-LIBRARIES = ("jax", "jaxlib", "orbax", "grain", "pathwaysutils", "argparse", "ml_goodput_measurement")
+LIBRARIES = ("jax", "jaxlib", "orbax", "grain", "pathwaysutils", "argparse", "ml_goodput_measurement",
+             "threading", "atexit")
 SEAM = "elastic_dew._compat"
 
 

@@ -631,15 +631,6 @@ def test_install_exit_hook_installs_the_hook_once_and_chains_to_the_previous_one
     assert "Traceback" in out.stderr and "not a preemption" in out.stderr
 
 
-def test_the_private_interpreter_shutdown_steps_the_exit_hook_needs_still_exist():
-    """The hook runs the interpreter's shutdown through ``threading._shutdown`` and
-    ``atexit._run_exitfuncs``, which have no public equivalent: a Python release without
-    them must fail here, not at the first preemption."""
-    join_threads, run_exitfuncs = preemption._interpreter_shutdown()
-    assert callable(join_threads), "threading._shutdown is gone: rewrite the exit hook"
-    assert callable(run_exitfuncs), "atexit._run_exitfuncs is gone: rewrite the exit hook"
-
-
 # ------------------------------------------------------------------- 10. the clock
 
 

@@ -11,13 +11,14 @@ it too).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
 import sys
 import threading
 from typing import Any
+
+from elastic_dew._compat import python as python_private
 
 __all__ = ["PREEMPTED_EXIT", "Preempted", "PreemptionNotice", "NoticeInWait", "install_exit_hook"]
 
@@ -71,10 +72,10 @@ def _interpreter_shutdown():
     ever), and ``atexit._run_exitfuncs`` is its second. An ``atexit`` callback that calls
     ``os._exit`` is no substitute: callbacks run last-registered first, so every callback
     registered before it (logging's among them) would be skipped. Both functions are
-    looked up here and only here; ``tests/test_runtime.py`` fails loudly if a Python
-    release removes either.
+    declared in the seam (:mod:`elastic_dew._compat.python`), whose canary fails loudly if
+    a Python release removes either.
     """
-    return threading._shutdown, atexit._run_exitfuncs
+    return python_private.interpreter_shutdown()
 
 
 def _preempted_excepthook(exc_type, exc, tb) -> None:
