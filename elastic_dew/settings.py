@@ -92,13 +92,13 @@ class Bound:
         return f"{name}={value} {rule}{unit}{' (0 turns it off)' if self.off else ''}{none}"
 
 
-def setting(default: Any = None, help: str | None = None, *, bound: Bound | None = None,
+def setting(default: Any = dataclasses.MISSING, help: str | None = None, *, bound: Bound | None = None,
             choices: tuple[Any, ...] | None = None, or_callable: bool = False,
             factory: Callable[[], Any] | None = None, flag: str | None = None, metavar: str | None = None) -> Any:
     """A configuration field with its range or choices, checked by :func:`check_fields`.
 
     Args:
-      default: the field's default.
+      default: the field's default (left out: the field is required).
       bound: its range, for a number.
       choices: the values it takes, for a name.
       or_callable: besides its ``choices``, the field takes a callable (a policy the Python

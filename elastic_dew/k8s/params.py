@@ -18,7 +18,7 @@ from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type, parse_tpu_
 from elastic_dew.elastic.config import MULTI_TIER_DIR
 from elastic_dew import _deprecation
 from elastic_dew.run import available_recipes
-from elastic_dew.settings import SettingError, mention, setting
+from elastic_dew.settings import Bound, SettingError, check_fields, mention, setting
 
 __all__ = [
     "KNOWN_RECIPES",
@@ -55,8 +55,8 @@ def check_recipe(field: str, recipe: str) -> None:
     if recipe in KNOWN_RECIPES or _MODULE_PATH.match(recipe):
         return
     raise _refused(field, f"unknown recipe {recipe!r}",
-                         f"use one of {', '.join(KNOWN_RECIPES)}, or a module path with build() that "
-                         "the controller image can import (mypkg.myrecipe)")
+                   f"use one of {', '.join(KNOWN_RECIPES)}, or a module path with build() that "
+                   "the controller image can import (mypkg.myrecipe)")
 
 
 #: The default Pathways release of the resource manager, proxy and worker images
@@ -142,7 +142,7 @@ class JobSetParams:
     name: str
     tpu_type: str
     topology: str
-    slices: int
+    slices: int = setting(bound=Bound(1, whole=True))
     elastic_slices: int
     image: str
     recipe: str
@@ -155,7 +155,7 @@ class JobSetParams:
     pathways_version: str = PATHWAYS_VERSION
     head_node_pool: str = "cpu-np"
     grace_seconds: int = 300
-    max_restarts: int = 5
+    max_restarts: int = setting(5, bound=Bound(0, whole=True))
     slice_restarts: int = 1_000_000
     mtc_ramdisk_dir: str = MULTI_TIER_DIR
     service_account: str = "default"
@@ -211,6 +211,7 @@ class JobSetParams:
     def check(self) -> "JobSetParams":
         """Raise :class:`~elastic_dew.settings.SettingError` for the first parameter that cannot work; return the
         parameters with a sized TPU type (``v6e-16``) resolved to its type and topology."""
+        check_fields(self)  # the declared ranges and choices
         check_rfc1123_label("name", self.name)
         check_rfc1123_label("namespace", self.namespace)
         parsed = parse_tpu_type(self.tpu_type)
@@ -225,22 +226,20 @@ class JobSetParams:
             if implied is None:
                 sizes = ", ".join(tpu.sized_name(t) for t in tpu.topologies)
                 raise _refused("tpu_type", f"{self.tpu_type!r} is no {tpu.name} slice size",
-                                     f"use one of {sizes}")
+                               f"use one of {sizes}")
             if self.topology and self.topology != implied:
                 raise _refused("topology", f"{self.tpu_type} is a {implied} slice, not {self.topology}",
-                                     f"drop {mention('topology')} or pass {mention('topology', implied)}")
+                               f"drop {mention('topology')} or pass {mention('topology', implied)}")
             return dataclasses.replace(self, tpu_type=tpu.name, topology=implied).check()
         if not self.topology:
             raise _refused("topology", f"TPU type {tpu.name} needs a topology",
-                                 f"pass {mention('topology')} (one of {', '.join(tpu.topologies)}) or a sized "
-                                 f"{mention('tpu_type')} such as {tpu.sized_name(tpu.topologies[2])}")
+                           f"pass {mention('topology')} (one of {', '.join(tpu.topologies)}) or a sized "
+                           f"{mention('tpu_type')} such as {tpu.sized_name(tpu.topologies[2])}")
         if self.topology not in tpu.topologies:
             raise _refused(
                 "topology", f"TPU type {tpu.name} has no topology {self.topology!r}",
                 f"use one of {', '.join(tpu.topologies)}",
             )
-        if self.slices < 1:
-            raise _refused("slices", f"{self.slices} slices", "use at least 1")
         if not 0 <= self.elastic_slices <= self.slices:
             raise _refused(
                 "elastic_slices",
@@ -264,11 +263,8 @@ class JobSetParams:
                 "moving tag lets a restarted worker pull another release than the running proxy")
         if self.queue is not None and (len(self.queue) > 63 or not _LABEL.match(self.queue)):
             raise _refused("queue", f"{self.queue!r} is not a Kueue LocalQueue name",
-                                 "pass the LocalQueue's name (lowercase letters, digits and '-', at most 63), "
-                                 "as kubectl get localqueues lists it")
-        if self.on_controller_failure not in CONTROLLER_FAILURE_MODES:
-            raise _refused("on_controller_failure", f"unknown mode {self.on_controller_failure!r}",
-                                 f"use one of {', '.join(CONTROLLER_FAILURE_MODES)}")
+                           "pass the LocalQueue's name (lowercase letters, digits and '-', at most 63), "
+                           "as kubectl get localqueues lists it")
         _, prefix = parse_bucket("bucket", self.bucket)
         if prefix and any(part in ("", ".", "..") or any(c.isspace() for c in part) for part in prefix.split("/")):
             raise _refused(
@@ -283,20 +279,15 @@ class JobSetParams:
             _check_image("sidecar_image", self.sidecar_image, "sidecar")
         if self.priority is not None and (len(self.priority) > 253 or not _SUBDOMAIN.match(self.priority)):
             raise _refused("priority", f"{self.priority!r} is not a PriorityClass name",
-                                 "use a lowercase DNS subdomain name such as 'high-prior-job'")
-        if self.proxy_flag_spelling not in PROXY_FLAG_SPELLINGS:
-            raise _refused("proxy_flag_spelling", f"unknown spelling {self.proxy_flag_spelling!r}",
-                                 f"use one of {', '.join(PROXY_FLAG_SPELLINGS)}")
+                           "use a lowercase DNS subdomain name such as 'high-prior-job'")
         check_rfc1123_label("head_node_pool", self.head_node_pool)
         if len(self.service_account) > 253 or not _SUBDOMAIN.match(self.service_account):
             raise _refused("service_account", f"{self.service_account!r} is not a Kubernetes service account name",
-                                 "use a lowercase DNS subdomain name such as 'elastic-dew' (the account needs "
-                                 f"Workload Identity access to {mention('bucket')}; see docs/kubernetes.md)")
+                           "use a lowercase DNS subdomain name such as 'elastic-dew' (the account needs "
+                           f"Workload Identity access to {mention('bucket')}; see docs/kubernetes.md)")
         if self.grace_seconds < 30:
             raise _refused("grace_seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
-                                 "use at least 30 (the default, 300, suits a multi-GB Orbax write)")
-        if self.max_restarts < 0:
-            raise _refused("max_restarts", f"{self.max_restarts} is negative", "use 0 or more")
+                           "use at least 30 (the default, 300, suits a multi-GB Orbax write)")
         hosts = tpu.hosts(self.topology)
         if not MIN_SLICE_RESTARTS <= self.slice_restarts <= MAX_BACKOFF_LIMIT // hosts:
             problem = (
@@ -307,7 +298,7 @@ class JobSetParams:
             raise _refused("slice_restarts", problem, f"use {MIN_SLICE_RESTARTS}..{MAX_BACKOFF_LIMIT // hosts}")
         if not self.mtc_ramdisk_dir.startswith("/"):
             raise _refused("mtc_ramdisk_dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
-                                 f"use an absolute path such as {MULTI_TIER_DIR}")
+                           f"use an absolute path such as {MULTI_TIER_DIR}")
         return self
 
 
@@ -315,24 +306,24 @@ def _check_image(field: str, image: str, what: str) -> None:
     """Refuse an image reference that is malformed or not pinned to a tag or digest."""
     if not image or any(c.isspace() for c in image):
         raise _refused(field, f"{image!r} is not an image reference",
-                             f"pass REGISTRY/REPOSITORY:TAG of the {what} image")
+                       f"pass REGISTRY/REPOSITORY:TAG of the {what} image")
     name, at, _ = image.partition("@")
     tag = name.rpartition("/")[2].partition(":")[2]
     if not at and (not tag or tag == "latest"):
         raise _refused(field, f"{image!r} is not pinned to a version",
-                             f"pass REGISTRY/REPOSITORY:TAG (not :latest) or @sha256:DIGEST of the {what} "
-                             "image, so a restarted pod runs the same code (imagePullPolicy is IfNotPresent)")
+                       f"pass REGISTRY/REPOSITORY:TAG (not :latest) or @sha256:DIGEST of the {what} "
+                       "image, so a restarted pod runs the same code (imagePullPolicy is IfNotPresent)")
 
 
 def check_quantity(field: str, value: str) -> None:
     """Refuse ``value`` unless it is a Kubernetes resource quantity such as ``50Gi``."""
     if not QUANTITY.match(value):
         raise _refused(field, f"{value!r} is not a Kubernetes quantity",
-                             "use a size such as 50Gi or 200G")
+                       "use a size such as 50Gi or 200G")
 
 
 def check_subdomain(field: str, value: str) -> None:
     """Refuse ``value`` unless it is a DNS subdomain name (the rule for most object names)."""
     if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
         raise _refused(field, f"{value!r} is not a valid object name",
-                             "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")
+                       "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")
