@@ -94,7 +94,7 @@ def _utc(seconds: float) -> datetime.datetime:
 class GoodputExport:
     """Feed a run's events to ml-goodput-measurement's ``ElasticGoodputRecorder``.
 
-    Arguments:
+    Args:
       job_name: the job's name in the library's entries (the run's name).
       logger_name: the Cloud Logging log to write (default ``goodput_<job_name>``, as
         MaxText names it).
@@ -103,7 +103,9 @@ class GoodputExport:
       total_slices: the allocation's slice count, for the slice-count entries (default: the
         most slices seen active).
 
-    Raises ``ImportError`` naming the extra to install when the library is missing.
+    Raises:
+      ImportError: the library is missing (naming the extra that installs it).
+      ValueError: an empty ``job_name``, or ``total_slices`` below 1.
     """
 
     name = "goodput export"
@@ -259,7 +261,11 @@ class GoodputExport:
         """Record the job end of a process that ended without a ``done`` or ``preempted``
         stop (it failed), then block until the recorder's pending writes are committed.
 
-        ``summary`` is taken, as every sink's ``close`` takes it, and not needed here."""
+        ``summary`` is taken, as every sink's ``close`` takes it, and not needed here.
+
+        Args:
+            summary: the run's summary, or ``None``.
+        """
         self._end_between_steps(None)
         if self._open:
             self.recorder.record_job_end_time(datetime.datetime.now(datetime.timezone.utc))

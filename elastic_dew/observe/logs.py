@@ -127,13 +127,25 @@ log_context = LogContext()
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, with the keys Cloud Logging reads (see the module)."""
+    """One JSON object per record, with the keys Cloud Logging reads (see the module).
+
+    Args:
+        context: the run's context fields (run, process, ...), or ``None`` for the process's own.
+    """
 
     def __init__(self, context: LogContext | None = None) -> None:
         super().__init__()
         self.context = context if context is not None else log_context
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one JSON line (its message, severity, time, source and context).
+
+        Args:
+            record: the log record.
+
+        Returns:
+            The JSON line.
+        """
         message = record.getMessage()
         if record.exc_info:
             message = f"{message}\n{self.formatException(record.exc_info)}"
@@ -273,6 +285,17 @@ def setup_logging(
     and every record also goes to a :class:`RunLog`, written to the run directory once
     :func:`attach_run_log` names it. JSON lines, and text that is not on a terminal, show
     every record as before.
+
+    Args:
+        fmt: ``auto``, ``text`` or ``json``.
+        stream: where records go (standard error by default).
+        level: the root logger's level.
+
+    Returns:
+        The handler installed.
+
+    Raises:
+        ValueError: ``fmt`` is not one of :data:`LOG_FORMATS`.
     """
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format {fmt!r} is not one of {LOG_FORMATS}; give auto (text on a "

@@ -84,14 +84,22 @@ class Progress:
 
     # -- what is shown -----------------------------------------------------------------
     def steps_per_second(self) -> float | None:
-        """The step rate over the last (up to 20) steps of this attempt (``None`` before two)."""
+        """The step rate over the last (up to 20) steps of this attempt (``None`` before two).
+
+        Returns:
+            Steps per second, or ``None``.
+        """
         if len(self._recent) < 2:
             return None
         (t0, s0), (t1, s1) = self._recent[0], self._recent[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
 
     def line(self) -> str:
-        """The status line: step, loss, metrics, slices, rate and last event."""
+        """The status line: step, loss, metrics, slices, rate and last event.
+
+        Returns:
+            The line.
+        """
         parts = [f"step {self.step if self.step is not None else '-'}/{self.total_steps}"]
         parts.extend(figures(self.loss, self.metrics, self.slices, self.total_slices))
         rate = self.steps_per_second()
@@ -135,4 +143,8 @@ class Progress:
 
     def close(self, summary: object = None) -> None:
         """Nothing to finish: every line is written as its event arrives (``summary``: as
-        every sink's ``close`` takes it)."""
+        every sink's ``close`` takes it).
+
+        Args:
+            summary: ignored.
+        """

@@ -110,7 +110,12 @@ class ProgressBar:
 
     @contextlib.contextmanager
     def redirect_logging(self, loggers: list[logging.Logger] | None = None) -> Iterator[None]:
-        """While open, console log records (to stderr/stdout) are written above the bar."""
+        """While open, console log records (to stderr/stdout) are written above the bar.
+
+        Args:
+            loggers: the loggers whose console handlers write above the bar; ``None``: the root
+                logger's.
+        """
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         root = logging.getLogger()
@@ -126,5 +131,9 @@ class ProgressBar:
 
     def close(self, summary: object = None) -> None:
         """Draw the bar a last time and leave it on its own line (``summary``: as every
-        sink's ``close`` takes it)."""
+        sink's ``close`` takes it).
+
+        Args:
+            summary: ignored.
+        """
         self._bar.close()

@@ -57,9 +57,14 @@ class ObserveOptions:
     """How a run is observed (see the module for each option and its default), each field
     declared once with :func:`~elastic_dew.settings.setting`.
 
-    Raises :class:`~elastic_dew.settings.SettingError` for a log format that is not one
-    of :data:`~elastic_dew.observe.logs.LOG_FORMATS`, and for an option whose library is not
-    installed (worded with the field, ``tensorboard=True needs tensorboardX; ...``).
+    Args:
+        log_format: ``auto``, ``text`` or ``json`` (:data:`~elastic_dew.observe.logs.LOG_FORMATS`).
+        tensorboard: write TensorBoard event files; ``None``: when tensorboardX is installed.
+        goodput_export: record the run through ml-goodput-measurement's recorder.
+
+    Raises:
+        SettingError: (:class:`~elastic_dew.settings.SettingError`) a log format that is not one of those, or an option whose library is
+            not installed (worded with the field, ``tensorboard=True needs tensorboardX; ...``).
     """
 
     log_format: str = setting("auto", choices=LOG_FORMATS)

@@ -41,9 +41,14 @@ log = logging.getLogger(__name__)
 class TensorBoardSink:
     """Write a run's events as TensorBoard scalars under ``run_dir/tensorboard/``.
 
-    Raises ``ImportError`` naming the extra to install when tensorboardX is missing. The
-    directory and its event file are made at the first event, so a run refused before it
-    starts leaves its run directory untouched.
+    The directory and its event file are made at the first event, so a run refused before
+    it starts leaves its run directory untouched.
+
+    Args:
+        run_dir: the run directory.
+
+    Raises:
+        ImportError: tensorboardX is missing (naming the extra that installs it).
     """
 
     name = "TensorBoard"
@@ -106,6 +111,9 @@ class TensorBoardSink:
         """Write the summary's goodput and badput (when given) and close the event file.
 
         ``summary`` is ``summary.json``'s content (``goodput``, ``badput``, ``final_step``).
+
+        Args:
+            summary: the run's summary, whose figures are written as the last scalars, or ``None``.
         """
         if self._closed:
             return
