@@ -21,6 +21,7 @@ import argparse
 import ast
 import dataclasses
 import difflib
+import functools
 import importlib
 import inspect
 import os
@@ -51,6 +52,7 @@ PUBLIC_MODULES: dict[str, str] = {
     "elastic_dew.testing.pytest_plugin": "the pytest plugin (its marker, fixture and option are below)",
 }
 
+@functools.cache
 def plugin_surface() -> dict[str, str]:
     """The pytest plugin's public surface that is not a Python name, read from the plugin
     itself: its marker (as it registers it), its command-line option and ini key, and its
@@ -189,6 +191,7 @@ def _lines(qualified: str, obj: Any) -> list[str]:
     return [f"{qualified}: {_constant(obj)}"]
 
 
+@functools.cache
 def public_names() -> dict[str, Any]:
     """Every public name (``module.name``) and its object, in :data:`PUBLIC_MODULES` order."""
     _prepare_jax()
@@ -200,6 +203,7 @@ def public_names() -> dict[str, Any]:
     return names
 
 
+@functools.cache
 def snapshot() -> str:
     """The snapshot text of the public API as the package is now."""
     lines = []
@@ -323,6 +327,7 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+@functools.cache
 def docs_page() -> str:
     """``docs/api.md``: every public name with its one-line contract, by module."""
     names = public_names()
