@@ -14,6 +14,7 @@ import jax
 import pytest
 from pathwaysutils.elastic import elastic as pw_elastic
 
+from elastic_dew._compat import pathwaysutils as pw_private
 from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.slices.retry import elastic_retry, make_manager
@@ -132,7 +133,7 @@ def test_make_manager_routes_the_managers_checks_through_the_reusable_checker(si
         manager.active_slice_indices = waited
         sim.restore(3)
         for _ in range(5):
-            manager._check_inactive_slices()  # the monitor thread's poll
+            pw_private.check_inactive_slices(manager)  # the monitor thread's poll
         assert manager.available_inactive_slices == {3}
         assert compilations.count == compiled
     finally:

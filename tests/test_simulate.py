@@ -16,6 +16,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import elastic, manager
 
+from elastic_dew._compat.orbax import HostSnapshotter
 from elastic_dew.simulate import SimulatedSlices
 
 pytestmark = pytest.mark.libraries  # the simulator's patches
@@ -220,10 +221,10 @@ def test_replicas_a_snapshot_load_donated_read_as_deleted_and_a_later_loss_can_s
     # jax.live_arrays() killed the process with SIGSEGV (the soak's schedule 493).
     with SimulatedSlices(4, 2) as sim:
         mesh = Mesh(np.asarray(sim.devices).reshape(4, 2, 1), ("replica", "data", "model"))
-        snapshotter = ocp.v1.training.pathways.Snapshotter(replica_axis_index=0)
+        snapshotter = HostSnapshotter(replica_axis_index=0)  # Orbax's, with its stored replicas readable
         snapshotter.save(3, {"w": jax.device_put(np.arange(4.0), NamedSharding(mesh, PartitionSpec()))})
         snapshotter.join()
-        (replicas, _), = [snapshotter._latest_snapshot]
+        replicas, _ = snapshotter.newest()
         donated = [tree["w"] for tree in replicas]
         abstract = {"w": jax.ShapeDtypeStruct((4,), np.float32, sharding=NamedSharding(mesh, PartitionSpec()))}
         restored = snapshotter.load(abstract)
