@@ -46,13 +46,14 @@ def test_a_persistence_value_pathwaysutils_rejects_is_reported_before_it_raises_
 
 
 def test_the_check_agrees_with_pathwaysutils_own_reading_of_the_variable(monkeypatch):
-    """pathwaysutils' private helper is the authority on which values mean 'on'."""
-    from pathwaysutils import _initialize
+    """pathwaysutils' private helper (through the seam) is the authority on which values mean 'on'."""
+    from elastic_dew._compat import pathwaysutils as pw_private
 
+    pathwaysutils_reading = pw_private.PERSISTENCE_ENABLED.get()
     for value, on in (("1", True), ("0", False)):
         monkeypatch.setenv("ENABLE_PATHWAYS_PERSISTENCE", value)
-        assert _initialize._is_persistence_enabled() is on
+        assert pathwaysutils_reading() is on
         assert persistence_enabled({"JAX_PLATFORMS": "proxy", "ENABLE_PATHWAYS_PERSISTENCE": value}) is on
     monkeypatch.setenv("ENABLE_PATHWAYS_PERSISTENCE", "yes")
     with pytest.raises(ValueError):
-        _initialize._is_persistence_enabled()
+        pathwaysutils_reading()

@@ -25,6 +25,7 @@ __all__ = [
     "GET_SLICE_TO_DEVICES",
     "MANAGER_CHECK",
     "MANAGER_LOGGER",
+    "PERSISTENCE_ENABLED",
     "PRIVATE",
     "SLICE_LOSS_MESSAGE",
     "WAIT_FOR_SLICES",
@@ -93,6 +94,14 @@ _PUBLIC_BACKEND = Private(
     "rebound by the simulator with the private one",
     instead="none: the backend test has no override",
 )
+PERSISTENCE_ENABLED = Private(
+    "pathwaysutils",
+    "pathwaysutils._initialize:_is_persistence_enabled",
+    why="pathwaysutils' reading of ENABLE_PATHWAYS_PERSISTENCE (which values mean on, which it "
+    "refuses); elastic_dew's tier-2 check reads the variable itself by the same rule, and "
+    "tests/test_persistence.py holds the two together",
+    instead="a public pathwaysutils.persistence_enabled()",
+)
 #: Both bindings of pathwaysutils' Pathways backend test.
 BACKEND_TESTS = (_PUBLIC_BACKEND, _INITIALIZE_BACKEND)
 #: pathwaysutils' mesh-axis operations that donate their inputs (``donate=``, ``arrays=``,
@@ -118,6 +127,7 @@ PRIVATE: tuple[Private, ...] = (
     ELASTIC_TIME,
     *BACKEND_TESTS,
     *DONATING_OPS,
+    PERSISTENCE_ENABLED,
 )
 
 
