@@ -169,7 +169,7 @@ def test_the_guides_loop_survives_a_lost_slice_resumes_from_a_snapshot_and_scale
 
 def test_the_guides_loop_in_pause_resume_waits_for_the_slice_and_resumes_on_every_slice():
     record = {"attempts": [], "scale_ups": []}
-    # Slice 1 is lost after step 12 (the step program's 13th dispatch) and returns 0.3 s later,
+    # Slice 1 is lost after step 12 (the step function's 13th dispatch) and returns 0.3 s later,
     # while the loop waits for it.
     with SimulatedSlices(2, 2, schedule="lose:1@13,restore:1@+0.3") as sim:
         state = train(

@@ -91,3 +91,13 @@ def test_the_step_compilers_old_pause_warns_and_pauses(tmp_path):
     assert not compiler._go.is_set()
     with pytest.warns(DeprecationWarning, match=r"StepCompiler\.allow_precompiling is deprecated"):
         compiler.allow_precompiling()
+
+
+def test_the_simulators_step_program_keyword_and_attribute_are_step_function_with_a_warning():
+    from elastic_dew.simulate import SimulatedSlices
+
+    with pytest.warns(DeprecationWarning, match=r"SimulatedSlices\(step_program=\.\.\.\) is deprecated .* use SimulatedSlices\(step_function=\.\.\.\)"):
+        sim = SimulatedSlices(2, 2, step_program="train_step")
+    assert sim.step_function == "train_step"
+    with pytest.warns(DeprecationWarning, match=r"SimulatedSlices\.step_program is deprecated .* use SimulatedSlices\.step_function"):
+        assert sim.step_program == "train_step"

@@ -132,8 +132,8 @@ def test_faults_that_never_fired_are_warned_of_and_recorded_in_the_fault_log(tmp
         ("lose:1@2/step", False), ("restore:1@40/step", True)]
 
 
-def test_a_named_step_program_is_the_only_one_counted():
-    with SimulatedSlices(2, 2, schedule="lose:1@2", step_program="train_step") as sim:
+def test_a_named_step_function_is_the_only_one_counted():
+    with SimulatedSlices(2, 2, schedule="lose:1@2", step_function="train_step") as sim:
         x = jax.device_put(jnp.ones(1024), sim.slice_to_devices[1][0])
 
         def train_step(v):
@@ -151,7 +151,7 @@ def test_a_named_step_program_is_the_only_one_counted():
         assert sim.steps == 3
 
 
-def test_the_step_program_still_counts_when_a_resize_shrinks_its_batch():
+def test_the_step_function_still_counts_when_a_resize_shrinks_its_batch():
     with SimulatedSlices(4, 2) as sim:
         def train_step(w, batch):
             return w + batch.mean()

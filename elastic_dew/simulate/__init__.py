@@ -7,7 +7,7 @@ The package by job:
 * :mod:`~elastic_dew.simulate.patches`: the read guards on JAX and NumPy and the registry of
   the one active simulator (install/uninstall);
 * :mod:`~elastic_dew.simulate.schedule`: the fault grammar, the table of actions, and firing
-  a schedule at the elastic layer's phases, or at the step program's dispatches in a loop
+  a schedule at the elastic layer's phases, or at the step function's dispatches in a loop
   that announces nothing, through the run directory's fault log;
 * :mod:`~elastic_dew.simulate.simulator`: :class:`SimulatedSlices`, the context manager that
   puts them together;

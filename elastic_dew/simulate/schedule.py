@@ -464,7 +464,7 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
 
 class ScheduleRunner:
     """Fire ``schedule``'s faults on ``target`` at the phases the elastic layer announces, or,
-    in a loop that announces nothing, at its own step program's dispatches.
+    in a loop that announces nothing, at its own step function's dispatches.
 
     With ``fault_log`` each fault is recorded durably before it fires and a fault the log
     already holds never fires; a log from another schedule is refused (``ValueError``) here,
@@ -473,8 +473,8 @@ class ScheduleRunner:
     Two seams, one at a time. Announcements (:mod:`elastic_dew.elastic.hooks`, elastic_dew's
     own loop) are the precise one: once one is heard, only announcements fire faults.
     Until then :meth:`on_dispatch` is the seam: the simulator calls it just before
-    (``dispatch``) and just after (``step``) each dispatch of the loop's step program, with
-    the number of that dispatch, so a step-keyed fault fires at the step program's
+    (``dispatch``) and just after (``step``) each dispatch of the loop's step function, with
+    the number of that dispatch, so a step-keyed fault fires at the step function's
     ``STEP``-th dispatch (counted across attempts).
 
     A time-keyed fault is due ``after`` seconds after its predecessor fired (the first fault
@@ -533,7 +533,7 @@ class ScheduleRunner:
         logger.warning(
             "scheduled faults never fired: %s (%s; %s)", [str(f) for f in unfired], where,
             "elastic_dew's loop announces its phases" if self.announced
-            else "the loop announced nothing: steps are its step program's dispatches",
+            else "the loop announced nothing: steps are its step function's dispatches",
         )
         if self.fault_log is not None:
             for index, fault in enumerate(self.schedule.faults):
@@ -618,7 +618,7 @@ class ScheduleRunner:
         self._fire(due, phase, step)
 
     def on_dispatch(self, phase: str, step: int) -> None:
-        """The loop's step program is being dispatched (``dispatch``) or was (``step``), for the
+        """The loop's step function is being dispatched (``dispatch``) or was (``step``), for the
         ``step``-th time: fire what is due there, unless the loop announces its own phases."""
         with self._lock:
             if self.announced:

@@ -46,7 +46,7 @@ on a lost slice; at ``lose``, ``hang`` and ``restore`` every live array on the s
 marked, on the array object itself. Arrays created after ``restore`` carry no mark.
 
 Faults fire in any loop: at elastic_dew's phase announcements in its own loop, and at the
-dispatches of the step program in a loop that announces nothing (:meth:`SimulatedSlices.step_of`
+dispatches of the step function in a loop that announces nothing (:meth:`SimulatedSlices.step_of`
 says which dispatch is a step; ``docs/simulator.md``, "Loops elastic_dew did not write").
 A fault that never fired is reported when the context exits normally (a warning,
 :attr:`SimulatedSlices.unfired`, a ``never_fired`` line in the fault log). While the context
@@ -136,8 +136,8 @@ class SimulatedSlices:
     ``k*D .. k*D+D-1`` of ``jax.devices()`` ordered by id. One simulator is active at a time.
 
     ``schedule`` (text or :class:`Schedule`) fires faults at the elastic layer's phase
-    announcements, or at the step program's dispatches in a loop that announces nothing
-    (``step_program`` names that program; by default :meth:`step_of` finds it); ``fault_log`` (a JSON-lines file, :class:`elastic_dew.rundir.FaultLog`)
+    announcements, or at the step function's dispatches in a loop that announces nothing
+    (``step_function`` names that function; by default :meth:`step_of` finds it); ``fault_log`` (a JSON-lines file, :class:`elastic_dew.rundir.FaultLog`)
     records each fault, flushed and fsynced, before it fires, so a process restarted with the
     same schedule and log does not fire it again. Without ``fault_log`` a restarted process
     fires every fault again.
@@ -156,11 +156,12 @@ class SimulatedSlices:
         schedule: the faults to fire (text in the grammar of :func:`parse_schedule`, or a
             parsed :class:`Schedule`), or ``None`` for none.
         fault_log: the fault log's path (``faults.jsonl``), or ``None`` for none.
-        step_program: the name of the loop's step program (the function given to
+        step_function: the name of the loop's step function (the function given to
             ``jax.jit``), or ``None`` to find it by :meth:`step_of`'s rule.
         replicator: the directory of the multi-tier replicator stand-in, or ``None``.
         on_attempt: called with each attempt's active slices as it starts, or ``None``.
         num_slices: deprecated (goes in 0.3): ``slices``.
+        step_program: deprecated (goes in 0.3): ``step_function``.
 
     Raises:
         ValueError: a shape below one slice or one device, a schedule that does not parse or
@@ -170,7 +171,7 @@ class SimulatedSlices:
             devices (the error says how to set them before JAX starts).
     """
 
-    @renamed_keywords("SimulatedSlices", num_slices="slices")
+    @renamed_keywords("SimulatedSlices", num_slices="slices", step_program="step_function")
     def __init__(
         self,
         slices: int,
@@ -178,7 +179,7 @@ class SimulatedSlices:
         *,
         schedule: str | Schedule | None = None,
         fault_log: str | os.PathLike[str] | None = None,
-        step_program: str | None = None,
+        step_function: str | None = None,
         replicator: str | os.PathLike[str] | None = None,
         on_attempt: Callable[[tuple[int, ...]], None] | None = None,
     ) -> None:
@@ -189,7 +190,7 @@ class SimulatedSlices:
         self.devices_per_slice = devices_per_slice
         self.schedule = schedule
         self.fault_log = Path(fault_log) if fault_log is not None else None
-        self.step_program = step_program
+        self.step_function = step_function
         self._on_attempt = on_attempt
         #: The multi-tier replicator stand-in, when ``replicator`` names its directory.
         self.replicator = Replicator(replicator) if replicator is not None else None
@@ -284,6 +285,12 @@ class SimulatedSlices:
         return self.slices
 
     @property
+    def step_program(self) -> str | None:
+        """Deprecated (goes in 0.3): :attr:`step_function`."""
+        warn("SimulatedSlices.step_program", "SimulatedSlices.step_function")
+        return self.step_function
+
+    @property
     def topology(self) -> Topology:
         """Which devices form which slice (set on entering the context)."""
         if self._topology is None:
@@ -333,7 +340,7 @@ class SimulatedSlices:
 
     @property
     def steps(self) -> int:
-        """How many dispatches of the loop's step program were counted (see :meth:`step_of`)."""
+        """How many dispatches of the loop's step function were counted (see :meth:`step_of`)."""
         return self._steps
 
     def step_of(self, arrays: list[Any], name: str | None, caller: Any, out_bytes: int = 0) -> int | None:
@@ -341,7 +348,7 @@ class SimulatedSlices:
         ``out_bytes`` bytes), called from frame ``caller``, is a step of the loop, and its
         number (1 for the first), or ``None``.
 
-        With ``step_program`` set, a step is a dispatch of the program of that name (the
+        With ``step_function`` set, a step is a dispatch of the function of that name (the
         name of the function given to ``jax.jit``, whether called or compiled). Otherwise it
         is a dispatch made by the loop itself (not by :data:`LIBRARY_MODULES`, not inside
         elastic_dew's own loop, :data:`OWN_LOOP_MODULES`) of the program that carries the
@@ -368,17 +375,17 @@ class SimulatedSlices:
         """
         size = sum(int(a.nbytes) for a in arrays)
         carried = min(size, out_bytes)
-        if self.step_program is not None:
-            if name != self.step_program:
+        if self.step_function is not None:
+            if name != self.step_function:
                 return None
         elif name not in self._step_names and (carried == 0 or 2 * carried < self._largest):
             return None
         elif _not_a_step_caller(caller):
             return None
         with self._steps_lock:
-            if self.step_program is None:
+            if self.step_function is None:
                 if name not in self._step_names and self._steps and carried > 2 * self._largest:
-                    logger.info("program %s carries %d bytes, more than twice %s: it is the step program",
+                    logger.info("program %s carries %d bytes, more than twice %s: it is the step function",
                                 name, carried, sorted(map(str, self._step_names)))
                     self._step_names, self._steps = set(), 0
                 if name is not None:

@@ -12,7 +12,7 @@ JAX is not imported at load).
   already started with too few devices is a clear error at the first simulated test.
 * **The ``slices`` marker and the ``simulated_slices`` fixture.**
   ``@pytest.mark.slices(slices, devices_per_slice, schedule="lose:1@7,restore:1@+2",
-  step_program=None, allow_unfired=False)`` configures the fixture, which yields an entered
+  step_function=None, allow_unfired=False)`` configures the fixture, which yields an entered
   :class:`elastic_dew.simulate.SimulatedSlices` whose fault log is ``faults.jsonl`` in the
   test's ``tmp_path``. A fault of the schedule that never fired fails a test that passed
   (in its teardown; unless ``allow_unfired``), so a test of a loop the schedule never
@@ -96,7 +96,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "slices(slices, devices_per_slice, schedule=None, step_program=None, allow_unfired=False): "
+        "slices(slices, devices_per_slice, schedule=None, step_function=None, allow_unfired=False): "
         "run the test's simulated_slices fixture on these simulated slices under this schedule",
     )
     count = _requested(config)
@@ -112,8 +112,13 @@ def _shape(marker: pytest.Mark | None) -> dict[str, Any]:
 
         warn("@pytest.mark.slices(num_slices=...)", "@pytest.mark.slices(slices=...)")
         given.setdefault("slices", given.pop("num_slices"))
+    if "step_program" in given:
+        from elastic_dew._deprecation import warn
+
+        warn("@pytest.mark.slices(step_program=...)", "@pytest.mark.slices(step_function=...)")
+        given.setdefault("step_function", given.pop("step_program"))
     options = {**{"slices": 2, "devices_per_slice": 2}, **args, **given}
-    unknown = set(options) - {"slices", "devices_per_slice", "schedule", "step_program", "allow_unfired"}
+    unknown = set(options) - {"slices", "devices_per_slice", "schedule", "step_function", "allow_unfired"}
     if unknown:
         raise pytest.UsageError(f"@pytest.mark.slices got unknown options {sorted(unknown)}")
     return options
@@ -144,7 +149,7 @@ def simulated_slices(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
     allow_unfired = bool(options.pop("allow_unfired", False))
     sim = SimulatedSlices(
         options["slices"], options["devices_per_slice"], schedule=options.get("schedule"),
-        fault_log=tmp_path / "faults.jsonl", step_program=options.get("step_program"),
+        fault_log=tmp_path / "faults.jsonl", step_function=options.get("step_function"),
     )
     request.node.stash[_KEY] = sim
     try:
