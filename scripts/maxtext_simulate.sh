@@ -51,7 +51,7 @@ BASE_YML="$("$VENV/bin/python" -c 'import maxtext, pathlib; print(pathlib.Path(m
 export DECOUPLE_GCLOUD=TRUE  # no Cloud Storage: MaxText calls it at its first slice loss otherwise
 export PATH="$VENV/bin:$PATH"
 
-# A tiny decoder on synthetic data; one step program (MaxText's train_step) per step.
+# A tiny decoder on synthetic data; one step function (MaxText's train_step) per step.
 TRAIN_ARGS=(
   "$BASE_YML" run_name=elastic-dew-sim base_output_directory="$WORK/out" dataset_type=synthetic
   steps=12 per_device_batch_size=1 max_target_length=32 base_emb_dim=32 base_num_query_heads=2

@@ -181,7 +181,7 @@ _COMPILED_EXECUTABLE = Private(
     "jax",
     "jax.stages:Compiled._executable",
     why="a compiled program's executable, whose unsafe_call.name names the function it was "
-    "lowered from: the simulator tells the loop's step program from the others by it",
+    "lowered from: the simulator tells the loop's step function from the others by it",
     instead="a public name of the function a jax.stages.Compiled was lowered from",
     probe=_compiled,
 )

@@ -68,8 +68,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         add_flag(parser, name)
     parser.add_argument("--fault-log", metavar="FILE",
                         help="the fault log; a restarted process fires no fault it holds (default RUN_DIR/faults.jsonl)")
-    parser.add_argument("--step-program", metavar="NAME",
-                        help="count a step at each dispatch of the program of this name (the function given to "
+    parser.add_argument("--step-function", metavar="NAME",
+                        help="count a step at each dispatch of the function of this name (the function given to "
                              "jax.jit) instead of the simulator's rule (docs/simulator.md)")
     parser.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
                         help="start the program again at most N times after a preemption or a kill")
@@ -343,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     with _logging_to(run_dir / LOG_FILE, bool(getattr(args, "verbose", False))):
         settings = LaunchSettings(sim.slices, sim.devices_per_slice, sim.schedule, str(fault_log.resolve()),
-                                  args.step_program, str((run_dir / ATTEMPTS_FILE).resolve()))
+                                  args.step_function, str((run_dir / ATTEMPTS_FILE).resolve()))
         child = program.launcher()
         logger.info("running %s under %d simulated slices of %d devices: %s", shlex.join(command), sim.slices,
                     sim.devices_per_slice, shlex.join(child))

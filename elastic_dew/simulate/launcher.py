@@ -48,7 +48,7 @@ class LaunchSettings:
     devices_per_slice: int
     schedule: str = ""
     fault_log: str | None = None
-    step_program: str | None = None
+    step_function: str | None = None
     attempts: str | None = None
 
     def to_json(self) -> str:
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _append(settings.attempts, {"pid": os.getpid(), "start": True, "wall": time.time()})
     simulator = SimulatedSlices(
         settings.slices, settings.devices_per_slice, schedule=settings.schedule or None,
-        fault_log=settings.fault_log, step_program=settings.step_program,
+        fault_log=settings.fault_log, step_function=settings.step_function,
         on_attempt=lambda active: _append(
             settings.attempts, {"pid": os.getpid(), "active": list(active), "wall": time.time()}),
     )
