@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 #: Benchmark modules in the order they run; each has ``measure(sizes, workdir, notes) -> dict``.
-MODULES = ("reposition", "restore_bw", "storage_bw", "snapshot_cost", "overhead", "recovery", "recovery_scaling", "preemption", "goodput", "first_save", "soak")
+MODULES = ("reposition", "restore_bw", "storage_bw", "snapshot_cost", "overhead", "recovery", "recovery_scaling", "preemption", "goodput", "first_save", "soak", "plan_validation")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

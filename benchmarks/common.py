@@ -59,6 +59,11 @@ class Sizes:
     first_save_every: int = 40  # steps before each checkpoint in the first-save runs
     losses_file_workers: int = 0  # the same over ArrayRecord files read by 2 Grain workers
     soak_schedules: int = 1000  # chaos schedules the soak runs in one process (issue: at least 1,000)
+    plan_schedules: int = 8  # runs per policy and slice count of the plan validation (issue: at least 8)
+    plan_stepping_s: float = 8.0  # seconds of steps per plan-validation run
+    plan_slice_counts: tuple[int, ...] = (4, 8)
+    plan_des_faults: int = 20000  # faults per discrete-event simulation of the model check
+    scaling_slice_counts: tuple[int, ...] = (4, 16, 32, 64, 256)  # recovery_scaling's slice counts
     #: ``lm`` recipe settings over its defaults for snapshot_cost, overhead and first_save
     lm: tuple[tuple[str, object], ...] = ()
 
@@ -76,6 +81,7 @@ SIZES = {
         goodput_steps=100, overhead_rounds=2, overhead_steps=40, reposition_repeats=10, first_save_every=20,
         losses_file_workers=3,
         soak_schedules=40,
+        plan_schedules=3, plan_stepping_s=5.0, plan_des_faults=5000, scaling_slice_counts=(4, 32),
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
@@ -84,6 +90,8 @@ SIZES = {
         goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2, first_save_every=3,
         soak_schedules=2,
         lm=(("seq_len", 32), ("d_model", 32), ("heads", 2), ("layers", 1)),  # the quick demo's model
+        plan_schedules=1, plan_stepping_s=1.0, plan_slice_counts=(4,), plan_des_faults=300,
+        scaling_slice_counts=(4, 32),
     ),
 }
 
@@ -113,6 +121,9 @@ TARGETS: dict[str, tuple[str, Any]] = {
     "recovery_scaling_ratio": ("<= 2", lambda v: v <= 2),
     "soak_success_rate": ("100% (MaxText's Snapshotter soak: 73%)", lambda v: v == 100),
     "soak_threads_growth": ("0 more threads at the end", lambda v: v == 0),
+    "plan_validation_worst_points": ("<= 5 points", lambda v: v <= 5),
+    "plan_model_vs_des_points": ("<= 1 point", lambda v: v <= 1),
+    "recovery_scaling_steps_ratio_256": ("<= 4x", lambda v: v <= 4),
 }
 
 
@@ -257,6 +268,23 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
      "recovery_scaling_s_p50_4", "recovery_scaling_ratio", "recovery_scaling_ratio"),
     ("  the same in steady step times (recovery / median step)", "recovery_scaling_steps_p50_32",
      "recovery_scaling_steps_p50_4", "recovery_scaling_ratio_in_steps", None),
+    ("recovery after one loss, 256 slices / 4 slices, warm p50 (s)", "recovery_scaling_s_p50_256",
+     "recovery_scaling_s_p50_4", "recovery_scaling_s_ratio_256", None),
+    ("  the same in steady step times (recovery / median step)", "recovery_scaling_steps_p50_256",
+     "recovery_scaling_steps_p50_4", "recovery_scaling_steps_ratio_256", "recovery_scaling_steps_ratio_256"),
+    ("  16 slices: recovery, warm p50 (s) (baseline: in steps)", "recovery_scaling_s_p50_16",
+     "recovery_scaling_steps_p50_16", None, None),
+    ("  64 slices: recovery, warm p50 (s) (baseline: in steps)", "recovery_scaling_s_p50_64",
+     "recovery_scaling_steps_p50_64", None, None),
+    ("  fitted growth of recovery with slices, exponent (seconds; baseline: steps)", "recovery_scaling_growth_s",
+     "recovery_scaling_growth_steps", None, None),
+    ("  fitted growth of the steady step with slices, exponent", "recovery_scaling_growth_step_s", None, None, None),
+    ("scale-up after a return, 256 slices (s) (baseline: 4 slices)", "recovery_scaling_scale_up_s_p50_256",
+     "recovery_scaling_scale_up_s_p50_4", None, None),
+    ("  the same in steady step times (baseline: 4 slices)", "recovery_scaling_scale_up_steps_p50_256",
+     "recovery_scaling_scale_up_steps_p50_4", None, None),
+    ("  fitted growth of the scale-up with slices, exponent (seconds)", "recovery_scaling_growth_scale_up_s",
+     None, None, None),
     ("  wait for slices, 32 slices (baseline: 4), warm p50 (s)", "recovery_scaling_wait_for_slices_s_p50_32",
      "recovery_scaling_wait_for_slices_s_p50_4", None, None),
     ("chaos soak: schedules keeping every invariant, one process (%)", "soak_success_rate", None, None,
@@ -267,6 +295,13 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
      "soak_threads_growth"),
     ("  resident memory at the end (baseline: at the start) (MB)", "soak_rss_mb_end", "soak_rss_mb_start", None, None),
     ("  time per schedule (s)", "soak_s_per_schedule", None, None, None),
+    ("plan: the model against real runs, worst |measured - predicted| goodput (points)",
+     "plan_validation_worst_points", None, None, "plan_validation_worst_points"),
+    *[(f"  {policy.replace('_', '-')} on {n} slices: measured mean goodput (baseline: predicted)",
+       f"plan_{policy}_{n}_measured", f"plan_{policy}_{n}_predicted", None, None)
+      for n in (4, 8) for policy in ("restart", "pause_resume", "replica_resize")],
+    ("plan: the model against its discrete-event simulation, 1-10,000 slices, worst gap (points)",
+     "plan_model_vs_des_points", None, None, "plan_model_vs_des_points"),
     ("first checkpoint save of a process (s)", "first_save_s", "first_save_unprepared_s", "first_save_over_later", "first_save_over_later"),
     ("  later checkpoint saves, p50 (s)", "later_save_prepared_s_p50", "later_save_unprepared_s_p50", None, None),
 ]

@@ -16,6 +16,7 @@ reported apart, and the row is the median of the later, warm losses.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,10 +26,15 @@ from typing import Any
 
 from benchmarks.common import REPO, median, recoveries as recoveries_after, worker_env
 
-__all__ = ["measure", "SLICE_COUNTS"]
+__all__ = ["measure", "growth", "SLICE_COUNTS"]
 
-#: (few, many) slice counts of the ratio.
+#: (few, many) slice counts of issue 12's ratio; a mode's ``scaling_slice_counts`` are the
+#: counts it runs (issue 31: 4, 16, 64 and 256, with 32 for issue 12's row).
 SLICE_COUNTS = (4, 32)
+#: ``BENCH_PROFILE_SLICES=N`` profiles the loop thread of the N-slice child (cProfile: by
+#: cumulative time and the callers of the costliest, to ``profile-N.txt``, and the raw
+#: ``profile-N.prof``, beside its run directory).
+PROFILE_VARIABLE = "BENCH_PROFILE_SLICES"
 PER_SLICE_BATCH = 8
 STEPS_AFTER = 4  # steps after a resume (and after the return) before the next fault
 
@@ -61,7 +67,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
         snapshot_every=1, checkpoint_every=0, precompile_smaller_meshes=False,
     )
     lost = slices - 1
-    state: dict[str, Any] = {"phase": "warmup", "count": 0, "losses": []}
+    state: dict[str, Any] = {"phase": "warmup", "count": 0, "losses": [], "returns": []}
     events: list[tuple[float, Any]] = []  # (monotonic time, typed event)
     box: dict[str, Any] = {}
 
@@ -79,6 +85,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
             box["sim"].lose(lost)
             state["phase"], state["count"] = "lost", 0
         elif state["phase"] == "lost" and state["count"] >= STEPS_AFTER:
+            state["returns"].append(time.monotonic())
             box["sim"].restore(lost)
             state["phase"], state["count"] = "returning", 0
         elif state["phase"] == "returning" and manager.active_slice_count < manager.total_slice_count:
@@ -98,13 +105,36 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
                 **_training_parts(mlp.build()), config=config, run_dir=run_dir, sinks=[progress],
                 train=TrainConfig(log_every=10**9), manager=box["manager"],
             )
+            profile = None
+            if os.environ.get(PROFILE_VARIABLE, "") == str(slices):
+                import cProfile
+
+                profile = cProfile.Profile()
+                profile.enable()
             try:
                 trainer.fit(10**6)
             except _Finished:
                 pass
+            finally:
+                if profile is not None:
+                    import pstats
+
+                    profile.disable()
+                    profile.dump_stats(Path(run_dir).parent / f"profile-{slices}.prof")
+                    with open(Path(run_dir).parent / f"profile-{slices}.txt", "w") as out:
+                        stats = pstats.Stats(profile, stream=out).sort_stats("cumulative")
+                        stats.print_stats(60)
+                        stats.sort_stats("tottime").print_callers(15)
     finally:
         hooks.remove_listener(listener)
 
+    scale_ups = []
+    for t_back in state["returns"]:
+        later = [(t, e) for t, e in events if t >= t_back]
+        live = next((t for t, e in later if isinstance(e, Resume) and e.source == "live"), None)
+        step = None if live is None else next((t for t, e in later if t >= live and isinstance(e, Step)), None)
+        if step is not None:
+            scale_ups.append(step - t_back)
     recoveries, waits, parts = [], [], []
     for t_loss, (_, resume), t_step in recoveries_after(state["losses"], events):
         recoveries.append(t_step - t_loss)
@@ -112,7 +142,8 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
         parts.append(dict(resume.durations))
     steps = [t for t, e in events if isinstance(e, Step)]
     step_s = median([b - a for a, b in zip(steps, steps[1:])])
-    print("RESULT " + json.dumps({"recoveries": recoveries, "waits": waits, "parts": parts, "step_s": step_s}), flush=True)
+    print("RESULT " + json.dumps({"recoveries": recoveries, "waits": waits, "parts": parts, "step_s": step_s,
+                                  "scale_ups": scale_ups}), flush=True)
     return 0
 
 
@@ -134,10 +165,20 @@ def _run(slices: int, losses: int, workdir: Path) -> dict[str, list[float]]:
     return json.loads(result)
 
 
+def growth(counts: list[int], values: list[float]) -> float:
+    """The exponent ``b`` of the least-squares fit ``value = a * slices ** b`` (log-log)."""
+    xs = [math.log(n) for n in counts]
+    ys = [math.log(v) for v in values]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else math.nan
+
+
 def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     losses = max(1, sizes.losses // 3)
+    counts = list(sizes.scaling_slice_counts)
     results: dict[str, Any] = {}
-    for slices in SLICE_COUNTS:
+    for slices in counts:
         run = _run(slices, losses, workdir)
         recoveries, waits = run["recoveries"], run["waits"]
         if len(recoveries) < 2:
@@ -148,7 +189,13 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         results[f"recovery_scaling_s_all_{slices}"] = [round(x, 4) for x in recoveries]
         results[f"recovery_scaling_step_s_{slices}"] = run["step_s"]
         results[f"recovery_scaling_steps_p50_{slices}"] = results[f"recovery_scaling_s_p50_{slices}"] / run["step_s"]
-    few, many = SLICE_COUNTS
+        results[f"recovery_scaling_parts_p50_{slices}"] = {
+            key: median([p[key] for p in run["parts"][1:]]) for key in run["parts"][0]}
+        if run["scale_ups"]:
+            results[f"recovery_scaling_scale_up_s_p50_{slices}"] = median(run["scale_ups"][1:] or run["scale_ups"])
+            results[f"recovery_scaling_scale_up_steps_p50_{slices}"] = (
+                results[f"recovery_scaling_scale_up_s_p50_{slices}"] / run["step_s"])
+    few, many = counts[0], (SLICE_COUNTS[1] if SLICE_COUNTS[1] in counts else counts[-1])
     results["recovery_scaling_ratio"] = results[f"recovery_scaling_s_p50_{many}"] / results[f"recovery_scaling_s_p50_{few}"]
     results["recovery_scaling_ratio_in_steps"] = (
         results[f"recovery_scaling_steps_p50_{many}"] / results[f"recovery_scaling_steps_p50_{few}"]
@@ -156,19 +203,40 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     results["recovery_scaling_cold_ratio"] = (
         results[f"recovery_scaling_cold_s_{many}"] / results[f"recovery_scaling_cold_s_{few}"]
     )
+    largest = counts[-1]
+    if len(counts) > 2:
+        for unit, key in (("s", "recovery_scaling_s_p50"), ("steps", "recovery_scaling_steps_p50"),
+                          ("step_s", "recovery_scaling_step_s")):
+            results[f"recovery_scaling_growth_{unit}"] = growth(counts, [results[f"{key}_{n}"] for n in counts])
+        if all(f"recovery_scaling_scale_up_s_p50_{n}" in results for n in counts):
+            results["recovery_scaling_growth_scale_up_s"] = growth(
+                counts, [results[f"recovery_scaling_scale_up_s_p50_{n}"] for n in counts])
+        results[f"recovery_scaling_steps_ratio_{largest}"] = (
+            results[f"recovery_scaling_steps_p50_{largest}"] / results[f"recovery_scaling_steps_p50_{few}"])
+        results[f"recovery_scaling_s_ratio_{largest}"] = (
+            results[f"recovery_scaling_s_p50_{largest}"] / results[f"recovery_scaling_s_p50_{few}"])
     notes.append(
         f"Recovery scaling: one loss of the last slice at a time, {losses} warm losses after a cold "
-        f"one, on {few} and on {many} simulated slices of one CPU device, mlp recipe, replica-resize, "
-        f"snapshot every step, poll_interval 0.05 s, {PER_SLICE_BATCH} examples per slice, "
-        "precompiling off; each count in its own process. Cold (first loss, compiles the smaller "
+        f"one, on {', '.join(map(str, counts))} simulated slices of one CPU device, mlp recipe, "
+        f"replica-resize, snapshot every step, poll_interval 0.05 s, {PER_SLICE_BATCH} examples per slice, "
+        "precompiling off; each count in its own process. Recovery: the loss to the end of the first step "
+        "after the resume; scale-up: the slice's return to the end of the first step after the live "
+        "resume. Cold (first loss, compiles the smaller "
         f"mesh's step): {results[f'recovery_scaling_cold_s_{few}']:.2f} s and "
         f"{results[f'recovery_scaling_cold_s_{many}']:.2f} s; wait for slices, warm p50: "
         f"{results[f'recovery_scaling_wait_for_slices_s_p50_{few}']:.3f} s and "
-        f"{results[f'recovery_scaling_wait_for_slices_s_p50_{many}']:.3f} s. All {many} slices "
+        f"{results[f'recovery_scaling_wait_for_slices_s_p50_{many}']:.3f} s. All the slices "
         "share the machine's cores, so per-slice work that real slices do in parallel is serial "
-        f"here: a steady step takes {results[f'recovery_scaling_step_s_{few}'] * 1e3:.1f} ms on {few} "
-        f"slices and {results[f'recovery_scaling_step_s_{many}'] * 1e3:.1f} ms on {many}, which the "
-        "ratio in step times divides out."
+        "here: a steady step takes "
+        + ", ".join(f"{results[f'recovery_scaling_step_s_{n}'] * 1e3:.1f} ms on {n}" for n in counts)
+        + " slices, which the figures in step times divide out. Fitted growth (least squares of log "
+        "figure on log slices): "
+        + (", ".join(f"{unit} ^{results[f'recovery_scaling_growth_{unit}']:.2f}"
+                     for unit in ("s", "steps", "step_s") if f"recovery_scaling_growth_{unit}" in results) or "n/a")
+        + ". Recovery parts, warm p50 by slice count: "
+        + "; ".join(f"{n}: " + ", ".join(f"{k} {v:.3f}" for k, v in results[f"recovery_scaling_parts_p50_{n}"].items())
+                    for n in counts)
+        + "."
     )
     return results
 
