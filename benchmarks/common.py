@@ -295,7 +295,7 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
      "soak_threads_growth"),
     ("  resident memory at the end (baseline: at the start) (MB)", "soak_rss_mb_end", "soak_rss_mb_start", None, None),
     ("  time per schedule (s)", "soak_s_per_schedule", None, None, None),
-    ("plan: the model against real runs, worst |measured - predicted| goodput (points)",
+    ("plan: the model against real runs, worst gap of mean measured goodput from predicted (points)",
      "plan_validation_worst_points", None, None, "plan_validation_worst_points"),
     *[(f"  {policy.replace('_', '-')} on {n} slices: measured mean goodput (baseline: predicted)",
        f"plan_{policy}_{n}_measured", f"plan_{policy}_{n}_predicted", None, None)

@@ -40,6 +40,9 @@ TINY: dict[str, tuple[str, ...]] = {
     # The issue-11 benchmarks: the lm recipe under fsdp, its snapshots, its overhead over a
     # bare loop, and its first checkpoint in fresh processes.
     "issue_11": ("snapshot_cost", "overhead", "first_save"),
+    # The planner's model against one drawn schedule per policy on 4 slices, and against its
+    # discrete-event simulation.
+    "plan_validation": ("plan_validation",),
 }
 
 #: Seconds a tiny run may take from its start before it counts as hung (its test gets a
@@ -263,3 +266,17 @@ def test_the_soak_reports_its_rate_each_failures_replay_the_work_lost_and_what_t
     assert results["soak_rss_mb_end"] > 0 and results["soak_s"] > 0
     assert "| chaos soak: schedules keeping every invariant, one process (%) | 0 |" in table(results)
     assert not verdicts(results)["soak_success_rate"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(HANG)
+def test_the_plan_validation_predicts_before_it_runs_and_reports_each_policy_beside_its_prediction(tiny):
+    results, md = tiny["plan_validation"].results()
+    for policy in ("restart", "pause_resume", "replica_resize"):
+        predicted, measured = results[f"plan_{policy}_4_predicted"], results[f"plan_{policy}_4_measured"]
+        assert 0 < predicted < 1 and 0 < measured <= 1, policy
+        assert results[f"plan_{policy}_4_points"] == pytest.approx(100 * (measured - predicted))
+        assert set(results["plan_validation_costs_4"][policy]) >= {"step_seconds", "recovery_seconds"}
+    assert results["plan_model_vs_des_points"] >= 0
+    assert set(results["targets_met"]) >= {"plan_validation_worst_points", "plan_model_vs_des_points"}
+    assert "| plan: the model against real runs, worst gap of mean measured goodput from predicted (points) |" in md
