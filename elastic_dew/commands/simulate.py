@@ -318,6 +318,8 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
+    if args.restarts < 0:
+        return _refuse(f"--restarts {args.restarts} must be >= 0")
     try:
         sim = SimConfig(**{name: value for name in ("slices", "devices_per_slice", "schedule")
                            if (value := getattr(args, f"sim.{name}", None)) is not None})
@@ -330,8 +332,6 @@ def run(args: argparse.Namespace) -> int:
         _check_interpreter(program)
     except ValueError as err:  # a SettingError among them, worded with its flags
         return _refuse(refusal(err))
-    if args.restarts < 0:
-        return _refuse(f"--restarts {args.restarts} must be >= 0")
     run_dir = Path(args.run_dir) if args.run_dir else RUNS_DIR / f"simulate_{run_timestamp()}"
     if not args.run_dir and run_dir.exists():
         return _refuse(f"{run_dir} exists; give --run-dir")
