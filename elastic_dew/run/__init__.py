@@ -217,10 +217,10 @@ def _run_dir_of(spec: RunConfig) -> Path | None:
         raise UsageError(f"give {mention('run_dir')} or {mention('name')}, not both ({mention('name', 'NAME')} "
                          f"means {mention('run_dir', 'runs/NAME')})")
     if spec.run_dir and _URL.match(spec.run_dir):
-        raise SettingError(RunConfig, "run_dir", spec.run_dir, problem=(
+        raise UsageError(
             f"{mention('run_dir', spec.run_dir)} is a URL, but the run directory must be a local directory (the run "
             "record is appended to, and fsynced at every save, stop and resume); mount the bucket, for example "
-            f"with Cloud Storage FUSE, and give the mounted path ({mention('run_dir', '/gcs/runs/NAME')})"))
+            f"with Cloud Storage FUSE, and give the mounted path ({mention('run_dir', '/gcs/runs/NAME')})")
     if spec.run_dir:
         run_dir = Path(spec.run_dir)
         top = Path(*run_dir.parts[:2]) if run_dir.is_absolute() and len(run_dir.parts) > 2 else None
@@ -229,10 +229,10 @@ def _run_dir_of(spec: RunConfig) -> Path | None:
             # manifests mount the bucket at /gcs); without the mount it would land in the
             # container's own filesystem and vanish with the pod, and a restart would
             # silently start over.
-            raise SettingError(RunConfig, "run_dir", spec.run_dir, problem=(
+            raise UsageError(
                 f"{mention('run_dir', run_dir)}: {top} does not exist, so the volume it should be on is "
                 "not mounted; mount the persistent volume (the manifests mount the bucket with "
-                "Cloud Storage FUSE at /gcs) or give a run directory on one"))
+                "Cloud Storage FUSE at /gcs) or give a run directory on one")
         return run_dir
     name = spec.name or os.environ.get("JOBSET_NAME")
     if name is not None:
@@ -248,10 +248,10 @@ def _sim_of(config: RunConfig, simulate: bool) -> SimConfig | None:
         return config.sim if config.sim is not None else SimConfig()
     if config.sim is not None:
         given = [mention(f.name) for f in dataclasses.fields(SimConfig) if getattr(config.sim, f.name) != f.default]
-        raise SettingError(RunConfig, "sim", config.sim, problem=(
+        raise UsageError(
             f"{', '.join(given) or 'simulated slices'} only apply to simulated slices, but JAX_PLATFORMS="
             f"{os.environ.get('JAX_PLATFORMS')!r} runs on the real allocation; drop them, or "
-            "set JAX_PLATFORMS=cpu to simulate"))
+            "set JAX_PLATFORMS=cpu to simulate")
     return None
 
 
@@ -280,13 +280,13 @@ def _elastic_of(config: RunConfig, defaults: Mapping[str, Any], simulate: bool) 
         elastic = ElasticConfig(global_batch=defaults.get("global_batch", ElasticConfig.global_batch))
     directory = elastic.checkpoint_dir
     if directory is not None and _URL.match(directory) is None and not os.path.isabs(directory):
-        raise SettingError(ElasticConfig, "checkpoint_dir", directory, problem=(
-            f"{mention('checkpoint_dir', directory)} must be an absolute path or a gs:// URL"))
+        raise UsageError(
+            f"{mention('checkpoint_dir', directory)} must be an absolute path or a gs:// URL")
     if elastic.checkpoint_kind == "multi_tier" and simulate and directory:
-        raise SettingError(ElasticConfig, "checkpoint_dir", directory, problem=(
+        raise UsageError(
             f"{mention('checkpoint_dir')} is the TPU workers' local volume for "
             f"{mention('checkpoint_kind', 'multi_tier')}; simulated slices write to the replicator stand-in's "
-            f"RUN_DIR/{rundir.REPLICATOR_DIR}/local: drop {mention('checkpoint_dir', directory)}"))
+            f"RUN_DIR/{rundir.REPLICATOR_DIR}/local: drop {mention('checkpoint_dir', directory)}")
     return elastic
 
 
@@ -304,8 +304,7 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
     directory = config.checkpoint_dir_for(run_dir or RUNS_DIR / "NAME")
     problem = checkpoint_dir_problem(directory, os.environ)
     if problem is not None:  # one of the directory, or one of the environment alone
-        error = SettingError(ElasticConfig, "checkpoint_dir", directory, problem=problem)
-        raise error if error.names_itself else UsageError(problem)
+        raise UsageError(problem)
 
 
 def plan(config: RunConfig) -> Plan:
@@ -416,8 +415,8 @@ def choose_run_dir(p: Plan) -> Path:
     run_dir = RUNS_DIR / run_timestamp()
     if run_dir.exists():
         raise UsageError(
-            f"{run_dir} already exists (another run started this second); give name= or "
-            "run_dir= to resume a run, or start again for a new timestamp"
+            f"{run_dir} already exists (another run started this second); give {mention('name')} or "
+            f"{mention('run_dir')} to resume a run, or start again for a new timestamp"
         )
     return run_dir
 
