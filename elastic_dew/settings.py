@@ -190,9 +190,11 @@ class SettingError(ValueError):
         Returns:
           The refusal's text.
         """
+        if isinstance(name, str):  # the old wording(flag)
+            name, flag = None, name
         if self.problem is not None:
             text = worded(self.problem, name)
-            head = self.field if name is None else flag
+            head = flag if flag is not None else (self.field if name is None else None)
             return text if head is None or self.names_itself else f"{head}: {text}"
         if self.bound is not None:
             return self.bound.refusal(self.value, name=self.field, flag=flag)
