@@ -56,7 +56,8 @@ TRAIN_ARGS=(
   "$BASE_YML" run_name=elastic-dew-sim base_output_directory="$WORK/out" dataset_type=synthetic
   steps=12 per_device_batch_size=1 max_target_length=32 base_emb_dim=32 base_num_query_heads=2
   base_num_kv_heads=2 base_mlp_dim=64 base_num_decoder_layers=1 head_dim=16 vocab_size=128
-  enable_checkpointing=False elastic_enabled=True elastic_min_slice_count=1 log_period=1
+  enable_checkpointing=False enable_single_controller=True elastic_enabled=True elastic_min_slice_count=1
+  log_period=1
 )
 
 failed=0
