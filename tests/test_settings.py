@@ -1,0 +1,49 @@
+"""Settings declared once (``elastic_dew.settings``): one refusal, worded for Python and for a
+command line from the same data, and flags built by one rule from the fields' names."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from elastic_dew.settings import Bound, Flag, SettingError, add_flags, check_fields, given, mention, setting, wording
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pool:
+    slices: int = setting(4, bound=Bound(1, whole=True))
+    minimum_slice_count: int | None = setting(None, bound=Bound(1, none=True))
+    verbose_logs: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.minimum_slice_count is not None and self.minimum_slice_count > self.slices:
+            raise SettingError(_Pool, "minimum_slice_count", self.minimum_slice_count, problem=(
+                f"{mention('minimum_slice_count', self.minimum_slice_count)} is above {mention('slices', self.slices)}; "
+                f"lower it, or turn on {mention('verbose_logs', True)}"))
+
+
+_FLAGS = {"slices": Flag("slices"), "minimum_slice_count": Flag("floor", "K", "--min-slices"),
+          "verbose_logs": Flag("log more")}
+
+
+def test_a_refusal_names_the_settings_it_mentions_as_python_does_and_by_their_flags_on_a_command_line():
+    with pytest.raises(SettingError) as refused:
+        _Pool(slices=2, minimum_slice_count=3)
+    assert refused.value.field == "minimum_slice_count" and refused.value.value == 3
+    assert str(refused.value) == "minimum_slice_count=3 is above slices=2; lower it, or turn on verbose_logs=True"
+    assert wording(refused.value, [(_Pool, _FLAGS)]) == "--min-slices 3 is above --slices 2; lower it, or turn on --verbose-logs"
+
+
+def test_the_flags_are_the_fields_names_with_dashes_unless_overridden_and_parse_back_into_the_configuration():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, _Pool, _FLAGS)
+    args = parser.parse_args(["--min-slices", "2", "--verbose-logs"])
+    assert _Pool(**given(args, _Pool, _FLAGS)) == _Pool(minimum_slice_count=2, verbose_logs=True)
+    assert given(parser.parse_args([]), _Pool, _FLAGS) == {}  # a flag left out: the field's own default
+    with pytest.raises(SettingError) as refused:
+        _Pool(**given(parser.parse_args(["--slices", "0"]), _Pool, _FLAGS))
+    assert str(refused.value) == "invalid _Pool: slices=0 must be a whole number >= 1"
+    assert wording(refused.value, [(_Pool, _FLAGS)]) == "--slices 0 must be >= 1"
