@@ -24,10 +24,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew._compat import orbax as orbax_private
-from elastic_dew.elastic.state.checkpoints import Checkpoints, MultiTierError
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.loop.protocol import ElasticRun
+from elastic_dew.elastic.state.checkpoints import Checkpoints, MultiTierError
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices
 

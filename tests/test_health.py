@@ -15,8 +15,8 @@ import pytest
 from pathwaysutils.elastic import elastic as pw_elastic
 
 from elastic_dew._compat import pathwaysutils as pw_private
-from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.slices.retry import elastic_retry, make_manager
 from elastic_dew.simulate import SimulatedSlices
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from elastic_dew import record
-from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.events import Event
+from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices

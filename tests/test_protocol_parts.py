@@ -17,12 +17,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic import events, hooks
-from elastic_dew.elastic.loop.compiler import StepCompiler
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.loop.compiler import StepCompiler
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
-from elastic_dew.elastic.state.newest import Checkpoints, Snapshots
+from elastic_dew.elastic.state.checkpoints import Checkpoints
+from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.tiers import CheckpointTier, SnapshotTier, Tiers
 from elastic_dew.simulate import SimulatedSlices
 

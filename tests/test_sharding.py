@@ -20,8 +20,8 @@ from elastic_dew import Trainer, TrainConfig, console, record
 from elastic_dew import run as runs
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.slices.sharding import FSDP_MIN_BYTES, state_shardings
 from elastic_dew.elastic.slices.mesh import mesh_of
+from elastic_dew.elastic.slices.sharding import FSDP_MIN_BYTES, state_shardings
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 

@@ -14,7 +14,6 @@ from jax.sharding import PartitionSpec
 from pathwaysutils.elastic import manager as pw_manager
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
 from elastic_dew.elastic.slices.mesh import (
     AXES,
     active_devices,
@@ -25,6 +24,7 @@ from elastic_dew.elastic.slices.mesh import (
     global_batch_for,
     replicated,
 )
+from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
 from elastic_dew.simulate import SimulatedSlices
 
 pytestmark = pytest.mark.libraries  # pathwaysutils' Manager and retry policy

@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from elastic_dew import Trainer, TrainConfig
-from elastic_dew.record import read_events
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.record import read_events
 from elastic_dew.runtime import Layout
 from elastic_dew.simulate import SimulatedSlices
 

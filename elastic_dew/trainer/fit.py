@@ -24,11 +24,11 @@ from jax.sharding import PartitionSpec
 from elastic_dew import rundir
 from elastic_dew._deprecation import warn
 from elastic_dew.elastic import events
-from elastic_dew.elastic.slices import sharding as shardings
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.loop.evaluation import Evaluation
 from elastic_dew.elastic.loop.protocol import ElasticRun
+from elastic_dew.elastic.slices import sharding as shardings
 from elastic_dew.elastic.slices.mesh import mesh_of
 from elastic_dew.runtime import Layout, PreemptionNotice
 from elastic_dew.train_config import TrainConfig

@@ -51,14 +51,13 @@ from pathwaysutils.elastic import elastic as pw_elastic
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
-from elastic_dew.elastic.loop.compiler import StepCompiler, StepFn
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
-from elastic_dew.elastic.loop.evaluation import OWED, Evaluation
-from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
+from elastic_dew.elastic.loop.compiler import StepCompiler, StepFn
+from elastic_dew.elastic.loop.data import ElasticData
+from elastic_dew.elastic.loop.evaluation import OWED, Evaluation
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
-from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
 from elastic_dew.elastic.slices.mesh import (
     batch_sharding,
     build_mesh,
@@ -66,7 +65,9 @@ from elastic_dew.elastic.slices.mesh import (
     check_batch_for_every_slice_count,
     global_batch_for,
 )
-from elastic_dew.elastic.state.newest import Checkpoints, Snapshots
+from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
+from elastic_dew.elastic.state.checkpoints import Checkpoints
+from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.tiers import Held, Tiers
 from elastic_dew.runtime import Preempted
 from elastic_dew.runtime.preemption import NoticeInWait

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import jax
 from pathwaysutils.elastic import manager as pw_manager
 
-from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.slices.loss_log import install_slice_loss_filter
 
 __all__ = [

@@ -40,8 +40,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew.elastic.config import SHARDINGS
-from elastic_dew.elastic.state.packing import is_key
 from elastic_dew.elastic.slices.mesh import AXES
+from elastic_dew.elastic.state.packing import is_key
 
 __all__ = [
     "SHARDINGS",

@@ -26,11 +26,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from elastic_dew._deprecation import renamed_keywords, renamed_method
+from elastic_dew.elastic.config import CHECKPOINT_KINDS
 from elastic_dew.elastic.state.backend import Backend
+from elastic_dew.elastic.state.meta import meta_json
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
 from elastic_dew.elastic.state.orbax_backend import OrbaxBackend
-from elastic_dew.elastic.config import CHECKPOINT_KINDS
-from elastic_dew.elastic.state.meta import meta_json
 
 __all__ = ["Checkpoints", "KINDS", "META_CAPACITY", "MultiTierError"]
 

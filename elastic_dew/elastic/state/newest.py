@@ -1,4 +1,4 @@
-"""Two tiers of training state, and the choice of the newest one on resume.
+"""The choice of the newest state across the two tiers on resume.
 
 Tier 1, :class:`~elastic_dew.elastic.state.snapshots.Snapshots`, keeps the state in pinned host
 memory on every slice (fast, survives the loss of some slices, not of the process). Tier 2,
@@ -9,10 +9,13 @@ arrays, so whichever tier a resume uses, the data pipeline continues from the sa
 
 from __future__ import annotations
 
-from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state.snapshots import Snapshots
+from typing import TYPE_CHECKING
 
-__all__ = ["Snapshots", "Checkpoints", "newest"]
+if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs neither
+    from elastic_dew.elastic.state.checkpoints import Checkpoints
+    from elastic_dew.elastic.state.snapshots import Snapshots
+
+__all__ = ["newest"]
 
 
 def newest(

@@ -42,10 +42,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from elastic_dew._compat.orbax import HostSnapshotter
 from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic.state import packing
 from elastic_dew.elastic.state.meta import meta_json
-from elastic_dew._compat.orbax import HostSnapshotter
 
 __all__ = ["Snapshots"]
 

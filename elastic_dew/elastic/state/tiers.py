@@ -42,7 +42,9 @@ from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Save
-from elastic_dew.elastic.state.newest import Checkpoints, Snapshots, newest
+from elastic_dew.elastic.state.checkpoints import Checkpoints
+from elastic_dew.elastic.state.newest import newest
+from elastic_dew.elastic.state.snapshots import Snapshots
 
 __all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers"]
 
