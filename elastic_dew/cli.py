@@ -135,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     set_verbose(args.verbose)
     if module is None:  # argparse already refused an unknown command
         parser.error(f"unknown command {args.command!r}")
-    return int(module.run(args) or 0)
+    from elastic_dew.elastic.state import storage
+
+    before = storage.mark()
+    code = int(module.run(args) or 0)
+    storage.end_if_stuck(code, since=before)  # a storage call given up on would keep the process alive
+    return code
 
 
 if __name__ == "__main__":

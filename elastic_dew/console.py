@@ -108,6 +108,21 @@ RUN_FLAGS: dict[str, tuple[type, dict[str, Flag]]] = {
         "mtc_init_timeout": Flag(
             "multi_tier: seconds one initialisation (at start, every attempt and scale-up) may wait for the "
             "replicator before the run fails (default {default}, Orbax's)", _SECONDS),
+        "storage_timeout": Flag(
+            "seconds one checkpoint save, commit, restore or listing, or one data read, may take before it is "
+            "given up on (default: 10 times the state's transfer time at the bandwidth measured so far, at least "
+            "180 s)", _SECONDS),
+        "grace_period": Flag(
+            "the preemption grace window in seconds: a preemption's checkpoint gets what is left of it (default: "
+            "$ELASTIC_DEW_GRACE_PERIOD, which the rendered JobSets set, else 30)", _SECONDS),
+        "max_failed_saves": Flag(
+            "checkpoint saves abandoned in a row before the run stops with an error (default {default})", "N"),
+        "max_uncommitted_seconds": Flag(
+            "stop the run when saves keep failing and no checkpoint committed for this many seconds (default: no "
+            "limit)", _SECONDS),
+        "quarantine_damaged": Flag(
+            "move a committed checkpoint that cannot be read aside (STEP.damaged) and restore the previous one; "
+            "--no-quarantine-damaged refuses it with the fix instead (default: on)"),
     }),
     "observe": (observing.ObserveOptions, {
         "log_format": Flag(

@@ -16,6 +16,8 @@ record, the simulator, the chaos harness, the benchmarks, the tests) goes throug
       timeline.png      the run's timeline picture
       checkpoints/      tier 2: Orbax steps (the elastic layer's default checkpoint directory)
       tensorboard/      TensorBoard event files, one per process (elastic_dew.observe)
+      abandoned_checkpoints.json  steps whose save was given up on: never restored (orbax_step)
+      storage.log       the storage libraries' errors, with their tracebacks
 
 What is inside ``checkpoints/`` and when a step there is committed are the persistent tier's
 (:mod:`elastic_dew.elastic.state.orbax_step`): the run directory lies above the elastic layer
@@ -33,6 +35,7 @@ from typing import Any, BinaryIO
 
 from elastic_dew.elastic.config import CHECKPOINTS_DIR
 from elastic_dew.elastic.events import Fault, from_json
+from elastic_dew.elastic.state import orbax_step
 
 __all__ = [
     "COMMAND_FILE",
@@ -45,6 +48,8 @@ __all__ = [
     "TENSORBOARD_DIR",
     "REPLICATOR_DIR",
     "RUN_LOG_FILE",
+    "ABANDONED_FILE",
+    "STORAGE_LOG",
     "ENTRIES",
     "IDENTITY_KEYS",
     "RunDirError",
@@ -77,11 +82,16 @@ RUN_LOG_FILE = "run.log"
 #: A simulated multi-tier run's replicator stand-in (:mod:`elastic_dew.simulate.replicator`):
 #: ``local/`` (the checkpoint directory), ``replicas/``, ``backup/``.
 REPLICATOR_DIR = "replicator"
+#: The steps whose checkpoint save was given up on (:mod:`elastic_dew.elastic.state.orbax_step`).
+ABANDONED_FILE = orbax_step.ABANDONED_FILE
+#: The storage libraries' error records, with their tracebacks (:mod:`elastic_dew.elastic.state.storage`).
+STORAGE_LOG = "storage.log"
 
 #: Everything a run directory may hold (``*.tmp`` are atomic writes in progress).
 ENTRIES = frozenset({
     COMMAND_FILE, EVENTS_FILE, FAULTS_FILE, SUMMARY_FILE, PARAMS_FILE, TIMELINE_FILE,
     CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", TENSORBOARD_DIR, REPLICATOR_DIR, RUN_LOG_FILE,
+    ABANDONED_FILE, ABANDONED_FILE + ".tmp", STORAGE_LOG,
 })
 
 #: The keys of ``command.json`` that must match for a run directory to be resumed.

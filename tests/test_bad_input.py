@@ -178,17 +178,19 @@ def test_a_checkpoint_from_a_model_of_another_shape_is_refused_naming_the_leaf_a
 # of a checkpoint with flipped bytes does the same with no elastic_dew code (orbax-checkpoint
 # 0.12.8); the failed restore itself is what this test checks.
 @pytest.mark.filterwarnings("ignore:Exception ignored in. None:pytest.PytestUnraisableExceptionWarning")
-def test_a_checkpoint_damaged_by_hand_is_refused_with_the_fix_and_following_it_resumes_exactly_once(
+def test_a_checkpoint_damaged_by_hand_is_quarantined_and_the_previous_one_resumes_exactly_once_or_refused_if_asked(
     finished_run, tmp_path
 ):
     """Orbax checksums the arrays: flipped bytes in the newest checkpoint are found at restore.
-    The message says to move the step aside; doing so resumes from the previous committed one."""
+    With ``quarantine_damaged=False`` the run refuses it with the fix and touches nothing; by
+    default the step is moved aside (``8.damaged``, every byte kept), a ``storage`` event says
+    so, and the run resumes from the previous committed step 4, every example once."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     for data in (run_dir / "checkpoints" / "8" / "state" / "d").iterdir():
         data.write_bytes(bytes(b ^ 0xFF for b in data.read_bytes()))
     before = chaos.committed_checkpoints(run_dir / "checkpoints")
-    outcome = chaos.run(chaos.Scenario(steps=12), run_dir)
+    outcome = chaos.run(chaos.Scenario(steps=12, quarantine_damaged=False), run_dir)
     message = str(outcome.error)
     assert isinstance(outcome.error, ValueError), repr(outcome.error)
     assert "checkpoint step 8 in" in message and "is committed but cannot be read" in message
@@ -196,15 +198,20 @@ def test_a_checkpoint_damaged_by_hand_is_refused_with_the_fix_and_following_it_r
     assert f"move it aside (mv {damaged} {damaged}.damaged) to resume from the previous committed checkpoint 4" in message
     assert chaos.committed_checkpoints(run_dir / "checkpoints") == before  # nothing deleted
 
-    damaged.rename(damaged.with_name("8.damaged"))
+    bytes_before = {p.relative_to(damaged): p.read_bytes() for p in damaged.rglob("*") if p.is_file()}
     outcome = chaos.run(chaos.Scenario(steps=12), run_dir)
     assert outcome.error is None
-    committed = record.committed_steps(record.read_events(run_dir))
+    moved = damaged.with_name("8.damaged")
+    assert {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*") if p.is_file()} == bytes_before
+    events = record.read_events(run_dir)
+    quarantined = [e for e in events if e["event"] == "storage"]
+    assert [(e["outcome"], e["step"], e["moved_to"]) for e in quarantined] == [("quarantined", 8, str(moved))]
+    committed = record.committed_steps(events)
     assert sorted(e["step"] for e in committed) == list(range(1, 13))
     assert [e["examples"] for e in sorted(committed, key=lambda e: e["step"])] == [
         [i * chaos.GLOBAL_BATCH, (i + 1) * chaos.GLOBAL_BATCH] for i in range(12)
     ]
-    resumes = [e for e in record.read_events(run_dir) if e["event"] == "resume"]
+    resumes = [e for e in events if e["event"] == "resume"]
     assert (resumes[-1]["source"], resumes[-1]["step"]) == ("checkpoint", 5)
 
 

@@ -290,7 +290,8 @@ def test_the_train_options_come_from_the_settings_own_declarations():
     assert {console.flag_of(field) for field in offered} == {
         "--min-slices", "--poll-interval", "--global-batch", "--snapshot-every", "--checkpoint-every",
         "--checkpoint-dir", "--checkpoint-kind", "--model-axis", "--timeout", "--max-attempts", "--step-timeout",
-        "--retry-reset-steps", "--mtc-backup-minutes", "--mtc-init-timeout",
+        "--retry-reset-steps", "--mtc-backup-minutes", "--mtc-init-timeout", "--storage-timeout", "--grace-period",
+        "--max-failed-saves", "--max-uncommitted-seconds", "--quarantine-damaged",
     }
     for field in offered:
         assert console.flag_of(field) in text

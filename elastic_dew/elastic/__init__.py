@@ -28,6 +28,9 @@ name                   what it is
 ``Snapshots``          tier 1: Orbax ``Snapshotter`` in pinned host memory
 ``Checkpoints``        tier 2: Orbax ``CheckpointManager`` or multi-tier replicator
 ``MultiTierError``     multi-tier checkpointing could not be initialised (replicator)
+``StorageError``       a checkpoint save, commit, restore or data read failed or passed
+                       the storage timeout (``StorageTimeout``); ``SavesFailing``: saves
+                       kept failing and the run stopped
 ``ElasticData``        Grain ``ElasticIterator`` with the attempt's global batch
 =====================  ===========================================================
 """
@@ -62,6 +65,9 @@ _EXPORTS = {
     "Snapshots": "state.snapshots",
     "Checkpoints": "state.checkpoints",
     "MultiTierError": "state.checkpoints",
+    "StorageError": "state.storage",
+    "StorageTimeout": "state.storage",
+    "SavesFailing": "state.tiers",
     "newest": "state.newest",
     "ElasticData": "loop.data",
     "POSITION_KEY": "loop.data",

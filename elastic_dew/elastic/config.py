@@ -124,6 +124,25 @@ class ElasticConfig:
         ``jax_initialization_timeout_seconds``, 900); initialisation runs at start, on every
         attempt and at every scale-up.
 
+    Storage (:mod:`~elastic_dew.elastic.state.storage`):
+      storage_timeout: seconds any one storage call of the persistent tier may take (a
+        listing, a save's start, its commit, a restore), and a data read; ``None`` is
+        automatic: ten times the state's transfer time at the bandwidth measured so far,
+        at least 180 s (:func:`~elastic_dew.elastic.state.storage.automatic_timeout`). A save
+        past it is abandoned and training goes on; a restore or data read past it ends the
+        run with an error naming the storage.
+      grace_period: the preemption grace window in seconds (the pod's
+        ``terminationGracePeriodSeconds``): a preemption's save is bounded by what is left
+        of it, less a margin, so the process exits 143 before the kubelet's SIGKILL.
+        ``None``: ``$ELASTIC_DEW_GRACE_PERIOD`` (the rendered JobSets set it), else 30.
+      max_failed_saves: checkpoint saves abandoned in a row before the run stops with an
+        error rather than train on with nothing durable.
+      max_uncommitted_seconds: the run also stops when no checkpoint committed for this
+        long while saves were failing; ``None`` turns the limit off.
+      quarantine_damaged: a committed checkpoint that cannot be read is moved aside
+        (``<step>.damaged``, never deleted) and the previous committed step restored;
+        ``False`` refuses it with the fix, for an operator to act.
+
     Recovery speed:
       precompile_smaller_meshes: in replica-resize mode, compile the training step for
         every mesh of one slice fewer in a background thread once an attempt has started,
@@ -155,6 +174,14 @@ class ElasticConfig:
     max_to_keep: int = _setting(3, bound=_Bound(1))
     mtc_backup_minutes: int = _setting(10, bound=_Bound(1, unit="minutes"))
     mtc_init_timeout: int = _setting(900, bound=_Bound(1, unit="seconds"))
+
+    storage_timeout: float | None = _setting(None, bound=_Bound(0, strict=True, unit="seconds", none="automatic"))
+    grace_period: float | None = _setting(None, bound=_Bound(0, strict=True, unit="seconds", none="automatic"))
+    max_failed_saves: int = _setting(3, bound=_Bound(1, whole=True))
+    max_uncommitted_seconds: float | None = _setting(
+        None, bound=_Bound(0, strict=True, unit="seconds", none="no limit")
+    )
+    quarantine_damaged: bool = True
 
     precompile_smaller_meshes: bool = True
 

@@ -20,6 +20,12 @@ save       ``tier`` (``snapshot``/``checkpoint``), ``step``, ``taken``, ``second
 stop       ``reason`` (:data:`STOP_REASONS`), ``step`` (the last completed step)
 resume     ``source`` (:data:`RESUME_SOURCES`), ``step`` (the first step run next),
            ``durations`` (seconds under :data:`DURATION_KEYS`)
+storage    ``operation`` (``save``, ``commit``, ``restore``), ``outcome`` (``abandoned``: a
+           save that failed or passed the storage timeout, never restored;
+           ``quarantined``: a damaged committed step moved aside), ``step``, ``storage``
+           (the directory or ``gs://`` path), ``waited`` (seconds from the save's start to
+           the decision), ``error`` (what failed), ``moved_to`` (where a quarantined step
+           went, else ``null``)
 fault      ``action``, ``slice``, ``step``, ``phase``, ``scheduled`` (the schedule token),
            ``index`` (its place in the schedule), ``pid`` (the process that fired it)
 =========  ==============================================================================
@@ -53,6 +59,8 @@ __all__ = [
     "Resume",
     "Fault",
     "Eval",
+    "Storage",
+    "STORAGE_OUTCOMES",
     "KINDS",
     "Sink",
     "describe",
@@ -66,6 +74,8 @@ STOP_REASONS = ("preempted", "slice_lost", "scale_up", "done")
 RESUME_SOURCES = ("live", "snapshot", "checkpoint", "fresh")
 #: The phases of a recovery a ``resume`` event times (its ``durations``' keys), in order.
 DURATION_KEYS = ("detection", "wait_for_slices", "mesh_and_compile", "restore")
+#: What became of a step the storage failed (a ``storage`` event's ``outcome``).
+STORAGE_OUTCOMES = ("abandoned", "quarantined")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -260,8 +270,41 @@ class Eval(Event):
     seconds: float
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Storage(Event):
+    """The persistent tier's storage failed a step: a save abandoned (failed, or not
+    committed within the storage timeout; the loop's time held by it is in the ``save``
+    events' seconds) or a damaged committed step quarantined.
+
+    Args:
+        operation: ``save``, ``commit`` or ``restore``.
+        outcome: one of :data:`STORAGE_OUTCOMES`.
+        step: the step.
+        storage: the directory or ``gs://`` path.
+        waited: seconds from the save's start to the decision.
+        error: what failed.
+        moved_to: where a quarantined step went.
+
+    Raises:
+        ValueError: ``outcome`` is not one of :data:`STORAGE_OUTCOMES`.
+    """
+
+    kind: ClassVar[str] = "storage"
+    operation: str
+    outcome: str
+    step: int
+    storage: str
+    waited: float
+    error: str
+    moved_to: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.outcome not in STORAGE_OUTCOMES:
+            raise ValueError(f"storage outcome {self.outcome!r} is not one of {STORAGE_OUTCOMES}")
+
+
 #: Each event kind (a line's ``"event"``) and its type.
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault, Eval)}
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault, Eval, Storage)}
 
 
 #: What takes the run's typed events, one at a time and in order.
@@ -290,6 +333,10 @@ def describe(event: Event) -> str:
         return f"process {event.pid} started"
     if isinstance(event, Step):
         return f"step {event.step} loss {event.loss:.4f} on {event.slices} slices"
+    if isinstance(event, Storage):
+        if event.outcome == "quarantined":
+            return f"checkpoint {event.step} damaged: moved aside to {event.moved_to}"
+        return f"checkpoint {event.operation} of step {event.step} abandoned after {event.waited:.1f} s"
     if isinstance(event, Eval):
         values = " ".join(f"{name} {value:.4g}" for name, value in event.metrics.items())
         return f"eval after step {event.step}: {values}"

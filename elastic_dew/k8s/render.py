@@ -35,6 +35,7 @@ from typing import Any, Iterable
 import yaml
 
 from elastic_dew.console import flag_of
+from elastic_dew.elastic.state.storage import GRACE_ENV
 from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams, parse_bucket
 from elastic_dew.run import USAGE_EXIT
 from elastic_dew.runtime import PREEMPTED_EXIT
@@ -217,6 +218,9 @@ def _controller(p: JobSetParams) -> dict[str, Any]:
             _env("XCLOUD_ENVIRONMENT", "GCP"),
             _env("ENABLE_PATHWAYS_PERSISTENCE", "1"),
             _field_env("JOBSET_NAME", _JOBSET_NAME),
+            # The pod's terminationGracePeriodSeconds: a preemption's checkpoint gets what is
+            # left of it, so the controller exits 143 before the kubelet's SIGKILL.
+            _env(GRACE_ENV, str(p.grace_seconds)),
         ],
         "volumeMounts": [{"name": RUN_VOLUME, "mountPath": RUN_MOUNT}, _shared_tmp_mount()],
         "resources": {"limits": {"cpu": "24", "memory": "100G"}},

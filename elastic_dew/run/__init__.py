@@ -465,6 +465,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     import jax
     from pathwaysutils.elastic.manager import ElasticRuntimeError
 
+    from elastic_dew.elastic.state.storage import StorageError, configure_clients, divert_library_errors
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
 
@@ -508,7 +509,11 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             p.observe, run_dir, job_name=run_dir.name, total_slices=p.sim.slices if p.sim else None
         )
         result = None
+        configure_clients(elastic.storage_timeout)  # before the first Cloud Storage request
+        # The storage libraries' tracebacks of failed writes go to RUN_DIR/storage.log.
+        diverted = contextlib.ExitStack()
         try:
+            diverted.enter_context(divert_library_errors(run_dir / rundir.STORAGE_LOG))
             trainer = Trainer(
                 **{name: parts[name] for name in _PARTS},
                 config=elastic,
@@ -540,6 +545,13 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                     run_dir,
                 )
             return Outcome(PREEMPTED_EXIT, run_dir)
+        except StorageError as error:
+            # The storage failed or stalled: one line, the libraries' details in storage.log.
+            logger.error(
+                "the run stopped: %s. The storage libraries' errors are in %s",
+                error, run_dir / rundir.STORAGE_LOG,
+            )
+            return Outcome(FAILED_EXIT, run_dir)
         except (jax.errors.JaxRuntimeError, TimeoutError, ElasticRuntimeError) as error:
             # Not retried: an error that is not a slice loss, or the retry gave up.
             logger.error(
@@ -549,6 +561,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             )
             return Outcome(FAILED_EXIT, run_dir)
         finally:
+            diverted.close()
             observing.close(observers, result.summary if result is not None else None)
     return Outcome(0, run_dir, result)
 

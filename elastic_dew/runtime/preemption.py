@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from elastic_dew._compat import python as python_private
@@ -147,6 +148,8 @@ class PreemptionNotice:
         self._previous: Any = None
         self._closed = False
         self._waiting = False
+        #: When the notice arrived (``time.monotonic()``), or ``None``: the grace window runs from it.
+        self.received: float | None = None
         if self._pooled:
             if not self._service:
                 logger.info(
@@ -163,6 +166,8 @@ class PreemptionNotice:
 
     def _on_sigterm(self, signum, frame) -> None:
         self._signals += 1
+        if self._signals == 1:
+            self.received = time.monotonic()
         if self._signals == 1 and self._waiting:
             self._waiting = False
             logger.warning("SIGTERM while waiting for slices: preemption notice, ending the wait")

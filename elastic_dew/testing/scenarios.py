@@ -53,6 +53,8 @@ class Scenario:
     retry_reset_steps: int | None = None
     timeout: float = 60.0
     poll_interval: float = 0.05
+    #: ``ElasticConfig.quarantine_damaged``.
+    quarantine_damaged: bool = True
 
     def config(self) -> Any:
         from elastic_dew.elastic.config import ElasticConfig
@@ -67,6 +69,7 @@ class Scenario:
             global_batch=GLOBAL_BATCH,
             snapshot_every=self.snapshot_every,
             checkpoint_every=self.checkpoint_every,
+            quarantine_damaged=self.quarantine_damaged,
             # Retention would delete old checkpoints by design; keep them all, so any
             # checkpoint that disappears was lost to a fault.
             max_to_keep=100,

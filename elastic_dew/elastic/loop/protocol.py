@@ -66,6 +66,7 @@ from elastic_dew.elastic.slices.mesh import (
     global_batch_for,
 )
 from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
+from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.tiers import Held, Tiers
@@ -253,9 +254,13 @@ class ElasticRun:
             program, self.manager, config,
             also=lambda mesh: self.tiers.precompile_resume(mesh, program.abstract_state),
         )
+        # Abandoned saves and quarantined checkpoints join the run's events.
+        self.tiers.checkpoint.emit = lambda event: self.emit(event)
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout,
                                      waits_for_every_slice=config.minimum_slice_count is None)
+        #: Whether a data read was given up on (its reader is stuck: the data is not closed).
+        self._data_stuck = False
         self._config = config
         # Plain numbers only: an attempt's arrays live in its _Attempt.
         self.last_step = 0
@@ -360,7 +365,8 @@ class ElasticRun:
             finally:
                 self.compiler.stop_precompiling()
                 self.deadline.close()
-                self.data.close()
+                if not self._data_stuck:
+                    self.data.close()
                 self.tiers.close()
 
     def _preempted_in_wait(self) -> Preempted:
@@ -378,17 +384,23 @@ class ElasticRun:
         """
         step = None
         if self.checkpoints is not None:
+            deadline = time.monotonic() + self._stop_bound()
             try:
-                self.checkpoints.wait()  # one in flight may commit
+                self.checkpoints.wait(max(0.01, deadline - time.monotonic()))  # one in flight may commit
             except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
                 logger.warning("the checkpoint in flight did not commit: %s", error)
-            if self.tiers.newest()[0] == "snapshot":
+            try:
+                newer = not self.checkpoints.stalled and self.tiers.newest()[0] == "snapshot"
+            except storage.StorageError as error:
+                logger.error("could not list the checkpoints while stopping: %s", error)
+                newer = False
+            if newer:
                 try:
-                    step = self._persist_snapshot()
+                    step = self._persist_snapshot(max(0.01, deadline - time.monotonic()))
                 except Exception:  # noqa: BLE001 - the grace period is short: stop all the same
                     logger.exception("could not persist the newest snapshot while stopping")
             if step is None:
-                step = self.checkpoints.latest_step()
+                step = self.checkpoints.newest_known()
         if step is None:
             step = 0
         lost = self.last_step - step
@@ -403,9 +415,17 @@ class ElasticRun:
         self.emit(Stop(reason="preempted", step=step))
         return Preempted(step)
 
-    def _persist_snapshot(self) -> int | None:
-        """Load the newest snapshot onto the healthy slices and commit it as a checkpoint;
-        its step, or ``None`` when no snapshot could be loaded."""
+    def _stop_bound(self) -> float:
+        """Seconds a preemption's stop may spend on storage: what is left of the grace
+        window since the notice, less a margin (:func:`~elastic_dew.elastic.state.storage.stop_bound`)."""
+        noticed = getattr(self.notice, "received", None)
+        timeout = self.checkpoints.bound() if self.checkpoints is not None else storage.FLOOR_SECONDS
+        return storage.stop_bound(storage.grace_seconds(self.config.grace_period), noticed, timeout)
+
+    def _persist_snapshot(self, bound: float | None = None) -> int | None:
+        """Load the newest snapshot onto the healthy slices and commit it as a checkpoint
+        within ``bound`` seconds; its step, or ``None`` when no snapshot could be loaded or
+        committed."""
         self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
         mesh = build_mesh(self.manager, self.config.model_axis)
         self.tiers.slices_changed(mesh)
@@ -413,10 +433,10 @@ class ElasticRun:
         if source != "snapshot":
             return None
         logger.warning("writing snapshot %d as a checkpoint before stopping", step)
-        saved = self.tiers.checkpoint.commit(step, state, meta)
+        saved = self.tiers.checkpoint.commit(step, state, meta, bound=bound)
         if saved is not None:
             self.emit(saved)
-        return step
+        return step if saved is not None and saved.taken else None
 
     def _timed_out(self, error: TimeoutError) -> TimeoutError:
         """pathwaysutils' timeout, with the run's position and what to do next."""
@@ -498,7 +518,7 @@ class ElasticRun:
         abstract = self.program.abstract_state(mesh)
         step_fn = self.compiler.compile(mesh, batch_size)
         recovery.lap("mesh_and_compile")
-        restored = self.tiers.restore(abstract)
+        restored = self.tiers.restore(abstract, emit=self.emit)
         source, step, state, meta = restored if restored is not None else (
             "fresh", 0, self.program.init_state(mesh), {}
         )
@@ -523,12 +543,24 @@ class ElasticRun:
     def _dispatch(self, attempt: _Attempt, state: Any, step: int) -> _InFlight:
         """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
         started = time.monotonic()
-        batch, examples = self.data.next()
+        batch, examples = self._read_data(step)
         data_seconds = time.monotonic() - started
         hooks.phase("dispatch", step)
         new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
         return _InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
+
+    def _read_data(self, step: int) -> tuple[Any, Any]:
+        """Step ``step``'s batch, within the storage timeout (at least
+        :data:`~elastic_dew.elastic.state.storage.FLOOR_SECONDS` when automatic): a data file
+        whose reads block (a stalled Cloud Storage FUSE mount) ends the run with
+        :class:`~elastic_dew.elastic.state.storage.StorageTimeout` instead of holding it for ever."""
+        bound = self.config.storage_timeout or storage.FLOOR_SECONDS
+        try:
+            return storage.bounded("read", "the training data", step, bound, self.data.next, noun="data")
+        except storage.StorageTimeout:
+            self._data_stuck = True
+            raise
 
     def _wait_step(self, ahead: _InFlight | None) -> Callable[[], None] | None:
         """The wait for the step in flight, within the step deadline, that a save runs
@@ -617,11 +649,14 @@ class ElasticRun:
         step = attempt.step
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
-        saved = self.tiers.checkpoint.commit(step, attempt.state, meta, wait_step)
+        bound = self._stop_bound()
+        saved = self.tiers.checkpoint.commit(step, attempt.state, meta, wait_step, bound=bound)
         if saved is not None:
             self.emit(saved)
-        else:
+        if saved is None:
             step = 0  # commit logged that nothing is saved
+        elif not saved.taken:  # not committed inside the grace window: the newest committed is the stop
+            step = self.checkpoints.newest_known() or 0
         self.emit(Stop(reason="preempted", step=step))
         raise Preempted(step)
 

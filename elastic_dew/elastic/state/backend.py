@@ -35,12 +35,25 @@ class Backend(Protocol):
     anything bound to the old devices must be forgotten without being called. ``precompile_saves``,
     ``saves_precompiled`` and ``stop_precompiling`` precompile a layout's first save off the
     training loop, where the backend has such work. ``close`` waits for the last save and releases
-    the backend.
+    the backend. ``committed_steps`` lists the committed steps; ``saving`` says, without
+    waiting, whether a save is still being written; ``abandon`` forgets a save given up on
+    (and whatever it holds) without waiting for it, so the next call starts afresh (closing
+    what it held first when ``close``: a failed save whose writers ended);
+    ``quarantine`` moves a damaged committed step aside (never deleting it) and returns
+    where it went, or raises ``NotImplementedError`` where the backend cannot.
     """
 
     directory: str
 
     def latest_step(self) -> int | None: ...
+
+    def committed_steps(self) -> list[int]: ...
+
+    def saving(self) -> bool: ...
+
+    def abandon(self, close: bool = False) -> None: ...
+
+    def quarantine(self, step: int) -> str: ...
 
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None: ...
 

@@ -14,13 +14,30 @@
 touched, encodes ``meta`` as JSON, skips a step at or below the newest committed one, and
 hands everything else to the backend through the
 :class:`~elastic_dew.elastic.state.backend.Backend` protocol.
+
+**Every storage call is bounded** (:mod:`~elastic_dew.elastic.state.storage`): a listing, a save's
+start, a restore, and the commit of a save written in the background, by the storage
+timeout (``timeout``; automatic when ``None``: :func:`~elastic_dew.elastic.state.storage.automatic_timeout`
+of the state's bytes and the bandwidth of the saves committed so far). A save that fails or
+passes its bound is *abandoned*: the backend's manager is forgotten without being waited
+for (a fresh one serves the next call), the failure is kept for the caller
+(:meth:`Checkpoints.failures`) and the next save is tried as usual. A save that passed its
+bound may still be written (Orbax cannot cancel it, and on ``gs://`` it writes
+``commit_success.txt`` last), so its step is *fenced*: added to the record of abandoned steps
+(kept in ``record_dir``, the run directory, and in memory), which every listing here
+honours, so it is never restored even when its writes land later, and never saved again. A
+save that failed with an error has ended, and its step is not fenced. A restore past its
+bound raises :class:`~elastic_dew.elastic.state.storage.StorageTimeout` and the storage is not
+read again by this object inside that bound (:meth:`Checkpoints.newest_known` answers from
+memory).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import numpy as np
 from jax.sharding import Mesh
@@ -30,9 +47,11 @@ from elastic_dew.elastic.config import CHECKPOINT_KINDS
 from elastic_dew.elastic.state.backend import Backend
 from elastic_dew.elastic.state.meta import meta_json
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
-from elastic_dew.elastic.state.orbax_backend import OrbaxBackend
+from elastic_dew.elastic.state import orbax_step, storage
+from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint, OrbaxBackend
+from elastic_dew.elastic.state.storage import StorageError, StorageTimeout
 
-__all__ = ["Checkpoints", "KINDS", "META_CAPACITY", "MultiTierError"]
+__all__ = ["Checkpoints", "KINDS", "META_CAPACITY", "MultiTierError", "DamagedCheckpoint", "StorageError", "StorageTimeout"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +66,17 @@ def _check_step(step: int) -> None:
         )
 
 
+class _InFlight(NamedTuple):
+    """A save written in the background: its step, when it started, its bytes, its bound."""
+
+    step: int
+    started: float
+    nbytes: int
+    bound: float
+    #: What the bound is, for messages.
+    why: str = "the storage timeout"
+
+
 class Checkpoints:
     """Persistent checkpoints of the training state and its meta (tier 2).
 
@@ -57,6 +87,8 @@ class Checkpoints:
     each mesh it is given). ``run_name`` names the multi-tier run (default: ``$JOBSET_NAME``);
     ``backup_interval_minutes`` is the replicator's backup cadence and
     ``init_timeout_seconds`` how long one initialisation may wait for it (multi-tier only).
+    ``timeout`` bounds every storage call in seconds (``None``: automatic, see the module);
+    ``record_dir`` (the run directory) keeps the record of abandoned steps across processes.
 
     Args:
         directory: where the checkpoints go (a path or ``gs://`` URL).
@@ -86,6 +118,8 @@ class Checkpoints:
         run_name: str | None = None,
         backup_interval_minutes: int = 10,
         init_timeout_seconds: int = 900,
+        timeout: float | None = None,
+        record_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"checkpoint kind={kind!r} must be one of {', '.join(KINDS)}")
@@ -95,9 +129,24 @@ class Checkpoints:
             raise ValueError(f"max_to_keep={max_to_keep} must be >= 1")
         if slices is not None and slices < 1:
             raise ValueError(f"slices={slices} must be >= 1")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout={timeout} must be > 0 seconds, or None for automatic")
         self.kind = kind
         self.directory = str(directory)
         self.slices = slices
+        self.timeout = timeout
+        self.record_dir = record_dir
+        #: Bytes per second of the saves committed so far (sizes the automatic timeout).
+        self.bandwidth = storage.Bandwidth()
+        #: Steps whose save was given up on: never listed, never restored, never saved again.
+        self.abandoned: set[int] = orbax_step.read_abandoned(record_dir)
+        self._nbytes = 0
+        self._inflight: _InFlight | None = None
+        self._failures: list[StorageError] = []
+        self._known: int | None = None
+        self._stalled_until = 0.0
+        #: Saves committed by this object.
+        self.commits = 0
         self.backend: Backend
         if kind == "multi_tier":
             run_name = run_name or os.environ.get("JOBSET_NAME")
@@ -119,30 +168,301 @@ class Checkpoints:
                 self.on_active_slices_changed(list(mesh.devices.flat), mesh)
         else:
             self.backend = OrbaxBackend(self.directory, max_to_keep)
+            self._call("listing", None, lambda: self.backend.manager)  # creates the directory, lists it
 
-    def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> None:
+    # -- bounds ----------------------------------------------------------------------------
+    def bound(self, nbytes: int | None = None) -> float:
+        """Seconds one storage call may take.
+
+        Args:
+            nbytes: the state's bytes (default: those of the last state saved or restored).
+
+        Returns:
+            ``timeout``, else the automatic timeout for a state of ``nbytes``.
+        """
+        if self.timeout is not None:
+            return float(self.timeout)
+        return storage.automatic_timeout(self._nbytes if nbytes is None else nbytes, self.bandwidth)
+
+    def _call(self, operation: str, step: int | None, call: Any, bound: float | None = None) -> Any:
+        try:
+            return storage.bounded(operation, self.directory, step, self.bound() if bound is None else bound, call)
+        except StorageTimeout as error:
+            self._stalled_until = time.monotonic() + (error.bound or 0.0)
+            raise
+
+    @property
+    def stalled(self) -> bool:
+        """Whether a call to this storage passed its bound less than a bound ago: listings
+        then answer from memory (:meth:`newest_known`) instead of asking it again."""
+        return time.monotonic() < self._stalled_until
+
+    # -- saves -----------------------------------------------------------------------------
+    def save(self, step: int, state: Any, meta: dict, *, force: bool = False, bound: float | None = None) -> bool:
         """Start saving the state after ``step`` updates (asynchronous); ``wait`` commits it.
 
-        A step at or below the newest committed one is skipped (logged): Orbax would
-        otherwise garbage-collect the newer checkpoints in favour of the older step.
+        A save still in flight is committed first (:meth:`settle`). A step at or below the
+        newest committed one is skipped (logged): Orbax would otherwise garbage-collect the
+        newer checkpoints in favour of the older step; so is an abandoned step. A start that
+        fails or passes ``bound`` abandons the save (its failure is in :meth:`failures`).
 
         Args:
             step: the step whose state this is.
             state: the state.
             meta: its JSON-able meta (step, data position, ...).
             force: save even where Orbax's own policy would skip the step.
+            bound: the most seconds the start may take (default :meth:`bound`).
+
+        Returns:
+            Whether the save started.
+
+        Raises:
+            ValueError: a bad step, or a meta the backend cannot carry.
+            jax.errors.JaxRuntimeError: a slice was lost while the state was read.
         """
         _check_step(step)
         encoded = meta_json(meta, "checkpoint")
-        latest = self.backend.latest_step()
-        if latest is not None and step <= latest:
-            logger.info("checkpoint of step %d skipped: step %d is already committed", step, latest)
-            return
-        self.backend.save(int(step), state, encoded, force)
+        self._nbytes = storage.state_bytes(state)
+        limit = self.bound() if bound is None else bound
+        self.settle(limit)
+        if step in self.abandoned:
+            logger.warning("checkpoint of step %d skipped: an earlier save of that step was abandoned", step)
+            return False
+        started = time.monotonic()
 
-    def wait(self) -> None:
-        """Block until the last save is committed; raise if it failed."""
-        self.backend.wait()
+        def start() -> bool:
+            latest = self.backend.latest_step() if not self.abandoned else self._newest(self.backend.committed_steps())
+            if latest is not None and step <= latest:
+                logger.info("checkpoint of step %d skipped: step %d is already committed", step, latest)
+                return False
+            self.backend.save(int(step), state, encoded, force)
+            return True
+
+        try:
+            began = self._call("save", step, start, limit)
+        except (StorageError, OSError, ValueError) as error:
+            if isinstance(error, ValueError) and not isinstance(error, StorageError) and "meta" in str(error):
+                raise  # a meta the backend cannot carry: the caller's bug, not the storage's
+            self._abandon(step, error, started)
+            return False
+        if began:
+            why = "the storage timeout" if bound is None or bound >= self.bound() else "the time it was given"
+            self._inflight = _InFlight(int(step), started, self._nbytes, limit, why)
+        return began
+
+    def settle(self, bound: float | None = None) -> StorageError | None:
+        """Wait for the save in flight to commit, never past its own bound from its start.
+
+        Args:
+            bound: the most seconds to wait now (default: what is left of the save's bound).
+
+        Returns:
+            ``None`` when it committed (or none was in flight), else the
+            :class:`~elastic_dew.elastic.state.storage.StorageError` of the save it abandoned
+            (also kept for :meth:`failures`).
+
+        Raises:
+            jax.errors.JaxRuntimeError: a slice was lost while the save was written (the
+                retry's to handle).
+        """
+        inflight = self._inflight
+        if inflight is None:
+            return None
+        left = inflight.started + inflight.bound - time.monotonic()
+        limit = max(0.0, left if bound is None else min(bound, left))
+        try:
+            self._call("commit", inflight.step, self.backend.wait, max(limit, 0.01))
+        except StorageTimeout as error:
+            waited = time.monotonic() - inflight.started
+            own = waited >= inflight.bound
+            timeout = StorageTimeout(
+                f"checkpoint save of step {inflight.step} in {self.directory} did not commit within "
+                + (f"{inflight.why} of {inflight.bound:.3g} s" if own else f"the {limit:.3g} s it was given")
+                + ": the storage is not answering",
+                operation="commit", storage=self.directory, step=inflight.step,
+                bound=inflight.bound if own else limit, waited=waited,
+            )
+            return self._abandon(inflight.step, timeout, inflight.started)
+        except Exception as error:  # noqa: BLE001 - every failure of a write abandons it
+            if _is_slice_loss(error):
+                self._inflight = None
+                raise
+            return self._abandon(inflight.step, error, inflight.started)
+        self._committed(inflight)
+        return None
+
+    def poll(self) -> StorageError | None:
+        """Without waiting: commit the save in flight if it finished, abandon it if it failed
+        or passed its bound.
+
+        Returns:
+            The failure of an abandoned save, or ``None``.
+        """
+        inflight = self._inflight
+        if inflight is None:
+            return None
+        if self.backend.saving():
+            if time.monotonic() - inflight.started < inflight.bound:
+                return None
+            error = StorageTimeout(
+                f"checkpoint save of step {inflight.step} in {self.directory} did not commit within "
+                f"{inflight.why} of {inflight.bound:.3g} s: the storage is not answering",
+                operation="commit", storage=self.directory, step=inflight.step, bound=inflight.bound,
+                waited=time.monotonic() - inflight.started,
+            )
+            self._stalled_until = time.monotonic() + inflight.bound
+            return self._abandon(inflight.step, error, inflight.started)
+        return self.settle()
+
+    def wait(self, bound: float | None = None) -> None:
+        """Block until the last save is committed.
+
+        Args:
+            bound: the most seconds to wait (default: what is left of the save's bound).
+
+        Raises:
+            StorageError: the save was abandoned: it failed, or did not commit within
+                ``bound`` or its own bound (:class:`~elastic_dew.elastic.state.storage.StorageTimeout`).
+        """
+        failure = self.settle(bound)
+        if failure is not None:
+            raise failure
+
+    def failures(self) -> list[StorageError]:
+        """Hand over the saves abandoned since the last call, and forget them.
+
+        Returns:
+            Their :class:`~elastic_dew.elastic.state.storage.StorageError`, oldest first.
+        """
+        out, self._failures = self._failures, []
+        return out
+
+    @property
+    def saving(self) -> int | None:
+        """The step of the save in flight, or ``None``."""
+        return None if self._inflight is None else self._inflight.step
+
+    def _committed(self, inflight: _InFlight) -> None:
+        self._inflight = None
+        self.commits += 1
+        self._known = inflight.step if self._known is None else max(self._known, inflight.step)
+        self.bandwidth.add(inflight.nbytes, time.monotonic() - inflight.started)
+
+    def _abandon(self, step: int, error: BaseException, started: float) -> StorageError:
+        """Give up on ``step``'s save: fence it, forget the backend's manager, keep the failure."""
+        self._inflight = None
+        waited = time.monotonic() - started
+        if isinstance(error, StorageError):
+            failure = error
+            failure.waited = max(failure.waited, waited)
+        else:
+            failure = StorageError.of("save", self.directory, step, error, waited)
+        if not isinstance(failure, StorageTimeout):
+            # The write failed and ended: nothing of it is still running to commit it later.
+            self._forget_manager(close=True)
+            logger.warning("checkpoint save of step %d failed after %.1f s: %s", step, waited, failure)
+            self._failures.append(failure)
+            return failure
+        self.abandoned.add(int(step))
+        storage.orphaned()
+        if self.record_dir is not None:
+            try:
+                orbax_step.record_abandoned(self.record_dir, step)
+            except OSError as record_error:
+                logger.error("could not record abandoned checkpoint step %d in %s: %s", step, self.record_dir, record_error)
+        self._forget_manager()
+        logger.warning("checkpoint save of step %d abandoned after %.1f s: %s", step, waited, failure)
+        self._failures.append(failure)
+        return failure
+
+    def _forget_manager(self, close: bool = False) -> None:
+        try:
+            if close:
+                self._call("close", None, lambda: self.backend.abandon(close=True))
+            else:
+                self.backend.abandon()
+        except Exception:  # noqa: BLE001 - a fresh manager is built on the next call all the same
+            logger.exception("forgetting the checkpoint manager of the abandoned save failed")
+
+    # -- listings and restores ----------------------------------------------------------
+    def _newest(self, steps: list[int]) -> int | None:
+        kept = [step for step in steps if step not in self.abandoned]
+        newest = kept[-1] if kept else None
+        if newest is not None:
+            self._known = newest if self._known is None else max(self._known, newest)
+        return newest
+
+    def latest_step(self, bound: float | None = None) -> int | None:
+        """The newest committed step; saves still in flight and abandoned steps do not count.
+
+        Args:
+            bound: the most seconds the listing may take (default :meth:`bound`).
+
+        Returns:
+            The step, or ``None``.
+
+        Raises:
+            StorageTimeout: the listing did not finish within ``bound``.
+        """
+        if not self.abandoned and self.kind == "multi_tier":
+            return self._call("listing", None, self.backend.latest_step, bound)
+        return self._newest(self._call("listing", None, self.backend.committed_steps, bound))
+
+    def newest_known(self) -> int | None:
+        """The newest committed step, without asking a storage that just stalled.
+
+        Returns:
+            The step last seen committed when :attr:`stalled`; otherwise
+            :meth:`latest_step` (the step last seen if that fails too); ``None`` for none.
+        """
+        if self.stalled:
+            return self._known
+        try:
+            return self.latest_step()
+        except Exception:  # noqa: BLE001 - for messages: what was last seen
+            return self._known
+
+    def restore(self, step: int, abstract_state: Any, bound: float | None = None) -> tuple[Any, dict]:
+        """Return ``(state, meta)`` of committed ``step``, on ``abstract_state``'s shardings.
+
+        Args:
+            step: a committed step.
+            abstract_state: the state's shapes and target shardings.
+            bound: the most seconds the restore may take (default :meth:`bound` of the
+                state's bytes).
+
+        Returns:
+            The state and its meta.
+
+        Raises:
+            ValueError: ``step`` is not committed (naming the newest that is) or was
+                abandoned; a :class:`DamagedCheckpoint` when a committed step cannot be read
+                (saying what to do).
+            StorageTimeout: the restore did not finish within ``bound``.
+        """
+        _check_step(step)
+        if step in self.abandoned:
+            raise ValueError(f"checkpoint step {step} in {self.directory} was abandoned while it was saved; it is never restored")
+        self._nbytes = storage.state_bytes(abstract_state)
+        started = time.monotonic()
+        restored = self._call("restore", int(step), lambda: self.backend.restore(int(step), abstract_state), bound)
+        self.bandwidth.add(self._nbytes, time.monotonic() - started)
+        return restored
+
+    def quarantine(self, step: int) -> str:
+        """Move damaged committed ``step`` aside (renamed, never deleted).
+
+        Args:
+            step: the committed step that cannot be read.
+
+        Returns:
+            Where it went (``<step>.damaged``).
+
+        Raises:
+            NotImplementedError: the backend never moves a step (``multi_tier``).
+            StorageTimeout: the rename did not finish within the storage timeout.
+        """
+        return self._call("quarantine", int(step), lambda: self.backend.quarantine(int(step)))
 
     def precompile_saves(self, state: Any) -> None:
         """Precompile the first save of ``state``'s layout while training goes on.
@@ -182,31 +502,6 @@ class Checkpoints:
     prepared = renamed_method("Checkpoints", "prepared", saves_precompiled)
     stop_preparing = renamed_method("Checkpoints", "stop_preparing", stop_precompiling)
 
-    def latest_step(self) -> int | None:
-        """The newest committed step, or ``None``; saves still in flight do not count.
-
-        Returns:
-            The step, or ``None``.
-        """
-        return self.backend.latest_step()
-
-    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-        """Return ``(state, meta)`` of committed ``step``, on ``abstract_state``'s shardings.
-
-        Args:
-            step: a committed step.
-            abstract_state: the state's shapes and target shardings.
-
-        Returns:
-            The state and its meta.
-
-        Raises:
-            ValueError: ``step`` is not committed (naming the newest that is), or a
-                committed step cannot be read (saying what to do).
-        """
-        _check_step(step)
-        return self.backend.restore(int(step), abstract_state)
-
     def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
         """Bind tier 2 to the active devices and mesh: call it on every attempt and scale-up.
 
@@ -228,5 +523,23 @@ class Checkpoints:
         self.backend.drop()
 
     def close(self) -> None:
-        """Wait for the last save and release the backend."""
-        self.backend.close()
+        """Wait for the last save (within its bound) and release the backend; a save
+        abandoned here is in :meth:`failures`, and a backend that does not close within the
+        bound is left to its threads."""
+        if self.stalled:  # the storage just stalled: do not wait on it a second time
+            if self._inflight is not None:
+                self._abandon(self._inflight.step, StorageTimeout(
+                    f"checkpoint save of step {self._inflight.step} in {self.directory} was still being "
+                    "written as the run ended, after the storage stalled",
+                    operation="commit", storage=self.directory, step=self._inflight.step,
+                ), self._inflight.started)
+            return
+        self.settle()
+        self._call("close", None, self.backend.close)
+
+
+def _is_slice_loss(error: BaseException) -> bool:
+    """Whether ``error`` is a lost slice's (the retry's to handle), not the storage's."""
+    import jax
+
+    return isinstance(error, jax.errors.JaxRuntimeError)

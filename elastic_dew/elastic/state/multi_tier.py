@@ -195,6 +195,29 @@ class MultiTierBackend:
     def latest_step(self) -> int | None:
         return self._committed if self.manager is None else self.manager.latest_step()
 
+    def committed_steps(self) -> list[int]:
+        if self.manager is None:
+            return [] if self._committed is None else [self._committed]
+        return sorted(self.manager.all_steps())
+
+    def saving(self) -> bool:
+        return self.manager is not None and self._saving is not None and self.manager.is_saving_in_progress()
+
+    def abandon(self, close: bool = False) -> None:
+        """Forget the manager of a save given up on, without calling it, and bind a fresh
+        one to the same devices on the next :meth:`bind` (the protocol binds at every
+        attempt; here at once, when the mesh is known)."""
+        mesh, devices = self.mesh, self.devices
+        self.drop()
+        if mesh is not None and devices is not None:
+            self.bind(list(devices), mesh)
+
+    def quarantine(self, step: int) -> str:
+        raise NotImplementedError(
+            "a damaged multi-tier checkpoint is restored by GKE's replicator from a peer or the backup; "
+            "elastic_dew does not move it aside"
+        )
+
     def _meta_array(self, meta_json: str) -> jax.Array:
         raw = meta_json.encode()
         if len(raw) > META_CAPACITY:

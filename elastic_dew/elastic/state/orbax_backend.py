@@ -31,8 +31,9 @@ from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
 from elastic_dew.elastic.state.save_precompiler import SavePrecompiler
+from elastic_dew.elastic.state.storage import diagnose
 
-__all__ = ["OrbaxBackend", "another_shape", "unreadable"]
+__all__ = ["OrbaxBackend", "DamagedCheckpoint", "another_shape", "unreadable", "quarantine"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,15 @@ def another_shape(directory: epath.Path, step: int, abstract: Any) -> ValueError
     )
 
 
-def unreadable(directory: epath.Path, step: int, error: Exception) -> ValueError:
+class DamagedCheckpoint(ValueError):
+    """A committed step that cannot be read: its bytes were damaged after it was committed."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+def unreadable(directory: epath.Path, step: int, error: Exception) -> DamagedCheckpoint:
     """Why committed ``step`` in ``directory``, of the model's shapes, cannot be restored: it
     was damaged after it was committed. The fix: move it aside and resume from the previous
     committed step (named), or from step 1."""
@@ -88,11 +97,26 @@ def unreadable(directory: epath.Path, step: int, error: Exception) -> ValueError
         f"to resume from the previous committed checkpoint {older[-1]}"
         if older else "to start again from step 1"
     )
-    return ValueError(
+    return DamagedCheckpoint(
         f"checkpoint step {step} in {directory} is committed but cannot be read, so it "
         f"was damaged after it was written ({type(error).__name__}: {str(error)[:200]}); "
-        f"move it aside (mv {path} {path}.damaged) {previous}"
+        f"move it aside (mv {path} {path}.damaged) {previous}",
+        step,
     )
+
+
+def quarantine(directory: epath.Path, step: int) -> epath.Path:
+    """Move committed ``step``'s directory aside to ``<step>.damaged`` (``.damaged-2`` and on
+    when taken), never deleting a byte; the new path. A name that is not a step number is
+    never listed as a checkpoint."""
+    source = directory / str(step)
+    target = directory / f"{step}.damaged"
+    n = 1
+    while target.exists():
+        n += 1
+        target = directory / f"{step}.damaged-{n}"
+    source.rename(target)
+    return target
 
 
 class OrbaxBackend:
@@ -106,22 +130,50 @@ class OrbaxBackend:
     def __init__(self, directory: str, max_to_keep: int) -> None:
         self.directory = str(directory)
         self.path = epath.Path(directory)
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True
-        )
+        self.max_to_keep = max_to_keep
         # Small leaves are saved whole by one replica: nothing to compile on a first save
         # (orbax_private.REPLICA_PARALLEL_MIN_SLICE_BYTES); large ones replica-parallel.
-        arrays = orbax_private.replica_parallel_array_handler()
-        self.manager = ocp.CheckpointManager(
-            self.path,
-            options=options,
-            item_handlers={_STATE: orbax_private.state_item_handler(arrays), _META: ocp.JsonCheckpointHandler()},
-        )
-        self.precompiler = SavePrecompiler(arrays)
+        self._arrays = orbax_private.replica_parallel_array_handler()
+        self._manager: ocp.CheckpointManager | None = None
+        self.precompiler = SavePrecompiler(self._arrays)
+
+    @property
+    def manager(self) -> ocp.CheckpointManager:
+        """The Orbax manager, built on first use (building one lists the directory, so it
+        happens inside a bounded storage call)."""
+        if self._manager is None:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.max_to_keep, create=True, enable_async_checkpointing=True
+            )
+            self._manager = ocp.CheckpointManager(
+                self.path,
+                options=options,
+                item_handlers={
+                    _STATE: orbax_private.state_item_handler(self._arrays), _META: ocp.JsonCheckpointHandler()
+                },
+            )
+        return self._manager
+
+    def committed_steps(self) -> list[int]:
+        return orbax_step.committed_checkpoint_steps(self.path)
 
     def latest_step(self) -> int | None:
-        steps = orbax_step.committed_checkpoint_steps(self.path)
+        steps = self.committed_steps()
         return steps[-1] if steps else None
+
+    def saving(self) -> bool:
+        return self._manager is not None and self._manager.is_saving_in_progress()
+
+    def abandon(self, close: bool = False) -> None:
+        """Forget the manager of a save given up on (the next call builds a fresh one):
+        closed first when ``close`` (the save failed and its writers ended), else left to
+        its writers, which may never return."""
+        manager, self._manager = self._manager, None
+        if close and manager is not None:
+            try:
+                manager.close()
+            except Exception:  # noqa: BLE001 - the failure is already reported
+                logger.debug("closing the checkpoint manager of a failed save failed", exc_info=True)
 
     def _steps_on_disk(self) -> list[int]:
         if not self.path.exists():
@@ -153,8 +205,10 @@ class OrbaxBackend:
         )
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.check_for_errors()
+        if self._manager is None:
+            return
+        self._manager.wait_until_finished()
+        self._manager.check_for_errors()
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         if not orbax_step.committed(self.path / str(step)):
@@ -174,6 +228,8 @@ class OrbaxBackend:
                 ),
             )
         except (ValueError, OSError) as error:
+            if diagnose(error)[0] in ("full", "read_only", "permission"):
+                raise  # the storage refused the read: the bytes may be whole
             raise unreadable(self.path, step, error) from error
         return rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])
 
@@ -192,9 +248,14 @@ class OrbaxBackend:
     def stop_precompiling(self) -> None:
         self.precompiler.stop()
 
+    def quarantine(self, step: int) -> str:
+        return str(quarantine(self.path, step))
+
     def close(self) -> None:
         self.precompiler.stop()
+        if self._manager is None:
+            return
         try:
-            self.manager.wait_until_finished()
+            self._manager.wait_until_finished()
         finally:  # a save cut short by a fault still lets the manager's threads end
-            self.manager.close()
+            self._manager.close()

@@ -12,6 +12,9 @@ without Orbax or JAX.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -22,6 +25,9 @@ __all__ = [
     "COMMIT_SUCCESS",
     "committed",
     "committed_checkpoint_steps",
+    "ABANDONED_FILE",
+    "read_abandoned",
+    "record_abandoned",
 ]
 
 #: The item of a step holding the arrays (Orbax's ``StandardSave``).
@@ -34,6 +40,9 @@ ITEMS = (STATE_ITEM, META_ITEM)
 ORBAX_METADATA = "_CHECKPOINT_METADATA"
 #: Orbax's marker of a finalized step written in place (``gs://``).
 COMMIT_SUCCESS = "commit_success.txt"
+#: In the run directory: the steps whose save was given up on (a stalled or failing storage),
+#: a JSON list of step numbers. Such a step is never restored, even if its writes land later.
+ABANDONED_FILE = "abandoned_checkpoints.json"
 
 
 def committed(step_dir: Any) -> bool:
@@ -56,10 +65,36 @@ def committed(step_dir: Any) -> bool:
     return all((step_dir / item).exists() for item in ITEMS)
 
 
-def committed_checkpoint_steps(directory: Any) -> list[int]:
-    """The committed Orbax steps under a checkpoint directory, oldest first (the step lines
-    the run record counts as committed are :func:`elastic_dew.record.committed_steps`)."""
+def committed_checkpoint_steps(directory: Any, *, abandoned: Iterable[int] = ()) -> list[int]:
+    """The committed Orbax steps under a checkpoint directory, oldest first, less the steps
+    ``abandoned`` names (a save given up on whose writes landed later:
+    :func:`elastic_dew.rundir.read_abandoned`). The step lines the run record counts as
+    committed are :func:`elastic_dew.record.committed_steps`."""
     if not directory.exists():
         return []
+    fenced = set(abandoned)
     steps = (int(p.name) for p in directory.iterdir() if p.name.isdigit())
-    return sorted(step for step in steps if committed(directory / str(step)))
+    return sorted(step for step in steps if step not in fenced and committed(directory / str(step)))
+
+
+def read_abandoned(run_dir: str | os.PathLike[str] | None) -> set[int]:
+    """The steps :func:`record_abandoned` recorded in ``run_dir`` (none without one)."""
+    if run_dir is None:
+        return set()
+    try:
+        steps = json.loads((Path(run_dir) / ABANDONED_FILE).read_text())
+    except (OSError, ValueError):
+        return set()
+    return {int(step) for step in steps if isinstance(step, int)} if isinstance(steps, list) else set()
+
+
+def record_abandoned(run_dir: str | os.PathLike[str], step: int) -> None:
+    """Add ``step`` to ``run_dir``'s record of abandoned saves, whole or not at all (a
+    temporary file, fsynced, renamed over it)."""
+    path = Path(run_dir) / ABANDONED_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as out:
+        out.write(json.dumps(sorted(read_abandoned(run_dir) | {int(step)})).encode())
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)

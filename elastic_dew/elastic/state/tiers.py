@@ -40,13 +40,15 @@ import jax
 from elastic_dew._deprecation import renamed_keywords
 from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
+from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.events import Save
+from elastic_dew.elastic.events import Event, Save, Storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.newest import newest
 from elastic_dew.elastic.state.snapshots import Snapshots
+from elastic_dew.elastic.state.storage import StorageError
 
-__all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers"]
+__all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers", "SavesFailing"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,59 +112,159 @@ class SnapshotTier(_Cadence):
         return self.snapshots.save(step, state, meta, mesh)
 
 
+class SavesFailing(StorageError):
+    """Checkpoint saves kept failing (``max_failed_saves`` in a row, or nothing committed for
+    ``max_uncommitted_seconds``): the run stops rather than train on with nothing durable.
+
+    Args:
+        message: the storage, the last failure, the newest committed step and the fix.
+        operation: the last failure's operation, and so are the others.
+        storage: the directory or ``gs://`` path.
+        step: the last failed step.
+        bound: its bound.
+        waited: how long it ran.
+        cause: the last failure.
+    """
+
+
 class CheckpointTier(_Cadence):
     """Tier 2: a persistent checkpoint every ``every`` steps, at the end, and on preemption.
 
     ``checkpoints`` is ``None`` when the run has no checkpoint directory: then nothing is
-    ever saved.
+    ever saved. A save that fails or passes the storage timeout is abandoned by
+    :class:`~elastic_dew.elastic.state.checkpoints.Checkpoints` and reported here as a
+    :class:`~elastic_dew.elastic.events.Storage` event (``emit``); the run goes on and the
+    next save is tried at its cadence, until ``max_failures`` are abandoned in a row, or,
+    with ``max_uncommitted`` seconds, until none committed for that long while saves
+    failed: then :class:`SavesFailing`, naming the storage, the error, the newest committed
+    step and the fix. :meth:`poll`, at every step boundary, settles a save that finished
+    or passed its bound without holding the loop.
     """
 
     name = "checkpoint"
 
-    def __init__(self, checkpoints: Checkpoints | None, every: int) -> None:
+    def __init__(
+        self, checkpoints: Checkpoints | None, every: int, *, max_failures: int = 3,
+        max_uncommitted: float | None = None,
+    ) -> None:
         self.checkpoints = checkpoints
         self.every = every
+        self.max_failures = max_failures
+        self.max_uncommitted = max_uncommitted
+        #: Where :class:`~elastic_dew.elastic.events.Storage` events go (the protocol's emit).
+        self.emit: Callable[[Event], None] = lambda event: None
+        self.failed_in_row = 0
+        self._commits = 0
+        self._since = time.monotonic()  # the last commit, or the tier's start
+
+    def _note(self, failures: list[StorageError], *, stopping: bool = False) -> None:
+        """Emit each abandoned save; stop the run (:class:`SavesFailing`) when they keep failing."""
+        committed = self.checkpoints.commits
+        if committed != self._commits:
+            self._commits, self._since, self.failed_in_row = committed, time.monotonic(), 0
+        for failure in failures:
+            self.failed_in_row += 1
+            self.emit(Storage(
+                operation=failure.operation, outcome="abandoned", step=failure.step or 0,
+                storage=failure.storage, waited=round(failure.waited, 3), error=str(failure),
+            ))
+        if not failures or stopping:
+            return
+        silent = time.monotonic() - self._since
+        if self.failed_in_row >= self.max_failures or (
+            self.max_uncommitted is not None and silent > self.max_uncommitted
+        ):
+            last = failures[-1]
+            newest = self.checkpoints.newest_known()
+            kept = (f"the newest committed checkpoint is step {newest}" if newest is not None
+                    else "no checkpoint is committed")
+            why = (f"{self.failed_in_row} saves in a row" if self.failed_in_row >= self.max_failures
+                   else f"no checkpoint committed for {silent:.0f} s")
+            raise SavesFailing(
+                f"checkpoint saves to {last.storage} keep failing ({why}; the last: {last}); {kept}. "
+                "Fix the storage, then run the same command again to resume from it "
+                "(or raise --max-failed-saves / --storage-timeout)",
+                operation=last.operation, storage=last.storage, step=last.step, bound=last.bound,
+                waited=last.waited, cause=last,
+            )
+
+    def poll(self) -> None:
+        """At a step boundary: settle the save in flight if it finished or passed its bound."""
+        if self.checkpoints is None or self.checkpoints.saving is None:
+            return
+        self.checkpoints.poll()
+        self._note(self.checkpoints.failures())
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is on the cadence (never without a checkpoint directory)."""
         return self.checkpoints is not None and super().due(step)
 
     def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
-        self.checkpoints.save(step, state, meta)  # started: the write goes on in the background
-        return True
+        self.checkpoints.settle()  # the previous save: committed, or abandoned at its bound
+        taken = self.checkpoints.save(step, state, meta)  # started: the write goes on in the background
+        self._note(self.checkpoints.failures())
+        return taken
 
     def final(self, step: int, state: Any, meta: dict) -> Save | None:
-        """Commit the last step's checkpoint (unless the cadence already did); its event, or ``None``."""
+        """Commit the last step's checkpoint (unless the cadence already did); its event, or
+        ``None``. A final save that is abandoned is reported like any other."""
         if self.checkpoints is None:
             return None
-        self.checkpoints.wait()
+        self.checkpoints.settle()
+        self._note(self.checkpoints.failures())
         saved = None
-        if self.checkpoints.latest_step() != step:
+        if self.checkpoints.newest_known() != step:
             hooks.phase(self.name, step)
-            saved = timed_save(
-                self.name, step, lambda: self.checkpoints.save(step, state, meta, force=True) or True
-            )
-        self.checkpoints.wait()
+
+            def write() -> bool:
+                taken = self.checkpoints.save(step, state, meta, force=True)
+                return taken and self.checkpoints.settle() is None
+
+            saved = timed_save(self.name, step, write)
+        self._note(self.checkpoints.failures(), stopping=True)
         return saved
 
-    def commit(self, step: int, state: Any, meta: dict, wait_step: StepWait | None = None) -> Save | None:
+    def commit(
+        self, step: int, state: Any, meta: dict, wait_step: StepWait | None = None, bound: float | None = None
+    ) -> Save | None:
         """Write and commit the checkpoint of the step a preemption agreed on (``wait_step``:
-        the wait for the step in flight, off the save's clock).
+        the wait for the step in flight, off the save's clock), all of it within ``bound``
+        seconds (the grace window's share; default the storage timeout). The event's
+        ``taken`` says whether it committed.
 
         ``None``, with an error logged, when there is nowhere to write it.
         """
         if self.checkpoints is None:
             logger.error("no checkpoint directory is configured: step %d is not saved", step)
             return None
+        if wait_step is not None:
+            wait_step()
+        limit = self.checkpoints.bound() if bound is None else bound
+        deadline = time.monotonic() + limit
+
+        def left() -> float:
+            return max(0.01, deadline - time.monotonic())
 
         def write() -> bool:
-            self.checkpoints.wait()
-            if self.checkpoints.latest_step() != step:
-                self.checkpoints.save(step, state, meta, force=True)
-            self.checkpoints.wait()
-            return True
+            self.checkpoints.settle(left())
+            try:
+                if self.checkpoints.latest_step(left()) == step:
+                    return True
+            except StorageError as error:
+                logger.error("the preemption checkpoint of step %d is not written: %s", step, error)
+                return False
+            if not self.checkpoints.save(step, state, meta, force=True, bound=left()):
+                return False
+            return self.checkpoints.settle(left()) is None
 
-        return timed_save(self.name, step, write, wait_step)
+        saved = timed_save(self.name, step, write)
+        self._note(self.checkpoints.failures(), stopping=True)
+        if not saved.taken:
+            logger.error(
+                "the preemption checkpoint of step %d did not commit within %.1f s (what the grace window "
+                "leaves); the newest committed step stays %s", step, limit, self.checkpoints.newest_known(),
+            )
+        return saved
 
 
 class Held(NamedTuple):
@@ -183,11 +285,16 @@ class Tiers:
         owns_checkpoints: whether tier 2's manager was created here (and closed here).
     """
 
-    def __init__(self, snapshot: SnapshotTier, checkpoint: CheckpointTier, *, owns_checkpoints: bool = False) -> None:
+    def __init__(
+        self, snapshot: SnapshotTier, checkpoint: CheckpointTier, *, owns_checkpoints: bool = False,
+        quarantine: bool = True,
+    ) -> None:
         self.snapshot = snapshot
         self.checkpoint = checkpoint
         #: Whether tier 2's manager was created here (and so is closed by :meth:`close`).
         self.owns_checkpoints = owns_checkpoints
+        #: Whether a damaged committed checkpoint is moved aside and the previous one restored.
+        self.quarantine = quarantine
 
     @classmethod
     @renamed_keywords("Tiers.from_config", num_slices="slices")
@@ -233,21 +340,32 @@ class Tiers:
                 run_name=run_name,
                 backup_interval_minutes=config.mtc_backup_minutes,
                 init_timeout_seconds=config.mtc_init_timeout,
+                timeout=config.storage_timeout,
+                record_dir=run_dir,
             )
         return cls(
             SnapshotTier(snapshots, config.snapshot_every),
-            CheckpointTier(checkpoints, config.checkpoint_every),
+            CheckpointTier(
+                checkpoints, config.checkpoint_every, max_failures=config.max_failed_saves,
+                max_uncommitted=config.max_uncommitted_seconds,
+            ),
             owns_checkpoints=owns_checkpoints,
+            quarantine=config.quarantine_damaged,
         )
 
     def follow(self, config: ElasticConfig) -> None:
-        """Take the cadences of ``config`` from the next step on.
+        """Take the cadences (and the storage policy) of ``config`` from the next step on.
 
         Args:
             config: the config whose cadences to take.
         """
         self.snapshot.every = config.snapshot_every
         self.checkpoint.every = config.checkpoint_every
+        self.checkpoint.max_failures = config.max_failed_saves
+        self.checkpoint.max_uncommitted = config.max_uncommitted_seconds
+        self.quarantine = config.quarantine_damaged
+        if self.checkpoints is not None:
+            self.checkpoints.timeout = config.storage_timeout
 
     @property
     def snapshots(self) -> Snapshots | None:
@@ -286,6 +404,9 @@ class Tiers:
         before the next tier is offered it (a fault inside the checkpoint cannot lose the
         snapshot's event); ``wait_step`` waits for the step in flight before the first save.
 
+        A checkpoint save that finished or passed its bound since the last step is settled
+        first, without waiting (:meth:`CheckpointTier.poll`).
+
         Args:
             step: the completed step.
             state: its state.
@@ -297,6 +418,7 @@ class Tiers:
         Returns:
             ``None`` when no tier saved, else the :class:`Held` the step lines need.
         """
+        self.checkpoint.poll()
         if not self.due(step):
             return None
         waited_from = time.monotonic()
@@ -376,23 +498,28 @@ class Tiers:
         if self.checkpoints is not None:
             self.checkpoints.on_slice_lost()
 
-    def restore(self, abstract: Any) -> tuple[str, int, Any, dict] | None:
+    def restore(self, abstract: Any, emit: Callable[[Event], None] = lambda event: None) -> tuple[str, int, Any, dict] | None:
         """The newest complete state as ``(source, step, state, meta)`` on ``abstract``'s
         shardings, or ``None`` when neither tier holds one (a fresh start).
 
         A checkpoint still being written when the attempt ended is waited for first: its
-        state is already on the host, and once committed it may be the newest one.
+        state is already on the host, and once committed it may be the newest one. A
+        committed checkpoint that cannot be read is, with :attr:`quarantine`, moved aside
+        (a ``storage`` event to ``emit``) and the previous committed one restored.
 
         Args:
             abstract: the state's shapes and target shardings.
+            emit: takes the ``storage`` event of a quarantined checkpoint.
 
         Returns:
             ``(source, step, state, meta)``, or ``None``.
 
         Raises:
             RuntimeError: from tier 1's load (no replica survived).
-            ValueError: from either tier's restore (a state of another layout, an unreadable
-                checkpoint).
+            ValueError: from either tier's restore (a state of another layout; an unreadable
+                checkpoint when :attr:`quarantine` is off, a
+                :class:`~elastic_dew.elastic.state.orbax_backend.DamagedCheckpoint`).
+            StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
         if self.checkpoints is not None:
             try:
@@ -411,19 +538,36 @@ class Tiers:
                 logger.warning("no snapshot replica survived (%s); trying the checkpoint", error)
                 saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
                 source = "checkpoint" if saved is not None else "fresh"
-        if source == "checkpoint":
+        while source == "checkpoint":
             hooks.phase("checkpoint_restore", saved + 1)
-            state, meta = self.checkpoints.restore(saved, abstract)
+            try:
+                state, meta = self.checkpoints.restore(saved, abstract)
+            except DamagedCheckpoint as error:
+                if not self.quarantine:
+                    raise
+                try:
+                    moved = self.checkpoints.quarantine(saved)
+                except NotImplementedError:
+                    raise error from None
+                logger.error("checkpoint step %d cannot be read; moved aside to %s: %s", saved, moved, error)
+                emit(Storage(operation="restore", outcome="quarantined", step=saved,
+                             storage=self.checkpoints.directory, waited=0.0, error=str(error), moved_to=moved))
+                source, saved = self.newest()
+                continue
             return "checkpoint", saved, state, meta
+        if source == "snapshot":  # a snapshot newer than what is left after a quarantine
+            state, meta, saved = self.snapshots.load(abstract)
+            return "snapshot", saved, state, meta
         return None
 
     def kept(self) -> str:
-        """What a run that gave up leaves to resume from, for its error message.
+        """What a run that gave up leaves to resume from, for its error message (not
+        asking a storage that just stalled).
 
         Returns:
             The text.
         """
-        saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
+        saved = self.checkpoints.newest_known() if self.checkpoints is not None else None
         if saved is None:
             return "no checkpoint was committed, so a re-run starts from step 1"
         return (

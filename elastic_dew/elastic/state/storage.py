@@ -1,0 +1,418 @@
+"""Bounds on the persistent tier's storage: every save, commit, restore and listing ends.
+
+A bucket that stops answering (or a FUSE mount, or a full or read-only disk) must never hold
+the training loop for longer than a known bound, and must never leave a save that was given
+up as the step a restore reads. This module is the one home of:
+
+- the bound itself: :func:`automatic_timeout` (when ``storage_timeout`` is not given) sizes
+  it from the state's bytes and the bandwidth the run measured so far (:class:`Bandwidth`),
+  never below :data:`FLOOR_SECONDS`; during a preemption's stop it is also bounded by what
+  is left of the grace window (:func:`grace_seconds`, :func:`stop_bound`);
+- :func:`bounded`: run one blocking storage call in a thread of its own and give up on it
+  after the bound with :class:`StorageTimeout`. Python cannot cancel a thread, and neither
+  Orbax nor the Cloud Storage clients can cancel a request, so the call is left running
+  (:func:`stuck`), the caller stops using whatever it held (a fresh Orbax manager), and a
+  command line run ends its process at once when it is done (:func:`end_if_stuck`);
+- :class:`StorageError`: what failed (the operation, the storage, the step, the bound, the
+  cause) and :func:`diagnose`, the wording of a cause (no space, read-only, permission, a
+  missing bucket) with its fix;
+- :func:`divert_library_errors`: Orbax's asynchronous writers log each failed write with
+  its traceback (and asyncio its never-retrieved task errors); during a run those go to a
+  log file in the run directory, and the terminal gets elastic_dew's one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = [
+    "FLOOR_SECONDS",
+    "ASSUMED_BANDWIDTH",
+    "SLACK",
+    "GRACE_ENV",
+    "DEFAULT_GRACE",
+    "StorageError",
+    "StorageTimeout",
+    "Bandwidth",
+    "automatic_timeout",
+    "state_bytes",
+    "grace_seconds",
+    "stop_bound",
+    "bounded",
+    "stuck",
+    "orphaned",
+    "mark",
+    "end_if_stuck",
+    "diagnose",
+    "divert_library_errors",
+    "configure_clients",
+    "CLIENT_SETTINGS",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The smallest automatic storage timeout: a few minutes, so that a healthy bucket's slow
+#: moment (a 429 storm the clients back off from) is never taken for a stall.
+FLOOR_SECONDS = 180.0
+#: Bytes per second assumed before the run has measured a save (Cloud Storage from one host
+#: sustains several times this).
+ASSUMED_BANDWIDTH = 20e6
+#: The automatic timeout is this many times the state's transfer time at the measured bandwidth.
+SLACK = 10.0
+#: The environment variable the rendered JobSets set to their ``terminationGracePeriodSeconds``.
+GRACE_ENV = "ELASTIC_DEW_GRACE_PERIOD"
+#: The grace window when neither the setting nor :data:`GRACE_ENV` gives one: a Spot VM's notice.
+DEFAULT_GRACE = 30.0
+
+
+class StorageError(RuntimeError):
+    """A persistent-tier operation that failed or passed its bound.
+
+    Args:
+        message: what happened, with the fix.
+        operation: ``save``, ``commit``, ``restore``, ``listing`` (or ``read`` of data).
+        storage: the directory or ``gs://`` path.
+        step: the step (``None`` for a listing).
+        bound: the seconds it was allowed.
+        waited: how long it ran.
+        cause: the library's error (``None`` for a timeout).
+    """
+
+    def __init__(self, message: str, *, operation: str, storage: str, step: int | None,
+                 bound: float | None = None, waited: float = 0.0, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.operation, self.storage, self.step = operation, storage, step
+        self.bound, self.waited, self.cause = bound, waited, cause
+
+    @classmethod
+    def of(cls, operation: str, storage: str, step: int | None, error: BaseException,
+           waited: float = 0.0) -> StorageError:
+        """The error of ``operation`` that raised ``error``.
+
+        Args:
+            operation: what was done (``save``, ``commit``, ...).
+            storage: the directory or ``gs://`` path.
+            step: the step (``None`` for a listing).
+            error: the library's error, worded by :func:`diagnose`.
+            waited: how long it ran.
+
+        Returns:
+            The error, naming the storage, the step, the cause and its fix.
+        """
+        _, what, fix = diagnose(error)
+        of_step = f" of step {step}" if step is not None else ""
+        return cls(
+            f"checkpoint {operation}{of_step} in {storage} failed: {what} "
+            f"({type(error).__name__}: {_short(error)}); {fix}",
+            operation=operation, storage=storage, step=step, waited=waited, cause=error,
+        )
+
+
+class StorageTimeout(StorageError):
+    """A persistent-tier operation that did not finish within its bound (a stalled bucket).
+
+    Args:
+        message: what happened.
+        operation: as :class:`StorageError`'s, and so are the others.
+        storage: the directory or ``gs://`` path.
+        step: the step (``None`` for a listing).
+        bound: the seconds it was allowed.
+        waited: how long it ran.
+        cause: ``None``.
+    """
+
+
+def _short(error: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def diagnose(error: BaseException) -> tuple[str, str, str]:
+    """``(kind, what happened, the fix)`` for a storage error raised by Orbax, TensorStore,
+    gcsfs, google-cloud-storage or the file system, from its errno or its text; ``kind`` is
+    ``full``, ``read_only``, ``permission``, ``missing`` or ``other``."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    codes = {getattr(e, "errno", None) for e in seen}
+    text = " ".join(str(e) for e in seen).lower()
+    if errno.ENOSPC in codes or "no space left" in text or "resource_exhausted" in text or "disk quota" in text:
+        return "full", "the disk is full", "free space there (or give --checkpoint-dir on a larger disk)"
+    if errno.EROFS in codes or "read-only file system" in text:
+        return "read_only", "the file system is read-only", "remount it writable or give --checkpoint-dir on a writable one"
+    if errno.EACCES in codes or errno.EPERM in codes or "permission" in text or "403" in text or "forbidden" in text:
+        return ("permission", "permission was refused",
+                "grant the job's service account write access (roles/storage.objectUser) or fix the directory's owner")
+    if any(isinstance(e, FileNotFoundError) for e in seen) or errno.ENOENT in codes or "404" in text or "not found" in text or "notfound" in text or "does not exist" in text:
+        return "missing", "the bucket or directory does not exist", "create it, or give the --checkpoint-dir that exists"
+    return "other", "the storage refused or dropped the request", "check the storage's health and run the same command again"
+
+
+class Bandwidth:
+    """Bytes per second of the saves committed so far (the slowest of the last few, so a
+    bucket's bad minute sizes the bound, not its best one)."""
+
+    KEEP = 5
+
+    def __init__(self) -> None:
+        self._rates: deque[float] = deque(maxlen=self.KEEP)
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        """One committed save of ``nbytes`` that took ``seconds`` from its start to its commit."""
+        if nbytes > 0 and seconds > 0:
+            self._rates.append(nbytes / seconds)
+
+    def bytes_per_second(self) -> float:
+        """The slowest recent rate, or :data:`ASSUMED_BANDWIDTH` before any save is measured."""
+        return min(self._rates) if self._rates else ASSUMED_BANDWIDTH
+
+
+def automatic_timeout(nbytes: int, bandwidth: Bandwidth | None = None) -> float:
+    """The storage timeout when none is given: :data:`SLACK` times the state's transfer time
+    at the measured bandwidth, never below :data:`FLOOR_SECONDS`."""
+    rate = (bandwidth or Bandwidth()).bytes_per_second()
+    return max(FLOOR_SECONDS, SLACK * nbytes / rate)
+
+
+def state_bytes(tree: Any) -> int:
+    """The bytes a checkpoint of ``tree`` holds: each array leaf's global size, once."""
+    import jax
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is None or dtype is None:
+            continue
+        itemsize = getattr(dtype, "itemsize", 0) or 8  # a typed key's data: 8 bytes a key is enough here
+        total += math.prod(shape) * itemsize
+    return total
+
+
+def grace_seconds(setting: float | None = None, env: dict[str, str] | None = None) -> float:
+    """The preemption grace window: ``setting``, else :data:`GRACE_ENV` (which the rendered
+    JobSets set from their ``terminationGracePeriodSeconds``), else :data:`DEFAULT_GRACE`.
+
+    Raises ``ValueError`` for a :data:`GRACE_ENV` that is not a number > 0.
+    """
+    if setting is not None:
+        return float(setting)
+    value = (os.environ if env is None else env).get(GRACE_ENV)
+    if not value:
+        return DEFAULT_GRACE
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{GRACE_ENV}={value!r} must be a number of seconds > 0 (the pod's terminationGracePeriodSeconds)")
+    return seconds
+
+
+def stop_bound(grace: float, noticed: float | None, storage_timeout: float, now: float | None = None) -> float:
+    """The bound on a preemption stop's save: what is left of the grace window, from the
+    notice (``noticed``, a ``time.monotonic()``; now when unknown) less a margin for the
+    process to exit (a tenth of the window, at least 2 s), and never above ``storage_timeout``.
+    At least 0.1 s, so the save is at least tried."""
+    now = time.monotonic() if now is None else now
+    margin = max(2.0, 0.1 * grace)
+    left = grace - margin - (now - noticed if noticed is not None else 0.0)
+    return max(0.1, min(storage_timeout, left))
+
+
+# -------------------------------------------------------------------------- bounded calls
+
+_stuck_lock = threading.Lock()
+_stuck: list[threading.Thread] = []
+
+
+_orphans = 0
+
+
+def stuck() -> list[threading.Thread]:
+    """The storage calls given up on that are still running (their threads)."""
+    with _stuck_lock:
+        _stuck[:] = [thread for thread in _stuck if thread.is_alive()]
+        return list(_stuck)
+
+
+def orphaned() -> None:
+    """Note a write given up on whose library threads may never end (an Orbax save past its
+    bound, forgotten without being waited for): :func:`end_if_stuck` then ends the process."""
+    global _orphans
+    with _stuck_lock:
+        _orphans += 1
+
+
+def mark() -> tuple[frozenset[threading.Thread], int]:
+    """What is stuck now, for :func:`end_if_stuck`'s ``since``."""
+    with _stuck_lock:
+        return frozenset(_stuck), _orphans
+
+
+def bounded(operation: str, storage: str, step: int | None, bound: float, call: Callable[[], T],
+            *, noun: str = "checkpoint") -> T:
+    """``call()``, given up on after ``bound`` seconds with :class:`StorageTimeout` (worded as
+    ``noun`` ``operation``, e.g. ``checkpoint save``).
+
+    The call runs in a daemon thread of its own; its result is returned and its exception
+    raised as they are (a slice lost while a save reads the arrays stays a ``JaxRuntimeError``).
+    A call given up on keeps running, listed by :func:`stuck`.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    context = _caller_context()
+
+    def target() -> None:
+        try:
+            with context():
+                box["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = error
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    thread = threading.Thread(target=target, name=f"storage-{operation}", daemon=True)
+    thread.start()
+    if not done.wait(bound):
+        with _stuck_lock:
+            _stuck.append(thread)
+        waited = time.monotonic() - started
+        of_step = f" of step {step}" if step is not None else ""
+        raise StorageTimeout(
+            f"{noun} {operation}{of_step} in {storage} did not finish within the storage timeout "
+            f"of {bound:g} s: the storage is not answering",
+            operation=operation, storage=storage, step=step, bound=bound, waited=waited,
+        )
+    if "error" in box:
+        raise box.pop("error")
+    return box.pop("value")
+
+
+def _caller_context() -> Callable[[], contextlib.AbstractContextManager]:
+    """The calling thread's JAX default device, to enter in the thread a bounded call runs in:
+    pathwaysutils runs each attempt under ``jax.default_device``, and JAX keys its compile
+    cache by the thread's context, so a save's programs compiled ahead are found again."""
+    if "jax" not in sys.modules:
+        return contextlib.nullcontext
+    import jax
+
+    device = jax.config.jax_default_device
+    if device is None:
+        return contextlib.nullcontext
+    return lambda: jax.default_device(device)
+
+
+def end_if_stuck(code: int, since: tuple[frozenset[threading.Thread], int] = (frozenset(), 0)) -> None:
+    """End the process now with ``code`` when a storage call or write given up on may still run.
+
+    Its thread (and the writer threads of the Orbax manager behind it, which the interpreter
+    joins at exit) would otherwise keep the process alive until the storage answers, maybe
+    never. Logs and standard streams are flushed first. Returns when nothing was given up
+    on after ``since`` (:func:`mark`, taken as a command starts: a program that runs
+    commands in its own process is not ended for an earlier one's).
+    """
+    threads, orphans = since
+    left = [thread for thread in stuck() if thread not in threads]
+    with _stuck_lock:
+        left += [None] * (_orphans - orphans)
+    if not left:
+        return
+    logger.warning("ending the process with %d storage call(s) still waiting on the storage", len(left))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+# ------------------------------------------------------------------- the clients' settings
+
+#: What :func:`configure_clients` sets, per client (each kept when the user set it already).
+CLIENT_SETTINGS = {
+    "TensorStore (the arrays)": "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS=<timeout> and "
+    "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES=1: a transfer that moves nothing for that long is "
+    "dropped and retried by TensorStore's own gcs_request_retries (32 tries, 1 s to 32 s backoff)",
+    "gcsfs (directories, metadata, commit_success.txt)": "requests_timeout=<timeout> in fsspec's "
+    "configuration for gs://: each request ends after that long and gcsfs retries it (6 tries, "
+    "backoff up to 32 s)",
+    "google-cloud-storage (Orbax's bucket-layout question)": "nothing: its DEFAULT_RETRY already "
+    "gives up after 120 s",
+}
+
+
+def configure_clients(timeout: float | None) -> dict[str, str]:
+    """Give the Cloud Storage clients' own per-request bounds the storage timeout (``None``:
+    :data:`FLOOR_SECONDS`), so that a request a bounded call gave up on ends as well instead
+    of holding its connection for ever; their retries of 429 and 5xx answers stay theirs
+    (:data:`CLIENT_SETTINGS`). Call it before the first Cloud Storage request (TensorStore
+    reads its variables when it opens its HTTP transport). Returns what it set."""
+    seconds = str(max(1, int(math.ceil(timeout or FLOOR_SECONDS))))
+    wanted = {"TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": seconds, "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "1"}
+    applied = {name: value for name, value in wanted.items() if name not in os.environ}
+    os.environ.update(applied)
+    try:
+        from fsspec.config import conf
+    except ImportError:  # pragma: no cover - fsspec comes with the base install
+        return applied
+    for protocol in ("gs", "gcs"):
+        if "requests_timeout" not in conf.setdefault(protocol, {}):
+            conf[protocol]["requests_timeout"] = float(seconds)
+            applied[f"fsspec {protocol} requests_timeout"] = seconds
+    return applied
+
+
+# ----------------------------------------------------------------- the libraries' logs
+
+#: Loggers whose errors carry a library's traceback of a failed write.
+_LIBRARY_LOGGERS = ("absl", "asyncio", "orbax", "tensorstore", "gcsfs", "google")
+
+
+class _ToFile(logging.Filter):
+    """Sends a library's error records to a file handler instead of the terminal."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR and not record.exc_info:
+            return True
+        if not Path(self.handler.baseFilename).parent.is_dir():
+            return True  # no run directory yet: the terminal keeps it
+        self.handler.handle(record)
+        return False
+
+
+@contextlib.contextmanager
+def divert_library_errors(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """While inside, the Cloud Storage and Orbax libraries' error records (each with its
+    traceback) go to ``path`` instead of the terminal; their other records pass. The file is
+    created on the first record. Yields ``path``."""
+    path = Path(path)
+    handler = logging.FileHandler(path, delay=True, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(threadName)s: %(message)s"))
+    diverted = _ToFile(handler)
+    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
+    for each in loggers:
+        each.addFilter(diverted)
+    try:
+        yield path
+    finally:
+        for each in loggers:
+            each.removeFilter(diverted)
+        handler.close()

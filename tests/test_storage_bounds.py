@@ -1,0 +1,106 @@
+"""The storage bounds' rules: the automatic timeout, the grace window and its share of a stop,
+the wording of a storage failure, the rendered JobSet's grace variable, and a data read
+whose file never answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from elastic_dew import testing as chaos
+from elastic_dew.elastic.state import storage
+from elastic_dew.elastic.state.storage import StorageTimeout
+
+
+def test_the_automatic_timeout_grows_with_the_state_and_the_measured_bandwidth_above_its_floor():
+    bandwidth = storage.Bandwidth()
+    assert storage.automatic_timeout(1 << 20, bandwidth) == storage.FLOOR_SECONDS
+    bandwidth.add(10 << 30, 10.0)  # 1 GiB/s measured
+    bandwidth.add(10 << 30, 100.0)  # a slow save: the slowest recent one sizes the bound
+    # 100 GiB at the slowest 0.1 GiB/s is 1,000 s, times the slack
+    assert storage.automatic_timeout(100 << 30, bandwidth) == pytest.approx(storage.SLACK * 1000)
+
+
+def test_the_grace_window_comes_from_the_setting_then_the_manifest_variable_then_30_s():
+    assert storage.grace_seconds(12.0, {storage.GRACE_ENV: "90"}) == 12.0
+    assert storage.grace_seconds(None, {storage.GRACE_ENV: "90"}) == 90.0
+    assert storage.grace_seconds(None, {}) == storage.DEFAULT_GRACE == 30.0
+    with pytest.raises(ValueError, match="terminationGracePeriodSeconds"):
+        storage.grace_seconds(None, {storage.GRACE_ENV: "soon"})
+    # a stop noticed 10 s into a 30 s window gets 30 - 3 (margin) - 10 s, never more than the timeout
+    assert storage.stop_bound(30.0, 100.0, 600.0, now=110.0) == pytest.approx(17.0)
+    assert storage.stop_bound(30.0, 100.0, 5.0, now=110.0) == 5.0
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "full"),
+        (ValueError("RESOURCE_EXHAUSTED: Error writing local file"), "full"),
+        (OSError(errno.EROFS, "Read-only file system"), "read_only"),
+        (ValueError("PERMISSION_DENIED: [http_response_code='403']"), "permission"),
+        (FileNotFoundError("http://127.0.0.1:1/upload/storage/v1/b/nope/o"), "missing"),
+        (ConnectionResetError("reset by peer"), "other"),
+    ],
+)
+def test_a_storage_error_is_worded_by_its_cause_with_the_fix(error, kind):
+    found, what, fix = storage.diagnose(error)
+    assert found == kind and what and fix
+
+
+def test_the_rendered_jobsets_tell_the_controller_their_grace_period():
+    import yaml
+
+    from conftest import REPO
+    from elastic_dew.k8s import render
+
+    shipped = sorted((REPO / "k8s").glob("jobset-elastic*.yaml"))
+    assert len(shipped) == 2
+    for path in shipped:
+        jobset = yaml.safe_load(path.read_text())
+        told = []
+        for job in jobset["spec"]["replicatedJobs"]:
+            pod = job["template"]["spec"]["template"]["spec"]
+            for container in pod["containers"]:
+                if container["name"] == render.CONTROLLER:
+                    env = {e["name"]: e.get("value") for e in container["env"]}
+                    told.append((env.get(storage.GRACE_ENV), str(pod["terminationGracePeriodSeconds"])))
+        assert len(told) == 1 and told[0][0] == told[0][1], (path, told)
+
+
+@pytest.mark.slow
+def test_a_data_read_that_blocks_ends_the_run_within_the_storage_timeout_naming_the_step(tmp_path):
+    """The training data's example 100 is read from a FIFO nobody writes to, as a stalled Cloud
+    Storage FUSE mount reads: the loop gives up after --storage-timeout, with the step."""
+    import grain
+
+    from elastic_dew.simulate import SimulatedSlices
+    from elastic_dew.trainer import Trainer
+
+    fifo = tmp_path / "example-100"
+    os.mkfifo(fifo)
+    parts = chaos.model()
+    source = parts["dataset"]
+
+    def read(i):
+        if i == 100:
+            with open(fifo, "rb") as blocked:  # blocks until a writer opens it
+                blocked.read()
+        return source[i]
+
+    parts["dataset"] = grain.MapDataset.range(len(source)).map(read)
+    config = dataclasses.replace(chaos.Scenario().config(), storage_timeout=2.0, snapshot_every=0, checkpoint_every=0)
+    started = time.monotonic()
+    try:
+        with SimulatedSlices(4, 2), pytest.raises(StorageTimeout) as stalled:
+            Trainer(**parts, config=config, run_dir=tmp_path / "run").fit(12)
+        assert time.monotonic() - started < 60
+        message = str(stalled.value)
+        assert "data read of step" in message and "the training data" in message and "2 s" in message
+    finally:
+        threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True).start()  # let the reader go

@@ -1,0 +1,208 @@
+"""When the storage misbehaves: every checkpoint call bounded, abandoned saves fenced, failures worded.
+
+Against the real Cloud Storage API (fake-gcs-server on 127.0.0.1 behind the fault proxy,
+``elastic_dew.testing.fault_proxy``) and real small file systems (tmpfs mounts, full or
+remounted read-only: the suite runs as root, where file permissions prove nothing). Orbax's
+real ``CheckpointManager``, TensorStore, gcsfs and google-cloud-storage do the writing.
+The whole runs of the command line under these faults are in ``tests/test_storage_runs.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from etils import epath
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from elastic_dew.elastic.state import orbax_step
+from elastic_dew.elastic.state import storage
+from elastic_dew.elastic.state.checkpoints import Checkpoints, StorageError, StorageTimeout
+from elastic_dew.testing.fault_proxy import Fault
+
+pytestmark = pytest.mark.libraries
+
+
+def _state(value: float) -> dict:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    return {"w": jax.device_put(jnp.full((64, 4), value, jnp.float32), NamedSharding(mesh, P("data")))}
+
+
+def _abstract() -> dict:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    return {"w": jax.ShapeDtypeStruct((64, 4), jnp.float32, sharding=NamedSharding(mesh, P("data")))}
+
+
+@contextlib.contextmanager
+def _through(proxy):
+    """This process's Cloud Storage clients reach the bucket through ``proxy``."""
+    from elastic_dew.runtime import use_local_bucket
+
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}
+    os.environ["STORAGE_EMULATOR_HOST"] = os.environ["TENSORSTORE_GCS_HTTP_URL"] = proxy.url
+    use_local_bucket()
+    import gcsfs
+
+    gcsfs.GCSFileSystem.clear_instance_cache()  # a cached file system keeps its endpoint
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        gcsfs.GCSFileSystem.clear_instance_cache()
+
+
+def _wait_until(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_release_is_never_restored(
+    fault_proxy, bucket, tmp_path
+):
+    directory = f"{bucket}/ck"
+    with _through(fault_proxy):
+        checkpoints = Checkpoints(directory, timeout=60, record_dir=tmp_path, max_to_keep=10)
+        checkpoints.save(1, _state(1.0), {"step": 1})
+        checkpoints.wait()
+        checkpoints.timeout = 2.0  # after the first save, which compiles and opens the clients
+        fault_proxy.add(Fault("stall", method="POST", path=f"{bucket[5:]}/ck/2/*"))
+        assert checkpoints.save(2, _state(2.0), {"step": 2})
+        started = time.monotonic()
+        failure = checkpoints.settle()
+        waited = time.monotonic() - started
+        assert isinstance(failure, StorageTimeout) and waited < 2.0 + 5, (failure, waited)  # the bound, not the stall, ended it
+        assert f"step 2 in {directory}" in str(failure) and "2 s" in str(failure)
+        assert checkpoints.failures() == [failure]
+        assert orbax_step.read_abandoned(tmp_path) == {2}
+
+        fault_proxy.clear()
+        fault_proxy.release()  # the late release: Orbax's writer goes on and commits step 2
+        assert _wait_until(lambda: orbax_step.committed(epath.Path(directory) / "2"))
+        assert checkpoints.latest_step() == 1
+        again = Checkpoints(directory, timeout=2.0, record_dir=tmp_path, max_to_keep=10)
+        assert again.latest_step() == 1  # another process honours the record
+        with pytest.raises(ValueError, match="abandoned"):
+            again.restore(2, _abstract())
+        assert not checkpoints.save(2, _state(2.0), {"step": 2})  # never saved over the orphan
+        checkpoints.timeout = 60
+        assert checkpoints.save(3, _state(3.0), {"step": 3})  # a fresh manager: the next save commits
+        checkpoints.wait()
+        assert checkpoints.latest_step() == 3
+        restored, meta = again.restore(1, _abstract())
+        assert meta == {"step": 1} and float(restored["w"][0, 0]) == 1.0
+        checkpoints.close()
+        again.close()
+
+
+def test_a_restore_whose_reads_stall_raises_naming_the_storage_step_and_bound_and_reads_no_more(
+    fault_proxy, bucket
+):
+    directory = f"{bucket}/ck"
+    with _through(fault_proxy):
+        checkpoints = Checkpoints(directory, timeout=60)
+        checkpoints.save(4, _state(4.0), {"step": 4})
+        checkpoints.wait()
+        checkpoints.timeout = 1.5
+        fault_proxy.add(Fault("stall", method="GET", path=f"{bucket[5:]}/ck/4/state/*"))
+        started = time.monotonic()
+        with pytest.raises(StorageTimeout) as stalled:
+            checkpoints.restore(4, _abstract())
+        assert time.monotonic() - started < 1.5 + 5  # the bound ended it, not the stall
+        message = str(stalled.value)
+        assert f"checkpoint restore of step 4 in {directory}" in message and "1.5 s" in message
+        held = len(fault_proxy.requests("stall"))
+        assert checkpoints.stalled and checkpoints.newest_known() == 4  # answered from memory
+        assert len(fault_proxy.requests("stall")) == held
+        fault_proxy.clear()
+        fault_proxy.release()
+
+
+def test_error_storms_the_clients_retry_still_commit_and_restore_bit_for_bit(fault_proxy, bucket):
+    """Every 3rd upload answered 503 and every 4th read 429, two of each (each retry waits
+    the clients' backoff, about a second): the clients retry them, elastic_dew adds no loop
+    of its own."""
+    directory = f"{bucket}/ck"
+    with _through(fault_proxy):
+        uploads = fault_proxy.add(Fault("error", method="POST", status=503, every=3, times=2))
+        reads = fault_proxy.add(Fault("error", method="GET", status=429, every=4, times=2))
+        checkpoints = Checkpoints(directory, timeout=60)
+        checkpoints.save(1, _state(7.0), {"step": 1})
+        checkpoints.wait()
+        restored, meta = checkpoints.restore(1, _abstract())
+        checkpoints.close()
+    assert meta == {"step": 1}
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((64, 4), 7.0, np.float32))
+    assert (uploads.fired, reads.fired) == (2, 2)
+
+
+def test_uploads_refused_403_fail_the_save_at_once_naming_the_permission(fault_proxy, bucket):
+    directory = f"{bucket}/ck"
+    with _through(fault_proxy):
+        checkpoints = Checkpoints(directory, timeout=30)
+        fault_proxy.add(Fault("error", method="POST", status=403))
+        started = time.monotonic()
+        checkpoints.save(1, _state(1.0), {"step": 1})
+        failure = checkpoints.settle()
+        assert time.monotonic() - started < 10
+    assert isinstance(failure, StorageError) and not isinstance(failure, StorageTimeout)
+    assert "permission was refused" in str(failure) and directory in str(failure)
+    assert checkpoints.abandoned == set()  # a failed write has ended: nothing to fence
+    assert checkpoints.latest_step() is None
+
+
+def test_a_bucket_that_does_not_exist_is_an_error_at_the_first_save_not_a_hang(gcs_server):
+    directory = "gs://no-such-bucket-anywhere/ck"
+    started = time.monotonic()
+    checkpoints = Checkpoints(directory, timeout=30)
+    checkpoints.save(1, _state(1.0), {"step": 1})
+    failure = checkpoints.settle()
+    assert time.monotonic() - started < 10
+    assert isinstance(failure, StorageError) and "does not exist" in str(failure), failure
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str = "1m"):
+    """A small tmpfs at ``path`` (we run as root), unmounted after."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_full_disk_and_a_read_only_one_fail_the_save_naming_the_cause_and_keep_what_is_committed(tmp_path):
+    with _tmpfs(tmp_path / "disk") as disk:
+        checkpoints = Checkpoints(str(disk / "ck"), timeout=30, max_to_keep=10)
+        checkpoints.save(1, _state(1.0), {"step": 1})
+        checkpoints.wait()
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        (disk / "fill").write_bytes(b"\0" * (free - 4096))
+        checkpoints.save(2, _state(2.0), {"step": 2})
+        full = checkpoints.settle()
+        assert isinstance(full, StorageError) and "the disk is full" in str(full), full
+        (disk / "fill").unlink()
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        checkpoints.save(3, _state(3.0), {"step": 3})
+        read_only = checkpoints.settle() or checkpoints.failures()[-1]
+        assert "read-only" in str(read_only), read_only
+        assert checkpoints.latest_step() == 1
+        restored, meta = checkpoints.restore(1, _abstract())
+        assert meta == {"step": 1} and float(restored["w"][0, 0]) == 1.0
+        subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        checkpoints.close()

@@ -1,0 +1,182 @@
+"""Whole ``elastic-dew train`` runs under storage faults, restarted as a JobSet restarts them.
+
+A bucket behind the fault proxy (``elastic_dew.testing.fault_proxy``, in front of the local
+Cloud Storage server) whose uploads or reads stop answering, and a checkpoint directory on a
+small tmpfs that fills up. Every scenario checks the invariants: nothing committed lost or
+damaged, every example once, and the clean run's digest where the run completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from etils import epath
+
+from conftest import REPO
+from elastic_dew import record, rundir
+from elastic_dew.elastic.state import orbax_step
+from elastic_dew.testing.fault_proxy import Fault
+
+pytestmark = [pytest.mark.slow, pytest.mark.libraries]
+
+STEPS = 20
+#: The storage timeout and grace window of the bucket scenarios: long enough that a healthy
+#: save on a loaded two-core machine is never taken for a stall.
+TIMEOUT = 10
+GRACE = 10
+#: A batch of the mlp recipe.
+_TRAIN = ["train", "mlp", "--steps", str(STEPS), "--slices", "2", "--checkpoint-every", "5", "--log-format", "text"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    from elastic_dew.runtime.local_bucket import local_bucket_env
+
+    derived = local_bucket_env({"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1"})
+    env = {key: value for key, value in os.environ.items() if key not in derived and key != "STORAGE_EMULATOR_HOST"}
+    env.update(PYTHONPATH=str(REPO), **extra)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def _train(run_dir: Path, *args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "elastic_dew", *_TRAIN, "--run-dir", str(run_dir), *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=run_dir.parent)
+    return done, time.monotonic() - started
+
+
+def _digest(run_dir: Path) -> str:
+    return json.loads((run_dir / rundir.SUMMARY_FILE).read_text())["state_digest"]
+
+
+def _every_example_once(run_dir: Path) -> None:
+    spans = sorted(tuple(e["examples"]) for e in record.committed_steps(record.read_events(run_dir)))
+    width = spans[0][1] - spans[0][0]
+    assert spans == [(width * k, width * (k + 1)) for k in range(STEPS)], spans
+
+
+@pytest.fixture(scope="module")
+def clean_digest(tmp_path_factory) -> str:
+    """The failure-free run's digest."""
+    run_dir = tmp_path_factory.mktemp("clean") / "run"
+    done, _ = _train(run_dir, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _digest(run_dir)
+
+
+def _objects(gcs_server, bucket: str, prefix: str) -> dict[str, str]:
+    """``{name: md5}`` of the objects under ``prefix``, read from the server itself."""
+    query = urllib.parse.urlencode({"prefix": prefix})
+    with urllib.request.urlopen(f"{gcs_server.url}/storage/v1/b/{bucket[5:]}/o?{query}", timeout=10) as reply:
+        return {item["name"]: item.get("md5Hash", "") for item in json.load(reply).get("items", [])}
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:
+    return [e for e in record.read_events(run_dir) if e["event"] == kind]
+
+
+def test_a_save_whose_uploads_stall_is_abandoned_and_the_run_finishes_with_the_clean_digest(
+    fault_proxy, gcs_server, bucket, tmp_path, clean_digest
+):
+    """Step 10's uploads never answer: the save is abandoned at --storage-timeout and the run
+    trains on, commits 15 and 20, and finishes within the timeout plus its training time."""
+    name = bucket[5:]
+    run_dir = tmp_path / "run"
+    fault_proxy.add(Fault("stall", method="POST", path=f"{name}/ck/10/*"))
+    done, seconds = _train(run_dir, "--checkpoint-dir", f"{bucket}/ck", "--storage-timeout", str(TIMEOUT),
+                           env=_env(**fault_proxy.env))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [(e["outcome"], e["step"], e["storage"]) for e in _events(run_dir, "storage")] == [
+        ("abandoned", 10, f"{bucket}/ck")
+    ]
+    assert orbax_step.read_abandoned(run_dir) == {10}
+    assert orbax_step.committed_checkpoint_steps(epath.Path(f"{bucket}/ck"), abandoned={10}) == [5, 15, 20]
+    held = sum(e["seconds"] for e in _events(run_dir, "save") if e["tier"] == "checkpoint" and e["step"] == 15)
+    assert held < TIMEOUT + 5  # the loop waited for the stalled save at most its bound
+    assert _digest(run_dir) == clean_digest
+    _every_example_once(run_dir)
+
+
+def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_committed_is_lost(
+    fault_proxy, gcs_server, bucket, tmp_path, clean_digest
+):
+    """Step 10's uploads stall (abandoned, training goes on, 15 commits); a preemption at 17
+    whose save stalls exits 143 inside the grace window naming 15; the restart's reads of 15
+    stall (exit 1 within the bound, naming the storage, the step and the bound); the bucket
+    healthy again, the same command resumes from 15 to the clean digest, every example once."""
+    name = bucket[5:]
+    run_dir = tmp_path / "run"
+    checkpoints = f"{bucket}/ck"
+    env = _env(**fault_proxy.env)
+    common = ("--checkpoint-dir", checkpoints, "--storage-timeout", str(TIMEOUT), "--grace-period", str(GRACE),
+              "--schedule", "preempt@17")
+
+    fault_proxy.add(Fault("stall", method="POST", path=f"{name}/ck/10/*"), Fault("stall", method="POST", path=f"{name}/ck/17/*"))
+    first, _ = _train(run_dir, *common, env=env)
+    assert first.returncode == 143, first.stderr[-3000:]
+    abandoned = _events(run_dir, "storage")
+    assert [(e["outcome"], e["step"], e["storage"]) for e in abandoned] == [
+        ("abandoned", 10, checkpoints), ("abandoned", 17, checkpoints)
+    ], abandoned
+    stop = _events(run_dir, "stop")[-1]
+    fault = _events(run_dir, "fault")[-1]
+    assert (stop["reason"], stop["step"]) == ("preempted", 15)
+    assert stop["wall"] - fault["wall"] < GRACE  # inside the grace window, from the notice
+    assert orbax_step.read_abandoned(run_dir) == {10, 17}
+    kept = _objects(gcs_server, bucket, "ck/15/")
+    assert f"ck/15/commit_success.txt" in kept
+
+    fault_proxy.clear()
+    fault_proxy.release()
+    fault_proxy.add(Fault("stall", method="GET", path=f"{name}/ck/15/state/*"))
+    second, seconds = _train(run_dir, *common, env=env)
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert seconds < TIMEOUT + 60
+    assert (f"checkpoint restore of step 15 in {checkpoints} did not finish within the storage timeout of {TIMEOUT} s"
+            in second.stderr)
+    assert "Traceback" not in second.stderr
+
+    fault_proxy.clear()
+    fault_proxy.release()
+    third, _ = _train(run_dir, *common, env=env)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert (_events(run_dir, "resume")[-1]["source"], _events(run_dir, "resume")[-1]["step"]) == ("checkpoint", 16)
+    assert _digest(run_dir) == clean_digest
+    _every_example_once(run_dir)
+    assert {k: v for k, v in _objects(gcs_server, bucket, "ck/15/").items()} == kept  # untouched
+
+
+def test_a_full_checkpoint_disk_ends_the_run_with_one_clear_error_and_space_again_resumes_it(tmp_path, clean_digest):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        (disk / "fill").write_bytes(b"\0" * (free - 110 * 1024))  # room for one checkpoint (~72 KiB)
+        run_dir = tmp_path / "run"
+        args = ("--checkpoint-dir", str(disk / "ck"), "--max-failed-saves", "2")
+        first, _ = _train(run_dir, *args, env=_env())
+        assert first.returncode == 1, first.stderr[-3000:]
+        assert "Traceback" not in first.stderr and "Task exception" not in first.stderr
+        assert (f"checkpoint saves to {disk / 'ck'} keep failing (2 saves in a row" in first.stderr
+                and "the disk is full" in first.stderr and "the newest committed checkpoint is step 5" in first.stderr)
+        assert (run_dir / rundir.STORAGE_LOG).read_text().count("Traceback") >= 1  # the details are kept
+        assert orbax_step.committed_checkpoint_steps(disk / "ck") == [5]
+
+        (disk / "fill").unlink()
+        second, _ = _train(run_dir, *args, env=_env())
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert (_events(run_dir, "resume")[-1]["source"], _events(run_dir, "resume")[-1]["step"]) == ("checkpoint", 6)
+        assert _digest(run_dir) == clean_digest
+        _every_example_once(run_dir)
+        assert orbax_step.committed_checkpoint_steps(disk / "ck") == [10, 15, 20]  # max_to_keep=3 retires 5
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
