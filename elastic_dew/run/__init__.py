@@ -546,7 +546,12 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                 )
             return Outcome(PREEMPTED_EXIT, run_dir)
         except StorageError as error:
-            # The storage failed or stalled: one line, the libraries' details in storage.log.
+            # The storage failed or stalled: one line, the libraries' details in storage.log,
+            # and the command-line process ends without the writers' shutdown noise
+            # (asyncio's "Event loop is closed" from their destructors).
+            from elastic_dew.elastic.state.storage import orphaned
+
+            orphaned()
             logger.error(
                 "the run stopped: %s. The storage libraries' errors are in %s",
                 error, run_dir / rundir.STORAGE_LOG,

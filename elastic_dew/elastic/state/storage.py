@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -251,7 +252,8 @@ def stuck() -> list[threading.Thread]:
 
 def orphaned() -> None:
     """Note a write given up on whose library threads may never end (an Orbax save past its
-    bound, forgotten without being waited for): :func:`end_if_stuck` then ends the process."""
+    bound, forgotten without being waited for), or a run stopped by a storage error whose
+    writers' shutdown would only add noise: :func:`end_if_stuck` then ends the process."""
     global _orphans
     with _stuck_lock:
         _orphans += 1
@@ -392,6 +394,8 @@ class _ToFile(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR and not record.exc_info:
             return True
+        if record.name.split(".")[0] not in _LIBRARY_LOGGERS:
+            return True
         if not Path(self.handler.baseFilename).parent.is_dir():
             return True  # no run directory yet: the terminal keeps it
         self.handler.handle(record)
@@ -407,12 +411,48 @@ def divert_library_errors(path: str | os.PathLike[str]) -> Iterator[Path]:
     handler = logging.FileHandler(path, delay=True, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(threadName)s: %(message)s"))
     diverted = _ToFile(handler)
-    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
+    # On the libraries' own loggers, and on the root's handlers for their child loggers'
+    # records (a logger's filters do not see what its children propagate).
+    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS] + list(logging.getLogger().handlers)
     for each in loggers:
         each.addFilter(diverted)
+    # TensorStore's completion callbacks into an event loop Orbax already closed raise
+    # "Event loop is closed" outside any logger: printed by the interpreter's hooks.
+    previous_except, previous_unraisable = sys.excepthook, sys.unraisablehook
+
+    def to_file(kind: Any, error: BaseException | None, tb: Any) -> bool:
+        if error is None or not _from_libraries(tb) or not path.parent.is_dir():
+            return False
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as out:
+            out.write("".join(traceback.format_exception(kind, error, tb)))
+        return True
+
+    def excepthook(kind: Any, error: BaseException, tb: Any) -> None:
+        if not to_file(kind, error, tb):
+            previous_except(kind, error, tb)
+
+    def unraisablehook(unraisable: Any) -> None:
+        if not to_file(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+            previous_unraisable(unraisable)
+
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
     try:
         yield path
     finally:
+        if sys.excepthook is excepthook:
+            sys.excepthook = previous_except
+        if sys.unraisablehook is unraisablehook:
+            sys.unraisablehook = previous_unraisable
         for each in loggers:
             each.removeFilter(diverted)
         handler.close()
+
+
+def _from_libraries(tb: Any) -> bool:
+    """Whether a traceback runs through asyncio, Orbax or TensorStore code."""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if any(part in name for part in ("/asyncio/", "/orbax/", "/tensorstore/")):
+            return True
+        tb = tb.tb_next
+    return False
