@@ -60,7 +60,7 @@ class Sizes:
     losses_file_workers: int = 0  # the same over ArrayRecord files read by 2 Grain workers
     soak_schedules: int = 1000  # chaos schedules the soak runs in one process (issue: at least 1,000)
     plan_schedules: int = 8  # runs per policy and slice count of the plan validation (issue: at least 8)
-    plan_stepping_s: float = 8.0  # seconds of steps per plan-validation run
+    plan_stepping_s: float = 5.0  # seconds of steps per plan-validation run (after its first checkpoint)
     plan_slice_counts: tuple[int, ...] = (4, 8)
     plan_des_faults: int = 20000  # faults per discrete-event simulation of the model check
     scaling_slice_counts: tuple[int, ...] = (4, 16, 32, 64, 256)  # recovery_scaling's slice counts

@@ -62,8 +62,12 @@ RETURN_S = 1.0
 CALIBRATION_STEPS = CHECKPOINT_EVERY + 60
 #: The seed of each policy's calibration schedule (the measured runs draw 0, 1, ...).
 CALIBRATION_SEED = 1000
-#: Every drawn schedule counts from this step (the start and first compile meet no fault).
-START_STEP = 1
+#: Every drawn schedule counts from this step, the first after the first checkpoint: the
+#: start, the first compile and the first checkpoint meet no fault, and the run is measured
+#: from there on (the model's steady state: on a cluster a run's first checkpoint is a
+#: negligible share of it; here a restart before it would rebuild the state from scratch,
+#: and redo every step since the start, in a run of a few thousand steps).
+START_STEP = CHECKPOINT_EVERY + 1
 #: How each policy meets a slice loss in its schedules.
 _LOSS = {"restart": "error", "pause_resume": "lose", "replica_resize": "lose"}
 
@@ -136,7 +140,7 @@ def _child(slices: int, schedules: int, stepping_s: float, workdir: str) -> int:
     base = {name: figure.value for name, figure in measured_costs(warmup).items()}
     cluster = Cluster(slices=slices, slice_mtbf_hours=slices * LOSS_EVERY_S / 3600.0,
                       return_minutes=RETURN_S / 60.0, preemptions_per_day=0.0, spares=0, reschedule_minutes=0.0)
-    steps = max(20, round(stepping_s / _steady_step(warmup)))
+    steps = START_STEP + max(20, round(stepping_s / _steady_step(warmup)))
     cadence = {"snapshot_every": SNAPSHOT_EVERY, "checkpoint_every": CHECKPOINT_EVERY}
     floor = model.recommend_min_slices(
         lambda m: model.evaluate(_costs(base), cluster, "replica_resize", min_slices=m, **cadence).useful_work, slices)
@@ -237,19 +241,22 @@ def _train(slices: int, policy: str, floor: int | None, schedule: str, steps: in
 
 
 def _goodput(run_dir: Path) -> dict[str, Any]:
-    """The run's goodput from its first resume on, and the faults it met."""
+    """The run's goodput from its schedule's anchor on (the first fault event: the run's
+    first announcement of :data:`START_STEP`), and the faults it met after it."""
     from elastic_dew import record
     from elastic_dew.elastic import events as ev
 
     events = record.as_events(record.read_events(run_dir))
-    time_ = record.account(events)
-    first = next(e for e in events if isinstance(e, ev.Resume))
+    anchor = next(i for i, e in enumerate(events) if isinstance(e, ev.Fault))
+    # Nothing before the anchor is ever undone (every restore point the runs go back to is
+    # at or after the first checkpoint), so the productive time after it is the difference.
+    productive = record.account(events).productive_seconds - record.account(events[:anchor]).productive_seconds
     last = max(e.wall for e in events if math.isfinite(e.wall))
-    wall = last - first.wall
-    faults = sum(isinstance(e, ev.Fault) for e in events)
+    wall = last - events[anchor].wall
+    faults = sum(isinstance(e, ev.Fault) for e in events[anchor + 1:])
     summary = record.summarize(events)
-    return {"goodput": time_.productive_seconds / wall, "wall_s": round(wall, 3),
-            "productive_s": round(time_.productive_seconds, 3), "faults": faults,
+    return {"goodput": productive / wall, "wall_s": round(wall, 3),
+            "productive_s": round(productive, 3), "faults": faults,
             "final_step": summary["final_step"], "resumes": summary["resumes"]}
 
 

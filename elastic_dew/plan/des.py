@@ -4,7 +4,8 @@ The same pool as :mod:`elastic_dew.plan.model` (``slices + spares`` slices faili
 returning independently, exponentially; preemptions as a Poisson process while the job
 runs) and the same policies, followed one fault at a time: which slice fails is drawn
 among the healthy ones (a working slice, or an idle spare), a recovery that a working
-slice's loss interrupts starts again, lost work is the running time since the last restore
+slice's loss falls in is followed, when it ends, by a whole recovery more (the model's and
+the simulator's rule: one such loss a recovery, since the next fault counts from it), lost work is the running time since the last restore
 point, and the wall time, the productive step time and the examples trained add up as the
 run goes. Seeded and deterministic: the same inputs and seed give the same figures.
 
@@ -69,6 +70,7 @@ def simulate(
     lost_total = 0.0
     down_started: float | None = None
     downtime_total = 0.0
+    pending = False  # a working slice was lost during the recovery under way
 
     def healthy() -> int:
         return pool - down
@@ -113,6 +115,10 @@ def simulate(
                     run()
                 else:
                     mode, end, active = "wait", math.inf, 0
+            elif mode == "recover" and pending:  # the loss met at the first step: recover again
+                pending = False
+                phase = 0.0
+                recover()
             else:  # recover or scale-up ends: the run steps on every healthy slice it may take
                 if mode == "recover":
                     phase = 0.0
@@ -125,6 +131,15 @@ def simulate(
         t += dt
         pick = rng.random() * total
         if pick < fail_used:
+            if mode == "recover":
+                # Met at the recovery's end; the next loss counts from that one.
+                if not instant_return:
+                    down += 1
+                if not pending:
+                    met += 1
+                    losses += 1
+                    pending = True
+                continue
             met += 1
             losses += 1
             if not instant_return:

@@ -142,18 +142,21 @@ class Input:
 def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     """The :class:`Costs` fields a run directory's record measures, each with its origin.
 
-    From ``events.jsonl`` (and the simulator's fault log), by the record's own readers,
-    each a mean (a plan's figures are expectations: a slow first save or a recovery that
-    compiles counts as often as it happens): the committed steps on the run's largest
-    slice count, less their wait for the batch, and that wait; the taken snapshot and
-    checkpoint saves; the
-    restore of snapshot and of checkpoint resumes; the detection plus mesh and compile of
-    snapshot resumes (an in-process recovery); the time from each restarted process's start (or the previous process's last
-    event, when that is later: a restart inside one Python process) to its first resume
-    less that resume's restore (a restart; the first process's when the run never
-    restarted); the ``live`` resume (a scale-up). A figure the run never
-    measured (no checkpoint resume, say) is left out. Raises ``ValueError`` when the
-    directory holds no run record.
+    From ``events.jsonl`` (and the simulator's fault log), by the record's own readers: the
+    steps' and saves' figures each a mean (a plan's figures are expectations: a slow first
+    save counts as often as it happens), the resumes' and restarts' each a median (a
+    recovery that compiles for a set of slices the run meets for the first time happens
+    once per set, which the compilation cache then keeps, so over a long run the typical
+    recovery is the cost, and a mean of a short run's few would let that one compile set
+    it). The figures: the committed steps on the run's largest slice count, less their wait
+    for the batch, and that wait; the taken snapshot and checkpoint saves; the restore of
+    snapshot and of checkpoint resumes; the detection plus mesh and compile of snapshot
+    resumes (an in-process recovery); the time from each restarted process's start (or the
+    previous process's last event, when that is later: a restart inside one Python process)
+    to its first resume less that resume's restore (a restart; the first process's when the
+    run never restarted); the ``live`` resume (a scale-up). A figure the run never measured
+    (no checkpoint resume, say) is left out. Raises ``ValueError`` when the directory holds
+    no run record.
     """
     from elastic_dew import record
     from elastic_dew.record.goodput import committed_flags
@@ -171,9 +174,10 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     out: dict[str, Input] = {}
     where = str(run_dir)
 
-    def put(name: str, values: list[float], what: str) -> None:
+    def put(name: str, values: list[float], what: str, *, typical: bool = False) -> None:
         if values:
-            out[name] = Input(round(statistics.fmean(values), 6), f"measured: {where} (mean of {len(values)} {what})")
+            how, value = ("median", statistics.median(values)) if typical else ("mean", statistics.fmean(values))
+            out[name] = Input(round(value, 6), f"measured: {where} ({how} of {len(values)} {what})")
 
     on_all = [e for e in steps if e.slices == widest]
     waits = [min(float(e.data_seconds), float(e.seconds)) for e in on_all]
@@ -184,13 +188,14 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     put("checkpoint_seconds", [e.seconds for e in saves if e.tier == "checkpoint"], "checkpoint saves")
     resumes = [e for e in events if isinstance(e, ev.Resume)]
     put("snapshot_restore_seconds", [e.durations["restore"] for e in resumes if e.source == "snapshot"],
-        "snapshot resumes")
+        "snapshot resumes", typical=True)
     put("checkpoint_restore_seconds", [e.durations["restore"] for e in resumes if e.source == "checkpoint"],
-        "checkpoint resumes")
+        "checkpoint resumes", typical=True)
     put("recovery_seconds",
         [e.durations["detection"] + e.durations["mesh_and_compile"] for e in resumes if e.source == "snapshot"],
-        "snapshot resumes' detection, mesh and compile")
-    put("scale_up_seconds", [sum(e.durations.values()) for e in resumes if e.source == "live"], "scale-ups")
+        "snapshot resumes' detection, mesh and compile", typical=True)
+    put("scale_up_seconds", [sum(e.durations.values()) for e in resumes if e.source == "live"], "scale-ups",
+        typical=True)
     restarts = []
     started: float | None = None
     previous = -math.inf  # the wall time of the last event before this process's start
@@ -207,7 +212,8 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
             previous = event.wall
     # A restart is a process after the first (the first starts cold, with nothing cached);
     # a run that never restarted gives its one start.
-    put("restart_seconds", restarts[1:] or restarts, "restarts" if len(restarts) > 1 else "process starts")
+    put("restart_seconds", restarts[1:] or restarts, "restarts" if len(restarts) > 1 else "process starts",
+        typical=True)
     return out
 
 

@@ -20,7 +20,13 @@ The policies (:data:`POLICIES`):
   carries on with the slices left, as long as at least ``min_slices`` are healthy; a slice
   returning is scaled up into the run (no work lost).
 
-A slice lost while a recovery is under way starts that recovery again.
+A slice lost while a recovery is under way is met when the recovery ends, at the run's
+first step, and costs a whole recovery more (with nothing to redo: the run is at its
+restore point), so a recovery of ``c`` seconds costs ``c exp(h c)`` on average. That is
+the simulator's rule (a fault due while the run recovers fires at its next step); on
+Pathways a lost slice surfaces as the error of a later computation that touches it, the
+restore's transfer or the first step (unverified without a cluster), and the two readings
+differ only in the part of the interrupted recovery already spent, second order in ``h c``.
 
 Two figures per policy (:class:`Outcome`): ``goodput``, as ml-goodput-measurement defines it
 (the productive step time over the wall time: a step on three of four slices is productive
@@ -32,7 +38,8 @@ running (exponential, ended by a fault) and the recovery it ends in; a cycle's p
 time over its length is the goodput. Lost work is the running time since the restore point
 the recovery goes back to, ``E[X mod tau]`` for an exponential ``X`` and the restore
 points ``tau`` apart. A recovery of ``c`` seconds during which slices fail at rate ``h`` and
-each failure starts it again lasts ``expm1(h c) / h`` on average. Replica-resize mixes the
+each failure met at its end costs a whole recovery more lasts ``c exp(h c)`` on average.
+Replica-resize mixes the
 cycles of each slice count the binomial gives, weighted by how often the pool has it. The
 discrete-event simulation :mod:`elastic_dew.plan.des` runs the same cluster event by event;
 the two agree within a point of goodput from 1 to 10,000 slices (``benchmarks``).
@@ -138,12 +145,14 @@ def lost_running(tau: float, rate: float) -> float:
 
 
 def _cascade(c: float, h: float) -> tuple[float, float]:
-    """A recovery of ``c`` seconds that a failure (rate ``h``) starts again: its expected
-    length counting the restarts, and the expected number of restarts."""
+    """A recovery of ``c`` seconds during which failures come at rate ``h``, a failure
+    within it met at its end (the run's first step) and answered by a whole recovery more:
+    its expected length counting the further recoveries, ``c exp(h c)``, and their expected
+    number, ``expm1(h c)``."""
     if h <= 0 or c <= 0:
         return c, 0.0
     x = min(h * c, 700.0)
-    return math.expm1(x) / h, math.expm1(x)
+    return c * math.exp(x), math.expm1(x)
 
 
 @functools.lru_cache(maxsize=256)
@@ -275,7 +284,7 @@ def _replica_resize(
     h = active * r.alpha
     total = h + r.preempt
     x = np.minimum(h * c, 700.0)
-    recovery = np.where(h > 0, np.expm1(x) / np.where(h > 0, h, 1.0), c)
+    recovery = c * np.exp(x)
     # A return while the run is short of slices is scaled up into it.
     returns = np.where(active < n, down * (r.mu if math.isfinite(r.mu) else 0.0), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -283,7 +292,8 @@ def _replica_resize(
     # A slice lost during a scale-up ends it (the time so far is spent) in a recovery.
     cut = -np.expm1(-h * costs.scale_up_seconds)
     scale_up = np.where(h > 0, cut / np.where(h > 0, h, 1.0), costs.scale_up_seconds)
-    overhead = h * recovery + returns * (scale_up + cut * recovery) + r.preempt * preempt_cost
+    with np.errstate(over="ignore"):  # a recovery that never ends: no goodput at that count
+        overhead = h * recovery + returns * (scale_up + cut * recovery) + r.preempt * preempt_cost
     local = e * np.clip(1.0 - (h + returns * cut) * lost, 0.0, 1.0) / (1.0 + overhead)
     weight = np.where(runnable, pmf, 0.0)
     goodput = float((weight * local).sum())
