@@ -17,16 +17,18 @@ Two checks of :mod:`elastic_dew.plan`:
    (:func:`elastic_dew.plan.measured_costs`), and from them and the rates alone the model
    predicts the policy's goodput. Only then the measured runs: schedules drawn by
    :func:`elastic_dew.plan.draw_schedule` with seeds 0, 1, ... (``elastic-dew plan
-   --draw-schedule SEED --steps S --start-step 1`` prints the same), each run's steps set
-   so it runs :attr:`Sizes.plan_stepping_s` seconds of steps. Restart meets each slice loss
+   --draw-schedule SEED --steps S --start-step 251`` prints the same), each run's steps set
+   so it runs :attr:`Sizes.plan_stepping_s` seconds of steps after :data:`START_STEP`. Restart meets each slice loss
    as ``error`` (the training ends and an in-process supervisor starts it again, restoring
    the newest checkpoint; the new attempt has every slice, so the model is given returns
    at once); pause-resume and replica-resize (at the model's recommended ``min_slices``)
    ride ``lose``/``restore`` in process.
 
 Measured goodput is the run record's, ``account``'s productive step time over the wall time,
-taken from the first resume on: the model describes a run in its steady state, so the start
-(JAX, the first compile) is left out of both, and every schedule counts from step 1. Every
+taken from the schedule's anchor on (the run's first announcement of :data:`START_STEP`, the
+step after the first checkpoint): the model describes a run in its steady state, so the
+start (JAX, the first compile, the state built from scratch, the first checkpoint) is left
+out of both, and every schedule counts from there. Every
 run shares one JAX persistent compilation cache (the warm-up fills it), as ``elastic-dew
 train`` keeps one, and precompiles smaller meshes (the default). What the in-process
 restart leaves out: the interpreter's start and the reschedule of a pod.
@@ -62,6 +64,10 @@ RETURN_S = 1.0
 CALIBRATION_STEPS = CHECKPOINT_EVERY + 60
 #: The seed of each policy's calibration schedule (the measured runs draw 0, 1, ...).
 CALIBRATION_SEED = 1000
+#: A calibration run steps this many times as long as a measured run after
+#: :data:`START_STEP`, so its medians rest on several recoveries (one run's length met a
+#: single restart in some calibrations, which then set the restart's cost alone).
+CALIBRATION_LENGTH = 3
 #: Every drawn schedule counts from this step, the first after the first checkpoint: the
 #: start, the first compile and the first checkpoint meet no fault, and the run is measured
 #: from there on (the model's steady state: on a cluster a run's first checkpoint is a
@@ -148,9 +154,10 @@ def _child(slices: int, schedules: int, stepping_s: float, workdir: str) -> int:
     for policy in model.POLICIES:
         # Each policy's own calibration run: a schedule drawn with a seed no measured run uses.
         calibration = work / f"calibration-{policy}-{slices}"
-        schedule = draw_schedule(cluster, base["step_seconds"], steps, CALIBRATION_SEED, factor=1.0,
-                                 loss=_LOSS[policy], start_step=START_STEP)
-        _train(slices, policy, floor if policy == "replica_resize" else None, schedule, steps, calibration)
+        schedule = draw_schedule(cluster, base["step_seconds"], CALIBRATION_LENGTH * steps, CALIBRATION_SEED,
+                                 factor=1.0, loss=_LOSS[policy], start_step=START_STEP)
+        _train(slices, policy, floor if policy == "replica_resize" else None, schedule,
+               START_STEP + CALIBRATION_LENGTH * (steps - START_STEP), calibration)
         figures = measured_costs(calibration)
         if policy != "restart":  # no restart in it: its "restart" is the Python process's start
             figures.pop("restart_seconds", None)
@@ -314,7 +321,8 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         f"cluster of {mtbf_h:g} h slice MTBF and {RETURN_S * factor / 60:.0f} min returns, compressed "
         f"{factor:.3g}x). The prediction comes first, from each policy's own calibration run (seed "
         f"{CALIBRATION_SEED}; its costs in results.json) and the rates alone. Measured goodput: the run record's productive "
-        "time over the wall time from the first resume on (steady state: start-up left out of both); "
+        f"time over the wall time from the run's first announcement of step {START_STEP} on, the step after "
+        "its first checkpoint, where every schedule starts (steady state: start-up left out of both); "
         "restart meets each loss as a runtime error and an in-process restart from the newest "
         "checkpoint (no interpreter start, no reschedule). Model against the discrete-event "
         f"simulation: {len(DES_SLICES)} slice counts from 1 to 10,000, 0 and 2 spares, three policies, "
