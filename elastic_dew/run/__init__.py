@@ -552,6 +552,9 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             from elastic_dew.elastic.state.storage import orphaned
 
             orphaned()
+            # The writers given up on may still log their failure after this returns (the
+            # command line then ends the process): their records keep going to storage.log.
+            diverted.pop_all()
             logger.error(
                 "the run stopped: %s. The storage libraries' errors are in %s",
                 error, run_dir / rundir.STORAGE_LOG,
