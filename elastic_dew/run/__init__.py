@@ -465,7 +465,13 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     import jax
     from pathwaysutils.elastic.manager import ElasticRuntimeError
 
-    from elastic_dew.elastic.state.storage import StorageError, configure_clients, divert_library_errors
+    from elastic_dew.elastic.state.storage import (
+        StorageError,
+        configure_clients,
+        divert_library_errors,
+        left_since,
+        mark,
+    )
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
 
@@ -512,6 +518,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
         configure_clients(elastic.storage_timeout)  # before the first Cloud Storage request
         # The storage libraries' tracebacks of failed writes go to RUN_DIR/storage.log.
         diverted = contextlib.ExitStack()
+        started = mark()
         try:
             diverted.enter_context(divert_library_errors(run_dir / rundir.STORAGE_LOG))
             trainer = Trainer(
@@ -552,9 +559,6 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             from elastic_dew.elastic.state.storage import orphaned
 
             orphaned()
-            # The writers given up on may still log their failure after this returns (the
-            # command line then ends the process): their records keep going to storage.log.
-            diverted.pop_all()
             logger.error(
                 "the run stopped: %s. The storage libraries' errors are in %s",
                 error, run_dir / rundir.STORAGE_LOG,
@@ -569,7 +573,13 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             )
             return Outcome(FAILED_EXIT, run_dir)
         finally:
-            diverted.close()
+            if left_since(started):
+                # Writers given up on may still log their failure after this returns, whatever
+                # stopped the run (the command line then ends the process): their records keep
+                # going to storage.log.
+                diverted.pop_all()
+            else:
+                diverted.close()
             observing.close(observers, result.summary if result is not None else None)
     return Outcome(0, run_dir, result)
 

@@ -57,6 +57,7 @@ __all__ = [
     "end_if_stuck",
     "diagnose",
     "divert_library_errors",
+    "left_since",
     "configure_clients",
     "CLIENT_SETTINGS",
 ]
@@ -319,6 +320,14 @@ def _caller_context() -> Callable[[], contextlib.AbstractContextManager]:
     return lambda: jax.default_device(device)
 
 
+def left_since(since: tuple[frozenset[threading.Thread], int]) -> int:
+    """How many storage calls or writes given up on after ``since`` (:func:`mark`) may still run."""
+    threads, orphans = since
+    left = sum(1 for thread in stuck() if thread not in threads)
+    with _stuck_lock:
+        return left + _orphans - orphans
+
+
 def end_if_stuck(code: int, since: tuple[frozenset[threading.Thread], int] = (frozenset(), 0)) -> None:
     """End the process now with ``code`` when a storage call or write given up on may still run.
 
@@ -328,13 +337,10 @@ def end_if_stuck(code: int, since: tuple[frozenset[threading.Thread], int] = (fr
     on after ``since`` (:func:`mark`, taken as a command starts: a program that runs
     commands in its own process is not ended for an earlier one's).
     """
-    threads, orphans = since
-    left = [thread for thread in stuck() if thread not in threads]
-    with _stuck_lock:
-        left += [None] * (_orphans - orphans)
+    left = left_since(since)
     if not left:
         return
-    logger.warning("ending the process with %d storage call(s) still waiting on the storage", len(left))
+    logger.warning("ending the process with %d storage call(s) still waiting on the storage", left)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
