@@ -576,12 +576,17 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             if left_since(started):
                 # Writers given up on may still log their failure after this returns, whatever
                 # stopped the run (the command line then ends the process): their records keep
-                # going to storage.log.
-                diverted.pop_all()
+                # going to storage.log. Held, not dropped: a dropped stack's generator would be
+                # closed by the garbage collector, running its finally (the diversion's end).
+                _HELD_DIVERSIONS.append(diverted.pop_all())
             else:
                 diverted.close()
             observing.close(observers, result.summary if result is not None else None)
     return Outcome(0, run_dir, result)
+
+
+#: Diversions of the storage libraries' errors kept past their run (:func:`execute`).
+_HELD_DIVERSIONS: list[contextlib.ExitStack] = []
 
 
 def main(config: RunConfig, build: Callable[..., dict] | None = None, display: Display | None = None) -> int:
