@@ -1,9 +1,9 @@
-"""A run on a terminal: its options, its progress display, its logs and its summary.
+"""A run on a terminal: its options, and the program that runs what they ask for.
 
 ``elastic-dew train`` and each recipe's ``python -m recipes.NAME`` take the same options and
-show a run the same way, so both come here. The options are the command line's words for
-the settings of a :class:`~elastic_dew.run.RunConfig`'s parts (its own,
-:class:`~elastic_dew.run.SimConfig`, :class:`~elastic_dew.train_config.TrainConfig`,
+show a run the same way (:class:`~elastic_dew.terminal.Terminal`), so both come here. The
+options are the command line's words for the settings of a :class:`~elastic_dew.run.RunConfig`'s
+parts (its own, :class:`~elastic_dew.run.SimConfig`, :class:`~elastic_dew.train_config.TrainConfig`,
 :class:`~elastic_dew.elastic.config.ElasticConfig`,
 :class:`~elastic_dew.observe.sinks.ObserveOptions`): which fields are offered, each flag's
 help and metavar, and the two flags that are not their field's name (:data:`RUN_FLAGS`).
@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import logging
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import Any
 
 from elastic_dew import run
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.observe import sinks as observing
 from elastic_dew.settings import Flag, SettingError, add_flags, flag_name, flag_namer, given, worded, wording
+from elastic_dew.terminal import Terminal
 from elastic_dew.train_config import TrainConfig
 
 __all__ = ["RUN_FLAGS", "add_options", "add_flag", "observe_of", "flag_of", "refusal", "config_of", "parse_overrides",
            "setup", "train", "Terminal", "main"]
-
-logger = logging.getLogger(__name__)
 
 _SECONDS = "SECONDS"
 
@@ -214,7 +212,7 @@ def setup(args: argparse.Namespace, prog: str) -> Terminal:
         raise SystemExit(run.USAGE_EXIT) from None
     # Third-party libraries stay at INFO; -v (set by the command line) is elastic_dew's own.
     setup_logging(options.log_format, level=logging.INFO)
-    return Terminal(prog, observe=options, summary=not getattr(args, "no_summary", False))
+    return Terminal(prog, observe=options, summary=not getattr(args, "no_summary", False), word=refusal)
 
 
 def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -258,96 +256,6 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
         sim=run.SimConfig(**given["sim"]) if given["sim"] else None,
         observe=observe if observe is not None else observe_of(args),
     )
-
-
-@contextlib.contextmanager
-def _quiet_logs(tty: bool) -> Iterator[None]:
-    """Keep the output about the run: the progress display reports steps (the trainer's own
-    step lines would repeat them), and Orbax's per-file INFO lines (through absl) drown
-    everything else unless ``-v`` asked for debug output. On a terminal every routine line
-    goes to the run log rather than the terminal (``elastic_dew.observe.logs``), so only the
-    trainer's step lines are left out there."""
-    from elastic_dew.observe.logs import is_verbose
-
-    quiet = [logging.getLogger("elastic_dew.trainer")]
-    if not is_verbose() and not tty:
-        # On a terminal the routine lines go to the run log instead (observe.logs.RunLog).
-        quiet.append(logging.getLogger("absl"))
-    levels = [q.level for q in quiet]
-    for q in quiet:
-        q.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for q, level in zip(quiet, levels, strict=True):
-            q.setLevel(level)
-
-
-class Terminal:
-    """A run shown on a terminal: ``PROG: error: ...`` for a refusal, a progress display with
-    the logs routed above it while it runs, then the summary table and the timeline's path."""
-
-    def __init__(
-        self,
-        prog: str,
-        out: TextIO | None = None,
-        err: TextIO | None = None,
-        observe: observing.ObserveOptions | None = None,
-        summary: bool = True,
-    ) -> None:
-        self.prog = prog
-        self._out = out
-        self._err = err
-        #: The observability options the program started with (its log format among them).
-        self.observe = observe if observe is not None else observing.ObserveOptions()
-        #: Whether the summary is shown at the end (the demo shows its own).
-        self.summary = summary
-
-    def refused(self, error: run.UsageError | SettingError) -> None:
-        (self._err or sys.stderr).write(f"{self.prog}: error: {refusal(error)}\n")
-
-    @contextlib.contextmanager
-    def running(self, plan: run.Plan) -> Iterator[list[Any]]:
-        from elastic_dew.observe.logs import is_terminal
-
-        from elastic_dew.observe.logs import attach_run_log
-
-        if getattr(plan, "run_dir", None) is not None:
-            attach_run_log(plan.run_dir)  # a terminal's routine lines go to RUN_DIR/run.log
-        total_slices = plan.sim.slices if plan.sim is not None else None
-        progress: Any
-        tty = is_terminal(sys.stderr)
-        if tty:
-            # tqdm's bar: it fits the width, has an ETA, and writes log records above it.
-            from elastic_dew.observe.progress_bar import ProgressBar
-
-            progress = ProgressBar(plan.steps, total_slices=total_slices)
-            above: contextlib.AbstractContextManager[None] = progress.redirect_logging()
-        else:
-            from elastic_dew.observe.progress import Progress
-
-            progress = Progress(plan.steps, total_slices=total_slices, log_every=plan.train.log_every)
-            above = contextlib.nullcontext()
-        try:
-            with above, _quiet_logs(tty):
-                yield [progress]
-        finally:
-            progress.close()
-
-    def finished(self, plan: run.Plan, outcome: run.Outcome) -> None:
-        if outcome.status != 0 or not self.summary:
-            return
-        from elastic_dew import record
-
-        picture = None
-        try:
-            picture = record.draw_timeline(outcome.run_dir)
-        except RuntimeError as err:  # matplotlib missing
-            logger.warning("%s", err)
-        out = self._out or sys.stdout
-        out.write(record.format_summary(outcome.result.summary, outcome.run_dir) + "\n")
-        if picture is not None:
-            out.write(f"\ntimeline: {picture}\n")
 
 
 def main(recipe: str, build: Callable[..., dict], argv: list[str] | None = None) -> int:

@@ -77,7 +77,7 @@ class _Terminal(io.StringIO):
 
 @pytest.mark.parametrize("stderr, shown", [(_Terminal, "ProgressBar"), (io.StringIO, "Progress")])
 def test_a_run_on_a_terminal_shows_the_bar_and_elsewhere_log_lines(monkeypatch, stderr, shown):
-    from elastic_dew.console import Terminal
+    from elastic_dew.terminal import Terminal
 
     monkeypatch.setattr(sys, "stderr", stderr())
     plan = types.SimpleNamespace(sim=None, steps=5, train=types.SimpleNamespace(log_every=5))
