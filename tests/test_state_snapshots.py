@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state.newest import newest
+from elastic_dew.elastic.state import newest
 from elastic_dew.elastic.state.snapshots import Snapshots
 
 pytestmark = pytest.mark.libraries  # Orbax's Snapshotter and pathwaysutils' split and concatenate

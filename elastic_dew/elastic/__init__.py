@@ -39,6 +39,10 @@ from __future__ import annotations
 
 import importlib
 
+from elastic_dew.elastic import _moved
+
+_moved.install()
+
 _EXPORTS = {
     "ElasticConfig": "config",
     "BATCH_POLICIES": "config",
@@ -68,7 +72,7 @@ _EXPORTS = {
     "StorageError": "state.storage",
     "StorageTimeout": "state.storage",
     "SavesFailing": "state.tiers",
-    "newest": "state.newest",
+    "newest": "state",
     "ElasticData": "loop.data",
     "POSITION_KEY": "loop.data",
 }

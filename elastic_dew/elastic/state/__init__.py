@@ -4,7 +4,6 @@
 module                 its job
 =====================  ===========================================================
 ``tiers``              ``Tiers``: each tier's save cadence, the final and preemption saves
-``newest``             the newest complete state across the tiers
 ``snapshots``          tier 1: ``Snapshots`` in pinned host memory (Orbax ``Snapshotter``)
 ``packing``            the leaf-packing codec the snapshots use
 ``checkpoints``        tier 2: ``Checkpoints``, over one of two backends
@@ -16,5 +15,48 @@ module                 its job
 ``persistence``        where tier 2 may write under Pathways persistence
 =====================  ===========================================================
 
-Nothing is imported here: ``persistence`` stays cheap to import (the manifests read it).
+This package was the module ``elastic_dew.elastic.state`` and keeps its word: :func:`newest`,
+the choice of the newest state across the tiers, is defined here, and its ``Snapshots`` and
+``Checkpoints`` resolve to their modules with a ``DeprecationWarning``. Nothing else is
+imported here: ``persistence`` stays cheap to import (the manifests read it).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from elastic_dew.elastic._moved import moved
+
+if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs neither
+    from elastic_dew.elastic.state.checkpoints import Checkpoints
+    from elastic_dew.elastic.state.snapshots import Snapshots
+
+__all__ = ["newest"]
+
+__getattr__ = moved(__name__, {"Snapshots": "elastic_dew.elastic.state.snapshots",
+                               "Checkpoints": "elastic_dew.elastic.state.checkpoints"})
+
+
+def newest(
+    snapshots: Snapshots | None, checkpoints: Checkpoints | None
+) -> tuple[str, int | None]:
+    """The newest complete state across tiers: ``("snapshot"|"checkpoint"|"fresh", step)``.
+
+    A snapshot counts once it has landed in host memory (this joins the one in flight); a
+    checkpoint counts once committed. On a tie the snapshot wins: it loads from host
+    memory, without reading storage. ``("fresh", None)`` when neither tier holds a state.
+
+    Args:
+        snapshots: tier 1, or ``None``.
+        checkpoints: tier 2, or ``None``.
+
+    Returns:
+        ``(source, step)``.
+    """
+    snapshot = snapshots.latest_step() if snapshots is not None else None
+    checkpoint = checkpoints.latest_step() if checkpoints is not None else None
+    if snapshot is not None and (checkpoint is None or snapshot >= checkpoint):
+        return "snapshot", snapshot
+    if checkpoint is not None:
+        return "checkpoint", checkpoint
+    return "fresh", None

@@ -7,7 +7,7 @@ made, or ``None`` when none was due. The checkpoint tier also owns the two saves
 not on a cadence: the final checkpoint of a finished run and the checkpoint of the step a
 preemption agreed on. :class:`Tiers` holds both, builds them from an
 :class:`~elastic_dew.elastic.config.ElasticConfig`, and restores the newest complete state
-across them (:func:`~elastic_dew.elastic.state.newest.newest`).
+across them (:func:`~elastic_dew.elastic.state.newest`).
 
 Every save event is built by :func:`timed_save`; every save announces its phase
 (:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
@@ -44,7 +44,7 @@ from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Event, Save, Storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state.newest import newest
+from elastic_dew.elastic.state import newest
 from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.storage import StorageError
 
@@ -432,7 +432,7 @@ class Tiers:
         return Held(waited_from, seconds)
 
     def newest(self) -> tuple[str, int | None]:
-        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest.newest`).
+        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`).
 
         Returns:
             ``(source, step)``.
