@@ -70,7 +70,8 @@ def test_a_syntax_error_names_the_bad_token_and_what_is_wrong(text, bad_token, p
     assert "grammar: ACTION[:SLICE]@STEP[/PHASE]" in message
 
 
-def test_a_fault_fires_once_at_the_first_announcement_of_its_phase_at_or_after_its_step(tmp_path):
+def test_a_fault_fires_once_at_the_first_announcement_of_its_phase_at_or_after_its_step(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="elastic_dew.simulate.schedule")
     log = tmp_path / "faults.jsonl"
     with SimulatedSlices(4, 2, schedule="lose:1@3,restore:1@5/snapshot,lose:2@4/checkpoint", fault_log=log) as sim:
         hooks.phase("step", 2)
@@ -92,6 +93,11 @@ def test_a_fault_fires_once_at_the_first_announcement_of_its_phase_at_or_after_i
         ("lose:1@3/step", "step", 4),
         ("restore:1@5/snapshot", "snapshot", 6),
         ("lose:2@4/checkpoint", "checkpoint", 4),
+    ]
+    assert [r.getMessage() for r in caplog.records if r.name == "elastic_dew.simulate.schedule"] == [
+        "firing scheduled fault lose:1@3/step at step 4 (phase step)",
+        "firing scheduled fault restore:1@5/snapshot at step 6 (phase snapshot)",
+        "firing scheduled fault lose:2@4/checkpoint at step 4 (phase checkpoint)",
     ]
 
 

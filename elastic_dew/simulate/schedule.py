@@ -588,7 +588,7 @@ class ScheduleRunner:
     def _fire(self, due: list[tuple[Fault, events.Fault]], phase: str, step: int) -> None:
         raised: BaseException | None = None
         for fault, fired in due:
-            logger.warning("firing scheduled fault %s at %s of step %d", fault, phase, step)
+            logger.warning("firing scheduled fault %s at step %d (phase %s)", fault, step, phase)
             hooks.report(fired)  # the fault joins the run's event stream as it fires
             try:
                 action_of(fault).fire(self.target, fault)
