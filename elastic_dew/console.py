@@ -41,97 +41,48 @@ _SECONDS = "SECONDS"
 RUN_FLAGS: dict[str, tuple[type, dict[str, Flag]]] = {
     "run": (run.RunConfig, {
         "overrides": Flag("a recipe setting, e.g. --set d_model=128 (repeatable)", "KEY=VALUE", "--set"),
-        "steps": Flag("train until step N (default: the recipe's)", "N"),
-        "run_dir": Flag("the run directory; an existing one is resumed", "DIR"),
-        "name": Flag("run in runs/NAME (default $JOBSET_NAME, else a timestamp)"),
+        "steps": Flag(metavar="N", default="default: the recipe's"),
+        "run_dir": Flag(metavar="DIR"),
+        "name": Flag(default="default $JOBSET_NAME, else a timestamp"),
     }),
-    "sim": (run.SimConfig, {
-        "slices": Flag("simulated slices (default {default})", "S"),
-        "devices_per_slice": Flag("CPU devices per simulated slice (default {default})", "D"),
-        "schedule": Flag(
-            "faults for the simulator, e.g. lose:1@20,restore:1@40,preempt@60 or lose:3@17,restore:3@+3 (grammar "
-            "ACTION[:SLICE]@STEP[/PHASE] or ACTION[:SLICE]@+SECONDS[/PHASE], SECONDS after the previous fault "
-            "fired; actions lose, restore, hang (the slice stops answering), suspend and wake (Pathways' transparent "
-            "suspend and its end), error (a runtime error that is not a slice loss), preempt, kill)"),
-    }),
+    "sim": (run.SimConfig, {"slices": Flag(metavar="S"), "devices_per_slice": Flag(metavar="D"), "schedule": Flag()}),
     "train": (TrainConfig, {
-        "log_every": Flag("steps between log lines (default {default})", "L"),
-        "seed": Flag("seed of the parameters and step keys (default {default})"),
-        "sharding": Flag(
-            "the state inside a slice: fsdp (large parameters and their optimizer moments split over the slice's "
-            "data devices) or replicated (whole on every device); always replicated across slices (default "
-            "{default})"),
-        "microbatch": Flag(
-            "examples per data-parallel device per micro-step; the step accumulates gradients over the per-device "
-            "batch in micro-steps of M (default: the whole per-device batch at once)", "M"),
-        "eval_every": Flag(
-            "evaluate the recipe's evaluation split every E steps (eval events in the run record and TensorBoard; "
-            "for recipes whose build() returns an eval_dataset: lm, mlp; default: never)", "E"),
+        "log_every": Flag(metavar="L"),
+        "seed": Flag(),
+        "sharding": Flag(),
+        "microbatch": Flag(metavar="M", default="default: the whole per-device batch at once"),
+        "eval_every": Flag(metavar="E", default="default: never"),
     }),
     "elastic": (ElasticConfig, {
-        "minimum_slice_count": Flag(
-            "replica-resize: carry on with at least K slices after a loss (default: pause-resume, wait for every "
-            "slice)", "K", "--min-slices"),
-        "poll_interval": Flag(
-            "seconds between slice health checks (default 0.5 on simulated slices, pathwaysutils' 10 on real ones)",
-            _SECONDS),
-        "timeout": Flag("seconds to wait for healthy slices before giving up (default {default})", _SECONDS),
-        "max_attempts": Flag(
-            "slice losses within --retry-reset-steps steps of progress survived before giving up (default "
-            "{default})", "N"),
-        "retry_reset_steps": Flag(
-            "steps of progress after which the count of slice losses starts again; 0 counts them over the whole "
-            "run, as pathwaysutils' ElasticRetryLimit does (default {default})", "STEPS"),
-        "step_timeout": Flag(
-            "seconds a step may take before it counts as a slice loss (DEADLINE_EXCEEDED) (default: 20 times the "
-            "median step, at least 60 s, or 600 s when the run waits for every slice; 600 s before 5 steps are "
-            "timed)", _SECONDS),
-        "model_axis": Flag(
-            "devices of the model (tensor-parallel) axis inside a slice; the rest of a slice's devices form the "
-            "data axis (default 1)", "N"),
-        "global_batch": Flag("examples per step (default: the recipe's)", "B"),
-        "snapshot_every": Flag("steps between in-memory snapshots; 0 turns them off (default {default})", "K"),
-        "checkpoint_every": Flag(
-            "steps between persistent checkpoints; 0 keeps only preemption checkpoints (default {default})", "M"),
-        "checkpoint_dir": Flag(
-            "where the persistent tier writes (default RUN_DIR/checkpoints; for multi_tier the workers' local "
-            "directory, default /tmp/mtc_checkpoints)", "DIR"),
-        "checkpoint_kind": Flag(
-            "persistent tier: orbax (a CheckpointManager in the run directory) or multi_tier (the guide's "
-            "ReplicatorCheckpointManager over colocated-Python sidecars; simulated with a stand-in for GKE's "
-            "replicator in RUN_DIR/replicator)"),
-        "mtc_backup_minutes": Flag(
-            "multi_tier: minutes between the replicator's backups of the local checkpoints to the bucket (default "
-            "{default}, the guide's)", "MINUTES"),
-        "mtc_init_timeout": Flag(
-            "multi_tier: seconds one initialisation (at start, every attempt and scale-up) may wait for the "
-            "replicator before the run fails (default {default}, Orbax's)", _SECONDS),
-        "storage_timeout": Flag(
-            "seconds one checkpoint save, commit, restore or listing, or one data read, may take before it is "
-            "given up on (default: 10 times the state's transfer time at the bandwidth measured so far, at least "
-            "180 s)", _SECONDS),
-        "grace_period": Flag(
-            "the preemption grace window in seconds: a preemption's checkpoint gets what is left of it (default: "
-            "$ELASTIC_DEW_GRACE_PERIOD, which the rendered JobSets set, else 30)", _SECONDS),
-        "max_failed_saves": Flag(
-            "checkpoint saves abandoned in a row before the run stops with an error (default {default})", "N"),
-        "max_uncommitted_seconds": Flag(
-            "stop the run when saves keep failing and no checkpoint committed for this many seconds (default: no "
-            "limit)", _SECONDS),
-        "quarantine_damaged": Flag(
-            "move a committed checkpoint that cannot be read aside (STEP.damaged) and restore the previous one; "
-            "--no-quarantine-damaged refuses it with the fix instead (default: on)"),
+        "minimum_slice_count": Flag(metavar="K", name="--min-slices",
+                                    default="default: pause-resume, wait for every slice"),
+        "poll_interval": Flag(metavar=_SECONDS, default="default 0.5 on simulated slices, pathwaysutils' 10 on real ones"),
+        "timeout": Flag(metavar=_SECONDS),
+        "max_attempts": Flag(metavar="N"),
+        "retry_reset_steps": Flag(metavar="STEPS"),
+        "step_timeout": Flag(metavar=_SECONDS, default="default: 20 times the median step, at least 60 s, or 600 s when "
+                             "the run waits for every slice; 600 s before 5 steps are timed"),
+        "model_axis": Flag(metavar="N", default="default 1"),
+        "global_batch": Flag(metavar="B", default="default: the recipe's"),
+        "snapshot_every": Flag(metavar="K"),
+        "checkpoint_every": Flag(metavar="M"),
+        "checkpoint_dir": Flag(metavar="DIR", default="default RUN_DIR/checkpoints; for multi_tier the workers' local "
+                               "directory, default /tmp/mtc_checkpoints"),
+        "checkpoint_kind": Flag(),
+        "mtc_backup_minutes": Flag(metavar="MINUTES", default="default {default}, the guide's"),
+        "mtc_init_timeout": Flag(metavar=_SECONDS, default="default {default}, Orbax's"),
+        "storage_timeout": Flag(metavar=_SECONDS, default="default: 10 times the state's transfer time at the "
+                                "bandwidth measured so far, at least 180 s"),
+        "grace_period": Flag(metavar=_SECONDS, default="default: $ELASTIC_DEW_GRACE_PERIOD, which the rendered JobSets "
+                             "set, else 30"),
+        "max_failed_saves": Flag(metavar="N"),
+        "max_uncommitted_seconds": Flag(metavar=_SECONDS, default="default: no limit"),
+        "quarantine_damaged": Flag(),
     }),
     "observe": (observing.ObserveOptions, {
-        "log_format": Flag(
-            "log lines as text or as JSON lines with a Cloud Logging severity; auto is text on a terminal and JSON "
-            "lines otherwise (default: {default})"),
-        "tensorboard": Flag(
-            "write TensorBoard event files under RUN_DIR/tensorboard/ (default: on when tensorboardX, the observe "
-            "extra, is installed)"),
-        "goodput_export": Flag(
-            "record the run through ml-goodput-measurement's recorder to Cloud Logging, for its goodput dashboards "
-            "(the gke extra; default: off)"),
+        "log_format": Flag(),
+        "tensorboard": Flag(default="default: on when tensorboardX, the observe extra, is installed"),
+        "goodput_export": Flag(),
     }),
 }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import dataclasses
+import inspect
 import numbers
 import re
 import types
@@ -248,19 +249,66 @@ class Flag:
     """How a command line offers one setting.
 
     Args:
-      help: what the flag does; ``{default}`` is filled with the field's default.
+      help: what the flag does; ``{default}`` is filled with the field's default. Left out:
+        the first sentence of the field's entry in its class's docstring, the one
+        declaration of what the setting means, and ``default``.
       metavar: the value's name in the help (default: the field's name in capitals).
       name: the flag, where it is not the field's name with dashes (``--min-slices`` for
         ``minimum_slice_count``).
       required: whether the flag must be given (default: when the field has no default).
       short: a one-letter spelling beside the flag (``-n``).
+      default: with the docstring's help, what the flag left out means, in parentheses
+        (default: ``default VALUE``, ``default: on`` or ``off`` for a switch, nothing for ``None``).
     """
 
-    help: str
+    help: str | None = None
     metavar: str | None = None
     name: str | None = None
     required: bool | None = None
     short: str | None = None
+    default: str | None = None
+
+
+_ROLE = re.compile(r":\w+:`(~?)([^`]+)`")
+_LITERAL = re.compile(r"``(\w+)(?:=(\w+))?``|``([^`]+)``")
+
+
+def _field_help(owner: type, field: str, name: Callable[[str, str | None], str | None]) -> str:
+    """The first sentence of ``field``'s entry (``field: ...``) in ``owner``'s docstring, the
+    one place the setting is described, in plain words: a literal is its text (a setting
+    quoted in it, alone or with a value, as ``name`` words it unless that gives ``None``), a
+    cross-reference its name."""
+    entry, indent = None, 0
+    for line in (inspect.getdoc(owner) or "").splitlines():
+        depth = len(line) - len(line.lstrip())
+        if entry is not None and line.strip() and depth > indent:
+            entry += " " + line.strip()
+        elif entry is not None:
+            break
+        elif re.match(rf" *{field}(?: / \w+)*: ", line):
+            entry, indent = line.split(": ", 1)[1], depth
+    if entry is None:
+        raise KeyError(f"{owner.__name__}'s docstring has no entry for {field!r}")
+    entry = re.split(r"\.(?:\s|$)", entry, maxsplit=1)[0]
+    entry = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], entry)
+
+    def plain(m: re.Match[str]) -> str:
+        named = name(m[1], m[2]) if m[1] is not None else None
+        return named or m[0].strip("`")
+
+    return _LITERAL.sub(plain, entry)
+
+
+def _help(owner: type, field: str, flag: Flag, default: Any, shown: bool, flags: Flags) -> str:
+    """A flag's help: its own, else its field's documented meaning and what leaving it out means."""
+    if flag.help is not None:
+        return flag.help.format(default=default)
+    after = flag.default
+    if after is None and not shown and default not in (None, ""):
+        after = f"default: {'on' if default else 'off'}" if isinstance(default, bool) else f"default {default}"
+    namer = flag_namer([(owner, flags)])
+    text = _field_help(owner, field, lambda f, value: namer(f, value) if f in flags else None)
+    return f"{text} ({after.format(default=default)})" if after else text
 
 
 #: A command's flags: each offered field of a configuration and its :class:`Flag`, in the
@@ -315,7 +363,8 @@ def add_flags(parser: argparse.ArgumentParser | Any, owner: type, flags: Flags, 
         required = flag.required
         if required is None:
             required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        options: dict[str, Any] = {"dest": f"{part}.{name}" if part else name, "help": flag.help.format(default=default)}
+        text = _help(owner, name, flag, default, defaults, flags)
+        options: dict[str, Any] = {"dest": f"{part}.{name}" if part else name, "help": text}
         if required:
             options["required"] = True
         elif defaults and default is not None:

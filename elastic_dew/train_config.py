@@ -27,18 +27,22 @@ class TrainConfig:
     Args:
       log_every: steps between the trainer's step log lines.
       seed: the seed of the parameters and of the per-step keys.
-      sharding: how the state is laid out inside a slice (:mod:`elastic_dew.elastic.slices.sharding`):
-        ``"fsdp"`` (each parameter of at least 16 KiB, and its optimizer moments, split over
-        the slice's ``data`` devices along its largest dimension they divide),
-        ``"replicated"``, or a callable ``(path, leaf, mesh) -> PartitionSpec`` over ``data``
-        and ``model`` (never ``replica``). Across slices the state is always replicated.
-      microbatch: examples per data-parallel device per micro-step, or ``None``. A step then
-        accumulates gradients over ``per-device batch / microbatch`` micro-steps (a
-        ``lax.scan``): the update is the full batch's, and a lost slice under the
-        ``constant`` batch policy adds micro-steps instead of memory per device. A slice
-        count whose per-device batch it does not divide is refused before the run.
-      eval_every: steps between evaluation passes over the trainer's ``eval_dataset`` (the
-        two go together); ``None``: no evaluation.
+      sharding: the state inside a slice: ``fsdp`` (each parameter of at least 16 KiB, and
+        its optimizer moments, split over the slice's ``data`` devices along its largest
+        dimension they divide) or ``replicated`` (whole on every device); always replicated
+        across slices. From Python also a callable ``(path, leaf, mesh) -> PartitionSpec``
+        over ``data`` and ``model``, never ``replica``
+        (:mod:`elastic_dew.elastic.slices.sharding`).
+      microbatch: examples per data-parallel device per micro-step; the step accumulates
+        gradients over the per-device batch in micro-steps of this many (a ``lax.scan``), so
+        the update is the full batch's. ``None``: the whole per-device batch at once. Under
+        the ``constant`` batch policy a lost slice adds micro-steps instead of memory per
+        device. A slice count whose per-device batch it does not divide is refused before
+        the run.
+      eval_every: steps between evaluation passes over the evaluation split (the trainer's
+        ``eval_dataset``, a recipe's when its ``build()`` returns one: ``lm``, ``mlp``),
+        each an ``eval`` event in the run record and TensorBoard. ``None``: no evaluation.
+        The two go together: each needs the other.
       eval_batch: examples per evaluation batch; ``None``: the elastic config's
         ``global_batch``. It must divide over the data-parallel devices of every reachable
         slice count.

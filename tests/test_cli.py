@@ -295,7 +295,7 @@ def test_the_train_options_come_from_the_settings_own_declarations():
     }
     for field in offered:
         assert console.flag_of(field) in text
-    assert "steps between in-memory snapshots; 0 turns them off (default 10)" in " ".join(text.split())
+    assert "steps between in-memory snapshots (tier 1); 0 turns them off (default 10)" in " ".join(text.split())
     config = console.config_of(parser.parse_args(["mlp", "--snapshot-every", "3", "--set", "hidden=4"]))
     assert config.elastic == ElasticConfig(global_batch=24, snapshot_every=3)  # mlp's own batch
     assert config.overrides == {"hidden": 4} and config.sim is None

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from elastic_dew._compat.argparse import actions
 from elastic_dew.settings import Bound, Flag, SettingError, add_flags, check_fields, given, mention, setting, wording
 
 
@@ -47,3 +48,31 @@ def test_the_flags_are_the_fields_names_with_dashes_unless_overridden_and_parse_
         _Pool(**given(parser.parse_args(["--slices", "0"]), _Pool, _FLAGS))
     assert str(refused.value) == "invalid _Pool: slices=0 must be a whole number >= 1"
     assert wording(refused.value, [(_Pool, _FLAGS)]) == "--slices 0 must be >= 1"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Documented:
+    """A configuration whose docstring is its flags' help.
+
+    Args:
+      every: steps between saves (:class:`~elastic_dew.elastic.config.ElasticConfig`'s
+        ``snapshot_every`` is one); ``loud=False`` keeps them quiet. What follows the
+        first sentence is for Python only.
+      loud: log each save.
+      label: the save's ``name``, for example ``save``.
+    """
+
+    every: int = 10
+    loud: bool = True
+    label: str | None = None
+
+
+def test_a_flag_without_help_says_its_fields_first_documented_sentence_with_settings_named_by_their_flags():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, _Documented, {"every": Flag(), "loud": Flag(), "label": Flag(default="default: none")})
+    helps = {a.dest: a.help for a in actions(parser) if a.dest != "help"}
+    assert helps == {
+        "every": "steps between saves (ElasticConfig's snapshot_every is one); --no-loud keeps them quiet (default 10)",
+        "loud": "log each save (default: on)",
+        "label": "the save's name, for example save (default: none)",
+    }

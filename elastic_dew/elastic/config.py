@@ -75,32 +75,34 @@ class ElasticConfig:
       (each field, by what it sets)
 
     Recovery (pathwaysutils' ``elastic_retry``):
-      minimum_slice_count: ``None`` is the guide's pause-resume mode (wait until every
-        slice is healthy again); a smaller number is replica-resize (carry on with at
-        least that many slices and scale back up when the others return).
-      poll_interval: seconds between slice health checks; ``None`` is
+      minimum_slice_count: replica-resize: carry on with at least this many slices after a
+        loss, and scale back up when the others return. ``None`` is the guide's
+        pause-resume mode: wait until every slice is healthy again.
+      poll_interval: seconds between slice health checks. ``None`` is
         :data:`SIMULATED_POLL_INTERVAL` on simulated (CPU) slices and pathwaysutils' 10
         (:data:`PATHWAYS_POLL_INTERVAL`) on real ones (:meth:`poll_seconds`).
-      timeout: seconds to wait for ``minimum_slice_count`` healthy slices before
-        ``TimeoutError``; 300 (the guide's) so that a wait for a slice that never returns
-        ends; ``None`` waits for ever.
-      max_attempts: ``ElasticRetryLimit(max_attempts)`` over slice-loss attempts only;
+      timeout: seconds to wait for healthy slices before giving up with ``TimeoutError``. 300
+        (the guide's), so that a wait for a slice that never returns ends; ``None`` waits
+        for ever.
+      max_attempts: slice losses within ``retry_reset_steps`` steps of progress survived
+        before giving up. ``ElasticRetryLimit(max_attempts)`` over slice-loss attempts only:
         scale-ups never count against it. 10 (the guide's); ``None`` retries for ever.
-      retry_reset_steps: the count of slice losses starts again once the run has got
-        this many steps past the furthest step it had completed at the first loss
-        counted, so the run gives up after ``max_attempts`` losses within that much
-        progress (a crash loop still ends after ``max_attempts``) rather than after
-        ``max_attempts`` over its whole life; 0 counts over the whole run, as
-        pathwaysutils' ``ElasticRetryLimit`` does (:class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit`).
-      step_timeout: seconds a step's result may take to arrive before the step counts as
-        a slice loss (``DEADLINE_EXCEEDED``) and the run recovers instead of hanging on a
-        slice that stopped answering; ``None`` is automatic
+      retry_reset_steps: steps of progress after which the count of slice losses starts
+        again; 0 counts them over the whole run, as pathwaysutils' ``ElasticRetryLimit``
+        does. The count starts again once the run has got this many steps past the furthest
+        step it had completed at the first loss counted, so the run gives up after
+        ``max_attempts`` losses within that much progress (a crash loop still ends after
+        ``max_attempts``) rather than after ``max_attempts`` over its whole life
+        (:class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit`).
+      step_timeout: seconds a step's result may take to arrive before the step counts as a
+        slice loss (``DEADLINE_EXCEEDED``) and the run recovers instead of hanging on a slice
+        that stopped answering. ``None`` is automatic
         (:class:`~elastic_dew.elastic.deadline.StepDeadline`).
       pre_callback / on_elastic_event_callback: passed through to ``elastic_retry``.
 
     Mesh and batch:
-      model_axis: devices along the ``model`` axis inside a slice; the rest of a slice's
-        devices form the ``data`` axis. ``None`` means 1 (pure data parallelism).
+      model_axis: devices of the ``model`` (tensor-parallel) axis inside a slice; the rest of
+        a slice's devices form the ``data`` axis. ``None`` means 1 (pure data parallelism).
       global_batch: examples per step with every slice active.
       batch_policy: ``constant`` keeps the global batch (each slice takes more when
         slices are lost); ``scale_by_active_slices`` scales it with the active slices.
@@ -109,39 +111,39 @@ class ElasticConfig:
       snapshot_every: steps between in-memory snapshots (tier 1); 0 turns them off.
       checkpoint_every: steps between persistent checkpoints (tier 2); 0 keeps only the
         checkpoints written at preemption stops.
-      checkpoint_dir: a local directory or ``gs://`` path for tier 2; ``None`` is the
-        default (:meth:`checkpoint_dir_for`: ``RUN_DIR/checkpoints``, or
-        :data:`MULTI_TIER_DIR` for ``multi_tier``) where a run directory is known, and no
+      checkpoint_dir: where the persistent tier writes: a local directory or a ``gs://``
+        path. ``None`` is the default (:meth:`checkpoint_dir_for`: ``RUN_DIR/checkpoints``,
+        or :data:`MULTI_TIER_DIR` for ``multi_tier``) where a run directory is known, and no
         tier 2 for an :class:`~elastic_dew.elastic.loop.protocol.ElasticRun` built alone.
-      checkpoint_kind: ``orbax`` (a ``CheckpointManager``) or ``multi_tier`` (the
-        guide's ``ReplicatorCheckpointManager`` with colocated Python: a Pathways backend,
-        or the simulator with its replicator stand-in).
+      checkpoint_kind: the persistent tier: ``orbax`` (a ``CheckpointManager`` in the run
+        directory) or ``multi_tier`` (the guide's ``ReplicatorCheckpointManager`` over
+        colocated-Python sidecars: a Pathways backend, or the simulator with its stand-in for
+        GKE's replicator in ``RUN_DIR/replicator``).
       max_to_keep: persistent checkpoints kept.
-      mtc_backup_minutes: ``multi_tier`` only: the replicator's backup cadence to the
-        bucket (``backup_interval_minutes``; the guide's 10).
-      mtc_init_timeout: ``multi_tier`` only: seconds one initialisation of multi-tier
-        checkpointing may wait for the replicator (Orbax's
-        ``jax_initialization_timeout_seconds``, 900); initialisation runs at start, on every
-        attempt and at every scale-up.
+      mtc_backup_minutes: ``multi_tier``: minutes between the replicator's backups of the
+        local checkpoints to the bucket, its ``backup_interval_minutes``.
+      mtc_init_timeout: ``multi_tier``: seconds one initialisation (at start, every attempt
+        and scale-up) may wait for the replicator before the run fails. Orbax's
+        ``jax_initialization_timeout_seconds``.
 
     Storage (:mod:`~elastic_dew.elastic.state.storage`):
-      storage_timeout: seconds any one storage call of the persistent tier may take (a
-        listing, a save's start, its commit, a restore), and a data read; ``None`` is
-        automatic: ten times the state's transfer time at the bandwidth measured so far,
-        at least 180 s (:func:`~elastic_dew.elastic.state.storage.automatic_timeout`). A save
-        past it is abandoned and training goes on; a restore or data read past it ends the
-        run with an error naming the storage.
+      storage_timeout: seconds one checkpoint save, commit, restore or listing, or one data
+        read, may take before it is given up on: a save past it is abandoned and training
+        goes on; a restore or data read past it ends the run with an error naming the
+        storage. ``None`` is automatic: ten times the state's transfer time at the bandwidth
+        measured so far, at least 180 s
+        (:func:`~elastic_dew.elastic.state.storage.automatic_timeout`).
       grace_period: the preemption grace window in seconds (the pod's
-        ``terminationGracePeriodSeconds``): a preemption's save is bounded by what is left
-        of it, less a margin, so the process exits 143 before the kubelet's SIGKILL.
-        ``None``: ``$ELASTIC_DEW_GRACE_PERIOD`` (the rendered JobSets set it), else 30.
+        ``terminationGracePeriodSeconds``): a preemption's checkpoint gets what is left of
+        it, less a margin, so the process exits 143 before the kubelet's SIGKILL. ``None``:
+        ``$ELASTIC_DEW_GRACE_PERIOD`` (the rendered JobSets set it), else 30.
       max_failed_saves: checkpoint saves abandoned in a row before the run stops with an
         error rather than train on with nothing durable.
-      max_uncommitted_seconds: the run also stops when no checkpoint committed for this
-        long while saves were failing; ``None`` turns the limit off.
-      quarantine_damaged: a committed checkpoint that cannot be read is moved aside
-        (``<step>.damaged``, never deleted) and the previous committed step restored;
-        ``False`` refuses it with the fix, for an operator to act.
+      max_uncommitted_seconds: stop the run when saves keep failing and no checkpoint
+        committed for this many seconds. ``None`` turns the limit off.
+      quarantine_damaged: move a committed checkpoint that cannot be read aside
+        (``STEP.damaged``, never deleted) and restore the previous one;
+        ``quarantine_damaged=False`` refuses it with the fix instead, for an operator to act.
 
     Recovery speed:
       precompile_smaller_meshes: in replica-resize mode, compile the training step for

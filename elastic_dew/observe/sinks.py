@@ -58,9 +58,13 @@ class ObserveOptions:
     declared once with :func:`~elastic_dew.settings.setting`.
 
     Args:
-        log_format: ``auto``, ``text`` or ``json`` (:data:`~elastic_dew.observe.logs.LOG_FORMATS`).
-        tensorboard: write TensorBoard event files; ``None``: when tensorboardX is installed.
-        goodput_export: record the run through ml-goodput-measurement's recorder.
+        log_format: log lines as ``text`` or as JSON lines (``json``) with a Cloud Logging
+            severity; ``auto`` is text on a terminal and JSON lines otherwise. One of
+            :data:`~elastic_dew.observe.logs.LOG_FORMATS`.
+        tensorboard: write TensorBoard event files under ``RUN_DIR/tensorboard/``. ``None``:
+            when tensorboardX (the ``observe`` extra) is installed.
+        goodput_export: record the run through ml-goodput-measurement's recorder to Cloud
+            Logging, for its goodput dashboards; it needs the ``gke`` extra.
 
     Raises:
         SettingError: (:class:`~elastic_dew.settings.SettingError`) a log format that is not one of those, or an option whose library is

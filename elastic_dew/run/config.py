@@ -39,7 +39,12 @@ class SimConfig:
     Args:
         slices: simulated slices.
         devices_per_slice: CPU devices per simulated slice.
-        schedule: the fault schedule's text (empty: no faults).
+        schedule: faults for the simulator, for example ``lose:1@20,restore:1@40,preempt@60``
+            or ``lose:3@17,restore:3@+3`` (grammar ``ACTION[:SLICE]@STEP[/PHASE]`` or
+            ``ACTION[:SLICE]@+SECONDS[/PHASE]``, ``SECONDS`` after the previous fault fired;
+            actions ``lose``, ``restore``, ``hang`` (the slice stops answering), ``suspend``
+            and ``wake`` (Pathways' transparent suspend and its end), ``error`` (a runtime
+            error that is not a slice loss), ``preempt``, ``kill``). Empty: no faults.
 
     Raises:
         SettingError: a field outside its declaration.
@@ -73,9 +78,10 @@ class RunConfig:
     Args:
         recipe: the recipe's name (``lm``, ``mlp``, or one of your own package ``recipes``).
         overrides: the recipe's ``build()`` settings.
-        steps: the step to train to, or ``None`` for the recipe's.
-        run_dir: the run directory, or ``None`` (then ``name``, else a fresh one).
-        name: the run's name (its directory ``runs/NAME``), or ``None``.
+        steps: train until this step. ``None``: the recipe's.
+        run_dir: the run directory; an existing one is resumed. ``None``: ``runs/NAME``
+            for ``name``, else a fresh one.
+        name: run in ``runs/NAME``. ``None``: ``$JOBSET_NAME``, else a timestamp.
         elastic: the :class:`ElasticConfig`, or ``None`` for the recipe's defaults.
         train: the :class:`TrainConfig`.
         sim: the :class:`SimConfig`, or ``None``.
