@@ -58,11 +58,12 @@ def _renamed_flags(argv: list[str]) -> list[str]:
 
 
 class HelpFormatter(DefaultsHelpFormatter):
-    """Every flag's help shows its default, except where there is none to show."""
+    """Every flag's help shows its default, except where there is none to show (nothing, off,
+    an empty list of a repeatable flag) and for a required flag or a positional."""
 
     def shows_default(self, action: argparse.Action) -> bool:
         return not (
-            action.default in (None, False, argparse.SUPPRESS) or action.required or not action.option_strings
+            action.default in (None, False, [], argparse.SUPPRESS) or action.required or not action.option_strings
         )
 
 

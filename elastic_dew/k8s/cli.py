@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import yaml
 
-from elastic_dew._compat.argparse import DefaultsHelpFormatter
+from elastic_dew.cli import HelpFormatter
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import KNOWN_RECIPES, JobSetParams, check_quantity, check_subdomain
 from elastic_dew.settings import Flag, Flags, SettingError, add_flags, flag_name, given, mention, wording
@@ -41,13 +41,6 @@ from elastic_dew.k8s.tpus import TPU_TYPES, lookup_tpu_type
 __all__ = ["configure", "run"]
 
 log = logging.getLogger(__name__)
-
-
-class _FORMATTER(DefaultsHelpFormatter):
-    """Shows each flag's default, except where there is none to show."""
-
-    def shows_default(self, action: argparse.Action) -> bool:
-        return not (action.default in (None, False) or action.required)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +130,7 @@ _ALWAYS = {"proxy_flag_spelling", "description"}
 
 def _subcommand(sub: Any, name: str, params: type, flags: Flags, run: Callable[[argparse.Namespace], int], *,
                 help: str, description: str, out: bool = True) -> argparse.ArgumentParser:
-    parser = sub.add_parser(name, help=help, description=description, formatter_class=_FORMATTER)
+    parser = sub.add_parser(name, help=help, description=description, formatter_class=HelpFormatter)
     commands = [(params, flags), *([(_Out, _OUT)] if out else [])]
     for owner, owned in commands:
         add_flags(parser, owner, owned, defaults=True)
