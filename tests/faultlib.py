@@ -73,10 +73,10 @@ def train_killed_at_commit(run_dir: str, steps: int, kill_step: int) -> None:
     import os
     import signal
 
-    from orbax.checkpoint._src.path import async_path
+    from private_names import ORBAX_RENAME
 
     marker = Path(run_dir) / "killed-at-commit"
-    rename = async_path.rename
+    rename = ORBAX_RENAME.get()
 
     async def rename_or_die(src, dst):
         if str(dst).endswith(f"/{kill_step}") and not marker.exists():
@@ -87,7 +87,7 @@ def train_killed_at_commit(run_dir: str, steps: int, kill_step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return await rename(src, dst)
 
-    async_path.rename = rename_or_die
+    ORBAX_RENAME.set(rename_or_die)
     outcome = chaos.run(chaos.Scenario(steps=steps), run_dir)
     if outcome.error is not None:
         raise outcome.error

@@ -3,7 +3,8 @@ elastic_dew uses is still there, with the shape the project uses.
 
 An upgrade of jax, jaxlib, Orbax, Grain, pathwaysutils or ml-goodput-measurement (or a new
 Python, for argparse) that removes or reshapes one fails here, and the failure names the
-library, its installed version and the name, so the fix starts in one place.
+library, its installed version and the name, so the fix starts in one place. The private
+names only the tests use have their own seam, ``tests/private_names.py``, checked here too.
 """
 
 from __future__ import annotations
@@ -18,20 +19,24 @@ import pytest
 from elastic_dew import _compat
 from elastic_dew._compat import Private, version
 
+import private_names
+
 pytestmark = pytest.mark.libraries
 
 SEAM = Path(_compat.__file__).parent
-ALL = [(module, point) for module, points in _compat.all_private().items() for point in points]
+#: Every private name, with where it is declared: the library's seam, then the tests' own.
+ALL = [(f"elastic_dew._compat.{module}", point) for module, points in _compat.all_private().items()
+       for point in points] + [("tests/private_names.py", point) for point in private_names.PRIVATE]
 
 
 def _where(point: Private) -> str:
     return f"{point.library} {version(point.library)}: {point.path}"
 
 
-@pytest.mark.parametrize("point", [p for _, p in ALL], ids=[p.path for _, p in ALL])
-def test_each_private_name_of_the_seam_is_there_with_the_parameters_the_project_passes(point):
+@pytest.mark.parametrize(("declared", "point"), ALL, ids=[p.path for _, p in ALL])
+def test_each_private_name_of_the_seam_is_there_with_the_parameters_the_project_passes(declared, point):
     problem = point.check()
-    assert problem is None, f"{_where(point)}: {problem} (elastic_dew._compat declares it; see its why and instead)"
+    assert problem is None, f"{_where(point)}: {problem} ({declared} declares it; see its why and instead)"
 
 
 def test_each_private_name_says_why_no_public_api_serves_and_what_would_replace_it():

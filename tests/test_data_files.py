@@ -12,9 +12,9 @@ from pathlib import Path
 import grain
 import numpy as np
 import pytest
-from grain._src.python.dataset import elastic_iterator as _release_elastic
 
 from elastic_dew import cli, record
+from elastic_dew._compat import grain as grain_private
 from elastic_dew.elastic.loop import data as data_module
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.runtime import Preempted, PreemptionNotice
@@ -159,7 +159,7 @@ class _NextElasticIterator(grain.DatasetIterator):
 
     @functools.cached_property
     def base_iterator(self) -> grain.DatasetIterator:
-        return _release_elastic._ElasticMapDatasetIterator(*self._reader_args, **self._reader_kwargs)
+        return grain_private.READING_ITERATOR.get()(*self._reader_args, **self._reader_kwargs)
 
     def __next__(self):
         return next(self.base_iterator)

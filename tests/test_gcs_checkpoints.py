@@ -96,7 +96,7 @@ _KILLED_WRITER = textwrap.dedent(
     import sys, time
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from orbax.checkpoint._src.path import atomicity
+    from private_names import ORBAX_STEP_CREATE, ORBAX_STEP_FINALIZE, ORBAX_STEP_METADATA_STORE, ORBAX_WRITE_TEXT
     from elastic_dew.runtime import use_local_bucket
     from elastic_dew.elastic.state.checkpoints import Checkpoints
 
@@ -113,26 +113,25 @@ _KILLED_WRITER = textwrap.dedent(
         print("PAUSED", point, flush=True)
         time.sleep(120)
 
-    Temporary = atomicity.CommitFileTemporaryPath
     if point == "step-created":      # the step's metadata object exists, no arrays yet
-        create = Temporary.create
+        create = ORBAX_STEP_CREATE.get()
         async def paused_create(self):
             path = await create(self)
-            self._checkpoint_metadata_store.wait_until_finished()
+            getattr(self, ORBAX_STEP_METADATA_STORE.name).wait_until_finished()
             pause()
             return path
-        Temporary.create = paused_create
+        ORBAX_STEP_CREATE.set(paused_create)
     elif point == "items-written":   # arrays and meta written, no commit timestamp
         async def paused_finalize(self):
             pause()
-        Temporary.finalize = paused_finalize
+        ORBAX_STEP_FINALIZE.set(paused_finalize)
     elif point == "commit-recorded": # commit timestamp in the metadata, no commit_success.txt
-        write_text = atomicity.async_path.write_text
+        write_text = ORBAX_WRITE_TEXT.get()
         async def paused_write_text(path, text, *args, **kwargs):
             if path.name == "commit_success.txt" and path.parent.name.isdigit():  # the step's, not an item's
                 pause()
             return await write_text(path, text, *args, **kwargs)
-        atomicity.async_path.write_text = paused_write_text
+        ORBAX_WRITE_TEXT.set(paused_write_text)
     checkpoints.save(2, state(2.0), {"step": 2})
     checkpoints.wait()
     print("COMMITTED 2", flush=True)
@@ -145,7 +144,8 @@ _KILLED_WRITER = textwrap.dedent(
 def test_a_step_killed_half_written_in_a_bucket_is_skipped_and_saved_again_cleanly(bucket, gcs_server, point):
     """A real writer is SIGKILLed with step 2 half written (objects, no ``commit_success.txt``)."""
     directory = f"{bucket}/ckpt"
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",  # the tests' seam, private_names
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
     writer = subprocess.Popen(
         [sys.executable, "-c", _KILLED_WRITER, directory, point],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,

@@ -468,6 +468,25 @@ def test_no_module_outside_the_seam_imports_a_private_name_of_the_libraries():
     assert offenders == [], "private names of other libraries belong in elastic_dew._compat:\n" + "\n".join(offenders)
 
 
+#: The tests' own seam for the private names only the tests use (``tests/test_compat.py`` checks it).
+TESTS_SEAM = "private_names.py"
+
+
+def test_no_test_outside_the_tests_seam_imports_a_private_name_of_the_libraries():
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name == TESTS_SEAM:
+            continue
+        for imported, name, _ in _library_imports(ast.parse(path.read_text())):
+            parts = imported.split(".") + ([name] if name else [])
+            if any(_private(part) for part in parts):
+                offenders.append(f"{path.relative_to(REPO)}: {imported}{'' if name is None else ' import ' + name}")
+    assert offenders == [], (
+        "a private name of another library belongs in elastic_dew._compat, or, used by tests alone, in "
+        f"tests/{TESTS_SEAM}:\n" + "\n".join(offenders)
+    )
+
+
 def test_no_module_outside_the_seam_takes_an_underscore_attribute_from_the_libraries_objects():
     offenders = [
         f"{module} {use}"

@@ -109,9 +109,9 @@ def test_a_snapshot_whose_transfer_outlasts_its_interval_is_waited_for_not_skipp
     """On a cluster a snapshot requested while the previous one is still being copied to host
     memory is skipped; under the simulator that would make the snapshot a recovery loads
     depend on the step time, so the simulator waits for the transfer instead."""
-    import orbax.checkpoint.experimental.v1._src.training.pathways.snapshotter as orbax_snapshotter
+    from private_names import SNAPSHOTTER_JAX
 
-    real = orbax_snapshotter.jax.block_until_ready
+    real = SNAPSHOTTER_JAX.get().block_until_ready
 
     class _SlowTransfers:
         def __getattr__(self, name):
@@ -122,7 +122,7 @@ def test_a_snapshot_whose_transfer_outlasts_its_interval_is_waited_for_not_skipp
             time.sleep(0.2)  # a copy to pinned host memory far slower than a step
             return real(tree)
 
-    monkeypatch.setattr(orbax_snapshotter, "jax", _SlowTransfers())
+    monkeypatch.setattr(SNAPSHOTTER_JAX.owner(), SNAPSHOTTER_JAX.name, _SlowTransfers())
     state, events = _train(tmp_path, schedule="lose:1@6", snapshot_every=1)
     _assert_resumed_from_a_taken_snapshot(events, 5)
     assert _assert_exactly_once(events, 12) == int(12 * GLOBAL_BATCH)

@@ -14,12 +14,12 @@ import pathwaysutils
 import pytest
 from jax.experimental import mesh_utils
 from orbax.checkpoint import utils as ocp_utils
-from orbax.checkpoint._src.multihost import multihost
-from orbax.checkpoint._src.multihost import pathways as ocp_pathways
 from pathwaysutils.elastic import manager
 
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate import SimulatedSlices
+
+from private_names import ORBAX_WORKER_GROUPS
 
 pytestmark = pytest.mark.libraries  # the simulator's patches over pathwaysutils and Orbax
 
@@ -44,7 +44,7 @@ def test_code_that_groups_devices_by_slice_index_itself_sees_the_simulated_slice
 
 def test_orbax_groups_pathways_workers_by_simulated_slice():
     with SimulatedSlices(4, 2) as sim:
-        workers = ocp_pathways.group_devices_by_worker(sim.devices)
+        workers = ORBAX_WORKER_GROUPS.get()(sim.devices)
     assert sorted(workers) == [(0, 0), (0, 1), (0, 2), (0, 3)]
     assert [workers[(0, i)] for i in range(4)] == [sim.slice_to_devices[i] for i in range(4)]
 
@@ -52,7 +52,7 @@ def test_orbax_groups_pathways_workers_by_simulated_slice():
 def test_the_pathways_backend_tests_answer_true_inside_the_simulator_and_false_after():
     tests = {
         "pathwaysutils.is_pathways_backend_used": lambda: pathwaysutils.is_pathways_backend_used(),
-        "multihost.is_pathways_backend": lambda: multihost.is_pathways_backend(),
+        "multihost.is_pathways_backend": lambda: orbax_private.pathways_backend_bindings()[0].is_pathways_backend(),
         "orbax.checkpoint.utils.is_pathways_backend": lambda: ocp_utils.is_pathways_backend(),
         "orbax_private.is_pathways_backend": orbax_private.is_pathways_backend,
     }

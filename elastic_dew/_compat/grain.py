@@ -27,7 +27,7 @@ from typing import Any
 
 from elastic_dew._compat import Private
 
-__all__ = ["PRIVATE", "GRAIN_VERSION_READ", "READER_ATTRIBUTES", "PIPELINE", "POSITION", "reader", "pipeline",
+__all__ = ["PRIVATE", "READING_ITERATOR", "GRAIN_VERSION_READ", "READER_ATTRIBUTES", "PIPELINE", "POSITION", "reader", "pipeline",
            "rewind", "close"]
 
 #: The Grain release this module was read against.
@@ -43,6 +43,16 @@ POSITION = "_global_next_index"
 _MODULE = "grain._src.python.dataset.elastic_iterator"
 _INSTEAD = ("ElasticIterator.set_state that keeps the running pipeline and its workers, and a "
             "close() that closes the iterator it reads through")
+#: The reading iterator's class, built with ``ElasticIterator``'s own arguments (a test's
+#: stand-in for Grain's next ``ElasticIterator`` reads through one).
+READING_ITERATOR = Private(
+    "grain",
+    f"{_MODULE}:_ElasticMapDatasetIterator",
+    why="the reading iterator's class (Grain's private helper), whose pipeline and "
+    "position a rewind sets",
+    instead=_INSTEAD,
+    params=("read_options", "multiprocessing_options"),
+)
 #: Each private name of the supported release (0.2.18); main's ``base_iterator`` is public.
 PRIVATE: tuple[Private, ...] = (
     Private(
@@ -52,13 +62,7 @@ PRIVATE: tuple[Private, ...] = (
         "its workers, and holding the pipeline a rewind sets",
         instead=_INSTEAD,
     ),
-    Private(
-        "grain",
-        f"{_MODULE}:_ElasticMapDatasetIterator",
-        why="the reading iterator's class (Grain's private helper), whose pipeline and "
-        "position a rewind sets",
-        instead=_INSTEAD,
-    ),
+    READING_ITERATOR,
     Private(
         "grain",
         f"{_MODULE}:_ElasticMapDatasetIterator.{PIPELINE}",

@@ -75,6 +75,7 @@ __all__ = [
     "class_incompatibilities",
     "instance_incompatibilities",
     "replica_slicing_incompatibilities",
+    "replica_slices_module",
     "pathways_incompatibilities",
     "incompatibilities",
     "REPLICA_PARALLEL_MIN_SLICE_BYTES",
@@ -273,7 +274,9 @@ REPLICA_SLICE_PARAMETERS: tuple[str, ...] = (
 HANDLER_SETTINGS: dict[str, str] = {name: f"_{name}" for name in REPLICA_SLICE_PARAMETERS[1:]}
 
 
-def _replica_slices_module() -> Any:
+def replica_slices_module() -> Any:
+    """Orbax's private module of replica-parallel slicing (``get_replica_slices``,
+    ``ReplicaSlices``, ``ReplicaSlice``), imported."""
     from orbax.checkpoint._src.serialization import replica_slices
 
     return replica_slices
@@ -293,7 +296,7 @@ def replica_slicing_incompatibilities(handler: Any = None) -> list[str]:
     registered now).
     """
     try:
-        module = _replica_slices_module()
+        module = replica_slices_module()
     except ImportError as error:
         return [f"orbax.checkpoint._src.serialization.replica_slices cannot be imported ({error})"]
     problems = []
@@ -493,7 +496,7 @@ def slice_replicas(leaf: Any, handler: Any = None) -> None:
     _check_replica_slicing()
     handler = _array_handler() if handler is None else handler
     settings = {name: getattr(handler, attribute) for name, attribute in HANDLER_SETTINGS.items()}
-    for piece in _replica_slices_module().get_replica_slices(leaf, **settings).replica_slices:
+    for piece in replica_slices_module().get_replica_slices(leaf, **settings).replica_slices:
         piece.data()
 
 
