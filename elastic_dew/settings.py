@@ -174,7 +174,7 @@ class SettingError(ValueError):
     def __init__(self, owner: type | str, field: str, value: Any, bound: Bound | None = None,
                  *, choices: tuple[Any, ...] | None = None, problem: str | None = None) -> None:
         self.owner, self.field, self.value, self.bound, self.choices = owner, field, value, bound, choices
-        self.problem = problem
+        self._problem = problem  # as given: its mentions marked, for each surface to name
         text = self.wording()
         super().__init__(text if problem is not None else f"invalid {getattr(owner, '__name__', owner)}: {text}")
 
@@ -193,8 +193,8 @@ class SettingError(ValueError):
         """
         if isinstance(name, str):  # the old wording(flag)
             name, flag = None, name
-        if self.problem is not None:
-            text = worded(self.problem, name)
+        if self._problem is not None:
+            text = worded(self._problem, name)
             head = flag if flag is not None else (self.field if name is None else None)
             return text if head is None or self.names_itself else f"{head}: {text}"
         if self.bound is not None:
@@ -209,10 +209,16 @@ class SettingError(ValueError):
         return f"{self.field}={self.value!r} must be one of {allowed}"
 
     @property
+    def problem(self) -> str | None:
+        """What is wrong, for a rule other than a range or choices, as Python says it (each
+        setting it mentions as ``field=value``); ``None`` for a range or choices."""
+        return None if self._problem is None else worded(self._problem)
+
+    @property
     def names_itself(self) -> bool:
         """Whether the problem's text starts by mentioning the refused field (so it needs
         no head naming it)."""
-        return self.problem is not None and re.match(f"{_OPEN}{self.field}[{_IS}{_CLOSE}]", self.problem) is not None
+        return self._problem is not None and re.match(f"{_OPEN}{self.field}[{_IS}{_CLOSE}]", self._problem) is not None
 
 
 def check_fields(config: Any) -> None:

@@ -36,6 +36,8 @@ def test_a_refusal_names_the_settings_it_mentions_as_python_does_and_by_their_fl
     assert refused.value.field == "minimum_slice_count" and refused.value.value == 3
     assert str(refused.value) == "minimum_slice_count=3 is above slices=2; lower it, or turn on verbose_logs=True"
     assert wording(refused.value, [(_Pool, _FLAGS)]) == "--min-slices 3 is above --slices 2; lower it, or turn on --verbose-logs"
+    # what a caller reads of the refusal is plain text, its settings named as Python does
+    assert refused.value.problem == "minimum_slice_count=3 is above slices=2; lower it, or turn on verbose_logs=True"
 
 
 def test_the_flags_are_the_fields_names_with_dashes_unless_overridden_and_parse_back_into_the_configuration():
@@ -47,6 +49,7 @@ def test_the_flags_are_the_fields_names_with_dashes_unless_overridden_and_parse_
     with pytest.raises(SettingError) as refused:
         _Pool(**given(parser.parse_args(["--slices", "0"]), _Pool, _FLAGS))
     assert str(refused.value) == "invalid _Pool: slices=0 must be a whole number >= 1"
+    assert refused.value.problem is None  # a range says what is wrong by its bound
     assert wording(refused.value, [(_Pool, _FLAGS)]) == "--slices 0 must be >= 1"
 
 

@@ -294,7 +294,8 @@ def check_batch_for_every_slice_count(
     try:
         config.check_slices(total_slices)
     except SettingError as err:
-        raise BatchError(err.problem or str(err), field=err.field, value=err.value) from None
+        # the problem as given (its mentions still marked), so each surface names them its way
+        raise BatchError(err._problem or str(err), field=err.field, value=err.value) from None
     model = config.model_axis or 1
     if devices_per_slice % model:
         raise BatchError(
