@@ -71,38 +71,15 @@ class _Validate:
 _OUT = {"out": Flag("write here instead of stdout (written whole, or not at all)")}
 
 #: ``render``'s flags, ``JobSetParams``' fields, in ``--help``'s order.
-_RENDER: Flags = {
-    "name": Flag("JobSet name (an RFC 1123 label); also names the run directory"),
+_RENDER: Flags = {field: Flag() for field in (
+    "name", "tpu_type", "topology", "slices", "elastic_slices", "image", "recipe", "bucket", "mtc", "sidecar_image",
+    "priority", "proxy_flag_spelling", "queue", "on_controller_failure", "namespace", "pathways_version",
+    "head_node_pool", "grace_seconds", "max_restarts", "slice_restarts", "mtc_ramdisk_dir", "service_account")} | {
     "tpu_type": Flag(f"TPU type: {', '.join(TPU_TYPES)} (v5litepod = v5e), or TYPE-N as gcloud and xpk write it "
                      "(v6e-16, v5p-8, tpu7x-128), which implies the topology"),
-    "topology": Flag("slice topology, e.g. 4x4 (v5e/v6e) or 2x2x2 (v4/v5p/tpu7x); optional with a TYPE-N --tpu-type",
-                     required=False),
-    "slices": Flag("TPU slices (pathways-worker replicas)"),
-    "elastic_slices": Flag("slices the run may lose and regain (the proxy's elastic count); 0 turns elasticity off"),
-    "image": Flag("controller image (built from k8s/Dockerfile.controller)"),
+    "topology": Flag(required=False),
     "recipe": Flag(f"recipe the controller trains, as elastic-dew train takes it: {', '.join(KNOWN_RECIPES)}, or a "
                    "module path with build() that the controller image can import (mypkg.myrecipe)"),
-    "bucket": Flag("gs://BUCKET[/FOLDER] for Pathways scratch files, the run record, which the controller sees at "
-                   "/gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE, and the checkpoints, which the TPU workers "
-                   "write to gs://BUCKET[/FOLDER]/runs/NAME/checkpoints"),
-    "mtc": Flag("multi-tier checkpointing variant (needs --sidecar-image)"),
-    "sidecar_image": Flag("colocated-Python sidecar image (built from k8s/Dockerfile.sidecar)"),
-    "priority": Flag("PriorityClass name for the head and worker pods (hot swap)"),
-    "proxy_flag_spelling": Flag("instances: --num_elastic_instances (the resilience guide); slices: "
-                                "--num_elastic_slices (pathwaysutils)"),
-    "queue": Flag("Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label (xpk clusters run Kueue)"),
-    "on_controller_failure": Flag("recreate-jobset: exit 143 or an eviction recreates the whole JobSet without "
-                                  "using --max-restarts, as Google's generators do; restart-head: the head pod "
-                                  "restarts alone (not verified on a real cluster)"),
-    "namespace": Flag("Kubernetes namespace of the JobSet"),
-    "pathways_version": Flag("Pathways release tag of the resource manager, proxy and worker images (jax-VERSION, "
-                             "matching the controller image's JAX); never latest"),
-    "head_node_pool": Flag("CPU node pool of the head pod"),
-    "grace_seconds": Flag("terminationGracePeriodSeconds: time for the final checkpoint write"),
-    "max_restarts": Flag("whole-JobSet restarts before it fails"),
-    "slice_restarts": Flag("restarts allowed per TPU host before its slice's Job fails (at least 100)"),
-    "mtc_ramdisk_dir": Flag("where the multi-tier checkpoint volume is mounted on workers"),
-    "service_account": Flag("Kubernetes service account of the pods; it needs Workload Identity access to --bucket"),
 }
 
 _PRIORITY_CLASS: Flags = {

@@ -137,7 +137,46 @@ def parse_bucket(field: str, value: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class JobSetParams:
-    """Inputs of one elastic Pathways JobSet (``elastic-dew k8s render``'s flags are these fields)."""
+    """Inputs of one elastic Pathways JobSet (``elastic-dew k8s render``'s flags are these
+    fields, each entry's first sentence its help); :meth:`check` refuses what cannot work.
+
+    Args:
+      name: JobSet name (an RFC 1123 label); also names the run directory.
+      tpu_type: TPU type (:data:`~elastic_dew.k8s.tpus.TPU_TYPES`), or ``TYPE-N`` as gcloud
+        and xpk write it, which implies the topology.
+      topology: slice topology, for example 4x4 (v5e/v6e) or 2x2x2 (v4/v5p/tpu7x); optional
+        with a TYPE-N ``tpu_type``.
+      slices: TPU slices (pathways-worker replicas).
+      elastic_slices: slices the run may lose and regain (the proxy's elastic count); 0
+        turns elasticity off.
+      image: controller image (built from k8s/Dockerfile.controller).
+      recipe: recipe the controller trains, as ``elastic-dew train`` takes it
+        (:data:`KNOWN_RECIPES`, or a module path with build()).
+      bucket: gs://BUCKET[/FOLDER] for Pathways scratch files, the run record, which the
+        controller sees at /gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE, and the
+        checkpoints, which the TPU workers write to gs://BUCKET[/FOLDER]/runs/NAME/checkpoints.
+      mtc: multi-tier checkpointing variant (needs ``sidecar_image``).
+      sidecar_image: colocated-Python sidecar image (built from k8s/Dockerfile.sidecar).
+      priority: PriorityClass name for the head and worker pods (hot swap).
+      proxy_flag_spelling: instances: --num_elastic_instances (the resilience guide); slices:
+        --num_elastic_slices (pathwaysutils).
+      namespace: Kubernetes namespace of the JobSet.
+      pathways_version: Pathways release tag of the resource manager, proxy and worker images
+        (jax-VERSION, matching the controller image's JAX); never latest.
+      head_node_pool: CPU node pool of the head pod.
+      grace_seconds: terminationGracePeriodSeconds: time for the final checkpoint write.
+      max_restarts: whole-JobSet restarts before it fails.
+      slice_restarts: restarts allowed per TPU host before its slice's Job fails (at least
+        100).
+      mtc_ramdisk_dir: where the multi-tier checkpoint volume is mounted on workers.
+      service_account: Kubernetes service account of the pods; it needs Workload Identity
+        access to ``bucket``.
+      queue: Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label (xpk clusters run
+        Kueue).
+      on_controller_failure: recreate-jobset: exit 143 or an eviction recreates the whole
+        JobSet without using ``max_restarts``, as Google's generators do; restart-head: the
+        head pod restarts alone (not verified on a real cluster).
+    """
 
     name: str
     tpu_type: str
