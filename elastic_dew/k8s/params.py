@@ -28,7 +28,6 @@ __all__ = [
     "MIN_SLICE_RESTARTS",
     "MAX_BACKOFF_LIMIT",
     "PATHWAYS_VERSION",
-    "known_recipes",
     "check_recipe",
     "JobSetParams",
     "parse_bucket",
@@ -37,13 +36,9 @@ __all__ = [
     "check_subdomain",
 ]
 
-def known_recipes() -> tuple[str, ...]:
-    """The recipe names ``elastic-dew train RECIPE`` ships (the run's own list)."""
-    return tuple(available_recipes())
-
-
-#: The recipes shipped with elastic_dew; ``recipe`` also takes a module path (``pkg.recipe``).
-KNOWN_RECIPES: tuple[str, ...] = known_recipes()
+#: The recipes shipped with elastic_dew (the run's own list); ``recipe`` also takes a module
+#: path (``pkg.recipe``).
+KNOWN_RECIPES: tuple[str, ...] = tuple(available_recipes())
 
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -107,15 +102,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _check_name(field: str, value: str, rule: re.Pattern[str], limit: int, what: str, fix: str) -> None:
+    """Refuse ``value`` unless ``rule`` matches it and it has at most ``limit`` characters."""
+    if not value or len(value) > limit or not rule.match(value):
+        raise _refused(field, f"{value!r} is not {what}", fix)
+
+
 def check_rfc1123_label(field: str, value: str, max_len: int = 63) -> None:
     """Refuse ``value`` unless it is an RFC 1123 label of at most ``max_len`` characters."""
-    if not value or len(value) > max_len or not _LABEL.match(value):
-        raise _refused(
-            field,
-            f"{value!r} is not an RFC 1123 label",
-            f"use at most {max_len} lowercase letters, digits and '-', starting and ending "
-            "with a letter or digit (for example 'dew-lm-1')",
-        )
+    _check_name(field, value, _LABEL, max_len, "an RFC 1123 label", f"use at most {max_len} lowercase letters, "
+                "digits and '-', starting and ending with a letter or digit (for example 'dew-lm-1')")
 
 
 def parse_bucket(field: str, value: str) -> tuple[str, str]:
@@ -213,13 +209,9 @@ class JobSetParams:
         return self.tpu.hosts(self.topology)
 
     @property
-    def bucket_url(self) -> str:
-        return self.bucket.rstrip("/")
-
-    @property
     def scratch_location(self) -> str:
         """Where Pathways writes its temporary files (``--gcs_scratch_location``)."""
-        return f"{self.bucket_url}/pathways-scratch"
+        return f"{self.bucket.rstrip('/')}/pathways-scratch"
 
     @property
     def bucket_name(self) -> str:
@@ -239,7 +231,7 @@ class JobSetParams:
         """The persistent tier's directory: ``bucket``'s ``runs/NAME/checkpoints`` as a
         ``gs://`` URL, which the TPU workers write to themselves under Pathways persistence
         (elastic_dew.elastic.state.persistence says why a FUSE path would not do)."""
-        return f"{self.bucket_url}/runs/{self.name}/checkpoints"
+        return f"{self.bucket.rstrip('/')}/runs/{self.name}/checkpoints"
 
     @property
     def min_slices(self) -> int:
@@ -300,10 +292,9 @@ class JobSetParams:
                 "pathways_version", f"{self.pathways_version!r} is not a pinned Pathways release",
                 f"pass a release tag such as {PATHWAYS_VERSION} (the JAX of your controller image): a "
                 "moving tag lets a restarted worker pull another release than the running proxy")
-        if self.queue is not None and (len(self.queue) > 63 or not _LABEL.match(self.queue)):
-            raise _refused("queue", f"{self.queue!r} is not a Kueue LocalQueue name",
-                           "pass the LocalQueue's name (lowercase letters, digits and '-', at most 63), "
-                           "as kubectl get localqueues lists it")
+        if self.queue is not None:
+            _check_name("queue", self.queue, _LABEL, 63, "a Kueue LocalQueue name", "pass the LocalQueue's name "
+                        "(lowercase letters, digits and '-', at most 63), as kubectl get localqueues lists it")
         _, prefix = parse_bucket("bucket", self.bucket)
         if prefix and any(part in ("", ".", "..") or any(c.isspace() for c in part) for part in prefix.split("/")):
             raise _refused(
@@ -316,14 +307,13 @@ class JobSetParams:
                            f"build k8s/Dockerfile.sidecar and pass its URI with {mention('sidecar_image')}")
         if self.sidecar_image is not None:
             _check_image("sidecar_image", self.sidecar_image, "sidecar")
-        if self.priority is not None and (len(self.priority) > 253 or not _SUBDOMAIN.match(self.priority)):
-            raise _refused("priority", f"{self.priority!r} is not a PriorityClass name",
-                           "use a lowercase DNS subdomain name such as 'high-prior-job'")
+        if self.priority is not None:
+            _check_name("priority", self.priority, _SUBDOMAIN, 253, "a PriorityClass name",
+                        "use a lowercase DNS subdomain name such as 'high-prior-job'")
         check_rfc1123_label("head_node_pool", self.head_node_pool)
-        if len(self.service_account) > 253 or not _SUBDOMAIN.match(self.service_account):
-            raise _refused("service_account", f"{self.service_account!r} is not a Kubernetes service account name",
-                           "use a lowercase DNS subdomain name such as 'elastic-dew' (the account needs "
-                           f"Workload Identity access to {mention('bucket')}; see docs/kubernetes.md)")
+        _check_name("service_account", self.service_account, _SUBDOMAIN, 253, "a Kubernetes service account name",
+                    "use a lowercase DNS subdomain name such as 'elastic-dew' (the account needs "
+                    f"Workload Identity access to {mention('bucket')}; see docs/kubernetes.md)")
         if self.grace_seconds < 30:
             raise _refused("grace_seconds", f"{self.grace_seconds}s is too short to write a checkpoint",
                            "use at least 30 (the default, 300, suits a multi-GB Orbax write)")
@@ -363,6 +353,5 @@ def check_quantity(field: str, value: str) -> None:
 
 def check_subdomain(field: str, value: str) -> None:
     """Refuse ``value`` unless it is a DNS subdomain name (the rule for most object names)."""
-    if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
-        raise _refused(field, f"{value!r} is not a valid object name",
-                       "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")
+    _check_name(field, value, _SUBDOMAIN, 253, "a valid object name",
+                "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")
