@@ -10,6 +10,8 @@ The renames users already hit (issue 28): ``SimulatedSlices(num_slices=)`` -> ``
 
 from __future__ import annotations
 
+import inspect
+
 import grain
 import jax
 import jax.numpy as jnp
@@ -115,6 +117,17 @@ def test_a_wrong_keyword_to_from_nnx_names_from_nnx_and_its_public_parameters(tm
                            "model, loss, optimizer, dataset, config, run_dir,")
     assert "model_sharding" not in text and "_configure" not in text
     assert not (tmp_path / "run").exists()
+
+
+def test_from_nnx_takes_the_constructors_run_parameters_with_the_same_defaults_and_types():
+    """The two public signatures are the one declaration of a run's parameters: from_nnx has
+    every one of the constructor's but the model's own (and model_sharding), alike."""
+    own = inspect.signature(Trainer.__init__).parameters
+    nnx = inspect.signature(Trainer.from_nnx).parameters
+    assert set(nnx) - {"cls", "model"} == set(own) - {"self", "init", "model_sharding"}
+    for name in set(nnx) - {"cls", "model", "loss", "eval_loss"}:  # a loss takes (model, batch) there
+        assert (nnx[name].kind, nnx[name].default, nnx[name].annotation) == (
+            own[name].kind, own[name].default, own[name].annotation), name
 
 
 @pytest.mark.parametrize("call", [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,12 +185,7 @@ class Trainer:
         for name, fn in (("init", init), ("loss", loss), ("eval_loss", eval_loss)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a callable, not {type(fn).__name__}")
-        self._configure(
-            Functional(init, loss, eval_loss), optimizer=optimizer, dataset=dataset, config=config,
-            run_dir=run_dir, train=train, layout=layout, sinks=sinks, notice=notice, manager=manager,
-            model_sharding=model_sharding, on_accepted=on_accepted, data_workers=data_workers,
-            eval_dataset=eval_dataset,
-        )
+        self._configure(Functional(init, loss, eval_loss), locals())
 
     @classmethod
     def from_nnx(
@@ -253,34 +248,24 @@ class Trainer:
         from elastic_dew.trainer.flax_nnx import NnxModel
 
         train = _train_of("Trainer.from_nnx", train, deprecated)
-        trainer = cls.__new__(cls)
         nnx_model = NnxModel(model, loss, eval_loss, seed=train.seed)
-        trainer._configure(
-            nnx_model, optimizer=optimizer, dataset=dataset, config=config, run_dir=run_dir,
-            train=dataclasses.replace(train, sharding=nnx_model.policy(train.sharding)), layout=layout,
-            sinks=sinks, notice=notice, manager=manager, on_accepted=on_accepted,
-            data_workers=data_workers, eval_dataset=eval_dataset,
-        )
+        train = dataclasses.replace(train, sharding=nnx_model.policy(train.sharding))
+        trainer = cls.__new__(cls)
+        trainer._configure(nnx_model, locals())
         return trainer
 
-    def _configure(
-        self,
-        model: Any,
-        *,
-        optimizer: optax.GradientTransformation,
-        dataset: Any,
-        config: ElasticConfig,
-        run_dir: str | os.PathLike,
-        train: TrainConfig,
-        layout: Layout | None = None,
-        sinks: Sequence[events.Sink] = (),
-        notice: PreemptionNotice | None = None,
-        manager: Any = None,
-        model_sharding: Callable[[tuple, Any, jax.sharding.Mesh], PartitionSpec] | None = None,
-        on_accepted: Callable[[], Any] | None = None,
-        data_workers: int = 0,
-        eval_dataset: Any = None,
-    ) -> None:
+    def _configure(self, model: Any, given: Mapping[str, Any]) -> None:
+        """Check the run's arguments and keep them, for ``model`` (the protocol's view of it).
+
+        ``given`` is the public constructor's own arguments by name (its ``locals()``, with
+        ``train`` resolved): the constructor's and :meth:`from_nnx`'s signatures are the one
+        declaration of what a run takes, and nothing here lists them again.
+        """
+        optimizer, dataset, config, run_dir, train = (
+            given["optimizer"], given["dataset"], given["config"], given["run_dir"], given["train"]
+        )
+        layout, data_workers, eval_dataset = given["layout"], given["data_workers"], given["eval_dataset"]
+        model_sharding = given.get("model_sharding")  # the constructor's alone
         sharding = train.sharding
         if model_sharding is not None and not callable(model_sharding):
             raise TypeError(
@@ -322,10 +307,10 @@ class Trainer:
         self.config = config
         self.dataset = dataset
         self.train = train
-        self.sinks = list(sinks)
-        self.notice = notice
-        self.manager = manager
-        self.on_accepted = on_accepted
+        self.sinks = list(given["sinks"])
+        self.notice = given["notice"]
+        self.manager = given["manager"]
+        self.on_accepted = given["on_accepted"]
         self._program = ModelProgram(
             model, optimizer, dataset[0], train.seed, host, shardings.with_model_rule(sharding, model_sharding),
             train.microbatch,
