@@ -17,11 +17,14 @@ one builder of every ``elastic-dew`` command's settings; it imports nothing of e
 from __future__ import annotations
 
 import argparse
+import ast
 import collections.abc
 import dataclasses
 import inspect
 import numbers
 import re
+import sys
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -284,8 +287,8 @@ def _field_help(owner: type, field: str, name: Callable[[str, str | None], str |
     one place the setting is described, in plain words: a literal is its text (a setting
     quoted in it, alone or with a value, as ``name`` words it unless that gives ``None``), a
     cross-reference its name."""
-    entry, indent = None, 0
-    for line in (inspect.getdoc(owner) or "").splitlines():
+    entry, indent, doc = None, 0, _doc(owner)
+    for line in doc.splitlines():
         depth = len(line) - len(line.lstrip())
         if entry is not None and line.strip() and depth > indent:
             entry += " " + line.strip()
@@ -294,6 +297,8 @@ def _field_help(owner: type, field: str, name: Callable[[str, str | None], str |
         elif re.match(rf" *{field}(?: / \w+)*: ", line):
             entry, indent = line.split(": ", 1)[1], depth
     if entry is None:
+        if not doc:  # no docstring and no source (python -OO from bytecode alone): the default alone
+            return ""
         raise KeyError(f"{owner.__name__}'s docstring has no entry for {field!r}")
     entry = re.split(r"\.(?:\s|$)", entry, maxsplit=1)[0]
     entry = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], entry)
@@ -305,6 +310,16 @@ def _field_help(owner: type, field: str, name: Callable[[str, str | None], str |
     return _LITERAL.sub(plain, entry)
 
 
+def _doc(owner: type) -> str:
+    """``owner``'s docstring, read from its source where ``python -OO`` dropped it."""
+    if sys.flags.optimize < 2:
+        return inspect.getdoc(owner) or ""
+    try:
+        return ast.get_docstring(ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0]) or ""
+    except (OSError, TypeError):
+        return ""
+
+
 def _help(owner: type, field: str, flag: Flag, default: Any, shown: bool, flags: Flags) -> str:
     """A flag's help: its own, else its field's documented meaning and what leaving it out means."""
     if flag.help is not None:
@@ -314,7 +329,7 @@ def _help(owner: type, field: str, flag: Flag, default: Any, shown: bool, flags:
         after = f"default: {'on' if default else 'off'}" if isinstance(default, bool) else f"default {default}"
     namer = flag_namer([(owner, flags)])
     text = _field_help(owner, field, lambda f, value: namer(f, value) if f in flags else None)
-    return f"{text} ({after.format(default=default)})" if after else text
+    return " ".join(filter(None, (text, after and f"({after.format(default=default)})")))
 
 
 #: A command's flags: each offered field of a configuration and its :class:`Flag`, in the

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+import types
 
 import pytest
 
@@ -79,3 +81,13 @@ def test_a_flag_without_help_says_its_fields_first_documented_sentence_with_sett
         "loud": "log each save (default: on)",
         "label": "the save's name, for example save (default: none)",
     }
+
+
+def test_a_flags_documented_help_survives_python_dropping_docstrings(monkeypatch):
+    """Under ``python -OO`` a class's ``__doc__`` is gone (a dataclass makes its signature
+    one); the help is read from the source instead."""
+    parser = argparse.ArgumentParser()
+    monkeypatch.setattr(sys, "flags", types.SimpleNamespace(optimize=2))
+    monkeypatch.setattr(_Documented, "__doc__", "_Documented(every: int = 10, ...)")
+    add_flags(parser, _Documented, {"loud": Flag()})
+    assert [a.help for a in actions(parser) if a.dest == "loud"] == ["log each save (default: on)"]
