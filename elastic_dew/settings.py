@@ -384,7 +384,7 @@ def add_flags(parser: argparse.ArgumentParser | Any, owner: type, flags: Flags, 
         required = flag.required
         if required is None:
             required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        text = _help(owner, name, flag, default, defaults, flags)
+        text = _help(owner, name, flag, default, defaults or required, flags)
         options: dict[str, Any] = {"dest": f"{part}.{name}" if part else name, "help": text}
         if required:
             options["required"] = True

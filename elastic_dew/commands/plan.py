@@ -49,28 +49,18 @@ def _flags() -> dict[str, tuple[type, Flags]]:
     """The plan's settings on the command line: each part, its configuration and its flags."""
     from elastic_dew.plan.inputs import Cluster, Costs
 
+    given = "default: {default:g}"
     return {
         "cluster": (Cluster, {
-            "slices": Flag("slices the run trains on", "N", required=True),
-            "slice_mtbf_hours": Flag("a slice's mean time between failures, in hours (default: {default:g})", "H"),
-            "preemptions_per_day": Flag("whole-job preemptions per day (default: {default:g})", "P"),
-            "return_minutes": Flag("mean minutes a lost slice takes to return (default: {default:g})", "R"),
-            "spares": Flag("hot spare slices (default: {default:g})", "K"),
-            "reschedule_minutes": Flag("minutes a restarted controller takes to be rescheduled (default: {default:g})",
-                                       "M"),
+            "slices": Flag(metavar="N", required=True), "slice_mtbf_hours": Flag(metavar="H", default=given),
+            "preemptions_per_day": Flag(metavar="P", default=given), "return_minutes": Flag(metavar="R", default=given),
+            "spares": Flag(metavar="K", default=given), "reschedule_minutes": Flag(metavar="M", default=given),
         }),
-        "costs": (Costs, {
-            "step_seconds": Flag("seconds of one training step on every slice, less its wait for the batch", "S"),
-            "data_wait_seconds": Flag("seconds a step waits for its batch (default: {default:g})", "S"),
-            "snapshot_seconds": Flag("seconds one in-memory snapshot save blocks the loop", "S"),
-            "checkpoint_seconds": Flag("seconds one persistent checkpoint save blocks the loop", "S"),
-            "snapshot_restore_seconds": Flag("seconds to restore the state from a snapshot", "S"),
-            "checkpoint_restore_seconds": Flag("seconds to restore the state from the newest checkpoint", "S",
-                                               "--restore-seconds"),
-            "recovery_seconds": Flag("seconds of an in-process recovery less its restore and wait (detection, mesh, "
-                                     "compile)", "S"),
-            "restart_seconds": Flag("seconds from a new process's start to its first resume, less the restore", "S"),
-            "scale_up_seconds": Flag("seconds of a scale-up when a slice returns", "S"),
+        "costs": (Costs, {field: Flag(metavar="S") for field in (
+            "step_seconds", "data_wait_seconds", "snapshot_seconds", "checkpoint_seconds", "snapshot_restore_seconds",
+            "checkpoint_restore_seconds", "recovery_seconds", "restart_seconds", "scale_up_seconds")} | {
+            "data_wait_seconds": Flag(metavar="S", default=given),
+            "checkpoint_restore_seconds": Flag(metavar="S", name="--restore-seconds"),
         }),
     }
 

@@ -52,18 +52,18 @@ class Costs:
     """What the run's program costs, in seconds (``None``: not known yet).
 
     Attributes:
-      step_seconds: one training step on every slice, less the time it waits for its
-        batch (the productive time of the loop's step line).
-      data_wait_seconds: the time a step waits for its batch (badput: ``data_loading_sync``).
-      snapshot_seconds: the time one in-memory snapshot save blocks the loop.
-      checkpoint_seconds: the time one persistent checkpoint save blocks the loop.
-      snapshot_restore_seconds: restoring the state from a snapshot after a slice loss.
-      checkpoint_restore_seconds: restoring the state from the newest checkpoint.
-      recovery_seconds: an in-process recovery less its restore and its wait for slices:
-        detection, then the mesh and the compile of the step on the slices left.
-      restart_seconds: a new process up to its first resume, less the restore: start-up,
-        mesh and compile.
-      scale_up_seconds: a scale-up when a slice returns (the ``live`` resume).
+      step_seconds: seconds of one training step on every slice, less its wait for the batch
+        (the productive time of the loop's step line).
+      data_wait_seconds: seconds a step waits for its batch, the badput ``data_loading_sync``.
+      snapshot_seconds: seconds one in-memory snapshot save blocks the loop.
+      checkpoint_seconds: seconds one persistent checkpoint save blocks the loop.
+      snapshot_restore_seconds: seconds to restore the state from a snapshot after a slice loss.
+      checkpoint_restore_seconds: seconds to restore the state from the newest checkpoint.
+      recovery_seconds: seconds of an in-process recovery less its restore and its wait for
+        slices: detection, then the mesh and the compile of the step on the slices left.
+      restart_seconds: seconds from a new process's start to its first resume, less the
+        restore: start-up, mesh and compile.
+      scale_up_seconds: seconds of a scale-up when a slice returns (the ``live`` resume).
     """
 
     step_seconds: float | None = setting(None, bound=_POSITIVE_SECONDS)
