@@ -13,6 +13,8 @@ from elastic_dew.elastic.events import Fault, Resume, Save, Start, Step, Stop
 from elastic_dew.observe.goodput_export import GoodputExport
 from elastic_dew.record.log import as_events
 
+from private_names import GOODPUT_TOTAL_JOB_TIME
+
 T0 = 1_700_000_000.0
 
 
@@ -103,7 +105,7 @@ def library_breakdown(events, tmp_path):
         "run", "goodput_run", cloud_logger=memory, using_pathways=True, cache_dir=str(tmp_path)
     )
     goodput, badput, _ = calculator.get_job_goodput(include_badput_breakdown=True)
-    total = calculator._get_total_job_time(datetime.datetime.now(datetime.timezone.utc))
+    total = getattr(calculator, GOODPUT_TOTAL_JOB_TIME.name)(datetime.datetime.now(datetime.timezone.utc))
     return goodput, {k.name.lower(): v * total / 100 for k, v in badput.items()
                      if isinstance(v, float)}, total
 

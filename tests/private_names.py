@@ -1,9 +1,10 @@
 """The tests' seam: every private name of another library that only the tests use.
 
 elastic_dew's own private names live in ``elastic_dew._compat``. These are the points inside
-Orbax that a test must reach and no public API exposes: where a step is committed (to kill
-or pause a writer there), the ``jax`` a Snapshotter's transfers call (to slow them), and how
-Orbax groups Pathways devices by worker. Each is declared once, as an
+other libraries that a test must reach and no public API exposes: where Orbax commits a step
+(to kill or pause a writer there), the ``jax`` its Snapshotter's transfers call (to slow
+them), how it groups Pathways devices by worker, and the job time ml-goodput-measurement's
+percentages are shares of. Each is declared once, as an
 :class:`elastic_dew._compat.Private` with why and what would replace it, and a test uses it
 through that declaration (``.get()``, ``.owner()``, ``.set()``), never by importing the
 private module itself. ``tests/test_compat.py`` (the canary) checks every one with the
@@ -26,6 +27,7 @@ __all__ = [
     "ORBAX_STEP_METADATA_STORE",
     "SNAPSHOTTER_JAX",
     "ORBAX_WORKER_GROUPS",
+    "GOODPUT_TOTAL_JOB_TIME",
 ]
 
 _ASYNC_PATH = "orbax.checkpoint._src.path.async_path"
@@ -95,6 +97,15 @@ ORBAX_WORKER_GROUPS = Private(
     params=("devices",),
 )
 
+GOODPUT_TOTAL_JOB_TIME = Private(
+    "ml-goodput-measurement",
+    "ml_goodput_measurement.src.goodput_elastic:ElasticGoodputCalculator._get_total_job_time",
+    why="the job time the library's goodput percentages are shares of; tests/goodputlib.py "
+    "turns its badput percentages into seconds to compare with elastic_dew's",
+    instead="badput in seconds, or the total job time, from get_job_goodput",
+    params=("query_time",),
+)
+
 #: Every private name the tests use, for the canary.
 PRIVATE: tuple[Private, ...] = (
     ORBAX_RENAME,
@@ -104,4 +115,5 @@ PRIVATE: tuple[Private, ...] = (
     ORBAX_STEP_METADATA_STORE,
     SNAPSHOTTER_JAX,
     ORBAX_WORKER_GROUPS,
+    GOODPUT_TOTAL_JOB_TIME,
 )

@@ -12,7 +12,7 @@ import argparse
 import pytest
 
 from elastic_dew import cli
-from elastic_dew._compat.argparse import actions
+from elastic_dew._compat.argparse import actions, help_string
 
 
 def _parse(argv):
@@ -65,7 +65,7 @@ def test_every_subcommand_has_a_description_and_every_flag_help_with_its_default
                 continue
             where = f"elastic-dew {' '.join(words)} {'/'.join(action.option_strings)}"
             assert action.help, f"{where} has no help"
-            shown = " ".join(sub.formatter_class(prog="x")._get_help_string(action).split())
+            shown = " ".join(help_string(sub.formatter_class(prog="x"), action).split())
             assert shown.split("%(")[0].strip()[:20] in text, f"{where}: its help is not in --help"
             if action.default not in (None, False, argparse.SUPPRESS, []) and not action.required:
                 assert "default" in shown, f"{where} does not show its default {action.default!r}"

@@ -408,8 +408,9 @@ def _held_by(name: str | None, held: set[str]) -> bool:
     return name is not None and any(name == h or name.startswith(h + ".") for h in held)
 
 
-def _underscore_uses(tree: ast.AST) -> list[str]:
-    """Each non-dunder underscore attribute read or written on a library's object."""
+def _underscore_uses(tree: ast.AST, seam_names: bool = True) -> list[str]:
+    """Each non-dunder underscore attribute read or written on a library's object (and, with
+    ``seam_names``, one of the seam's names on any object but ``self``)."""
     held = _library_objects(tree)
     imported = {bound for _, _, bound in _library_imports(tree)}
     uses = []
@@ -418,7 +419,7 @@ def _underscore_uses(tree: ast.AST) -> list[str]:
             owner = _dotted(node.value)
             if _held_by(owner, held):
                 uses.append(f"line {node.lineno}: {owner}.{node.attr}")
-            elif node.attr in _SEAM_NAMES and owner not in ("self", "cls") and not (
+            elif seam_names and node.attr in _SEAM_NAMES and owner not in ("self", "cls") and not (
                 isinstance(node.value, ast.Call) and _dotted(node.value.func) == "super"
             ):
                 # one of the seam's names, on an object no import says is a library's
@@ -484,6 +485,22 @@ def test_no_test_outside_the_tests_seam_imports_a_private_name_of_the_libraries(
     assert offenders == [], (
         "a private name of another library belongs in elastic_dew._compat, or, used by tests alone, in "
         f"tests/{TESTS_SEAM}:\n" + "\n".join(offenders)
+    )
+
+
+#: The tests of the seams themselves, which look at the private names they declare.
+SEAM_TESTS = ("test_compat.py", "test_orbax_adapter.py", "test_grain_adapter.py")
+
+
+def test_no_test_outside_the_seams_tests_takes_an_underscore_attribute_from_the_libraries_objects():
+    offenders = [
+        f"{path.relative_to(REPO)} {use}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        if path.name not in (TESTS_SEAM, *SEAM_TESTS)
+        for use in _underscore_uses(ast.parse(path.read_text()), seam_names=False)
+    ]
+    assert offenders == [], (
+        f"private members of other libraries belong in elastic_dew._compat or tests/{TESTS_SEAM}:\n" + "\n".join(offenders)
     )
 
 

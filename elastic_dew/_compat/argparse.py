@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from elastic_dew._compat import Private
 
-__all__ = ["DefaultsHelpFormatter", "PRIVATE", "actions"]
+__all__ = ["DefaultsHelpFormatter", "PRIVATE", "actions", "help_string"]
 
 _GET_HELP_STRING = Private(
     "python",
@@ -52,3 +52,9 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """Every argument ``parser`` declares, in order (its help action included)."""
     return list(getattr(parser, _ACTIONS.name))
+
+
+def help_string(formatter: argparse.HelpFormatter, action: argparse.Action) -> str:
+    """``action``'s help as ``formatter`` will show it, before ``%`` formatting (its default
+    added where the formatter adds it)."""
+    return getattr(formatter, _GET_HELP_STRING.name)(action)
