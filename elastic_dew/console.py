@@ -6,8 +6,9 @@ options are the command line's words for the settings of a :class:`~elastic_dew.
 parts (its own, :class:`~elastic_dew.run.SimConfig`, :class:`~elastic_dew.train_config.TrainConfig`,
 :class:`~elastic_dew.elastic.config.ElasticConfig`,
 :class:`~elastic_dew.observe.sinks.ObserveOptions`): which fields are offered, each flag's
-help and metavar, and the two flags that are not their field's name (:data:`RUN_FLAGS`).
-The parts declare each setting's default and range once, in Python terms; one builder
+metavar, what a flag left out means, and the two flags that are not their field's name
+(:data:`RUN_FLAGS`). The parts declare each setting once, in Python terms: its default,
+its range, and what it means (its docstring entry, the flag's help); one builder
 (:mod:`elastic_dew.settings`) makes the flags from both (all of them: :func:`add_options`,
 one alone: :func:`add_flag`), and a refused setting, whose error carries its field and
 the settings it names as data, is worded with their flags (:func:`refusal`).

@@ -7,8 +7,9 @@ A refusal that names other settings names them with :func:`mention`, so the same
 ``minimum_slice_count=3`` from Python and ``--min-slices 3`` on a command line, and nothing
 rewrites its prose.
 
-A command line offers some of those fields as flags (:class:`Flag`: the help, the metavar,
-and the flag where it is not the field's name, ``--snapshot-every`` for ``snapshot_every``);
+A command line offers some of those fields as flags (:class:`Flag`: the metavar, and the
+flag where it is not the field's name, ``--min-slices`` for ``minimum_slice_count``; the
+help is the first sentence of the field's entry in its class's docstring);
 :func:`add_flags` puts them on an :mod:`argparse` parser, :func:`given` reads the fields
 back, and :func:`wording` words a :class:`SettingError` with the flags. This module is the
 one builder of every ``elastic-dew`` command's settings; it imports nothing of elastic_dew.

@@ -11,10 +11,10 @@ Subcommands:
 
 Every rendered file starts with the exact command that re-creates it. A bad parameter exits
 with status 2 and a message naming the flag and the fix, and writes nothing: each
-subcommand's flags are the fields of its parameters (``JobSetParams`` for ``render``), built
-by the one settings builder (:mod:`elastic_dew.settings`) from this module's table of their
-help, and a refusal, a :class:`~elastic_dew.settings.SettingError` that carries its field and
-the fields it names as data, is worded with them.
+subcommand's flags are the fields of its parameters (``JobSetParams`` for ``render``, whose
+documented entries are their help), built by the one settings builder
+(:mod:`elastic_dew.settings`), and a refusal, a :class:`~elastic_dew.settings.SettingError`
+that carries its field and the fields it names as data, is worded with them.
 """
 
 from __future__ import annotations
