@@ -14,8 +14,9 @@ Two checks of :mod:`elastic_dew.plan`:
    returns after :data:`RETURN_S` on average (the issue's compressed time; the notes state
    it again as a real cluster). Then, for each policy, a calibration run under a schedule
    drawn with :data:`CALIBRATION_SEED` measures the costs
-   (:func:`elastic_dew.plan.measured_costs`), and from them and the rates alone the model
-   predicts the policy's goodput. Only then the measured runs: schedules drawn by
+   (:func:`elastic_dew.plan.measured_costs`: the step, its batch wait, the loop's own time
+   between steps, the saves, the resumes and restarts), and from them and the rates alone
+   the model predicts the policy's goodput. Only then the measured runs: schedules drawn by
    :func:`elastic_dew.plan.draw_schedule` with seeds 0, 1, ... (``elastic-dew plan
    --draw-schedule SEED --steps S --start-step 251`` prints the same), each run's steps set
    so it runs :attr:`Sizes.plan_stepping_s` seconds of steps after :data:`START_STEP`. Restart meets each slice loss
@@ -87,9 +88,9 @@ def _calibration_schedule(slices: int) -> str:
 
 
 #: Costs the size of a real cluster's run (seconds), for the model-against-simulation check.
-CLUSTER_COSTS = dict(step_seconds=2.0, snapshot_seconds=0.5, checkpoint_seconds=5.0, snapshot_restore_seconds=10.0,
-                     checkpoint_restore_seconds=60.0, recovery_seconds=60.0, restart_seconds=300.0,
-                     scale_up_seconds=30.0)
+CLUSTER_COSTS = dict(step_seconds=2.0, loop_overhead_seconds=0.1, snapshot_seconds=0.5, checkpoint_seconds=5.0,
+                     snapshot_restore_seconds=10.0, checkpoint_restore_seconds=60.0, recovery_seconds=60.0,
+                     restart_seconds=300.0, scale_up_seconds=30.0)
 DES_SLICES = (1, 4, 16, 64, 256, 1024, 4096, 10000)
 
 
@@ -205,9 +206,9 @@ def _steady_step(run_dir: Path) -> float:
 def _costs(values):
     from elastic_dew.plan import Costs
 
-    missing = [name for name in ("step_seconds", "data_wait_seconds", "snapshot_seconds", "checkpoint_seconds", "snapshot_restore_seconds",
-                                 "checkpoint_restore_seconds", "recovery_seconds", "restart_seconds",
-                                 "scale_up_seconds") if name not in values]
+    missing = [name for name in ("step_seconds", "data_wait_seconds", "loop_overhead_seconds", "snapshot_seconds",
+                                 "checkpoint_seconds", "snapshot_restore_seconds", "checkpoint_restore_seconds",
+                                 "recovery_seconds", "restart_seconds", "scale_up_seconds") if name not in values]
     if missing:
         raise RuntimeError(f"the calibration runs measured no {', '.join(missing)}: {values}")
     return Costs(**values)

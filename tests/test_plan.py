@@ -19,8 +19,9 @@ from elastic_dew.plan import des, faults, inputs, model, planner
 from elastic_dew.plan.inputs import Cluster, Costs
 
 #: Costs of the size a real cluster's run has (seconds).
-COSTS = Costs(step_seconds=2.0, snapshot_seconds=0.5, checkpoint_seconds=5.0, snapshot_restore_seconds=10.0,
-              checkpoint_restore_seconds=60.0, recovery_seconds=60.0, restart_seconds=300.0, scale_up_seconds=30.0)
+COSTS = Costs(step_seconds=2.0, loop_overhead_seconds=0.1, snapshot_seconds=0.5, checkpoint_seconds=5.0,
+              snapshot_restore_seconds=10.0, checkpoint_restore_seconds=60.0, recovery_seconds=60.0,
+              restart_seconds=300.0, scale_up_seconds=30.0)
 CADENCES = {"restart": (None, 500), "pause_resume": (20, 500), "replica_resize": (20, 500)}
 
 
@@ -54,6 +55,15 @@ def test_goodput_and_useful_work_never_grow_as_slices_fail_more_often(policy):
                 assert out.useful_work <= previous.useful_work + 1e-12, (slices, mtbf)
             previous = out
         assert previous.goodput < 0.9  # the rates span the range that matters
+
+
+@pytest.mark.parametrize("policy", model.POLICIES)
+def test_the_loops_time_between_steps_and_the_batch_wait_are_running_time_that_trains_nothing(policy):
+    costs = dataclasses.replace(COSTS, data_wait_seconds=0.3)
+    every_s, every_c = CADENCES[policy]
+    running = 2.0 + 0.3 + 0.1 + (0.5 / every_s if every_s else 0.0) + 5.0 / every_c
+    faultless = Cluster(slices=4, slice_mtbf_hours=1e9, return_minutes=0.0)
+    assert _outcome(policy, faultless, costs, floor=4).goodput == pytest.approx(2.0 / running, abs=1e-6)
 
 
 def test_the_recommended_snapshot_cadence_is_where_the_derivative_of_useful_work_changes_sign():
@@ -175,8 +185,10 @@ def _record(tmp_path):
         {"event": "resume", "wall": 110.0, "source": "fresh", "step": 0,
          "durations": {"detection": 0, "wait_for_slices": 0, "mesh_and_compile": 4.0, "restore": 1.0}},
         *[{"event": "step", "wall": 110.0 + i, "step": i, "slices": 4, "loss": 1.0, "examples": [i, i + 1],
-           "seconds": 0.5, "data_seconds": 0.1} for i in range(1, 6)],
-        {"event": "save", "wall": 116.0, "tier": "snapshot", "step": 5, "taken": True, "seconds": 0.02},
+           "seconds": 0.5, "data_seconds": 0.1} for i in range(1, 3)],
+        {"event": "save", "wall": 112.1, "tier": "snapshot", "step": 2, "taken": True, "seconds": 0.02},
+        *[{"event": "step", "wall": 110.0 + i, "step": i, "slices": 4, "loss": 1.0, "examples": [i, i + 1],
+           "seconds": 0.5, "data_seconds": 0.1} for i in range(3, 6)],
         {"event": "save", "wall": 116.5, "tier": "checkpoint", "step": 5, "taken": True, "seconds": 0.3},
         {"event": "stop", "wall": 117.0, "reason": "slice_lost", "step": 6},
         {"event": "resume", "wall": 120.0, "source": "snapshot", "step": 6,
@@ -191,6 +203,9 @@ def test_the_costs_a_run_record_measures_name_their_origin(tmp_path):
     measured = inputs.measured_costs(_record(tmp_path))
     assert measured["step_seconds"].value == 0.4  # the widest slice count's steps, less the batch wait
     assert measured["data_wait_seconds"].value == 0.1
+    # A step's line to the next's, less that step and a save between them; not across the stop.
+    assert measured["loop_overhead_seconds"].value == pytest.approx((0.5 + 0.48 + 0.5 + 0.5) / 4)
+    assert "mean of 4 gaps between consecutive steps on 4 slices" in measured["loop_overhead_seconds"].source
     assert "mean of 5 steps on 4 slices" in measured["step_seconds"].source
     assert measured["snapshot_seconds"].value == 0.02 and measured["checkpoint_seconds"].value == 0.3
     assert measured["snapshot_restore_seconds"].value == 0.25
@@ -221,12 +236,14 @@ GIVEN = ["--step-seconds", "2", "--snapshot-seconds", "0.5", "--checkpoint-secon
 
 def test_plan_prints_each_input_with_its_origin_and_writes_the_json_it_promises(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    code, printed = _plan(["--from", str(_record(tmp_path)), *GIVEN[2:], "--slices", "64", "--json", str(out)], capsys)
+    code, printed = _plan(["--from", str(_record(tmp_path)), *GIVEN[2:], "--loop-overhead-seconds", "0.05",
+                           "--slices", "64", "--json", str(out)], capsys)
     assert code == 0, printed.err
     assert "measured: " in printed.out and "given" in printed.out and "default: " in printed.out
     data = json.loads(out.read_text())
     assert data["inputs"]["step_seconds"]["source"].startswith("measured: ")
     assert data["inputs"]["snapshot_seconds"] == {"value": 0.5, "source": "given"}
+    assert data["inputs"]["loop_overhead_seconds"] == {"value": 0.05, "source": "given"}  # over the measured 0.495
     assert {row["policy"] for row in data["policies"]} == set(model.POLICIES)
     assert {"goodput", "useful_work", "snapshot_every", "checkpoint_every", "min_slices", "spares"} <= set(
         data["policies"][0])
@@ -238,6 +255,7 @@ def test_plan_prints_each_input_with_its_origin_and_writes_the_json_it_promises(
     (["--slices", "8", "--slice-mtbf-hours", "0", *GIVEN], "--slice-mtbf-hours 0.0 must be > 0 hours"),
     (["--slices", "8", "--return-minutes", "-1", *GIVEN], "--return-minutes -1"),
     (["--slices", "8", "--step-seconds", "0", *GIVEN[2:]], "--step-seconds 0.0 must be > 0 seconds"),
+    (["--slices", "8", "--loop-overhead-seconds", "-0.1", *GIVEN], "--loop-overhead-seconds -0.1 must be >= 0"),
     (["--slices", "8", "--step-seconds", "2"], "--snapshot-seconds"),
     (["--slices", "8", "--from", "/nonexistent/run", *GIVEN], "--from /nonexistent/run"),
     (["--slices", "8", "--steps", "100", *GIVEN], "--steps, --compress and --start-step go with --draw-schedule"),

@@ -2,7 +2,8 @@
 
 ``elastic-dew plan [--from RUN_DIR] --slices N [--slice-mtbf-hours H] [--preemptions-per-day P]
 [--return-minutes R] [--spares K] [--reschedule-minutes M] [--json FILE] [--plot FILE]``, with a
-flag for each of the run's costs (``--step-seconds``, ``--snapshot-seconds``,
+flag for each of the run's costs (``--step-seconds``, ``--data-wait-seconds``,
+``--loop-overhead-seconds``, ``--snapshot-seconds``,
 ``--checkpoint-seconds``, ``--snapshot-restore-seconds``, ``--restore-seconds``,
 ``--recovery-seconds``, ``--restart-seconds``, ``--scale-up-seconds``) that a run directory
 would measure, or overrides. Prints every input with where it came from, a table of the
@@ -57,9 +58,11 @@ def _flags() -> dict[str, tuple[type, Flags]]:
             "spares": Flag(metavar="K", default=given), "reschedule_minutes": Flag(metavar="M", default=given),
         }),
         "costs": (Costs, {field: Flag(metavar="S") for field in (
-            "step_seconds", "data_wait_seconds", "snapshot_seconds", "checkpoint_seconds", "snapshot_restore_seconds",
-            "checkpoint_restore_seconds", "recovery_seconds", "restart_seconds", "scale_up_seconds")} | {
+            "step_seconds", "data_wait_seconds", "loop_overhead_seconds", "snapshot_seconds", "checkpoint_seconds",
+            "snapshot_restore_seconds", "checkpoint_restore_seconds", "recovery_seconds", "restart_seconds",
+            "scale_up_seconds")} | {
             "data_wait_seconds": Flag(metavar="S", default=given),
+            "loop_overhead_seconds": Flag(metavar="S", default=given),
             "checkpoint_restore_seconds": Flag(metavar="S", name="--restore-seconds"),
         }),
     }

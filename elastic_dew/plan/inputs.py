@@ -4,9 +4,10 @@ Two frozen configurations, each setting declared once (:func:`~elastic_dew.setti
 default, range) and checked as it is built:
 
 - :class:`Costs`: what the run's own program costs, in seconds, as its run record measures
-  them (:func:`measured_costs` reads a run directory): a step, a snapshot save and a
-  checkpoint save (the time each blocks the loop), a restore by source, an in-process
-  recovery, a process restart and a scale-up;
+  them (:func:`measured_costs` reads a run directory): a step, its wait for the batch, the
+  loop's own time between steps, a snapshot save and a checkpoint save (the time each
+  blocks the loop), a restore by source, an in-process recovery, a process restart and a
+  scale-up;
 - :class:`Cluster`: the cluster's side: the slice count, a slice's mean time between
   failures, whole-job preemptions per day, how long a lost slice takes to return, hot spare
   slices and how long a restarted controller takes to be rescheduled.
@@ -55,6 +56,10 @@ class Costs:
       step_seconds: seconds of one training step on every slice, less its wait for the batch
         (the productive time of the loop's step line).
       data_wait_seconds: seconds a step waits for its batch, the badput ``data_loading_sync``.
+      loop_overhead_seconds: seconds per step the training loop spends outside the step, its
+        wait for the batch and its saves. The host's work between steps (the loop's
+        bookkeeping, its record, the next step's dispatch): in a run record, the ``other``
+        badput of a run that meets no fault.
       snapshot_seconds: seconds one in-memory snapshot save blocks the loop.
       checkpoint_seconds: seconds one persistent checkpoint save blocks the loop.
       snapshot_restore_seconds: seconds to restore the state from a snapshot after a slice loss.
@@ -68,6 +73,7 @@ class Costs:
 
     step_seconds: float | None = setting(None, bound=_POSITIVE_SECONDS)
     data_wait_seconds: float = setting(0.0, bound=_SECONDS)
+    loop_overhead_seconds: float = setting(0.0, bound=_SECONDS)
     snapshot_seconds: float | None = setting(None, bound=_SECONDS)
     checkpoint_seconds: float | None = setting(None, bound=_SECONDS)
     snapshot_restore_seconds: float | None = setting(None, bound=_SECONDS)
@@ -84,8 +90,8 @@ class Costs:
                 raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
 
     def missing(self) -> list[str]:
-        """The fields no one has given or measured (every one but ``data_wait_seconds``,
-        0 unless measured or given, is needed)."""
+        """The fields no one has given or measured (every one but ``data_wait_seconds`` and
+        ``loop_overhead_seconds``, 0 unless measured or given, is needed)."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
 
 
@@ -149,7 +155,11 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     once per set, which the compilation cache then keeps, so over a long run the typical
     recovery is the cost, and a mean of a short run's few would let that one compile set
     it). The figures: the committed steps on the run's largest slice count, less their wait
-    for the batch, and that wait; the taken snapshot and checkpoint saves; the restore of
+    for the batch, and that wait; the loop's time between two consecutive steps on that
+    slice count with nothing but saves between them (no fault, stop, resume or evaluation),
+    less the second step and the saves (the wall time from one step's line to the next's
+    over the step's own time; a mean, 0 when clock noise makes it negative); the taken
+    snapshot and checkpoint saves; the restore of
     snapshot and of checkpoint resumes; the detection plus mesh and compile of snapshot
     resumes (an in-process recovery); the time from each restarted process's start (or the
     previous process's last event, when that is later: a restart inside one Python process)
@@ -183,6 +193,10 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     waits = [min(float(e.data_seconds), float(e.seconds)) for e in on_all]
     put("step_seconds", [e.seconds - w for e, w in zip(on_all, waits, strict=True)], f"steps on {widest} slices")
     put("data_wait_seconds", waits, f"steps on {widest} slices")
+    overheads = _loop_overheads(events, widest)
+    put("loop_overhead_seconds", overheads, f"gaps between consecutive steps on {widest} slices")
+    if "loop_overhead_seconds" in out and out["loop_overhead_seconds"].value < 0:
+        out["loop_overhead_seconds"] = dataclasses.replace(out["loop_overhead_seconds"], value=0.0)
     saves = [e for e in events if isinstance(e, ev.Save) and e.taken]
     put("snapshot_seconds", [e.seconds for e in saves if e.tier == "snapshot"], "snapshot saves")
     put("checkpoint_seconds", [e.seconds for e in saves if e.tier == "checkpoint"], "checkpoint saves")
@@ -214,6 +228,28 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     # a run that never restarted gives its one start.
     put("restart_seconds", restarts[1:] or restarts, "restarts" if len(restarts) > 1 else "process starts",
         typical=True)
+    return out
+
+
+def _loop_overheads(events: list[Any], slices: int) -> list[float]:
+    """For each step on ``slices`` slices that follows the step before it with nothing but
+    saves between them, the wall time between the two steps' lines less the step's own
+    time and the saves': the loop's time between steps."""
+    from elastic_dew.elastic import events as ev
+
+    out = []
+    previous: ev.Step | None = None
+    saves = 0.0
+    for event in events:
+        if isinstance(event, ev.Step):
+            if (previous is not None and event.slices == slices and event.step == previous.step + 1
+                    and math.isfinite(event.wall) and math.isfinite(previous.wall)):
+                out.append(event.wall - previous.wall - float(event.seconds) - saves)
+            previous, saves = event, 0.0
+        elif isinstance(event, ev.Save):
+            saves += float(event.seconds)
+        else:  # a fault, a stop, a resume, an evaluation: not the loop's own time
+            previous, saves = None, 0.0
     return out
 
 

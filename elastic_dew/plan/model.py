@@ -32,6 +32,9 @@ Two figures per policy (:class:`Outcome`): ``goodput``, as ml-goodput-measuremen
 (the productive step time over the wall time: a step on three of four slices is productive
 time), and ``useful_work``, the examples trained over what every slice of the allocation,
 healthy, would train in the same wall time (that step is three quarters of the work).
+Only the step's own time is productive: a step's running time also holds its wait for the
+batch and the loop's own time between steps (``data_wait_seconds`` and
+``loop_overhead_seconds``), and the saves add theirs every so many steps.
 
 The model is a renewal argument: the run's time is cut into cycles, each a stretch of
 running (exponential, ended by a fault) and the recovery it ends in; a cycle's productive
@@ -188,12 +191,18 @@ def _shortage(pool: int, spares: int, r: Rates) -> tuple[float, float, float]:
     return ok, u, length
 
 
+def _loop_seconds(costs: Costs) -> float:
+    """The running time of one step of the loop, without saves: the step, its wait for the
+    batch and the loop's own time between steps."""
+    return costs.step_seconds + costs.data_wait_seconds + costs.loop_overhead_seconds
+
+
 def _efficiency(costs: Costs, snapshot_every: int | None, checkpoint_every: int | None) -> tuple[float, float, float]:
     """The share of running time that is productive step time (not the wait for a batch,
-    not a save), and the running time between snapshots and between checkpoints (``inf``
-    when off)."""
+    not the loop's own time between steps, not a save), and the running time between
+    snapshots and between checkpoints (``inf`` when off)."""
     step = costs.step_seconds
-    per_step = step + costs.data_wait_seconds
+    per_step = _loop_seconds(costs)
     if snapshot_every:
         per_step += costs.snapshot_seconds / snapshot_every
     if checkpoint_every:

@@ -77,10 +77,11 @@ def plan_policy(costs: Costs, cluster: Cluster, policy: str) -> PolicyPlan:
     """``policy`` on ``cluster`` at its recommended cadences (and floor)."""
     r = model.rates(cluster)
     step = costs.step_seconds
+    running = model._loop_seconds(costs)  # a step's running time: Young's optimum in steps
     losses = cluster.slices * r.alpha
     between_losses = 1.0 / losses
     if policy == "restart":
-        young_c = _steps(model.young(costs.checkpoint_seconds, between_losses), step)
+        young_c = _steps(model.young(costs.checkpoint_seconds, between_losses), running)
 
         def score_c(k: int) -> float:
             return model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=k).goodput
@@ -89,8 +90,8 @@ def plan_policy(costs: Costs, cluster: Cluster, policy: str) -> PolicyPlan:
         outcome = model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=every_c)
         return _row(policy, cluster, outcome, None, every_c, None, None, young_c, step)
     unridden = r.preempt if r.preempt > 0 else UNRIDDEN_PER_DAY / 86400.0
-    every_c = young_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), step)
-    young_s = _steps(model.young(costs.snapshot_seconds, between_losses), step)
+    every_c = young_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), running)
+    young_s = _steps(model.young(costs.snapshot_seconds, between_losses), running)
     floor = None
     if policy == "replica_resize":
         floor = _floor(costs, cluster, young_s, every_c)
