@@ -21,6 +21,7 @@ import argparse
 import ast
 import collections.abc
 import dataclasses
+import functools
 import inspect
 import numbers
 import re
@@ -311,6 +312,7 @@ def _field_help(owner: type, field: str, name: Callable[[str, str | None], str |
     return _LITERAL.sub(plain, entry)
 
 
+@functools.cache
 def _doc(owner: type) -> str:
     """``owner``'s docstring, read from its source where ``python -OO`` dropped it."""
     if sys.flags.optimize < 2:
@@ -321,15 +323,15 @@ def _doc(owner: type) -> str:
         return ""
 
 
-def _help(owner: type, field: str, flag: Flag, default: Any, shown: bool, flags: Flags) -> str:
+def _help(owner: type, field: str, flag: Flag, default: Any, shown: bool,
+          name: Callable[[str, str | None], str | None]) -> str:
     """A flag's help: its own, else its field's documented meaning and what leaving it out means."""
     if flag.help is not None:
         return flag.help.format(default=default)
     after = flag.default
     if after is None and not shown and default not in (None, ""):
         after = f"default: {'on' if default else 'off'}" if isinstance(default, bool) else f"default {default}"
-    namer = flag_namer([(owner, flags)])
-    text = _field_help(owner, field, lambda f, value: namer(f, value) if f in flags else None)
+    text = _field_help(owner, field, name)
     return " ".join(filter(None, (text, after and f"({after.format(default=default)})")))
 
 
@@ -338,9 +340,12 @@ def _help(owner: type, field: str, flag: Flag, default: Any, shown: bool, flags:
 Flags = Mapping[str, Flag]
 
 
+_hints = functools.cache(typing.get_type_hints)
+
+
 def _kind(owner: type, field: str) -> Any:
     """The type a flag parses for ``field`` (``X`` for ``X | None``)."""
-    kind = typing.get_type_hints(owner)[field]
+    kind = _hints(owner)[field]
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         kind = next(t for t in typing.get_args(kind) if t is not type(None))
     return kind
@@ -379,13 +384,15 @@ def add_flags(parser: argparse.ArgumentParser | Any, owner: type, flags: Flags, 
       defaults: a flag left out parses as its field's default, which ``--help`` shows.
     """
     fields = {f.name: f for f in dataclasses.fields(owner)}
+    namer = flag_namer([(owner, flags)])
     for name, flag in flags.items():
         field, kind = fields[name], _kind(owner, name)
         default = None if field.default is dataclasses.MISSING else field.default
         required = flag.required
         if required is None:
             required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        text = _help(owner, name, flag, default, defaults or required, flags)
+        text = _help(owner, name, flag, default, defaults or required,
+                     lambda f, value: namer(f, value) if f in flags else None)
         options: dict[str, Any] = {"dest": f"{part}.{name}" if part else name, "help": text}
         if required:
             options["required"] = True

@@ -86,8 +86,17 @@ def test_a_flag_without_help_says_its_fields_first_documented_sentence_with_sett
 def test_a_flags_documented_help_survives_python_dropping_docstrings(monkeypatch):
     """Under ``python -OO`` a class's ``__doc__`` is gone (a dataclass makes its signature
     one); the help is read from the source instead."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Stripped:
+        """Args:
+          loud: log each save.
+        """
+
+        loud: bool = True
+
     parser = argparse.ArgumentParser()
     monkeypatch.setattr(sys, "flags", types.SimpleNamespace(optimize=2))
-    monkeypatch.setattr(_Documented, "__doc__", "_Documented(every: int = 10, ...)")
-    add_flags(parser, _Documented, {"loud": Flag()})
+    monkeypatch.setattr(Stripped, "__doc__", "Stripped(loud: bool = True)")
+    add_flags(parser, Stripped, {"loud": Flag()})
     assert [a.help for a in actions(parser) if a.dest == "loud"] == ["log each save (default: on)"]
