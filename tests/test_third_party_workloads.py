@@ -2,7 +2,8 @@
 
 ``pathwaysutils.extras.simple_model`` ships in pathwaysutils' wheel: a Flax NNX transformer,
 a Grain ``ElasticIterator`` of synthetic tokens, a compiled training step, Orbax's in-memory
-``Snapshotter``. It announces nothing to elastic_dew. ``_train`` drives it with
+``Snapshotter``. It announces nothing to elastic_dew. ``tests/programs/simple_model_elastic.py``
+(the program ``tests/test_simulate_command.py`` runs under ``elastic-dew simulate``) drives it with
 pathwaysutils' real ``Manager.elastic_retry`` as its docstrings say to (a workload on the
 active slices, the snapshot restored at the start of an attempt, ``ScaleUpSignalError`` at a
 step boundary once a slice is back). TPU slices cannot exist here: :class:`SimulatedSlices`
@@ -16,73 +17,28 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from pathwaysutils.elastic import manager
 from pathwaysutils.extras.simple_model import compile as compile_lib
-from pathwaysutils.extras.simple_model import config as config_lib
 from pathwaysutils.extras.simple_model import data as data_lib
 from pathwaysutils.extras.simple_model import workload as workload_lib
 
 from elastic_dew.simulate import SimulatedSlices
 
+from programs.simple_model_elastic import CONFIG, LEARNING_RATE, train
+
 pytestmark = [pytest.mark.slow, pytest.mark.libraries]  # pathwaysutils' own elastic workload
 
-CONFIG = config_lib.ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_heads=2,
-                                head_dim=16, num_layers=1, per_device_batch_size=1, seq_len=8)
 STEPS = 10
-LEARNING_RATE = 0.05
-
-
-class _Recording:
-    """The workload's data iterator, with each batch it hands out recorded."""
-
-    def __init__(self, iterator, batches: list):
-        self._iterator, self._batches = iterator, batches
-
-    def __next__(self):
-        batch = next(self._iterator)
-        self._batches.append(np.asarray(batch).copy())
-        return batch
-
-    def __getattr__(self, name):
-        return getattr(self._iterator, name)
 
 
 def _train(minimum_slice_count: int | None) -> tuple[list, object]:
     """Run the workload to ``STEPS`` under ``elastic_retry``; returns every step it ran
     (attempt, step, slices, batch) and the final parameters."""
-    elastic_manager = manager.Manager()
-    snapshotter = ocp.v1.training.pathways.Snapshotter(replica_axis_index=0)
     ran: list = []
-    attempt = [0]
-
-    @elastic_manager.elastic_retry(minimum_slice_count=minimum_slice_count, poll_interval=0.05, timeout=60,
-                                   retry_policy=manager.ElasticRetryLimit(max_attempts=8))
-    def train():
-        attempt[0] += 1
-        work = workload_lib.Workload(config=CONFIG, elastic_manager=elastic_manager, total_steps=STEPS,
-                                     learning_rate=LEARNING_RATE, snapshot_interval=2, snapshotter=snapshotter)
-        work.initialize()
-        if snapshotter.latest is not None:
-            work.restore_from_snapshot()
-            work.step = snapshotter.latest.step + 1
-        batches: list = []
-        work.data_iterator = _Recording(work.data_iterator, batches)
-        try:
-            while work.step <= STEPS:
-                step = work.step
-                work.run_step()
-                ran.append((attempt[0], step, elastic_manager.active_slice_count, batches[-1]))
-                if elastic_manager.available_inactive_slices and work.step <= STEPS:
-                    snapshotter.join()
-                    raise manager.ScaleUpSignalError()
-            snapshotter.join()
-            return work.params
-        finally:
-            work.close()
-
-    return ran, train()
+    params = train(STEPS, minimum_slice_count, lambda *entry: ran.append(entry), snapshot_interval=2,
+                   poll_interval=0.05, timeout=60, retry_policy=manager.ElasticRetryLimit(max_attempts=8))
+    return ran, params
 
 
 def _committed(ran: list) -> list:
