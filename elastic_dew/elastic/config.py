@@ -121,7 +121,7 @@ class ElasticConfig:
         GKE's replicator in ``RUN_DIR/replicator``).
       max_to_keep: persistent checkpoints kept.
       mtc_backup_minutes: ``multi_tier``: minutes between the replicator's backups of the
-        local checkpoints to the bucket, its ``backup_interval_minutes``.
+        local checkpoints to the bucket. Its ``backup_interval_minutes``; the guide's 10.
       mtc_init_timeout: ``multi_tier``: seconds one initialisation (at start, every attempt
         and scale-up) may wait for the replicator before the run fails. Orbax's
         ``jax_initialization_timeout_seconds``.

@@ -58,9 +58,9 @@ class ObserveOptions:
     declared once with :func:`~elastic_dew.settings.setting`.
 
     Args:
-        log_format: log lines as ``text`` or as JSON lines (``json``) with a Cloud Logging
-            severity; ``auto`` is text on a terminal and JSON lines otherwise. One of
-            :data:`~elastic_dew.observe.logs.LOG_FORMATS`.
+        log_format: log lines as text or as JSON lines with a Cloud Logging severity;
+            ``auto`` is text on a terminal and JSON lines otherwise. One of
+            :data:`~elastic_dew.observe.logs.LOG_FORMATS` (``auto``, ``text``, ``json``).
         tensorboard: write TensorBoard event files under ``RUN_DIR/tensorboard/``. ``None``:
             when tensorboardX (the ``observe`` extra) is installed.
         goodput_export: record the run through ml-goodput-measurement's recorder to Cloud
