@@ -140,6 +140,14 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def get_request(self) -> tuple[socket.socket, object]:
+        # An answer's headers and body go out in separate writes: without TCP_NODELAY, Nagle's
+        # algorithm holds the body until the client's delayed acknowledgement, tens of
+        # milliseconds a request (a checkpoint save is about a hundred requests).
+        connection, address = super().get_request()
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return connection, address
+
     def handle_error(self, request, client_address) -> None:  # noqa: ANN001 - socketserver's signature
         logger.debug("fault proxy connection from %s ended with an error", client_address, exc_info=True)
 
@@ -182,7 +190,10 @@ class FaultProxy:
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> FaultProxy:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
+        # A short poll: stop() waits for the serving loop's next look (half a second by default).
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fault-proxy", daemon=True
+        )
         self._thread.start()
         return self
 
