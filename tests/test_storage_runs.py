@@ -1,8 +1,9 @@
 """Whole ``elastic-dew train`` runs under storage faults, restarted as a JobSet restarts them.
 
 A bucket behind the fault proxy (``elastic_dew.testing.fault_proxy``, in front of the local
-Cloud Storage server) whose uploads or reads stop answering, and a checkpoint directory on a
-small tmpfs that fills up. Every scenario checks the invariants: nothing committed lost or
+Cloud Storage server) whose uploads or reads stop answering, answer 503 and 429 storms or
+refuse with 403, a bucket that does not exist, and a checkpoint directory on a small tmpfs
+that fills up. Every scenario checks the invariants: nothing committed lost or
 damaged, every example once, and the clean run's digest where the run completes.
 """
 
@@ -28,10 +29,13 @@ from elastic_dew.testing.fault_proxy import Fault
 pytestmark = [pytest.mark.slow, pytest.mark.libraries]
 
 STEPS = 20
-#: The storage timeout and grace window of the bucket scenarios: long enough that a healthy
-#: save on a loaded two-core machine is never taken for a stall.
-TIMEOUT = 10
-GRACE = 10
+#: The storage timeout and grace window of the stall scenarios: a healthy save of this state
+#: through the proxy commits in about half a second on a loaded two-core machine, so a bound
+#: ten times that is never taken for a stall (the grace window keeps a 2 s margin).
+TIMEOUT = 6
+GRACE = 8
+#: Errors of each kind a storm injects into one process (every 3rd upload, every 4th read).
+STORM = 3
 #: A batch of the mlp recipe.
 _TRAIN = ["train", "mlp", "--steps", str(STEPS), "--slices", "2", "--checkpoint-every", "5", "--log-format", "text"]
 
@@ -108,10 +112,11 @@ def test_a_save_whose_uploads_stall_is_abandoned_and_the_run_finishes_with_the_c
 def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_committed_is_lost(
     fault_proxy, gcs_server, bucket, tmp_path, clean_digest
 ):
-    """Step 10's uploads stall (abandoned, training goes on, 15 commits); a preemption at 17
-    whose save stalls exits 143 inside the grace window naming 15; the restart's reads of 15
-    stall (exit 1 within the bound, naming the storage, the step and the bound); the bucket
-    healthy again, the same command resumes from 15 to the clean digest, every example once."""
+    """A preemption at 17 whose save stalls exits 143 inside the grace window naming 15, the
+    newest committed; the restart's reads of 15 stall (exit 1 within the bound, naming the
+    storage, the step and the bound); the bucket healthy again, the same command resumes from
+    15 to the clean digest, every example once. (A stalled save during training is the test
+    above's.)"""
     name = bucket[5:]
     run_dir = tmp_path / "run"
     checkpoints = f"{bucket}/ck"
@@ -119,18 +124,16 @@ def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_comm
     common = ("--checkpoint-dir", checkpoints, "--storage-timeout", str(TIMEOUT), "--grace-period", str(GRACE),
               "--schedule", "preempt@17")
 
-    fault_proxy.add(Fault("stall", method="POST", path=f"{name}/ck/10/*"), Fault("stall", method="POST", path=f"{name}/ck/17/*"))
+    fault_proxy.add(Fault("stall", method="POST", path=f"{name}/ck/17/*"))
     first, _ = _train(run_dir, *common, env=env)
     assert first.returncode == 143, first.stderr[-3000:]
     abandoned = _events(run_dir, "storage")
-    assert [(e["outcome"], e["step"], e["storage"]) for e in abandoned] == [
-        ("abandoned", 10, checkpoints), ("abandoned", 17, checkpoints)
-    ], abandoned
+    assert [(e["outcome"], e["step"], e["storage"]) for e in abandoned] == [("abandoned", 17, checkpoints)], abandoned
     stop = _events(run_dir, "stop")[-1]
     fault = _events(run_dir, "fault")[-1]
     assert (stop["reason"], stop["step"]) == ("preempted", 15)
     assert stop["wall"] - fault["wall"] < GRACE  # inside the grace window, from the notice
-    assert orbax_step.read_abandoned(run_dir) == {10, 17}
+    assert orbax_step.read_abandoned(run_dir) == {17}
     kept = _objects(gcs_server, bucket, "ck/15/")
     assert f"ck/15/commit_success.txt" in kept
 
@@ -152,6 +155,70 @@ def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_comm
     assert _digest(run_dir) == clean_digest
     _every_example_once(run_dir)
     assert {k: v for k, v in _objects(gcs_server, bucket, "ck/15/").items()} == kept  # untouched
+
+
+def _storm(fault_proxy) -> tuple[Fault, Fault]:
+    """A light storm from now on: every 3rd upload answered 503, every 4th read 429, each
+    :data:`STORM` times (the counts start afresh)."""
+    fault_proxy.clear()
+    return (fault_proxy.add(Fault("error", method="POST", status=503, every=3, times=STORM)),
+            fault_proxy.add(Fault("error", method="GET", status=429, every=4, times=STORM)))
+
+
+def test_a_503_and_429_storm_through_a_preemption_and_a_resume_ends_at_the_clean_digest(
+    fault_proxy, bucket, tmp_path, clean_digest
+):
+    """Each process meets a storm (every 3rd upload 503, every 4th read 429): the clients
+    retry them all, elastic_dew abandons nothing, the preemption at 12 commits and the same
+    command resumes from it (its restore read through the storm) to the clean digest."""
+    run_dir = tmp_path / "run"
+    env = _env(**fault_proxy.env)
+    args = ("--checkpoint-dir", f"{bucket}/ck", "--schedule", "preempt@12")
+    storms = [_storm(fault_proxy)]
+    first, _ = _train(run_dir, *args, env=env)
+    assert first.returncode == 143, first.stderr[-3000:]
+    storms.append(_storm(fault_proxy))
+    second, _ = _train(run_dir, *args, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert [(uploads.fired, reads.fired) for uploads, reads in storms] == [(STORM, STORM)] * 2
+    assert _events(run_dir, "storage") == []  # every error retried by the clients, no save given up
+    assert _events(run_dir, "resume")[-1]["source"] == "checkpoint"
+    assert _digest(run_dir) == clean_digest
+    _every_example_once(run_dir)
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if "ERROR" in line]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def test_uploads_refused_403_stop_the_run_at_its_first_save_with_one_line_naming_the_storage_and_the_fix(
+    fault_proxy, gcs_server, bucket, tmp_path
+):
+    """A refusal that saving again does not fix: the run stops at its first checkpoint (step
+    5), not after --max-failed-saves cadences of training with nothing durable."""
+    run_dir = tmp_path / "run"
+    fault_proxy.add(Fault("error", method="POST", status=403))
+    done, _ = _train(run_dir, "--checkpoint-dir", f"{bucket}/ck", env=_env(**fault_proxy.env))
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = _one_error_line(done.stderr)
+    assert (f"checkpoint saves to {bucket}/ck cannot succeed" in line and "permission was refused" in line
+            and "roles/storage.objectUser" in line and "no checkpoint is committed" in line), line
+    assert [(e["outcome"], e["step"]) for e in _events(run_dir, "storage")] == [("abandoned", 5)]
+    assert max(e["step"] for e in _events(run_dir, "step")) <= 10  # stopped before a second save
+    assert gcs_server.objects(bucket) == []
+
+
+def test_a_bucket_that_does_not_exist_stops_the_run_before_its_directory_is_written(fault_proxy, tmp_path):
+    run_dir = tmp_path / "run"
+    directory = "gs://no-such-bucket-anywhere/ck"
+    done, _ = _train(run_dir, "--checkpoint-dir", directory, env=_env(**fault_proxy.env))
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = _one_error_line(done.stderr)
+    assert (f"checkpoint listing in {directory} failed: the bucket or directory does not exist" in line
+            and "create it, or give the --checkpoint-dir that exists" in line), line
+    assert not run_dir.exists()
 
 
 def test_a_full_checkpoint_disk_ends_the_run_with_one_clear_error_and_space_again_resumes_it(tmp_path, clean_digest):

@@ -168,7 +168,12 @@ class Checkpoints:
                 self.on_active_slices_changed(list(mesh.devices.flat), mesh)
         else:
             self.backend = OrbaxBackend(self.directory, max_to_keep)
-            self._call("listing", None, lambda: self.backend.manager)  # creates the directory, lists it
+            try:
+                self._call("listing", None, self.backend.open)  # creates the directory, lists it
+            except StorageTimeout:
+                raise
+            except OSError as error:  # a bucket that does not exist, a listing refused
+                raise StorageError.of("listing", self.directory, None, error) from error
 
     # -- bounds ----------------------------------------------------------------------------
     def bound(self, nbytes: int | None = None) -> float:

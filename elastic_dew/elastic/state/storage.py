@@ -56,6 +56,7 @@ __all__ = [
     "mark",
     "end_if_stuck",
     "diagnose",
+    "PERMANENT",
     "divert_library_errors",
     "left_since",
     "configure_clients",
@@ -162,6 +163,12 @@ def diagnose(error: BaseException) -> tuple[str, str, str]:
     if any(isinstance(e, FileNotFoundError) for e in seen) or errno.ENOENT in codes or "404" in text or "not found" in text or "notfound" in text or "does not exist" in text:
         return "missing", "the bucket or directory does not exist", "create it, or give the --checkpoint-dir that exists"
     return "other", "the storage refused or dropped the request", "check the storage's health and run the same command again"
+
+
+#: The causes :func:`diagnose` names that saving again does not fix (a refused permission, a
+#: bucket that does not exist): the first save that fails with one stops the run, where other
+#: failures count towards ``max_failed_saves``.
+PERMANENT = frozenset({"permission", "missing"})
 
 
 class Bandwidth:

@@ -46,7 +46,7 @@ from elastic_dew.elastic.events import Event, Save, Storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state import newest
 from elastic_dew.elastic.state.snapshots import Snapshots
-from elastic_dew.elastic.state.storage import StorageError
+from elastic_dew.elastic.state.storage import PERMANENT, StorageError, diagnose
 
 __all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers", "SavesFailing"]
 
@@ -114,7 +114,9 @@ class SnapshotTier(_Cadence):
 
 class SavesFailing(StorageError):
     """Checkpoint saves kept failing (``max_failed_saves`` in a row, or nothing committed for
-    ``max_uncommitted_seconds``): the run stops rather than train on with nothing durable.
+    ``max_uncommitted_seconds``), or one was refused for a cause saving again does not fix (a
+    refused permission, a missing bucket): the run stops rather than train on with nothing
+    durable.
 
     Args:
         message: the storage, the last failure, the newest committed step and the fix.
@@ -136,7 +138,9 @@ class CheckpointTier(_Cadence):
     :class:`~elastic_dew.elastic.events.Storage` event (``emit``); the run goes on and the
     next save is tried at its cadence, until ``max_failures`` are abandoned in a row, or,
     with ``max_uncommitted`` seconds, until none committed for that long while saves
-    failed: then :class:`SavesFailing`, naming the storage, the error, the newest committed
+    failed, or at once when a save was refused for a cause saving again does not fix
+    (:data:`~elastic_dew.elastic.state.storage.PERMANENT`: a refused permission, a missing
+    bucket): then :class:`SavesFailing`, naming the storage, the error, the newest committed
     step and the fix. :meth:`poll`, at every step boundary, settles a save that finished
     or passed its bound without holding the loop.
     """
@@ -171,19 +175,23 @@ class CheckpointTier(_Cadence):
         if not failures or stopping:
             return
         silent = time.monotonic() - self._since
-        if self.failed_in_row >= self.max_failures or (
+        refused = [f for f in failures if f.cause is not None and diagnose(f.cause)[0] in PERMANENT]
+        if refused or self.failed_in_row >= self.max_failures or (
             self.max_uncommitted is not None and silent > self.max_uncommitted
         ):
-            last = failures[-1]
+            last = refused[-1] if refused else failures[-1]
             newest = self.checkpoints.newest_known()
             kept = (f"the newest committed checkpoint is step {newest}" if newest is not None
                     else "no checkpoint is committed")
-            why = (f"{self.failed_in_row} saves in a row" if self.failed_in_row >= self.max_failures
-                   else f"no checkpoint committed for {silent:.0f} s")
+            if refused:
+                head = f"checkpoint saves to {last.storage} cannot succeed (saving again does not fix this: {last})"
+            else:
+                why = (f"{self.failed_in_row} saves in a row" if self.failed_in_row >= self.max_failures
+                       else f"no checkpoint committed for {silent:.0f} s")
+                head = f"checkpoint saves to {last.storage} keep failing ({why}; the last: {last})"
             raise SavesFailing(
-                f"checkpoint saves to {last.storage} keep failing ({why}; the last: {last}); {kept}. "
-                "Fix the storage, then run the same command again to resume from it "
-                "(or raise --max-failed-saves / --storage-timeout)",
+                f"{head}; {kept}. Fix the storage, then run the same command again to resume from it"
+                + ("" if refused else " (or raise --max-failed-saves / --storage-timeout)"),
                 operation=last.operation, storage=last.storage, step=last.step, bound=last.bound,
                 waited=last.waited, cause=last,
             )
@@ -201,6 +209,7 @@ class CheckpointTier(_Cadence):
 
     def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
         self.checkpoints.settle()  # the previous save: committed, or abandoned at its bound
+        self._note(self.checkpoints.failures())  # a stop it calls for comes before the next write
         taken = self.checkpoints.save(step, state, meta)  # started: the write goes on in the background
         self._note(self.checkpoints.failures())
         return taken
