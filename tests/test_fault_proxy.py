@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from elastic_dew.testing.fault_proxy import Fault, FaultProxy, object_path
+from elastic_dew.testing.waits import poll
 
 pytestmark = pytest.mark.libraries  # the Cloud Storage clients' retries
 
@@ -69,9 +70,7 @@ def test_a_stalled_upload_is_held_until_released_and_then_lands(fault_proxy, buc
     assert gcs_server.objects(bucket) == []
     fault_proxy.clear()
     fault_proxy.release()
-    deadline = time.monotonic() + 10
-    while "late" not in gcs_server.objects(bucket) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll(lambda: "late" in gcs_server.objects(bucket), 10)
     assert gcs_server.objects(bucket) == ["late"]  # the late release reached the server
     assert fault_proxy.held == 0
 

@@ -26,6 +26,7 @@ from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints, StorageError, StorageTimeout
 from elastic_dew.testing.fault_proxy import Fault
+from elastic_dew.testing.waits import poll
 
 pytestmark = pytest.mark.libraries
 
@@ -62,15 +63,6 @@ def _through(proxy):
         gcsfs.GCSFileSystem.clear_instance_cache()
 
 
-def _wait_until(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_release_is_never_restored(
     fault_proxy, bucket, tmp_path
 ):
@@ -92,7 +84,7 @@ def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_relea
 
         fault_proxy.clear()
         fault_proxy.release()  # the late release: Orbax's writer goes on and commits step 2
-        assert _wait_until(lambda: orbax_step.committed(epath.Path(directory) / "2"))
+        assert poll(lambda: orbax_step.committed(epath.Path(directory) / "2"), 30)
         assert checkpoints.latest_step() == 1
         again = Checkpoints(directory, timeout=2.0, record_dir=tmp_path, max_to_keep=10)
         assert again.latest_step() == 1  # another process honours the record

@@ -46,6 +46,8 @@ import time
 import urllib.parse
 from collections.abc import Iterable
 
+from elastic_dew.testing.waits import poll
+
 __all__ = ["Fault", "FaultProxy", "Request", "object_path"]
 
 logger = logging.getLogger(__name__)
@@ -250,12 +252,7 @@ class FaultProxy:
 
     def wait_for(self, action: str, count: int = 1, timeout: float = 60.0) -> bool:
         """Wait until ``count`` requests met ``action``; whether they did within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self.requests(action)) >= count:
-                return True
-            time.sleep(0.02)
-        return False
+        return poll(lambda: len(self.requests(action)) >= count, timeout, interval=0.02)
 
     def _decide(self, method: str, path: str) -> Fault | None:
         with self._lock:

@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,6 +32,7 @@ import warnings
 from pathlib import Path
 
 from elastic_dew.runtime.local_bucket import EMULATOR_ENV
+from elastic_dew.testing.waits import poll
 
 __all__ = ["GCSServer", "INSTALL", "binary_path"]
 
@@ -121,22 +121,23 @@ class GCSServer:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent if _PRCTL is not None else None,
             )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._process.poll() is not None:
-                code = self._process.returncode
-                self._process = None
-                raise RuntimeError(f"fake-gcs-server exited with {code}: {self._log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
-                    break
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"fake-gcs-server did not answer at {self.url} within {timeout} s: {self._log_tail()}") from None
-                time.sleep(0.05)
+        if not poll(self._answers, timeout):
+            self.stop()
+            raise RuntimeError(f"fake-gcs-server did not answer at {self.url} within {timeout} s: {self._log_tail()}")
         logger.info("fake-gcs-server at %s (log %s)", self.url, self.log_path)
         return self
+
+    def _answers(self) -> bool:
+        """Whether the server answers a listing of buckets; ``RuntimeError`` if it exited."""
+        if self._process.poll() is not None:
+            code = self._process.returncode
+            self._process = None
+            raise RuntimeError(f"fake-gcs-server exited with {code}: {self._log_tail()}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
+                return True
+        except (urllib.error.URLError, OSError):
+            return False
 
     def _log_tail(self) -> str:
         try:
