@@ -74,9 +74,9 @@ class Pool:
 
 
 _FLAGS = {
-    "nprocs": Flag("number of ranks", required=True, short="-n"),
+    "nprocs": Flag(required=True, short="-n"),
     "env": Flag("set an environment variable in every rank (repeatable)", "K=V"),
-    "grace": Flag("how long ranks may take to stop before SIGKILL", "SECONDS"),
+    "grace": Flag(metavar="SECONDS"),
 }
 
 
