@@ -288,7 +288,8 @@ def _field_help(owner: type, field: str, name: Callable[[str, str | None], str |
     """The first sentence of ``field``'s entry (``field: ...``) in ``owner``'s docstring, the
     one place the setting is described, in plain words: a literal is its text (a setting
     quoted in it, alone or with a value, as ``name`` words it unless that gives ``None``), a
-    cross-reference its name."""
+    cross-reference its name. A sentence ends at a full stop and a space (so the entry says
+    "for example", not "e.g."); an entry left out is a ``KeyError`` as the command is built."""
     entry, indent, doc = None, 0, _doc(owner)
     for line in doc.splitlines():
         depth = len(line) - len(line.lstrip())

@@ -100,3 +100,8 @@ def test_a_flags_documented_help_survives_python_dropping_docstrings(monkeypatch
     monkeypatch.setattr(Stripped, "__doc__", "Stripped(loud: bool = True)")
     add_flags(parser, Stripped, {"loud": Flag()})
     assert [a.help for a in actions(parser) if a.dest == "loud"] == ["log each save (default: on)"]
+
+
+def test_a_flag_whose_field_has_no_documented_entry_fails_as_the_command_is_built():
+    with pytest.raises(KeyError, match="_Pool's docstring has no entry for 'slices'"):
+        add_flags(argparse.ArgumentParser(), _Pool, {"slices": Flag(metavar="S")})
