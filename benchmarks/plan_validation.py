@@ -26,9 +26,10 @@ Two checks of :mod:`elastic_dew.plan`:
    ride ``lose``/``restore`` in process.
 
 Measured goodput is the run record's, ``account``'s productive step time over the wall time,
-taken from the schedule's anchor on (the run's first announcement of :data:`START_STEP`, the
-step after the first checkpoint): the model describes a run in its steady state, so the
-start (JAX, the first compile, the state built from scratch, the first checkpoint) is left
+taken from the schedule's anchor (the run's first announcement of :data:`START_STEP`, the
+step after the first checkpoint) to the run's last step line: the model describes a run in
+its steady state, so the start (JAX, the first compile, the state built from scratch, the
+first checkpoint) and the end (the closing checkpoint, which waits for its write) are left
 out of both, and every schedule counts from there. Every
 run shares one JAX persistent compilation cache (the warm-up fills it), as ``elastic-dew
 train`` keeps one, and precompiles smaller meshes (the default). What the in-process
@@ -249,8 +250,9 @@ def _train(slices: int, policy: str, floor: int | None, schedule: str, steps: in
 
 
 def _goodput(run_dir: Path) -> dict[str, Any]:
-    """The run's goodput from its schedule's anchor on (the first fault event: the run's
-    first announcement of :data:`START_STEP`), and the faults it met after it."""
+    """The run's goodput from its schedule's anchor (the first fault event: the run's first
+    announcement of :data:`START_STEP`) to its last step line, and the faults it met
+    between."""
     from elastic_dew import record
     from elastic_dew.elastic import events as ev
 
@@ -259,9 +261,11 @@ def _goodput(run_dir: Path) -> dict[str, Any]:
     # Nothing before the anchor is ever undone (every restore point the runs go back to is
     # at or after the first checkpoint), so the productive time after it is the difference.
     productive = record.account(events).productive_seconds - record.account(events[:anchor]).productive_seconds
-    last = max(e.wall for e in events if math.isfinite(e.wall))
-    wall = last - events[anchor].wall
-    faults = sum(isinstance(e, ev.Fault) for e in events[anchor + 1:])
+    # The steady state ends at the last step: the run's closing checkpoint (it waits for its
+    # write, 0.05 to 2.9 s on this machine) and its stop are the run's end, as its start is.
+    end = max(i for i, e in enumerate(events) if isinstance(e, ev.Step))
+    wall = events[end].wall - events[anchor].wall
+    faults = sum(isinstance(e, ev.Fault) for e in events[anchor + 1:end])
     summary = record.summarize(events)
     return {"goodput": productive / wall, "wall_s": round(wall, 3),
             "productive_s": round(productive, 3), "faults": faults,
@@ -322,8 +326,9 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         f"cluster of {mtbf_h:g} h slice MTBF and {RETURN_S * factor / 60:.0f} min returns, compressed "
         f"{factor:.3g}x). The prediction comes first, from each policy's own calibration run (seed "
         f"{CALIBRATION_SEED}; its costs in results.json) and the rates alone. Measured goodput: the run record's productive "
-        f"time over the wall time from the run's first announcement of step {START_STEP} on, the step after "
-        "its first checkpoint, where every schedule starts (steady state: start-up left out of both); "
+        f"time over the wall time from the run's first announcement of step {START_STEP}, the step after "
+        "its first checkpoint, where every schedule starts, to its last step (steady state: start-up and "
+        "the closing checkpoint left out of both); "
         "restart meets each loss as a runtime error and an in-process restart from the newest "
         "checkpoint (no interpreter start, no reschedule). Model against the discrete-event "
         f"simulation: {len(DES_SLICES)} slice counts from 1 to 10,000, 0 and 2 spares, three policies, "

@@ -159,7 +159,8 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     slice count with nothing but saves between them (no fault, stop, resume or evaluation),
     less the second step and the saves (the wall time from one step's line to the next's
     over the step's own time; a mean, 0 when clock noise makes it negative); the taken
-    snapshot and checkpoint saves; the restore of
+    snapshot and checkpoint saves at the cadence (not an attempt's closing save, before a
+    ``stop`` that is ``done`` or ``preempted``: it waits for every write to finish); the restore of
     snapshot and of checkpoint resumes; the detection plus mesh and compile of snapshot
     resumes (an in-process recovery); the time from each restarted process's start (or the
     previous process's last event, when that is later: a restart inside one Python process)
@@ -197,7 +198,8 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     put("loop_overhead_seconds", overheads, f"gaps between consecutive steps on {widest} slices")
     if "loop_overhead_seconds" in out and out["loop_overhead_seconds"].value < 0:
         out["loop_overhead_seconds"] = dataclasses.replace(out["loop_overhead_seconds"], value=0.0)
-    saves = [e for e in events if isinstance(e, ev.Save) and e.taken]
+    saves = [e for e, closing in zip(events, _closing_saves(events), strict=True)
+             if isinstance(e, ev.Save) and e.taken and not closing]
     put("snapshot_seconds", [e.seconds for e in saves if e.tier == "snapshot"], "snapshot saves")
     put("checkpoint_seconds", [e.seconds for e in saves if e.tier == "checkpoint"], "checkpoint saves")
     resumes = [e for e in events if isinstance(e, ev.Resume)]
@@ -228,6 +230,26 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     # a run that never restarted gives its one start.
     put("restart_seconds", restarts[1:] or restarts, "restarts" if len(restarts) > 1 else "process starts",
         typical=True)
+    return out
+
+
+def _closing_saves(events: list[Any]) -> list[bool]:
+    """For each event, whether it is a save that closes an attempt: one followed, with only
+    saves between, by a ``stop`` of reason ``done`` or ``preempted``. Such a save waits for
+    its write to finish (and for every write before it), which a save at the cadence does
+    not."""
+    from elastic_dew.elastic import events as ev
+
+    out = [False] * len(events)
+    closing = False
+    for i in range(len(events) - 1, -1, -1):
+        event = events[i]
+        if isinstance(event, ev.Stop):
+            closing = event.reason in ("done", "preempted")
+        elif isinstance(event, ev.Save):
+            out[i] = closing
+        else:
+            closing = False
     return out
 
 
