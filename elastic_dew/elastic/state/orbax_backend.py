@@ -158,11 +158,13 @@ class OrbaxBackend:
         """Build the manager (which creates the directory and lists it); on ``gs://``, first
         list the bucket itself, so that a bucket that does not exist raises
         ``FileNotFoundError`` here rather than reading as an empty directory that every save
-        then fails to write (a listing of objects, which the job's ``roles/storage.objectUser``
+        then fails to write (a listing of one object, which the job's ``roles/storage.objectUser``
         allows, where a bucket's metadata needs more)."""
         if self.directory.startswith("gs://"):
+            import fsspec
+
             bucket = self.directory[len("gs://"):].partition("/")[0]
-            next(iter(epath.Path(f"gs://{bucket}").iterdir()), None)
+            fsspec.filesystem("gs").ls(bucket, max_results=1)  # gcsfs: FileNotFoundError when missing
         self.manager  # noqa: B018 - built on first use
 
     def committed_steps(self) -> list[int]:
