@@ -53,6 +53,23 @@ def test_a_storage_error_is_worded_by_its_cause_with_the_fix(error, kind):
     assert found == kind and what and fix
 
 
+@pytest.mark.parametrize(
+    ("error", "directory", "for_good"),
+    [
+        (ValueError("PERMISSION_DENIED: [http_response_code='403']"), "gs://b/ck", True),
+        (OSError(errno.EACCES, "Permission denied"), "/ckpt", True),
+        (FileNotFoundError("b/no-such-bucket/o"), "gs://no-such-bucket/ck", True),
+        (FileNotFoundError("/ckpt/5"), "/ckpt", False),  # the next save's manager creates it again
+        (OSError(errno.ENOSPC, "No space left on device"), "/ckpt", False),
+        (ConnectionResetError("reset by peer"), "gs://b/ck", False),
+    ],
+)
+def test_only_a_refused_permission_or_a_missing_bucket_stops_saving_at_the_first_failure(error, directory, for_good):
+    assert storage.permanent(storage.StorageError.of("save", directory, 5, error)) is for_good
+    stalled = StorageTimeout("stalled", operation="save", storage=directory, step=5, bound=1.0)
+    assert not storage.permanent(stalled)
+
+
 def test_the_rendered_jobsets_tell_the_controller_their_grace_period():
     import yaml
 

@@ -56,7 +56,7 @@ __all__ = [
     "mark",
     "end_if_stuck",
     "diagnose",
-    "PERMANENT",
+    "permanent",
     "divert_library_errors",
     "left_since",
     "configure_clients",
@@ -165,10 +165,15 @@ def diagnose(error: BaseException) -> tuple[str, str, str]:
     return "other", "the storage refused or dropped the request", "check the storage's health and run the same command again"
 
 
-#: The causes :func:`diagnose` names that saving again does not fix (a refused permission, a
-#: bucket that does not exist): the first save that fails with one stops the run, where other
-#: failures count towards ``max_failed_saves``.
-PERMANENT = frozenset({"permission", "missing"})
+def permanent(failure: StorageError) -> bool:
+    """Whether saving again cannot fix ``failure``: a refused permission, or a bucket that does
+    not exist (on ``gs://``; a local directory that vanished is created again by the next
+    save's fresh manager). The first save that fails so stops the run, where other failures
+    count towards ``max_failed_saves``; a timeout never does (the storage may answer again)."""
+    if isinstance(failure, StorageTimeout) or failure.cause is None:
+        return False
+    kind = diagnose(failure.cause)[0]
+    return kind == "permission" or (kind == "missing" and failure.storage.startswith("gs://"))
 
 
 class Bandwidth:

@@ -46,7 +46,7 @@ from elastic_dew.elastic.events import Event, Save, Storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state import newest
 from elastic_dew.elastic.state.snapshots import Snapshots
-from elastic_dew.elastic.state.storage import PERMANENT, StorageError, diagnose
+from elastic_dew.elastic.state.storage import StorageError, permanent
 
 __all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers", "SavesFailing"]
 
@@ -139,7 +139,7 @@ class CheckpointTier(_Cadence):
     next save is tried at its cadence, until ``max_failures`` are abandoned in a row, or,
     with ``max_uncommitted`` seconds, until none committed for that long while saves
     failed, or at once when a save was refused for a cause saving again does not fix
-    (:data:`~elastic_dew.elastic.state.storage.PERMANENT`: a refused permission, a missing
+    (:func:`~elastic_dew.elastic.state.storage.permanent`: a refused permission, a missing
     bucket): then :class:`SavesFailing`, naming the storage, the error, the newest committed
     step and the fix. :meth:`poll`, at every step boundary, settles a save that finished
     or passed its bound without holding the loop.
@@ -175,7 +175,7 @@ class CheckpointTier(_Cadence):
         if not failures or stopping:
             return
         silent = time.monotonic() - self._since
-        refused = [f for f in failures if f.cause is not None and diagnose(f.cause)[0] in PERMANENT]
+        refused = [f for f in failures if permanent(f)]
         if refused or self.failed_in_row >= self.max_failures or (
             self.max_uncommitted is not None and silent > self.max_uncommitted
         ):
