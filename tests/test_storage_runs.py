@@ -220,7 +220,8 @@ def test_a_bucket_that_does_not_exist_stops_the_run_before_its_directory_is_writ
     line = _one_error_line(done.stderr)
     assert (f"checkpoint listing in {directory} failed: the bucket or directory does not exist" in line
             and "create it, or give the --checkpoint-dir that exists" in line), line
-    assert not run_dir.exists()
+    assert not run_dir.exists() and "storage.log" not in line  # no pointer to a file never written
+    assert "still waiting on the storage" not in done.stderr  # nothing was: the listing failed
 
 
 def test_a_full_checkpoint_disk_ends_the_run_with_one_clear_error_and_space_again_resumes_it(tmp_path, clean_digest):

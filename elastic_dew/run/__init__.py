@@ -558,10 +558,12 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             # (asyncio's "Event loop is closed" from their destructors).
             from elastic_dew.elastic.state.storage import orphaned
 
-            orphaned()
+            if not (error.operation == "listing" and error.cause is not None):
+                orphaned()  # a listing that failed (a missing bucket) started no writer
+            details = run_dir / rundir.STORAGE_LOG
             logger.error(
-                "the run stopped: %s. The storage libraries' errors are in %s",
-                error, run_dir / rundir.STORAGE_LOG,
+                "the run stopped: %s.%s", error,
+                f" The storage libraries' errors are in {details}" if details.exists() else "",
             )
             return Outcome(FAILED_EXIT, run_dir)
         except (jax.errors.JaxRuntimeError, TimeoutError, ElasticRuntimeError) as error:
