@@ -25,6 +25,7 @@ from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate import SimulatedSlices
 
 from linear import LinearProgram
+from userloop import replica_setup
 from linear import config as _config
 from linear import dataset as _dataset
 import pytest
@@ -63,13 +64,7 @@ def _announced_loop(elastic_manager: manager.Manager, steps: int, record: list):
 
     @elastic_manager.elastic_retry(minimum_slice_count=1, poll_interval=0.05, timeout=30)
     def loop():
-        devices = [d for i in sorted(elastic_manager.active_slice_indices)
-                   for d in elastic_manager.slice_to_devices[i]]
-        mesh = Mesh(np.asarray(devices).reshape(len(elastic_manager.active_slice_indices), -1), ("replica", "data"))
-        replicated = NamedSharding(mesh, PartitionSpec())
-        w = jax.device_put(jnp.zeros((64,)), replicated)
-        step_fn = jax.jit(lambda w, x: w + x.mean(), out_shardings=replicated)
-        batch_sharding = NamedSharding(mesh, PartitionSpec("replica"))
+        w, step_fn, _, batch_sharding = replica_setup(elastic_manager)
         record.append(("attempt", elastic_manager.active_slice_count, time.time()))
         for step in range(1, steps + 1):
             hooks.phase("dispatch", step)

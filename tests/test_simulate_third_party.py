@@ -22,6 +22,8 @@ from pathwaysutils.elastic import manager
 from elastic_dew.elastic.slices import health
 from elastic_dew.simulate import SimulatedSlices
 
+from userloop import replica_setup
+
 pytestmark = pytest.mark.libraries  # the simulator's patches
 
 
@@ -31,13 +33,7 @@ def _run(elastic_manager: manager.Manager, steps: int, record: list, *, compiled
 
     @elastic_manager.elastic_retry(minimum_slice_count=minimum_slice_count, poll_interval=0.05, timeout=30)
     def loop():
-        devices = [d for i in sorted(elastic_manager.active_slice_indices)
-                   for d in elastic_manager.slice_to_devices[i]]
-        mesh = Mesh(np.asarray(devices).reshape(len(elastic_manager.active_slice_indices), -1), ("replica", "data"))
-        replicated = NamedSharding(mesh, PartitionSpec())
-        w = jax.device_put(jnp.zeros((64,)), replicated)
-        step_fn = jax.jit(lambda w, x: w + x.mean(), out_shardings=replicated)
-        batch_sharding = NamedSharding(mesh, PartitionSpec("replica"))
+        w, step_fn, replicated, batch_sharding = replica_setup(elastic_manager)
         if compiled:
             shape = jax.ShapeDtypeStruct((8, 64), jnp.float32, sharding=batch_sharding)
             step_fn = step_fn.lower(jax.ShapeDtypeStruct((64,), jnp.float32, sharding=replicated), shape).compile()
