@@ -109,27 +109,6 @@ def test_the_summary_has_every_field_and_badput_category_and_they_add_up_to_the_
 
 
 @pytest.mark.slow
-def test_a_preempted_run_resumed_by_the_same_command_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
-    run_dir = tmp_path / "preempted"
-    first = _ok(_train(run_dir, "--schedule", "preempt@12"), status=143)
-    assert "run the same command again to resume" in first.stderr
-    assert not (run_dir / "summary.json").exists()
-    assert rundir.read_identity(run_dir)["schedule"] == "preempt@12"  # the schedule is the run's identity
-    _ok(_train(run_dir, "--schedule", "preempt@12"))
-
-    events = record.read_events(run_dir)
-    stops = [(e["reason"], e["step"]) for e in events if e["event"] == "stop"]
-    assert stops == [("preempted", 12), ("done", 30)]  # the preemption did not fire again
-    resumes = [(e["source"], e["step"]) for e in events if e["event"] == "resume"]
-    assert resumes == [("fresh", 1), ("checkpoint", 13)]
-    assert len(record.read_faults(run_dir)) == 1
-    summary = json.loads((run_dir / "summary.json").read_text())
-    reference = json.loads((uninterrupted / "summary.json").read_text())
-    assert summary["state_digest"] == reference["state_digest"]
-    assert summary["processes"] == 2 and summary["stops"]["preempted"] == 1
-
-
-@pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_ends_as_the_uninterrupted_run(
     uninterrupted, tmp_path
 ):
