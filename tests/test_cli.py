@@ -109,28 +109,6 @@ def test_the_summary_has_every_field_and_badput_category_and_they_add_up_to_the_
 
 
 @pytest.mark.slow
-def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_ends_as_the_uninterrupted_run(
-    uninterrupted, tmp_path
-):
-    """Checkpoints are saved asynchronously, so the newest one committed before the kill is
-    step 20 or 10, or none yet (then the run starts afresh); any of them ends the same."""
-    run_dir = tmp_path / "killed"
-    args = ("--checkpoint-every", "10", "--schedule", "kill@25")
-    _ok(_train(run_dir, *args), status=-9)
-    _ok(_train(run_dir, *args))
-
-    events = record.read_events(run_dir)
-    resumes = [(e["source"], e["step"]) for e in events if e["event"] == "resume"]
-    assert resumes[0] == ("fresh", 1) and len(resumes) == 2
-    assert resumes[1] in (("checkpoint", 21), ("checkpoint", 11), ("fresh", 1))
-    assert [e["step"] for e in record.committed_steps(events)] == list(range(1, 31))
-    assert len(record.read_faults(run_dir)) == 1  # the kill did not fire again
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["state_digest"] == json.loads((uninterrupted / "summary.json").read_text())["state_digest"]
-    assert summary["badput"]["wasted_progress_from_disruption"] > 0  # steps after the checkpoint ran twice
-
-
-@pytest.mark.slow
 def test_a_recipes_own_main_prepares_the_process_before_jax_starts(tmp_path):
     """Without XLA_FLAGS in the environment, only prepare_process can give JAX 8 devices."""
     env = _env()

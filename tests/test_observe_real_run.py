@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from elastic_dew import record
 from elastic_dew.record.goodput import account, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,7 +56,7 @@ def _stopped_and_rerun(kind: str, tmp_path_factory):
     time.sleep(GAP)  # the pod waiting to be rescheduled
     second = _train(run_dir, chaos, 0)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    return events, first.stderr + second.stderr
+    return events, first.stderr + second.stderr, run_dir
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_the_library_reads_a_real_run_as_elastic_dew_does_but_for_its_two_own_ru
     (``library_only_rules``, docs/observability.md): nothing else of the run reaches it
     differently. How far those two rules move it depends on how long the first steps and
     the end of the run took, so it is reported, not asserted (no timed assertions)."""
-    events, _ = request.getfixturevalue(kind)
+    events, _, _ = request.getfixturevalue(kind)
     ours = account(events)
     summary = summarize(events)
     assert summary["processes"] == 2 and summary["final_step"] == 40
@@ -100,9 +101,21 @@ def test_the_library_reads_a_real_run_as_elastic_dew_does_but_for_its_two_own_ru
 
 
 def test_a_handled_slice_loss_is_a_warning_in_the_json_logs(killed):
-    _, stderr = killed
+    _, stderr, _ = killed
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     detected = [line for line in lines if line["message"].startswith("Elastic event detected")]
     assert detected, "pathwaysutils logged no slice loss"
     assert {line["severity"] for line in detected} == {"WARNING"}
     assert "Traceback" not in detected[0]["message"] and "handled slice loss" in detected[0]["message"]
+
+
+def test_a_run_killed_with_sigkill_and_run_again_resumes_from_its_last_checkpoint_with_every_step_once(killed):
+    """Checkpoints are saved asynchronously, so the newest one committed before the kill is
+    step 20 or 10, or none yet (then the run starts afresh); the kill fires once. (That the
+    parameters then end bitwise as without the kill is ``test_fault_matrix_kill``'s.)"""
+    events, _, run_dir = killed
+    resumes = [(e["source"], e["step"]) for e in events if e["event"] == "resume"]
+    assert resumes[0] == ("fresh", 1)
+    assert resumes[-1] in (("checkpoint", 21), ("checkpoint", 11), ("fresh", 1))
+    assert [e["step"] for e in record.committed_steps(events)] == list(range(1, 41))
+    assert [f.action for f in record.read_faults(run_dir)] == ["lose", "restore", "kill"]
