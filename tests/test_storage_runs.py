@@ -214,6 +214,7 @@ def test_uploads_refused_403_stop_the_run_at_its_first_save_with_one_line_naming
     assert [(e["outcome"], e["step"]) for e in _events(run_dir, "storage")] == [("abandoned", 5)]
     assert max(e["step"] for e in _events(run_dir, "step")) <= 10  # stopped before a second save
     assert gcs_server.objects(bucket) == []
+    assert "still waiting on the storage" not in done.stderr  # the refused save had ended
 
 
 def test_a_bucket_that_does_not_exist_stops_the_run_before_its_directory_is_written(fault_proxy, tmp_path):

@@ -352,7 +352,11 @@ def end_if_stuck(code: int, since: tuple[frozenset[threading.Thread], int] = (fr
     left = left_since(since)
     if not left:
         return
-    logger.warning("ending the process with %d storage call(s) still waiting on the storage", left)
+    waiting = sum(1 for thread in stuck() if thread not in since[0])
+    if waiting:
+        logger.warning("ending the process with %d storage call(s) still waiting on the storage", waiting)
+    else:  # only writers that failed or were given up on: their shutdown would print noise
+        logger.info("ending the process without waiting for the storage libraries' writers")
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
