@@ -11,6 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO
+from elastic_dew import cli
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +52,10 @@ def test_text_logs_and_no_tensorboard_on_request(tmp_path):
     assert not (run_dir / "tensorboard").exists()
 
 
-def test_an_unknown_log_format_is_refused_with_exit_2_before_the_run_directory_exists(tmp_path):
-    proc = _train(tmp_path / "run", "--log-format", "yaml")
-    assert proc.returncode == 2
-    assert "error: argument --log-format: invalid choice: 'yaml'" in proc.stderr
+def test_an_unknown_log_format_is_refused_with_exit_2_before_the_run_directory_exists(tmp_path, capsys):
+    # In this process: the refusal comes from the command line, before JAX or the run starts.
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train", "mlp", "--steps", "4", "--run-dir", str(tmp_path / "run"), "--log-format", "yaml"])
+    assert exited.value.code == 2
+    assert "error: argument --log-format: invalid choice: 'yaml'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
