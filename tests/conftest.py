@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # the session's own cache, never the user's
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()

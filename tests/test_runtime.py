@@ -262,6 +262,18 @@ def test_compilation_cache_dir_turns_on_the_persistent_cache_there_with_jaxs_own
     assert jax.config.jax_persistent_cache_min_compile_time_secs == JAX_MIN_COMPILE_TIME_S == 1.0
 
 
+def test_a_simulated_run_keeps_its_compilation_cache_where_jaxs_own_variable_says_else_under_xdg_cache_home(
+    monkeypatch, tmp_path
+):
+    from elastic_dew.run import compilation_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert compilation_cache_dir() == tmp_path / "xdg" / "elastic_dew" / "jax-compilation-cache"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    assert compilation_cache_dir() == tmp_path / "mine"
+
+
 def test_use_compilation_cache_caches_programs_over_its_threshold_and_none_turns_it_off(cache_config, tmp_path):
     assert use_compilation_cache(tmp_path, min_compile_time_s=0) is True
     jax.jit(lambda x: x * 3 + 1)(np.arange(5.0)).block_until_ready()

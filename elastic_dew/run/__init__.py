@@ -354,7 +354,8 @@ def plan(config: RunConfig) -> Plan:
 
 
 def compilation_cache_dir() -> Path:
-    """Where simulated runs keep JAX's persistent compilation cache:
+    """Where simulated runs keep JAX's persistent compilation cache: JAX's own
+    ``$JAX_COMPILATION_CACHE_DIR`` when the user set it, else
     ``$XDG_CACHE_HOME/elastic_dew/jax-compilation-cache`` (``~/.cache`` without it).
 
     One per user, not per run: JAX keys an entry by the program, its devices, the flags and
@@ -364,6 +365,8 @@ def compilation_cache_dir() -> Path:
     Returns:
         The cache's directory.
     """
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "elastic_dew" / "jax-compilation-cache"
 
