@@ -8,6 +8,8 @@ exposes ``configure(parser)`` to declare its arguments and ``run(args) -> int`` 
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import logging
 import sys
@@ -122,10 +124,39 @@ def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
     return parser, module
 
 
+def _collect_then_freeze() -> None:
+    """Finalise what is garbage now, then keep the interpreter's last collections off the rest.
+
+    Runs at exit (an ``atexit`` handler), after the non-daemon threads are joined and after
+    every handler registered during the command (Orbax's, JAX's, TensorBoard's): those have
+    closed, flushed and written what the run keeps, and the run record is closed by then.
+    Interpreter finalisation would otherwise walk every object left by the thousands of
+    modules a training command imports (JAX, Orbax, Grain, matplotlib) several times, only to
+    free memory the ending process gives back anyway. The collection here still finalises
+    every object already unreachable (an unclosed file is flushed and closed, as at any exit);
+    the freeze only spares the objects still reachable, whose finalisers Python never
+    promises to run at exit. Handlers registered before the command (``logging.shutdown``)
+    run after this one, as before.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+_EXIT_REGISTERED: list[bool] = []
+
+
+def _end_quickly() -> None:
+    """Register :func:`_collect_then_freeze` once per process."""
+    if not _EXIT_REGISTERED:
+        atexit.register(_collect_then_freeze)
+        _EXIT_REGISTERED.append(True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from elastic_dew.runtime import install_exit_hook
 
     install_exit_hook()  # program start: an uncaught Preempted ends any command with 143
+    _end_quickly()  # registered first, so it runs after the handlers of the libraries the command imports
     argv = _renamed_flags(list(sys.argv[1:] if argv is None else argv))
     parser, module = _parser(argv)
     args = parser.parse_args(argv)

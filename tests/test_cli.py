@@ -257,3 +257,24 @@ def test_demo_passes_its_log_format_to_every_training_process(tmp_path):
     train.configure(trained)
     ours, theirs = (next(a for a in actions(p) if "--log-format" in a.option_strings) for p in (parser, trained))
     assert (ours.choices, ours.default, ours.help) == (theirs.choices, theirs.default, theirs.help)
+
+
+def test_a_command_finalises_the_garbage_it_leaves_then_spares_the_exits_final_collections(tmp_path):
+    # A cycle with a finaliser, garbage before the command ends, with automatic collection
+    # off: only the command's collection at exit finalises it. The handler registered before
+    # the command runs after the command's own, so it sees the frozen objects.
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, flush=True))\n"
+        "gc.disable()\n"
+        "class Cycle:\n"
+        "    def __del__(self): print('finalised', flush=True)\n"
+        "c = Cycle(); c.me = c; del c\n"
+        "from elastic_dew.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    render = ["k8s", "render", "--name", "dew-cli", "--tpu-type", "v5e", "--topology", "4x8", "--slices", "2",
+              "--elastic-slices", "2", "--image", "r/controller:1", "--recipe", "lm", "--bucket", "gs://dew-bucket"]
+    proc = _ok(subprocess.run([sys.executable, "-c", code, *render], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path, env=_env()))
+    assert proc.stdout.splitlines()[-2:] == ["finalised", "frozen True"]
