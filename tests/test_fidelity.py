@@ -123,7 +123,7 @@ def test_a_hung_slices_result_is_never_ready_and_asking_does_not_block():
         x = _on_slice(sim, 1)
         result = _compiled_for(x)(x)
         healthy = _compiled_for(_on_slice(sim, 2))(_on_slice(sim, 2))
-        jax.block_until_ready(result)
+        jax.block_until_ready((result, healthy))  # both computed before the hang
         assert result.is_ready()
         sim.hang(1)
         assert not result.is_ready()  # returns at once: a waiting loop can bound its wait

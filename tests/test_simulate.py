@@ -118,20 +118,21 @@ def test_a_restored_slice_reads_fresh_arrays_and_keeps_the_old_ones_lost():
                 np.asarray(gone)
 
 
-def test_a_fresh_array_is_never_reported_lost_even_when_python_reuses_an_old_id():
-    """pathwaysutils' own mock tracks lost arrays by id(); Python reuses ids, so it misreports."""
+def test_fresh_arrays_on_a_restored_slice_are_never_reported_lost_including_any_that_take_a_dead_arrays_id():
+    """pathwaysutils' own mock tracks lost arrays by id(); Python reuses ids, so it misreports.
+
+    Whether the allocator hands the dead array's id out again among the fresh arrays depends
+    on the Python and jaxlib builds (it usually does at once); the simulator marks the arrays
+    themselves, so every fresh one must read, reused id or not.
+    """
     with SimulatedSlices(4, 2) as sim:
         sim.lose(1)
         old = _single(sim, 1)
         sim.restore(1)
-        old_id = id(old)
         del old
-        reused = False
         for _ in range(200):
             fresh = _single(sim, 1)
-            reused = reused or id(fresh) == old_id
             np.testing.assert_array_equal(np.asarray(fresh), np.arange(4.0))
-        assert reused, "the test wanted Python to reuse the dead array's id at least once"
 
 
 def test_manager_without_arguments_sees_the_devices_grouped_into_slices():
