@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import gc
 import importlib
 import logging
@@ -142,14 +143,10 @@ def _collect_then_freeze() -> None:
     gc.freeze()
 
 
-_EXIT_REGISTERED: list[bool] = []
-
-
+@functools.cache
 def _end_quickly() -> None:
     """Register :func:`_collect_then_freeze` once per process."""
-    if not _EXIT_REGISTERED:
-        atexit.register(_collect_then_freeze)
-        _EXIT_REGISTERED.append(True)
+    atexit.register(_collect_then_freeze)
 
 
 def main(argv: list[str] | None = None) -> int:

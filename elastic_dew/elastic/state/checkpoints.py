@@ -170,8 +170,6 @@ class Checkpoints:
             self.backend = OrbaxBackend(self.directory, max_to_keep)
             try:
                 self._call("listing", None, self.backend.open)  # creates the directory, lists it
-            except StorageTimeout:
-                raise
             except OSError as error:  # a bucket that does not exist, a listing refused
                 raise StorageError.of("listing", self.directory, None, error) from error
 

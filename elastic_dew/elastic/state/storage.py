@@ -334,10 +334,15 @@ def _caller_context() -> Callable[[], contextlib.AbstractContextManager]:
 
 def left_since(since: tuple[frozenset[threading.Thread], int]) -> int:
     """How many storage calls or writes given up on after ``since`` (:func:`mark`) may still run."""
+    return sum(_left_since(since))
+
+
+def _left_since(since: tuple[frozenset[threading.Thread], int]) -> tuple[int, int]:
+    """The storage calls still waiting, and the writes given up on, since ``since``."""
     threads, orphans = since
-    left = sum(1 for thread in stuck() if thread not in threads)
+    waiting = sum(1 for thread in stuck() if thread not in threads)
     with _stuck_lock:
-        return left + _orphans - orphans
+        return waiting, _orphans - orphans
 
 
 def end_if_stuck(code: int, since: tuple[frozenset[threading.Thread], int] = (frozenset(), 0)) -> None:
@@ -349,10 +354,9 @@ def end_if_stuck(code: int, since: tuple[frozenset[threading.Thread], int] = (fr
     on after ``since`` (:func:`mark`, taken as a command starts: a program that runs
     commands in its own process is not ended for an earlier one's).
     """
-    left = left_since(since)
-    if not left:
+    waiting, given_up = _left_since(since)
+    if not waiting + given_up:
         return
-    waiting = sum(1 for thread in stuck() if thread not in since[0])
     if waiting:
         logger.warning("ending the process with %d storage call(s) still waiting on the storage", waiting)
     else:  # only writers that failed or were given up on: their shutdown would print noise
