@@ -37,6 +37,7 @@ MOVED = {
 MOVED_NAMES = {
     ("elastic_dew.rundir", "committed"): "elastic_dew.elastic.state.orbax_step",
     ("elastic_dew.rundir", "committed_checkpoint_steps"): "elastic_dew.elastic.state.orbax_step",
+    ("elastic_dew.simulate.schedule", "ScheduleRunner"): "elastic_dew.simulate.runner",
 }
 
 

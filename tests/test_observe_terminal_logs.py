@@ -37,7 +37,7 @@ def _lines():
     logging.getLogger("jax._src.xla_bridge").info("Unable to initialize backend 'tpu'")
     logging.getLogger("elastic_dew.elastic.loop.compiler").info("precompiled the step for devices [0, 1]")
     logging.getLogger("elastic_dew.observe.progress").info("step 10/20  loss 1.5")
-    logging.getLogger("elastic_dew.simulate.schedule").warning("firing scheduled fault lose:1@5")
+    logging.getLogger("elastic_dew.simulate.runner").warning("firing scheduled fault lose:1@5")
 
 
 def test_a_terminal_shows_warnings_and_progress_and_the_run_log_gets_every_line(tmp_path, restored_logging):

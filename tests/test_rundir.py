@@ -13,7 +13,8 @@ import pytest
 
 from elastic_dew import rundir
 from elastic_dew.elastic import events
-from elastic_dew.simulate.schedule import ScheduleRunner, parse_schedule
+from elastic_dew.simulate.runner import ScheduleRunner
+from elastic_dew.simulate.schedule import parse_schedule
 
 
 class _Slices:

@@ -19,7 +19,7 @@ import pytest
 
 from elastic_dew.elastic import hooks
 from elastic_dew.simulate import Fault, Schedule, SimulatedSlices, parse_schedule
-from elastic_dew.simulate.schedule import ScheduleRunner
+from elastic_dew.simulate.runner import ScheduleRunner
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,7 +71,7 @@ def test_a_syntax_error_names_the_bad_token_and_what_is_wrong(text, bad_token, p
 
 
 def test_a_fault_fires_once_at_the_first_announcement_of_its_phase_at_or_after_its_step(tmp_path, caplog):
-    caplog.set_level("WARNING", logger="elastic_dew.simulate.schedule")
+    caplog.set_level("WARNING", logger="elastic_dew.simulate.runner")
     log = tmp_path / "faults.jsonl"
     with SimulatedSlices(4, 2, schedule="lose:1@3,restore:1@5/snapshot,lose:2@4/checkpoint", fault_log=log) as sim:
         hooks.phase("step", 2)
@@ -94,7 +94,7 @@ def test_a_fault_fires_once_at_the_first_announcement_of_its_phase_at_or_after_i
         ("restore:1@5/snapshot", "snapshot", 6),
         ("lose:2@4/checkpoint", "checkpoint", 4),
     ]
-    assert [r.getMessage() for r in caplog.records if r.name == "elastic_dew.simulate.schedule"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "elastic_dew.simulate.runner"] == [
         "firing scheduled fault lose:1@3/step at step 4 (phase step)",
         "firing scheduled fault restore:1@5/snapshot at step 6 (phase snapshot)",
         "firing scheduled fault lose:2@4/checkpoint at step 4 (phase checkpoint)",

@@ -73,55 +73,29 @@ import jax
 from elastic_dew._deprecation import renamed_keywords, warn
 from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
+from elastic_dew.simulate.marks import HUNG, LOST, Marks
 from elastic_dew.simulate.patches import registry
 from elastic_dew.simulate.replicator import Replicator
+from elastic_dew.simulate.runner import ScheduleRunner
 from elastic_dew.simulate.schedule import (
     SLICE_DOWN_CODES,
     Fault,
     Schedule,
-    ScheduleRunner,
     action_of,
     as_schedule,
     check_slices,
 )
+from elastic_dew.simulate.step_count import StepCount
 from elastic_dew.simulate.topology import Topology
 
 __all__ = ["SimulatedSlices", "HUNG_CODE"]
 
 logger = logging.getLogger(__name__)
 
-_MARK = "_elastic_dew_simulated_loss"
-_HUNG = "_elastic_dew_simulated_hang"
 #: The code a read blocked on a hung slice fails with when the simulator exits under it
 #: (a worker that stopped answering).
 HUNG_CODE = "DEADLINE_EXCEEDED"
 
-
-#: elastic_dew's own loop and what runs it (it announces its steps): a dispatch with any
-#: of these on the stack is never a counted step.
-OWN_LOOP_MODULES: tuple[str, ...] = ("elastic_dew.elastic", "elastic_dew.trainer", "elastic_dew.run")
-#: Callers whose dispatches are never a step: JAX itself (a primitive applied outside
-#: ``jit``, ``jax.numpy``'s own helpers), and libraries a step may call that dispatch
-#: programs of their own (Orbax's saves and loads, Grain, pathwaysutils' health probes).
-LIBRARY_MODULES: tuple[str, ...] = ("jax", "jaxlib", "orbax", "grain", "pathwaysutils.elastic")
-
-
-def _in(name: str, modules: tuple[str, ...]) -> bool:
-    return any(name == module or name.startswith(module + ".") for module in modules)
-
-
-def _not_a_step_caller(caller: Any) -> bool:
-    """Whether a dispatch whose caller is frame ``caller`` is made by a library
-    (:data:`LIBRARY_MODULES`) or inside elastic_dew's own loop (:data:`OWN_LOOP_MODULES`,
-    anywhere on the stack)."""
-    if caller is None or _in(caller.f_globals.get("__name__", ""), LIBRARY_MODULES):
-        return True
-    frame = caller
-    while frame is not None:
-        if _in(frame.f_globals.get("__name__", ""), OWN_LOOP_MODULES):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _error(code: str, what: str) -> jax.errors.JaxRuntimeError:
@@ -190,7 +164,6 @@ class SimulatedSlices:
         self.devices_per_slice = devices_per_slice
         self.schedule = schedule
         self.fault_log = Path(fault_log) if fault_log is not None else None
-        self.step_function = step_function
         self._on_attempt = on_attempt
         #: The multi-tier replicator stand-in, when ``replicator`` names its directory.
         self.replicator = Replicator(replicator) if replicator is not None else None
@@ -198,10 +171,8 @@ class SimulatedSlices:
             schedule, self, FaultLog(self.fault_log) if self.fault_log is not None else None,
             idle=self._idle,
         )
-        self._steps_lock = threading.Lock()
-        self._steps = 0
-        self._largest = 0
-        self._step_names: set[str] = set()
+        self.step_function = step_function
+        self._count = StepCount()
         self._blocked_reads = 0
         self._waits = 0
         self._installed_health = False
@@ -220,7 +191,7 @@ class SimulatedSlices:
         self.lock = threading.RLock()
         self._answered = threading.Condition(self.lock)
         self._changes = 0  # slice health changes so far (lose, hang, restore)
-        self._token = object()
+        self._marks = Marks()
         self._active = False
         self._codes: dict[int, str] = {}
         self._hung: frozenset[int] = frozenset()
@@ -239,8 +210,8 @@ class SimulatedSlices:
         self._codes, self._hung = {}, frozenset()
         self._suspended, self._wakes = frozenset(), {}
         self._lost_device_ids = frozenset()
-        self._steps, self._largest, self._blocked_reads, self._waits = 0, 0, 0, 0
-        self._step_names = set()
+        self._count.reset()
+        self._blocked_reads, self._waits = 0, 0
         self.attempts = []
         self._active = True
         if not health.installed():
@@ -341,28 +312,11 @@ class SimulatedSlices:
     @property
     def steps(self) -> int:
         """How many dispatches of the loop's step function were counted (see :meth:`step_of`)."""
-        return self._steps
+        return self._count.steps
 
     def step_of(self, arrays: list[Any], name: str | None, caller: Any, out_bytes: int = 0) -> int | None:
-        """Whether this dispatch of program ``name`` on ``arrays`` (its results holding
-        ``out_bytes`` bytes), called from frame ``caller``, is a step of the loop, and its
-        number (1 for the first), or ``None``.
-
-        With ``step_function`` set, a step is a dispatch of the function of that name (the
-        name of the function given to ``jax.jit``, whether called or compiled). Otherwise it
-        is a dispatch made by the loop itself (not by :data:`LIBRARY_MODULES`, not inside
-        elastic_dew's own loop, :data:`OWN_LOOP_MODULES`) of the program that carries the
-        most bytes through: a program's carried bytes are the smaller of its inputs' and its
-        results' (the training step takes the state and a batch and returns the state; a
-        data generator takes a key and returns a batch, an evaluation step takes the state
-        and returns metrics, a metrics program takes and returns a few scalars). A dispatch
-        counts when its program carries at least half as many bytes as the largest counted
-        so far, or has the name of one counted (its name stays when a resize shrinks the
-        batch). A program that carries more than twice the largest counted so far
-        supersedes the programs counted before it (they were an initialiser or a data
-        generator dispatched before the first step): only its name counts from then on, and
-        the count starts again at 1. The rule reads only the programs and their inputs,
-        never the time, so the same loop counts the same steps.
+        """Whether this dispatch is a step of the loop, and its number, or ``None``
+        (:meth:`elastic_dew.simulate.step_count.StepCount.step_of`'s rule).
 
         Args:
             arrays: the dispatch's input arrays.
@@ -373,26 +327,7 @@ class SimulatedSlices:
         Returns:
             The step's number, or ``None`` when the dispatch is not a step.
         """
-        size = sum(int(a.nbytes) for a in arrays)
-        carried = min(size, out_bytes)
-        if self.step_function is not None:
-            if name != self.step_function:
-                return None
-        elif name not in self._step_names and (carried == 0 or 2 * carried < self._largest):
-            return None
-        elif _not_a_step_caller(caller):
-            return None
-        with self._steps_lock:
-            if self.step_function is None:
-                if name not in self._step_names and self._steps and carried > 2 * self._largest:
-                    logger.info("program %s carries %d bytes, more than twice %s: it is the step function",
-                                name, carried, sorted(map(str, self._step_names)))
-                    self._step_names, self._steps = set(), 0
-                if name is not None:
-                    self._step_names.add(name)
-            self._largest = max(self._largest, carried)
-            self._steps += 1
-            return self._steps
+        return self._count.step_of(arrays, name, caller, out_bytes, step_function=self.step_function)
 
     def on_dispatch(self, phase: str, step: int) -> None:
         """Fire what is due at ``phase`` (``dispatch`` or ``step``) of counted step ``step``.
@@ -489,7 +424,7 @@ class SimulatedSlices:
                 return
             self._suspended = self._suspended - {i}
             self._set({**self._codes, i: code}, self._hung - {i})
-            marked = self._mark_live_arrays(i, code)
+            marked = self._marks.lose_live(self.topology.device_ids({i}), code)
         logger.warning("simulated loss of slice %d with %s (%d live arrays lose their data)", i, code, marked)
         registry.refresh_managers()
 
@@ -505,14 +440,7 @@ class SimulatedSlices:
                 logger.info("slice %d is already lost or hung", i)
                 return
             self._set({**self._codes, i: HUNG_CODE}, self._hung | {i})
-            marked = 0
-            slice_ids = self.topology.device_ids({i})
-            for array in jax.live_arrays():
-                if any(device.id in slice_ids for device in array.sharding.device_set):
-                    if array.sharding.memory_kind == "pinned_host":
-                        continue  # host memory has no computation in flight: it fails at once
-                    self._set_mark(array, _HUNG, i)
-                    marked += 1
+            marked = self._marks.hang_live(self.topology.device_ids({i}), i)
         logger.warning("simulated hang of slice %d (%d results stop answering)", i, marked)
         registry.refresh_managers()
 
@@ -562,11 +490,7 @@ class SimulatedSlices:
             self.restore(i)
             return
         with self._answered:
-            cleared = 0
-            for array in jax.live_arrays():
-                if self._mark_of(array, _HUNG) == i:
-                    self._set_mark(array, _HUNG, None)
-                    cleared += 1
+            cleared = self._marks.clear_hung(i)
             self._suspended = self._suspended - {i}
             self._wakes[i] = self._wakes.get(i, 0) + 1
             codes = dict(self._codes)
@@ -587,7 +511,7 @@ class SimulatedSlices:
                 logger.info("slice %d is not lost; nothing to restore", i)
                 return
             # Mark first, then heal: an array made after the slice is healthy is never marked.
-            marked = self._mark_live_arrays(i, SLICE_DOWN_CODES[0])
+            marked = self._marks.lose_live(self.topology.device_ids({i}), SLICE_DOWN_CODES[0])
             codes = dict(self._codes)
             del codes[i]
             self._suspended = self._suspended - {i}
@@ -597,26 +521,6 @@ class SimulatedSlices:
 
     # ----------------------------------------------------------------- what the patches ask
 
-    def _set_mark(self, array: Any, name: str, value: Any) -> None:
-        try:
-            setattr(array, name, (self._token, value))
-        except AttributeError:  # an array type without a __dict__: the device rule still holds
-            logger.debug("cannot mark %s", type(array).__name__)
-
-    def _mark_of(self, array: Any, name: str) -> Any:
-        mark = getattr(array, name, None)
-        return mark[1] if mark is not None and mark[0] is self._token else None
-
-    def _mark_live_arrays(self, i: int, code: str) -> int:
-        slice_ids = self.topology.device_ids({i})
-        marked = 0
-        for array in jax.live_arrays():
-            if any(device.id in slice_ids for device in array.sharding.device_set):
-                if self._mark_of(array, _MARK) is None:
-                    self._set_mark(array, _MARK, code)
-                marked += 1
-        return marked
-
     def inherit_mark(self, parent: Any, child: Any) -> None:
         """A shard or a copy (``child``) of an array whose data is lost or hung is too.
 
@@ -624,10 +528,7 @@ class SimulatedSlices:
             parent: the original array.
             child: its shard or copy.
         """
-        for name in (_MARK, _HUNG):
-            value = self._mark_of(parent, name)
-            if value is not None:
-                self._set_mark(child, name, value)
+        self._marks.inherit(parent, child)
 
     def _touched(self, array: Any) -> dict[int, str]:
         lost_ids = self._lost_device_ids
@@ -659,7 +560,7 @@ class SimulatedSlices:
         Raises:
             jax.errors.JaxRuntimeError: the slice-down error Pathways raises (its code first).
         """
-        hung = self._mark_of(array, _HUNG)
+        hung = self._marks.of(array, HUNG)
         if hung is None:
             hung = self._hung_slice_of(array)
         if hung is not None:
@@ -673,9 +574,9 @@ class SimulatedSlices:
                     self._blocked_reads -= 1
                 released = self._active
                 ended = self._codes.get(hung, SLICE_DOWN_CODES[0])
-                if released and self._wakes.get(hung, 0) > wakes and self._mark_of(array, _HUNG) is None:
+                if released and self._wakes.get(hung, 0) > wakes and self._marks.of(array, HUNG) is None:
                     hung = None  # the slice woke from a suspension: the result arrived
-        code = self._mark_of(array, _MARK)
+        code = self._marks.of(array, LOST)
         if code is not None:
             raise _error(code, "this array's data was on a slice that was lost")
         if hung is not None:
@@ -700,7 +601,7 @@ class SimulatedSlices:
         Returns:
             Whether it can become ready.
         """
-        hung = self._mark_of(array, _HUNG)
+        hung = self._marks.of(array, HUNG)
         if hung is None:
             hung = self._hung_slice_of(array)
         return hung is None or hung not in self._hung
@@ -717,7 +618,7 @@ class SimulatedSlices:
             jax.errors.JaxRuntimeError: the slice-down error Pathways raises (its code first).
         """
         for array in arrays:
-            code = self._mark_of(array, _MARK)
+            code = self._marks.of(array, LOST)
             if code is not None:
                 raise _error(code, "a program was dispatched with an input whose data was on a lost slice")
             touched = {s: c for s, c in self._touched(array).items() if s not in self._hung}
@@ -732,10 +633,7 @@ class SimulatedSlices:
             inputs: a dispatch's input arrays.
             outputs: its results.
         """
-        hung = next((h for h in (self._mark_of(a, _HUNG) for a in inputs) if h is not None), None)
-        if hung is not None:
-            for output in outputs:
-                self._set_mark(output, _HUNG, hung)
+        self._marks.derive(inputs, outputs)
 
     def group(self, devices: Any) -> dict[int, list[jax.Device]]:
         """``get_slice_to_devices``: ``devices`` grouped by simulated slice.
