@@ -12,7 +12,7 @@ and the Kubernetes renderer.
 from __future__ import annotations
 
 #: The installed version of elastic_dew (as in its package metadata).
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Trainer", "TrainConfig", "__version__"]
 

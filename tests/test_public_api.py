@@ -14,7 +14,7 @@ from conftest import REPO
 
 _HOW = (
     "If the change is deliberate, regenerate with `{command}` and add a line to CHANGELOG.md "
-    "under Unreleased (Added, Changed, Deprecated or Removed; a renamed or moved public name "
+    "under the coming version (Added, Changed, Deprecated or Removed; a renamed or moved public name "
     "keeps working from its old place for one minor version, with a DeprecationWarning naming "
     "the new one: elastic_dew._deprecation)."
 ).format(command=public_api.REGENERATE)
@@ -77,3 +77,16 @@ def test_a_wrong_keyword_to_any_public_constructor_names_the_class_and_no_privat
             raise AssertionError(f"{qualified}(wrong_keyword=1) was accepted")
         assert text.startswith(cls.__name__), f"{qualified}: {text}"
         assert not re.search(r"(?<![\w.])_[A-Za-z]|\._[A-Za-z]", text), f"{qualified} names a private name: {text}"
+
+
+def test_the_package_version_is_the_one_pyproject_declares_and_the_changelog_heads():
+    import importlib.metadata
+    import re
+    import tomllib
+
+    import elastic_dew
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert elastic_dew.__version__ == declared == importlib.metadata.version("elastic-dew")
+    first = re.search(r"^## (\S+)", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert first and first.group(1) == declared
