@@ -10,17 +10,22 @@ way. This module imports nothing of elastic_dew, so every layer may use it.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["REMOVED_IN", "message", "warn", "renamed_keywords", "renamed_method"]
+__all__ = ["REMOVED_IN", "MOVED_NAMES", "message", "warn", "moved_names", "renamed_keywords", "renamed_method"]
 
 #: The version that removes what the coming release deprecates (one minor version later).
 REMOVED_IN = "0.3"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Every name served from its old place by :func:`moved_names` in a module imported so far:
+#: ``"old.module.Name"`` -> ``"new.module.Name"`` (what ``tests/test_deprecations.py`` checks).
+MOVED_NAMES: dict[str, str] = {}
 
 
 def message(old: str, new: str) -> str:
@@ -37,6 +42,42 @@ def warn(old: str, new: str, *, stacklevel: int = 2) -> None:
         stacklevel: as :func:`warnings.warn`'s, counted from the caller of :func:`warn`.
     """
     warnings.warn(message(old, new), DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def moved_names(module: str, names: Mapping[str, str],
+                fallback: Callable[[str], Any] | None = None) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that serves each renamed or moved name from its old place.
+
+    Bind it as the old module's ``__getattr__``: ``__getattr__ = moved_names(__name__,
+    {"Plan": "elastic_dew.run.RunPlan"})``. Reading an old name imports its new module and
+    returns the same object, with a :func:`warn` naming the new path.
+
+    Args:
+        module: the old module's path (its ``__name__``).
+        names: each old name -> the full path of what replaced it
+            (``"package.module.Name"``).
+        fallback: the module's own ``__getattr__`` (a package's lazy exports), asked first.
+
+    Returns:
+        The function to bind as the module's ``__getattr__``.
+    """
+    MOVED_NAMES.update({f"{module}.{old}": new for old, new in names.items()})
+
+    def __getattr__(name: str) -> Any:
+        if fallback is not None:
+            try:
+                return fallback(name)
+            except AttributeError:
+                pass
+        target = names.get(name)
+        if target is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        where, _, new = target.rpartition(".")
+        value = getattr(importlib.import_module(where), new)
+        warn(f"{module}.{name}", target)
+        return value
+
+    return __getattr__
 
 
 def renamed_keywords(owner: str, **renames: str) -> Callable[[_F], _F]:

@@ -67,7 +67,7 @@ class Terminal:
         (self._err or sys.stderr).write(f"{self.prog}: error: {self._word(error)}\n")
 
     @contextlib.contextmanager
-    def running(self, plan: run.Plan) -> Iterator[list[Any]]:
+    def running(self, plan: run.RunPlan) -> Iterator[list[Any]]:
         from elastic_dew.observe.logs import attach_run_log, is_terminal
 
         if getattr(plan, "run_dir", None) is not None:
@@ -92,7 +92,7 @@ class Terminal:
         finally:
             progress.close()
 
-    def finished(self, plan: run.Plan, outcome: run.Outcome) -> None:
+    def finished(self, plan: run.RunPlan, outcome: run.RunOutcome) -> None:
         if outcome.status != 0 or not self.summary:
             return
         from elastic_dew import record

@@ -12,7 +12,7 @@ from elastic_dew import record, rundir
 from elastic_dew import testing as chaos
 
 
-def events(outcome: chaos.Outcome) -> list[dict]:
+def events(outcome: chaos.ScenarioOutcome) -> list[dict]:
     return record.read_events(outcome.run_dir)
 
 
@@ -30,17 +30,17 @@ def turns(run_dir: Path) -> list[tuple]:
     return out
 
 
-def kinds(outcome: chaos.Outcome) -> list[tuple]:
+def kinds(outcome: chaos.ScenarioOutcome) -> list[tuple]:
     """The stops and resumes of a scenario's run record, in order (:func:`turns`)."""
     return turns(outcome.run_dir)
 
 
-def fired(outcome: chaos.Outcome) -> list[str]:
+def fired(outcome: chaos.ScenarioOutcome) -> list[str]:
     """The schedule tokens the simulator fired, in order."""
     return [entry.scheduled for entry in rundir.FaultLog(outcome.run_dir / rundir.FAULTS_FILE).entries()]
 
 
-def assert_all_fired(outcome: chaos.Outcome) -> None:
+def assert_all_fired(outcome: chaos.ScenarioOutcome) -> None:
     """Every fault of the schedule fired (a scenario whose fault never fired proves nothing)."""
     scheduled = [str(f) for f in _schedule(outcome.scenario.schedule)]
     assert sorted(fired(outcome)) == sorted(scheduled), (fired(outcome), scheduled)
@@ -52,7 +52,7 @@ def _schedule(text: str):
     return parse_schedule(text)
 
 
-def assert_invariants(outcome: chaos.Outcome, expected_params, **kwargs) -> None:
+def assert_invariants(outcome: chaos.ScenarioOutcome, expected_params, **kwargs) -> None:
     problems = chaos.check(outcome, expected_params, **kwargs)
     assert not problems, "\n".join(problems) + f"\nrecord: {kinds(outcome)}"
 

@@ -174,7 +174,7 @@ def test_a_simulated_multi_tier_run_checkpoints_through_the_replicator_stand_in_
     console.add_options(parser)
     args = parser.parse_args(["mlp", "--checkpoint-kind", "multi_tier", "--steps", "6", "--checkpoint-every", "3",
                               "--snapshot-every", "0", "--mtc-backup-minutes", "5", "--run-dir", str(run_dir)])
-    plan = runs.plan(console.config_of(args))
+    plan = runs.plan_run(console.config_of(args))
     assert plan.elastic.mtc_backup_minutes == 5
     assert runs.execute(plan).status == 0
     saves = [e["step"] for e in record.read_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
@@ -211,8 +211,8 @@ def test_one_invocation_plans_its_run_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("elastic_dew.runtime.prepare_process", lambda **options: None)
     planned = []
-    real_plan = runs.plan
-    monkeypatch.setattr(runs, "plan", lambda spec: planned.append(spec) or real_plan(spec))
+    real_plan = runs.plan_run
+    monkeypatch.setattr(runs, "plan_run", lambda spec: planned.append(spec) or real_plan(spec))
     assert cli.main(["train", "mlp", "--run-dir", "r", "--set", "depth=3"]) == 2
     assert "--set: the mlp recipe has no setting depth" in capsys.readouterr().err
     assert len(planned) == 1

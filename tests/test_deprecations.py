@@ -138,3 +138,39 @@ def test_from_nnx_takes_the_constructors_run_parameters_with_the_same_defaults_a
 def test_the_other_public_callables_that_took_num_slices_take_it_with_a_warning_naming_slices(call):
     with pytest.warns(DeprecationWarning, match=r"\(num_slices=\.\.\.\) is deprecated .*; use .*\(slices=\.\.\.\)"):
         assert call() is None
+
+
+#: Names renamed in 0.2.0 so that each names one concept (issue 38): old path -> new path.
+RENAMED_0_2 = {
+    "elastic_dew.run.Plan": "elastic_dew.run.RunPlan",
+    "elastic_dew.run.Outcome": "elastic_dew.run.RunOutcome",
+    "elastic_dew.run.plan": "elastic_dew.run.plan_run",
+    "elastic_dew.plan.Outcome": "elastic_dew.plan.model.PolicyOutcome",
+    "elastic_dew.plan.model.Outcome": "elastic_dew.plan.model.PolicyOutcome",
+    "elastic_dew.testing.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",
+    "elastic_dew.testing.outcome.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",
+    "elastic_dew.simulate.Fault": "elastic_dew.simulate.schedule.ScheduledFault",
+    "elastic_dew.simulate.schedule.Fault": "elastic_dew.simulate.schedule.ScheduledFault",
+}
+
+
+def _resolve(path: str):
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_0_2))
+def test_a_name_renamed_in_0_2_is_served_from_its_old_place_with_a_warning_naming_the_new_one(old):
+    new = RENAMED_0_2[old]
+    with pytest.warns(DeprecationWarning, match=rf"^{old} is deprecated and will be removed in {REMOVED_IN}; use {new}$"):
+        value = _resolve(old)
+    assert value is _resolve(new)
+
+
+def test_a_name_that_never_existed_is_still_an_attribute_error_naming_the_module():
+    import elastic_dew.run
+
+    with pytest.raises(AttributeError, match="module 'elastic_dew.run' has no attribute 'Nothing'"):
+        elastic_dew.run.Nothing

@@ -35,7 +35,7 @@ def expected(tmp_path_factory):
     return chaos.reference(12, tmp_path_factory.mktemp("reference"))
 
 
-def _run(tmp_path, schedule, **settings) -> chaos.Outcome:
+def _run(tmp_path, schedule, **settings) -> chaos.ScenarioOutcome:
     return chaos.run(chaos.Scenario(schedule=schedule, **settings), tmp_path / "run")
 
 

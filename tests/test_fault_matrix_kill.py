@@ -48,7 +48,7 @@ def test_a_sigkill_during_a_checkpoint_commit_resumes_from_the_previous_committe
     events = record.read_events(run_dir)
     resumes = [e for e in events if e["event"] == "resume"]
     assert [(e["source"], e["step"]) for e in resumes] == [("fresh", 1), ("checkpoint", 5)]
-    outcome = chaos.Outcome(chaos.Scenario(steps=12), run_dir, processes=2, checkpoints_seen=committed)
+    outcome = chaos.ScenarioOutcome(chaos.Scenario(steps=12), run_dir, processes=2, checkpoints_seen=committed)
     assert_invariants(outcome, chaos.reference(12, tmp_path))
     after = chaos.committed_checkpoints(checkpoints)
     assert after[4] == committed[4] and 8 in after and 12 in after

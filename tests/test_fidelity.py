@@ -20,7 +20,7 @@ from pathwaysutils.elastic import elastic, manager
 from elastic_dew import testing as chaos
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.slices import health
-from elastic_dew.simulate import SLICE_DOWN_CODES, Fault, SimulatedSlices, parse_schedule, unreachable
+from elastic_dew.simulate import SLICE_DOWN_CODES, ScheduledFault, SimulatedSlices, parse_schedule, unreachable
 
 from faultlib import kinds
 
@@ -199,7 +199,7 @@ def test_an_error_fault_raises_invalid_argument_which_is_not_a_slice_loss():
 
 def test_a_time_keyed_fault_parses_and_prints_back():
     schedule = parse_schedule("lose:3@17,restore:3@+3,preempt@+0.5/wait")
-    assert schedule.faults[1] == Fault("restore", 3, 0, "step", after=3.0)
+    assert schedule.faults[1] == ScheduledFault("restore", 3, 0, "step", after=3.0)
     assert str(schedule) == "lose:3@17/step,restore:3@+3/step,preempt@+0.5/wait"
     assert parse_schedule(str(schedule)) == schedule
     with pytest.raises(ValueError, match="time '\\+x' is not \\+SECONDS"):

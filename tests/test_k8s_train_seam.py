@@ -5,7 +5,7 @@ environment the controller container gets (``JAX_PLATFORMS=proxy``).
 A command the train command refuses exits 2, and the head Job's ``podFailurePolicy`` turns
 exit 2 into ``FailJob``: the JobSet would fail at start. No cluster, TPU or Pathways proxy
 exists here, so the command is not run: it is parsed by the real ``elastic-dew`` parser and
-checked by the real ``train.plan`` (the library's ``run.plan``: it decides the run and touches nothing), with the
+checked by the real ``train.plan`` (the library's ``run.plan_run``: it decides the run and touches nothing), with the
 container's environment set in this process. JAX's backend is never started (``plan`` only
 reads ``JAX_PLATFORMS``). The mounted bucket is played by a temporary directory: the run
 directory's mount path is mapped onto it, so the run-directory checks look at a real,
@@ -131,7 +131,7 @@ def test_the_controllers_environment_makes_the_train_command_use_the_real_slices
     monkeypatch.delenv("JOBSET_NAME", raising=False)
     monkeypatch.chdir(tmp_path)
     assert not runs.simulating()
-    planned = runs.plan(runs.RunConfig("mlp"))
+    planned = runs.plan_run(runs.RunConfig("mlp"))
     assert runs.process_options(planned) == {}  # no simulated host devices asked for
 
 

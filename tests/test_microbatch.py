@@ -119,7 +119,7 @@ def test_the_command_line_refuses_a_microbatch_before_anything_runs(tmp_path):
         elastic=ElasticConfig(global_batch=GLOBAL_BATCH, minimum_slice_count=2),
     )
     with pytest.raises(SettingError) as refused:
-        runs.plan(config)
+        runs.plan_run(config)
     assert re.search(r"^--microbatch 5 does not divide.*microbatch 1, 2 divide", console.refusal(refused.value))
     assert not (tmp_path / "run").exists()
 

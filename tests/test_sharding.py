@@ -204,7 +204,7 @@ def test_a_model_axis_2_lm_run_from_the_command_line_splits_block_weights_over_m
         "--run-dir", str(tmp_path / "run"), "--snapshot-every", "1", "--eval-every", "2",
         "--set", "d_model=32", "--set", "layers=1", "--set", "seq_len=16", "--set", "corpus_chars=5000",
     ])
-    plan = runs.plan(console.config_of(args))
+    plan = runs.plan_run(console.config_of(args))
     assert plan.elastic.model_axis == 2 and plan.train.sharding == "fsdp"
     outcome = runs.execute(plan)
     assert outcome.status == 0 and outcome.result.final_step == 3

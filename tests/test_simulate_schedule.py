@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from elastic_dew.elastic import hooks
-from elastic_dew.simulate import Fault, Schedule, SimulatedSlices, parse_schedule
+from elastic_dew.simulate import ScheduledFault, Schedule, SimulatedSlices, parse_schedule
 from elastic_dew.simulate.runner import ScheduleRunner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,10 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 def test_the_issue_example_parses_with_step_as_the_default_phase():
     schedule = parse_schedule("lose:1@20,restore:1@40,preempt@60,kill@80")
     assert schedule.faults == (
-        Fault("lose", 1, 20, "step"),
-        Fault("restore", 1, 40, "step"),
-        Fault("preempt", None, 60, "step"),
-        Fault("kill", None, 80, "step"),
+        ScheduledFault("lose", 1, 20, "step"),
+        ScheduledFault("restore", 1, 40, "step"),
+        ScheduledFault("preempt", None, 60, "step"),
+        ScheduledFault("kill", None, 80, "step"),
     )
     assert str(schedule) == "lose:1@20/step,restore:1@40/step,preempt@60/step,kill@80/step"
     assert parse_schedule(str(schedule)) == schedule
@@ -209,10 +209,10 @@ def test_the_grammar_and_the_firing_read_one_action_table(monkeypatch):
     extra = schedule_module.Action("nudge", takes_slice=True, ends_process=False, fire=lambda target, fault: fired.append(fault))
     monkeypatch.setattr(schedule_module, "ACTION_TABLE", {**schedule_module.ACTION_TABLE, "nudge": extra})
     monkeypatch.setattr(schedule_module, "ACTIONS", tuple(schedule_module.ACTION_TABLE))
-    assert parse_schedule("nudge:1@2") == Schedule((Fault("nudge", 1, 2, "step"),))
+    assert parse_schedule("nudge:1@2") == Schedule((ScheduledFault("nudge", 1, 2, "step"),))
     with pytest.raises(ValueError, match="nudge needs a slice"):
         parse_schedule("nudge@2")
     with SimulatedSlices(2, 2, schedule="nudge:1@2"):
         hooks.phase("step", 2)
         hooks.phase("step", 3)
-    assert fired == [Fault("nudge", 1, 2, "step")]
+    assert fired == [ScheduledFault("nudge", 1, 2, "step")]

@@ -161,20 +161,20 @@ def persistence(monkeypatch):
 
 def test_a_local_checkpoint_directory_under_pathways_persistence_is_refused(persistence, tmp_path):
     with pytest.raises(run.UsageError, match="is not a gs:// URL.*TPU workers write"):
-        run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r")))
+        run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r")))
     local = ElasticConfig(global_batch=24, checkpoint_dir="/gcs/runs/x/checkpoints")
     with pytest.raises(run.UsageError, match="checkpoint_dir=/gcs/runs/x/checkpoints is not a gs:// URL"):
-        run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=local))
+        run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=local))
     assert not (tmp_path / "r").exists()
 
 
 def test_a_gs_checkpoint_directory_under_pathways_persistence_is_accepted(persistence, tmp_path):
     bucket = ElasticConfig(global_batch=24, checkpoint_dir="gs://bucket/runs/x/checkpoints")
-    planned = run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket))
+    planned = run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket))
     assert planned.elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
     assert not planned.simulate
 
 
 def test_a_gs_checkpoint_directory_without_persistence_is_accepted_too(tmp_path):
     bucket = ElasticConfig(global_batch=24, checkpoint_dir="gs://bucket/runs/x/checkpoints")
-    assert run.plan(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket)).elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
+    assert run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket)).elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"

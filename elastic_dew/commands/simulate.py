@@ -46,7 +46,7 @@ from elastic_dew.simulate import check_slices, parse_schedule
 from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
 from elastic_dew.supervisor import supervise
 
-__all__ = ["configure", "run", "Program", "resolve", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE"]
+__all__ = ["configure", "run", "ResolvedCommand", "resolve", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class CommandError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Program:
+class ResolvedCommand:
     """COMMAND resolved: the interpreter (with its options) that runs it, and what it runs.
 
     ``form`` is ``module`` (``python -m``) or ``path`` (a script, or a console script's file).
@@ -125,7 +125,7 @@ def _shebang_interpreter(path: str) -> list[str] | None:
     return [found] if found else None
 
 
-def resolve(command: Sequence[str]) -> Program:
+def resolve(command: Sequence[str]) -> ResolvedCommand:
     """What COMMAND runs; raises :class:`CommandError` saying what is wrong and what works."""
     forms = "python -m MODULE ..., python SCRIPT.py ... or a Python package's console script"
     if not command:
@@ -141,9 +141,9 @@ def resolve(command: Sequence[str]) -> Program:
             if option == "-m":
                 if not rest:
                     raise CommandError(f"{word} -m needs a module name")
-                return Program((interpreter, *options), "module", rest[0], tuple(rest[1:]))
+                return ResolvedCommand((interpreter, *options), "module", rest[0], tuple(rest[1:]))
             if option.startswith("-m"):
-                return Program((interpreter, *options), "module", option[2:], tuple(rest))
+                return ResolvedCommand((interpreter, *options), "module", option[2:], tuple(rest))
             if option.startswith("-c"):
                 raise CommandError(f"{word} -c runs no program file; put the code in a script: {forms}")
             options.append(option)
@@ -153,7 +153,7 @@ def resolve(command: Sequence[str]) -> Program:
             raise CommandError(f"{shlex.join(command)} names no program; COMMAND must be {forms}")
         if not Path(rest[0]).is_file():
             raise CommandError(f"{rest[0]}: no such file")
-        return Program((interpreter, *options), "path", rest[0], tuple(rest[1:]))
+        return ResolvedCommand((interpreter, *options), "path", rest[0], tuple(rest[1:]))
     path = _which(word)
     if path is None:
         raise CommandError(f"{word}: command not found (COMMAND must be {forms})")
@@ -163,10 +163,10 @@ def resolve(command: Sequence[str]) -> Program:
             interpreter = [sys.executable]
         else:
             raise CommandError(f"{path} is not a Python program (no python #! line); COMMAND must be {forms}")
-    return Program(tuple(interpreter), "path", path, tuple(rest))
+    return ResolvedCommand(tuple(interpreter), "path", path, tuple(rest))
 
 
-def _check_interpreter(program: Program) -> None:
+def _check_interpreter(program: ResolvedCommand) -> None:
     """Refuse an interpreter that cannot import elastic_dew (the launcher is part of it)."""
     if os.path.realpath(program.interpreter[0]) == os.path.realpath(sys.executable):
         return

@@ -27,9 +27,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     console.add_options(parser)
 
 
-def plan(args: argparse.Namespace) -> runs.Plan:
+def plan(args: argparse.Namespace) -> runs.RunPlan:
     """The checked run that parsed options ask for, touching nothing (raises ``UsageError``)."""
-    return runs.plan(console.config_of(args))
+    return runs.plan_run(console.config_of(args))
 
 
 def run(args: argparse.Namespace) -> int:

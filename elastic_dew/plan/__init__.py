@@ -16,9 +16,10 @@
 
 from __future__ import annotations
 
+from elastic_dew._deprecation import moved_names
 from elastic_dew.plan.faults import draw_schedule, compression
 from elastic_dew.plan.inputs import Cluster, Costs, Input, measured_costs
-from elastic_dew.plan.model import POLICIES, Outcome, evaluate
+from elastic_dew.plan.model import POLICIES, PolicyOutcome, evaluate
 from elastic_dew.plan.planner import Plan, PolicyPlan, SLICE_GRID, plan
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
     "Input",
     "measured_costs",
     "POLICIES",
-    "Outcome",
+    "PolicyOutcome",
     "evaluate",
     "Plan",
     "PolicyPlan",
@@ -36,3 +37,6 @@ __all__ = [
     "draw_schedule",
     "compression",
 ]
+
+#: Renamed in 0.2.0, served with a warning until 0.3.
+__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.plan.model.PolicyOutcome"})

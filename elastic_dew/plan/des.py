@@ -38,10 +38,10 @@ def simulate(
     min_slices: int | None = None,
     seed: int = 0,
     faults: int = 20000,
-) -> model.Outcome:
+) -> model.PolicyOutcome:
     """Run ``policy`` on ``cluster`` until ``faults`` slice losses and preemptions have met
     the run (or :data:`_EVENTS_PER_FAULT` times as many events have passed); the
-    :class:`~elastic_dew.plan.model.Outcome` measured (``lost_seconds`` and
+    :class:`~elastic_dew.plan.model.PolicyOutcome` measured (``lost_seconds`` and
     ``downtime_seconds`` averaged over the losses)."""
     if policy not in model.POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {', '.join(model.POLICIES)}")
@@ -168,7 +168,7 @@ def simulate(
             mode, end, active = "preempted", t + preempt_cost, 0
             down_started = None
     wall = t
-    return model.Outcome(
+    return model.PolicyOutcome(
         goodput=productive / wall if wall > 0 else 0.0,
         useful_work=useful / wall if wall > 0 else 0.0,
         lost_seconds=lost_total / losses if losses else 0.0,

@@ -28,7 +28,7 @@ Pathways a lost slice surfaces as the error of a later computation that touches 
 restore's transfer or the first step (unverified without a cluster), and the two readings
 differ only in the part of the interrupted recovery already spent, second order in ``h c``.
 
-Two figures per policy (:class:`Outcome`): ``goodput``, as ml-goodput-measurement defines it
+Two figures per policy (:class:`PolicyOutcome`): ``goodput``, as ml-goodput-measurement defines it
 (the productive step time over the wall time: a step on three of four slices is productive
 time), and ``useful_work``, the examples trained over what every slice of the allocation,
 healthy, would train in the same wall time (that step is three quarters of the work).
@@ -62,11 +62,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from elastic_dew._deprecation import moved_names
 from elastic_dew.plan.inputs import Cluster, Costs
 
 __all__ = [
     "POLICIES",
-    "Outcome",
+    "PolicyOutcome",
     "Rates",
     "rates",
     "evaluate",
@@ -92,7 +93,7 @@ MIN_SLICES_TOLERANCE = 0.001
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class PolicyOutcome:
     """A policy's expected figures on a cluster.
 
     ``goodput``: productive step time over wall time. ``useful_work``: examples trained over
@@ -221,8 +222,8 @@ def evaluate(
     snapshot_every: int | None,
     checkpoint_every: int | None,
     min_slices: int | None = None,
-) -> Outcome:
-    """The expected :class:`Outcome` of ``policy`` on ``cluster`` with these cadences (steps
+) -> PolicyOutcome:
+    """The expected :class:`PolicyOutcome` of ``policy`` on ``cluster`` with these cadences (steps
     between saves; ``None`` or 0: never) and, for replica-resize, ``min_slices``.
 
     Raises ``ValueError`` for an unknown policy, a cost the policy needs that is not known,
@@ -244,7 +245,7 @@ def evaluate(
         return _replica_resize(costs, cluster, r, e, tau_s, preempt_cost, min_slices or n)
     ok, u, shortage = _shortage(pool, spares, r)
     if ok <= 0:
-        return Outcome(0.0, 0.0, 0.0, math.inf, 0.0)
+        return PolicyOutcome(0.0, 0.0, 0.0, math.inf, 0.0)
     h = n * r.alpha
     total = h + r.preempt
     if policy == "restart":
@@ -261,7 +262,7 @@ def evaluate(
     productive = e * (1.0 / total - (h / total) * lost)
     goodput = _clip(productive / cycle)
     faults = 86400.0 * (1.0 + (h / total) * restarts) / cycle
-    return Outcome(goodput, goodput, e * lost, downtime, faults)
+    return PolicyOutcome(goodput, goodput, e * lost, downtime, faults)
 
 
 #: The costs each policy reads.
@@ -280,7 +281,7 @@ def _clip(x: float) -> float:
 
 def _replica_resize(
     costs: Costs, cluster: Cluster, r: Rates, e: float, tau_s: float, preempt_cost: float, floor: int
-) -> Outcome:
+) -> PolicyOutcome:
     n, spares = cluster.slices, cluster.spares
     if not 1 <= floor <= n:
         raise ValueError(f"min_slices={floor} must be between 1 and slices={n}")
@@ -310,7 +311,7 @@ def _replica_resize(
     faults = float((weight * total).sum()) * 86400.0
     lost_mean = float((weight * h * lost).sum() / max((weight * h).sum(), 1e-300)) * e
     down_mean = float((weight * h * recovery).sum() / max((weight * h).sum(), 1e-300))
-    return Outcome(_clip(goodput), _clip(useful), lost_mean, down_mean, faults)
+    return PolicyOutcome(_clip(goodput), _clip(useful), lost_mean, down_mean, faults)
 
 
 def young(save_seconds: float, mean_between_faults: float) -> float:
@@ -373,3 +374,7 @@ def recommend_spares(cluster: Cluster) -> int:
         if 1.0 - pmf[: spares + 1].sum() <= SPARE_SHORTAGE or spares > 10 * cluster.slices:
             return spares
         spares += max(1, spares // 8)
+
+
+#: Renamed in 0.2.0, served with a warning until 0.3.
+__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.plan.model.PolicyOutcome"})

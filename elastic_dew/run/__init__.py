@@ -4,7 +4,7 @@ A :class:`RunConfig` is what a user asks for, one typed part each: the recipe an
 ``build()`` overrides, the :class:`~elastic_dew.elastic.config.ElasticConfig`, the
 :class:`~elastic_dew.train_config.TrainConfig`, the simulated slices and their fault schedule
 (:class:`SimConfig`), the observability options and where the run lives. Each part checks
-its own fields as it is built; :func:`plan` checks what spans them and decides the run,
+its own fields as it is built; :func:`plan_run` checks what spans them and decides the run,
 touching nothing: the recipe module, the batch against every slice count, the schedule
 against the slices, the run directory and its identity (through :mod:`elastic_dew.rundir`,
 whose identity includes the fault schedule, so resuming with another ``--schedule`` is
@@ -47,6 +47,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic_dew import rundir
+from elastic_dew._deprecation import moved_names
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Sink
 from elastic_dew.observe.sinks import ObserveOptions
@@ -63,11 +64,11 @@ if TYPE_CHECKING:
 __all__ = [
     "RunConfig",
     "SimConfig",
-    "Plan",
-    "Outcome",
+    "RunPlan",
+    "RunOutcome",
     "Display",
     "UsageError",
-    "plan",
+    "plan_run",
     "execute",
     "main",
     "process_options",
@@ -87,6 +88,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The names renamed in 0.2.0, served from here with a warning until 0.3.
+__getattr__ = moved_names(__name__, {
+    "Plan": "elastic_dew.run.RunPlan",
+    "Outcome": "elastic_dew.run.RunOutcome",
+    "plan": "elastic_dew.run.plan_run",
+})
+
 #: Where ``--name NAME`` puts a run directory (``runs/NAME``), relative to the working directory.
 RUNS_DIR = Path("runs")
 #: How a user names the run directory, in refusals of one: the two keywords of
@@ -100,7 +108,7 @@ _PARTS = ("init", "loss", "optimizer", "dataset")
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class RunPlan:
     """A checked run: every part resolved, everything decided except a timestamp run name.
 
     Args:
@@ -146,7 +154,7 @@ class Plan:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class RunOutcome:
     """How an executed run ended: its exit status, its directory, and ``Trainer.fit``'s result
     (``None`` after a preemption).
 
@@ -171,7 +179,7 @@ class Display(Protocol):
             error: the refusal.
         """
 
-    def running(self, plan: Plan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
+    def running(self, plan: RunPlan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
         """While the run trains: the sinks that show it (each gets every typed event).
 
         Args:
@@ -181,7 +189,7 @@ class Display(Protocol):
             A context manager whose value is the sinks.
         """
 
-    def finished(self, plan: Plan, outcome: Outcome) -> None:
+    def finished(self, plan: RunPlan, outcome: RunOutcome) -> None:
         """Show how the run ended.
 
         Args:
@@ -196,10 +204,10 @@ class _Quiet:
     def refused(self, error: UsageError | SettingError) -> None:
         logger.error("%s", error)
 
-    def running(self, plan: Plan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
+    def running(self, plan: RunPlan) -> contextlib.AbstractContextManager[Sequence[Sink]]:
         return contextlib.nullcontext(())
 
-    def finished(self, plan: Plan, outcome: Outcome) -> None:
+    def finished(self, plan: RunPlan, outcome: RunOutcome) -> None:
         pass
 
 
@@ -307,14 +315,14 @@ def _check_checkpoint_dir(config: ElasticConfig, run_dir: Path | None) -> None:
         raise UsageError(problem)
 
 
-def plan(config: RunConfig) -> Plan:
+def plan_run(config: RunConfig) -> RunPlan:
     """Check what spans the parts of ``config`` and decide the run, touching nothing.
 
     Args:
         config: the run's :class:`RunConfig`.
 
     Returns:
-        The :class:`Plan`.
+        The :class:`RunPlan`.
 
     Raises:
         UsageError: an argument the run cannot use (an unknown recipe, a run directory
@@ -331,7 +339,7 @@ def plan(config: RunConfig) -> Plan:
         from elastic_dew.elastic.slices.mesh import check_batch_for_every_slice_count
 
         check_batch_for_every_slice_count(elastic, sim.slices, sim.devices_per_slice, config.train.microbatch)
-    result = Plan(
+    result = RunPlan(
         recipe=module.__name__,
         module=module,
         overrides=dict(config.overrides),
@@ -371,7 +379,7 @@ def compilation_cache_dir() -> Path:
     return Path(base) / "elastic_dew" / "jax-compilation-cache"
 
 
-def process_options(p: Plan) -> dict[str, Any]:
+def process_options(p: RunPlan) -> dict[str, Any]:
     """The ``prepare_process`` arguments of a planned run: on CPU, the host device count and
     JAX's persistent compilation cache (:func:`compilation_cache_dir`), so a restarted
     process loads the programs the previous one compiled. Without a writable cache
@@ -399,7 +407,7 @@ def process_options(p: Plan) -> dict[str, Any]:
     return options
 
 
-def choose_run_dir(p: Plan) -> Path:
+def choose_run_dir(p: RunPlan) -> Path:
     """The planned run directory, else a fresh ``runs/TIMESTAMP`` (refused if it exists).
 
     Args:
@@ -425,7 +433,7 @@ def choose_run_dir(p: Plan) -> Path:
 
 
 @contextlib.contextmanager
-def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
+def _slices(p: RunPlan, run_dir: Path) -> Iterator[None]:
     if not p.simulate:
         yield
         return
@@ -440,7 +448,7 @@ def _slices(p: Plan, run_dir: Path) -> Iterator[None]:
         yield
 
 
-def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display | None = None) -> Outcome:
+def execute(p: RunPlan, build: Callable[..., dict] | None = None, display: Display | None = None) -> RunOutcome:
     """Train the planned run (after ``prepare_process``) with ``build``, else the recipe's.
 
     Raises :class:`~elastic_dew.settings.SettingError` for recipe settings its ``build``
@@ -449,7 +457,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
     (whose count is known only once the protocol is built), a
     :class:`~elastic_dew.elastic.slices.mesh.BatchError` for a batch they cannot take;
     ``command.json`` is written only after those checks. A preemption is an
-    :class:`Outcome` with status 143.
+    :class:`RunOutcome` with status 143.
 
     Args:
         p: the planned run.
@@ -458,7 +466,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
         display: how the run is shown, or ``None`` for logs only.
 
     Returns:
-        The :class:`Outcome`.
+        The :class:`RunOutcome`.
 
     Raises:
         SettingError: recipe settings its ``build`` refuses, or an evaluation cadence for a
@@ -554,7 +562,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                     "preempted before any state was persisted; run the same command again to start over in %s",
                     run_dir,
                 )
-            return Outcome(PREEMPTED_EXIT, run_dir)
+            return RunOutcome(PREEMPTED_EXIT, run_dir)
         except StorageError as error:
             # The storage failed or stalled: one line, the libraries' details in storage.log,
             # and the command-line process ends without the writers' shutdown noise
@@ -568,7 +576,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                 "the run stopped: %s.%s", error,
                 f" The storage libraries' errors are in {details}" if details.exists() else "",
             )
-            return Outcome(FAILED_EXIT, run_dir)
+            return RunOutcome(FAILED_EXIT, run_dir)
         except (jax.errors.JaxRuntimeError, TimeoutError, ElasticRuntimeError) as error:
             # Not retried: an error that is not a slice loss, or the retry gave up.
             logger.error(
@@ -576,7 +584,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
                 "from the newest checkpoint in %s once the cause is fixed",
                 error, run_dir,
             )
-            return Outcome(FAILED_EXIT, run_dir)
+            return RunOutcome(FAILED_EXIT, run_dir)
         finally:
             if left_since(started):
                 # Writers given up on may still log their failure after this returns, whatever
@@ -587,7 +595,7 @@ def execute(p: Plan, build: Callable[..., dict] | None = None, display: Display 
             else:
                 diverted.close()
             observing.close(observers, result.summary if result is not None else None)
-    return Outcome(0, run_dir, result)
+    return RunOutcome(0, run_dir, result)
 
 
 #: Diversions of the storage libraries' errors kept past their run (:func:`execute`).
@@ -609,7 +617,7 @@ def main(config: RunConfig, build: Callable[..., dict] | None = None, display: D
 
     display = display or _Quiet()
     try:
-        p = plan(config)
+        p = plan_run(config)
         prepare_process(**process_options(p))  # before the backend opens: the host device count
         outcome = execute(p, build, display)
     except (UsageError, SettingError) as err:

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import importlib
 
+from elastic_dew._deprecation import moved_names
+
 _EXPORTS = {
     "ACTIONS": "schedule",
     "ACTION_TABLE": "schedule",
     "PHASES": "schedule",
     "SLICE_DOWN_CODES": "schedule",
     "Action": "schedule",
-    "Fault": "schedule",
+    "ScheduledFault": "schedule",
     "Schedule": "schedule",
     "SimulatedSlices": "simulator",
     "Topology": "topology",
@@ -40,13 +42,17 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
+def _lazy(name: str):
     # Lazily, so the grammar and the launcher's settings are read without starting JAX
     # (``elastic-dew simulate`` checks a schedule before the program's process starts).
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'elastic_dew.simulate' has no attribute {name!r}")
     return getattr(importlib.import_module(f"elastic_dew.simulate.{module}"), name)
+
+
+#: Renamed in 0.2.0, served with a warning until 0.3.
+__getattr__ = moved_names(__name__, {"Fault": "elastic_dew.simulate.schedule.ScheduledFault"}, fallback=_lazy)
 
 
 def __dir__() -> list[str]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from elastic_dew.elastic import events, hooks
 from elastic_dew.rundir import FaultLog
-from elastic_dew.simulate.schedule import Fault, Schedule, Target, action_of
+from elastic_dew.simulate.schedule import ScheduledFault, Schedule, Target, action_of
 
 __all__ = ["ScheduleRunner"]
 
@@ -80,16 +80,16 @@ class ScheduleRunner:
         self._clock: threading.Thread | None = None
 
     @property
-    def fired(self) -> frozenset[Fault]:
+    def fired(self) -> frozenset[ScheduledFault]:
         """Scheduled faults fired so far in this run (this process or an earlier one)."""
         return frozenset(self.schedule.faults[index] for index in self._fired)
 
     @property
-    def unfired(self) -> tuple[Fault, ...]:
+    def unfired(self) -> tuple[ScheduledFault, ...]:
         """Scheduled faults that have not fired in this run, in schedule order."""
         return tuple(f for index, f in enumerate(self.schedule.faults) if index not in self._fired)
 
-    def report_unfired(self) -> tuple[Fault, ...]:
+    def report_unfired(self) -> tuple[ScheduledFault, ...]:
         """Warn of every fault that never fired, and record each in the fault log, so a test
         of a loop the schedule never reached cannot pass by accident; returns them."""
         unfired = self.unfired
@@ -131,9 +131,9 @@ class ScheduleRunner:
         previous = self._fired.get(index - 1)
         return None if previous is None else previous + after
 
-    def _collect(self, phase: str, step: int, *, waiting: bool) -> list[tuple[Fault, events.Fault]]:
+    def _collect(self, phase: str, step: int, *, waiting: bool) -> list[tuple[ScheduledFault, events.Fault]]:
         """Record every fault due at this moment, in schedule order (call under the lock)."""
-        due: list[tuple[Fault, events.Fault]] = []
+        due: list[tuple[ScheduledFault, events.Fault]] = []
         for index, fault in enumerate(self.schedule.faults):
             if index in self._fired:
                 continue
@@ -152,7 +152,7 @@ class ScheduleRunner:
             due.append((fault, fired))
         return due
 
-    def _fire(self, due: list[tuple[Fault, events.Fault]], phase: str, step: int) -> None:
+    def _fire(self, due: list[tuple[ScheduledFault, events.Fault]], phase: str, step: int) -> None:
         raised: BaseException | None = None
         for fault, fired in due:
             logger.warning("firing scheduled fault %s at step %d (phase %s)", fault, step, phase)

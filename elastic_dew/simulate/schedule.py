@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from elastic_dew._deprecation import renamed_keywords
 from elastic_dew.elastic import events, fault_token, hooks
-from elastic_dew.elastic._moved import moved
+from elastic_dew._deprecation import moved_names
 
 __all__ = [
     "ACTIONS",
@@ -48,7 +48,7 @@ __all__ = [
     "PHASES",
     "SLICE_DOWN_CODES",
     "Action",
-    "Fault",
+    "ScheduledFault",
     "Schedule",
     "Target",
     "action_of",
@@ -60,8 +60,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The runner moved to its own module (0.2.0); its old path warns until 0.3.
-__getattr__ = moved(__name__, {"ScheduleRunner": "elastic_dew.simulate.runner"})
+# The runner moved to its own module and Fault became ScheduledFault (0.2.0); the old names
+# warn until 0.3.
+__getattr__ = moved_names(__name__, {
+    "ScheduleRunner": "elastic_dew.simulate.runner.ScheduleRunner",
+    "Fault": "elastic_dew.simulate.schedule.ScheduledFault",
+})
 
 #: When a fault fires: the phases the elastic layer announces (:data:`hooks.PHASES`).
 PHASES: tuple[str, ...] = hooks.PHASES
@@ -94,7 +98,7 @@ class Target(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class Fault:
+class ScheduledFault:
     """One scheduled fault: ``action`` (on ``slice``) at the first ``phase`` of step >= ``step``,
     or, when ``after`` is set, ``after`` seconds after the previous fault fired.
 
@@ -154,9 +158,9 @@ class Schedule:
         faults: the faults.
     """
 
-    faults: tuple[Fault, ...] = ()
+    faults: tuple[ScheduledFault, ...] = ()
 
-    def __iter__(self) -> Iterator[Fault]:
+    def __iter__(self) -> Iterator[ScheduledFault]:
         return iter(self.faults)
 
     def __len__(self) -> int:
@@ -190,13 +194,13 @@ class Action:
     name: str
     takes_slice: bool
     ends_process: bool
-    fire: Callable[[Target, Fault], None]
+    fire: Callable[[Target, ScheduledFault], None]
     raises: bool = False
     slice_healthy: bool | None = None
 
 
-def _slice_action(method: str) -> Callable[[Target, Fault], None]:
-    def fire(target: Target, fault: Fault) -> None:
+def _slice_action(method: str) -> Callable[[Target, ScheduledFault], None]:
+    def fire(target: Target, fault: ScheduledFault) -> None:
         # A slice fault only changes slice health; its error surfaces at the next read or
         # dispatch, as on Pathways, never inside the announcement.
         try:
@@ -210,17 +214,17 @@ def _slice_action(method: str) -> Callable[[Target, Fault], None]:
     return fire
 
 
-def _preempt(target: Target, fault: Fault) -> None:
+def _preempt(target: Target, fault: ScheduledFault) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _kill(target: Target, fault: Fault) -> None:
+def _kill(target: Target, fault: ScheduledFault) -> None:
     for handler in logging.getLogger().handlers:
         handler.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _error(target: Target, fault: Fault) -> None:
+def _error(target: Target, fault: ScheduledFault) -> None:
     import jax  # here, so the grammar is read without starting JAX
 
     raise jax.errors.JaxRuntimeError(
@@ -252,7 +256,7 @@ ACTION_TABLE: Mapping[str, Action] = {
 ACTIONS: tuple[str, ...] = tuple(ACTION_TABLE)
 
 
-def action_of(fault: Fault) -> Action:
+def action_of(fault: ScheduledFault) -> Action:
     """The table entry of ``fault``'s action."""
     return ACTION_TABLE[fault.action]
 
@@ -262,7 +266,7 @@ def action_of(fault: Fault) -> Action:
 _GRAMMAR = f"{' or '.join(fault_token.FORMS)}, comma-separated"
 
 
-def _parse_token(token: str, bad: Callable[[str], ValueError]) -> Fault:
+def _parse_token(token: str, bad: Callable[[str], ValueError]) -> ScheduledFault:
     if not token:
         raise bad("empty token (a stray comma?)")
     parts = fault_token.split(token)
@@ -295,7 +299,7 @@ def _parse_token(token: str, bad: Callable[[str], ValueError]) -> Fault:
         phase = "step"
     elif phase not in PHASES:
         raise bad(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
-    return Fault(name, slice_index, step, phase, after)
+    return ScheduledFault(name, slice_index, step, phase, after)
 
 
 def parse_schedule(text: str) -> Schedule:
@@ -397,9 +401,9 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
     needed = slices if minimum_slice_count is None else minimum_slice_count
     lost: set[int] = set()
     paused: list[int | None] = [None]  # the step the run paused at, or None while it steps
-    cause: list[Fault | None] = [None]
+    cause: list[ScheduledFault | None] = [None]
 
-    def apply(fault: Fault, step: int) -> None:
+    def apply(fault: ScheduledFault, step: int) -> None:
         healthy = action_of(fault).slice_healthy
         if healthy is False:
             lost.add(fault.slice)

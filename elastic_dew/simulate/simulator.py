@@ -79,7 +79,7 @@ from elastic_dew.simulate.replicator import Replicator
 from elastic_dew.simulate.runner import ScheduleRunner
 from elastic_dew.simulate.schedule import (
     SLICE_DOWN_CODES,
-    Fault,
+    ScheduledFault,
     Schedule,
     action_of,
     as_schedule,
@@ -180,7 +180,7 @@ class SimulatedSlices:
         #: answer of each of its waits for slices), in order.
         self.attempts: list[tuple[int, ...]] = []
         #: The scheduled faults that never fired, set when the context exits normally.
-        self.unfired: tuple[Fault, ...] = ()
+        self.unfired: tuple[ScheduledFault, ...] = ()
         if self.fault_log is None and any(action_of(f).ends_process for f in schedule):
             logger.warning(
                 "schedule %s ends this process but has no fault_log: a restarted process fires "
@@ -289,7 +289,7 @@ class SimulatedSlices:
         return self._hung
 
     @property
-    def fired(self) -> frozenset[Fault]:
+    def fired(self) -> frozenset[ScheduledFault]:
         """Scheduled faults fired so far in this run (this process or an earlier one)."""
         return self._runner.fired
 

@@ -7,13 +7,14 @@ A test support package, not part of training: the fault-matrix and chaos tests a
   :func:`draw` (a random scenario from a seed) with its :func:`replay_command`;
 * :mod:`~elastic_dew.testing.runner`: :func:`run` (train a scenario, restarting after each
   preemption), :func:`reference` (the failure-free run) and :func:`run_seed`;
-* :mod:`~elastic_dew.testing.outcome`: :class:`Outcome`, what a run left behind, and
+* :mod:`~elastic_dew.testing.outcome`: :class:`ScenarioOutcome`, what a run left behind, and
   :func:`committed_checkpoints`;
 * :mod:`~elastic_dew.testing.invariants`: :func:`check`, every broken invariant of a run.
 """
 
+from elastic_dew._deprecation import moved_names
 from elastic_dew.testing.invariants import check
-from elastic_dew.testing.outcome import Outcome, committed_checkpoints
+from elastic_dew.testing.outcome import ScenarioOutcome, committed_checkpoints
 from elastic_dew.testing.runner import reference, run, run_seed
 from elastic_dew.testing.scenarios import (
     DEVICES_PER_SLICE,
@@ -34,7 +35,7 @@ __all__ = [
     "TOLERANCE",
     "MAX_PROCESSES",
     "Scenario",
-    "Outcome",
+    "ScenarioOutcome",
     "model",
     "committed_checkpoints",
     "run",
@@ -44,3 +45,7 @@ __all__ = [
     "draw",
     "replay_command",
 ]
+
+
+#: Renamed in 0.2.0, served with a warning until 0.3.
+__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.testing.outcome.ScenarioOutcome"})

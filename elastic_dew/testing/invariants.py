@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew.elastic import events as ev
-from elastic_dew.testing.outcome import Outcome, committed_checkpoints
+from elastic_dew.testing.outcome import ScenarioOutcome, committed_checkpoints
 from elastic_dew.testing.scenarios import GLOBAL_BATCH, TOLERANCE, TOTAL_SLICES
 
 __all__ = ["check"]
@@ -68,7 +68,7 @@ def _check_params(run_dir: Path, expected: dict[str, Any], full_mesh: bool) -> l
     return problems
 
 
-def _check_resumes(outcome: Outcome, events: list[ev.Event]) -> list[str]:
+def _check_resumes(outcome: ScenarioOutcome, events: list[ev.Event]) -> list[str]:
     """Each restart resumes from the checkpoint of the step its preemption stopped at."""
     problems = []
     resumes_by_process: list[ev.Resume] = []
@@ -92,7 +92,7 @@ def _check_resumes(outcome: Outcome, events: list[ev.Event]) -> list[str]:
     return problems
 
 
-def _check_summary(outcome: Outcome) -> list[str]:
+def _check_summary(outcome: ScenarioOutcome) -> list[str]:
     from elastic_dew import record
 
     try:
@@ -113,7 +113,7 @@ def _check_summary(outcome: Outcome) -> list[str]:
     return problems
 
 
-def _check_record(outcome: Outcome, events: list[ev.Event]) -> list[str]:
+def _check_record(outcome: ScenarioOutcome, events: list[ev.Event]) -> list[str]:
     problems = []
     starts = sum(1 for e in events if isinstance(e, ev.Start))
     if starts != outcome.processes:
@@ -136,7 +136,7 @@ def _check_record(outcome: Outcome, events: list[ev.Event]) -> list[str]:
     return problems
 
 
-def check(outcome: Outcome, expected_params: dict[str, Any], *, expect_error: type | None = None) -> list[str]:
+def check(outcome: ScenarioOutcome, expected_params: dict[str, Any], *, expect_error: type | None = None) -> list[str]:
     """Every broken invariant of ``outcome`` (empty when the run kept them all).
 
     ``expected_params`` are the failure-free run's final parameters. ``expect_error`` is

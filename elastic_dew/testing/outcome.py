@@ -1,4 +1,4 @@
-"""What a chaos scenario's run left behind: its :class:`Outcome` and its committed checkpoints.
+"""What a chaos scenario's run left behind: its :class:`ScenarioOutcome` and its committed checkpoints.
 
 The runner (:mod:`~elastic_dew.testing.runner`) fills an outcome as the run goes; the
 invariants (:mod:`~elastic_dew.testing.invariants`) read one. Both import this module, never
@@ -12,15 +12,16 @@ import hashlib
 import os
 from pathlib import Path
 
+from elastic_dew._deprecation import moved_names
 from elastic_dew import rundir
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.testing.scenarios import Scenario
 
-__all__ = ["Outcome", "committed_checkpoints"]
+__all__ = ["ScenarioOutcome", "committed_checkpoints"]
 
 
 @dataclasses.dataclass
-class Outcome:
+class ScenarioOutcome:
     """What a scenario's run left behind."""
 
     scenario: Scenario
@@ -63,3 +64,7 @@ def committed_checkpoints(directory: str | os.PathLike[str]) -> dict[int, str]:
         except OSError:  # vanished while being read: the next look reports it
             continue
     return found
+
+
+#: Renamed in 0.2.0, served with a warning until 0.3.
+__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.testing.outcome.ScenarioOutcome"})

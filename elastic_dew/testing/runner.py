@@ -22,7 +22,7 @@ from typing import Any
 from elastic_dew import rundir
 from elastic_dew.supervisor import supervise_in_process
 from elastic_dew.testing.invariants import check
-from elastic_dew.testing.outcome import Outcome, committed_checkpoints
+from elastic_dew.testing.outcome import ScenarioOutcome, committed_checkpoints
 from elastic_dew.testing.scenarios import (
     DEVICES_PER_SLICE,
     MAX_PROCESSES,
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 class _CheckpointWatch:
     """Hash the committed checkpoints at every phase; a committed one must never change."""
 
-    def __init__(self, outcome: Outcome) -> None:
+    def __init__(self, outcome: ScenarioOutcome) -> None:
         self.outcome = outcome
         self._lock = threading.Lock()
 
@@ -88,13 +88,13 @@ def run(
     run_dir: str | os.PathLike[str],
     *,
     on_process: Callable[[Any, Any], None] | None = None,
-) -> Outcome:
+) -> ScenarioOutcome:
     """Train ``scenario`` in ``run_dir``, restarting after every preemption.
 
     Each process is a fresh :class:`SimulatedSlices` over the same fault log, a fresh
     pathwaysutils ``Manager`` and a fresh :class:`Trainer` on the same run directory.
     ``on_process(sim, manager)`` is called as each process starts. An error of the training
-    other than ``Preempted`` ends the run and is kept in ``Outcome.error`` (setting a process
+    other than ``Preempted`` ends the run and is kept in ``ScenarioOutcome.error`` (setting a process
     up, e.g. a refused fault log, raises).
     """
     from elastic_dew.elastic.slices.retry import make_manager
@@ -102,7 +102,7 @@ def run(
     from elastic_dew.simulate import SimulatedSlices
     from elastic_dew.trainer import Trainer, TrainConfig
 
-    outcome = Outcome(scenario, Path(run_dir))
+    outcome = ScenarioOutcome(scenario, Path(run_dir))
     watch = _CheckpointWatch(outcome)
 
     def process(number: int) -> None:
