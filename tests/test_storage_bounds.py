@@ -13,7 +13,7 @@ import time
 import pytest
 
 from elastic_dew import testing as chaos
-from elastic_dew.elastic.state import storage
+from elastic_dew.elastic.state import progress, storage
 from elastic_dew.elastic.state.storage import StorageTimeout
 
 
@@ -35,6 +35,50 @@ def test_the_grace_window_comes_from_the_setting_then_the_manifest_variable_then
     # a stop noticed 10 s into a 30 s window gets 30 - 3 (margin) - 10 s, never more than the timeout
     assert storage.stop_bound(30.0, 100.0, 600.0, now=110.0) == pytest.approx(17.0)
     assert storage.stop_bound(30.0, 100.0, 5.0, now=110.0) == 5.0
+
+
+def test_a_bounded_call_that_keeps_progressing_outlasts_its_bound_and_one_that_stops_is_given_up_on():
+    meter = progress.Meter()
+    moving = threading.Event()
+
+    def work(seconds: float, progressing: float) -> str:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if time.monotonic() < end - seconds + progressing:
+                meter.note(answered=1, nbytes=10)
+            time.sleep(0.05)
+        moving.set()
+        return "done"
+
+    started = time.monotonic()
+    assert storage.bounded("save", "gs://b/ck", 3, 0.4, lambda: work(1.2, 1.2), progress=meter) == "done"
+    assert time.monotonic() - started >= 1.2  # three times its bound, answered all along
+    started = time.monotonic()
+    with pytest.raises(StorageTimeout) as stalled:
+        storage.bounded("save", "gs://b/ck", 4, 0.4, lambda: work(5.0, 0.3), progress=meter)
+    waited = time.monotonic() - started
+    assert 0.2 + 0.4 <= waited < 3.0, waited  # from the last progress (about 0.3 s in), not the call's start
+    assert stalled.value.idle and "made no progress for the storage timeout of 0.4 s" in str(stalled.value)
+    with pytest.raises(StorageTimeout) as given:  # a total bound holds, progress or not
+        storage.bounded("commit", "gs://b/ck", 5, 0.4, lambda: work(3.0, 3.0), progress=meter, total=0.6)
+    assert not given.value.idle and "did not finish within the 0.6 s it was given" in str(given.value)
+    started = time.monotonic()
+    with pytest.raises(StorageTimeout) as data:  # nothing measured: the bound is the call's whole time
+        storage.bounded("read", "the training data", 6, 0.3, lambda: work(3.0, 3.0), noun="data", progress=None)
+    assert time.monotonic() - started < 2.0
+    assert "data read of step 6 in the training data did not finish within the storage timeout of 0.3 s" in str(data.value)
+
+
+def test_the_progress_meter_counts_what_tensorstore_reads_and_writes(tmp_path):
+    import tensorstore as ts
+
+    before = progress.METER.counters()
+    array = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "a")}},
+                    create=True, dtype=ts.float32, shape=[64]).result()
+    array.write(1.0).result()
+    moved = progress.METER.counters() - before
+    assert moved.answered >= 1 and moved.nbytes > 0, moved
+    assert progress.METER.idle(time.monotonic() - 60) < 5
 
 
 @pytest.mark.parametrize(

@@ -102,6 +102,34 @@ def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_relea
         again.close()
 
 
+def test_a_commit_whose_uploads_are_slow_but_answered_outlasts_the_storage_timeout_and_commits(
+    fault_proxy, bucket, tmp_path
+):
+    """Every upload of step 2's arrays is held 0.5 s before it is answered: the commit takes
+    several times the 1.5 s storage timeout, but the storage never goes 1.5 s without
+    answering, so nothing is abandoned (a total bound of 1.5 s would have given it up)."""
+    directory = f"{bucket}/ck"
+    with _through(fault_proxy):
+        checkpoints = Checkpoints(directory, timeout=60, record_dir=tmp_path, max_to_keep=10)
+        checkpoints.save(1, _state(1.0), {"step": 1})
+        checkpoints.wait()
+        checkpoints.timeout = 1.5
+        fault_proxy.add(Fault("stall", method="POST", path=f"{bucket[5:]}/ck/2/state/*", seconds=0.5))
+        before = storage.METER.counters()
+        started = time.monotonic()
+        assert checkpoints.save(2, _state(2.0), {"step": 2})
+        failure = checkpoints.settle()
+        took = time.monotonic() - started
+        moved = storage.METER.counters() - before
+        assert failure is None and checkpoints.failures() == [], failure
+        assert took > 3 * 1.5, took  # slow: longer than the timeout many times over
+        assert len(fault_proxy.requests("stall")) >= 6 and moved.answered >= 6 and moved.nbytes > 0, moved
+        assert checkpoints.latest_step() == 2 and checkpoints.abandoned == set()
+        assert orbax_step.read_abandoned(tmp_path) == set()
+        fault_proxy.clear()
+        checkpoints.close()
+
+
 def test_a_restore_whose_reads_stall_raises_naming_the_storage_step_and_bound_and_reads_no_more(
     fault_proxy, bucket
 ):

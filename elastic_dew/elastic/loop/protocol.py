@@ -419,8 +419,7 @@ class ElasticRun:
         """Seconds a preemption's stop may spend on storage: what is left of the grace
         window since the notice, less a margin (:func:`~elastic_dew.elastic.state.storage.stop_bound`)."""
         noticed = getattr(self.notice, "received", None)
-        timeout = self.checkpoints.bound() if self.checkpoints is not None else storage.FLOOR_SECONDS
-        return storage.stop_bound(storage.grace_seconds(self.config.grace_period), noticed, timeout)
+        return storage.stop_bound(storage.grace_seconds(self.config.grace_period), noticed)
 
     def _persist_snapshot(self, bound: float | None = None) -> int | None:
         """Load the newest snapshot onto the healthy slices and commit it as a checkpoint
@@ -557,7 +556,7 @@ class ElasticRun:
         :class:`~elastic_dew.elastic.state.storage.StorageTimeout` instead of holding it for ever."""
         bound = self.config.storage_timeout or storage.FLOOR_SECONDS
         try:
-            return storage.bounded("read", "the training data", step, bound, self.data.next, noun="data")
+            return storage.bounded("read", "the training data", step, bound, self.data.next, noun="data", progress=None)
         except storage.StorageTimeout:
             self._data_stuck = True
             raise

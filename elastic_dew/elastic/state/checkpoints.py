@@ -67,14 +67,14 @@ def _check_step(step: int) -> None:
 
 
 class _InFlight(NamedTuple):
-    """A save written in the background: its step, when it started, its bytes, its bound."""
+    """A save written in the background: its step, when it started, its bytes, and the most
+    seconds it was given from its start, progress or not (``None``: no such bound, only the
+    storage timeout's no-progress deadline)."""
 
     step: int
     started: float
     nbytes: int
-    bound: float
-    #: What the bound is, for messages.
-    why: str = "the storage timeout"
+    total: float | None = None
 
 
 class Checkpoints:
@@ -175,7 +175,8 @@ class Checkpoints:
 
     # -- bounds ----------------------------------------------------------------------------
     def bound(self, nbytes: int | None = None) -> float:
-        """Seconds one storage call may take.
+        """Seconds the storage may go without progress (no request answered, no byte moved)
+        before one operation counts as stalled: the storage timeout.
 
         Args:
             nbytes: the state's bytes (default: those of the last state saved or restored).
@@ -187,9 +188,12 @@ class Checkpoints:
             return float(self.timeout)
         return storage.automatic_timeout(self._nbytes if nbytes is None else nbytes, self.bandwidth)
 
-    def _call(self, operation: str, step: int | None, call: Any, bound: float | None = None) -> Any:
+    def _call(self, operation: str, step: int | None, call: Any, total: float | None = None,
+              since: float | None = None) -> Any:
+        """``call()`` under the storage timeout's no-progress deadline (:func:`storage.bounded`),
+        and within ``total`` seconds when given."""
         try:
-            return storage.bounded(operation, self.directory, step, self.bound() if bound is None else bound, call)
+            return storage.bounded(operation, self.directory, step, self.bound(), call, total=total, since=since)
         except StorageTimeout as error:
             self._stalled_until = time.monotonic() + (error.bound or 0.0)
             raise
@@ -214,7 +218,9 @@ class Checkpoints:
             state: the state.
             meta: its JSON-able meta (step, data position, ...).
             force: save even where Orbax's own policy would skip the step.
-            bound: the most seconds the start may take (default :meth:`bound`).
+            bound: the most seconds the save may take from its start to its commit, progress
+                or not (default: no such bound; the storage timeout's no-progress deadline
+                always holds).
 
         Returns:
             Whether the save started.
@@ -226,8 +232,7 @@ class Checkpoints:
         _check_step(step)
         encoded = meta_json(meta, "checkpoint")
         self._nbytes = storage.state_bytes(state)
-        limit = self.bound() if bound is None else bound
-        self.settle(limit)
+        self.settle(bound)
         if step in self.abandoned:
             logger.warning("checkpoint of step %d skipped: an earlier save of that step was abandoned", step)
             return False
@@ -242,22 +247,25 @@ class Checkpoints:
             return True
 
         try:
-            began = self._call("save", step, start, limit)
+            began = self._call("save", step, start, bound)
         except (StorageError, OSError, ValueError) as error:
             if isinstance(error, ValueError) and not isinstance(error, StorageError) and "meta" in str(error):
                 raise  # a meta the backend cannot carry: the caller's bug, not the storage's
             self._abandon(step, error, started)
             return False
         if began:
-            why = "the storage timeout" if bound is None or bound >= self.bound() else "the time it was given"
-            self._inflight = _InFlight(int(step), started, self._nbytes, limit, why)
+            self._inflight = _InFlight(int(step), started, self._nbytes, bound)
         return began
 
     def settle(self, bound: float | None = None) -> StorageError | None:
-        """Wait for the save in flight to commit, never past its own bound from its start.
+        """Wait for the save in flight to commit, for as long as its writes keep progressing.
+
+        It is abandoned when the storage made no progress for the storage timeout
+        (:meth:`bound`) since its start or its last progress, or when ``bound`` (or the time
+        its save was given) passed.
 
         Args:
-            bound: the most seconds to wait now (default: what is left of the save's bound).
+            bound: the most seconds to wait now, progress or not (default: no such bound).
 
         Returns:
             ``None`` when it committed (or none was in flight), else the
@@ -271,21 +279,15 @@ class Checkpoints:
         inflight = self._inflight
         if inflight is None:
             return None
-        left = inflight.started + inflight.bound - time.monotonic()
-        limit = max(0.0, left if bound is None else min(bound, left))
+        limit = bound
+        if inflight.total is not None:
+            left = inflight.started + inflight.total - time.monotonic()
+            limit = left if limit is None else min(limit, left)
         try:
-            self._call("commit", inflight.step, self.backend.wait, max(limit, 0.01))
+            self._call("commit", inflight.step, self.backend.wait,
+                       None if limit is None else max(limit, 0.01), since=inflight.started)
         except StorageTimeout as error:
-            waited = time.monotonic() - inflight.started
-            own = waited >= inflight.bound
-            timeout = StorageTimeout(
-                f"checkpoint save of step {inflight.step} in {self.directory} did not commit within "
-                + (f"{inflight.why} of {inflight.bound:.3g} s" if own else f"the {limit:.3g} s it was given")
-                + ": the storage is not answering",
-                operation="commit", storage=self.directory, step=inflight.step,
-                bound=inflight.bound if own else limit, waited=waited,
-            )
-            return self._abandon(inflight.step, timeout, inflight.started)
+            return self._abandon(inflight.step, self._commit_timeout(inflight, error), inflight.started)
         except Exception as error:  # noqa: BLE001 - every failure of a write abandons it
             if _is_slice_loss(error):
                 self._inflight = None
@@ -294,9 +296,24 @@ class Checkpoints:
         self._committed(inflight)
         return None
 
+    def _commit_timeout(self, inflight: _InFlight, error: StorageTimeout | None) -> StorageTimeout:
+        """The timeout of ``inflight``'s commit: no progress for the storage timeout (``error``
+        ``None`` or idle), or the time it was given passed."""
+        waited = time.monotonic() - inflight.started
+        head = f"checkpoint save of step {inflight.step} in {self.directory}"
+        if error is None or error.idle:
+            bound = self.bound()
+            message = (f"{head} made no progress for the storage timeout of {bound:g} s (no request answered, "
+                       f"no byte moved; {waited:.1f} s since it began): the storage is not answering")
+        else:
+            bound = error.bound
+            message = f"{head} did not commit within the {bound:.3g} s it was given"
+        return StorageTimeout(message, operation="commit", storage=self.directory, step=inflight.step,
+                              bound=bound, waited=waited, idle=error is None or error.idle)
+
     def poll(self) -> StorageError | None:
         """Without waiting: commit the save in flight if it finished, abandon it if it failed
-        or passed its bound.
+        or the storage made no progress for the storage timeout (or its given time passed).
 
         Returns:
             The failure of an abandoned save, or ``None``.
@@ -305,23 +322,23 @@ class Checkpoints:
         if inflight is None:
             return None
         if self.backend.saving():
-            if time.monotonic() - inflight.started < inflight.bound:
+            now = time.monotonic()
+            idle = storage.METER.idle(inflight.started) >= self.bound()
+            over = inflight.total is not None and now - inflight.started >= inflight.total
+            if not idle and not over:
                 return None
-            error = StorageTimeout(
-                f"checkpoint save of step {inflight.step} in {self.directory} did not commit within "
-                f"{inflight.why} of {inflight.bound:.3g} s: the storage is not answering",
-                operation="commit", storage=self.directory, step=inflight.step, bound=inflight.bound,
-                waited=time.monotonic() - inflight.started,
-            )
-            self._stalled_until = time.monotonic() + inflight.bound
-            return self._abandon(inflight.step, error, inflight.started)
+            error = None if idle else StorageTimeout("", operation="commit", storage=self.directory,
+                                                     step=inflight.step, bound=inflight.total, idle=False)
+            timeout = self._commit_timeout(inflight, error)
+            self._stalled_until = now + (timeout.bound or 0.0)
+            return self._abandon(inflight.step, timeout, inflight.started)
         return self.settle()
 
     def wait(self, bound: float | None = None) -> None:
         """Block until the last save is committed.
 
         Args:
-            bound: the most seconds to wait (default: what is left of the save's bound).
+            bound: the most seconds to wait, progress or not (default: as long as it progresses).
 
         Raises:
             StorageError: the save was abandoned: it failed, or did not commit within
@@ -399,7 +416,8 @@ class Checkpoints:
         """The newest committed step; saves still in flight and abandoned steps do not count.
 
         Args:
-            bound: the most seconds the listing may take (default :meth:`bound`).
+            bound: the most seconds the listing may take, progress or not (default: as long
+                as it progresses).
 
         Returns:
             The step, or ``None``.
@@ -431,7 +449,8 @@ class Checkpoints:
         Args:
             step: a committed step.
             abstract_state: the state's shapes and target shardings.
-            bound: the most seconds the restore may take (default :meth:`bound` of the
+            bound: the most seconds the restore may take, progress or not (default: as
+                long as it progresses; the no-progress deadline is :meth:`bound` of the
                 state's bytes).
 
         Returns:

@@ -4,15 +4,21 @@ A bucket that stops answering (or a FUSE mount, or a full or read-only disk) mus
 the training loop for longer than a known bound, and must never leave a save that was given
 up as the step a restore reads. This module is the one home of:
 
-- the bound itself: :func:`automatic_timeout` (when ``storage_timeout`` is not given) sizes
-  it from the state's bytes and the bandwidth the run measured so far (:class:`Bandwidth`),
-  never below :data:`FLOOR_SECONDS`; during a preemption's stop it is also bounded by what
-  is left of the grace window (:func:`grace_seconds`, :func:`stop_bound`);
+- the bound itself, the longest time without progress: :func:`automatic_timeout` (when
+  ``storage_timeout`` is not given) sizes it from the state's bytes and the bandwidth the
+  run measured so far (:class:`Bandwidth`: progress is counted a request at a time, so the
+  bound must outlast the largest object's transfer), never below :data:`FLOOR_SECONDS`;
+  during a preemption's stop the stop's own time is also bounded by what is left of the
+  grace window (:func:`grace_seconds`, :func:`stop_bound`);
 - :func:`bounded`: run one blocking storage call in a thread of its own and give up on it
-  after the bound with :class:`StorageTimeout`. Python cannot cancel a thread, and neither
-  Orbax nor the Cloud Storage clients can cancel a request, so the call is left running
-  (:func:`stuck`), the caller stops using whatever it held (a fresh Orbax manager), and a
-  command line run ends its process at once when it is done (:func:`end_if_stuck`);
+  with :class:`StorageTimeout` once the storage made **no progress** for the bound (no
+  request answered, no byte moved, retries included: what
+  :mod:`~elastic_dew.elastic.state.progress` reads from the storage clients), so a slow
+  bucket that keeps answering is never taken for a stalled one. Python cannot cancel a
+  thread, and neither Orbax nor the Cloud Storage clients can cancel a request, so the call
+  is left running (:func:`stuck`), the caller stops using whatever it held (a fresh Orbax
+  manager), and a command line run ends its process at once when it is done
+  (:func:`end_if_stuck`);
 - :class:`StorageError`: what failed (the operation, the storage, the step, the bound, the
   cause) and :func:`diagnose`, the wording of a cause (no space, read-only, permission, a
   missing bucket) with its fix;
@@ -36,6 +42,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+
+from elastic_dew.elastic.state.progress import METER, Meter
+from elastic_dew.elastic.state.progress import trace_config as progress_trace_config
 
 __all__ = [
     "FLOOR_SECONDS",
@@ -125,17 +134,26 @@ class StorageError(RuntimeError):
 
 
 class StorageTimeout(StorageError):
-    """A persistent-tier operation that did not finish within its bound (a stalled bucket).
+    """A persistent-tier operation whose storage made no progress for the storage timeout (a
+    stalled bucket), or that did not finish within the time it was given (a grace window's share).
 
     Args:
         message: what happened.
         operation: as :class:`StorageError`'s, and so are the others.
         storage: the directory or ``gs://`` path.
         step: the step (``None`` for a listing).
-        bound: the seconds it was allowed.
+        bound: the storage timeout (``idle``), or the seconds it was given.
         waited: how long it ran.
         cause: ``None``.
+        idle: whether it made no progress for ``bound`` (else its given time passed).
     """
+
+    def __init__(self, message: str, *, operation: str, storage: str, step: int | None,
+                 bound: float | None = None, waited: float = 0.0, cause: BaseException | None = None,
+                 idle: bool = True) -> None:
+        super().__init__(message, operation=operation, storage=storage, step=step, bound=bound,
+                         waited=waited, cause=cause)
+        self.idle = idle
 
 
 def _short(error: BaseException, limit: int = 240) -> str:
@@ -236,15 +254,18 @@ def grace_seconds(setting: float | None = None, env: dict[str, str] | None = Non
     return seconds
 
 
-def stop_bound(grace: float, noticed: float | None, storage_timeout: float, now: float | None = None) -> float:
+def stop_bound(grace: float, noticed: float | None, storage_timeout: float | None = None,
+               now: float | None = None) -> float:
     """The bound on a preemption stop's save: what is left of the grace window, from the
     notice (``noticed``, a ``time.monotonic()``; now when unknown) less a margin for the
-    process to exit (a tenth of the window, at least 2 s), and never above ``storage_timeout``.
-    At least 0.1 s, so the save is at least tried."""
+    process to exit (a tenth of the window, at least 2 s), and never above ``storage_timeout``
+    when one is given (the stop's storage calls are also under the storage timeout's
+    no-progress deadline, which :func:`bounded` applies on its own). At least 0.1 s, so the
+    save is at least tried."""
     now = time.monotonic() if now is None else now
     margin = max(2.0, 0.1 * grace)
     left = grace - margin - (now - noticed if noticed is not None else 0.0)
-    return max(0.1, min(storage_timeout, left))
+    return max(0.1, left if storage_timeout is None else min(storage_timeout, left))
 
 
 # -------------------------------------------------------------------------- bounded calls
@@ -279,13 +300,25 @@ def mark() -> tuple[frozenset[threading.Thread], int]:
 
 
 def bounded(operation: str, storage: str, step: int | None, bound: float, call: Callable[[], T],
-            *, noun: str = "checkpoint") -> T:
-    """``call()``, given up on after ``bound`` seconds with :class:`StorageTimeout` (worded as
-    ``noun`` ``operation``, e.g. ``checkpoint save``).
+            *, noun: str = "checkpoint", progress: Meter | None = METER, since: float | None = None,
+            total: float | None = None) -> T:
+    """``call()``, given up on with :class:`StorageTimeout` once the storage made no progress
+    for ``bound`` seconds (worded as ``noun`` ``operation``, e.g. ``checkpoint save``).
+
+    Progress is what ``progress`` (:data:`~elastic_dew.elastic.state.progress.METER`, the
+    process's storage clients) counts: a request answered, a byte moved, retries included.
+    A call that keeps progressing is never given up on for its length. With ``progress``
+    ``None`` (a read nothing measures, such as the training data's) ``bound`` is the call's
+    whole duration. ``since`` (a ``time.monotonic()``, default now) is when the operation
+    began, for a wait on one that started earlier (a commit in flight); ``total``, when
+    given, bounds the wait itself, progress or not (a grace window's share).
 
     The call runs in a daemon thread of its own; its result is returned and its exception
     raised as they are (a slice lost while a save reads the arrays stays a ``JaxRuntimeError``).
     A call given up on keeps running, listed by :func:`stuck`.
+
+    Raises:
+        StorageTimeout: no progress for ``bound`` seconds, or ``total`` passed.
     """
     box: dict[str, Any] = {}
     done = threading.Event()
@@ -301,21 +334,37 @@ def bounded(operation: str, storage: str, step: int | None, bound: float, call: 
             done.set()
 
     started = time.monotonic()
+    origin = started if since is None else min(since, started)
     thread = threading.Thread(target=target, name=f"storage-{operation}", daemon=True)
     thread.start()
-    if not done.wait(bound):
-        with _stuck_lock:
-            _stuck.append(thread)
-        waited = time.monotonic() - started
-        of_step = f" of step {step}" if step is not None else ""
-        raise StorageTimeout(
-            f"{noun} {operation}{of_step} in {storage} did not finish within the storage timeout "
-            f"of {bound:g} s: the storage is not answering",
-            operation=operation, storage=storage, step=step, bound=bound, waited=waited,
-        )
+    while not done.is_set():
+        now = time.monotonic()
+        last = origin if progress is None else max(origin, progress.last_progress())
+        idle_left = last + bound - now
+        total_left = math.inf if total is None else started + total - now
+        if idle_left <= 0 or total_left <= 0:
+            with _stuck_lock:
+                _stuck.append(thread)
+            of_step = f" of step {step}" if step is not None else ""
+            what = f"{noun} {operation}{of_step} in {storage}"
+            if idle_left <= 0 and progress is None:
+                message = f"{what} did not finish within the storage timeout of {bound:g} s: the storage is not answering"
+            elif idle_left <= 0:
+                message = (f"{what} made no progress for the storage timeout of {bound:g} s (no request "
+                           f"answered, no byte moved; {now - origin:.1f} s since it began): the storage is not answering")
+            else:
+                message = f"{what} did not finish within the {total:.3g} s it was given"
+            raise StorageTimeout(message, operation=operation, storage=storage, step=step,
+                                 bound=bound if idle_left <= 0 else total, waited=now - origin,
+                                 idle=idle_left <= 0)
+        done.wait(max(0.005, min(idle_left, total_left, _TICK)))
     if "error" in box:
         raise box.pop("error")
     return box.pop("value")
+
+
+#: The most seconds a bounded call waits between two looks at the progress clock.
+_TICK = 0.25
 
 
 def _caller_context() -> Callable[[], contextlib.AbstractContextManager]:
@@ -377,7 +426,8 @@ CLIENT_SETTINGS = {
     "dropped and retried by TensorStore's own gcs_request_retries (32 tries, 1 s to 32 s backoff)",
     "gcsfs (directories, metadata, commit_success.txt)": "requests_timeout=<timeout> in fsspec's "
     "configuration for gs://: each request ends after that long and gcsfs retries it (6 tries, "
-    "backoff up to 32 s)",
+    "backoff up to 32 s); and an aiohttp trace config in its session_kwargs that tells the "
+    "progress meter (elastic_dew.elastic.state.progress) of every answer and body chunk",
     "google-cloud-storage (Orbax's bucket-layout question)": "nothing: its DEFAULT_RETRY already "
     "gives up after 120 s",
 }
@@ -397,10 +447,15 @@ def configure_clients(timeout: float | None) -> dict[str, str]:
         from fsspec.config import conf
     except ImportError:  # pragma: no cover - fsspec comes with the base install
         return applied
+    trace = progress_trace_config()
     for protocol in ("gs", "gcs"):
         if "requests_timeout" not in conf.setdefault(protocol, {}):
             conf[protocol]["requests_timeout"] = float(seconds)
             applied[f"fsspec {protocol} requests_timeout"] = seconds
+        traces = conf[protocol].setdefault("session_kwargs", {}).setdefault("trace_configs", [])
+        if trace is not None and trace not in traces:
+            traces.append(trace)
+            applied[f"fsspec {protocol} session_kwargs trace_configs"] = "the storage progress meter"
     return applied
 
 

@@ -248,11 +248,11 @@ class CheckpointTier(_Cadence):
             return None
         if wait_step is not None:
             wait_step()
-        limit = self.checkpoints.bound() if bound is None else bound
-        deadline = time.monotonic() + limit
+        limit = bound
+        deadline = None if bound is None else time.monotonic() + bound
 
-        def left() -> float:
-            return max(0.01, deadline - time.monotonic())
+        def left() -> float | None:
+            return None if deadline is None else max(0.01, deadline - time.monotonic())
 
         def write() -> bool:
             self.checkpoints.settle(left())
@@ -270,8 +270,9 @@ class CheckpointTier(_Cadence):
         self._note(self.checkpoints.failures(), stopping=True)
         if not saved.taken:
             logger.error(
-                "the preemption checkpoint of step %d did not commit within %.1f s (what the grace window "
-                "leaves); the newest committed step stays %s", step, limit, self.checkpoints.newest_known(),
+                "the preemption checkpoint of step %d did not commit%s; the newest committed step stays %s",
+                step, "" if limit is None else f" within {limit:.1f} s (what the grace window leaves)",
+                self.checkpoints.newest_known(),
             )
         return saved
 
