@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from elastic_dew import cli
-from elastic_dew.plan import des, faults, inputs, model, planner
+from elastic_dew.plan import check, des, faults, inputs, model, planner, retry
 from elastic_dew.plan.inputs import Cluster, Costs
 
 #: Costs of the size a real cluster's run has (seconds).
@@ -261,7 +261,9 @@ def test_plan_prints_each_input_with_its_origin_and_writes_the_json_it_promises(
     (["--slices", "8", "--loop-overhead-seconds", "-0.1", *GIVEN], "--loop-overhead-seconds -0.1 must be >= 0"),
     (["--slices", "8", "--step-seconds", "2"], "--snapshot-seconds"),
     (["--slices", "8", "--from", "/nonexistent/run", *GIVEN], "--from /nonexistent/run"),
-    (["--slices", "8", "--steps", "100", *GIVEN], "--steps, --compress and --start-step go with --draw-schedule"),
+    (["--slices", "8", "--start-step", "100", *GIVEN], "--start-step goes with --draw-schedule"),
+    (["--slices", "8", "--give-up-bound", "2", *GIVEN], "--give-up-bound 2.0 must be between 0 and 1"),
+    (["--slices", "8", "--compress", "0", *GIVEN], "--compress 0.0 must be a number > 0"),
     (["--slices", "8", "--draw-schedule", "1", *GIVEN], "--draw-schedule needs --steps"),
     (["--slices", "8", "--plot", "/nonexistent/dir/p.png", *GIVEN], "/nonexistent/dir does not exist"),
 ])
@@ -294,3 +296,139 @@ def test_plan_draws_a_schedule_stating_its_compression(capsys):
 def test_a_cost_that_is_not_finite_is_refused_as_the_configuration_is_built():
     with pytest.raises(ValueError, match="snapshot_seconds=inf"):
         dataclasses.replace(COSTS, snapshot_seconds=float("inf"))
+
+
+#: A CPU program's costs on a compressed cluster: the validation's frame, where a slice is
+#: lost every 3 s of running on 4 slices and returns after 3 s.
+CPU_COSTS = Costs(step_seconds=0.08, data_wait_seconds=0.016, loop_overhead_seconds=0.009, snapshot_seconds=0.02,
+                  checkpoint_seconds=0.09, snapshot_restore_seconds=0.1, checkpoint_restore_seconds=0.3,
+                  recovery_seconds=0.4, restart_seconds=3.0, scale_up_seconds=0.3)
+COMPRESSED = Cluster(slices=4, slice_mtbf_hours=12 / 3600, return_minutes=3 / 60, reschedule_minutes=0.0)
+
+
+@pytest.mark.parametrize("policy, floor", [("pause_resume", None), ("replica_resize", 1)])
+def test_the_retry_budgets_give_up_probability_is_what_the_simulation_counting_as_the_retry_policy_finds(
+        policy, floor):
+    settings = dict(snapshot_every=7, checkpoint_every=250, min_slices=floor, retry_reset_steps=50, steps=300)
+    for attempts in (6, 8):
+        rule = retry.give_up_probability(CPU_COSTS, COMPRESSED, policy, max_attempts=attempts, **settings)
+        runs = 4000
+        simulated = des.give_up_share(CPU_COSTS, COMPRESSED, policy, max_attempts=attempts, runs=runs, seed=11,
+                                      **settings)
+        noise = 4 * (simulated * (1 - simulated) / runs) ** 0.5 + 2 / runs
+        assert 0.005 < simulated < 0.6, (attempts, simulated)  # the rates make the tail matter
+        if policy == "pause_resume":  # every loss counted falls while all N slices work: the rule is exact
+            assert abs(rule - simulated) < noise + 0.1 * simulated, (attempts, rule, simulated)
+        else:  # losses take slices away and slow the losses after them: the rule is an upper bound
+            assert simulated - noise < rule < 5 * simulated + noise, (attempts, rule, simulated)
+
+
+def test_the_recommended_budget_is_the_fewest_attempts_within_the_bound_and_never_below_the_default():
+    settings = dict(snapshot_every=7, checkpoint_every=250, min_slices=None, steps=300)
+    budget = retry.recommend(CPU_COSTS, COMPRESSED, "pause_resume", **settings)
+    assert budget.max_attempts > retry.DEFAULT_MAX_ATTEMPTS and budget.defaults_too_low
+
+    def gives_up(m):
+        return retry.give_up_probability(CPU_COSTS, COMPRESSED, "pause_resume", max_attempts=m,
+                                         retry_reset_steps=50, **settings)
+
+    assert gives_up(budget.max_attempts) <= retry.GIVE_UP_BOUND < gives_up(budget.max_attempts - 1)
+    assert budget.default_give_up_probability == pytest.approx(gives_up(retry.DEFAULT_MAX_ATTEMPTS))
+    assert budget.crash_loop_seconds == pytest.approx(budget.max_attempts * 0.5)  # recovery and restore, each
+    # A real cluster's rates: the defaults hold, and the budget stays the guide's.
+    real = planner.plan(COSTS, Cluster(slices=64, slice_mtbf_hours=790.0, return_minutes=60.0))
+    for row in real.policies:
+        assert (row.retry is None) == (row.policy == "restart")
+        if row.retry is not None:
+            assert row.retry.max_attempts == retry.DEFAULT_MAX_ATTEMPTS and not row.retry.defaults_too_low
+    with pytest.raises(ValueError, match="no in-process retry budget"):
+        retry.recommend(CPU_COSTS, COMPRESSED, "restart", **settings)
+
+
+def test_elastic_dew_train_with_the_flags_a_plan_prints_runs_with_the_plans_settings(tmp_path, capsys):
+    import argparse
+
+    from elastic_dew import console
+    from elastic_dew.commands.plan import train_flags
+
+    out = tmp_path / "plan.json"
+    given = [word for name, value in dataclasses.asdict(CPU_COSTS).items()
+             for word in (f"--{name.replace('_', '-')}".replace("checkpoint-restore", "restore"), str(value))]
+    code, printed = _plan(["--slices", "4", *given, "--slice-mtbf-hours", str(12 / 3600), "--return-minutes",
+                           "0.05", "--reschedule-minutes", "0", "--spares", "1", "--steps", "300", "--json", str(out)],
+                          capsys)
+    assert code == 0, printed.err
+    data = json.loads(out.read_text())
+    best = data["recommended"]
+    assert best["retry"]["max_attempts"] == best["elastic_settings"]["max_attempts"] > retry.DEFAULT_MAX_ATTEMPTS
+    row = next(r for r in planner.plan(CPU_COSTS, dataclasses.replace(COMPRESSED, spares=1), steps=300).policies
+               if r.policy == best["policy"] and r.spares == best["spares"])
+    flags = train_flags(row)
+    assert f"elastic-dew train ... {flags}" in printed.out
+    parser = argparse.ArgumentParser()
+    console.add_options(parser)
+    config = console.config_of(parser.parse_args(["mlp", *flags.split()]))
+    for name, value in best["elastic_settings"].items():
+        assert getattr(config.elastic, name) == value, name
+    assert "retry budget" in printed.out and ": too low" in printed.out
+
+
+def test_compress_plans_the_schedules_frame_beside_the_clusters_own(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code, printed = _plan(["--slices", "4", *GIVEN, "--compress", "300", "--steps", "300", "--json", str(out)],
+                          capsys)
+    assert code == 0, printed.err
+    data = json.loads(out.read_text())
+    frame = faults.compressed(Cluster(slices=4), 300)
+    assert data["compressed"]["cluster"]["slice_mtbf_hours"] == pytest.approx(790.0 / 300)
+    expected = planner.plan(dataclasses.replace(COSTS, loop_overhead_seconds=0.0), frame, steps=300)
+    assert [row["goodput"] for row in data["compressed"]["policies"]] == pytest.approx(
+        [row.goodput for row in expected.policies])
+    assert all(c["goodput"] < r["goodput"] for c, r in zip(data["compressed"]["policies"], data["policies"]))
+    assert "in the frame of a schedule drawn with --compress 300 " in printed.out
+    # The schedule drawn with that factor is the compressed cluster's.
+    assert faults.draw_schedule(Cluster(slices=4), 2.0, 300, 5, factor=300.0) == faults.draw_schedule(
+        frame, 2.0, 300, 5, factor=1.0)
+
+
+def _finished_run(tmp_path, losses_at=(117.2,)):
+    run = _record(tmp_path)
+    lines = run.joinpath("events.jsonl").read_text().splitlines()
+    faults_lines = [json.dumps({"event": "fault", "wall": wall, "action": "lose", "slice": 1, "step": 6,
+                                "phase": "step", "scheduled": "lose:1@+1", "index": i})
+                    for i, wall in enumerate(losses_at)]
+    stop = next(i for i, line in enumerate(lines) if '"slice_lost"' in line)
+    run.joinpath("events.jsonl").write_text("\n".join(lines[:stop] + faults_lines + lines[stop:]) + "\n")
+    return run
+
+
+def test_check_measures_a_finished_runs_steady_goodput_beside_the_prediction(tmp_path, capsys):
+    measured = check.measure(_finished_run(tmp_path))
+    # From the first checkpoint at the cadence (wall 116.5) to the last step (121.0): one step of 0.9 s.
+    assert measured.wall_seconds == pytest.approx(4.5) and measured.goodput == pytest.approx(0.9 / 4.5)
+    assert measured.losses == 1 and measured.policy == "replica_resize" and measured.min_slices == 3
+    assert measured.snapshot_every is None or measured.snapshot_every >= 1
+    rates = ["--slice-mtbf-hours", str(4 * 4.5 / 3600), "--return-minutes", "0.02"]
+    code, printed = _plan(["--slices", "4", *GIVEN, *rates, "--check", str(tmp_path), str(tmp_path)], capsys)
+    assert code == 0, printed.err
+    row = next(line for line in printed.out.splitlines() if line.strip().startswith("replica_resize"))
+    assert " 2 " in row and "20.0%" in row and "0.0" in row  # two runs, their mean, a standard error of 0
+    comparison = check.compare([measured], COSTS, Cluster(slices=4, slice_mtbf_hours=4 * 4.5 / 3600,
+                                                          return_minutes=0.02))
+    assert f"{100 * comparison.predicted:.1f}%" in row
+
+
+def test_check_refuses_runs_whose_losses_came_from_another_time_frame(tmp_path, capsys):
+    run = _finished_run(tmp_path, losses_at=tuple(116.6 + 0.1 * i for i in range(6)))
+    code, printed = _plan(["--slices", "4", *GIVEN, "--check", str(run)], capsys)
+    assert code == 2
+    assert "describe different clusters" in printed.err and "--compress" in printed.err
+    # In the frame the schedule was drawn in, the same runs are checked.
+    code, printed = _plan(["--slices", "4", *GIVEN, "--compress", "5e5", "--check", str(run)], capsys)
+    assert code == 0, printed.err
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "events.jsonl").write_text(
+        "".join(line + "\n" for line in (run / "events.jsonl").read_text().splitlines()[:-1]))
+    code, printed = _plan(["--slices", "4", *GIVEN, "--check", str(unfinished)], capsys)
+    assert code == 2 and "did not finish" in printed.err

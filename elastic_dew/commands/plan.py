@@ -7,14 +7,27 @@ flag for each of the run's costs (``--step-seconds``, ``--data-wait-seconds``,
 ``--checkpoint-seconds``, ``--snapshot-restore-seconds``, ``--restore-seconds``,
 ``--recovery-seconds``, ``--restart-seconds``, ``--scale-up-seconds``) that a run directory
 would measure, or overrides. Prints every input with where it came from, a table of the
-policies at their recommended settings, the recommendation and how goodput grows with N;
-``--json`` writes the plan for tools and ``--plot`` the picture of goodput against N.
+policies at their recommended settings, the retry budget of the in-process policies for a
+run of ``--steps S`` steps (a day's by default) that gives up in at most
+``--give-up-bound`` of runs, the recommendation with the ``elastic-dew train`` flags that
+follow it, and how goodput grows with N; ``--json`` writes the plan for tools and
+``--plot`` the picture of goodput against N.
+
+``--compress X`` plans the cluster in its own time frame and in the frame of a schedule
+drawn with ``--compress X`` (every time of the cluster divided by X): both predictions
+side by side, and the compressed frame's settings, which a run under that schedule
+follows.
 
 ``--draw-schedule SEED --steps S`` prints instead a fault schedule drawn from the rates
 (:func:`elastic_dew.plan.draw_schedule`) for a run of S steps, time compressed by the
 factor it states (``--compress``; by default so that the run meets about 20 faults),
 counted from step ``--start-step`` when given; ``--loss`` writes a slice loss as the
 restart policy meets it (``kill`` or ``error``).
+
+``--check RUN_DIR...`` measures finished runs' goodput by the model's definition
+(:func:`elastic_dew.plan.check.measure`) and prints it beside the model's prediction for
+their policy and settings, with its standard error; runs whose slice losses came at a rate
+the cluster (in the frame ``--compress`` gives) does not have are refused, naming both.
 
 Every refusal (an input out of range, a cost neither given nor measured, a run directory
 without a record, a file that cannot be written, the plot without matplotlib) says which
@@ -34,7 +47,7 @@ from typing import Any
 from elastic_dew.run import USAGE_EXIT
 from elastic_dew.settings import Flag, Flags, SettingError, add_flags, flag_name, given, wording
 
-__all__ = ["configure", "run"]
+__all__ = ["configure", "run", "train_flags"]
 
 #: Where a cluster default comes from, as the report names it.
 _DEFAULT_SOURCES = {
@@ -74,15 +87,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     titles = {"cluster": "the cluster", "costs": "the run's costs (measured by --from, or given)"}
     for part, (owner, flags) in _flags().items():
         add_flags(parser.add_argument_group(titles[part]), owner, flags, part=part)
+    budget = parser.add_argument_group("the retry budget")
+    budget.add_argument("--give-up-bound", metavar="P", type=float, default=None,
+                        help="the share of runs of --steps steps that may give up (default 0.001)")
+    budget.add_argument("--retry-reset-steps", metavar="STEPS", type=int, default=None,
+                        help="steps of progress after which the count of slice losses starts again (default 50)")
+    parser.add_argument("--check", metavar="RUN_DIR", nargs="+",
+                        help="measure these finished runs' goodput and print it beside the prediction")
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the plan as JSON")
     out.add_argument("--plot", metavar="FILE", help="draw goodput against slices, 1 to 10,000 (PNG; matplotlib)")
     draw = parser.add_argument_group("a fault schedule drawn from the rates")
     draw.add_argument("--draw-schedule", metavar="SEED", type=int,
                       help="print a fault schedule drawn with SEED for --steps steps, and nothing else")
-    draw.add_argument("--steps", metavar="S", type=int, help="steps of the run the schedule is for")
+    draw.add_argument("--steps", metavar="S", type=int,
+                      help="steps of the run: the one the retry budget is for (default: a day's), or the schedule's")
     draw.add_argument("--compress", metavar="X", type=float,
-                      help="compress the cluster's time X times (default: so the run meets about 20 faults)")
+                      help="compress the cluster's time X times: the schedule's frame (default: so the run meets "
+                           "about 20 faults); without --draw-schedule, plan that frame beside the cluster's own")
     draw.add_argument("--start-step", metavar="K", type=int,
                       help="count the faults from step K of the run instead of its start")
     draw.add_argument("--loss", choices=("lose", "kill", "error"), default="lose",
@@ -159,13 +181,29 @@ def _schedule(args: argparse.Namespace, costs, cluster) -> tuple[str, float]:
     return text, factor
 
 
+def _budget_args(args: argparse.Namespace) -> dict[str, Any]:
+    from elastic_dew.plan import retry
+
+    if args.steps is not None and args.steps < 1:
+        raise _Refused(f"--steps {args.steps} must be >= 1")
+    bound = retry.GIVE_UP_BOUND if args.give_up_bound is None else args.give_up_bound
+    if not 0 < bound < 1:
+        raise _Refused(f"--give-up-bound {args.give_up_bound} must be between 0 and 1 (0.001: 1 run in 1,000)")
+    reset = retry.DEFAULT_RETRY_RESET_STEPS if args.retry_reset_steps is None else args.retry_reset_steps
+    if reset < 0:
+        raise _Refused(f"--retry-reset-steps {reset} must be >= 0 (0 counts over the whole run)")
+    return {"steps": args.steps, "bound": bound, "retry_reset_steps": reset}
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.draw_schedule is None and any(
-                value is not None for value in (args.steps, args.compress, args.start_step)):
-            raise _Refused("--steps, --compress and --start-step go with --draw-schedule SEED")
-        if args.draw_schedule is not None and (args.json or args.plot):
-            raise _Refused("--draw-schedule prints a schedule only; leave out --json and --plot")
+        if args.draw_schedule is None and args.start_step is not None:
+            raise _Refused("--start-step goes with --draw-schedule SEED")
+        if args.draw_schedule is not None and (args.json or args.plot or args.check):
+            raise _Refused("--draw-schedule prints a schedule only; leave out --json, --plot and --check")
+        if args.compress is not None and not (args.compress > 0 and math.isfinite(args.compress)):
+            raise _Refused(f"--compress {args.compress} must be a number > 0")
+        budget = _budget_args(args)
         _writable("--json", args.json)
         _writable("--plot", args.plot)
         if args.plot:
@@ -180,18 +218,45 @@ def run(args: argparse.Namespace) -> int:
             text, factor = _schedule(args, costs, cluster)
             print(f"# {args.steps} steps of {costs.step_seconds:g} s on {cluster.slices} slices, seed "
                   f"{args.draw_schedule}, the cluster's time compressed {factor:.6g}x "
-                  f"(slice MTBF {cluster.slice_mtbf_hours:g} h -> {cluster.slice_mtbf_hours * 3600 / factor:.4g} s)")
+                  f"(slice MTBF {cluster.slice_mtbf_hours:g} h -> {cluster.slice_mtbf_hours * 3600 / factor:.4g} s, "
+                  f"return {cluster.return_minutes:g} min -> {cluster.return_minutes * 60 / factor:.4g} s); "
+                  f"plan this frame with --compress {factor:.6g}")
             print(text)
             return 0
+        if args.check:
+            from elastic_dew.plan import check
+
+            try:
+                runs = [check.measure(run_dir) for run_dir in args.check]
+            except (ValueError, OSError) as error:
+                raise _Refused(f"--check: {error}") from None
+            frame = _compressed(cluster, args.compress)
+            try:
+                check.check_frame(runs, frame, args.compress or 1.0)
+            except ValueError as error:
+                raise _Refused(f"--check: {error}") from None
     except _Refused as error:
         print(f"elastic-dew plan: error: {error}", file=sys.stderr)
         return USAGE_EXIT
     from elastic_dew.plan import planner
 
-    result = planner.plan(costs, cluster)
+    if args.check:
+        print(_check_table(runs, costs, frame, args.compress, budget))
+        return 0
+    result = planner.plan(costs, cluster, **budget)
     print(_table(result, figures, cluster))
+    compressed = None
+    if args.compress is not None:
+        frame = _compressed(cluster, args.compress)
+        compressed = planner.plan(costs, frame, **budget)
+        print(_compressed_table(compressed, result, frame, args.compress))
     if args.json:
-        Path(args.json).write_text(json.dumps(_json(result, figures), indent=2) + "\n")
+        data = _json(result, figures)
+        if compressed is not None:
+            data["compressed"] = {"factor": args.compress, "cluster": dataclasses.asdict(frame),
+                                  "policies": [row.to_json() for row in compressed.policies],
+                                  "recommended": compressed.recommended.to_json()}
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
         print(f"\njson: {args.json}")
     if args.plot:
         from elastic_dew.plan.picture import draw_plan
@@ -216,6 +281,89 @@ def _pct(x: float) -> str:
     return f"{100 * x:5.1f}%"
 
 
+def _compressed(cluster, factor: float | None):
+    from elastic_dew.plan.faults import compressed
+
+    return cluster if factor is None else compressed(cluster, factor)
+
+
+def _odds(p: float) -> str:
+    """A probability as '1 in N' runs."""
+    if p <= 1e-12:
+        return "< 1 in 10^12"
+    if p >= 0.5:
+        return f"{100 * p:.0f}%"
+    return f"1 in {1 / p:,.0f}"
+
+
+def train_flags(row) -> str:
+    """The ``elastic-dew train`` flags of a plan's row (:meth:`PolicyPlan.elastic_settings`)."""
+    from elastic_dew import console
+
+    return " ".join(f"{console.flag_of(name)} {value}" for name, value in row.elastic_settings().items()
+                    if value is not None)
+
+
+def _retry_lines(rows) -> list[str]:
+    from elastic_dew.plan import retry
+
+    budgets = [row for row in rows if row.retry is not None]
+    if not budgets:
+        return []
+    first = budgets[0].retry
+    lines = ["", f"retry budget (a run of {first.steps:,} steps gives up in at most {_odds(first.bound)}; a count of "
+             f"slice losses ends after {first.retry_reset_steps} steps of progress):",
+             f"  {'policy':15s} {'spares':>6s} {'max_attempts':>12s} {'gives up':>18s} "
+             f"{f'defaults ({retry.DEFAULT_MAX_ATTEMPTS} in {retry.DEFAULT_RETRY_RESET_STEPS}) give up':>32s} "
+             f"{'losses/count':>12s} {'crash loop ends':>15s}"]
+    for row in budgets:
+        b = row.retry
+        attempts = "none <= 1000" if b.max_attempts is None else str(b.max_attempts)
+        defaults = _odds(b.default_give_up_probability) + (": too low" if b.defaults_too_low else "")
+        lines.append(f"  {row.policy:15s} {row.spares:6d} {attempts:>12s} {_odds(b.give_up_probability):>18s} "
+                     f"{defaults:>32s} {b.window_mean:12.2f} {b.crash_loop_seconds:13.1f} s")
+    return lines
+
+
+def _compressed_table(compressed, real, frame, factor: float) -> str:
+    lines = ["", f"in the frame of a schedule drawn with --compress {factor:g} (the cluster's time {factor:g} times "
+             f"faster: slice MTBF {frame.slice_mtbf_hours * 3600:.4g} s, return {frame.return_minutes * 60:.4g} s, "
+             f"{frame.preemptions_per_day:g} preemptions/day, reschedule {frame.reschedule_minutes * 60:.4g} s); "
+             f"the run's costs are its own:",
+             f"  {'policy':15s} {'spares':>6s} {'goodput':>8s} {'(real)':>8s} {'snapshot':>9s} {'checkpoint':>10s} "
+             f"{'min':>6s}",
+             f"  {'':15s} {'':>6s} {'':>8s} {'':>8s} {'every':>9s} {'every':>10s} {'slices':>6s}"]
+    for row, own in zip(compressed.policies, real.policies, strict=True):
+        lines.append(f"  {row.policy:15s} {row.spares:6d} {_pct(row.goodput):>8s} {_pct(own.goodput):>8s} "
+                     f"{'-' if row.snapshot_every is None else row.snapshot_every:>9} {row.checkpoint_every:>10} "
+                     f"{'-' if row.min_slices is None else row.min_slices:>6}")
+    lines += _retry_lines(compressed.policies)
+    best = compressed.recommended
+    lines += ["", f"a run under that schedule follows the compressed frame's plan ({best.policy}, {best.spares} spares): "
+              f"elastic-dew train ... {train_flags(best)}"]
+    return "\n".join(lines)
+
+
+def _check_table(runs, costs, frame, factor, budget) -> str:
+    from elastic_dew.plan import check
+
+    lines = [f"{len(runs)} finished run{'s' if len(runs) != 1 else ''}, goodput by the model's definition (productive "
+             "step time over wall time, from the first step after the first checkpoint, or the first step, to the "
+             "last step):"]
+    for measured in runs:
+        lines.append(f"  {measured.run_dir}: {_pct(measured.goodput).strip()} over {measured.wall_seconds:.1f} s, "
+                     f"{measured.losses} slice losses; {measured.settings_source}")
+    groups = check.by_settings(runs)
+    lines += ["", f"  {'policy':15s} {'runs':>4s} {'measured':>9s} {'s.e.':>6s} {'predicted':>9s} {'gap':>7s}  settings"
+              + ("" if factor is None else f"   (frame: --compress {factor:g})")]
+    for key, members in groups.items():
+        result = check.compare(members, costs, frame)
+        se = "-" if result.standard_error is None else f"{100 * result.standard_error:.1f}"
+        lines.append(f"  {result.policy:15s} {len(members):4d} {_pct(result.measured):>9s} {se:>6s} "
+                     f"{_pct(result.predicted):>9s} {100 * (result.measured - result.predicted):+6.1f}  {key}")
+    return "\n".join(lines)
+
+
 def _table(result, figures, cluster) -> str:
     from elastic_dew.plan.inputs import CLUSTER_FIELDS, COST_FIELDS
 
@@ -236,13 +384,17 @@ def _table(result, figures, cluster) -> str:
             f"{'-' if row.snapshot_every is None else row.snapshot_every:>9} {row.checkpoint_every:>10} "
             f"{'-' if row.min_slices is None else row.min_slices:>6} {row.lost_steps:10.1f} "
             f"{row.downtime_seconds:10.0f} {row.faults_per_day:10.1f}")
+    lines += _retry_lines(result.policies)
     best = result.recommended
     lines += ["", f"recommended (the most useful work): {best.policy} with {best.spares} "
               f"spare{'' if best.spares == 1 else 's'}"
               + (f", min_slices {best.min_slices}" if best.min_slices is not None else "")
               + (f", snapshot every {best.snapshot_every} steps" if best.snapshot_every else "")
-              + f", checkpoint every {best.checkpoint_every} steps: useful work {_pct(best.useful_work).strip()}, "
-              f"goodput {_pct(best.goodput).strip()}"]
+              + f", checkpoint every {best.checkpoint_every} steps"
+              + (f", max_attempts {best.retry.max_attempts} within {best.retry.retry_reset_steps} steps"
+                 if best.retry is not None and best.retry.max_attempts is not None else "")
+              + f": useful work {_pct(best.useful_work).strip()}, goodput {_pct(best.goodput).strip()}",
+              f"  elastic-dew train ... {train_flags(best)}"]
     shown = (1, 4, 16, 64, 256, 1024, 4096, 10000)
     lines += ["", f"goodput / useful work by slices ({cluster.spares} spares):",
               "  " + f"{'slices':>7s}" + "".join(f" {policy:>22s}" for policy in ("restart", "pause_resume", "replica_resize"))]

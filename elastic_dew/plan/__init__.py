@@ -8,8 +8,12 @@
   model's check;
 - :mod:`~elastic_dew.plan.planner`: a whole plan (every policy, with and without spares,
   and over 1 to 10,000 slices);
+- :mod:`~elastic_dew.plan.retry`: the retry budget (``max_attempts``,
+  ``retry_reset_steps``) that keeps a run of the planned length from giving up;
 - :mod:`~elastic_dew.plan.faults`: fault schedules drawn from the cluster's rates, in the
-  simulator's grammar, so a plan's prediction can be checked on real runs.
+  simulator's grammar (and the compressed cluster they describe), so a plan's prediction
+  can be checked on real runs;
+- :mod:`~elastic_dew.plan.check`: finished runs' goodput beside the prediction.
 
 ``elastic-dew plan`` is its command line.
 """
@@ -17,10 +21,11 @@
 from __future__ import annotations
 
 from elastic_dew._deprecation import moved_names
-from elastic_dew.plan.faults import draw_schedule, compression
+from elastic_dew.plan.faults import draw_schedule, compressed, compression
 from elastic_dew.plan.inputs import Cluster, Costs, Input, measured_costs
 from elastic_dew.plan.model import POLICIES, PolicyOutcome, evaluate
 from elastic_dew.plan.planner import Plan, PolicyPlan, SLICE_GRID, plan
+from elastic_dew.plan.retry import RetryBudget
 
 __all__ = [
     "Cluster",
@@ -36,6 +41,8 @@ __all__ = [
     "plan",
     "draw_schedule",
     "compression",
+    "compressed",
+    "RetryBudget",
 ]
 
 #: Renamed in 0.2.0, served with a warning until 0.3.

@@ -9,8 +9,16 @@ the simulator's rule: one such loss a recovery, since the next fault counts from
 point, and the wall time, the productive step time and the examples trained add up as the
 run goes. Seeded and deterministic: the same inputs and seed give the same figures.
 
+It also follows the retry budget of ``elastic_retry`` as
+:class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit` counts it (:func:`give_up_share`):
+each slice loss the run meets (running, scaling up, or met at the end of a recovery; never
+one while it waits for slices, which raises nothing) adds one to the count, which starts
+again at a loss once the run's furthest step is ``retry_reset_steps`` past where it was at
+the count's first loss; a preemption (a new process) starts it again too.
+
 It is the check of the analytic model (their goodput agree within a point from 1 to 10,000
-slices), never what the planner reports.
+slices) and of the retry budget's rule (:mod:`elastic_dew.plan.retry`), never what the
+planner reports.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import random
 from elastic_dew.plan import model
 from elastic_dew.plan.inputs import Cluster, Costs
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "give_up_share"]
 
 #: The simulation also ends after this many events per fault asked for: a job that can
 #: almost never run (a pool short of healthy slices nearly all the time) meets few faults.
@@ -43,6 +51,57 @@ def simulate(
     the run (or :data:`_EVENTS_PER_FAULT` times as many events have passed); the
     :class:`~elastic_dew.plan.model.PolicyOutcome` measured (``lost_seconds`` and
     ``downtime_seconds`` averaged over the losses)."""
+    outcome, _ = _simulate(costs, cluster, policy, snapshot_every=snapshot_every, checkpoint_every=checkpoint_every,
+                           min_slices=min_slices, seed=seed, faults=faults)
+    return outcome
+
+
+def give_up_share(
+    costs: Costs,
+    cluster: Cluster,
+    policy: str,
+    *,
+    snapshot_every: int | None,
+    checkpoint_every: int | None,
+    min_slices: int | None = None,
+    max_attempts: int,
+    retry_reset_steps: int,
+    steps: int,
+    runs: int,
+    seed: int = 0,
+) -> float:
+    """The share of ``runs`` runs of ``steps`` steps (each from the pool's stationary state,
+    seeds ``seed``, ``seed + 1``, ...) whose retry budget (``max_attempts`` slice losses
+    within ``retry_reset_steps`` steps of progress) ends them before their last step.
+
+    Raises ``ValueError`` for the restart policy (a slice loss ends its process, whose count
+    starts again) or an unknown one.
+    """
+    if policy not in ("pause_resume", "replica_resize"):
+        raise ValueError(f"policy {policy!r} has no in-process retry budget; give pause_resume or replica_resize")
+    gave_up = 0
+    for i in range(runs):
+        _, ended = _simulate(costs, cluster, policy, snapshot_every=snapshot_every, checkpoint_every=checkpoint_every,
+                             min_slices=min_slices, seed=seed + i, faults=10**9,
+                             budget=(max_attempts, retry_reset_steps, steps))
+        gave_up += ended
+    return gave_up / runs
+
+
+def _simulate(
+    costs: Costs,
+    cluster: Cluster,
+    policy: str,
+    *,
+    snapshot_every: int | None,
+    checkpoint_every: int | None,
+    min_slices: int | None,
+    seed: int,
+    faults: int,
+    budget: tuple[int, int, int] | None = None,
+) -> tuple[model.PolicyOutcome, bool]:
+    """The simulation; with ``budget`` (``max_attempts``, ``retry_reset_steps``, steps) it
+    ends at the run's last step or where the budget gives up, and says whether it did."""
     if policy not in model.POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {', '.join(model.POLICIES)}")
     rng = random.Random(seed)
@@ -50,6 +109,7 @@ def simulate(
     n, spares = cluster.slices, cluster.spares
     pool = n + spares
     e, tau_s, tau_c = model._efficiency(costs, snapshot_every, checkpoint_every)
+    per_step = model._running_per_step(costs, snapshot_every, checkpoint_every)
     restart = policy == "restart"
     tau = tau_c if restart else tau_s
     floor = (min_slices or n) if policy == "replica_resize" else n
@@ -71,6 +131,24 @@ def simulate(
     down_started: float | None = None
     downtime_total = 0.0
     pending = False  # a working slice was lost during the recovery under way
+    # The retry budget: the run's position and furthest point in running seconds, the count.
+    position = furthest = 0.0
+    limit, reset, target = budget if budget is not None else (None, 0, math.inf)
+    target_seconds = target * per_step
+    count = 0
+    counted_from = 0
+    gave_up = False
+
+    def count_loss() -> None:
+        nonlocal count, counted_from, gave_up
+        progress = int(furthest / per_step + 1e-9)
+        if count and reset and progress - counted_from >= reset:
+            count = 0
+        if count == 0:
+            counted_from = progress
+        count += 1
+        if limit is not None and count >= limit:
+            gave_up = True
 
     def healthy() -> int:
         return pool - down
@@ -96,7 +174,7 @@ def simulate(
         run()
 
     events = 0
-    while met < faults and events < _EVENTS_PER_FAULT * faults:
+    while met < faults and events < _EVENTS_PER_FAULT * faults and not gave_up:
         events += 1
         used = active if mode in ("run", "recover", "scaleup") else 0
         fail_used = used * r.alpha
@@ -105,6 +183,12 @@ def simulate(
         preempt = r.preempt if mode == "run" else 0.0
         total = fail_used + fail_idle + back + preempt
         dt = rng.expovariate(total) if total > 0 else math.inf
+        if mode == "run" and position + dt >= target_seconds:  # the run's last step
+            dt = target_seconds - position
+            productive += e * dt
+            useful += e * dt * active / n
+            t += dt
+            break
         if t + dt >= end:
             t = end
             if mode == "reschedule":
@@ -128,6 +212,8 @@ def simulate(
             productive += e * dt
             useful += e * dt * active / n
             phase = (phase + dt) % tau if math.isfinite(tau) else phase + dt
+            position += dt
+            furthest = max(furthest, position)
         t += dt
         pick = rng.random() * total
         if pick < fail_used:
@@ -139,6 +225,7 @@ def simulate(
                     met += 1
                     losses += 1
                     pending = True
+                    count_loss()
                 continue
             met += 1
             losses += 1
@@ -149,8 +236,11 @@ def simulate(
                 productive -= e * lost
                 useful -= e * lost * active / n
                 lost_total += e * lost
+                position -= lost
                 phase = 0.0
                 down_started = t
+                if not restart:
+                    count_loss()
             if restart and mode == "run":
                 mode, end, active = "reschedule", t + r.reschedule, 0
             else:
@@ -167,6 +257,7 @@ def simulate(
             met += 1
             mode, end, active = "preempted", t + preempt_cost, 0
             down_started = None
+            count = 0  # a new process: its count starts again
     wall = t
     return model.PolicyOutcome(
         goodput=productive / wall if wall > 0 else 0.0,
@@ -174,4 +265,4 @@ def simulate(
         lost_seconds=lost_total / losses if losses else 0.0,
         downtime_seconds=downtime_total / losses if losses else 0.0,
         faults_per_day=86400.0 * met / wall if wall > 0 else 0.0,
-    )
+    ), gave_up

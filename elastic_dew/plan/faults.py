@@ -17,13 +17,14 @@ SEED --steps S`` prints one, so anyone can repeat the check on their own program
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 
 from elastic_dew.elastic.fault_token import Token
 from elastic_dew.plan.inputs import Cluster
 
-__all__ = ["compression", "draw_schedule", "TARGET_FAULTS", "HORIZON", "LOSSES"]
+__all__ = ["compression", "compressed", "draw_schedule", "TARGET_FAULTS", "HORIZON", "LOSSES"]
 
 #: The actions a drawn slice loss can be written as.
 LOSSES: tuple[str, ...] = ("lose", "kill", "error")
@@ -44,6 +45,22 @@ def compression(cluster: Cluster, step_seconds: float, steps: int, faults: float
     if steps <= 0 or step_seconds <= 0:
         raise ValueError(f"steps={steps} and step_seconds={step_seconds} must be > 0")
     return faults / (per_second * steps * step_seconds)
+
+
+def compressed(cluster: Cluster, factor: float) -> Cluster:
+    """The cluster a schedule drawn with ``factor`` describes: every time of the cluster
+    (a slice's MTBF, its return, the reschedule) divided by ``factor``, preemptions
+    ``factor`` times as frequent; the slices and spares as they are. A plan of it is the
+    prediction for a run under that schedule (whose costs are the run's own).
+
+    Raises ``ValueError`` for a ``factor`` that is not > 0.
+    """
+    if not factor > 0:
+        raise ValueError(f"factor={factor} must be > 0")
+    return dataclasses.replace(
+        cluster, slice_mtbf_hours=cluster.slice_mtbf_hours / factor, return_minutes=cluster.return_minutes / factor,
+        preemptions_per_day=cluster.preemptions_per_day * factor,
+        reschedule_minutes=cluster.reschedule_minutes / factor)
 
 
 def draw_schedule(
@@ -70,9 +87,10 @@ def draw_schedule(
     if not factor > 0:
         raise ValueError(f"factor={factor} must be > 0")
     rng = random.Random(seed)
-    up_mean = cluster.slice_mtbf_hours * 3600.0 / factor
-    down_mean = cluster.return_minutes * 60.0 / factor
-    preempt_rate = cluster.preemptions_per_day / 86400.0 * factor
+    frame = compressed(cluster, factor)
+    up_mean = frame.slice_mtbf_hours * 3600.0
+    down_mean = frame.return_minutes * 60.0
+    preempt_rate = frame.preemptions_per_day / 86400.0
     horizon = HORIZON * steps * step_seconds
     queue: list[tuple[float, int, str, int | None]] = []  # (time, order, action, slice)
     order = 0

@@ -198,16 +198,22 @@ def _loop_seconds(costs: Costs) -> float:
     return costs.step_seconds + costs.data_wait_seconds + costs.loop_overhead_seconds
 
 
-def _efficiency(costs: Costs, snapshot_every: int | None, checkpoint_every: int | None) -> tuple[float, float, float]:
-    """The share of running time that is productive step time (not the wait for a batch,
-    not the loop's own time between steps, not a save), and the running time between
-    snapshots and between checkpoints (``inf`` when off)."""
-    step = costs.step_seconds
+def _running_per_step(costs: Costs, snapshot_every: int | None, checkpoint_every: int | None) -> float:
+    """The running time of one step of the loop with its share of the saves."""
     per_step = _loop_seconds(costs)
     if snapshot_every:
         per_step += costs.snapshot_seconds / snapshot_every
     if checkpoint_every:
         per_step += costs.checkpoint_seconds / checkpoint_every
+    return per_step
+
+
+def _efficiency(costs: Costs, snapshot_every: int | None, checkpoint_every: int | None) -> tuple[float, float, float]:
+    """The share of running time that is productive step time (not the wait for a batch,
+    not the loop's own time between steps, not a save), and the running time between
+    snapshots and between checkpoints (``inf`` when off)."""
+    step = costs.step_seconds
+    per_step = _running_per_step(costs, snapshot_every, checkpoint_every)
     e = step / per_step
     tau_s = snapshot_every * per_step if snapshot_every else math.inf
     tau_c = checkpoint_every * per_step if checkpoint_every else math.inf

@@ -3,9 +3,13 @@
 :func:`plan` takes the run's costs and the cluster and, for each policy with and without
 spares, recommends the cadences (the model's own optimum, started from Young's), the
 replica-resize floor (:func:`~elastic_dew.plan.model.recommend_min_slices`), and reports the
-goodput, the useful-work fraction, the work lost per slice loss and the downtime; it
-recommends the row with the most useful work, and repeats each policy over
+goodput, the useful-work fraction, the work lost per slice loss and the downtime, and for
+the policies that ride slice losses in process the retry budget
+(:func:`~elastic_dew.plan.retry.recommend`) that keeps a run of the planned length from
+giving up; it recommends the row with the most useful work, and repeats each policy over
 :data:`SLICE_GRID` (1 to 10,000 slices) for the picture of how they grow.
+:meth:`PolicyPlan.elastic_settings` is a row as
+:class:`~elastic_dew.elastic.config.ElasticConfig` fields, what a run that follows it sets.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from elastic_dew.plan import model
+from elastic_dew.plan import model, retry
 from elastic_dew.plan.inputs import Cluster, Costs
 
-__all__ = ["PolicyPlan", "Plan", "plan", "plan_policy", "SLICE_GRID", "UNRIDDEN_PER_DAY"]
+__all__ = ["PolicyPlan", "Plan", "plan", "plan_policy", "planned_steps", "SLICE_GRID", "UNRIDDEN_PER_DAY",
+           "PLANNED_SECONDS", "with_retry"]
 
 #: The slice counts a plan's ``by_slices`` covers.
 SLICE_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 10000)
@@ -26,6 +31,9 @@ SLICE_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048
 #: The rate of whole-job faults the elastic policies' checkpoint cadence is set against when
 #: no preemption rate is given: one a day.
 UNRIDDEN_PER_DAY = 1.0
+
+#: The planned run, when no length is given: a day of running.
+PLANNED_SECONDS = 86400.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +43,9 @@ class PolicyPlan:
     ``snapshot_every`` is ``None`` for restart (it never reads a snapshot);
     ``min_slices`` is ``None`` but for replica-resize. ``young_snapshot_every`` and
     ``young_checkpoint_every`` are Young's first-order optima, beside the model's.
-    ``lost_steps``: steps done again per slice loss.
+    ``lost_steps``: steps done again per slice loss. ``retry``: the retry budget
+    (:class:`~elastic_dew.plan.retry.RetryBudget`; ``None`` for restart, whose slice
+    loss ends the process, or a row planned without one).
     """
 
     policy: str
@@ -51,10 +61,26 @@ class PolicyPlan:
     faults_per_day: float
     young_snapshot_every: int | None
     young_checkpoint_every: int
+    retry: retry.RetryBudget | None = None
+
+    def elastic_settings(self) -> dict[str, Any]:
+        """The row's settings as :class:`~elastic_dew.elastic.config.ElasticConfig` fields:
+        ``ElasticConfig(**row.elastic_settings(), ...)`` is a run that follows it (restart
+        takes no snapshots; pause-resume leaves ``minimum_slice_count`` at ``None``)."""
+        out: dict[str, Any] = {"snapshot_every": self.snapshot_every or 0, "checkpoint_every": self.checkpoint_every}
+        if self.min_slices is not None:
+            out["minimum_slice_count"] = self.min_slices
+        if self.retry is not None:
+            out["max_attempts"] = self.retry.max_attempts
+            out["retry_reset_steps"] = self.retry.retry_reset_steps
+        return out
 
     def to_json(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in dataclasses.asdict(self).items()}
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+               for k, v in dataclasses.asdict(self).items() if k != "retry"}
+        out["retry"] = None if self.retry is None else self.retry.to_json()
+        out["elastic_settings"] = self.elastic_settings()
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,12 +150,37 @@ def _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, st
     )
 
 
-def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID) -> Plan:
-    """Each policy without spares and with ``cluster.spares`` of them (or, when none are
-    given, with :func:`~elastic_dew.plan.model.recommend_spares`), the recommended row, and
-    each policy over ``grid`` with the cluster's own spares.
+def planned_steps(costs: Costs, row: PolicyPlan) -> int:
+    """The steps of :data:`PLANNED_SECONDS` of running at ``row``'s cadences."""
+    per_step = model._running_per_step(costs, row.snapshot_every, row.checkpoint_every)
+    return max(1, round(PLANNED_SECONDS / per_step))
 
-    Raises ``ValueError`` when a cost a policy needs is not known.
+
+def with_retry(costs: Costs, cluster: Cluster, row: PolicyPlan, *, steps: int | None = None,
+               bound: float = retry.GIVE_UP_BOUND,
+               retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> PolicyPlan:
+    """``row`` with its retry budget for a run of ``steps`` steps (``None``:
+    :func:`planned_steps`); restart's row as it is."""
+    if row.policy not in retry.RETRIED_POLICIES:
+        return row
+    budget = retry.recommend(costs, cluster, row.policy, snapshot_every=row.snapshot_every,
+                             checkpoint_every=row.checkpoint_every, min_slices=row.min_slices,
+                             steps=steps or planned_steps(costs, row), bound=bound,
+                             retry_reset_steps=retry_reset_steps)
+    return dataclasses.replace(row, retry=budget)
+
+
+def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, steps: int | None = None,
+         bound: float = retry.GIVE_UP_BOUND, retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> Plan:
+    """Each policy without spares and with ``cluster.spares`` of them (or, when none are
+    given, with :func:`~elastic_dew.plan.model.recommend_spares`), each in-process policy
+    with its retry budget for a run of ``steps`` steps (``None``: a day's,
+    :func:`planned_steps`) that gives up with probability at most ``bound``, counting over
+    ``retry_reset_steps``; the recommended row, and each policy over ``grid`` with the
+    cluster's own spares.
+
+    Raises ``ValueError`` when a cost a policy needs is not known, or for a ``bound``
+    outside (0, 1).
     """
     missing = costs.missing()
     if missing:
@@ -137,7 +188,8 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID) ->
     spares = cluster.spares or model.recommend_spares(cluster)
     counts = sorted({0, spares})
     rows = tuple(
-        plan_policy(costs, dataclasses.replace(cluster, spares=k), policy)
+        with_retry(costs, dataclasses.replace(cluster, spares=k), plan_policy(costs, dataclasses.replace(
+            cluster, spares=k), policy), steps=steps, bound=bound, retry_reset_steps=retry_reset_steps)
         for k in counts for policy in model.POLICIES
     )
     best = max(rows, key=lambda row: (row.useful_work, -row.spares))
