@@ -214,6 +214,13 @@ class SettingError(ValueError):
         return f"{self.field}={self.value!r} must be one of {allowed}"
 
     @property
+    def marked_problem(self) -> str | None:
+        """What is wrong as given, each setting it mentions still marked (:func:`mention`), for
+        another refusal to carry so each surface names them its way; ``None`` for a range or
+        choices."""
+        return self._problem
+
+    @property
     def problem(self) -> str | None:
         """What is wrong, for a rule other than a range or choices, as Python says it (each
         setting it mentions as ``field=value``); ``None`` for a range or choices."""

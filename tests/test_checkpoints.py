@@ -28,6 +28,8 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.elastic.state.checkpoints import Checkpoints, MultiTierError
+from elastic_dew.elastic.state.meta import MetaError
+from elastic_dew.elastic.state.multi_tier import META_CAPACITY
 from elastic_dew.runtime import Preempted, PreemptionNotice
 from elastic_dew.simulate import SimulatedSlices
 
@@ -92,7 +94,7 @@ def test_steps_start_at_one_and_bad_meta_is_refused_before_anything_is_written(t
     checkpoints = Checkpoints(str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match="step=0 must be an int >= 1"):
         checkpoints.save(0, state_on(mesh), {"step": 0})
-    with pytest.raises(ValueError, match="JSON"):
+    with pytest.raises(MetaError, match="JSON"):
         checkpoints.save(1, state_on(mesh), {"step": 1, "when": object()})
     checkpoints.wait()
     assert checkpoints.latest_step() is None
@@ -254,6 +256,11 @@ def test_multi_tier_saves_and_restores_bitwise_through_orbaxs_colocated_manager(
         state = state_on(mesh)
         with pytest.raises(ValueError, match="step=0"):
             checkpoints.save(0, state, {"step": 0})
+        # A meta larger than the kind carries is the caller's error, raised, not a storage
+        # failure that abandons the save.
+        with pytest.raises(MetaError, match=f"carries at most {META_CAPACITY}"):
+            checkpoints.save(1, state, {"step": 1, "note": "x" * META_CAPACITY})
+        assert checkpoints.failures() == []
         meta = {"step": 1, "data": {"global_next_index": 24}}
         checkpoints.save(1, state, meta)
         checkpoints.wait()

@@ -49,7 +49,7 @@ _EXPORTS = {
     "ElasticRun": "loop.protocol",
     "Stop": "events",
     "Resume": "events",
-    "Program": "loop.protocol",
+    "Program": "loop.program",
     "STOP_REASONS": "events",
     "RESUME_SOURCES": "events",
     "DURATION_KEYS": "events",

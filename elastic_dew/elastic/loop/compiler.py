@@ -25,6 +25,7 @@ state alive.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -35,14 +36,13 @@ import jax
 
 from elastic_dew._deprecation import warn
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.loop.program import Program, StepFn
+from elastic_dew.elastic.slices.manager import SliceManager
 from elastic_dew.elastic.slices.mesh import global_batch_for, mesh_of
 
 __all__ = ["StepFn", "StepCompiler"]
 
 logger = logging.getLogger(__name__)
-
-#: ``step_fn(state, batch) -> (state, metrics)``; ``metrics["loss"]`` is a scalar array.
-StepFn = Callable[[Any, Any], tuple[Any, dict[str, Any]]]
 
 
 class StepCompiler:
@@ -62,7 +62,7 @@ class StepCompiler:
     """
 
     def __init__(
-        self, program: Any, manager: Any, config: ElasticConfig,
+        self, program: Program, manager: SliceManager, config: ElasticConfig,
         also: Callable[[jax.sharding.Mesh], None] | None = None,
     ) -> None:
         self.program = program
@@ -153,9 +153,11 @@ class StepCompiler:
         def work() -> None:
             # Every layout's step first: each layout's largest compile is done soonest, so the
             # longest a loss at any moment waits is shorter (on average it is the same).
-            jobs = [(mesh, "step", lambda m=mesh, b=batch: self.compile(m, b)) for mesh, batch in layouts]
+            jobs: list[tuple[jax.sharding.Mesh, str, Callable[[], object]]] = [
+                (mesh, "step", functools.partial(self.compile, mesh, batch)) for mesh, batch in layouts
+            ]
             if self.also is not None:
-                jobs += [(mesh, "other programs", lambda m=mesh: self.also(m)) for mesh, _ in layouts]
+                jobs += [(mesh, "other programs", functools.partial(self.also, mesh)) for mesh, _ in layouts]
             for mesh, what, job in jobs:
                 self._go.wait()
                 if self._stop.is_set():

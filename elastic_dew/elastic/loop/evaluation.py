@@ -140,6 +140,7 @@ class Evaluation:
         hooks.phase("eval", step)
         if interrupted():
             return None
+        assert sums is not None, "an evaluation set has at least one batch (Evaluation.check)"
         ready = getattr(sums.get("loss"), "is_ready", None)
         totals = read(lambda: jax.device_get(sums), step, ready)
         metrics = {name: float(value) / count for name, value in totals.items()}

@@ -44,7 +44,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import jax
 from pathwaysutils.elastic import elastic as pw_elastic
@@ -54,9 +54,10 @@ from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
-from elastic_dew.elastic.loop.compiler import StepCompiler, StepFn
+from elastic_dew.elastic.loop.compiler import StepCompiler
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.loop.evaluation import OWED, Evaluation
+from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, StepFn, WaitingNotice
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.slices.mesh import (
     batch_sharding,
@@ -65,6 +66,7 @@ from elastic_dew.elastic.slices.mesh import (
     check_batch_for_every_slice_count,
     global_batch_for,
 )
+from elastic_dew.elastic.slices.manager import SliceManager
 from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
 from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
@@ -76,67 +78,6 @@ from elastic_dew.runtime.preemption import NoticeInWait
 __all__ = ["Program", "StepFn", "ElasticRun", "Finished"]
 
 logger = logging.getLogger(__name__)
-
-
-class Program(Protocol):
-    """The model side of a run, as the protocol needs it.
-
-    ``abstract_state(mesh)`` returns the state as ``jax.ShapeDtypeStruct`` leaves carrying
-    their target shardings on ``mesh`` (replicated along the replica axis, as the in-memory
-    snapshots require). ``init_state(mesh)`` builds a fresh state there. ``compile(mesh,
-    global_batch)`` returns a compiled step; the :class:`~elastic_dew.elastic.loop.compiler.StepCompiler`
-    caches it per (devices, batch), so a pause-resume attempt on the same slices reuses it.
-    ``microbatch`` is the examples per data-parallel device per micro-step of a program that
-    accumulates gradients (``None``: it does not): :class:`ElasticRun` refuses, before
-    anything runs, a slice count whose per-device batch it does not divide. A run given an
-    :class:`~elastic_dew.elastic.loop.evaluation.Evaluation` also needs ``compile_eval(mesh,
-    batch_size)`` (see that module). ``metrics`` of a step hold ``loss`` (a scalar array)
-    and may hold further scalars: the step line carries them, read with the loss.
-    """
-
-    microbatch: int | None
-
-    def abstract_state(self, mesh: jax.sharding.Mesh) -> Any:
-        """The state's shapes and target shardings on ``mesh``, computing nothing.
-
-        Args:
-            mesh: the attempt's mesh (``replica``, ``data``, ``model``).
-
-        Returns:
-            A pytree of ``jax.ShapeDtypeStruct`` carrying their shardings.
-        """
-        ...
-
-    def init_state(self, mesh: jax.sharding.Mesh) -> Any:
-        """A fresh state on ``mesh`` (the run's first step, or no tier holds a state).
-
-        Args:
-            mesh: the attempt's mesh.
-
-        Returns:
-            The state, laid out as :meth:`abstract_state` says.
-        """
-        ...
-
-    def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
-        """The compiled training step on ``mesh`` for ``global_batch`` examples.
-
-        Args:
-            mesh: the attempt's mesh.
-            global_batch: the attempt's global batch (its batch policy's, on its slices).
-
-        Returns:
-            ``step(state, batch) -> (state, metrics)``, ``metrics`` holding ``loss``.
-        """
-        ...
-
-
-class Finished(NamedTuple):
-    """What :meth:`ElasticRun.run` ends with: the final state and its step (it unpacks as
-    ``state, step``)."""
-
-    state: Any
-    step: int
 
 
 @dataclasses.dataclass(eq=False)
@@ -219,8 +160,8 @@ class ElasticRun:
         config: ElasticConfig,
         *,
         emit: Callable[[Event], None] = lambda event: None,
-        notice: Any = None,
-        manager: Any = None,
+        notice: Notice | None = None,
+        manager: SliceManager | None = None,
         snapshots: Snapshots | None = None,
         checkpoints: Checkpoints | None = None,
         run_name: str | None = None,
@@ -232,7 +173,7 @@ class ElasticRun:
         self.data = data
         self.emit = emit
         self.notice = notice
-        self.manager = manager if manager is not None else make_manager()
+        self.manager: SliceManager = manager if manager is not None else make_manager()
         sizes = {len(d) for d in self.manager.slice_to_devices.values()}
         if len(sizes) != 1:
             raise ValueError(f"slices have unequal device counts {sorted(sizes)}; elastic meshes need equal slices")
@@ -303,12 +244,12 @@ class ElasticRun:
         # Until the next attempt starts, a preemption notice (one pending now, or one that
         # arrives) ends the wait at once (NoticeInWait, handled in run) instead of at a step
         # boundary a paused run never reaches.
-        if self.notice is not None and hasattr(self.notice, "begin_wait"):
+        if isinstance(self.notice, WaitingNotice):
             self.notice.begin_wait()
         hooks.phase("wait", self.last_step)
 
     def _attempt_started(self) -> None:
-        if self.notice is not None and hasattr(self.notice, "end_wait"):
+        if isinstance(self.notice, WaitingNotice):
             self.notice.end_wait()
         self.timer.attempt_started()
 
@@ -428,9 +369,10 @@ class ElasticRun:
         self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
         mesh = build_mesh(self.manager, self.config.model_axis)
         self.tiers.slices_changed(mesh)
-        source, step, state, meta = self.tiers.restore(self.program.abstract_state(mesh))
-        if source != "snapshot":
+        restored = self.tiers.restore(self.program.abstract_state(mesh))
+        if restored is None or restored.source != "snapshot":
             return None
+        _, step, state, meta = restored
         logger.warning("writing snapshot %d as a checkpoint before stopping", step)
         saved = self.tiers.checkpoint.commit(step, state, meta, bound=bound)
         if saved is not None:
@@ -614,7 +556,8 @@ class ElasticRun:
         nothing emitted, and the pass runs again when the resumed run reaches the step.
         ``False`` when a preemption notice cut it short (nothing emitted: the caller stops
         with the pass owed)."""
-        interrupts = getattr(self.notice, "interrupts", None)
+        interrupts = self.notice.interrupts if isinstance(self.notice, InterruptingNotice) else None
+        assert self.evaluation is not None  # only a run with evaluation passes evaluates
         done = self.evaluation.run(
             self.program, self.config, attempt.mesh, attempt.state, attempt.step,
             self.manager.active_slice_count, self.deadline.read,
@@ -655,7 +598,8 @@ class ElasticRun:
         if saved is None:
             step = 0  # commit logged that nothing is saved
         elif not saved.taken:  # not committed inside the grace window: the newest committed is the stop
-            step = self.checkpoints.newest_known() or 0
+            checkpoints = self.checkpoints
+            step = (checkpoints.newest_known() if checkpoints is not None else None) or 0
         self.emit(Stop(reason="preempted", step=step))
         raise Preempted(step)
 

@@ -43,6 +43,7 @@ class HandledSliceLossFilter(logging.Filter):
             and record.levelno == logging.ERROR
             and record.msg == self.MESSAGE
             and record.exc_info
+            and record.exc_info[1] is not None
             and _is_jax_runtime_error(record.exc_info[1])
         ):
             error = record.exc_info[1]

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from elastic_dew.elastic.slices.manager import SliceManager
 from elastic_dew.elastic.config import BATCH_POLICIES, MICROBATCH, ElasticConfig
 from elastic_dew.settings import SettingError, mention
 
@@ -51,7 +52,7 @@ __all__ = [
 AXES: tuple[str, str, str] = ("replica", "data", "model")
 
 
-def active_devices(manager: Any) -> list[jax.Device]:
+def active_devices(manager: SliceManager) -> list[jax.Device]:
     """The devices of the Manager's active slices, ordered by ``slice_index``.
 
     The guide's ``Manager`` has an ``active_devices`` property; the pathwaysutils release on
@@ -65,9 +66,8 @@ def active_devices(manager: Any) -> list[jax.Device]:
     Returns:
         The active slices' devices.
     """
-    own = getattr(type(manager), "active_devices", None)
-    if own is not None:
-        return list(manager.active_devices)
+    if getattr(type(manager), "active_devices", None) is not None:
+        return list(getattr(manager, "active_devices"))  # a release's own, beyond the protocol
     return [
         device
         for index in sorted(manager.active_slice_indices)
@@ -75,7 +75,7 @@ def active_devices(manager: Any) -> list[jax.Device]:
     ]
 
 
-def _devices_per_active_slice(manager: Any) -> int:
+def _devices_per_active_slice(manager: SliceManager) -> int:
     sizes = {
         index: len(manager.slice_to_devices[index]) for index in sorted(manager.active_slice_indices)
     }
@@ -89,7 +89,7 @@ def _devices_per_active_slice(manager: Any) -> int:
     return next(iter(sizes.values()))
 
 
-def build_mesh(manager: Any, model_axis: int | None = None) -> Mesh:
+def build_mesh(manager: SliceManager, model_axis: int | None = None) -> Mesh:
     """A mesh over the active slices only: ``(active slices, devices_per_slice // model_axis, model_axis)``.
 
     The axes are :data:`AXES`; ``model_axis=None`` means 1 (pure data parallelism inside a
@@ -295,7 +295,7 @@ def check_batch_for_every_slice_count(
         config.check_slices(total_slices)
     except SettingError as err:
         # the problem as given (its mentions still marked), so each surface names them its way
-        raise BatchError(err._problem or str(err), field=err.field, value=err.value) from None
+        raise BatchError(err.marked_problem or str(err), field=err.field, value=err.value) from None
     model = config.model_axis or 1
     if devices_per_slice % model:
         raise BatchError(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import jax
 from pathwaysutils.elastic import manager as pw_manager
@@ -30,6 +30,7 @@ from pathwaysutils.elastic import manager as pw_manager
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.slices import health
 from elastic_dew.elastic.slices.loss_log import install_slice_loss_filter
+from elastic_dew.elastic.slices.manager import SliceManager
 
 __all__ = [
     "make_manager",
@@ -180,7 +181,7 @@ def _chain(*callbacks: Callable[[], Any] | None) -> Callable[[], None] | None:
 
 
 def elastic_retry(
-    manager: pw_manager.Manager,
+    manager: SliceManager,
     config: ElasticConfig,
     *,
     pre_callback: Callable[[], Any] | None = None,
@@ -216,7 +217,7 @@ def elastic_retry(
     install_slice_loss_filter()  # also for a Manager the caller created itself
     if policy is None:
         policy = SliceLossRetryLimit(config.max_attempts, reset_steps=config.retry_reset_steps, progress=progress)
-    return manager.elastic_retry(
+    decorate = manager.elastic_retry(
         minimum_slice_count=config.minimum_slice_count,
         # Simulated slices live on the CPU backend; real ones never do.
         poll_interval=config.poll_seconds(simulated=jax.default_backend() == "cpu"),
@@ -225,3 +226,4 @@ def elastic_retry(
         on_elastic_event_callback=_chain(config.on_elastic_event_callback, on_elastic_event_callback),
         retry_policy=policy,
     )
+    return cast("Callable[[_F], _F]", decorate)  # pathwaysutils' decorator keeps the function's type

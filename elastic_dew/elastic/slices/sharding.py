@@ -187,6 +187,7 @@ def param_specs(policy: Policy, params: Any, mesh: Mesh) -> Any:
         return jax.tree.map(lambda _: PartitionSpec(), params)
     if policy == "fsdp":
         return jax.tree_util.tree_map_with_path(lambda p, x: fsdp_spec(p, x, mesh), params)
+    assert not isinstance(policy, str), "check_policy refuses any other name"
     return jax.tree_util.tree_map_with_path(
         lambda p, x: PartitionSpec() if _is_key(x) else _checked(policy(p, x, mesh), p, x, mesh), params
     )
@@ -207,7 +208,7 @@ def state_shardings(policy: Policy, state: Any, mesh: Mesh, *, params_key: str =
 
     def mirrors(node: Any) -> bool:
         return (
-            jax.tree.structure(node) == params_def
+            jax.tree.structure(node) == params_def  # type: ignore[operator]  # jaxlib's PyTreeDef stub lacks __eq__
             and [tuple(getattr(x, "shape", ())) for x in jax.tree.leaves(node)] == shapes
         )
 

@@ -4,6 +4,7 @@
 module                 its job
 =====================  ===========================================================
 ``tiers``              ``Tiers``: each tier's save cadence, the final and preemption saves
+``restore``            the newest complete state across the tiers, restored (``Restored``)
 ``snapshots``          tier 1: ``Snapshots`` in pinned host memory (Orbax ``Snapshotter``)
 ``packing``            the leaf-packing codec the snapshots use
 ``checkpoints``        tier 2: ``Checkpoints``, over one of two backends
@@ -17,13 +18,14 @@ module                 its job
 
 This package was the module ``elastic_dew.elastic.state`` and keeps its word: :func:`newest`,
 the choice of the newest state across the tiers, is defined here, and its ``Snapshots`` and
-``Checkpoints`` resolve to their modules with a ``DeprecationWarning``. Nothing else is
+``Checkpoints`` resolve to their modules with a ``DeprecationWarning``; :class:`Newest` is
+what :func:`newest` returns. Nothing else is
 imported here: ``persistence`` stays cheap to import (the manifests read it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from elastic_dew.elastic._moved import moved
 
@@ -31,16 +33,23 @@ if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs n
     from elastic_dew.elastic.state.checkpoints import Checkpoints
     from elastic_dew.elastic.state.snapshots import Snapshots
 
-__all__ = ["newest"]
+__all__ = ["Newest", "newest"]
 
 __getattr__ = moved(__name__, {"Snapshots": "elastic_dew.elastic.state.snapshots",
                                "Checkpoints": "elastic_dew.elastic.state.checkpoints"})
 
 
-def newest(
-    snapshots: Snapshots | None, checkpoints: Checkpoints | None
-) -> tuple[str, int | None]:
-    """The newest complete state across tiers: ``("snapshot"|"checkpoint"|"fresh", step)``.
+class Newest(NamedTuple):
+    """Where the newest complete state is: ``source`` ``"snapshot"``, ``"checkpoint"`` or
+    ``"fresh"`` (neither tier holds one), and its ``step`` (``None`` when fresh). It unpacks
+    as ``source, step``."""
+
+    source: str
+    step: int | None
+
+
+def newest(snapshots: Snapshots | None, checkpoints: Checkpoints | None) -> Newest:
+    """The newest complete state across tiers: ``Newest("snapshot"|"checkpoint"|"fresh", step)``.
 
     A snapshot counts once it has landed in host memory (this joins the one in flight); a
     checkpoint counts once committed. On a tie the snapshot wins: it loads from host
@@ -51,12 +60,12 @@ def newest(
         checkpoints: tier 2, or ``None``.
 
     Returns:
-        ``(source, step)``.
+        The :class:`Newest` ``(source, step)``.
     """
     snapshot = snapshots.latest_step() if snapshots is not None else None
     checkpoint = checkpoints.latest_step() if checkpoints is not None else None
     if snapshot is not None and (checkpoint is None or snapshot >= checkpoint):
-        return "snapshot", snapshot
+        return Newest("snapshot", snapshot)
     if checkpoint is not None:
-        return "checkpoint", checkpoint
-    return "fresh", None
+        return Newest("checkpoint", checkpoint)
+    return Newest("fresh", None)

@@ -45,6 +45,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.state.backend import abstract_key_data, rewrap_keys, unwrap_keys
+from elastic_dew.elastic.state.meta import MetaError
 
 __all__ = ["MultiTierBackend", "MultiTierError", "META_CAPACITY", "require_colocated_python"]
 
@@ -191,6 +192,12 @@ class MultiTierBackend:
             )
         return self.manager
 
+    def _bound_mesh(self) -> Mesh:
+        """The mesh the manager was bound with (:meth:`on_active_slices_changed` sets both)."""
+        self._require_manager()
+        assert self.mesh is not None, "the mesh is bound with the manager"
+        return self.mesh
+
     # -- steps ---------------------------------------------------------------------------
     def latest_step(self) -> int | None:
         return self._committed if self.manager is None else self.manager.latest_step()
@@ -221,13 +228,13 @@ class MultiTierBackend:
     def _meta_array(self, meta_json: str) -> jax.Array:
         raw = meta_json.encode()
         if len(raw) > META_CAPACITY:
-            raise ValueError(
+            raise MetaError(
                 f"checkpoint meta is {len(raw)} bytes of JSON; the multi-tier kind carries at most "
                 f"{META_CAPACITY}: keep large values out of meta"
             )
         padded = np.full(META_CAPACITY, ord(" "), dtype=np.uint8)
         padded[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        return jax.device_put(padded, NamedSharding(self.mesh, PartitionSpec()))
+        return jax.device_put(padded, NamedSharding(self._bound_mesh(), PartitionSpec()))
 
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
         manager = self._require_manager()
@@ -245,7 +252,7 @@ class MultiTierBackend:
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         manager = self._require_manager()
-        replicated = NamedSharding(self.mesh, PartitionSpec())
+        replicated = NamedSharding(self._bound_mesh(), PartitionSpec())
         abstract = {
             _ARRAYS: abstract_key_data(abstract_state),
             _META: jax.ShapeDtypeStruct((META_CAPACITY,), np.uint8, sharding=replicated),

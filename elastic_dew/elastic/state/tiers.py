@@ -7,7 +7,7 @@ made, or ``None`` when none was due. The checkpoint tier also owns the two saves
 not on a cadence: the final checkpoint of a finished run and the checkpoint of the step a
 preemption agreed on. :class:`Tiers` holds both, builds them from an
 :class:`~elastic_dew.elastic.config.ElasticConfig`, and restores the newest complete state
-across them (:func:`~elastic_dew.elastic.state.newest`).
+across them (:mod:`~elastic_dew.elastic.state.restore`).
 
 Every save event is built by :func:`timed_save`; every save announces its phase
 (:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
@@ -40,11 +40,11 @@ import jax
 from elastic_dew._deprecation import renamed_keywords
 from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
-from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Event, Save, Storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state import newest
+from elastic_dew.elastic.state import Newest, newest
+from elastic_dew.elastic.state.restore import Restored, restore
 from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.storage import StorageError, permanent
 
@@ -109,6 +109,7 @@ class SnapshotTier(_Cadence):
             self.snapshots.join()
 
     def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
+        assert self.snapshots is not None, "a tier without snapshots is never due"
         return self.snapshots.save(step, state, meta, mesh)
 
 
@@ -163,6 +164,7 @@ class CheckpointTier(_Cadence):
 
     def _note(self, failures: list[StorageError], *, stopping: bool = False) -> None:
         """Emit each abandoned save; stop the run (:class:`SavesFailing`) when they keep failing."""
+        assert self.checkpoints is not None, "only a tier with checkpoints saves"
         committed = self.checkpoints.commits
         if committed != self._commits:
             self._commits, self._since, self.failed_in_row = committed, time.monotonic(), 0
@@ -208,6 +210,7 @@ class CheckpointTier(_Cadence):
         return self.checkpoints is not None and super().due(step)
 
     def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
+        assert self.checkpoints is not None, "a tier without checkpoints is never due"
         self.checkpoints.settle()  # the previous save: committed, or abandoned at its bound
         self._note(self.checkpoints.failures())  # a stop it calls for comes before the next write
         taken = self.checkpoints.save(step, state, meta)  # started: the write goes on in the background
@@ -217,20 +220,21 @@ class CheckpointTier(_Cadence):
     def final(self, step: int, state: Any, meta: dict) -> Save | None:
         """Commit the last step's checkpoint (unless the cadence already did); its event, or
         ``None``. A final save that is abandoned is reported like any other."""
-        if self.checkpoints is None:
+        checkpoints = self.checkpoints
+        if checkpoints is None:
             return None
-        self.checkpoints.settle()
-        self._note(self.checkpoints.failures())
+        checkpoints.settle()
+        self._note(checkpoints.failures())
         saved = None
-        if self.checkpoints.newest_known() != step:
+        if checkpoints.newest_known() != step:
             hooks.phase(self.name, step)
 
             def write() -> bool:
-                taken = self.checkpoints.save(step, state, meta, force=True)
-                return taken and self.checkpoints.settle() is None
+                taken = checkpoints.save(step, state, meta, force=True)
+                return taken and checkpoints.settle() is None
 
             saved = timed_save(self.name, step, write)
-        self._note(self.checkpoints.failures(), stopping=True)
+        self._note(checkpoints.failures(), stopping=True)
         return saved
 
     def commit(
@@ -341,7 +345,7 @@ class Tiers:
         if directory is None and run_dir is not None:
             directory = config.checkpoint_dir_for(run_dir)
         owns_checkpoints = checkpoints is None and directory is not None
-        if owns_checkpoints:
+        if checkpoints is None and directory is not None:
             checkpoints = Checkpoints(
                 directory,
                 kind=config.checkpoint_kind,
@@ -441,11 +445,11 @@ class Tiers:
                 emit(saved)
         return Held(waited_from, seconds)
 
-    def newest(self) -> tuple[str, int | None]:
+    def newest(self) -> Newest:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`).
 
         Returns:
-            ``(source, step)``.
+            The :class:`~elastic_dew.elastic.state.Newest` ``(source, step)``.
         """
         return newest(self.snapshots, self.checkpoints)
 
@@ -508,21 +512,17 @@ class Tiers:
         if self.checkpoints is not None:
             self.checkpoints.on_slice_lost()
 
-    def restore(self, abstract: Any, emit: Callable[[Event], None] = lambda event: None) -> tuple[str, int, Any, dict] | None:
-        """The newest complete state as ``(source, step, state, meta)`` on ``abstract``'s
-        shardings, or ``None`` when neither tier holds one (a fresh start).
-
-        A checkpoint still being written when the attempt ended is waited for first: its
-        state is already on the host, and once committed it may be the newest one. A
-        committed checkpoint that cannot be read is, with :attr:`quarantine`, moved aside
-        (a ``storage`` event to ``emit``) and the previous committed one restored.
+    def restore(self, abstract: Any, emit: Callable[[Event], None] = lambda event: None) -> Restored | None:
+        """The newest complete state across the tiers on ``abstract``'s shardings, or ``None``
+        when neither tier holds one (a fresh start): :func:`~elastic_dew.elastic.state.restore.restore`,
+        with :attr:`quarantine`.
 
         Args:
             abstract: the state's shapes and target shardings.
             emit: takes the ``storage`` event of a quarantined checkpoint.
 
         Returns:
-            ``(source, step, state, meta)``, or ``None``.
+            The :class:`~elastic_dew.elastic.state.restore.Restored` state, or ``None``.
 
         Raises:
             RuntimeError: from tier 1's load (no replica survived).
@@ -531,44 +531,7 @@ class Tiers:
                 :class:`~elastic_dew.elastic.state.orbax_backend.DamagedCheckpoint`).
             StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
-        if self.checkpoints is not None:
-            try:
-                self.checkpoints.wait()
-            except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
-                logger.warning("the checkpoint in flight when the attempt ended did not commit: %s", error)
-        source, saved = self.newest()
-        if source == "snapshot":
-            hooks.phase("snapshot_load", saved + 1)
-            try:
-                state, meta, saved = self.snapshots.load(abstract)
-                return "snapshot", saved, state, meta
-            except jax.errors.JaxRuntimeError:
-                raise  # a slice lost during the load: the next attempt retries it
-            except RuntimeError as error:  # every replica was on a lost slice
-                logger.warning("no snapshot replica survived (%s); trying the checkpoint", error)
-                saved = self.checkpoints.latest_step() if self.checkpoints is not None else None
-                source = "checkpoint" if saved is not None else "fresh"
-        while source == "checkpoint":
-            hooks.phase("checkpoint_restore", saved + 1)
-            try:
-                state, meta = self.checkpoints.restore(saved, abstract)
-            except DamagedCheckpoint as error:
-                if not self.quarantine:
-                    raise
-                try:
-                    moved = self.checkpoints.quarantine(saved)
-                except NotImplementedError:
-                    raise error from None
-                logger.error("checkpoint step %d cannot be read; moved aside to %s: %s", saved, moved, error)
-                emit(Storage(operation="restore", outcome="quarantined", step=saved,
-                             storage=self.checkpoints.directory, waited=0.0, error=str(error), moved_to=moved))
-                source, saved = self.newest()
-                continue
-            return "checkpoint", saved, state, meta
-        if source == "snapshot":  # a snapshot newer than what is left after a quarantine
-            state, meta, saved = self.snapshots.load(abstract)
-            return "snapshot", saved, state, meta
-        return None
+        return restore(self.snapshots, self.checkpoints, abstract, quarantine=self.quarantine, emit=emit)
 
     def kept(self) -> str:
         """What a run that gave up leaves to resume from, for its error message (not
@@ -577,11 +540,12 @@ class Tiers:
         Returns:
             The text.
         """
-        saved = self.checkpoints.newest_known() if self.checkpoints is not None else None
-        if saved is None:
+        checkpoints = self.checkpoints
+        saved = checkpoints.newest_known() if checkpoints is not None else None
+        if checkpoints is None or saved is None:
             return "no checkpoint was committed, so a re-run starts from step 1"
         return (
-            f"the newest committed checkpoint {saved} (in {self.checkpoints.directory}) is intact: "
+            f"the newest committed checkpoint {saved} (in {checkpoints.directory}) is intact: "
             "run the same command again to resume from it once slices are healthy"
         )
 
