@@ -3,7 +3,8 @@
 :class:`Program` is the model side of a run as :class:`~elastic_dew.elastic.loop.protocol.ElasticRun`
 needs it; :data:`StepFn` the compiled step it hands out; :class:`Notice` the preemption
 notice the loop asks at each step boundary (:class:`~elastic_dew.runtime.PreemptionNotice` is
-one), with the parts a notice may add (:class:`WaitingNotice`, :class:`InterruptingNotice`);
+one), with the parts a notice may add (:class:`WaitingNotice`, :class:`InterruptingNotice`,
+:class:`ReceivedNotice`);
 :class:`Finished` what a run ends with. Each is a declaration only: this module imports
 nothing of the loop.
 """
@@ -15,7 +16,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
-__all__ = ["Program", "StepFn", "Finished", "Notice", "WaitingNotice", "InterruptingNotice"]
+__all__ = ["Program", "StepFn", "Finished", "Notice", "WaitingNotice", "InterruptingNotice", "ReceivedNotice"]
 
 #: A compiled training step: ``step(state, batch) -> (state, metrics)``, ``metrics`` holding ``loss``.
 StepFn = Callable[[Any, Any], tuple[Any, dict[str, Any]]]
@@ -124,3 +125,11 @@ class InterruptingNotice(Notice, Protocol):
             Whether to stop the pass (it runs again after the resume).
         """
         ...
+
+
+@runtime_checkable
+class ReceivedNotice(Notice, Protocol):
+    """A notice that says when it arrived, so a stop spends on storage only what is left of
+    the grace window: ``received`` is its ``time.monotonic()``, or ``None`` before one came."""
+
+    received: float | None

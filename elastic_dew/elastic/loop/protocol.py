@@ -24,22 +24,23 @@ Orbax moves and stores state; Grain positions the data; the runtime's notice agr
 step. The loop's collaborators each own one job: the
 :class:`~elastic_dew.elastic.loop.compiler.StepCompiler` (compiled steps, precompiling smaller
 meshes), the :class:`~elastic_dew.elastic.loop.recovery.RecoveryTimer` (a resume's durations under
-``detection``, ``wait_for_slices``, ``mesh_and_compile`` and ``restore``) and the
-:class:`~elastic_dew.elastic.state.tiers.Tiers` (each deciding its own save cadence). Every stop,
-resume, step and save is emitted as a typed event (:mod:`elastic_dew.elastic.events`; the
+``detection``, ``wait_for_slices``, ``mesh_and_compile`` and ``restore``), the
+:class:`~elastic_dew.elastic.state.tiers.Tiers` (each deciding its own save cadence) and the
+:class:`~elastic_dew.elastic.loop.stopping.Stopping` (the preemption stops and the errors of a
+run that gives up). Every stop, resume, step and save is emitted as a typed event (:mod:`elastic_dew.elastic.events`; the
 run record's contract, see ``docs/trainer.md``).
 
 The model side is a :class:`Program`: it knows the state's shapes and shardings and how
-to compile one training step for a mesh and a global batch. An attempt's device arrays, mesh
-and compiled step live in its :class:`_Attempt`, which only that attempt's frame references;
-``ElasticRun`` itself keeps plain numbers. Once a failed attempt unwinds its arrays are freed
+to compile one training step for a mesh and a global batch
+(:mod:`~elastic_dew.elastic.loop.program`). An attempt's device arrays, mesh and compiled step
+live in its :class:`~elastic_dew.elastic.loop.attempt.Attempt`, which only that attempt's frame
+references; ``ElasticRun`` itself keeps plain numbers. Once a failed attempt unwinds its arrays are freed
 before the next one starts (the guide's warning about references kept in globals and
 callbacks).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -47,18 +48,19 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from pathwaysutils.elastic import elastic as pw_elastic
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
+from elastic_dew.elastic.loop.attempt import Attempt, InFlight
 from elastic_dew.elastic.loop.compiler import StepCompiler
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.elastic.loop.evaluation import OWED, Evaluation
 from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, StepFn, WaitingNotice
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
+from elastic_dew.elastic.loop.stopping import Stopping
 from elastic_dew.elastic.slices.mesh import (
     batch_sharding,
     build_mesh,
@@ -72,52 +74,11 @@ from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.tiers import Held, Tiers
-from elastic_dew.runtime import Preempted
 from elastic_dew.runtime.preemption import NoticeInWait
 
 __all__ = ["Program", "StepFn", "ElasticRun", "Finished"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(eq=False)
-class _Attempt:
-    """One attempt's device-side world: its mesh, batch, compiled step and state.
-
-    Only the attempt's own frame holds this object, so when the attempt unwinds (a lost
-    slice) its arrays go with it. ``step`` is the last completed step (its result read),
-    ``state`` that step's state and ``data`` the data position after it: what a snapshot,
-    a checkpoint or a scale-up of ``step`` takes, whatever step is in flight.
-    """
-
-    mesh: jax.sharding.Mesh
-    batch_size: int
-    step_fn: StepFn
-    state: Any
-    step: int
-    data: dict | None = None
-    #: Whether the restored state's evaluation pass was cut short by a preemption (its
-    #: meta's :data:`~elastic_dew.elastic.loop.evaluation.OWED`): the attempt runs it first.
-    owed: bool = False
-    in_batch: jax.sharding.NamedSharding = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        self.in_batch = batch_sharding(self.mesh)
-
-
-@dataclasses.dataclass(eq=False)
-class _InFlight:
-    """A dispatched step whose result has not been read: its state, metrics and data range.
-
-    ``data`` is the data position after the step; ``data_seconds`` the time its batch took.
-    """
-
-    step: int
-    state: Any
-    metrics: dict
-    examples: tuple[int, int]
-    data: dict
-    data_seconds: float
 
 
 class ElasticRun:
@@ -197,13 +158,14 @@ class ElasticRun:
         )
         # Abandoned saves and quarantined checkpoints join the run's events.
         self.tiers.checkpoint.emit = lambda event: self.emit(event)
+        self.stopping = Stopping(program, self.manager, self.tiers, notice, config, lambda event: self.emit(event))
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout,
                                      waits_for_every_slice=config.minimum_slice_count is None)
         #: Whether a data read was given up on (its reader is stuck: the data is not closed).
         self._data_stuck = False
         self._config = config
-        # Plain numbers only: an attempt's arrays live in its _Attempt.
+        # Plain numbers only: an attempt's arrays live in its Attempt.
         self.last_step = 0
         #: The furthest step completed (or restored) in this process: the retry policy's progress.
         self.furthest_step = 0
@@ -217,6 +179,7 @@ class ElasticRun:
         """A new configuration; its save cadences apply from the next step on."""
         self._config = config
         self.compiler.config = config
+        self.stopping.config = config
         self.tiers.follow(config)
         self.deadline.fixed = config.step_timeout
         self.deadline.follow(waits_for_every_slice=config.minimum_slice_count is None)
@@ -295,98 +258,17 @@ class ElasticRun:
             try:
                 return attempt(final_step)
             except NoticeInWait:
-                raise self._preempted_in_wait() from None
+                raise self.stopping.in_recovery(self.last_step) from None
             except TimeoutError as error:
-                raise self._timed_out(error) from error
+                raise self.stopping.timed_out(error, self.last_step) from error
             except ElasticRuntimeError as error:
-                raise ElasticRuntimeError(
-                    f"gave up after step {self.last_step}: {policy.describe()} ({error}); "
-                    f"{self.tiers.kept()}, or raise ElasticConfig.max_attempts"
-                ) from error
+                raise self.stopping.gave_up(error, self.last_step, policy) from error
             finally:
                 self.compiler.stop_precompiling()
                 self.deadline.close()
                 if not self._data_stuck:
                     self.data.close()
                 self.tiers.close()
-
-    def _preempted_in_wait(self) -> Preempted:
-        """A preemption notice ended a recovery (the wait for slices, or a loss while the
-        agreed step's checkpoint was written): save what a readable copy still holds, then
-        stop as a preemption does.
-
-        In order, within the grace period: the checkpoint in flight is waited for (it may
-        still commit); then the newest snapshot, if newer than the newest committed
-        checkpoint, is loaded from a replica on the surviving slices and committed as a
-        checkpoint. The stop's step is the step the re-run resumes after: that snapshot's,
-        else the newest committed checkpoint's, else 0 (nothing persisted; the re-run
-        starts fresh). Steps completed past it are lost: the log says how many, and the
-        run record counts them as wasted progress (the re-run's resume re-does them).
-        """
-        step = None
-        if self.checkpoints is not None:
-            deadline = time.monotonic() + self._stop_bound()
-            try:
-                self.checkpoints.wait(max(0.01, deadline - time.monotonic()))  # one in flight may commit
-            except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
-                logger.warning("the checkpoint in flight did not commit: %s", error)
-            try:
-                newer = not self.checkpoints.stalled and self.tiers.newest()[0] == "snapshot"
-            except storage.StorageError as error:
-                logger.error("could not list the checkpoints while stopping: %s", error)
-                newer = False
-            if newer:
-                try:
-                    step = self._persist_snapshot(max(0.01, deadline - time.monotonic()))
-                except Exception:  # noqa: BLE001 - the grace period is short: stop all the same
-                    logger.exception("could not persist the newest snapshot while stopping")
-            if step is None:
-                step = self.checkpoints.newest_known()
-        if step is None:
-            step = 0
-        lost = self.last_step - step
-        if lost > 0:
-            logger.warning(
-                "preemption notice during a recovery: stopping at step %d, the newest persisted state; "
-                "steps %d..%d (%d) were not persisted and will be run again",
-                step, step + 1, self.last_step, lost,
-            )
-        else:
-            logger.warning("preemption notice during a recovery: stopping at step %d", step)
-        self.emit(Stop(reason="preempted", step=step))
-        return Preempted(step)
-
-    def _stop_bound(self) -> float:
-        """Seconds a preemption's stop may spend on storage: what is left of the grace
-        window since the notice, less a margin (:func:`~elastic_dew.elastic.state.storage.stop_bound`)."""
-        noticed = getattr(self.notice, "received", None)
-        return storage.stop_bound(storage.grace_seconds(self.config.grace_period), noticed)
-
-    def _persist_snapshot(self, bound: float | None = None) -> int | None:
-        """Load the newest snapshot onto the healthy slices and commit it as a checkpoint
-        within ``bound`` seconds; its step, or ``None`` when no snapshot could be loaded or
-        committed."""
-        self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
-        mesh = build_mesh(self.manager, self.config.model_axis)
-        self.tiers.slices_changed(mesh)
-        restored = self.tiers.restore(self.program.abstract_state(mesh))
-        if restored is None or restored.source != "snapshot":
-            return None
-        _, step, state, meta = restored
-        logger.warning("writing snapshot %d as a checkpoint before stopping", step)
-        saved = self.tiers.checkpoint.commit(step, state, meta, bound=bound)
-        if saved is not None:
-            self.emit(saved)
-        return step if saved is not None and saved.taken else None
-
-    def _timed_out(self, error: TimeoutError) -> TimeoutError:
-        """pathwaysutils' timeout, with the run's position and what to do next."""
-        wanted = self.config.minimum_slice_count or self.manager.total_slice_count
-        return TimeoutError(
-            f"waited timeout={self.config.timeout} s for {wanted} healthy "
-            f"slice{'s' if wanted != 1 else ''} after step {self.last_step}, and they did not "
-            f"come ({error}); {self.tiers.kept()}, or raise ElasticConfig.timeout"
-        )
 
     def _layout(self) -> tuple[jax.sharding.Mesh, int]:
         mesh = build_mesh(self.manager, self.config.model_axis)
@@ -411,8 +293,9 @@ class ElasticRun:
         """
         attempt = self._resume(self.timer.recover())
         if attempt.owed and not self._evaluate(attempt):
-            self._stop_for_preemption(attempt, {"step": attempt.step, "data": attempt.data, OWED: True}, None)
-        current: _InFlight | None = None
+            owed = {"step": attempt.step, "data": attempt.data, OWED: True}
+            self.stopping.at_step(attempt.step, attempt.state, owed, None)
+        current: InFlight | None = None
         carried: Held | None = None  # the last step's saves (see _complete)
         while attempt.step < final_step:
             now = time.monotonic()
@@ -430,9 +313,9 @@ class ElasticRun:
             meta = {"step": attempt.step, "data": attempt.data}
             wait_step = self._wait_step(ahead)
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
-                self._stop_for_preemption(attempt, {**meta, OWED: True}, wait_step)
+                self.stopping.at_step(attempt.step, attempt.state, {**meta, OWED: True}, wait_step)
             if self.notice is not None and self.notice.reached(attempt.step):
-                self._stop_for_preemption(attempt, meta, wait_step)
+                self.stopping.at_step(attempt.step, attempt.state, meta, wait_step)
             # The saves' own seconds are not the next step's time; the wait before them is.
             carried = self.tiers.on_step(
                 attempt.step, attempt.state, meta, attempt.mesh, emit=self.emit, wait_step=wait_step
@@ -449,7 +332,7 @@ class ElasticRun:
                 attempt.state = None
         return self._finish(attempt)
 
-    def _resume(self, recovery: Recovery) -> _Attempt:
+    def _resume(self, recovery: Recovery) -> Attempt:
         """Build the mesh, get its compiled step, and restore the newest state onto it."""
         self.compiler.pause_precompiling()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
@@ -479,16 +362,16 @@ class ElasticRun:
         self.emit(Resume(source=source, step=step + 1, durations=recovery.durations))
         self.compiler.start_precompiling()
         owed = bool(meta.get(OWED)) and self.evaluation is not None
-        return _Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed)
+        return Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed)
 
-    def _dispatch(self, attempt: _Attempt, state: Any, step: int) -> _InFlight:
+    def _dispatch(self, attempt: Attempt, state: Any, step: int) -> InFlight:
         """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
         started = time.monotonic()
         batch, examples = self._read_data(step)
         data_seconds = time.monotonic() - started
         hooks.phase("dispatch", step)
         new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
-        return _InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
+        return InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
 
     def _read_data(self, step: int) -> tuple[Any, Any]:
@@ -503,7 +386,7 @@ class ElasticRun:
             self._data_stuck = True
             raise
 
-    def _wait_step(self, ahead: _InFlight | None) -> Callable[[], None] | None:
+    def _wait_step(self, ahead: InFlight | None) -> Callable[[], None] | None:
         """The wait for the step in flight, within the step deadline, that a save runs
         before its clock starts (:mod:`~elastic_dew.elastic.state.tiers`); ``None`` when no step
         is in flight."""
@@ -515,7 +398,7 @@ class ElasticRun:
         return lambda: self.deadline.read(lambda: jax.block_until_ready(state), step, ready=ready)
 
     def _complete(
-        self, attempt: _Attempt, done: _InFlight, started: float, data_seconds: float, held: float = 0.0
+        self, attempt: Attempt, done: InFlight, started: float, data_seconds: float, held: float = 0.0
     ) -> None:
         """Read ``done``'s result, make it the attempt's last completed step, emit its line.
 
@@ -550,7 +433,7 @@ class ElasticRun:
             metrics=metrics,
         ))
 
-    def _evaluate(self, attempt: _Attempt) -> bool:
+    def _evaluate(self, attempt: Attempt) -> bool:
         """The evaluation pass of the attempt's last completed step, before its saves (see
         :mod:`~elastic_dew.elastic.loop.evaluation`): a fault during it unwinds the attempt with
         nothing emitted, and the pass runs again when the resumed run reaches the step.
@@ -569,7 +452,7 @@ class ElasticRun:
         self.emit(done)
         return True
 
-    def _finish(self, attempt: _Attempt) -> Finished:
+    def _finish(self, attempt: Attempt) -> Finished:
         """Commit the final checkpoint and hand the finished state out of the retry."""
         step = attempt.step
         saved = self.tiers.checkpoint.final(step, attempt.state, {"step": step, "data": attempt.data})
@@ -581,29 +464,7 @@ class ElasticRun:
         self.emit(Stop(reason="done", step=step))
         return Finished(state, step)
 
-    def _stop_for_preemption(self, attempt: _Attempt, meta: dict, wait_step: Callable[[], None] | None) -> None:
-        """Write the agreed step's checkpoint, commit it, and raise ``Preempted`` of it.
-
-        ``wait_step`` waits for the step in flight first (that step is dropped; its wait is
-        not the checkpoint's). With no checkpoint directory nothing outlives the process,
-        so the stop (and ``Preempted``) is of step 0: the step a re-run resumes after.
-        """
-        step = attempt.step
-        logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
-        hooks.phase("stop", step)
-        bound = self._stop_bound()
-        saved = self.tiers.checkpoint.commit(step, attempt.state, meta, wait_step, bound=bound)
-        if saved is not None:
-            self.emit(saved)
-        if saved is None:
-            step = 0  # commit logged that nothing is saved
-        elif not saved.taken:  # not committed inside the grace window: the newest committed is the stop
-            checkpoints = self.checkpoints
-            step = (checkpoints.newest_known() if checkpoints is not None else None) or 0
-        self.emit(Stop(reason="preempted", step=step))
-        raise Preempted(step)
-
-    def _scale_up(self, attempt: _Attempt) -> None:
+    def _scale_up(self, attempt: Attempt) -> None:
         """Add the returned slices in place and put the live state onto the larger mesh.
 
         This is the guide's in-place scale-up: no restore and no retry, so a slice that
