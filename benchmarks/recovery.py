@@ -32,7 +32,7 @@ from benchmarks.common import REPO, median, p90, recoveries as recoveries_after,
 from benchmarks.work_lost import work_lost
 from elastic_dew.elastic.events import DURATION_KEYS, Resume, Step
 from elastic_dew.elastic.state.orbax_step import committed_checkpoint_steps
-from elastic_dew.record import as_event
+from elastic_dew.record.log import as_event
 from elastic_dew.rundir import CHECKPOINTS_DIR
 
 __all__ = ["measure", "restart_once", "file_parts", "worker_start_and_rewind", "POLICY"]

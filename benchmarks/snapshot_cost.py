@@ -69,7 +69,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     from elastic_dew.elastic.events import Save, Step
     from elastic_dew.elastic.loop.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
-    from elastic_dew.record import as_event
+    from elastic_dew.record.log import as_event
 
     parts = lm_parts(sizes.lm)
     program = lm_program(parts, POLICY)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from elastic_dew.elastic.events import Event, Step, Stop
-from elastic_dew.record import as_events, committed_steps
+from elastic_dew.record import as_events, committed_step_lines
 
 __all__ = ["work_lost"]
 
@@ -19,7 +19,7 @@ def work_lost(events: list[Event | dict[str, Any]]) -> dict[str, int]:
     """
     typed = as_events(events)
     steps = [e for e in typed if isinstance(e, Step)]
-    committed = sorted(as_events(committed_steps(typed)), key=lambda e: e.step)
+    committed = sorted(as_events(committed_step_lines(typed)), key=lambda e: e.step)
     lost = duplicated = 0
     position = 0
     for e in committed:

@@ -26,7 +26,9 @@ from typing import Any
 from elastic_dew import run
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.observe import sinks as observing
-from elastic_dew.settings import Flag, SettingError, add_flags, flag_name, flag_namer, given, worded, wording
+from elastic_dew.flags import Flag, add_flags, command_line_text, flag_name, flag_namer, given
+from elastic_dew.mentions import name_mentions
+from elastic_dew.settings import SettingError
 from elastic_dew.terminal import Terminal
 from elastic_dew.train_config import TrainConfig
 
@@ -37,7 +39,7 @@ _SECONDS = "SECONDS"
 
 #: The run's options: each part of a :class:`~elastic_dew.run.RunConfig` (by the name the
 #: run configuration gives it; ``run`` is its own fields), its configuration class and the
-#: fields the command line offers, each with its :class:`~elastic_dew.settings.Flag`, in
+#: fields the command line offers, each with its :class:`~elastic_dew.flags.Flag`, in
 #: ``--help``'s order. Field names are unique across the parts.
 RUN_FLAGS: dict[str, tuple[type, dict[str, Flag]]] = {
     "run": (run.RunConfig, {
@@ -107,8 +109,10 @@ def refusal(error: ValueError) -> str:
     :class:`~elastic_dew.settings.SettingError` headed by its own flag unless it starts
     with it."""
     if isinstance(error, SettingError):
-        return wording(error, RUN_FLAGS.values())
-    return worded(ValueError.__str__(error), flag_namer(RUN_FLAGS.values()))
+        return command_line_text(error, RUN_FLAGS.values())
+    if isinstance(error, run.UsageError):
+        return error.wording(flag_namer(RUN_FLAGS.values()))
+    return name_mentions(str(error), flag_namer(RUN_FLAGS.values()))
 
 
 def add_options(parser: argparse.ArgumentParser, *, recipe: bool = True) -> None:

@@ -27,7 +27,8 @@ import time
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from elastic_dew.settings import Bound, Flag, SettingError, add_flags, check_fields, given, mention, setting, wording
+from elastic_dew.flags import Flag, add_flags, command_line_text, given
+from elastic_dew.settings import Bound, SettingError, check_fields, mention, setting
 
 __all__ = ["Pool", "configure", "run", "free_port", "launch"]
 
@@ -234,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         pool = Pool(**given(args, Pool, _FLAGS))
     except SettingError as error:
-        args.usage_error(wording(error, [(Pool, _FLAGS)]))  # exits 2
+        args.usage_error(command_line_text(error, [(Pool, _FLAGS)]))  # exits 2
     if not cmd:
         args.usage_error("give the command after --, e.g. `-- python train.py`")  # exits 2
     return launch(pool.nprocs, cmd, pool.variables, pool.grace)

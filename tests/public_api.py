@@ -5,7 +5,9 @@ pytest plugin's marker, fixture and option. For each, this module writes
 
 - ``tests/public_api.txt``: every name's signature (functions; classes with their
   constructor, public methods and properties; dataclass fields with their defaults;
-  constants with their type and value), which ``tests/test_public_api.py`` compares with the
+  constants with their type and value; a class's members once, where the public class that
+  defines them is listed; a re-export as the name it re-exports; deprecated names, kept one
+  minor version, left to ``tests/test_deprecations.py``), which ``tests/test_public_api.py`` compares with the
   package as it is, so a change to the public API is a decision, not an accident;
 - ``docs/api.md``: every name with its one-line contract (the first sentence of its
   docstring, or of the ``#:`` comment above a constant).
@@ -141,16 +143,37 @@ def _constant(value: Any) -> str:
     return type(value).__name__
 
 
+def _deprecated(attr: Any) -> bool:
+    """A name kept only for one minor version (its docstring starts ``Deprecated``): listed in
+    ``CHANGELOG.md`` and checked by ``tests/test_deprecations.py``, not part of the API."""
+    target = attr.fget if isinstance(attr, property) else getattr(attr, "__func__", attr)
+    return (getattr(target, "__doc__", None) or "").lstrip().startswith("Deprecated")
+
+
+def _public_bases(cls: type) -> list[type]:
+    """The public classes ``cls`` derives from (listed elsewhere in the snapshot)."""
+    listed = {id(obj) for obj in public_names().values()}
+    return [base for base in cls.__mro__[1:] if id(base) in listed]
+
+
 def _class_lines(qualified: str, cls: type) -> list[str]:
+    """A class's lines: what it adds to its public bases (which have their own lines)."""
     lines = []
+    inherited: set[str] = set()
+    for base in _public_bases(cls):
+        inherited |= {n for n in dir(base) if not n.startswith("_")}
+        if dataclasses.is_dataclass(base):
+            inherited |= {f.name for f in dataclasses.fields(base)}
+    own = set(vars(cls)) | set(vars(cls).get("__annotations__", {}))
     if dataclasses.is_dataclass(cls):
         flags = ", ".join(
             flag for flag in ("frozen", "kw_only")
             if getattr(cls.__dataclass_params__, flag, False)  # type: ignore[attr-defined]
         )
-        lines.append(f"{qualified}: dataclass{f'({flags})' if flags else ''}")
+        bases = ", ".join(b.__name__ for b in cls.__bases__ if b is not object)
+        lines.append(f"{qualified}: dataclass{f'({flags})' if flags else ''}{f' of {bases}' if bases else ''}")
         for field in dataclasses.fields(cls):
-            if field.name.startswith("_"):
+            if field.name.startswith("_") or (field.name in inherited and field.name not in own):
                 continue
             if field.default is not dataclasses.MISSING:
                 default = f" = {_clean(repr(field.default))}"
@@ -164,10 +187,10 @@ def _class_lines(qualified: str, cls: type) -> list[str]:
         lines.append(f"{qualified}: class{f'({bases})' if bases else ''}{_signature(cls)}")
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     for name in sorted(dir(cls)):
-        if name.startswith("_") or name in fields:
+        if name.startswith("_") or name in fields or (name in inherited and name not in own):
             continue
         attr = _own(cls, name)
-        if attr is None:
+        if attr is None or _deprecated(attr):
             continue
         if isinstance(attr, property):
             lines.append(f"{qualified}.{name}: property")
@@ -203,11 +226,31 @@ def public_names() -> dict[str, Any]:
     return names
 
 
+def _homes() -> dict[int, str]:
+    """Each class's and function's listing under the public module nearest the module that
+    defines it (``elastic_dew.elastic.events.Stop``, not the re-export
+    ``elastic_dew.elastic.Stop``)."""
+    home: dict[int, tuple[int, str]] = {}
+    for qualified, obj in public_names().items():
+        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+            continue
+        module = qualified.rsplit(".", 1)[0]
+        defined = getattr(obj, "__module__", "") or ""
+        near = len(module) if defined == module or defined.startswith(module + ".") else 0
+        if id(obj) not in home or near > home[id(obj)][0]:
+            home[id(obj)] = (near, qualified)
+    return {key: qualified for key, (_, qualified) in home.items()}
+
+
 @functools.cache
 def snapshot() -> str:
     """The snapshot text of the public API as the package is now."""
     lines = []
+    home = _homes()
     for qualified, obj in public_names().items():
+        if home.get(id(obj), qualified) != qualified:
+            lines.append(f"{qualified}: the same as {home[id(obj)]}")  # a re-export
+            continue
         lines.extend(_lines(qualified, obj))
     lines.extend(f"elastic_dew.testing.pytest_plugin: {what}: {how}" for what, how in plugin_surface().items())
     return "\n".join(lines) + "\n"

@@ -206,7 +206,7 @@ def test_a_checkpoint_damaged_by_hand_is_quarantined_and_the_previous_one_resume
     events = record.read_events(run_dir)
     quarantined = [e for e in events if e["event"] == "storage"]
     assert [(e["outcome"], e["step"], e["moved_to"]) for e in quarantined] == [("quarantined", 8, str(moved))]
-    committed = record.committed_steps(events)
+    committed = record.committed_step_lines(events)
     assert sorted(e["step"] for e in committed) == list(range(1, 13))
     assert [e["examples"] for e in sorted(committed, key=lambda e: e["step"])] == [
         [i * chaos.GLOBAL_BATCH, (i + 1) * chaos.GLOBAL_BATCH] for i in range(12)

@@ -156,7 +156,7 @@ def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption_with_e
     assert summary["processes"] == 2
     assert (run_dir / "timeline.png").exists()
     # --min-slices 3 carried on with three slices; every example once, in order.
-    committed = record.committed_steps(events)
+    committed = record.committed_step_lines(events)
     assert ("slice_lost", 9) in [(e["reason"], e["step"]) for e in events if e["event"] == "stop"]
     assert 3 in {e["slices"] for e in committed} and [e["step"] for e in committed] == list(range(1, 41))
     ranges = [tuple(e["examples"]) for e in committed]

@@ -293,6 +293,6 @@ def test_file_data_through_workers_survives_a_slice_loss_and_a_preemption_exactl
     assert acc == plain
     resumes = [(e.source, e.step) for e in first + second if e.kind == "resume"]
     assert resumes == [("fresh", 1), ("snapshot", 5), ("checkpoint", 9)]
-    steps = record.as_events(record.committed_steps(first + second))  # the run record's rule
+    steps = record.as_events(record.committed_step_lines(first + second))  # the run record's rule
     assert [tuple(e.examples) for e in steps] == [(24 * k, 24 * (k + 1)) for k in range(10)]
 

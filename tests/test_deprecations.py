@@ -22,7 +22,7 @@ import pytest
 from elastic_dew import Trainer, TrainConfig, cli, simulate
 from elastic_dew._deprecation import REMOVED_IN
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.simulate import SimulatedSlices
+from elastic_dew.simulate import SimulatedSlices, schedule, topology
 from elastic_dew.testing import pytest_plugin
 
 
@@ -131,9 +131,9 @@ def test_from_nnx_takes_the_constructors_run_parameters_with_the_same_defaults_a
 
 
 @pytest.mark.parametrize("call", [
-    lambda: simulate.check_slices(simulate.parse_schedule("lose:1@3"), num_slices=4),
-    lambda: simulate.unreachable(simulate.parse_schedule("lose:1@3"), num_slices=4),
-    lambda: simulate.Topology.check_shape(num_slices=4, devices_per_slice=2),
+    lambda: schedule.check_fault_slices(simulate.parse_schedule("lose:1@3"), num_slices=4),
+    lambda: schedule.unreachable(simulate.parse_schedule("lose:1@3"), num_slices=4),
+    lambda: topology.Topology.check_shape(num_slices=4, devices_per_slice=2),
 ], ids=["check_slices", "unreachable", "Topology.check_shape"])
 def test_the_other_public_callables_that_took_num_slices_take_it_with_a_warning_naming_slices(call):
     with pytest.warns(DeprecationWarning, match=r"\(num_slices=\.\.\.\) is deprecated .*; use .*\(slices=\.\.\.\)"):

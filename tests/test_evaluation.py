@@ -12,7 +12,8 @@ import pytest
 
 from elastic_dew import Trainer, TrainConfig
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.record import committed_evals, committed_steps, read_events
+from elastic_dew.record import committed_step_lines, read_events
+from elastic_dew.record.goodput import committed_evals
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 
@@ -64,7 +65,7 @@ def test_an_evaluation_interrupted_by_a_slice_loss_runs_again_after_the_resume_a
     assert after_loss["slices"] == 3 and after_loss["batches"] == 2 and after_loss["examples_evaluated"] == 48
     assert set(after_loss["metrics"]) == {"loss", "mae"} and later["metrics"]["loss"] < after_loss["metrics"]["loss"]
     # The training data position never moved for it: every example once, in order.
-    assert [e["examples"] for e in committed_steps(lines)] == [[BATCH * i, BATCH * (i + 1)] for i in range(7)]
+    assert [e["examples"] for e in committed_step_lines(lines)] == [[BATCH * i, BATCH * (i + 1)] for i in range(7)]
     summary = result.summary
     assert summary["eval"] == {"step": 6, "metrics": later["metrics"]}
     seconds = sum(e["seconds"] for e in _evals(run))

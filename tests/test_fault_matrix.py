@@ -66,7 +66,7 @@ def test_a_slice_lost_at_any_phase_keeps_every_invariant(phase, tmp_path, expect
     assert_all_fired(outcome)
     assert_invariants(outcome, expected)
     assert _losses(outcome), kinds(outcome)
-    committed = record.committed_steps(events(outcome))
+    committed = record.committed_step_lines(events(outcome))
     if phase == "stop":
         # The notice is pending when the wait for slices begins: it ends the wait at once
         # (issue 12), so the run stops there and its re-run goes on every slice.
@@ -80,7 +80,7 @@ def test_two_losses_in_a_row_continue_on_two_slices(tmp_path, expected):
     assert_all_fired(outcome)
     assert_invariants(outcome, expected)
     assert len(_losses(outcome)) == 2
-    assert record.committed_steps(events(outcome))[-1]["slices"] == 2
+    assert record.committed_step_lines(events(outcome))[-1]["slices"] == 2
 
 
 def test_a_slice_that_flaps_is_added_back_every_time_without_exhausting_the_retry_policy(tmp_path, expected):
@@ -94,7 +94,7 @@ def test_a_slice_that_flaps_is_added_back_every_time_without_exhausting_the_retr
     scale_ups = [k for k in kinds(outcome) if k[:2] == ("stop", "scale_up")]
     assert len(scale_ups) == 4
     assert ("resume", "live", scale_ups[-1][2] + 1) in kinds(outcome)
-    assert record.committed_steps(events(outcome))[-1]["slices"] == chaos.TOTAL_SLICES
+    assert record.committed_step_lines(events(outcome))[-1]["slices"] == chaos.TOTAL_SLICES
 
 
 def test_every_slice_lost_waits_then_times_out_with_a_clear_error_and_the_newest_checkpoint_intact(tmp_path, expected):
@@ -144,7 +144,7 @@ def test_the_retry_budget_starts_again_after_a_stretch_of_progress_and_counts_ov
         assert_all_fired(outcome)
         assert_invariants(outcome, expected)
         assert _losses(outcome) == [2, 5, 8]
-        assert record.committed_steps(events(outcome))[-1]["slices"] == chaos.TOTAL_SLICES
+        assert record.committed_step_lines(events(outcome))[-1]["slices"] == chaos.TOTAL_SLICES
         return
     assert isinstance(outcome.error, ElasticRuntimeError), repr(outcome.error)
     assert "slice losses reached max_attempts=2 (counted over the whole run)" in str(outcome.error)

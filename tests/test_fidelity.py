@@ -20,7 +20,8 @@ from pathwaysutils.elastic import elastic, manager
 from elastic_dew import testing as chaos
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.slices import health
-from elastic_dew.simulate import SLICE_DOWN_CODES, ScheduledFault, SimulatedSlices, parse_schedule, unreachable
+from elastic_dew.simulate import ScheduledFault, SimulatedSlices, parse_schedule
+from elastic_dew.simulate.schedule import SLICE_DOWN_CODES, unreachable
 
 from faultlib import kinds
 

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from elastic_dew import Trainer
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.record import committed_steps, read_events
+from elastic_dew.record import committed_step_lines, read_events
 from elastic_dew.runtime import Preempted
 from elastic_dew.simulate import SimulatedSlices
 
@@ -85,7 +85,7 @@ def test_an_nnx_model_with_batch_statistics_trains_exactly_once_through_a_loss_a
     lines = read_events(tmp_path / "run")
     assert {(e["reason"], e["step"]) for e in lines if e["event"] == "stop"} >= {("slice_lost", 2), ("preempted", 7)}
     assert any(e["event"] == "resume" and e["source"] == "live" for e in lines)  # the return
-    committed = committed_steps(lines)
+    committed = committed_step_lines(lines)
     assert [e["step"] for e in committed] == list(range(1, STEPS + 1))
     assert [e["examples"] for e in committed] == [[BATCH * i, BATCH * (i + 1)] for i in range(STEPS)]
     assert all(0 <= e["metrics"]["accuracy"] <= 1 for e in committed)

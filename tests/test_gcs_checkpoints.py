@@ -217,7 +217,7 @@ def test_a_preempted_run_exits_143_and_the_same_command_resumes_from_its_gs_chec
     events = record.read_events(tmp_path / "a")
     assert [(e["source"], e["step"]) for e in events if e["event"] == "resume"] == [("fresh", 1), ("checkpoint", 5)]
     assert [(e["reason"], e["step"]) for e in events if e["event"] == "stop"] == [("preempted", 4), ("done", 8)]
-    spans = [tuple(e["examples"]) for e in record.committed_steps(events)]
+    spans = [tuple(e["examples"]) for e in record.committed_step_lines(events)]
     width = spans[0][1]  # exactly once across the two processes
     assert spans == [(width * k, width * (k + 1)) for k in range(8)]
 

@@ -31,9 +31,11 @@ from conftest import REPO
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the one seam for other libraries' internals: imports only the libraries
     "compat": (("elastic_dew._compat",), ()),
-    # (and the deprecation shims' one wording, which imports nothing of elastic_dew; and the
-    # settings' declarations and their one command-line builder, which launch uses)
-    "runtime": (("elastic_dew.runtime", "elastic_dew.launch", "elastic_dew._deprecation", "elastic_dew.settings"),
+    # (and the deprecation shims' one wording, which imports nothing of elastic_dew; the
+    # settings' declarations, the mentions inside their refusals, and the command line's one
+    # builder of flags from them, which launch uses)
+    "runtime": (("elastic_dew.runtime", "elastic_dew.launch", "elastic_dew._deprecation", "elastic_dew.settings",
+                 "elastic_dew.mentions", "elastic_dew.flags"),
                 ("compat",)),
     # the elastic layer and the run directory's formats: below everything that reads them
     "elastic": (("elastic_dew.elastic", "elastic_dew.rundir"), ("compat", "runtime")),

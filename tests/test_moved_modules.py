@@ -95,7 +95,8 @@ RENAMED_METHODS = {
 
 @pytest.mark.parametrize(("owner", "old"), sorted(RENAMED_METHODS))
 def test_a_renamed_method_is_its_new_one_under_the_old_name(owner, old):
-    cls = getattr(importlib.import_module("elastic_dew.elastic"), owner)
+    home = {"Tiers": "state.tiers", "Snapshots": "state.snapshots", "Checkpoints": "state.checkpoints"}[owner]
+    cls = getattr(importlib.import_module(f"elastic_dew.elastic.{home}"), owner)
     new = RENAMED_METHODS[owner, old]
     assert getattr(cls, old).__wrapped__ is getattr(cls, new)
     assert getattr(cls, old).__doc__.startswith(f"Deprecated: use :meth:`{new}`")
@@ -116,7 +117,8 @@ def test_a_renamed_method_warns_naming_the_new_one_and_forwards_its_arguments_an
 
 
 def test_the_step_compilers_old_pause_warns_and_pauses(tmp_path):
-    from elastic_dew.elastic import ElasticConfig, StepCompiler
+    from elastic_dew.elastic import ElasticConfig
+    from elastic_dew.elastic.loop.compiler import StepCompiler
 
     compiler = StepCompiler(program=None, manager=None, config=ElasticConfig(checkpoint_dir=str(tmp_path)))
     with pytest.warns(DeprecationWarning, match=r"StepCompiler\.hold is deprecated .* use StepCompiler\.pause_precompiling"):

@@ -117,5 +117,5 @@ def test_a_run_killed_with_sigkill_and_run_again_resumes_from_its_last_checkpoin
     resumes = [(e["source"], e["step"]) for e in events if e["event"] == "resume"]
     assert resumes[0] == ("fresh", 1)
     assert resumes[-1] in (("checkpoint", 21), ("checkpoint", 11), ("fresh", 1))
-    assert [e["step"] for e in record.committed_steps(events)] == list(range(1, 41))
+    assert [e["step"] for e in record.committed_step_lines(events)] == list(range(1, 41))
     assert [f.action for f in record.read_faults(run_dir)] == ["lose", "restore", "kill"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_dew.elastic.state.persistence import checkpoint_dir_problem, persistence_enabled
-from elastic_dew.settings import worded
+from elastic_dew.mentions import name_mentions
 
 PERSISTENT = {"JAX_PLATFORMS": "proxy", "ENABLE_PATHWAYS_PERSISTENCE": "1"}
 
@@ -17,7 +17,7 @@ PERSISTENT = {"JAX_PLATFORMS": "proxy", "ENABLE_PATHWAYS_PERSISTENCE": "1"}
 def test_a_directory_the_workers_cannot_see_is_refused_under_persistence_with_the_reason_and_the_fix(local):
     problem = checkpoint_dir_problem(local, PERSISTENT)
     assert problem is not None
-    problem = worded(problem)  # as Python names the setting
+    problem = name_mentions(problem)  # as Python names the setting
     assert f"checkpoint_dir={local} is not a gs:// URL" in problem
     assert "TPU workers write the checkpoint arrays" in problem  # the reason
     assert "checkpoint_dir=gs://BUCKET/runs/NAME/checkpoints" in problem  # the fix

@@ -47,7 +47,7 @@ def _train(tmp_path, steps=12, schedule=None, notice=None, on_run=None, **overri
 
 def _committed(events):
     """Step events no later resume re-did (the run record's commit rule)."""
-    return record.as_events(record.committed_steps(events))
+    return record.as_events(record.committed_step_lines(events))
 
 
 def _assert_exactly_once(events, steps):

@@ -18,15 +18,16 @@ from elastic_dew import record
 from elastic_dew.record import (
     BADPUT_CATEGORIES,
     RunRecord,
-    committed_evals,
-    committed_steps,
+    committed_step_lines,
     draw_timeline,
     load_params,
     read_events,
     state_digest,
     summarize,
-    write_summary,
 )
+from elastic_dew.record.goodput import committed_evals
+from elastic_dew.record.log import process_start_time
+from elastic_dew.record.summary import write_summary
 
 
 def _step(step, wall, *, slices=2, batch=4, seconds=1.0, data=0.0, loss=1.0):
@@ -136,17 +137,17 @@ def test_a_writer_killed_with_sigkill_keeps_every_line_up_to_its_last_save_and_n
 
 def test_a_step_line_is_committed_unless_a_later_resume_is_at_or_below_its_step():
     events = _a_run_with_every_kind_of_disruption()
-    committed = committed_steps(events)
+    committed = committed_step_lines(events)
     assert [e["step"] for e in committed] == list(range(9))
     assert [e["slices"] for e in committed if e["step"] in (3, 4, 5)] == [1, 1, 1]
     # A resume at the step right after a line leaves it committed; one at its step does not.
-    assert [e["step"] for e in committed_steps([_step(4, 1.0), _resume(5, 2.0, "live")])] == [4]
-    assert committed_steps([_step(4, 1.0), _resume(4, 2.0, "snapshot")]) == []
+    assert [e["step"] for e in committed_step_lines([_step(4, 1.0), _resume(5, 2.0, "live")])] == [4]
+    assert committed_step_lines([_step(4, 1.0), _resume(4, 2.0, "snapshot")]) == []
 
 
 def test_the_committed_example_ranges_of_a_rolled_back_run_tile_the_consumed_examples():
     summary = summarize(_a_run_with_every_kind_of_disruption())
-    ranges = sorted(tuple(e["examples"]) for e in committed_steps(_a_run_with_every_kind_of_disruption()))
+    ranges = sorted(tuple(e["examples"]) for e in committed_step_lines(_a_run_with_every_kind_of_disruption()))
     assert ranges[0][0] == 0
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
     assert ranges[-1][1] == summary["examples_consumed"] == 36
@@ -268,7 +269,7 @@ def test_run_events_still_answers_the_records_lines_with_a_deprecation_warning_n
 def test_the_process_start_time_is_when_this_process_began_not_when_it_was_asked():
     import time
 
-    started = record.process_start_time()
+    started = process_start_time()
     assert started <= time.time()
     assert started < time.time() - 0.05  # pytest ran for a while before this test
 
@@ -294,7 +295,7 @@ def test_the_summary_of_typed_events_is_the_summary_of_their_json_lines():
     typed = record.as_events(lines)
     assert [type(e).__name__ for e in typed[:3]] == ["Start", "Resume", "Step"]
     assert summarize(typed) == summarize(lines)
-    assert committed_steps(typed) == [e.to_json() for e in record.as_events(committed_steps(lines))]
+    assert committed_step_lines(typed) == [e.to_json() for e in record.as_events(committed_step_lines(lines))]
 
 
 def test_a_line_of_a_kind_this_version_does_not_know_is_left_out_of_the_typed_events():

@@ -11,7 +11,9 @@ import types
 import pytest
 
 from elastic_dew._compat.argparse import actions
-from elastic_dew.settings import Bound, Flag, SettingError, add_flags, check_fields, given, mention, setting, wording
+from elastic_dew.flags import Flag, add_flags, given
+from elastic_dew.flags import command_line_text as wording
+from elastic_dew.settings import Bound, SettingError, check_fields, mention, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,3 +107,19 @@ def test_a_flags_documented_help_survives_python_dropping_docstrings(monkeypatch
 def test_a_flag_whose_field_has_no_documented_entry_fails_as_the_command_is_built():
     with pytest.raises(KeyError, match="_Pool's docstring has no entry for 'slices'"):
         add_flags(argparse.ArgumentParser(), _Pool, {"slices": Flag(metavar="S")})
+
+
+def test_the_old_positional_flag_form_of_setting_error_wording_warns_and_words_as_the_keyword_does():
+    error = SettingError(_Pool, "slices", 0, Bound(1, whole=True))
+    with pytest.warns(DeprecationWarning, match=r"SettingError\.wording\(FLAG\) is deprecated .*; use SettingError\.wording\(flag=FLAG\)"):
+        old = error.wording("--slices")
+    assert old == error.wording(flag="--slices") == "--slices 0 must be >= 1"
+
+
+def test_a_usage_error_is_worded_for_python_by_str_and_for_a_command_line_by_its_namer():
+    from elastic_dew import console
+    from elastic_dew.run import UsageError
+
+    error = UsageError(f"give {mention('run_dir')} or {mention('name')}")
+    assert str(error) == "give run_dir= or name="
+    assert console.refusal(error) == "give --run-dir or --name"

@@ -143,7 +143,7 @@ def test_an_fsdp_run_that_loses_a_slice_and_gets_it_back_consumes_every_example_
     events = record.read_events(result.run_dir)
     reasons = [e["reason"] for e in events if e["event"] == "stop"]
     assert "slice_lost" in reasons and "scale_up" in reasons, reasons
-    committed = record.committed_steps(events)
+    committed = record.committed_step_lines(events)
     assert [e["step"] for e in committed] == list(range(1, STEPS + 1))
     ranges = [tuple(e["examples"]) for e in committed]
     assert ranges == [(i * BATCH, (i + 1) * BATCH) for i in range(STEPS)]

@@ -73,7 +73,7 @@ def _train(tmp_path, schedule: str, step_timeout: float):
 
 
 def _assert_each_example_once(events, steps: int) -> None:
-    committed = record.as_events(record.committed_steps(events))
+    committed = record.as_events(record.committed_step_lines(events))
     assert [e.step for e in committed] == list(range(1, steps + 1))
     position = 0
     for e in committed:

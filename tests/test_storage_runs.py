@@ -64,7 +64,7 @@ def _digest(run_dir: Path) -> str:
 
 
 def _every_example_once(run_dir: Path) -> None:
-    spans = sorted(tuple(e["examples"]) for e in record.committed_steps(record.read_events(run_dir)))
+    spans = sorted(tuple(e["examples"]) for e in record.committed_step_lines(record.read_events(run_dir)))
     width = spans[0][1] - spans[0][0]
     assert spans == [(width * k, width * (k + 1)) for k in range(STEPS)], spans
 

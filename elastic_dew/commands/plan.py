@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew.run import USAGE_EXIT
-from elastic_dew.settings import Flag, Flags, SettingError, add_flags, flag_name, given, wording
+from elastic_dew.flags import Flag, Flags, add_flags, command_line_text, flag_name, given
+from elastic_dew.settings import SettingError
 
 __all__ = ["configure", "run", "train_flags"]
 
@@ -121,7 +122,7 @@ def _build(part: str, values: dict[str, Any]):
     try:
         return owner(**values)
     except SettingError as error:
-        raise _Refused(wording(error, [(owner, flags)])) from None
+        raise _Refused(command_line_text(error, [(owner, flags)])) from None
 
 
 def _writable(flag: str, path: str | None) -> None:

@@ -42,7 +42,7 @@ from elastic_dew.settings import SettingError
 from elastic_dew.run import FAILED_EXIT, RUNS_DIR, USAGE_EXIT, SimConfig
 from elastic_dew.rundir import FAULTS_FILE, FaultLog
 from elastic_dew.runtime import run_timestamp
-from elastic_dew.simulate import check_slices, parse_schedule
+from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
 from elastic_dew.supervisor import supervise
 
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
                            if (value := getattr(args, f"sim.{name}", None)) is not None})
         try:
             schedule = parse_schedule(sim.schedule)
-            check_slices(schedule, sim.slices)
+            check_fault_slices(schedule, sim.slices)
         except ValueError as err:
             raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
         program = resolve(command)

@@ -35,7 +35,8 @@ import yaml
 from elastic_dew.cli import HelpFormatter
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import KNOWN_RECIPES, JobSetParams, check_quantity, check_subdomain
-from elastic_dew.settings import Flag, Flags, SettingError, add_flags, flag_name, given, mention, wording
+from elastic_dew.flags import Flag, Flags, add_flags, command_line_text, flag_name, given
+from elastic_dew.settings import SettingError, mention
 from elastic_dew.k8s.tpus import TPU_TYPES, lookup_tpu_type
 
 __all__ = ["configure", "run"]
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return args.k8s_run(args)
     except SettingError as e:
-        sys.stderr.write(f"elastic-dew k8s {args.k8s_command}: error: {wording(e, args.k8s_flags)}\n")
+        sys.stderr.write(f"elastic-dew k8s {args.k8s_command}: error: {command_line_text(e, args.k8s_flags)}\n")
         return 2
 
 

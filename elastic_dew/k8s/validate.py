@@ -38,7 +38,9 @@ from elastic_dew.k8s import render as R
 from elastic_dew.k8s.params import BUCKET, MAX_BACKOFF_LIMIT, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY
 from elastic_dew.k8s.tpus import by_accelerator
 from elastic_dew.run import SimConfig
-from elastic_dew.settings import SettingError, flag_namer, worded
+from elastic_dew.flags import flag_namer
+from elastic_dew.mentions import name_mentions
+from elastic_dew.settings import SettingError
 
 __all__ = [
     "INSTALL_K8S",
@@ -225,7 +227,7 @@ def _checkpoint_errors(controller: dict[str, Any]) -> list[str]:
     run_dir = value("--run-dir") or "RUN_DIR"
     env = {k: str(v) for k, v in _env_of(controller).items() if isinstance(v, (str, int))}
     problem = checkpoint_dir_problem(value("--checkpoint-dir") or f"{run_dir}/checkpoints", env)
-    return [f"{R.HEAD_JOB}/{R.CONTROLLER}: {worded(problem, flag_namer(RUN_FLAGS.values()))}"] if problem else []
+    return [f"{R.HEAD_JOB}/{R.CONTROLLER}: {name_mentions(problem, flag_namer(RUN_FLAGS.values()))}"] if problem else []
 
 
 def jobset_failure_action(jobset: dict[str, Any], replicated_job: str, reason: str, message: str) -> str:

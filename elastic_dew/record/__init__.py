@@ -19,6 +19,7 @@ through the record.
 
 from __future__ import annotations
 
+from elastic_dew._deprecation import moved_names
 from elastic_dew.rundir import (
     EVENTS_FILE,
     FAULTS_FILE,
@@ -29,54 +30,55 @@ from elastic_dew.rundir import (
 )
 from elastic_dew.record.goodput import (
     BADPUT_CATEGORIES,
-    CUSTOM_BADPUT_TYPES,
-    NOT_APPLICABLE,
     Goodput,
     account,
-    committed_evals,
-    committed_steps,
+    committed_step_lines,
     summarize,
 )
 from elastic_dew.record.log import (
     RunRecord,
-    as_event,
     as_events,
-    process_start_time,
     read_events,
     run_events,
 )
-from elastic_dew.record.params import flatten_params, load_params, state_digest, write_params
-from elastic_dew.record.summary import load_summary, write_summary
+from elastic_dew.record.params import load_params, state_digest
+from elastic_dew.record.summary import load_summary
 from elastic_dew.record.text import format_summary
 from elastic_dew.record.timeline import draw_timeline
 
 __all__ = [
-    "BADPUT_CATEGORIES",
-    "CUSTOM_BADPUT_TYPES",
-    "NOT_APPLICABLE",
+    "RunRecord",
+    "read_events",
+    "read_faults",
+    "as_events",
+    "committed_step_lines",
+    "summarize",
     "Goodput",
     "account",
+    "BADPUT_CATEGORIES",
+    "load_summary",
+    "load_params",
+    "state_digest",
+    "format_summary",
+    "draw_timeline",
     "EVENTS_FILE",
     "SUMMARY_FILE",
     "PARAMS_FILE",
     "TIMELINE_FILE",
     "FAULTS_FILE",
-    "RunRecord",
-    "read_events",
-    "read_faults",
-    "run_events",
-    "as_event",
-    "as_events",
-    "committed_evals",
-    "committed_steps",
-    "summarize",
-    "flatten_params",
-    "state_digest",
-    "write_params",
-    "write_summary",
-    "load_params",
-    "load_summary",
-    "draw_timeline",
-    "format_summary",
-    "process_start_time",
 ]
+
+#: What left the public list in 0.2.0 (what the trainer writes with, and the goodput
+#: accounting's own tables), and ``committed_steps``, now named for what it returns: served
+#: from here with a warning until 0.3. (``run_events`` warns where it is called.)
+__getattr__ = moved_names(__name__, {
+    "committed_steps": "elastic_dew.record.goodput.committed_step_lines",
+    "CUSTOM_BADPUT_TYPES": "elastic_dew.record.goodput.CUSTOM_BADPUT_TYPES",
+    "NOT_APPLICABLE": "elastic_dew.record.goodput.NOT_APPLICABLE",
+    "committed_evals": "elastic_dew.record.goodput.committed_evals",
+    "as_event": "elastic_dew.record.log.as_event",
+    "process_start_time": "elastic_dew.record.log.process_start_time",
+    "flatten_params": "elastic_dew.record.params.flatten_params",
+    "write_params": "elastic_dew.record.params.write_params",
+    "write_summary": "elastic_dew.record.summary.write_summary",
+})

@@ -33,7 +33,7 @@ __all__ = [
     "account",
     "committed_evals",
     "committed_flags",
-    "committed_steps",
+    "committed_step_lines",
     "summarize",
 ]
 
@@ -76,7 +76,7 @@ NOT_APPLICABLE: dict[str, str] = {
 
 def committed_flags(events: list[ev.Event], kind: type[ev.Event] = ev.Step) -> list[bool]:
     """For each event, whether it is a committed line of ``kind`` (step lines by default,
-    or ``ev.Eval``: see :func:`committed_steps`)."""
+    or ``ev.Eval``: see :func:`committed_step_lines`)."""
     flags = [False] * len(events)
     lowest_later_resume = float("inf")
     for i in range(len(events) - 1, -1, -1):
@@ -107,7 +107,7 @@ def committed_evals(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.E
     return [e for i, e in enumerate(committed) if last[e.step] == i]
 
 
-def committed_steps(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[dict[str, Any]]:
+def committed_step_lines(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The step lines that count: those with no later ``resume`` at or below their step.
 
     Returned as JSON lines (a given mapping is copied as it was), in file order, so after a

@@ -267,11 +267,11 @@ def _schedule_of(sim: SimConfig | None, minimum: int | None) -> Schedule | None:
     """The fault schedule, parsed once and checked against the slices (``None``: no faults)."""
     if sim is None or not sim.schedule:
         return None
-    from elastic_dew.simulate import check_slices, parse_schedule, unreachable
+    from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule, unreachable
 
     try:
         schedule = parse_schedule(sim.schedule)
-        check_slices(schedule, sim.slices)
+        check_fault_slices(schedule, sim.slices)
         never = unreachable(schedule, sim.slices, minimum, name=mention)
         if never is not None:
             raise ValueError(never)

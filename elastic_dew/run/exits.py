@@ -4,7 +4,7 @@ the run and every command."""
 
 from __future__ import annotations
 
-from elastic_dew.settings import worded
+from elastic_dew.mentions import Namer, name_mentions
 
 __all__ = ["UsageError", "USAGE_EXIT", "FAILED_EXIT"]
 
@@ -22,5 +22,16 @@ class UsageError(ValueError):
     them as Python does (``run_dir=``), a command line as its flags (``--run-dir``).
     """
 
+    def wording(self, name: Namer | None = None) -> str:
+        """The refusal, worded for Python or for another surface (a command line's).
+
+        Args:
+          name: names each setting the text mentions (default: Python's ``field=value``).
+
+        Returns:
+          The refusal's text.
+        """
+        return name_mentions(super().__str__(), name)
+
     def __str__(self) -> str:
-        return worded(super().__str__())
+        return self.wording()

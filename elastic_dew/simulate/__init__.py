@@ -26,17 +26,11 @@ from elastic_dew._deprecation import moved_names
 
 _EXPORTS = {
     "ACTIONS": "schedule",
-    "ACTION_TABLE": "schedule",
     "PHASES": "schedule",
-    "SLICE_DOWN_CODES": "schedule",
-    "Action": "schedule",
     "ScheduledFault": "schedule",
     "Schedule": "schedule",
     "SimulatedSlices": "simulator",
-    "Topology": "topology",
-    "check_slices": "schedule",
     "parse_schedule": "schedule",
-    "unreachable": "schedule",
 }
 
 __all__ = list(_EXPORTS)
@@ -51,8 +45,17 @@ def _lazy(name: str):
     return getattr(importlib.import_module(f"elastic_dew.simulate.{module}"), name)
 
 
-#: Renamed in 0.2.0, served with a warning until 0.3.
-__getattr__ = moved_names(__name__, {"Fault": "elastic_dew.simulate.schedule.ScheduledFault"}, fallback=_lazy)
+#: What left the public list in 0.2.0 (the grammar's and the run's own checks and tables) and
+#: the renamed: served from here with a warning until 0.3.
+__getattr__ = moved_names(__name__, {
+    "Fault": "elastic_dew.simulate.schedule.ScheduledFault",
+    "ACTION_TABLE": "elastic_dew.simulate.schedule.ACTION_TABLE",
+    "SLICE_DOWN_CODES": "elastic_dew.simulate.schedule.SLICE_DOWN_CODES",
+    "Action": "elastic_dew.simulate.schedule.Action",
+    "Topology": "elastic_dew.simulate.topology.Topology",
+    "check_slices": "elastic_dew.simulate.schedule.check_fault_slices",
+    "unreachable": "elastic_dew.simulate.schedule.unreachable",
+}, fallback=_lazy)
 
 
 def __dir__() -> list[str]:

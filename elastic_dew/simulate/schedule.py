@@ -53,7 +53,7 @@ __all__ = [
     "Target",
     "action_of",
     "as_schedule",
-    "check_slices",
+    "check_fault_slices",
     "parse_schedule",
     "unreachable",
 ]
@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 __getattr__ = moved_names(__name__, {
     "ScheduleRunner": "elastic_dew.simulate.runner.ScheduleRunner",
     "Fault": "elastic_dew.simulate.schedule.ScheduledFault",
+    "check_slices": "elastic_dew.simulate.schedule.check_fault_slices",
 })
 
 #: When a fault fires: the phases the elastic layer announces (:data:`hooks.PHASES`).
@@ -350,8 +351,8 @@ def as_schedule(schedule: str | Schedule | None) -> Schedule:
 # --------------------------------------------------------------------------- reachability
 
 
-@renamed_keywords("check_slices", num_slices="slices")
-def check_slices(schedule: Schedule, slices: int) -> None:
+@renamed_keywords("check_fault_slices", num_slices="slices")
+def check_fault_slices(schedule: Schedule, slices: int) -> None:
     """Refuse a fault naming a slice the ``slices`` slices do not have.
 
     Args:

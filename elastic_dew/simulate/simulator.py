@@ -83,7 +83,7 @@ from elastic_dew.simulate.schedule import (
     Schedule,
     action_of,
     as_schedule,
-    check_slices,
+    check_fault_slices,
 )
 from elastic_dew.simulate.step_count import StepCount
 from elastic_dew.simulate.topology import Topology
@@ -159,7 +159,7 @@ class SimulatedSlices:
     ) -> None:
         Topology.check_shape(slices, devices_per_slice)
         schedule = as_schedule(schedule)
-        check_slices(schedule, slices)
+        check_fault_slices(schedule, slices)
         self.slices = slices
         self.devices_per_slice = devices_per_slice
         self.schedule = schedule

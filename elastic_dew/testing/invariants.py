@@ -155,7 +155,7 @@ def check(outcome: ScenarioOutcome, expected_params: dict[str, Any], *, expect_e
             problems.append(f"committed checkpoint {step} was deleted or damaged by the end")
     lines = record.read_events(outcome.run_dir)
     events = [ev.from_json(line) for line in lines]
-    committed = [ev.from_json(line) for line in record.committed_steps(lines)]
+    committed = [ev.from_json(line) for line in record.committed_step_lines(lines)]
     if outcome.error is None:
         problems += _check_data(committed, outcome.scenario.steps)
         full_mesh = all(e.slices == TOTAL_SLICES for e in committed)

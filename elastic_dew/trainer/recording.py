@@ -48,7 +48,7 @@ class Recording:
     """
 
     def __init__(self, run_dir: Path, sinks: Sequence[events.Sink], log_every: int) -> None:
-        from elastic_dew.record import process_start_time
+        from elastic_dew.record.log import process_start_time
 
         self.run_dir = run_dir
         self._start = events.Start(process_start=process_start_time(), pid=os.getpid())
@@ -74,6 +74,6 @@ class Recording:
 
     def summary(self, params: Any, memory: dict) -> dict:
         """Write ``summary.json`` and the final parameters from the closed record; the summary."""
-        from elastic_dew.record import write_summary
+        from elastic_dew.record.summary import write_summary
 
         return write_summary(self.run_dir, self._record.events(), params, memory=memory)

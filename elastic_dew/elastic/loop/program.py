@@ -77,7 +77,12 @@ class Program(Protocol):
 
 class Finished(NamedTuple):
     """What :meth:`ElasticRun.run` ends with: the final state and its step (it unpacks as
-    ``state, step``)."""
+    ``state, step``).
+
+    Args:
+        state: the training state after the final step, on the last mesh.
+        step: the final step.
+    """
 
     state: Any
     step: int

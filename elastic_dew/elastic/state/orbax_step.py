@@ -69,7 +69,7 @@ def committed_checkpoint_steps(directory: Any, *, abandoned: Iterable[int] = ())
     """The committed Orbax steps under a checkpoint directory, oldest first, less the steps
     ``abandoned`` names (a save given up on whose writes landed later:
     :func:`elastic_dew.rundir.read_abandoned`). The step lines the run record counts as
-    committed are :func:`elastic_dew.record.committed_steps`."""
+    committed are :func:`elastic_dew.record.committed_step_lines`."""
     if not directory.exists():
         return []
     fenced = set(abandoned)
