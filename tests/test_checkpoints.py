@@ -102,6 +102,22 @@ def test_steps_start_at_one_and_bad_meta_is_refused_before_anything_is_written(t
     checkpoints.close()
 
 
+def test_a_library_error_that_mentions_metadata_abandons_the_save_and_the_run_goes_on(tmp_path, monkeypatch):
+    """Only a meta the tier cannot carry (``MetaError``) is the caller's error; an Orbax
+    ``ValueError`` about its own metadata is a failed save, abandoned like any other."""
+    mesh = mesh_of(4)
+    checkpoints = Checkpoints(str(tmp_path / "ckpt"))
+
+    def broken(*args, **kwargs):
+        raise ValueError("could not write the checkpoint's metadata file")
+
+    monkeypatch.setattr(checkpoints.backend, "save", broken)
+    assert checkpoints.save(1, state_on(mesh), {"step": 1}) is False
+    (failure,) = checkpoints.failures()
+    assert failure.operation == "save" and "metadata file" in str(failure)
+    checkpoints.close()
+
+
 def test_a_step_at_or_below_the_newest_committed_one_is_skipped_not_written(tmp_path):
     mesh = mesh_of(4)
     checkpoints = Checkpoints(str(tmp_path), max_to_keep=2)

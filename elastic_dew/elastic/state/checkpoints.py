@@ -45,7 +45,7 @@ from jax.sharding import Mesh
 from elastic_dew._deprecation import renamed_keywords, renamed_method
 from elastic_dew.elastic.config import CHECKPOINT_KINDS
 from elastic_dew.elastic.state.backend import Backend
-from elastic_dew.elastic.state.meta import meta_json
+from elastic_dew.elastic.state.meta import MetaError, meta_json
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
 from elastic_dew.elastic.state import orbax_step, storage
 from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint, OrbaxBackend
@@ -248,9 +248,9 @@ class Checkpoints:
 
         try:
             began = self._call("save", step, start, bound)
+        except MetaError:
+            raise  # a meta the backend cannot carry: the caller's bug, not the storage's
         except (StorageError, OSError, ValueError) as error:
-            if isinstance(error, ValueError) and not isinstance(error, StorageError) and "meta" in str(error):
-                raise  # a meta the backend cannot carry: the caller's bug, not the storage's
             self._abandon(step, error, started)
             return False
         if began:

@@ -247,7 +247,8 @@ class CheckpointTier(_Cadence):
 
         ``None``, with an error logged, when there is nowhere to write it.
         """
-        if self.checkpoints is None:
+        checkpoints = self.checkpoints
+        if checkpoints is None:
             logger.error("no checkpoint directory is configured: step %d is not saved", step)
             return None
         if wait_step is not None:
@@ -259,24 +260,24 @@ class CheckpointTier(_Cadence):
             return None if deadline is None else max(0.01, deadline - time.monotonic())
 
         def write() -> bool:
-            self.checkpoints.settle(left())
+            checkpoints.settle(left())
             try:
-                if self.checkpoints.latest_step(left()) == step:
+                if checkpoints.latest_step(left()) == step:
                     return True
             except StorageError as error:
                 logger.error("the preemption checkpoint of step %d is not written: %s", step, error)
                 return False
-            if not self.checkpoints.save(step, state, meta, force=True, bound=left()):
+            if not checkpoints.save(step, state, meta, force=True, bound=left()):
                 return False
-            return self.checkpoints.settle(left()) is None
+            return checkpoints.settle(left()) is None
 
         saved = timed_save(self.name, step, write)
-        self._note(self.checkpoints.failures(), stopping=True)
+        self._note(checkpoints.failures(), stopping=True)
         if not saved.taken:
             logger.error(
                 "the preemption checkpoint of step %d did not commit%s; the newest committed step stays %s",
                 step, "" if limit is None else f" within {limit:.1f} s (what the grace window leaves)",
-                self.checkpoints.newest_known(),
+                checkpoints.newest_known(),
             )
         return saved
 
