@@ -151,6 +151,7 @@ RENAMED_0_2 = {
     "elastic_dew.testing.outcome.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",
     "elastic_dew.simulate.Fault": "elastic_dew.simulate.schedule.ScheduledFault",
     "elastic_dew.simulate.schedule.Fault": "elastic_dew.simulate.schedule.ScheduledFault",
+    "elastic_dew.testing.fault_proxy.Fault": "elastic_dew.testing.fault_proxy.ProxyFault",
 }
 
 

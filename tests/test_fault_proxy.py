@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from elastic_dew.testing.fault_proxy import Fault, FaultProxy, object_path
+from elastic_dew.testing.fault_proxy import ProxyFault, FaultProxy, object_path
 from elastic_dew.testing.waits import poll
 
 pytestmark = pytest.mark.libraries  # the Cloud Storage clients' retries
@@ -36,7 +36,7 @@ def _download(url: str, bucket: str, name: str, timeout: float = 10) -> bytes:
 
 
 def test_every_second_upload_under_a_path_is_answered_503_and_the_others_reach_the_server(fault_proxy, bucket, gcs_server):
-    rule = fault_proxy.add(Fault("error", method="POST", path="*/ckpt/*", status=503, every=2))
+    rule = fault_proxy.add(ProxyFault("error", method="POST", path="*/ckpt/*", status=503, every=2))
     answers = []
     for k in range(4):
         try:
@@ -52,7 +52,7 @@ def test_every_second_upload_under_a_path_is_answered_503_and_the_others_reach_t
 
 def test_a_429_rule_limited_to_two_times_then_forwards_reads(fault_proxy, bucket):
     _upload(fault_proxy.url, bucket, "a", b"payload")
-    fault_proxy.add(Fault("error", method="GET", path="*/a", status=429, times=2))
+    fault_proxy.add(ProxyFault("error", method="GET", path="*/a", status=429, times=2))
     codes = []
     for _ in range(3):
         try:
@@ -63,7 +63,7 @@ def test_a_429_rule_limited_to_two_times_then_forwards_reads(fault_proxy, bucket
 
 
 def test_a_stalled_upload_is_held_until_released_and_then_lands(fault_proxy, bucket, gcs_server):
-    fault_proxy.add(Fault("stall", method="POST", path="*/late"))
+    fault_proxy.add(ProxyFault("stall", method="POST", path="*/late"))
     with pytest.raises(OSError):  # the client gives up; the request stays held
         _upload(fault_proxy.url, bucket, "late", b"z", timeout=0.5)
     assert fault_proxy.held == 1
@@ -76,7 +76,7 @@ def test_a_stalled_upload_is_held_until_released_and_then_lands(fault_proxy, buc
 
 
 def test_a_timed_stall_forwards_after_its_seconds(fault_proxy, bucket):
-    fault_proxy.add(Fault("stall", method="POST", seconds=0.3))
+    fault_proxy.add(ProxyFault("stall", method="POST", seconds=0.3))
     started = time.monotonic()
     assert _upload(fault_proxy.url, bucket, "slow", b"s") == 200
     assert time.monotonic() - started >= 0.3
@@ -84,7 +84,7 @@ def test_a_timed_stall_forwards_after_its_seconds(fault_proxy, bucket):
 
 def test_a_reset_rule_cuts_the_connection_without_an_answer(fault_proxy, bucket):
     _upload(fault_proxy.url, bucket, "r", b"r")
-    fault_proxy.add(Fault("reset", method="GET", path="*/r", times=1))
+    fault_proxy.add(ProxyFault("reset", method="GET", path="*/r", times=1))
     with pytest.raises((ConnectionResetError, urllib.error.URLError, http.client.RemoteDisconnected)):
         _download(fault_proxy.url, bucket, "r")
     assert _download(fault_proxy.url, bucket, "r") == b"r"
@@ -92,7 +92,7 @@ def test_a_reset_rule_cuts_the_connection_without_an_answer(fault_proxy, bucket)
 
 
 def test_rules_switch_while_requests_are_in_flight(fault_proxy, bucket):
-    rule = fault_proxy.add(Fault("stall", method="POST", path="*/held"))
+    rule = fault_proxy.add(ProxyFault("stall", method="POST", path="*/held"))
     done = threading.Event()
     threading.Thread(target=lambda: (_upload(fault_proxy.url, bucket, "held", b"h", timeout=30), done.set()),
                      daemon=True).start()

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints, StorageError, StorageTimeout
-from elastic_dew.testing.fault_proxy import Fault
+from elastic_dew.testing.fault_proxy import ProxyFault
 from elastic_dew.testing.waits import poll
 
 pytestmark = pytest.mark.libraries
@@ -73,7 +73,7 @@ def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_relea
         checkpoints.save(1, _state(1.0), {"step": 1})
         checkpoints.wait()
         checkpoints.timeout = 2.0  # after the first save, which compiles and opens the clients
-        fault_proxy.add(Fault("stall", method="POST", path=f"{bucket[5:]}/ck/2/*"))
+        fault_proxy.add(ProxyFault("stall", method="POST", path=f"{bucket[5:]}/ck/2/*"))
         assert checkpoints.save(2, _state(2.0), {"step": 2})
         started = time.monotonic()
         failure = checkpoints.settle()
@@ -114,7 +114,7 @@ def test_a_commit_whose_uploads_are_slow_but_answered_outlasts_the_storage_timeo
         checkpoints.save(1, _state(1.0), {"step": 1})
         checkpoints.wait()
         checkpoints.timeout = 1.5
-        fault_proxy.add(Fault("stall", method="POST", path=f"{bucket[5:]}/ck/2/state/*", seconds=0.5))
+        fault_proxy.add(ProxyFault("stall", method="POST", path=f"{bucket[5:]}/ck/2/state/*", seconds=0.5))
         before = storage.METER.counters()
         started = time.monotonic()
         assert checkpoints.save(2, _state(2.0), {"step": 2})
@@ -139,7 +139,7 @@ def test_a_restore_whose_reads_stall_raises_naming_the_storage_step_and_bound_an
         checkpoints.save(4, _state(4.0), {"step": 4})
         checkpoints.wait()
         checkpoints.timeout = 1.5
-        fault_proxy.add(Fault("stall", method="GET", path=f"{bucket[5:]}/ck/4/state/*"))
+        fault_proxy.add(ProxyFault("stall", method="GET", path=f"{bucket[5:]}/ck/4/state/*"))
         started = time.monotonic()
         with pytest.raises(StorageTimeout) as stalled:
             checkpoints.restore(4, _abstract())
@@ -157,7 +157,7 @@ def test_uploads_refused_403_fail_the_save_at_once_naming_the_permission(fault_p
     directory = f"{bucket}/ck"
     with _through(fault_proxy):
         checkpoints = Checkpoints(directory, timeout=30)
-        fault_proxy.add(Fault("error", method="POST", status=403))
+        fault_proxy.add(ProxyFault("error", method="POST", status=403))
         started = time.monotonic()
         checkpoints.save(1, _state(1.0), {"step": 1})
         failure = checkpoints.settle()

@@ -24,7 +24,7 @@ from etils import epath
 from conftest import REPO
 from elastic_dew import record, rundir
 from elastic_dew.elastic.state import orbax_step
-from elastic_dew.testing.fault_proxy import Fault
+from elastic_dew.testing.fault_proxy import ProxyFault
 
 pytestmark = [pytest.mark.slow, pytest.mark.libraries]
 
@@ -96,7 +96,7 @@ def test_a_save_whose_uploads_stall_is_abandoned_and_the_run_finishes_with_the_c
     trains on, commits 15 and 20, and finishes within the timeout plus its training time."""
     name = bucket[5:]
     run_dir = tmp_path / "run"
-    fault_proxy.add(Fault("stall", method="POST", path=f"{name}/ck/10/*"))
+    fault_proxy.add(ProxyFault("stall", method="POST", path=f"{name}/ck/10/*"))
     done, seconds = _train(run_dir, "--checkpoint-dir", f"{bucket}/ck", "--storage-timeout", str(TIMEOUT),
                            env=_env(**fault_proxy.env))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -126,7 +126,7 @@ def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_comm
     common = ("--checkpoint-dir", checkpoints, "--storage-timeout", str(TIMEOUT), "--grace-period", str(GRACE),
               "--schedule", "preempt@17")
 
-    fault_proxy.add(Fault("stall", method="POST", path=f"{name}/ck/17/*"))
+    fault_proxy.add(ProxyFault("stall", method="POST", path=f"{name}/ck/17/*"))
     first, _ = _train(run_dir, *common, env=env)
     assert first.returncode == 143, first.stderr[-3000:]
     abandoned = _events(run_dir, "storage")
@@ -141,7 +141,7 @@ def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_comm
 
     fault_proxy.clear()
     fault_proxy.release()
-    fault_proxy.add(Fault("stall", method="GET", path=f"{name}/ck/15/state/*"))
+    fault_proxy.add(ProxyFault("stall", method="GET", path=f"{name}/ck/15/state/*"))
     second, seconds = _train(run_dir, *common, env=env)
     assert second.returncode == 1, second.stderr[-3000:]
     assert seconds < TIMEOUT + 60
@@ -159,15 +159,15 @@ def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_comm
     assert {k: v for k, v in _objects(gcs_server, bucket, "ck/15/").items()} == kept  # untouched
 
 
-def _storm(fault_proxy, bucket: str) -> tuple[Fault, Fault]:
+def _storm(fault_proxy, bucket: str) -> tuple[ProxyFault, ProxyFault]:
     """A light storm from now on: every 3rd upload of a checkpoint's objects answered 503, every
     4th read of them 429, each :data:`STORM` times (the counts start afresh). The directory's
     own listing is spared: its requests go one at a time, so every 4th of them is the retry of
     the one before, and each retry waits twice as long (seconds of test time, nothing more)."""
     fault_proxy.clear()
     objects = f"{bucket[5:]}/ck/*"
-    return (fault_proxy.add(Fault("error", method="POST", path=objects, status=503, every=3, times=STORM)),
-            fault_proxy.add(Fault("error", method="GET", path=objects, status=429, every=4, times=STORM)))
+    return (fault_proxy.add(ProxyFault("error", method="POST", path=objects, status=503, every=3, times=STORM)),
+            fault_proxy.add(ProxyFault("error", method="GET", path=objects, status=429, every=4, times=STORM)))
 
 
 def test_a_503_and_429_storm_through_a_preemption_and_a_resume_ends_at_the_clean_digest(
@@ -205,7 +205,7 @@ def test_uploads_refused_403_stop_the_run_at_its_first_save_with_one_line_naming
     """A refusal that saving again does not fix: the run stops at its first checkpoint (step
     5), not after --max-failed-saves cadences of training with nothing durable."""
     run_dir = tmp_path / "run"
-    fault_proxy.add(Fault("error", method="POST", status=403))
+    fault_proxy.add(ProxyFault("error", method="POST", status=403))
     done, _ = _train(run_dir, "--checkpoint-dir", f"{bucket}/ck", env=_env(**fault_proxy.env))
     assert done.returncode == 1, done.stderr[-3000:]
     line = _one_error_line(done.stderr)

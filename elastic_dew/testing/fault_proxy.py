@@ -2,7 +2,7 @@
 
 :class:`FaultProxy` listens on ``127.0.0.1`` and forwards every HTTP request to an upstream
 server (the local :class:`~elastic_dew.testing.gcs_server.GCSServer`), except those a
-:class:`Fault` rule matches, which it answers with an error, holds, or cuts:
+:class:`ProxyFault` rule matches, which it answers with an error, holds, or cuts:
 
 ``error``
     an HTTP error answer (``status``: 503 and 429 are what the clients retry, 403 and 404
@@ -46,9 +46,13 @@ import time
 import urllib.parse
 from collections.abc import Iterable
 
+from elastic_dew._deprecation import moved_names
 from elastic_dew.testing.waits import poll
 
-__all__ = ["Fault", "FaultProxy", "Request", "object_path"]
+__all__ = ["ProxyFault", "FaultProxy", "Request", "object_path"]
+
+#: Renamed in 0.2.0 (a bare ``Fault`` is the fault event), served with a warning until 0.3.
+__getattr__ = moved_names(__name__, {"Fault": "elastic_dew.testing.fault_proxy.ProxyFault"})
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ class Request:
 
 
 @dataclasses.dataclass(eq=False)
-class Fault:
+class ProxyFault:
     """A rule: ``action`` (``error``, ``stall``, ``reset``) on requests of ``method`` (any
     when ``None``) whose object path matches ``path`` (a shell pattern over
     ``BUCKET/OBJECT``; ``*`` matches ``/`` too), on every ``every``-th match, at most
@@ -156,7 +160,7 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 class FaultProxy:
     """An HTTP proxy on ``127.0.0.1`` (a free port by default) in front of ``upstream``
-    (``http://127.0.0.1:PORT``), applying its :class:`Fault` rules; see the module.
+    (``http://127.0.0.1:PORT``), applying its :class:`ProxyFault` rules; see the module.
 
     A context manager: ``with FaultProxy(server.url) as proxy:`` starts and stops it. Point
     a client at :attr:`url` (``STORAGE_EMULATOR_HOST`` in :attr:`env`).
@@ -168,7 +172,7 @@ class FaultProxy:
             raise ValueError(f"upstream={upstream!r} must be http://127.0.0.1:PORT (the proxy stays on loopback)")
         self.upstream = (parsed.hostname, parsed.port)
         self._lock = threading.Lock()
-        self._faults: list[Fault] = []
+        self._faults: list[ProxyFault] = []
         self._released = threading.Condition(self._lock)
         self._generation = 0  # bumped by release(): a stall held before it ends
         self._held = 0
@@ -215,13 +219,13 @@ class FaultProxy:
         self.stop()
 
     # -- rules ----------------------------------------------------------------------------
-    def add(self, *faults: Fault) -> Fault:
+    def add(self, *faults: ProxyFault) -> ProxyFault:
         """Add rules (checked in the order added; the first that fires acts); the last one."""
         with self._lock:
             self._faults.extend(faults)
         return faults[-1]
 
-    def remove(self, fault: Fault) -> None:
+    def remove(self, fault: ProxyFault) -> None:
         """Remove one rule (requests it holds stay held until :meth:`release`)."""
         with self._lock:
             if fault in self._faults:
@@ -254,7 +258,7 @@ class FaultProxy:
         """Wait until ``count`` requests met ``action``; whether they did within ``timeout``."""
         return poll(lambda: len(self.requests(action)) >= count, timeout, interval=0.02)
 
-    def _decide(self, method: str, path: str) -> Fault | None:
+    def _decide(self, method: str, path: str) -> ProxyFault | None:
         with self._lock:
             for fault in self._faults:
                 if fault._fires(method, path):

@@ -203,7 +203,7 @@ class ElasticRun:
         self.timer.slice_lost()
         logger.warning("slice lost after step %d; waiting for slices", self.last_step)
         self.emit(Stop(reason="slice_lost", step=self.last_step))
-        self.tiers.slices_lost()
+        self.tiers.on_slice_lost()
         # Until the next attempt starts, a preemption notice (one pending now, or one that
         # arrives) ends the wait at once (NoticeInWait, handled in run) instead of at a step
         # boundary a paused run never reaches.
@@ -336,7 +336,7 @@ class ElasticRun:
         """Build the mesh, get its compiled step, and restore the newest state onto it."""
         self.compiler.pause_precompiling()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
-        self.tiers.slices_changed(mesh)
+        self.tiers.on_active_slices_changed(mesh)
         _, saved_guess = self.tiers.newest()
         hooks.phase("compile", (saved_guess or 0) + 1)
         abstract = self.program.abstract_state(mesh)
@@ -480,7 +480,7 @@ class ElasticRun:
         mesh, batch_size = self._layout()
         abstract = self.program.abstract_state(mesh)
         step_fn = self.compiler.compile(mesh, batch_size)
-        self.tiers.slices_changed(mesh)
+        self.tiers.on_active_slices_changed(mesh)
         recovery.lap("mesh_and_compile")
         shardings = jax.tree.map(lambda a: a.sharding, abstract)
         attempt.state = jax.block_until_ready(jax.device_put(attempt.state, shardings))

@@ -144,7 +144,7 @@ class Stopping:
         committed."""
         self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
         mesh = build_mesh(self.manager, self.config.model_axis)
-        self.tiers.slices_changed(mesh)
+        self.tiers.on_active_slices_changed(mesh)
         restored = self.tiers.restore(self.program.abstract_state(mesh))
         if restored is None or restored.source != "snapshot":
             return None

@@ -30,8 +30,8 @@ class Backend(Protocol):
     ``save`` starts an asynchronous save of a step not yet committed; ``wait`` commits it
     (raising if it failed); ``latest_step`` is the newest committed step; ``restore``
     returns ``(state, meta)`` of a committed step on ``abstract_state``'s shardings or
-    raises ``ValueError`` saying why it cannot. ``bind`` tells the backend the active
-    devices and mesh (every attempt and scale-up); ``drop`` tells it a slice was lost, so
+    raises ``ValueError`` saying why it cannot. ``on_active_slices_changed`` tells the backend the active
+    devices and mesh (every attempt and scale-up); ``on_slice_lost`` tells it a slice was lost, so
     anything bound to the old devices must be forgotten without being called. ``precompile_saves``,
     ``saves_precompiled`` and ``stop_precompiling`` precompile a layout's first save off the
     training loop, where the backend has such work. ``close`` waits for the last save and releases
@@ -61,9 +61,9 @@ class Backend(Protocol):
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]: ...
 
-    def bind(self, devices: list[jax.Device], mesh: Mesh) -> None: ...
+    def on_active_slices_changed(self, devices: list[jax.Device], mesh: Mesh) -> None: ...
 
-    def drop(self) -> None: ...
+    def on_slice_lost(self) -> None: ...
 
     def precompile_saves(self, state: Any) -> None: ...
 

@@ -538,11 +538,11 @@ class Checkpoints:
         Raises:
             MultiTierError: the replicator fails or does not answer.
         """
-        self.backend.bind(list(devices), mesh)
+        self.backend.on_active_slices_changed(list(devices), mesh)
 
     def on_slice_lost(self) -> None:
         """A slice was lost: forget anything bound to the old devices, without calling it."""
-        self.backend.drop()
+        self.backend.on_slice_lost()
 
     def close(self) -> None:
         """Wait for the last save (within its bound) and release the backend; a save

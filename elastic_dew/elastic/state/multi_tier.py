@@ -12,9 +12,9 @@ before anything is touched.
 **Re-initialisation.** Orbax derives each worker's rank and peers from the devices it is
 given, and the replicator learns them only from the ``replicator.yaml`` each worker writes
 when multi-tier checkpointing is initialised; that handshake is also the only moment the
-replicator restores a node whose local directory is empty. So :meth:`MultiTierBackend.bind`
+replicator restores a node whose local directory is empty. So :meth:`MultiTierBackend.on_active_slices_changed`
 initialises again, and builds a new manager, whenever the set of active devices differs from
-the one the manager was built for, and :meth:`MultiTierBackend.drop` (a slice lost) forgets
+the one the manager was built for, and :meth:`MultiTierBackend.on_slice_lost` (a slice lost) forgets
 the manager without calling it: its calls would go to every worker of the old mesh, the
 lost one included. The next attempt therefore always initialises again, even on the same
 devices (pause-resume), where the returned slice may be a new node with an empty RAM disk.
@@ -87,9 +87,9 @@ def _modules() -> tuple[Any, Any]:
 class MultiTierBackend:
     """The guide's multi-tier checkpointing for the active devices (see the module for the rules).
 
-    Before the first :meth:`bind` there is no manager and :meth:`latest_step` is ``None``;
-    after :meth:`drop` it is the newest step this process saw committed, until the next
-    :meth:`bind` asks the workers again.
+    Before the first :meth:`on_active_slices_changed` there is no manager and :meth:`latest_step` is ``None``;
+    after :meth:`on_slice_lost` it is the newest step this process saw committed, until the next
+    :meth:`on_active_slices_changed` asks the workers again.
     """
 
     def __init__(
@@ -115,7 +115,7 @@ class MultiTierBackend:
         self._committed: int | None = None
 
     # -- the active devices --------------------------------------------------------------
-    def bind(self, devices: list[jax.Device], mesh: Mesh) -> None:
+    def on_active_slices_changed(self, devices: list[jax.Device], mesh: Mesh) -> None:
         active = frozenset(devices)
         if self.manager is not None and active == self.devices:
             if mesh != self.mesh:
@@ -128,7 +128,7 @@ class MultiTierBackend:
         self.devices = active
         self.manager = self._manager(mesh)
 
-    def drop(self) -> None:
+    def on_slice_lost(self) -> None:
         if self.manager is not None:
             logger.info("dropping the multi-tier checkpoint manager of the lost slice's mesh")
         self.manager, self.mesh, self.devices, self._saving = None, None, None, None
@@ -212,12 +212,12 @@ class MultiTierBackend:
 
     def abandon(self, close: bool = False) -> None:
         """Forget the manager of a save given up on, without calling it, and bind a fresh
-        one to the same devices on the next :meth:`bind` (the protocol binds at every
+        one to the same devices on the next :meth:`on_active_slices_changed` (the protocol calls it at every
         attempt; here at once, when the mesh is known)."""
         mesh, devices = self.mesh, self.devices
-        self.drop()
+        self.on_slice_lost()
         if mesh is not None and devices is not None:
-            self.bind(list(devices), mesh)
+            self.on_active_slices_changed(list(devices), mesh)
 
     def quarantine(self, step: int) -> str:
         raise NotImplementedError(

@@ -122,7 +122,7 @@ def quarantine(directory: epath.Path, step: int) -> epath.Path:
 class OrbaxBackend:
     """``ocp.CheckpointManager`` with ``state`` + ``meta`` items and a strict commit check.
 
-    It does not depend on the mesh (``bind`` and ``drop`` do nothing); ``precompile_saves``
+    It does not depend on the mesh (``on_active_slices_changed`` and ``on_slice_lost`` do nothing); ``precompile_saves``
     compiles a layout's first save in the background
     (:class:`~elastic_dew.elastic.state.save_precompiler.SavePrecompiler`).
     """
@@ -246,10 +246,10 @@ class OrbaxBackend:
             raise unreadable(self.path, step, error) from error
         return rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])
 
-    def bind(self, devices: list[jax.Device], mesh: Mesh) -> None:
+    def on_active_slices_changed(self, devices: list[jax.Device], mesh: Mesh) -> None:
         return None
 
-    def drop(self) -> None:
+    def on_slice_lost(self) -> None:
         return None
 
     def precompile_saves(self, state: Any) -> None:

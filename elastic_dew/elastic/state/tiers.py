@@ -495,7 +495,7 @@ class Tiers:
     prepare = renamed_method("Tiers", "prepare", precompile_saves)
     precompile = renamed_method("Tiers", "precompile", precompile_resume)
 
-    def slices_changed(self, mesh: jax.sharding.Mesh) -> None:
+    def on_active_slices_changed(self, mesh: jax.sharding.Mesh) -> None:
         """Bind tier 2 to ``mesh``'s devices before anything is saved or restored through it.
 
         The protocol calls this at every attempt, at every scale-up and before it persists
@@ -508,7 +508,7 @@ class Tiers:
         if self.checkpoints is not None:
             self.checkpoints.on_active_slices_changed(list(mesh.devices.flat), mesh)
 
-    def slices_lost(self) -> None:
+    def on_slice_lost(self) -> None:
         """A slice was lost: tier 2 forgets what is bound to the old devices without calling it."""
         if self.checkpoints is not None:
             self.checkpoints.on_slice_lost()
