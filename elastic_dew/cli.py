@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "k8s": ("elastic_dew.k8s.cli", "render JobSet manifests for Pathways on GKE"),
     "data": ("elastic_dew.commands.data", "prepare text files as ArrayRecord shards for training"),
     "gcs-server": ("elastic_dew.commands.gcs_server", "serve a local Cloud Storage bucket for gs:// runs on one machine"),
+    "proxy": ("elastic_dew.commands.proxy", "serve a local Pathways backend: the IFRT proxy protocol on CPU slices"),
 }
 
 

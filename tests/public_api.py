@@ -50,6 +50,7 @@ PUBLIC_MODULES: dict[str, str] = {
     "elastic_dew.run": "a recipe run, as the command line and a recipe's own main() run it",
     "elastic_dew.record": "reading and summarising a run directory's record",
     "elastic_dew.simulate": "simulated slices and fault schedules on CPU",
+    "elastic_dew.proxy": "a local Pathways backend: JAX's IFRT proxy protocol served by CPU slices on loopback",
     "elastic_dew.observe": "the sinks that show a run (a progress display, TensorBoard, the goodput export), its options, the log setup",
     "elastic_dew.testing.pytest_plugin": "the pytest plugin (its marker, fixture and option are below)",
 }

@@ -40,6 +40,9 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the elastic layer and the run directory's formats: below everything that reads them
     "elastic": (("elastic_dew.elastic", "elastic_dew.rundir"), ("compat", "runtime")),
     "simulator": (("elastic_dew.simulate",), ("compat", "runtime", "elastic")),
+    # the local Pathways backend (the IFRT proxy server): fires the simulator's schedules at
+    # the steps it counts, beside the simulator, below everything that starts it
+    "proxy": (("elastic_dew.proxy",), ("compat", "runtime", "elastic", "simulator")),
     # the package root only re-exports the Trainer (lazily)
     "training": (
         ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.record",
@@ -56,13 +59,13 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # program after 143 or a kill, as a JobSet does
     "harness": (
         ("elastic_dew.testing", "elastic_dew.supervisor"),
-        ("compat", "runtime", "elastic", "simulator", "training", "run"),
+        ("compat", "runtime", "elastic", "simulator", "proxy", "training", "run"),
     ),
     # the command line and its program entry points (python -m elastic_dew, python -m
     # elastic_dew.chaos)
     "cli": (
         ("elastic_dew.commands", "elastic_dew.cli", "elastic_dew.k8s", "elastic_dew.chaos", "elastic_dew.__main__"),
-        ("compat", "runtime", "elastic", "simulator", "training", "plan", "run", "recipes", "harness"),
+        ("compat", "runtime", "elastic", "simulator", "proxy", "training", "plan", "run", "recipes", "harness"),
     ),
 }
 
@@ -140,7 +143,7 @@ def test_no_module_imports_a_layer_its_own_may_not():
 
 def test_the_simulator_is_imported_only_from_the_run_upward():
     allowed = {layer for layer in LAYERS if "simulator" in _may_import(layer)}
-    assert allowed == {"simulator", "run", "harness", "cli"}
+    assert allowed == {"simulator", "proxy", "run", "harness", "cli"}
     importers = {
         module
         for module, path in _modules()

@@ -22,6 +22,11 @@ __all__ = [
     "COLOCATED_DESERIALIZE",
     "COLOCATED_SERIALIZE",
     "DISTRIBUTED_INITIALIZE",
+    "MLIR_CONTEXT",
+    "XLA_COMPILE_OPTIONS",
+    "XLA_DEVICE_LIST",
+    "XLA_GSPMD_SHARDING",
+    "XLA_OP_SHARDING",
     "GET_FASTPATH_DATA",
     "JIT_FRAME_MODULES",
     "PRIVATE",
@@ -168,6 +173,44 @@ DISTRIBUTED_INITIALIZE = Private(
     instead="none: JAX has no switch that makes initialize a no-op for one controller",
 )
 
+# The local Pathways backend (elastic_dew.proxy) carries out the proxy client's requests on
+# jaxlib's CPU client: it compiles the programs the client sends (MLIR with serialized
+# CompileOptions) and keeps each array with the sharding the client gave it.
+MLIR_CONTEXT = Private(
+    "jax",
+    "jax._src.interpreters.mlir:make_ir_context",
+    why="an MLIR context with JAX's dialects registered, to read the global shapes of the "
+    "results of a program the proxy client sends (the CPU executable reports only shards)",
+    instead="a public MLIR context factory (jax.extend.mlir has none)",
+)
+XLA_COMPILE_OPTIONS = Private(
+    "jaxlib",
+    "jaxlib.xla_client:CompileOptions",
+    why="the local Pathways backend parses the client's serialized CompileOptionsProto "
+    "(ParseFromString) to compile its program on the CPU client as sent",
+    instead="jax.extend.backend.get_compile_options builds options, but parses none",
+)
+XLA_DEVICE_LIST = Private(
+    "jaxlib",
+    "jaxlib.xla_client:DeviceList",
+    why="Client.compile_and_load takes the executable's devices as a DeviceList",
+    instead="none public",
+)
+XLA_GSPMD_SHARDING = Private(
+    "jaxlib",
+    "jaxlib.xla_client:GSPMDSharding",
+    why="an array the proxy client shards by an XLA OpSharding over a device list is held "
+    "with that very sharding (NamedSharding needs a mesh the client never sends)",
+    instead="a public jax.sharding class built from devices and an HloSharding",
+)
+XLA_OP_SHARDING = Private(
+    "jaxlib",
+    "jaxlib.xla_client:OpSharding",
+    why="the OpSharding proto the client sends, parsed (ParseFromString) for GSPMDSharding, "
+    "and the executable's output shardings serialized back (SerializeToString)",
+    instead="none public",
+)
+
 #: The modules whose frames lie between a ``jax.jit`` function's caller and ``_run_python_pjit``.
 JIT_FRAME_MODULES = (_PJIT_MODULE.module, _TRACEBACK_UTIL.module)
 
@@ -205,6 +248,11 @@ PRIVATE: tuple[Private, ...] = (
     COLOCATED_DESERIALIZE,
     COLOCATED_CPU_DEVICES,
     DISTRIBUTED_INITIALIZE,
+    MLIR_CONTEXT,
+    XLA_COMPILE_OPTIONS,
+    XLA_DEVICE_LIST,
+    XLA_GSPMD_SHARDING,
+    XLA_OP_SHARDING,
 )
 
 

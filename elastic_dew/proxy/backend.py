@@ -1,0 +1,479 @@
+"""The local Pathways backend's state: its slices of CPU devices, the arrays and programs it holds.
+
+A :class:`Backend` carries out what the proxy client asks on jaxlib's own CPU client, in the
+server's process (which must see ``slices * devices_per_slice`` CPU devices before JAX
+starts: :func:`cpu_flags`). Each array is held as its single-device shards (each a
+``jax.Array`` on one CPU device) with the dtype, shape and IFRT sharding the client knows it
+by; each program is compiled on the CPU client from the MLIR and options the client sends.
+
+Slices fail as Pathways reports it (:class:`Slices`): after :meth:`Slices.lose`, every array
+with a shard on the lost slice (held before the loss or made after it) reads as
+``DATA_LOSS``, and every program run on its devices gives results that do (a dispatch itself
+never fails: the error travels in the results, where pathwaysutils' health check and
+``elastic_retry`` look for it). :meth:`Slices.restore` makes the slice's devices whole again
+for what is made after; what it held before stays lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from elastic_dew.proxy import protocol
+
+__all__ = ["Backend", "Held", "ProxyError", "Slices", "cpu_flags", "DTYPES"]
+
+logger = logging.getLogger(__name__)
+
+#: ``tensorflow.error.Code`` values the backend reports.
+OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL, DATA_LOSS = 0, 3, 5, 9, 12, 13, 15
+
+#: IFRT DType kinds and the numpy dtypes they are (``DTypeProto.Kind``).
+DTYPES: dict[int, str] = {
+    1: "bool", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "uint8", 7: "uint16", 8: "uint32",
+    9: "uint64", 10: "float16", 11: "float32", 12: "float64", 15: "complex64", 16: "bfloat16",
+    18: "complex128", 19: "float8_e5m2", 20: "float8_e4m3fn", 21: "int4", 22: "uint4",
+}
+_KINDS = {name: kind for kind, name in DTYPES.items()}
+
+
+class ProxyError(Exception):
+    """A request the backend refuses or fails; :attr:`code` is its ``tensorflow.error.Code``."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def cpu_flags(devices: int, flags: str = "") -> str:
+    """``XLA_FLAGS`` for a server process with ``devices`` CPU devices (other flags kept)."""
+    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
+def numpy_dtype(kind: int) -> np.dtype:
+    name = DTYPES.get(kind)
+    if name is None:
+        raise ProxyError(UNIMPLEMENTED, f"the local Pathways backend holds no arrays of IFRT dtype kind {kind}")
+    if name in ("bfloat16", "float8_e5m2", "float8_e4m3fn", "int4", "uint4"):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def dtype_kind(dtype: Any) -> int:
+    name = np.dtype(dtype).name
+    if name not in _KINDS:
+        raise ProxyError(UNIMPLEMENTED, f"the local Pathways backend cannot describe dtype {name} to the client")
+    return _KINDS[name]
+
+
+class Slices:
+    """Which slices of the backend are lost, and since when.
+
+    Each slice has an epoch, counted up at each loss: an array remembers the epochs of the
+    slices it lives on when it was made, and is lost when one of them is lost now or was lost
+    since (its data went with the slice).
+    """
+
+    def __init__(self, count: int, devices_per_slice: int):
+        self.count, self.devices_per_slice = count, devices_per_slice
+        self._lock = threading.Lock()
+        self._lost: set[int] = set()
+        self._epochs = [0] * count
+        self.events: list[tuple[str, int]] = []
+
+    def slice_of(self, device_id: int) -> int:
+        return device_id // self.devices_per_slice
+
+    def _check(self, index: int) -> None:
+        if not 0 <= index < self.count:
+            raise ValueError(f"slice {index} does not exist: the backend has slices 0..{self.count - 1}")
+
+    def lose(self, index: int) -> None:
+        """Lose slice ``index``: what it holds and what runs on it from now on reads as DATA_LOSS."""
+        self._check(index)
+        with self._lock:
+            if index not in self._lost:
+                self._lost.add(index)
+                self._epochs[index] += 1
+                self.events.append(("lose", index))
+        logger.info("slice %d lost", index)
+
+    def restore(self, index: int) -> None:
+        """Give slice ``index`` back: arrays and results made on it from now on are whole."""
+        self._check(index)
+        with self._lock:
+            if index in self._lost:
+                self._lost.discard(index)
+                self.events.append(("restore", index))
+        logger.info("slice %d restored", index)
+
+    @property
+    def lost(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._lost)
+
+    def epochs(self, device_ids: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """The epochs of the slices ``device_ids`` lie on (sorted ``(slice, epoch)`` pairs)."""
+        with self._lock:
+            return tuple((s, self._epochs[s]) for s in sorted({self.slice_of(d) for d in device_ids}))
+
+    def lost_among(self, epochs: tuple[tuple[int, int], ...]) -> list[int]:
+        """The slices of ``epochs`` lost now or since those epochs."""
+        with self._lock:
+            return [s for s, epoch in epochs if s in self._lost or self._epochs[s] != epoch]
+
+
+@dataclasses.dataclass
+class Held:
+    """One array the client holds a handle of."""
+
+    kind: int  # DTypeProto.Kind
+    shape: tuple[int, ...]
+    sharding: Any  # the client's ShardingProto (xla.ifrt.ShardingProto)
+    device_ids: tuple[int, ...]
+    memory_kind: str | None
+    shards: list[Any]  # one single-device jax.Array per device of device_ids, in that order
+    epochs: tuple[tuple[int, int], ...]
+    error: tuple[int, str] | None = None
+    producer: str | None = None  # the program whose result it is
+
+
+@dataclasses.dataclass
+class Program:
+    """One compiled program."""
+
+    name: str
+    executable: Any
+    device_ids: tuple[int, ...]
+    parameter_shardings: list[Any]
+    output_shardings: list[Any]
+    output_memory_kinds: list[str]
+    output_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    output_bytes: int = 0
+
+
+# IFRT serialisation names of the shardings the client sends and reads.
+SINGLE = "xla::ifrt::SingleDeviceSharding"
+HLO = "xla::ifrt::HloSharding"
+CONCRETE_EVEN = "xla::ifrt::ConcreteEvenSharding"
+OPAQUE = "xla::ifrt::OpaqueSharding"
+_SHARDING_MESSAGES = {
+    SINGLE: "xla.ifrt.SingleDeviceShardingProto",
+    HLO: "xla.ifrt.HloShardingProto",
+    CONCRETE_EVEN: "xla.ifrt.ConcreteEvenShardingProto",
+    OPAQUE: "xla.ifrt.OpaqueShardingProto",
+}
+
+
+def parse_sharding(proto: Any) -> tuple[str, Any]:
+    """The serialisation type and the decoded message of an IFRT ``ShardingProto``."""
+    serialized = proto.serialized_sharding
+    name = _SHARDING_MESSAGES.get(serialized.type_name)
+    if name is None:
+        raise ProxyError(UNIMPLEMENTED, f"the local Pathways backend does not serve arrays with an IFRT sharding "
+                                        f"of type {serialized.type_name!r}")
+    return serialized.type_name, protocol.message(name).FromString(serialized.data)
+
+
+def sharding_devices(proto: Any) -> tuple[tuple[int, ...], str | None]:
+    """The device ids and memory kind of an IFRT ``ShardingProto``."""
+    kind, inner = parse_sharding(proto)
+    memory = inner.memory_kind if inner.HasField("memory_kind") else None
+    if kind == SINGLE:
+        return (inner.device_id,), memory
+    return tuple(inner.devices.device_ids), memory
+
+
+def single_device_sharding(device_id: int, memory_kind: str | None) -> Any:
+    inner = protocol.message("xla.ifrt.SingleDeviceShardingProto")(device_id=device_id)
+    if memory_kind is not None:
+        inner.memory_kind = memory_kind
+    return _wrap(SINGLE, inner)
+
+
+def hlo_sharding(device_ids: Sequence[int], memory_kind: str | None, op_sharding: bytes) -> Any:
+    inner = protocol.message("xla.ifrt.HloShardingProto")()
+    inner.devices.device_ids.extend(device_ids)
+    inner.xla_op_sharding.ParseFromString(op_sharding)
+    if memory_kind is not None:
+        inner.memory_kind = memory_kind
+    return _wrap(HLO, inner)
+
+
+def moved_sharding(proto: Any, device_ids: Sequence[int], memory_kind: str | None) -> Any:
+    """``proto`` with its devices replaced by ``device_ids`` and its memory kind by ``memory_kind``."""
+    kind, inner = parse_sharding(proto)
+    if kind == SINGLE:
+        inner.device_id = device_ids[0]
+    else:
+        del inner.devices.device_ids[:]
+        inner.devices.device_ids.extend(device_ids)
+    if memory_kind is not None:
+        inner.memory_kind = memory_kind
+    return _wrap(kind, inner)
+
+
+def _wrap(kind: str, inner: Any) -> Any:
+    proto = protocol.message("xla.ifrt.ShardingProto")()
+    proto.serialized_sharding.type_name = kind
+    proto.serialized_sharding.data = inner.SerializeToString()
+    return proto
+
+
+class Backend:
+    """The CPU client's side of every session: devices, slices, arrays, programs, futures.
+
+    Args:
+        slices: the number of virtual slices.
+        devices_per_slice: CPU devices in each; the process must see ``slices *
+            devices_per_slice`` CPU devices (:func:`cpu_flags` in ``XLA_FLAGS`` before JAX
+            starts).
+
+    Raises:
+        RuntimeError: JAX's CPU backend has fewer devices than the slices need.
+    """
+
+    def __init__(self, slices: int, devices_per_slice: int):
+        import jax
+        import jax.extend.backend
+
+        self.client = jax.extend.backend.get_backend("cpu")
+        devices = sorted(self.client.devices(), key=lambda d: d.id)
+        need = slices * devices_per_slice
+        if len(devices) < need:
+            raise RuntimeError(f"the CPU backend has {len(devices)} devices, {slices} slices of {devices_per_slice} "
+                               f"need {need}: start the server with XLA_FLAGS={cpu_flags(need)!r}")
+        self.devices = devices[:need]
+        self.slices = Slices(slices, devices_per_slice)
+        self._lock = threading.Lock()
+        self.arrays: dict[int, Held] = {}
+        self.programs: dict[int, Program] = {}
+        self.futures: dict[int, tuple[int, str] | None] = {}
+        self._next_handle = 1 << 63  # above every handle the client makes itself
+        self.dispatches = 0
+        self.stepper: Any = None  # a StepSchedule, set by its attach()
+
+    # -------------------------------------------------------------- handles and futures
+
+    def new_handle(self) -> int:
+        with self._lock:
+            self._next_handle += 1
+            return self._next_handle
+
+    def future(self, status: tuple[int, str] | None = None) -> int:
+        handle = self.new_handle()
+        self.futures[handle] = status
+        return handle
+
+    def device(self, device_id: int) -> Any:
+        if not 0 <= device_id < len(self.devices):
+            raise ProxyError(INVALID_ARGUMENT, f"device {device_id} does not exist (the backend has 0.."
+                                               f"{len(self.devices) - 1})")
+        return self.devices[device_id]
+
+    # -------------------------------------------------------------- arrays
+
+    def put(self, handle: int, held: Held) -> int:
+        self.arrays[handle] = held
+        return handle
+
+    def get(self, handle: int) -> Held:
+        held = self.arrays.get(handle)
+        if held is None:
+            raise ProxyError(NOT_FOUND, f"array handle {handle} is unknown to the local Pathways backend")
+        return held
+
+    def status(self, held: Held) -> tuple[int, str] | None:
+        """Why ``held`` cannot be read (``(code, message)``), or ``None`` when it can."""
+        if held.error is not None:
+            return held.error
+        lost = self.slices.lost_among(held.epochs)
+        if lost:
+            return (DATA_LOSS, f"the array's data was on slice {lost[0]}, which is lost "
+                               f"(elastic-dew local Pathways backend)")
+        return None
+
+    def check_readable(self, held: Held) -> None:
+        status = self.status(held)
+        if status is not None:
+            raise ProxyError(*status)
+
+    def make_held(self, kind: int, shape: tuple[int, ...], sharding: Any, shards: list[Any],
+                  error: tuple[int, str] | None = None) -> Held:
+        device_ids, memory = sharding_devices(sharding)
+        return Held(kind, tuple(shape), sharding, device_ids, memory, shards, self.slices.epochs(device_ids), error)
+
+    def shard_on(self, value: np.ndarray, device_id: int, memory_kind: str | None) -> Any:
+        import jax
+
+        sharding = jax.sharding.SingleDeviceSharding(self.device(device_id), memory_kind=memory_kind)
+        return jax.device_put(value, sharding)
+
+    def assembled(self, held: Held, device_ids: Sequence[int], op_sharding: Any, memory_kind: str | None) -> Any:
+        """``held`` as one ``jax.Array`` over ``device_ids`` sharded by ``op_sharding``."""
+        import jax
+
+        from elastic_dew._compat import jax as jax_private
+
+        if len(held.shards) == 1 and len(device_ids) == 1:
+            return held.shards[0]
+        devices = [self.device(d) for d in device_ids]
+        sharding = jax_private.XLA_GSPMD_SHARDING.get()(devices, op_sharding, memory_kind=memory_kind)
+        by_device = {d: s for d, s in zip(held.device_ids, held.shards)}
+        shards = [by_device[d] for d in device_ids if d in by_device]
+        return jax.make_array_from_single_device_arrays(held.shape, sharding, shards)
+
+    def to_numpy(self, held: Held) -> np.ndarray:
+        """The whole array on the host."""
+        self.check_readable(held)
+        if len(held.shards) == 1:
+            return np.asarray(held.shards[0])
+        kind, inner = parse_sharding(held.sharding)
+        if kind == CONCRETE_EVEN and inner.is_fully_replicated:
+            return np.asarray(held.shards[0])
+        if kind != HLO:
+            raise ProxyError(UNIMPLEMENTED, f"reading an array with an IFRT sharding of type {kind} is not served by "
+                                            "the local Pathways backend")
+        from elastic_dew._compat import jax as jax_private
+
+        op = jax_private.XLA_OP_SHARDING.get()()
+        op.ParseFromString(inner.xla_op_sharding.SerializeToString())
+        devices = [self.device(d) for d in held.device_ids]
+        sharding = jax_private.XLA_GSPMD_SHARDING.get()(devices, op)
+        indices = sharding.devices_indices_map(held.shape)
+        out = np.empty(held.shape, numpy_dtype(held.kind))
+        for device_id, shard in zip(held.device_ids, held.shards):
+            out[indices[self.devices[device_id]]] = np.asarray(shard)
+        return out
+
+    # -------------------------------------------------------------- programs
+
+    def compile(self, mlir: bytes, options: bytes, device_ids: Sequence[int] | None) -> Program:
+        """Compile ``mlir`` (MLIR bytecode or a StableHLO portable artifact) with the serialized
+        ``CompileOptionsProto`` ``options`` on ``device_ids`` (default: its device assignment's)."""
+        from elastic_dew._compat import jax as jax_private
+
+        name, shapes, out_bytes = read_module(mlir)
+        compile_options = jax_private.XLA_COMPILE_OPTIONS.get().ParseFromString(options)
+        if device_ids is None:
+            assignment = protocol.message("xla.DeviceAssignmentProto").FromString(
+                compile_options.device_assignment.serialize())
+            ids: list[int] = []
+            for replica in range(assignment.replica_count):
+                for computation in assignment.computation_devices:
+                    ids.append(computation.replica_device_ids[replica])
+            device_ids = ids
+        devices = jax_private.XLA_DEVICE_LIST.get()(tuple(self.device(d) for d in device_ids))
+        executable = self.client.compile_and_load(mlir, devices, compile_options)
+        return Program(
+            name=name, executable=executable, device_ids=tuple(device_ids),
+            parameter_shardings=list(executable.get_parameter_shardings() or []),
+            output_shardings=list(executable.get_output_shardings() or []),
+            output_memory_kinds=list(executable.get_output_memory_kinds()[0]) if executable.get_output_memory_kinds()
+            else [],
+            output_shapes=shapes, output_bytes=out_bytes,
+        )
+
+    def execute(self, program: Program, args: list[Held]) -> tuple[list[Held], tuple[int, str] | None]:
+        """Run ``program`` on ``args``; its results, and why they are lost (or ``None``).
+
+        With a :attr:`stepper` (a :class:`~elastic_dew.proxy.faults.StepSchedule`), a dispatch
+        it counts as a step fires what is due before it runs and after.
+        """
+        in_bytes = sum(_nbytes(h) for h in args)
+        slices = frozenset(self.slices.slice_of(d) for d in program.device_ids)
+        chained = any(h.producer == program.name for h in args)
+        step = None if self.stepper is None else self.stepper.before(
+            program, in_bytes, program.output_bytes, slices, chained)
+        try:
+            return self._execute(program, args)
+        finally:
+            if self.stepper is not None:
+                self.stepper.after(step)
+
+    def _execute(self, program: Program, args: list[Held]) -> tuple[list[Held], tuple[int, str] | None]:
+        error = None
+        for held in args:
+            error = error or self.status(held)
+        lost = [s for s in sorted({self.slices.slice_of(d) for d in program.device_ids}) if s in self.slices.lost]
+        if lost and error is None:
+            error = (DATA_LOSS, f"program {program.name} ran on slice {lost[0]}, which is lost "
+                                f"(elastic-dew local Pathways backend)")
+        inputs = []
+        for index, held in enumerate(args):
+            op = program.parameter_shardings[index] if index < len(program.parameter_shardings) else None
+            if op is None or len(program.device_ids) == 1:
+                inputs.append(held.shards[0] if len(held.shards) == 1 else self.assembled(
+                    held, program.device_ids, _replicated(), held.memory_kind))
+            else:
+                inputs.append(self.assembled(held, program.device_ids, op, held.memory_kind))
+        results = program.executable.execute_sharded(inputs)
+        outputs = results.disassemble_into_single_device_arrays()
+        self.dispatches += 1
+        held_out = []
+        for index, shards in enumerate(outputs):
+            first = shards[0]
+            memory = program.output_memory_kinds[index] if index < len(program.output_memory_kinds) else None
+            if len(program.device_ids) == 1:
+                sharding = single_device_sharding(program.device_ids[0], memory)
+            else:
+                op = program.output_shardings[index] if index < len(program.output_shardings) else _replicated()
+                sharding = hlo_sharding(program.device_ids, memory, op.SerializeToString())
+            shape = program.output_shapes[index] if index < len(program.output_shapes) else tuple(first.shape)
+            held = self.make_held(dtype_kind(first.dtype), shape, sharding, list(shards), error)
+            held.producer = program.name
+            held_out.append(held)
+        return held_out, error
+
+
+def read_module(mlir: bytes) -> tuple[str, list[tuple[int, ...]], int]:
+    """The module's name, the global shapes of its ``main`` function's results and their bytes."""
+    from elastic_dew._compat import jax as jax_private
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    with jax_private.MLIR_CONTEXT.get()() as context:
+        if mlir[:4] == b"ML\xefR" and b"StableHLO_v" in mlir[:64]:
+            module = stablehlo.deserialize_portable_artifact(context, mlir)
+        else:
+            module = ir.Module.parse(mlir)
+        attributes = module.operation.attributes
+        name = ir.StringAttr(attributes["sym_name"]).value if "sym_name" in attributes else "program"
+        for op in module.body.operations:
+            if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+                function = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                types = [ir.RankedTensorType(t) for t in function.results]
+                size = sum(int(np.prod(t.shape, dtype=np.int64)) * _element_bytes(str(t.element_type))
+                           for t in types)
+                return name, [tuple(t.shape) for t in types], size
+    raise ProxyError(INVALID_ARGUMENT, f"program {name} has no main function")
+
+
+def _element_bytes(element: str) -> int:
+    """The bytes of one element of MLIR element type ``element`` (``f32``, ``bf16``, ``i1``)."""
+    import re
+
+    if element.startswith("complex<"):
+        return 2 * _element_bytes(element[len("complex<"):-1])
+    match = re.search(r"\d+", element)
+    return max(1, int(match.group()) // 8) if match else 1
+
+
+def _replicated() -> Any:
+    from elastic_dew._compat import jax as jax_private
+
+    op = jax_private.XLA_OP_SHARDING.get()()
+    op.type = op.type.REPLICATED if hasattr(op.type, "REPLICATED") else 1
+    return op
+
+
+def _nbytes(held: Held) -> int:
+    return int(np.prod(held.shape, dtype=np.int64)) * numpy_dtype(held.kind).itemsize

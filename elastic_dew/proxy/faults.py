@@ -1,0 +1,186 @@
+"""Faults at the proxy boundary: the schedule fired at the steps the backend sees dispatched.
+
+Through the proxy nothing runs in the program's process but the program, so the steps are
+counted where Pathways would see them: at the backend, from the programs it is asked to
+run. :class:`StepCounter` is the simulator's step rule read at the boundary (a program's
+carried bytes are the smaller of its inputs' and its results'; the loop's step is the
+program that carries the most, or the one named with ``step_function``: see
+:meth:`elastic_dew.simulate.SimulatedSlices.step_of`), without the caller frame the
+boundary cannot see. :class:`StepSchedule` fires a fault schedule with the simulator's
+:class:`~elastic_dew.simulate.schedule.ScheduleRunner` at those counted dispatches
+(``dispatch`` before a step runs, ``step`` after), on the backend's slices, and records each
+run attempt's slices: a step whose program spans other slices than the previous one starts
+a new attempt (the retry on a smaller mesh, the scale-up).
+
+The boundary serves the slice faults (``lose``, ``restore``); a schedule with any other
+action is refused with the reason (:func:`check_served`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+__all__ = ["MIN_STEP_BYTES", "SERVED_ACTIONS", "StepCounter", "StepSchedule", "check_served"]
+
+logger = logging.getLogger(__name__)
+
+#: The fewest bytes a step carries: less is a counter or a PRNG key carried along (4-16 bytes).
+MIN_STEP_BYTES = 64
+
+#: The schedule actions the proxy boundary fires.
+SERVED_ACTIONS = ("lose", "restore")
+
+
+def check_served(schedule: Any) -> None:
+    """Refuse a schedule with an action the proxy boundary does not serve.
+
+    Raises:
+        ValueError: naming the action and what the boundary serves.
+    """
+    for fault in schedule:
+        if fault.action not in SERVED_ACTIONS:
+            raise ValueError(
+                f"fault {str(fault)!r}: the proxy boundary fires {', '.join(SERVED_ACTIONS)} only "
+                f"(a {fault.action} needs the program's process; run it in-process, without --boundary proxy)")
+
+
+class StepCounter:
+    """Which dispatches are the loop's steps, read from the programs alone.
+
+    The boundary sees no caller, so it tells the loop's step from an initialiser's or a
+    library's programs by what a training step does: it carries its state from one dispatch
+    to the next. A program becomes the step when a dispatch of it takes a result of its own
+    earlier dispatch (the state) and it carries at least half the bytes of the largest step
+    so far; its earlier dispatches count too (the first step took the initial state). From
+    then on every dispatch of a program of that name counts (a retry recompiles it for the
+    smaller mesh under the same name, and its first dispatch takes a restored state). A
+    program that chains carrying more than twice the largest so far supersedes the steps
+    counted before (a data generator's key, split step by step): only its name counts from
+    then on, with the count its own dispatches give. The rule reads only the programs and
+    their arrays, never the time, so the same loop counts the same steps. A program that
+    carries fewer than :data:`MIN_STEP_BYTES` (a step counter, a PRNG key) is never the step.
+
+    Args:
+        step_function: count every dispatch of the function of this name (``train_step``
+            for ``jax.jit(train_step)``, whose program is ``jit_train_step``) instead.
+    """
+
+    def __init__(self, step_function: str | None = None):
+        self.step_function = step_function
+        self.steps = 0
+        self._largest = 0
+        self._names: set[str] = set()
+        self._dispatches: dict[str, int] = {}
+
+    def count(self, name: str, in_bytes: int, out_bytes: int, chained: bool = False) -> int | None:
+        """The step number of this dispatch of program ``name`` (``chained``: it takes a result
+        of its own earlier dispatch), or ``None`` when it is not one."""
+        carried = min(in_bytes, out_bytes)
+        seen = self._dispatches[name] = self._dispatches.get(name, 0) + 1
+        if self.step_function is not None:
+            if name not in (self.step_function, f"jit_{self.step_function}"):
+                return None
+            self.steps += 1
+        elif name in self._names:
+            self.steps += 1
+        elif chained and carried >= MIN_STEP_BYTES and 2 * carried >= self._largest:
+            if self._names and carried > 2 * self._largest:
+                logger.info("program %s carries %d bytes, more than twice %s: it is the step function",
+                            name, carried, sorted(self._names))
+                self._names, self.steps = set(), 0
+            self._names.add(name)
+            self.steps += seen
+        else:
+            return None
+        self._largest = max(self._largest, carried)
+        logger.info("step %d: program %s carries %d bytes", self.steps, name, carried)
+        return self.steps
+
+
+class _Target:
+    """The schedule runner's target: the backend's slices (a loss reads as DATA_LOSS)."""
+
+    def __init__(self, slices: Any):
+        self.slices = slices
+
+    def lose(self, i: int, code: str = "DATA_LOSS") -> None:
+        self.slices.lose(i)
+
+    def restore(self, i: int) -> None:
+        self.slices.restore(i)
+
+    @property
+    def hung(self) -> frozenset[int]:
+        return frozenset()
+
+
+class StepSchedule:
+    """A fault schedule fired at the counted step dispatches of a backend.
+
+    Args:
+        schedule: the schedule's text (``lose:1@6,restore:1@12``).
+        step_function: as :class:`StepCounter`'s.
+        fault_log: the fault log's path, or ``None``.
+
+    Raises:
+        ValueError: a schedule that does not parse, or that the boundary does not serve.
+    """
+
+    def __init__(self, schedule: str, step_function: str | None = None, fault_log: str | None = None):
+        from elastic_dew.simulate.schedule import parse_schedule
+
+        self.schedule = parse_schedule(schedule)
+        check_served(self.schedule)
+        self.counter = StepCounter(step_function)
+        self.fault_log = fault_log
+        self.runner: Any = None
+        self.attempts: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def steps(self) -> int:
+        return self.counter.steps
+
+    def attach(self, backend: Any) -> None:
+        """Fire the schedule on ``backend``'s slices at its step dispatches."""
+        from elastic_dew.rundir import FaultLog
+        from elastic_dew.simulate.schedule import ScheduleRunner
+
+        log = FaultLog(self.fault_log) if self.fault_log else None
+        self.runner = ScheduleRunner(self.schedule, _Target(backend.slices), log)
+        self.runner.__enter__()
+        backend.stepper = self
+
+    def before(self, program: Any, in_bytes: int, out_bytes: int, slices: frozenset[int],
+               chained: bool = False) -> int | None:
+        """Count this dispatch; fire what is due at its ``dispatch``. Its step, or ``None``."""
+        with self._lock:
+            before = self.counter.steps
+            step = self.counter.count(program.name, in_bytes, out_bytes, chained)
+            if step is None:
+                return None
+            if step <= before:  # the count started again: a new step function
+                self.attempts = []
+            if not self.attempts or set(self.attempts[-1]["active"]) != set(slices):
+                self.attempts.append({"step": step, "active": sorted(slices), "wall": time.time()})
+        self.runner.on_dispatch("dispatch", step)
+        return step
+
+    def after(self, step: int | None) -> None:
+        """Fire what is due at the ``step`` phase of the dispatch ``before`` counted."""
+        if step is not None:
+            self.runner.on_dispatch("step", step)
+
+    def close(self) -> tuple[str, ...]:
+        """Stop; the faults that never fired (each recorded in the fault log)."""
+        if self.runner is None:
+            return ()
+        unfired = self.runner.report_unfired()
+        self.runner.__exit__(None, None, None)
+        return tuple(str(f) for f in unfired)
+
+    def fired(self) -> list[str]:
+        return [str(f) for f in self.schedule if self.runner is not None and f in self.runner.fired]

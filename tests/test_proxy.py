@@ -1,0 +1,171 @@
+"""The local Pathways backend (``elastic_dew.proxy``): unmodified JAX through jaxlib's own IFRT
+proxy client (``JAX_PLATFORMS=proxy``, ``pathwaysutils.initialize()``) to the server's CPU slices.
+
+Each client is a real JAX process (``tests/programs/proxy_client.py``, pathwaysutils' own
+elastic workload), with nothing of elastic_dew in it; each server a real process too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PROGRAMS = REPO / "tests" / "programs"
+
+pytestmark = pytest.mark.libraries  # jaxlib's proxy client, pathwaysutils
+
+
+def _client(backend, *args, timeout=180, env=None):
+    """Run ``proxy_client.py ARGS`` on ``backend``; its JSON lines by check, and the process."""
+    done = subprocess.run([sys.executable, str(PROGRAMS / "proxy_client.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **backend.client_env(10), **(env or {})})
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {line.pop("check"): line for line in lines}, done
+
+
+def test_the_protocol_definitions_are_those_the_installed_jaxlib_was_built_with():
+    """Every message the server reads or writes has, in the installed jaxlib's own compiled
+    definitions, the same fields with the same numbers and types (byte for byte where the
+    jaxlib is the one they were written from)."""
+    import jaxlib
+    from google.protobuf import descriptor_pb2
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import ifrt_proxy_protocol
+    finally:
+        sys.path.pop(0)
+    from elastic_dew.proxy import _wire
+
+    theirs = ifrt_proxy_protocol.descriptors(ifrt_proxy_protocol.library().read_bytes())
+    if jaxlib.__version__ == _wire.JAXLIB:
+        assert theirs == _wire.FILES, "run python scripts/ifrt_proxy_protocol.py"
+
+    def fields(blob):
+        proto = descriptor_pb2.FileDescriptorProto.FromString(blob)
+        out = {}
+
+        def visit(message, prefix):
+            for field in message.field:
+                out[f"{prefix}{message.name}.{field.name}"] = (field.number, field.type, field.type_name)
+            for nested in message.nested_type:
+                visit(nested, f"{prefix}{message.name}.")
+
+        for message in proto.message_type:
+            visit(message, f"{proto.package}.")
+        return out
+
+    ours = {k: v for blob in _wire.FILES.values() for k, v in fields(blob).items()}
+    installed = {k: v for blob in theirs.values() for k, v in fields(blob).items()}
+    changed = {k: (v, installed.get(k)) for k, v in ours.items() if installed.get(k, v) != v}
+    assert changed == {}, f"jaxlib {jaxlib.__version__} redefines these protocol fields: {changed}"
+    gone = sorted(k for k in ours if k not in installed and ".ifrt_proxy." in k)
+    assert len(gone) < 20, f"jaxlib {jaxlib.__version__} drops protocol fields: {gone}"
+
+
+def test_the_version_rule_takes_the_highest_shared_version_and_refuses_with_both_ranges():
+    from elastic_dew.proxy import protocol
+
+    assert protocol.choose_version(16, 25) == 25
+    assert protocol.choose_version(10, 20) == 20
+    with pytest.raises(protocol.ProtocolMismatch, match=r"speaks IFRT proxy protocol versions 16-25 .*offers 26-30"):
+        protocol.choose_version(26, 30)
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    from elastic_dew.proxy import LocalPathways
+
+    log = tmp_path_factory.mktemp("proxy") / "server.log"
+    with LocalPathways(slices=2, devices_per_slice=4, log=log) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_a_jax_program_sees_the_slices_and_computes_through_the_proxy(backend):
+    checks, done = _client(backend, "basics")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert checks["devices"] == {"platform": "cpu", "ids": list(range(8)), "slices": [0, 0, 0, 0, 1, 1, 1, 1]}
+    assert checks["device_put"] == {"value": list(range(8)), "device": 5}
+    assert checks["jit"]["value"] == [2 * v + 1 for v in range(8)]
+    assert checks["spmd"]["value"] == checks["spmd"]["expected"]
+    assert checks["spmd"]["shards"] == [2] * 8  # 8 results split 4 ways, each twice (data axis)
+    assert checks["pinned_host"]["kind"] == "pinned_host"
+    assert checks["pinned_host"]["value"] == checks["pinned_host"]["expected"]
+    assert checks["bfloat16"]["value"] == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.slow
+def test_a_lost_slice_fails_its_results_with_data_loss_on_read_and_a_restored_one_serves_again(backend):
+    checks, done = _client(backend, "faults", f"127.0.0.1:{backend.port}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert checks["before"] == {"read": {"value": [1, 1, 1, 1]}, "active": [0, 1]}
+    assert "dispatched" in checks
+    lost = checks["lost"]
+    assert lost["old"] == lost["later"] == {"error": "DATA_LOSS", "slice_down": True}
+    assert lost["active"] == [0]  # pathwaysutils' own health check sees it
+    assert lost["other"] == {"value": [1, 1]}
+    restored = checks["restored"]
+    assert restored["fresh"] == {"value": [2, 2, 2, 2]}
+    assert restored["old"]["error"] == "DATA_LOSS"  # its data went with the slice
+    assert restored["active"] == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_client_whose_protocol_the_server_does_not_speak_gets_one_clear_refusal_not_an_abort(tmp_path):
+    """The server answers the version request with the refusal (no version it cannot keep,
+    which the client would abort on); the program raises it as a RuntimeError."""
+    from elastic_dew.proxy import client_env
+    from elastic_dew.proxy.serve import READY
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from elastic_dew.proxy import protocol; protocol._SPOKEN[:] = [40, 41]; "
+                               "from elastic_dew.proxy.serve import main; sys.exit(main(sys.argv[1:]))",
+         "--slices", "1", "--devices-per-slice", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith(READY), server.stderr.read()
+        env = {**os.environ, **client_env(f"grpc://127.0.0.1:{line[len(READY):].strip()}", connection_timeout_s=2)}
+        done = subprocess.run([sys.executable, str(PROGRAMS / "proxy_client.py"), "basics"], capture_output=True,
+                              text=True, timeout=120, env=env)
+    finally:
+        server.terminate()
+        server.wait(10)
+        server.stdout.close()
+        server.stderr.close()
+    assert done.returncode == 1, done.stderr[-2000:]  # an exception, not SIGABRT (-6)
+    refusal = [line for line in done.stderr.splitlines() if line.startswith("RuntimeError")]
+    assert len(refusal) == 1
+    assert "elastic-dew proxy speaks IFRT proxy protocol versions 40-41" in refusal[0]
+    assert "this client offers 16-25" in refusal[0] or "this client offers" in refusal[0]
+
+
+@pytest.mark.slow
+def test_pathwaysutils_own_workload_retries_on_the_smaller_mesh_and_scales_back_up_through_the_proxy(tmp_path):
+    from elastic_dew.proxy import LocalPathways
+
+    with LocalPathways(2, 4, schedule="lose:1@6,restore:1@12", log=tmp_path / "server.log") as server:
+        done = subprocess.run([sys.executable, str(PROGRAMS / "pathways_initialized.py"), "24", "1", "0.5"],
+                              capture_output=True, text=True, timeout=240,
+                              env={**os.environ, **server.client_env(10)}, cwd=PROGRAMS)
+        status = server.status()
+    assert done.returncode == 0, done.stderr[-3000:]
+    slices = [(int(line.split()[1]), int(line.split()[3])) for line in done.stdout.splitlines()
+              if line.startswith("step ")]
+    # slice 1 is lost after the 6th dispatch of the step, before its result is read: step 6
+    # fails with DATA_LOSS and is done again on one slice, from step 5's snapshot
+    assert slices[:6] == [(step, 2) for step in range(1, 6)] + [(6, 1)]
+    # the restore fires at the 12th dispatch (step 11); the Manager's own monitor (polling
+    # every 0.5 s) finds the slice back and the loop scales up at a later step boundary
+    again = [step for step, count in slices[6:] if count == 2]
+    assert again and again[0] > 11 and slices[-1] == (24, 2)
+    assert "DATA_LOSS" in done.stderr and "Elastic event detected" in done.stderr
+    assert status["fired"] == ["lose:1@6/step", "restore:1@12/step"] and status["unfired"] == []
+    assert [a["active"] for a in status["attempts"]] == [[0, 1], [0], [0, 1]]
