@@ -86,11 +86,11 @@ class LocalPathways:
             raise ValueError(f"port={port} must be in 0..65535 (0: a free one)")
         if schedule:
             from elastic_dew.proxy.faults import check_served
-            from elastic_dew.simulate.schedule import check_slices, parse_schedule
+            from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 
             parsed = parse_schedule(schedule)
             check_served(parsed)
-            check_slices(parsed, slices)
+            check_fault_slices(parsed, slices)
         self.slices, self.devices_per_slice, self.port = slices, devices_per_slice, port
         self.schedule, self.step_function = schedule, step_function
         self.fault_log = None if fault_log is None else str(fault_log)
