@@ -211,8 +211,10 @@ def test_one_invocation_plans_its_run_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("elastic_dew.runtime.prepare_process", lambda **options: None)
     planned = []
-    real_plan = runs.plan_run
-    monkeypatch.setattr(runs, "plan_run", lambda spec: planned.append(spec) or real_plan(spec))
+    from elastic_dew.run import execution
+
+    real_plan = execution.plan_run
+    monkeypatch.setattr(execution, "plan_run", lambda spec: planned.append(spec) or real_plan(spec))
     assert cli.main(["train", "mlp", "--run-dir", "r", "--set", "depth=3"]) == 2
     assert "--set: the mlp recipe has no setting depth" in capsys.readouterr().err
     assert len(planned) == 1
