@@ -474,6 +474,19 @@ def test_no_module_outside_the_seam_imports_a_private_name_of_the_libraries():
     assert offenders == [], "private names of other libraries belong in elastic_dew._compat:\n" + "\n".join(offenders)
 
 
+def test_no_module_outside_the_seam_reads_a_private_name_of_the_interpreters_sys_module():
+    """``sys._getframe`` and the like are the interpreter's private names: the seam's, or a
+    public spelling (``inspect.currentframe``)."""
+    offenders = [
+        f"{module}:{node.lineno} sys.{node.attr}"
+        for module, path in _outside_the_seam()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sys"
+        and _private(node.attr)
+    ]
+    assert offenders == [], "the interpreter's private names belong in elastic_dew._compat:\n" + "\n".join(offenders)
+
+
 #: The tests' own seam for the private names only the tests use (``tests/test_compat.py`` checks it).
 TESTS_SEAM = "private_names.py"
 

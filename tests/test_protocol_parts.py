@@ -224,8 +224,6 @@ def test_the_tiers_offer_a_step_to_the_snapshot_before_the_checkpoint(tmp_path):
     try:
         assert [tier.name for tier in tiers] == ["snapshot", "checkpoint"]
         assert tiers.snapshots is not None and tiers.checkpoints is not None
-        tiers.follow(_config(tmp_path, snapshot_every=7, checkpoint_every=0))
-        assert (tiers.snapshot.every, tiers.checkpoint.every) == (7, 0)
         assert tiers.newest() == ("fresh", None) and tiers.restore(None) is None
     finally:
         tiers.close()
@@ -373,3 +371,12 @@ def test_a_failed_attempts_state_is_freed_before_the_next_attempt_starts(tmp_pat
     assert sum(attempt == 1 for attempt, _ in program.states) >= 4  # the failed attempt stepped
     assert alive_at_start == [0]
     del state
+
+
+def test_the_runs_configuration_and_tiers_are_read_only_once_it_is_built():
+    """A run's settings are decided once: its config and tiers are properties without setters
+    (a benchmark that varies a cadence sets that tier's own ``every``)."""
+    from elastic_dew.elastic.loop.protocol import ElasticRun
+
+    assert {name: getattr(ElasticRun, name).fset for name in ("config", "snapshots", "checkpoints")} == {
+        "config": None, "snapshots": None, "checkpoints": None}

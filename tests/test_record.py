@@ -274,6 +274,24 @@ def test_the_process_start_time_is_when_this_process_began_not_when_it_was_asked
     assert started < time.time() - 0.05  # pytest ran for a while before this test
 
 
+def test_the_process_start_time_without_psutil_is_read_from_proc_and_a_psutil_failure_is_not_hidden(monkeypatch):
+    import sys
+
+    import psutil
+
+    with_psutil = process_start_time()
+    monkeypatch.setitem(sys.modules, "psutil", None)  # not installed: the import fails
+    assert abs(process_start_time() - with_psutil) < 1.0  # /proc's clock ticks
+    monkeypatch.setitem(sys.modules, "psutil", psutil)
+
+    def broken(pid):
+        raise RuntimeError("a bug in the caller, not a missing library")
+
+    monkeypatch.setattr(psutil, "Process", broken)
+    with pytest.raises(RuntimeError, match="a bug in the caller"):
+        process_start_time()
+
+
 def test_a_typed_event_is_appended_as_the_same_json_line_as_its_mapping(tmp_path):
     from elastic_dew.elastic.events import Resume, Step
 

@@ -73,14 +73,10 @@ class StepDeadline:
         if fixed is not None and not fixed > 0:
             raise ValueError(f"step_timeout={fixed} must be > 0 seconds, or None for automatic")
         self.fixed = fixed
-        self.follow(waits_for_every_slice=waits_for_every_slice)
+        self.floor = PAUSE_FLOOR if waits_for_every_slice else FLOOR
         self._times: deque[float] = deque(maxlen=WINDOW)
         self._reader: _Reader | None = None
         self._lock = threading.Lock()
-
-    def follow(self, *, waits_for_every_slice: bool) -> None:
-        """The run's recovery mode changed: the automatic bound's floor follows it."""
-        self.floor = PAUSE_FLOOR if waits_for_every_slice else FLOOR
 
     def observe(self, seconds: float) -> None:
         """Count one completed step's time towards the automatic bound."""

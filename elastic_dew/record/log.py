@@ -304,7 +304,7 @@ def process_start_time() -> float:
         import psutil
 
         return float(psutil.Process(os.getpid()).create_time())
-    except Exception:  # psutil missing: read /proc directly
+    except ImportError:  # psutil missing: read /proc directly
         pass
     try:
         with open("/proc/self/stat", "rb") as f:

@@ -18,7 +18,7 @@ call off JAX's C++ fast path). Each wrapper is installed, and undone, by
 
 from __future__ import annotations
 
-import sys
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -129,12 +129,18 @@ def guard_batched(reg: Guarded, original: Callable[..., Any]) -> Callable[..., A
     return batched_block_until_ready
 
 
+def _caller() -> Any:
+    """The frame that called the function calling this (Python's public frame access)."""
+    frame = inspect.currentframe()
+    return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+
+
 def guard_dispatch(reg: Guarded, original: Callable[..., Any]) -> Callable[..., Any]:
     """``Compiled.__call__``: a dispatch (:meth:`elastic_dew.simulate.patches.Registry.dispatch`)."""
 
     def __call__(self, *args, **kwargs):
         return reg.dispatch((args, kwargs), lambda: original(self, *args, **kwargs), _compiled_name(self),
-                            sys._getframe(1), out_bytes=lambda: _compiled_out_bytes(self))
+                            _caller(), out_bytes=lambda: _compiled_out_bytes(self))
 
     return __call__
 
@@ -186,7 +192,7 @@ def jit_dispatch(reg: Guarded, original: Callable[..., Any]) -> Callable[..., An
     """``_run_python_pjit``: a ``jax.jit`` call outside any trace is a dispatch."""
 
     def _run_python_pjit(p, args_flat, fun, args, kwargs):
-        caller = _jit_caller(sys._getframe(1))
+        caller = _jit_caller(_caller())
         if (reg.active is None or not jax_private.trace_state_clean() or caller is None
                 or _module(caller).startswith(("jax.", "jaxlib."))):
             # JAX's own calls (a primitive applied outside jit, jax.numpy's helpers) keep

@@ -128,18 +128,6 @@ class Topology:
         """
         return frozenset(device.id for index in slices for device in self.slice_to_devices[index])
 
-    def check_index(self, index: int) -> None:
-        """Refuse a slice index outside ``0 .. slices - 1``.
-
-        Args:
-            index: a slice index.
-
-        Raises:
-            ValueError: it is not one of the slices.
-        """
-        if not isinstance(index, int) or not 0 <= index < self.slices:
-            raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.slices - 1}")
-
     def group(self, devices: Sequence[jax.Device]) -> tuple[dict[int, list[jax.Device]], int]:
         """``get_slice_to_devices``'s answer: ``devices`` by slice, and how many were outside.
 

@@ -154,7 +154,7 @@ class Trainer:
       ValueError: an argument the run cannot use (an empty dataset, a loss of the wrong form,
         ``eval_dataset`` without ``train.eval_every``, ``Layout.host`` with snapshots on, a
         run directory that is not one), refused before anything is written.
-      elastic_dew.elastic.config.SettingError: a deprecated ``TrainConfig`` field out of its
+      elastic_dew.settings.SettingError: a deprecated ``TrainConfig`` field out of its
         range.
 
     :meth:`from_nnx` builds a ``Trainer`` from a Flax NNX model.

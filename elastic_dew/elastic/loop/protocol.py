@@ -174,24 +174,10 @@ class ElasticRun:
     def config(self) -> ElasticConfig:
         return self._config
 
-    @config.setter
-    def config(self, config: ElasticConfig) -> None:
-        """A new configuration; its save cadences apply from the next step on."""
-        self._config = config
-        self.compiler.config = config
-        self.stopping.config = config
-        self.tiers.follow(config)
-        self.deadline.fixed = config.step_timeout
-        self.deadline.follow(waits_for_every_slice=config.minimum_slice_count is None)
-
     @property
     def snapshots(self) -> Snapshots | None:
         """Tier 1 (``None`` when the run takes no in-memory snapshots)."""
         return self.tiers.snapshot.snapshots
-
-    @snapshots.setter
-    def snapshots(self, snapshots: Snapshots | None) -> None:
-        self.tiers.snapshot.snapshots = snapshots
 
     @property
     def checkpoints(self) -> Checkpoints | None:

@@ -368,20 +368,6 @@ class Tiers:
             quarantine=config.quarantine_damaged,
         )
 
-    def follow(self, config: ElasticConfig) -> None:
-        """Take the cadences (and the storage policy) of ``config`` from the next step on.
-
-        Args:
-            config: the config whose cadences to take.
-        """
-        self.snapshot.every = config.snapshot_every
-        self.checkpoint.every = config.checkpoint_every
-        self.checkpoint.max_failures = config.max_failed_saves
-        self.checkpoint.max_uncommitted = config.max_uncommitted_seconds
-        self.quarantine = config.quarantine_damaged
-        if self.checkpoints is not None:
-            self.checkpoints.timeout = config.storage_timeout
-
     @property
     def snapshots(self) -> Snapshots | None:
         return self.snapshot.snapshots
