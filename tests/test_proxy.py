@@ -147,25 +147,50 @@ def test_a_client_whose_protocol_the_server_does_not_speak_gets_one_clear_refusa
     assert "this client offers 16-25" in refusal[0] or "this client offers" in refusal[0]
 
 
-@pytest.mark.slow
-def test_pathwaysutils_own_workload_retries_on_the_smaller_mesh_and_scales_back_up_through_the_proxy(tmp_path):
-    from elastic_dew.proxy import LocalPathways
+def _simulate(tmp_path, boundary, *program):
+    """``elastic-dew simulate --boundary BOUNDARY`` of ``program``: its verdict (JSON), stdout, stderr."""
+    report = tmp_path / f"{boundary}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", boundary, "--slices", "2",
+         "--devices-per-slice", "2", "--schedule", "lose:1@4,restore:1@8", "--report", str(report),
+         "--run-dir", str(tmp_path / boundary), "--", sys.executable, *program],
+        capture_output=True, text=True, timeout=300, cwd=PROGRAMS)
+    assert report.exists(), done.stderr[-3000:]
+    return json.loads(report.read_text()), done.stdout, done.stderr
 
-    with LocalPathways(2, 4, schedule="lose:1@6,restore:1@12", log=tmp_path / "server.log") as server:
-        done = subprocess.run([sys.executable, str(PROGRAMS / "pathways_initialized.py"), "24", "1", "0.5"],
-                              capture_output=True, text=True, timeout=240,
-                              env={**os.environ, **server.client_env(10)}, cwd=PROGRAMS)
-        status = server.status()
-    assert done.returncode == 0, done.stderr[-3000:]
-    slices = [(int(line.split()[1]), int(line.split()[3])) for line in done.stdout.splitlines()
-              if line.startswith("step ")]
-    # slice 1 is lost after the 6th dispatch of the step, before its result is read: step 6
-    # fails with DATA_LOSS and is done again on one slice, from step 5's snapshot
-    assert slices[:6] == [(step, 2) for step in range(1, 6)] + [(6, 1)]
-    # the restore fires at the 12th dispatch (step 11); the Manager's own monitor (polling
-    # every 0.5 s) finds the slice back and the loop scales up at a later step boundary
-    again = [step for step, count in slices[6:] if count == 2]
-    assert again and again[0] > 11 and slices[-1] == (24, 2)
-    assert "DATA_LOSS" in done.stderr and "Elastic event detected" in done.stderr
-    assert status["fired"] == ["lose:1@6/step", "restore:1@12/step"] and status["unfired"] == []
-    assert [a["active"] for a in status["attempts"]] == [[0, 1], [0], [0, 1]]
+
+@pytest.mark.slow
+def test_simulate_through_the_proxy_gives_pathwaysutils_own_workload_the_in_process_verdict(tmp_path):
+    """The unmodified workload (``pathwaysutils.initialize()`` first) meets the loss as
+    ``DATA_LOSS`` from jaxlib's proxy client, retries on the smaller mesh from its snapshot and
+    takes the slice up again: the verdict is the in-process simulator's."""
+    program = (str(PROGRAMS / "pathways_initialized.py"), "16", "1", "0.5")
+    proxy, proxy_out, proxy_err = _simulate(tmp_path, "proxy", *program)
+    inside, inside_out, _ = _simulate(tmp_path, "in-process", *program)
+    assert proxy["ok"] and inside["ok"], proxy_err[-3000:]
+    assert [p["attempts"] for p in proxy["processes"]] == [p["attempts"] for p in inside["processes"]] \
+        == [[[0, 1], [0], [0, 1]]]
+    assert [(f["scheduled"], f["step"]) for f in proxy["fired"]] == [(f["scheduled"], f["step"]) for f in inside["fired"]] \
+        == [("lose:1@4/step", 4), ("restore:1@8/step", 8)]
+    assert "DATA_LOSS: the array's data was on slice 1, which is lost" in proxy_err
+    assert "Elastic event detected" in proxy_err
+
+    def slices(out):
+        return [(int(line.split()[1]), int(line.split()[3])) for line in out.splitlines() if line.startswith("step ")]
+
+    # the loss comes after the 4th dispatch, before its result is read: step 4 is done again
+    # on one slice, from step 3's snapshot, in both; when the Manager's own monitor (polling
+    # every 0.5 s) finds the slice back is its own timing
+    assert slices(proxy_out)[:5] == slices(inside_out)[:5] == [(1, 2), (2, 2), (3, 2), (4, 1), (5, 1)]
+    assert slices(proxy_out)[-1] == slices(inside_out)[-1] == (16, 2)
+
+
+@pytest.mark.slow
+def test_simulate_refuses_a_fault_the_proxy_boundary_cannot_fire_before_anything_runs(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", "proxy", "--schedule", "preempt@3",
+         "--run-dir", str(tmp_path / "run"), "--", sys.executable, str(PROGRAMS / "pathways_initialized.py"), "4"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "the proxy boundary fires lose, restore only" in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -56,6 +56,8 @@ ATTEMPTS_FILE = "attempts.jsonl"
 #: The command's own log, in the run directory.
 LOG_FILE = "simulate.log"
 DEFAULT_RESTARTS = 3
+#: Where the simulated slices meet the program: inside its process, or through the IFRT proxy.
+BOUNDARIES = ("in-process", "proxy")
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?(\.exe)?$")
 #: Interpreter options that take a value (``python -W error -m x``).
@@ -73,6 +75,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "jax.jit) instead of the simulator's rule (docs/simulator.md)")
     parser.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
                         help="start the program again at most N times after a preemption or a kill")
+    parser.add_argument("--boundary", choices=BOUNDARIES, default="in-process",
+                        help="in-process: the simulator inside the program's process; proxy: the program runs with "
+                             "JAX_PLATFORMS=proxy on a local Pathways backend and calls pathwaysutils.initialize() "
+                             "itself, nothing patched (docs/pathways-boundary.md; lose and restore faults only)")
     parser.add_argument("--report", metavar="FILE", help="write the verdict as JSON to FILE")
     parser.add_argument("--run-dir", metavar="DIR", help="where the fault log, the attempts and this command's "
                                                           "log go (default runs/simulate_TIMESTAMP)")
@@ -288,6 +294,28 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
                    tuple(processes), fired_json, never, code)
 
 
+def _through_proxy(program: Program, sim: SimConfig, settings: LaunchSettings, run_dir: Path, max_processes: int,
+                   restarting: Any) -> list[int]:
+    """Run ``program`` as it is (its own interpreter, ``JAX_PLATFORMS=proxy``) on a local
+    Pathways backend that fires the schedule at the steps it counts, restarted as in-process;
+    each process announces itself to the backend (:mod:`elastic_dew.proxy.exec_program`)."""
+    from elastic_dew.proxy import LocalPathways
+
+    own = [*program.interpreter, "-m", program.target] if program.form == "module" else \
+        [*program.interpreter, program.target]
+    backend = LocalPathways(sim.slices, sim.devices_per_slice, schedule=sim.schedule,
+                            step_function=settings.step_function, fault_log=settings.fault_log,
+                            attempts=settings.attempts, log=run_dir / "proxy.log")
+    env = {k: v for k, v in os.environ.items() if k != ENVIRONMENT}
+    env.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
+    env.setdefault("NO_GCE_CHECK", "True")
+    with backend:
+        env.update(backend.client_env())
+        child = [*backend.exec_prefix(), *own, *program.args]
+        logger.info("through the local Pathways backend at %s: %s", backend.target, shlex.join(child))
+        return supervise(child, max_processes=max_processes, on_restart=restarting, env=env)
+
+
 def _refuse(problem: str) -> int:
     sys.stderr.write(f"{_PROG}: error: {problem}\n")
     return USAGE_EXIT
@@ -328,8 +356,16 @@ def run(args: argparse.Namespace) -> int:
             check_fault_slices(schedule, sim.slices)
         except ValueError as err:
             raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
+        if args.boundary == "proxy":
+            from elastic_dew.proxy.faults import check_served
+
+            try:
+                check_served(schedule)
+            except ValueError as err:
+                raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
         program = resolve(command)
-        _check_interpreter(program)
+        if args.boundary == "in-process":
+            _check_interpreter(program)
     except ValueError as err:  # a SettingError among them, worded with its flags
         return _refuse(refusal(err))
     run_dir = Path(args.run_dir) if args.run_dir else RUNS_DIR / f"simulate_{run_timestamp()}"
@@ -355,8 +391,11 @@ def run(args: argparse.Namespace) -> int:
                              f"as a JobSet restarts the pod (restart {restarts} of at most {args.restarts})\n")
             sys.stderr.flush()
 
-        statuses = supervise(child, max_processes=args.restarts + 1, on_restart=restarting,
-                             env=child_environment(sim, settings))
+        if args.boundary == "proxy":
+            statuses = _through_proxy(program, sim, settings, run_dir, args.restarts + 1, restarting)
+        else:
+            statuses = supervise(child, max_processes=args.restarts + 1, on_restart=restarting,
+                                 env=child_environment(sim, settings))
         ended.append(time.monotonic())
         seconds = [later - earlier for earlier, later in zip(ended, ended[1:])]
         result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds)

@@ -71,6 +71,10 @@ class LocalPathways:
             ``lose`` and ``restore`` only).
         step_function: count the dispatches of this function as the steps.
         fault_log: the fault log a restarted program shares (``faults.jsonl``).
+        attempts: where each process's start and each run attempt's slices are appended (JSON
+            lines ``{"pid", "start"}`` and ``{"pid", "active", "step"}``, as ``elastic-dew
+            simulate`` reads them; a process announces itself with
+            ``python -m elastic_dew.proxy.exec_program``).
         log: where the server's log goes (a path; default: discarded).
 
     Raises:
@@ -79,7 +83,7 @@ class LocalPathways:
 
     def __init__(self, slices: int = 2, devices_per_slice: int = 4, *, port: int = 0, schedule: str = "",
                  step_function: str | None = None, fault_log: str | os.PathLike[str] | None = None,
-                 log: str | os.PathLike[str] | None = None):
+                 attempts: str | os.PathLike[str] | None = None, log: str | os.PathLike[str] | None = None):
         if slices < 1 or devices_per_slice < 1:
             raise ValueError(f"slices={slices}, devices_per_slice={devices_per_slice}: each must be at least 1")
         if not 0 <= port < 65536:
@@ -94,6 +98,7 @@ class LocalPathways:
         self.slices, self.devices_per_slice, self.port = slices, devices_per_slice, port
         self.schedule, self.step_function = schedule, step_function
         self.fault_log = None if fault_log is None else str(fault_log)
+        self.attempts = None if attempts is None else str(attempts)
         self.log = None if log is None else Path(log)
         self._process: subprocess.Popen[str] | None = None
         self._channel: Any = None
@@ -124,6 +129,8 @@ class LocalPathways:
             command += ["--step-function", self.step_function]
         if self.fault_log:
             command += ["--fault-log", self.fault_log]
+        if self.attempts:
+            command += ["--attempts", self.attempts]
         env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_BACKEND_TARGET")}
         self._log_file = open(self.log, "a", encoding="utf-8") if self.log else open(os.devnull, "w")
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env=env)
@@ -185,6 +192,15 @@ class LocalPathways:
     def target(self) -> str:
         """``grpc://127.0.0.1:PORT``, the ``JAX_BACKEND_TARGET`` of a client."""
         return f"grpc://127.0.0.1:{self.port}"
+
+    def exec_prefix(self) -> list[str]:
+        """The command that announces a new process of the run to this backend and then
+        becomes the command after it (``[*backend.exec_prefix(), "python", "train.py"]``).
+
+        Returns:
+            ``python -m elastic_dew.proxy.exec_program --control ADDRESS --``.
+        """
+        return [sys.executable, "-m", "elastic_dew.proxy.exec_program", "--control", f"127.0.0.1:{self.port}", "--"]
 
     def client_env(self, connection_timeout_s: int = 30) -> dict[str, str]:
         """The environment variables a JAX program needs to run on this backend

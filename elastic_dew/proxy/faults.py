@@ -129,16 +129,40 @@ class StepSchedule:
         ValueError: a schedule that does not parse, or that the boundary does not serve.
     """
 
-    def __init__(self, schedule: str, step_function: str | None = None, fault_log: str | None = None):
+    def __init__(self, schedule: str, step_function: str | None = None, fault_log: str | None = None,
+                 attempts: str | None = None):
         from elastic_dew.simulate.schedule import parse_schedule
 
         self.schedule = parse_schedule(schedule)
         check_served(self.schedule)
+        self.step_function = step_function
         self.counter = StepCounter(step_function)
         self.fault_log = fault_log
+        self.attempts_file = attempts
         self.runner: Any = None
         self.attempts: list[dict[str, Any]] = []
+        self.pid: int | None = None
         self._lock = threading.Lock()
+
+    def process_started(self, pid: int) -> None:
+        """A new process of the run starts (``pid``): its steps count from 1 (the fault log
+        keeps what fired), its start and attempts are recorded under ``pid``."""
+        with self._lock:
+            self.pid = pid
+            self.counter = StepCounter(self.step_function)
+            self.attempts = []
+            self._record({"pid": pid, "start": True, "wall": time.time()})
+
+    def _record(self, line: dict[str, Any]) -> None:
+        if self.attempts_file is None:
+            return
+        import json
+        import os
+
+        with open(self.attempts_file, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
 
     @property
     def steps(self) -> int:
@@ -166,6 +190,7 @@ class StepSchedule:
                 self.attempts = []
             if not self.attempts or set(self.attempts[-1]["active"]) != set(slices):
                 self.attempts.append({"step": step, "active": sorted(slices), "wall": time.time()})
+                self._record({"pid": self.pid, "active": sorted(slices), "step": step, "wall": time.time()})
         self.runner.on_dispatch("dispatch", step)
         return step
 

@@ -5,7 +5,8 @@ proxy service (:class:`~elastic_dew.proxy.server.ProxyService`) and a small cont
 service (lose, restore, status; JSON over gRPC, :data:`CONTROL`) on one loopback port,
 prints one line ``elastic-dew proxy listening on 127.0.0.1:PORT`` once both serve, and
 serves until SIGTERM or SIGINT. ``SIGUSR1`` loses the lowest-numbered slice still whole,
-``SIGUSR2`` restores the lowest-numbered lost one.
+``SIGUSR2`` restores the lowest-numbered lost one. The control service's ``Started`` (from
+:mod:`elastic_dew.proxy.exec_program`) says a new process of the run starts.
 """
 
 from __future__ import annotations
@@ -66,8 +67,14 @@ def start(slices: int, devices_per_slice: int, port: int = 0, schedule: Any = No
                 "unfired": [str(f) for f in schedule.runner.unfired] if schedule is not None else [],
                 "attempts": schedule.attempts if schedule is not None else []}
 
+    def started(request: dict, context: Any) -> dict:
+        if schedule is not None:
+            schedule.process_started(int(request["pid"]))
+        return status(request, context)
+
     control = grpc.method_handlers_generic_handler(CONTROL, {
-        "Lose": _json_handler(lose), "Restore": _json_handler(restore), "Status": _json_handler(status)})
+        "Lose": _json_handler(lose), "Restore": _json_handler(restore), "Status": _json_handler(status),
+        "Started": _json_handler(started)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
         ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
     server.add_generic_rpc_handlers((service.handler(), control))
@@ -88,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--schedule", default="")
     parser.add_argument("--step-function", default=None)
     parser.add_argument("--fault-log", default=None)
+    parser.add_argument("--attempts", default=None, help="append each process's start and attempts here (JSON lines)")
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--versions", default=None, metavar="LOW-HIGH",
                         help="speak only these protocol versions (within the server's own)")
@@ -102,10 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["XLA_FLAGS"] = cpu_flags(args.slices * args.devices_per_slice, os.environ.get("XLA_FLAGS", ""))
     os.environ["JAX_PLATFORMS"] = "cpu"
     schedule = None
-    if args.schedule:
+    if args.schedule or args.attempts:
         from elastic_dew.proxy.faults import StepSchedule
 
-        schedule = StepSchedule(args.schedule, step_function=args.step_function, fault_log=args.fault_log)
+        schedule = StepSchedule(args.schedule, step_function=args.step_function, fault_log=args.fault_log,
+                                attempts=args.attempts)
     server, port, backend = start(args.slices, args.devices_per_slice, args.port, schedule)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
