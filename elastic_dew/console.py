@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elastic_dew import run
+from elastic_dew.run import recipes
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.observe import sinks as observing
 from elastic_dew.flags import Flag, add_flags, command_line_text, flag_name, flag_namer, given
@@ -202,7 +203,7 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
     own["overrides"] = parse_overrides(own.get("overrides", ()))
     elastic = None
     if given["elastic"]:
-        batch = run.recipe_defaults(recipe).get("global_batch", ElasticConfig.global_batch)
+        batch = recipes.recipe_defaults(recipe).get("global_batch", ElasticConfig.global_batch)
         elastic = ElasticConfig(**{"global_batch": batch, **given["elastic"]})
     return run.RunConfig(
         recipe=recipe,

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from elastic_dew import run
+from elastic_dew.run import execution
+from elastic_dew.run import planning
 from elastic_dew.observe import sinks as observing
 from elastic_dew.settings import SettingError
 
@@ -67,7 +69,7 @@ class Terminal:
         (self._err or sys.stderr).write(f"{self.prog}: error: {self._word(error)}\n")
 
     @contextlib.contextmanager
-    def running(self, plan: run.RunPlan) -> Iterator[list[Any]]:
+    def running(self, plan: planning.RunPlan) -> Iterator[list[Any]]:
         from elastic_dew.observe.logs import attach_run_log, is_terminal
 
         if getattr(plan, "run_dir", None) is not None:
@@ -92,7 +94,7 @@ class Terminal:
         finally:
             progress.close()
 
-    def finished(self, plan: run.RunPlan, outcome: run.RunOutcome) -> None:
+    def finished(self, plan: planning.RunPlan, outcome: execution.RunOutcome) -> None:
         if outcome.status != 0 or not self.summary:
             return
         from elastic_dew import record

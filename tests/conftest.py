@@ -46,7 +46,7 @@ def compilation_cache(tmp_path_factory):
     """
     base = tmp_path_factory.mktemp("xdg-cache")
     os.environ["XDG_CACHE_HOME"] = str(base)
-    from elastic_dew.run import compilation_cache_dir
+    from elastic_dew.run.planning import compilation_cache_dir
     from elastic_dew.runtime import use_compilation_cache
 
     directory = compilation_cache_dir()

@@ -21,6 +21,8 @@ import pytest
 from elastic_dew import cli, console, record, rundir
 from elastic_dew._compat.argparse import actions
 from elastic_dew import run as runs
+from elastic_dew.run import execution
+from elastic_dew.run import planning
 from elastic_dew.commands import train
 from elastic_dew.elastic.config import ElasticConfig
 
@@ -85,10 +87,10 @@ def test_the_run_is_named_by_name_else_jobset_name_else_a_fresh_timestamp(tmp_pa
     monkeypatch.setattr("elastic_dew.runtime.run_timestamp", lambda: "2026-01-02_03:04:05")
     unnamed = train.plan(_args("mlp"))
     assert unnamed.run_dir is None
-    assert runs.choose_run_dir(unnamed) == Path("runs/2026-01-02_03:04:05")
+    assert planning.choose_run_dir(unnamed) == Path("runs/2026-01-02_03:04:05")
     (tmp_path / "runs" / "2026-01-02_03:04:05").mkdir(parents=True)
     with pytest.raises(runs.UsageError, match="already exists"):
-        runs.choose_run_dir(unnamed)
+        planning.choose_run_dir(unnamed)
 
 
 # ----------------------------------------------------------------- end to end
@@ -174,9 +176,9 @@ def test_a_simulated_multi_tier_run_checkpoints_through_the_replicator_stand_in_
     console.add_options(parser)
     args = parser.parse_args(["mlp", "--checkpoint-kind", "multi_tier", "--steps", "6", "--checkpoint-every", "3",
                               "--snapshot-every", "0", "--mtc-backup-minutes", "5", "--run-dir", str(run_dir)])
-    plan = runs.plan_run(console.config_of(args))
+    plan = planning.plan_run(console.config_of(args))
     assert plan.elastic.mtc_backup_minutes == 5
-    assert runs.execute(plan).status == 0
+    assert execution.execute(plan).status == 0
     saves = [e["step"] for e in record.read_events(run_dir) if e["event"] == "save" and e["tier"] == "checkpoint"]
     assert saves == [3, 6]
     backup = run_dir / rundir.REPLICATOR_DIR / "backup" / run_dir.name

@@ -142,9 +142,9 @@ def test_the_other_public_callables_that_took_num_slices_take_it_with_a_warning_
 
 #: Names renamed in 0.2.0 so that each names one concept (issue 38): old path -> new path.
 RENAMED_0_2 = {
-    "elastic_dew.run.Plan": "elastic_dew.run.RunPlan",
-    "elastic_dew.run.Outcome": "elastic_dew.run.RunOutcome",
-    "elastic_dew.run.plan": "elastic_dew.run.plan_run",
+    "elastic_dew.run.Plan": "elastic_dew.run.planning.RunPlan",
+    "elastic_dew.run.Outcome": "elastic_dew.run.execution.RunOutcome",
+    "elastic_dew.run.plan": "elastic_dew.run.planning.plan_run",
     "elastic_dew.plan.Outcome": "elastic_dew.plan.model.PolicyOutcome",
     "elastic_dew.plan.model.Outcome": "elastic_dew.plan.model.PolicyOutcome",
     "elastic_dew.testing.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",

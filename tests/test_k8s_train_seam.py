@@ -21,6 +21,7 @@ import pytest
 
 from elastic_dew import cli
 from elastic_dew import run as runs
+from elastic_dew.run import planning
 from elastic_dew.commands import train
 from elastic_dew.elastic.config import MULTI_TIER_DIR
 from elastic_dew.elastic.state.persistence import checkpoint_dir_problem
@@ -130,9 +131,9 @@ def test_the_controllers_environment_makes_the_train_command_use_the_real_slices
     monkeypatch.setenv("JAX_PLATFORMS", _container_env(js, _controller(js))["JAX_PLATFORMS"])
     monkeypatch.delenv("JOBSET_NAME", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert not runs.simulating()
-    planned = runs.plan_run(runs.RunConfig("mlp"))
-    assert runs.process_options(planned) == {}  # no simulated host devices asked for
+    assert not planning.simulating()
+    planned = planning.plan_run(runs.RunConfig("mlp"))
+    assert planning.process_options(planned) == {}  # no simulated host devices asked for
 
 
 @pytest.mark.parametrize("url", ["gs://my-dew-bucket/runs/dew-lm", "s3://b/runs/x", "file:///tmp/run"])

@@ -20,6 +20,7 @@ import pytest
 from elastic_dew import Trainer, TrainConfig
 from elastic_dew import console
 from elastic_dew import run as runs
+from elastic_dew.run import planning
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.settings import SettingError
@@ -119,7 +120,7 @@ def test_the_command_line_refuses_a_microbatch_before_anything_runs(tmp_path):
         elastic=ElasticConfig(global_batch=GLOBAL_BATCH, minimum_slice_count=2),
     )
     with pytest.raises(SettingError) as refused:
-        runs.plan_run(config)
+        planning.plan_run(config)
     assert re.search(r"^--microbatch 5 does not divide.*microbatch 1, 2 divide", console.refusal(refused.value))
     assert not (tmp_path / "run").exists()
 
@@ -163,7 +164,7 @@ def test_on_real_slices_a_batch_they_cannot_take_exits_2_and_leaves_the_run_dire
     manager = types.SimpleNamespace(
         slice_to_devices={i: devices[2 * i:2 * i + 2] for i in range(4)}, total_slice_count=4
     )
-    monkeypatch.setattr(runs, "simulating", lambda: False)
+    monkeypatch.setattr(planning, "simulating", lambda: False)
     monkeypatch.setattr("elastic_dew.elastic.loop.protocol.make_manager", lambda: manager)
     monkeypatch.setattr("elastic_dew.runtime.prepare_process", lambda **options: None)
     config = runs.RunConfig(

@@ -27,17 +27,17 @@ import pytest
 from elastic_dew import runtime
 from elastic_dew.runtime import backend, compilation_cache, limits, pool, preemption
 from elastic_dew.runtime import (
-    EXECUTION_TIMEOUT,
     PREEMPTED_EXIT,
     Layout,
     Preempted,
     Wandb,
-    cuda_plugin,
     prepare_process,
     run_timestamp,
     use_compilation_cache,
 )
+from elastic_dew.runtime.backend import cuda_plugin
 from elastic_dew.runtime.compilation_cache import JAX_MIN_COMPILE_TIME_S
+from elastic_dew.runtime.xla_flags import EXECUTION_TIMEOUT
 
 pytestmark = pytest.mark.libraries  # JAX's distributed and preemption services
 
@@ -88,7 +88,7 @@ def test_the_public_constants_are_the_seeds():
     assert EXECUTION_TIMEOUT == "30m"
     assert PREEMPTED_EXIT == 128 + signal.SIGTERM == 143
     assert set(runtime.__all__) >= {
-        "EXECUTION_TIMEOUT", "prepare_process", "cuda_plugin", "Preempted", "PreemptionNotice",
+        "prepare_process", "Preempted", "PreemptionNotice",
         "run_timestamp", "PREEMPTED_EXIT", "Wandb", "Layout",
     }
 
@@ -265,7 +265,7 @@ def test_compilation_cache_dir_turns_on_the_persistent_cache_there_with_jaxs_own
 def test_a_simulated_run_keeps_its_compilation_cache_where_jaxs_own_variable_says_else_under_xdg_cache_home(
     monkeypatch, tmp_path
 ):
-    from elastic_dew.run import compilation_cache_dir
+    from elastic_dew.run.planning import compilation_cache_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)

@@ -18,6 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 from elastic_dew import Trainer, TrainConfig, console, record
 from elastic_dew import run as runs
+from elastic_dew.run import execution
+from elastic_dew.run import planning
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.slices.mesh import mesh_of
@@ -204,9 +206,9 @@ def test_a_model_axis_2_lm_run_from_the_command_line_splits_block_weights_over_m
         "--run-dir", str(tmp_path / "run"), "--snapshot-every", "1", "--eval-every", "2",
         "--set", "d_model=32", "--set", "layers=1", "--set", "seq_len=16", "--set", "corpus_chars=5000",
     ])
-    plan = runs.plan_run(console.config_of(args))
+    plan = planning.plan_run(console.config_of(args))
     assert plan.elastic.model_axis == 2 and plan.train.sharding == "fsdp"
-    outcome = runs.execute(plan)
+    outcome = execution.execute(plan)
     assert outcome.status == 0 and outcome.result.final_step == 3
     evaluated = outcome.result.summary["eval"]
     assert evaluated["step"] == 2 and 2 < evaluated["metrics"]["loss"] < 4

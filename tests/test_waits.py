@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from elastic_dew import cli, record, run
+from elastic_dew.run import planning
 from elastic_dew.elastic.config import ElasticConfig
 
 from faultlib import turns as turns_of
@@ -161,20 +162,20 @@ def persistence(monkeypatch):
 
 def test_a_local_checkpoint_directory_under_pathways_persistence_is_refused(persistence, tmp_path):
     with pytest.raises(run.UsageError, match="is not a gs:// URL.*TPU workers write"):
-        run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r")))
+        planning.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r")))
     local = ElasticConfig(global_batch=24, checkpoint_dir="/gcs/runs/x/checkpoints")
     with pytest.raises(run.UsageError, match="checkpoint_dir=/gcs/runs/x/checkpoints is not a gs:// URL"):
-        run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=local))
+        planning.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=local))
     assert not (tmp_path / "r").exists()
 
 
 def test_a_gs_checkpoint_directory_under_pathways_persistence_is_accepted(persistence, tmp_path):
     bucket = ElasticConfig(global_batch=24, checkpoint_dir="gs://bucket/runs/x/checkpoints")
-    planned = run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket))
+    planned = planning.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket))
     assert planned.elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
     assert not planned.simulate
 
 
 def test_a_gs_checkpoint_directory_without_persistence_is_accepted_too(tmp_path):
     bucket = ElasticConfig(global_batch=24, checkpoint_dir="gs://bucket/runs/x/checkpoints")
-    assert run.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket)).elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"
+    assert planning.plan_run(run.RunConfig(recipe="mlp", run_dir=str(tmp_path / "r"), elastic=bucket)).elastic.checkpoint_dir == "gs://bucket/runs/x/checkpoints"

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elastic_dew.console import add_flag, flag_of, observe_of
-from elastic_dew.run import RUNS_DIR, USAGE_EXIT
+from elastic_dew.run import USAGE_EXIT
+from elastic_dew.run.planning import RUNS_DIR
 from elastic_dew.runtime import run_timestamp
 from elastic_dew.supervisor import supervise
 

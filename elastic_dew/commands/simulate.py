@@ -39,7 +39,8 @@ from typing import Any
 from elastic_dew.console import add_flag, refusal
 from elastic_dew.observe.logs import TEXT_FORMAT
 from elastic_dew.settings import SettingError
-from elastic_dew.run import FAILED_EXIT, RUNS_DIR, USAGE_EXIT, SimConfig
+from elastic_dew.run import FAILED_EXIT, USAGE_EXIT, SimConfig
+from elastic_dew.run.planning import RUNS_DIR
 from elastic_dew.rundir import FAULTS_FILE, FaultLog
 from elastic_dew.runtime import run_timestamp
 from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule

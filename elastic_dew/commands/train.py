@@ -16,6 +16,7 @@ import argparse
 
 from elastic_dew import console
 from elastic_dew import run as runs
+from elastic_dew.run import planning
 
 __all__ = ["configure", "run", "plan", "PROG"]
 
@@ -27,9 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     console.add_options(parser)
 
 
-def plan(args: argparse.Namespace) -> runs.RunPlan:
+def plan(args: argparse.Namespace) -> planning.RunPlan:
     """The checked run that parsed options ask for, touching nothing (raises ``UsageError``)."""
-    return runs.plan_run(console.config_of(args))
+    return planning.plan_run(console.config_of(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """The local Pathways backend's state: its slices of CPU devices, the arrays and programs it holds.
 
-A :class:`Backend` carries out what the proxy client asks on jaxlib's own CPU client, in the
+A :class:`ProxyBackend` carries out what the proxy client asks on jaxlib's own CPU client, in the
 server's process (which must see ``slices * devices_per_slice`` CPU devices before JAX
 starts: :func:`cpu_flags`). Each array is held as its single-device shards (each a
 ``jax.Array`` on one CPU device) with the dtype, shape and IFRT sharding the client knows it
@@ -26,7 +26,7 @@ import numpy as np
 
 from elastic_dew.proxy import protocol
 
-__all__ = ["Backend", "Held", "ProxyError", "Slices", "cpu_flags", "DTYPES"]
+__all__ = ["ProxyBackend", "ProxyArray", "ProxyError", "Slices", "cpu_flags", "DTYPES"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Slices:
 
 
 @dataclasses.dataclass
-class Held:
+class ProxyArray:
     """One array the client holds a handle of."""
 
     kind: int  # DTypeProto.Kind
@@ -147,7 +147,7 @@ class Held:
 
 
 @dataclasses.dataclass
-class Program:
+class ProxyProgram:
     """One compiled program."""
 
     name: str
@@ -228,7 +228,7 @@ def _wrap(kind: str, inner: Any) -> Any:
     return proto
 
 
-class Backend:
+class ProxyBackend:
     """The CPU client's side of every session: devices, slices, arrays, programs, futures.
 
     Args:
@@ -254,8 +254,8 @@ class Backend:
         self.devices = devices[:need]
         self.slices = Slices(slices, devices_per_slice)
         self._lock = threading.Lock()
-        self.arrays: dict[int, Held] = {}
-        self.programs: dict[int, Program] = {}
+        self.arrays: dict[int, ProxyArray] = {}
+        self.programs: dict[int, ProxyProgram] = {}
         self.futures: dict[int, tuple[int, str] | None] = {}
         self._next_handle = 1 << 63  # above every handle the client makes itself
         self.dispatches = 0
@@ -281,17 +281,17 @@ class Backend:
 
     # -------------------------------------------------------------- arrays
 
-    def put(self, handle: int, held: Held) -> int:
+    def put(self, handle: int, held: ProxyArray) -> int:
         self.arrays[handle] = held
         return handle
 
-    def get(self, handle: int) -> Held:
+    def get(self, handle: int) -> ProxyArray:
         held = self.arrays.get(handle)
         if held is None:
             raise ProxyError(NOT_FOUND, f"array handle {handle} is unknown to the local Pathways backend")
         return held
 
-    def status(self, held: Held) -> tuple[int, str] | None:
+    def status(self, held: ProxyArray) -> tuple[int, str] | None:
         """Why ``held`` cannot be read (``(code, message)``), or ``None`` when it can."""
         if held.error is not None:
             return held.error
@@ -301,15 +301,15 @@ class Backend:
                                f"(elastic-dew local Pathways backend)")
         return None
 
-    def check_readable(self, held: Held) -> None:
+    def check_readable(self, held: ProxyArray) -> None:
         status = self.status(held)
         if status is not None:
             raise ProxyError(*status)
 
     def make_held(self, kind: int, shape: tuple[int, ...], sharding: Any, shards: list[Any],
-                  error: tuple[int, str] | None = None) -> Held:
+                  error: tuple[int, str] | None = None) -> ProxyArray:
         device_ids, memory = sharding_devices(sharding)
-        return Held(kind, tuple(shape), sharding, device_ids, memory, shards, self.slices.epochs(device_ids), error)
+        return ProxyArray(kind, tuple(shape), sharding, device_ids, memory, shards, self.slices.epochs(device_ids), error)
 
     def shard_on(self, value: np.ndarray, device_id: int, memory_kind: str | None) -> Any:
         import jax
@@ -317,7 +317,7 @@ class Backend:
         sharding = jax.sharding.SingleDeviceSharding(self.device(device_id), memory_kind=memory_kind)
         return jax.device_put(value, sharding)
 
-    def assembled(self, held: Held, device_ids: Sequence[int], op_sharding: Any, memory_kind: str | None) -> Any:
+    def assembled(self, held: ProxyArray, device_ids: Sequence[int], op_sharding: Any, memory_kind: str | None) -> Any:
         """``held`` as one ``jax.Array`` over ``device_ids`` sharded by ``op_sharding``."""
         import jax
 
@@ -331,7 +331,7 @@ class Backend:
         shards = [by_device[d] for d in device_ids if d in by_device]
         return jax.make_array_from_single_device_arrays(held.shape, sharding, shards)
 
-    def to_numpy(self, held: Held) -> np.ndarray:
+    def to_numpy(self, held: ProxyArray) -> np.ndarray:
         """The whole array on the host."""
         self.check_readable(held)
         if len(held.shards) == 1:
@@ -356,7 +356,7 @@ class Backend:
 
     # -------------------------------------------------------------- programs
 
-    def compile(self, mlir: bytes, options: bytes, device_ids: Sequence[int] | None) -> Program:
+    def compile(self, mlir: bytes, options: bytes, device_ids: Sequence[int] | None) -> ProxyProgram:
         """Compile ``mlir`` (MLIR bytecode or a StableHLO portable artifact) with the serialized
         ``CompileOptionsProto`` ``options`` on ``device_ids`` (default: its device assignment's)."""
         from elastic_dew._compat import jax as jax_private
@@ -373,7 +373,7 @@ class Backend:
             device_ids = ids
         devices = jax_private.XLA_DEVICE_LIST.get()(tuple(self.device(d) for d in device_ids))
         executable = self.client.compile_and_load(mlir, devices, compile_options)
-        return Program(
+        return ProxyProgram(
             name=name, executable=executable, device_ids=tuple(device_ids),
             parameter_shardings=list(executable.get_parameter_shardings() or []),
             output_shardings=list(executable.get_output_shardings() or []),
@@ -382,7 +382,7 @@ class Backend:
             output_shapes=shapes, output_bytes=out_bytes,
         )
 
-    def execute(self, program: Program, args: list[Held]) -> tuple[list[Held], tuple[int, str] | None]:
+    def execute(self, program: ProxyProgram, args: list[ProxyArray]) -> tuple[list[ProxyArray], tuple[int, str] | None]:
         """Run ``program`` on ``args``; its results, and why they are lost (or ``None``).
 
         With a :attr:`stepper` (a :class:`~elastic_dew.proxy.faults.StepSchedule`), a dispatch
@@ -399,7 +399,7 @@ class Backend:
             if self.stepper is not None:
                 self.stepper.after(step)
 
-    def _execute(self, program: Program, args: list[Held]) -> tuple[list[Held], tuple[int, str] | None]:
+    def _execute(self, program: ProxyProgram, args: list[ProxyArray]) -> tuple[list[ProxyArray], tuple[int, str] | None]:
         error = None
         for held in args:
             error = error or self.status(held)
@@ -475,5 +475,5 @@ def _replicated() -> Any:
     return op
 
 
-def _nbytes(held: Held) -> int:
+def _nbytes(held: ProxyArray) -> int:
     return int(np.prod(held.shape, dtype=np.int64)) * numpy_dtype(held.kind).itemsize

@@ -45,10 +45,10 @@ def start(slices: int, devices_per_slice: int, port: int = 0, schedule: Any = No
     already see the devices. Returns the gRPC server, its port and the backend."""
     import grpc
 
-    from elastic_dew.proxy.backend import Backend
+    from elastic_dew.proxy.backend import ProxyBackend
     from elastic_dew.proxy.server import ProxyService
 
-    backend = Backend(slices, devices_per_slice)
+    backend = ProxyBackend(slices, devices_per_slice)
     service = ProxyService(backend)
 
     def lose(request: dict, context: Any) -> dict:

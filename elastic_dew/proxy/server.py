@@ -4,7 +4,7 @@
 :mod:`elastic_dew.proxy.protocol`): ``GetVersion`` picks the protocol version
 (:func:`~elastic_dew.proxy.protocol.choose_version`, refusing with one line a client it does
 not speak), ``IfrtSession`` is one client's stream of requests, each answered in order by a
-:class:`Session` on the :class:`~elastic_dew.proxy.backend.Backend`, and the host-buffer
+:class:`Session` on the :class:`~elastic_dew.proxy.backend.ProxyBackend`, and the host-buffer
 calls move array bytes between the client and the session's buffer store.
 
 A request the backend cannot serve is answered with an error status in that response's
@@ -23,7 +23,7 @@ import numpy as np
 
 from elastic_dew.proxy import backend as be
 from elastic_dew.proxy import protocol
-from elastic_dew.proxy.backend import Backend, Held, ProxyError
+from elastic_dew.proxy.backend import ProxyBackend, ProxyArray, ProxyError
 
 __all__ = ["ProxyService", "Session", "UNSERVED"]
 
@@ -79,7 +79,7 @@ class HostBuffers:
 class Session:
     """One client's session: its host buffers and the answer to each of its requests."""
 
-    def __init__(self, backend: Backend, version: int, session_id: int, buffers: HostBuffers):
+    def __init__(self, backend: ProxyBackend, version: int, session_id: int, buffers: HostBuffers):
         self.backend, self.version, self.session_id, self.buffers = backend, version, session_id, buffers
         self._seq = 0
 
@@ -194,7 +194,7 @@ class Session:
         out.array_handle = handle
         return out
 
-    def _sharded_from_whole(self, kind: int, shape: tuple[int, ...], sharding: Any, value: np.ndarray) -> Held:
+    def _sharded_from_whole(self, kind: int, shape: tuple[int, ...], sharding: Any, value: np.ndarray) -> ProxyArray:
         from elastic_dew._compat import jax as jax_private
 
         device_ids, memory = be.sharding_devices(sharding)
@@ -267,7 +267,7 @@ class Session:
         out = self._new("DisassembleIntoSingleDeviceArraysResponse")
         handles = list(request.result_handles)
         for index, (device_id, shard) in enumerate(zip(held.device_ids, held.shards)):
-            part = Held(held.kind, tuple(shard.shape), be.single_device_sharding(device_id, held.memory_kind),
+            part = ProxyArray(held.kind, tuple(shard.shape), be.single_device_sharding(device_id, held.memory_kind),
                         (device_id,), held.memory_kind, [shard], self.backend.slices.epochs((device_id,)), held.error)
             part.epochs = tuple(e for e in held.epochs if e[0] == self.backend.slices.slice_of(device_id))
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
@@ -291,7 +291,7 @@ class Session:
     def _fully_replicated_shard_request(self, request: Any) -> Any:
         held = self.backend.get(request.array_handle)
         device_id = held.device_ids[0]
-        part = Held(held.kind, held.shape, be.single_device_sharding(device_id, held.memory_kind), (device_id,),
+        part = ProxyArray(held.kind, held.shape, be.single_device_sharding(device_id, held.memory_kind), (device_id,),
                     held.memory_kind, held.shards[:1], held.epochs, held.error)
         handle = request.result_handle or self.backend.new_handle()
         self.backend.put(handle, part)
@@ -394,7 +394,7 @@ class Session:
         out.ready_future_handle = self.backend.future()
         return out
 
-    def _program(self, handle: int) -> be.Program:
+    def _program(self, handle: int) -> be.ProxyProgram:
         program = self.backend.programs.get(handle)
         if program is None:
             raise ProxyError(be.NOT_FOUND, f"executable handle {handle} is unknown to the local Pathways backend")
@@ -506,9 +506,9 @@ def _with_strides(value: np.ndarray, strides: tuple[int, ...]) -> bytes:
 
 
 class ProxyService:
-    """The ``GrpcIfrtService`` handlers over one :class:`Backend` (every session shares it)."""
+    """The ``GrpcIfrtService`` handlers over one :class:`ProxyBackend` (every session shares it)."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: ProxyBackend):
         self.backend = backend
         self._lock = threading.Lock()
         self._next_session = 1

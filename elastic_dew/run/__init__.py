@@ -37,49 +37,40 @@ terminal). The command line and the recipes' ``main`` both come here.
 from __future__ import annotations
 
 from elastic_dew._deprecation import moved_names
-from elastic_dew.run.config import DEFAULT_DEVICES_PER_SLICE, DEFAULT_SLICES, RunConfig, SimConfig
-from elastic_dew.run.execution import Display, RunOutcome, execute, main
+from elastic_dew.run.config import RunConfig, SimConfig
+from elastic_dew.run.execution import main
 from elastic_dew.run.exits import FAILED_EXIT, USAGE_EXIT, UsageError
-from elastic_dew.run.planning import (
-    RUN_DIR_OPTION,
-    RUNS_DIR,
-    RunPlan,
-    choose_run_dir,
-    compilation_cache_dir,
-    plan_run,
-    process_options,
-    simulating,
-)
-from elastic_dew.run.recipes import available_recipes, load_recipe, recipe_defaults
+from elastic_dew.run.recipes import available_recipes
 
 __all__ = [
     "RunConfig",
     "SimConfig",
-    "RunPlan",
-    "RunOutcome",
-    "Display",
-    "UsageError",
-    "plan_run",
-    "execute",
     "main",
-    "process_options",
-    "compilation_cache_dir",
-    "choose_run_dir",
-    "simulating",
+    "UsageError",
     "available_recipes",
-    "load_recipe",
-    "recipe_defaults",
-    "RUNS_DIR",
-    "DEFAULT_SLICES",
-    "DEFAULT_DEVICES_PER_SLICE",
-    "RUN_DIR_OPTION",
     "USAGE_EXIT",
     "FAILED_EXIT",
 ]
 
-#: The names renamed in 0.2.0, served from here with a warning until 0.3.
+#: What left the public list in 0.2.0 (the run's own steps: planned, executed, shown), and
+#: the names renamed on the way, served from here with a warning until 0.3.
 __getattr__ = moved_names(__name__, {
-    "Plan": "elastic_dew.run.RunPlan",
-    "Outcome": "elastic_dew.run.RunOutcome",
-    "plan": "elastic_dew.run.plan_run",
+    "Plan": "elastic_dew.run.planning.RunPlan",
+    "Outcome": "elastic_dew.run.execution.RunOutcome",
+    "plan": "elastic_dew.run.planning.plan_run",
+    "RunPlan": "elastic_dew.run.planning.RunPlan",
+    "RunOutcome": "elastic_dew.run.execution.RunOutcome",
+    "plan_run": "elastic_dew.run.planning.plan_run",
+    "Display": "elastic_dew.run.execution.Display",
+    "execute": "elastic_dew.run.execution.execute",
+    "process_options": "elastic_dew.run.planning.process_options",
+    "compilation_cache_dir": "elastic_dew.run.planning.compilation_cache_dir",
+    "choose_run_dir": "elastic_dew.run.planning.choose_run_dir",
+    "simulating": "elastic_dew.run.planning.simulating",
+    "load_recipe": "elastic_dew.run.recipes.load_recipe",
+    "recipe_defaults": "elastic_dew.run.recipes.recipe_defaults",
+    "RUNS_DIR": "elastic_dew.run.planning.RUNS_DIR",
+    "RUN_DIR_OPTION": "elastic_dew.run.planning.RUN_DIR_OPTION",
+    "DEFAULT_SLICES": "elastic_dew.run.config.DEFAULT_SLICES",
+    "DEFAULT_DEVICES_PER_SLICE": "elastic_dew.run.config.DEFAULT_DEVICES_PER_SLICE",
 })

@@ -73,7 +73,7 @@ from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry,
 from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.snapshots import Snapshots
-from elastic_dew.elastic.state.tiers import Held, Tiers
+from elastic_dew.elastic.state.tiers import StepSaves, Tiers
 from elastic_dew.runtime.preemption import NoticeInWait
 
 __all__ = ["Program", "StepFn", "ElasticRun", "Finished"]
@@ -282,11 +282,11 @@ class ElasticRun:
             owed = {"step": attempt.step, "data": attempt.data, OWED: True}
             self.stopping.at_step(attempt.step, attempt.state, owed, None)
         current: InFlight | None = None
-        carried: Held | None = None  # the last step's saves (see _complete)
+        last_saves: StepSaves | None = None  # the last step's saves (see _complete)
         while attempt.step < final_step:
             now = time.monotonic()
             self.timer.step_started(now)
-            started, held = carried if carried is not None else (now, 0.0)
+            started, held = last_saves if last_saves is not None else (now, 0.0)
             taken = []  # the steps dispatched in this stretch, for its data time
             if current is None:  # the attempt's first step, or the first after a scale-up
                 current = self._dispatch(attempt, attempt.state, attempt.step + 1)
@@ -303,13 +303,13 @@ class ElasticRun:
             if self.notice is not None and self.notice.reached(attempt.step):
                 self.stopping.at_step(attempt.step, attempt.state, meta, wait_step)
             # The saves' own seconds are not the next step's time; the wait before them is.
-            carried = self.tiers.on_step(
+            last_saves = self.tiers.on_step(
                 attempt.step, attempt.state, meta, attempt.mesh, emit=self.emit, wait_step=wait_step
             )
             current = ahead
             if self.manager.available_inactive_slices and attempt.step < final_step:
                 current = ahead = None  # dispatched on the smaller mesh: redone on the larger one
-                carried = None  # the step waited for is dropped: its time is the scale-up's
+                last_saves = None  # the step waited for is dropped: its time is the scale-up's
                 self._scale_up(attempt)
             if current is not None:
                 # The step in flight holds the buffers it reads; the loop lets go of them, so
@@ -391,7 +391,7 @@ class ElasticRun:
         ``started`` is when this stretch of the loop began: a step's ``seconds`` run from
         the end of the previous step's line (or, when that step saved, from the wait for
         this step before the saves, less ``held``, the saves' own seconds: see
-        :class:`~elastic_dew.elastic.state.tiers.Held`) to its own read, so steps and saves add
+        :class:`~elastic_dew.elastic.state.tiers.StepSaves`) to its own read, so steps and saves add
         up to the loop's time as an unlagged loop's do;
         ``data_seconds`` is the time the batches taken in that stretch waited for data.
         """

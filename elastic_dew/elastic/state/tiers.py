@@ -18,7 +18,7 @@ flight, and whatever of the save would wait for that step (on a CPU backend its 
 program queues behind it and its host work competes with it for the cores) is not saving:
 :func:`timed_save` first calls the caller's ``wait_step``, which waits for the step in flight,
 and starts its clock after. The protocol counts that wait in the step's own line
-(:class:`Held` says when it began). So a cadence save's seconds run from the step in flight's
+(:class:`StepSaves` says when it began). So a cadence save's seconds run from the step in flight's
 completion to ``Snapshots.save`` handing the packed state to Orbax (tier 1) or to Orbax's
 ``CheckpointManager.save`` returning once the state is on the host and its write is under
 way (tier 2); a preemption's checkpoint runs to its commit, and a finished run's final one
@@ -48,7 +48,7 @@ from elastic_dew.elastic.state.restore import Restored, restore
 from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.storage import StorageError, permanent
 
-__all__ = ["timed_save", "Held", "SnapshotTier", "CheckpointTier", "Tiers", "SavesFailing"]
+__all__ = ["timed_save", "StepSaves", "SnapshotTier", "CheckpointTier", "Tiers", "SavesFailing"]
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ class CheckpointTier(_Cadence):
         return saved
 
 
-class Held(NamedTuple):
+class StepSaves(NamedTuple):
     """What one step's saves took of the loop: the wait for the step in flight began at
     ``waited_from`` (a ``time.monotonic()``; that wait is step time) and the saves' events hold
     ``seconds`` between them."""
@@ -400,7 +400,7 @@ class Tiers:
         *,
         emit: Callable[[Save], None],
         wait_step: StepWait | None = None,
-    ) -> Held | None:
+    ) -> StepSaves | None:
         """Offer completed ``step``'s state to each tier in turn, ``emit`` each save event
         before the next tier is offered it (a fault inside the checkpoint cannot lose the
         snapshot's event); ``wait_step`` waits for the step in flight before the first save.
@@ -417,7 +417,7 @@ class Tiers:
             wait_step: waits for the step in flight, or ``None``.
 
         Returns:
-            ``None`` when no tier saved, else the :class:`Held` the step lines need.
+            ``None`` when no tier saved, else the :class:`StepSaves` the step lines need.
         """
         self.checkpoint.poll()
         if not self.due(step):
@@ -430,7 +430,7 @@ class Tiers:
                 wait_step = None  # waited: the next tier's save has nothing to wait for
                 seconds += saved.seconds
                 emit(saved)
-        return Held(waited_from, seconds)
+        return StepSaves(waited_from, seconds)
 
     def newest(self) -> Newest:
         """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`).
