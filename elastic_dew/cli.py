@@ -88,7 +88,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     On a subcommand they default to ``SUPPRESS``, so one given before the subcommand is
     not reset by the subcommand's own defaults.
     """
-    default = {} if top else {"default": argparse.SUPPRESS}
+    default: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging", **default)
 
 
@@ -105,7 +105,7 @@ def _global_options_everywhere(parser: argparse.ArgumentParser) -> None:
         _global_options_everywhere(sub)
 
 
-def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
+def _parser(argv: list[str]) -> tuple[argparse.ArgumentParser, Any]:
     parser = _Parser(
         prog="elastic-dew",
         description="Elastic JAX training on Pathways, and its CPU simulator.",

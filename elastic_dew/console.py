@@ -21,7 +21,7 @@ import ast
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast
 
 from elastic_dew import run
 from elastic_dew.run import recipes
@@ -168,7 +168,8 @@ def setup(args: argparse.Namespace, prog: str) -> Terminal:
         sys.stderr.write(f"{prog}: error: {refusal(err)}\n")
         raise SystemExit(run.USAGE_EXIT) from None
     # Third-party libraries stay at INFO; -v (set by the command line) is elastic_dew's own.
-    setup_logging(options.log_format, level=logging.INFO)
+    # ObserveOptions checked log_format against LOG_FORMATS, as setup_logging checks it again.
+    setup_logging(cast('Literal["auto", "text", "json"]', options.log_format), level=logging.INFO)
     return Terminal(prog, observe=options, summary=not getattr(args, "no_summary", False), word=refusal)
 
 

@@ -95,7 +95,8 @@ def _doc(owner: type) -> str:
     if sys.flags.optimize < 2:
         return inspect.getdoc(owner) or ""
     try:
-        return ast.get_docstring(ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0]) or ""
+        node = ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0]
+        return (ast.get_docstring(node) if isinstance(node, ast.ClassDef) else None) or ""
     except (OSError, TypeError):
         return ""
 

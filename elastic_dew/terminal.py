@@ -61,7 +61,7 @@ class Terminal:
 
     def __init__(self, prog: str, out: TextIO | None = None, err: TextIO | None = None,
                  observe: observing.ObserveOptions | None = None, summary: bool = True,
-                 word: Callable[[Exception], str] = str) -> None:
+                 word: Callable[[ValueError], str] = str) -> None:
         self.prog, self._out, self._err, self.summary, self._word = prog, out, err, summary, word
         self.observe = observe if observe is not None else observing.ObserveOptions()
 

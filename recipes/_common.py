@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["make_config"]
 
-C = TypeVar("C")
+C = TypeVar("C", bound="DataclassInstance")
 
 
 def make_config(cls: type[C], overrides: dict[str, Any], recipe: str) -> C:

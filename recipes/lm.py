@@ -171,7 +171,8 @@ def model_sharding(path: tuple, leaf: jax.ShapeDtypeStruct, mesh: jax.sharding.M
     """
     P = jax.sharding.PartitionSpec
     name = getattr(path[-1], "key", None) if path else None
-    split = _MODEL_SPLIT.get(name) if len(path) == 3 and getattr(path[0], "key", None) == "blocks" else None
+    blocks = len(path) == 3 and getattr(path[0], "key", None) == "blocks"
+    split = _MODEL_SPLIT.get(name) if name is not None and blocks else None
     if split is None:
         return P()
     dim = split.index("model")

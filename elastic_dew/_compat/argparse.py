@@ -46,7 +46,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         if not self.shows_default(action):
             return action.help or ""
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or ""
 
 
 def actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:

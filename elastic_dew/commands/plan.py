@@ -396,10 +396,10 @@ def _table(result, figures, cluster) -> str:
                  if best.retry is not None and best.retry.max_attempts is not None else "")
               + f": useful work {_pct(best.useful_work).strip()}, goodput {_pct(best.goodput).strip()}",
               f"  elastic-dew train ... {train_flags(best)}"]
-    shown = (1, 4, 16, 64, 256, 1024, 4096, 10000)
+    counts = (1, 4, 16, 64, 256, 1024, 4096, 10000)
     lines += ["", f"goodput / useful work by slices ({cluster.spares} spares):",
               "  " + f"{'slices':>7s}" + "".join(f" {policy:>22s}" for policy in ("restart", "pause_resume", "replica_resize"))]
-    for n in shown:
+    for n in counts:
         cells = []
         for policy in ("restart", "pause_resume", "replica_resize"):
             row = next(r for r in result.by_slices if r["slices"] == n and r["policy"] == policy)

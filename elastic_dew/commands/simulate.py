@@ -164,13 +164,13 @@ def resolve(command: Sequence[str]) -> ResolvedCommand:
     path = _which(word)
     if path is None:
         raise CommandError(f"{word}: command not found (COMMAND must be {forms})")
-    interpreter = _shebang_interpreter(path)
-    if interpreter is None:
+    named = _shebang_interpreter(path)
+    if named is None:
         if path.endswith(".py"):
-            interpreter = [sys.executable]
+            named = [sys.executable]
         else:
             raise CommandError(f"{path} is not a Python program (no python #! line); COMMAND must be {forms}")
-    return ResolvedCommand(tuple(interpreter), "path", path, tuple(rest))
+    return ResolvedCommand(tuple(named), "path", path, tuple(rest))
 
 
 def _check_interpreter(program: ResolvedCommand) -> None:

@@ -178,10 +178,11 @@ class JobSetParams:
     tpu_type: str
     topology: str
     slices: int = setting(bound=Bound(1, whole=True))
-    elastic_slices: int
-    image: str
-    recipe: str
-    bucket: str
+    # setting() without a default gives the field none; mypy reads any assignment as one.
+    elastic_slices: int  # type: ignore[misc]
+    image: str  # type: ignore[misc]
+    recipe: str  # type: ignore[misc]
+    bucket: str  # type: ignore[misc]
     mtc: bool = False
     sidecar_image: str | None = None
     priority: str | None = None

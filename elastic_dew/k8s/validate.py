@@ -365,8 +365,8 @@ def semantic_errors(jobset: dict[str, Any]) -> list[str]:
         if not hosts * MIN_SLICE_RESTARTS <= jspec.get("backoffLimit", 0) <= MAX_BACKOFF_LIMIT:
             errs.append(f"{R.WORKER_JOB}: backoffLimit must allow at least {MIN_SLICE_RESTARTS} restarts per host "
                         f"({hosts * MIN_SLICE_RESTARTS}) so a slice can fail repeatedly without failing the JobSet")
-        wc = _container(wpod, R.WORKER_JOB, init=False) or {}
-        if wc.get("resources", {}).get("limits", {}).get("google.com/tpu") != str(tpu.chips_per_host):
+        worker_container = _container(wpod, R.WORKER_JOB, init=False) or {}
+        if worker_container.get("resources", {}).get("limits", {}).get("google.com/tpu") != str(tpu.chips_per_host):
             errs.append(f"{R.WORKER_JOB}: each pod must request google.com/tpu: {tpu.chips_per_host}")
         if rm_flags.get("--instance_type") != tpu.instance_type(topology):
             errs.append(f"{R.RESOURCE_MANAGER}: --instance_type must be {tpu.instance_type(topology)}")

@@ -118,7 +118,7 @@ class Progress:
             self.slices = typed.slices or self.slices
             self._recent.append((self._clock(), self.step))
             if self.step % self.log_every == 0 or self.step == self.total_steps:
-                fields = {"loss": self.loss, "metrics": self.metrics} if self.metrics else {"loss": self.loss}
+                fields: dict[str, object] = {"loss": self.loss, "metrics": self.metrics} if self.metrics else {"loss": self.loss}
                 self._write_line(self.line(), fields)
             return
         if isinstance(typed, ev.Eval):

@@ -581,6 +581,7 @@ class ProxyService:
             store = self._stores.get(session_id)
         if store is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"session {session_id} does not exist")
+        assert store is not None, "grpc's abort raises"
         return store
 
     def host_buffer_store(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
@@ -601,6 +602,7 @@ class ProxyService:
         data = store.get(request.handle)
         if data is None:  # copy_to_host_buffer answers before the lookup asks
             context.abort(grpc.StatusCode.NOT_FOUND, f"host buffer {request.handle} does not exist")
+        assert data is not None, "grpc's abort raises"
         response = protocol.message("GrpcHostBufferLookupResponse")
         if not data:
             yield response()

@@ -74,7 +74,7 @@ NOT_APPLICABLE: dict[str, str] = {
 }
 
 
-def committed_flags(events: list[ev.Event], kind: type[ev.Event] = ev.Step) -> list[bool]:
+def committed_flags(events: list[ev.Event], kind: type[ev.Step] | type[ev.Eval] = ev.Step) -> list[bool]:
     """For each event, whether it is a committed line of ``kind`` (step lines by default,
     or ``ev.Eval``: see :func:`committed_step_lines`)."""
     flags = [False] * len(events)
@@ -102,7 +102,7 @@ def committed_evals(events: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.E
         The committed ``eval`` events, one per evaluated step.
     """
     typed = as_events(events)
-    committed = [e for e, ok in zip(typed, committed_flags(typed, ev.Eval), strict=True) if ok]
+    committed = [e for e, ok in zip(typed, committed_flags(typed, ev.Eval), strict=True) if ok and isinstance(e, ev.Eval)]
     last = {e.step: i for i, e in enumerate(committed)}
     return [e for i, e in enumerate(committed) if last[e.step] == i]
 
@@ -258,10 +258,10 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
                         badput["elastic_slice_down"] += d["detection"] + d["wait_for_slices"]
                 if not first_resume_seen and start is not None:
                     first_resume_seen = True
-                    begin = _begin(start)
-                    if begin is not None and has_wall(event):
+                    began = _begin(start)
+                    if began is not None and has_wall(event):
                         # The resume's own durations are counted in their own categories.
-                        startup = event.wall - begin - sum(d.values())
+                        startup = event.wall - began - sum(d.values())
                         badput["program_startup"] += max(0.0, startup)
                 last_stop = None
             elif isinstance(event, ev.Step):
@@ -313,7 +313,7 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
     """
     events = as_events(events)
     flags = committed_flags(events)
-    committed = [e for e, ok in zip(events, flags, strict=True) if ok]
+    committed = [e for e, ok in zip(events, flags, strict=True) if ok and isinstance(e, ev.Step)]
     counts: dict[str, dict[str, int]] = {"stops": {}, "resumes": {}, "faults": {}}
     for event in events:
         group, key = (
@@ -322,7 +322,7 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
             else ("faults", event.action) if isinstance(event, ev.Fault)
             else (None, None)
         )
-        if group is not None:
+        if group is not None and key is not None:
             counts[group][key] = counts[group].get(key, 0) + 1
     time = account(events)
     ranges = [e.examples for e in committed if e.examples is not None]

@@ -86,7 +86,8 @@ def write_params(run_dir: str | os.PathLike[str], flat: dict[str, np.ndarray]) -
         The file's path.
     """
     path = Path(run_dir) / rundir.PARAMS_FILE
-    rundir.atomic_write(path, lambda f: np.savez(f, **flat))
+    arrays: dict[str, Any] = flat  # numpy's stub reads ** as its own keywords too
+    rundir.atomic_write(path, lambda f: np.savez(f, **arrays))
     return path
 
 

@@ -55,7 +55,7 @@ def _platforms() -> str:
     if "jax" in sys.modules:
         import jax
 
-        return jax.config.jax_platforms or ""
+        return jax.config.jax_platforms or ""  # type: ignore[attr-defined]  # jax.config declares its options at run time
     return ""
 
 

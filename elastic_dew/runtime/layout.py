@@ -103,6 +103,8 @@ def _check_layout(layout: Layout, xla_flags_env: str) -> None:
             f"a CPU backend beside the accelerator, but JAX_PLATFORMS={','.join(platforms)!r} "
             f"excludes CPU. Set JAX_PLATFORMS={','.join(platforms)},cpu before the process starts."
         )
+    accelerators: int | None
+    cpus: int | None
     if backend._backend_started():
         import jax
 

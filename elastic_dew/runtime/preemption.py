@@ -142,7 +142,7 @@ class PreemptionNotice:
 
         self._pooled = jax.distributed.is_initialized()
         # The pool made its preemption service when it formed, if this option was on then.
-        self._service = self._pooled and bool(jax.config.jax_enable_preemption_service)
+        self._service = self._pooled and bool(jax.config.jax_enable_preemption_service)  # type: ignore[attr-defined]  # jax.config declares its options at run time
         self._signals = 0
         self._reported = False
         self._previous: Any = None

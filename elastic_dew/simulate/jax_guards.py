@@ -115,7 +115,7 @@ def guard_numpy(reg: Guarded, original: Callable[..., Any]) -> Callable[..., Any
 
     guarded.__name__ = original.__name__
     guarded.__doc__ = original.__doc__
-    guarded.__wrapped__ = original
+    setattr(guarded, "__wrapped__", original)  # what functools.wraps would set, and only that
     return guarded
 
 
@@ -243,5 +243,5 @@ def marking_copy(reg: Guarded, original: Callable[..., Any]) -> Callable[..., An
 
     device_put.__name__ = original.__name__
     device_put.__doc__ = original.__doc__
-    device_put.__wrapped__ = original
+    setattr(device_put, "__wrapped__", original)  # what functools.wraps would set, and only that
     return device_put

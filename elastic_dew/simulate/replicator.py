@@ -70,7 +70,7 @@ import shutil
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -375,7 +375,7 @@ class _PerWorkerCall:
 
     def __call__(self, *arrays: jax.Array) -> jax.Array:
         first = arrays[0]
-        devices = list(first.sharding.mesh.devices.flat)
+        devices = list(cast(jax.sharding.NamedSharding, first.sharding).mesh.devices.flat)
         results = []
         for device in devices:
             args = [_shard_on(array, device) for array in arrays]

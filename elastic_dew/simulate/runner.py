@@ -204,5 +204,5 @@ class ScheduleRunner:
                     # slices, in any loop, announced or not: no boundary comes.
                     step = self._last_step or 0
                 due = self._collect("wait", step, waiting=True) if step is not None else []
-            if due:
+            if due and step is not None:  # nothing is due without a step
                 self._fire(due, "wait", step)

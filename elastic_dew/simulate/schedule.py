@@ -288,6 +288,7 @@ def _parse_token(token: str, bad: Callable[[str], ValueError]) -> ScheduledFault
             raise bad(f"{name} acts on the whole process and takes no slice; write {name}@{step_text}")
         slice_index = None
     after = None
+    step: int | None
     if step_text.startswith("+"):
         after, step = fault_token.seconds(step_text), 0
         if after is None:
@@ -406,7 +407,7 @@ def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None
 
     def apply(fault: ScheduledFault, step: int) -> None:
         healthy = action_of(fault).slice_healthy
-        if healthy is False:
+        if healthy is False and fault.slice is not None:  # a health action always names its slice
             lost.add(fault.slice)
         elif healthy:
             lost.discard(fault.slice)

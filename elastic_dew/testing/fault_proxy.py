@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import email.message
 import http.client
 import http.server
 import json
@@ -118,7 +119,7 @@ class ProxyFault:
         return True
 
 
-def object_path(method: str, target: str, headers: http.client.HTTPMessage | dict, body: bytes) -> str:
+def object_path(method: str, target: str, headers: email.message.Message | dict, body: bytes) -> str:
     """``BUCKET/OBJECT`` of a Cloud Storage JSON or upload API request (``BUCKET/`` for a
     listing or a bucket request, ``""`` for anything else)."""
     parsed = urllib.parse.urlsplit(target)
@@ -301,7 +302,7 @@ class FaultProxy:
 
             def _body(self) -> bytes:
                 if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-                    chunks = []
+                    chunks: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                         if size == 0:

@@ -73,7 +73,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _PRCTL is not None:  # set only where the child is given this function
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class GCSServer:
@@ -129,8 +130,11 @@ class GCSServer:
 
     def _answers(self) -> bool:
         """Whether the server answers a listing of buckets; ``RuntimeError`` if it exited."""
-        if self._process.poll() is not None:
-            code = self._process.returncode
+        process = self._process
+        if process is None:
+            raise RuntimeError("fake-gcs-server is not running")
+        if process.poll() is not None:
+            code = process.returncode
             self._process = None
             raise RuntimeError(f"fake-gcs-server exited with {code}: {self._log_tail()}")
         try:

@@ -59,7 +59,7 @@ class Scenario:
     def config(self) -> Any:
         from elastic_dew.elastic.config import ElasticConfig
 
-        retry = {} if self.retry_reset_steps is None else {"retry_reset_steps": self.retry_reset_steps}
+        retry: dict[str, Any] = {} if self.retry_reset_steps is None else {"retry_reset_steps": self.retry_reset_steps}
         return ElasticConfig(
             **retry,
             minimum_slice_count=self.minimum_slice_count,

@@ -56,6 +56,12 @@ def _pure(state: Any) -> dict:
     return nnx.to_pure_dict(state)
 
 
+
+def _split(module: Any) -> tuple[Any, Any, Any]:
+    """``nnx.split(module, nnx.Param, ...)``: the module's graph, its parameters, the rest."""
+    graph, params, *rest = nnx.split(module, nnx.Param, ...)
+    return graph, params, rest[0]
+
 class NnxModel:
     """An NNX module as the trainer's model (see the module).
 
@@ -85,7 +91,7 @@ class NnxModel:
             )
         self._loss, self._eval_loss = loss, eval_loss
         self._module = model if self._build is None else None
-        graph, params, rest = nnx.split(template, nnx.Param, ...)
+        graph, params, rest = _split(template)
         self._train_graph = graph
         self._templates = (params, rest)  # structure and metadata, for merges and annotations
         template.eval()
@@ -99,10 +105,11 @@ class NnxModel:
         """The module's current arrays, for a module given built (``None`` for a builder)."""
         if self._module is None:
             return None
-        _, params, rest = nnx.split(self._module, nnx.Param, ...)
+        _, params, rest = _split(self._module)
         return _pure(params), (_pure(rest) if self._has_variables else None)
 
     def _built(self, rngs: nnx.Rngs) -> Any:
+        assert self._build is not None, "only a model function is built"
         module = self._build(rngs)
         if not isinstance(module, nnx.Module):
             raise TypeError(
@@ -116,7 +123,7 @@ class NnxModel:
             return given
         with _lazy_sharding():
             module = self._built(nnx.Rngs(key))
-        _, params, rest = nnx.split(module, nnx.Param, ...)
+        _, params, rest = _split(module)
         return _pure(params), (_pure(rest) if self._has_variables else None)
 
     def _merge(self, graph: Any, params: dict, variables: dict | None) -> Any:
@@ -135,7 +142,7 @@ class NnxModel:
         loss, metrics = split_loss(fn(model, batch), "loss" if fn is self._loss else "eval_loss")
         if not train or variables is None:
             return loss, metrics, variables
-        _, _, rest = nnx.split(model, nnx.Param, ...)
+        _, _, rest = _split(model)
         return loss, metrics, _pure(rest)
 
     def result(self, params: dict, variables: dict | None) -> Any:

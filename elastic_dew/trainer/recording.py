@@ -52,7 +52,7 @@ class Recording:
 
         self.run_dir = run_dir
         self._start = events.Start(process_start=process_start_time(), pid=os.getpid())
-        self._sinks = [*sinks, LogLines(log_every)]
+        self._sinks: list[events.Sink] = [*sinks, LogLines(log_every)]
         self._record: Any = None
         self._stream: Sinks | None = None
 

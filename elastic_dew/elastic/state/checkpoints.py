@@ -301,6 +301,7 @@ class Checkpoints:
         ``None`` or idle), or the time it was given passed."""
         waited = time.monotonic() - inflight.started
         head = f"checkpoint save of step {inflight.step} in {self.directory}"
+        bound: float | None
         if error is None or error.idle:
             bound = self.bound()
             message = (f"{head} made no progress for the storage timeout of {bound:g} s (no request answered, "

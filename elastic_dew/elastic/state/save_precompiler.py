@@ -63,7 +63,7 @@ class SavePrecompiler:
         self._stop.clear()
         # JAX caches a compile under the calling thread's context, and pathwaysutils runs
         # each attempt under jax.default_device: the worker compiles under the same one.
-        device = jax.config.jax_default_device
+        device = jax.config.jax_default_device  # type: ignore[attr-defined]  # jax.config declares its options at run time
 
         def work() -> None:
             try:

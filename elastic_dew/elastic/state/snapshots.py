@@ -227,7 +227,9 @@ class Snapshots:
         to_pack = [leaf for leaf, p in zip(leaves, packer.packed) if p]
         if not to_pack:
             return
-        packer.pack.compile(*to_pack)
+        pack = packer.pack
+        assert isinstance(pack, _PrecompiledFunction), "this tier's packers are precompilable (_packer)"
+        pack.compile(*to_pack)
         layout = json.loads(packer.layout_json)
         targets = tuple(leaf.sharding for leaf, p in zip(leaves, packer.packed) if p)
         self._unpacker(layout, targets).compile(*packing.abstract_groups(layout, mesh, self.replica_axis_index))

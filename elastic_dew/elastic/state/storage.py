@@ -375,7 +375,7 @@ def _caller_context() -> Callable[[], contextlib.AbstractContextManager]:
         return contextlib.nullcontext
     import jax
 
-    device = jax.config.jax_default_device
+    device = jax.config.jax_default_device  # type: ignore[attr-defined]  # jax.config declares its options at run time
     if device is None:
         return contextlib.nullcontext
     return lambda: jax.default_device(device)
@@ -468,7 +468,7 @@ _LIBRARY_LOGGERS = ("absl", "asyncio", "orbax", "tensorstore", "gcsfs", "google"
 class _ToFile(logging.Filter):
     """Sends a library's error records to a file handler instead of the terminal."""
 
-    def __init__(self, handler: logging.Handler) -> None:
+    def __init__(self, handler: logging.FileHandler) -> None:
         super().__init__()
         self.handler = handler
 
