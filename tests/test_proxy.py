@@ -188,9 +188,9 @@ def test_simulate_through_the_proxy_gives_pathwaysutils_own_workload_the_in_proc
 @pytest.mark.slow
 def test_simulate_refuses_a_fault_the_proxy_boundary_cannot_fire_before_anything_runs(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", "proxy", "--schedule", "preempt@3",
+        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", "proxy", "--schedule", "hang:1@3",
          "--run-dir", str(tmp_path / "run"), "--", sys.executable, str(PROGRAMS / "pathways_initialized.py"), "4"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "the proxy boundary fires lose, restore only" in done.stderr
+    assert "the proxy boundary fires lose, restore, preempt, kill only" in done.stderr
     assert not (tmp_path / "run").exists()

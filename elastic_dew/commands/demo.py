@@ -9,6 +9,13 @@ its checkpoint without firing the faults that already fired. It ends with what h
 the goodput summary and the path of the timeline picture.
 
 ``--quick`` runs a much smaller model for fewer steps (the test suite runs it).
+
+``--boundary proxy`` runs the same training through the boundary Pathways presents: the
+training process runs with ``JAX_PLATFORMS=proxy`` on a local Pathways backend
+(:class:`elastic_dew.proxy.LocalPathways`, 4 slices of 2 CPU devices) that fires the same
+schedule at the steps it counts (the preemption a SIGTERM to the training process), so the
+training meets the loss as ``DATA_LOSS`` from jaxlib's proxy client, nothing simulated in
+its process.
 """
 
 from __future__ import annotations
@@ -73,17 +80,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-dir", metavar="DIR", help="where the run lives (default runs/demo_TIMESTAMP)"
     )
+    parser.add_argument(
+        "--boundary", choices=("in-process", "proxy"), default="in-process",
+        help="in-process: simulated slices inside the training process; proxy: the training runs with "
+             "JAX_PLATFORMS=proxy on a local Pathways backend (docs/pathways-boundary.md)",
+    )
     # The training processes' option, built from the declaration train's is built from.
     add_flag(parser, "log_format")
 
 
-def command(plan: DemoPlan, run_dir: Path, log_format: str = "auto") -> list[str]:
+#: The settings of the simulated slices themselves, which a run on the proxy backend leaves to it.
+_SIMULATOR_SETTINGS = ("slices", "devices_per_slice", "schedule")
+
+
+def command(plan: DemoPlan, run_dir: Path, log_format: str = "auto", *, simulated: bool = True) -> list[str]:
     """The training command the demo runs (and runs again after a preemption).
 
     ``log_format`` is the training processes' ``--log-format``; they inherit the demo's
-    standard error, so ``auto`` resolves there as it would for the demo itself.
+    standard error, so ``auto`` resolves there as it would for the demo itself. Not
+    ``simulated``, the command names no simulated slices and no schedule (the local Pathways
+    backend has both).
     """
     given = {"steps": plan.steps, "schedule": plan.schedule, "run_dir": run_dir, **plan.settings}
+    if not simulated:
+        given = {name: value for name, value in given.items() if name not in _SIMULATOR_SETTINGS}
     args = [arg for name, value in given.items() for arg in (flag_of(name), str(value))]
     args += [arg for override in plan.overrides for arg in (flag_of("overrides"), override)]
     return [sys.executable, "-m", "elastic_dew", "train", "lm", *args, "--log-format", log_format, "--no-summary"]
@@ -116,6 +136,43 @@ def story(events: Iterable[Event | Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _through_proxy(plan: DemoPlan, run_dir: Path, cmd: list[str], restarting: Any) -> list[int]:
+    """Run ``cmd`` on a local Pathways backend with the plan's slices and schedule; each
+    process announces itself to the backend (which sends the preemption's SIGTERM). The
+    backend's fault log and log are in ``RUN_DIR-proxy/``."""
+    import os
+
+    from elastic_dew.proxy import LocalPathways
+    from elastic_dew.rundir import FAULTS_FILE
+
+    beside = _backend_dir(run_dir)  # the training refuses a run directory holding other files
+    beside.mkdir(parents=True, exist_ok=True)
+    backend = LocalPathways(int(plan.settings["slices"]), int(plan.settings["devices_per_slice"]),
+                            schedule=plan.schedule, fault_log=beside / FAULTS_FILE, log=beside / "proxy.log")
+    with backend:
+        env = {**os.environ, **backend.client_env()}
+        return supervise([*backend.exec_prefix(), *cmd], max_processes=plan.max_restarts + 1,
+                         on_restart=restarting, env=env)
+
+
+def _backend_dir(run_dir: Path) -> Path:
+    """Where the local Pathways backend's fault log and log go: beside the run directory."""
+    return run_dir.with_name(run_dir.name + "-proxy")
+
+
+def _with_backend_faults(events: Iterable[Any], run_dir: Path) -> list[Any]:
+    """The run's events with the faults the backend fired (its fault log), in time order."""
+    import json
+
+    from elastic_dew.rundir import FAULTS_FILE
+
+    log = _backend_dir(run_dir) / FAULTS_FILE
+    faults = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    merged = [e.to_json() if hasattr(e, "to_json") else dict(e) for e in events]
+    merged += [f for f in faults if not f.get("never_fired")]
+    return sorted(merged, key=lambda e: e.get("wall", 0.0))
+
+
 def run(args: argparse.Namespace) -> int:
     from elastic_dew import record
     from elastic_dew.commands.report import report
@@ -125,9 +182,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_dir and run_dir.exists():
         print(f"elastic-dew demo: error: {run_dir} exists; give --run-dir", file=sys.stderr)
         return USAGE_EXIT
-    cmd = command(plan, run_dir, observe_of(args).log_format)
+    proxy = args.boundary == "proxy"
+    cmd = command(plan, run_dir, observe_of(args).log_format, simulated=not proxy)
+    where = "a local Pathways backend (JAX_PLATFORMS=proxy) with 4 slices" if proxy else "4 simulated slices"
     print(
-        f"elastic-dew demo: training the lm recipe for {plan.steps} steps on 4 simulated slices "
+        f"elastic-dew demo: training the lm recipe for {plan.steps} steps on {where} "
         f"of 2 CPU devices,\nwith the faults {plan.schedule} (lose slice 1, get it back, preempt).\n"
         f"Run directory: {run_dir}\nCommand: {' '.join(cmd)}\n",
         flush=True,
@@ -141,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    statuses = supervise(cmd, max_processes=plan.max_restarts + 1, on_restart=restarting)
+    if proxy:
+        statuses = _through_proxy(plan, run_dir, cmd, restarting)
+    else:
+        statuses = supervise(cmd, max_processes=plan.max_restarts + 1, on_restart=restarting)
     restarts = len(statuses) - 1
     if statuses[-1] != 0:
         status = statuses[-1]
@@ -151,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
     summary, picture, table = report(run_dir)
     print(f"\nelastic-dew demo: done in {time.monotonic() - started:.0f} s after {restarts} restart(s).")
     print(f"What happened (from {run_dir / record.EVENTS_FILE}):")
-    print("\n".join(story(record.read_events(run_dir))))
+    print("\n".join(story(_with_backend_faults(record.read_events(run_dir), run_dir) if proxy
+                           else record.read_events(run_dir))))
     print()
     print(table)
     if picture is not None:

@@ -12,8 +12,9 @@ boundary cannot see. :class:`StepSchedule` fires a fault schedule with the simul
 run attempt's slices: a step whose program spans other slices than the previous one starts
 a new attempt (the retry on a smaller mesh, the scale-up).
 
-The boundary serves the slice faults (``lose``, ``restore``); a schedule with any other
-action is refused with the reason (:func:`check_served`).
+The boundary serves the slice faults (``lose``, ``restore``) and, to a program that announced
+its process, ``preempt`` and ``kill``; a schedule with any other action is refused with the
+reason (:func:`check_served`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ logger = logging.getLogger(__name__)
 #: The fewest bytes a step carries: less is a counter or a PRNG key carried along (4-16 bytes).
 MIN_STEP_BYTES = 64
 
-#: The schedule actions the proxy boundary fires.
-SERVED_ACTIONS = ("lose", "restore")
+#: The schedule actions the proxy boundary fires: slice losses and returns at the backend, a
+#: preemption (SIGTERM) or a kill (SIGKILL) to the program's process, once it announced itself
+#: (:mod:`elastic_dew.proxy.exec_program`).
+SERVED_ACTIONS = ("lose", "restore", "preempt", "kill")
 
 
 def check_served(schedule: Any) -> None:
@@ -44,7 +47,7 @@ def check_served(schedule: Any) -> None:
         if fault.action not in SERVED_ACTIONS:
             raise ValueError(
                 f"fault {str(fault)!r}: the proxy boundary fires {', '.join(SERVED_ACTIONS)} only "
-                f"(a {fault.action} needs the program's process; run it in-process, without --boundary proxy)")
+                f"(a {fault.action} acts inside the program's process; run it in-process, without --boundary proxy)")
 
 
 class StepCounter:
@@ -101,10 +104,22 @@ class StepCounter:
 
 
 class _Target:
-    """The schedule runner's target: the backend's slices (a loss reads as DATA_LOSS)."""
+    """The schedule runner's target: the backend's slices (a loss reads as DATA_LOSS), and the
+    program's process for a preemption or a kill."""
 
-    def __init__(self, slices: Any):
+    def __init__(self, slices: Any, pid: Any):
         self.slices = slices
+        self._pid = pid
+
+    def end_process(self, signum: int) -> None:
+        import os
+
+        pid = self._pid()
+        if pid is None:
+            logger.error("no program process announced itself: signal %d goes nowhere", signum)
+            return
+        logger.warning("signal %d to the program's process %d", signum, pid)
+        os.kill(pid, signum)
 
     def lose(self, i: int, code: str = "DATA_LOSS") -> None:
         self.slices.lose(i)
@@ -171,10 +186,10 @@ class StepSchedule:
     def attach(self, backend: Any) -> None:
         """Fire the schedule on ``backend``'s slices at its step dispatches."""
         from elastic_dew.rundir import FaultLog
-        from elastic_dew.simulate.schedule import ScheduleRunner
+        from elastic_dew.simulate.runner import ScheduleRunner
 
         log = FaultLog(self.fault_log) if self.fault_log else None
-        self.runner = ScheduleRunner(self.schedule, _Target(backend.slices), log)
+        self.runner = ScheduleRunner(self.schedule, _Target(backend.slices, lambda: self.pid), log)
         self.runner.__enter__()
         backend.stepper = self
 

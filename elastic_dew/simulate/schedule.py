@@ -215,14 +215,25 @@ def _slice_action(method: str) -> Callable[[Target, ScheduledFault], None]:
     return fire
 
 
+def _end_process(target: Target, signum: int) -> None:
+    """Send ``signum`` to the program's process: the target's own ``end_process(signum)`` where
+    it has one (the local Pathways backend signals the program it serves), else this process."""
+    end = getattr(target, "end_process", None)
+    if end is not None:
+        end(signum)
+        return
+    if signum == signal.SIGKILL:
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+    os.kill(os.getpid(), signum)
+
+
 def _preempt(target: Target, fault: ScheduledFault) -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
+    _end_process(target, signal.SIGTERM)
 
 
 def _kill(target: Target, fault: ScheduledFault) -> None:
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    _end_process(target, signal.SIGKILL)
 
 
 def _error(target: Target, fault: ScheduledFault) -> None:
