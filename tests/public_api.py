@@ -4,7 +4,7 @@ The public names are the ``__all__`` of the modules in :data:`PUBLIC_MODULES`, p
 pytest plugin's marker, fixture and option. For each, this module writes
 
 - ``tests/public_api.txt``: every name's signature (functions; classes with their
-  constructor, public methods and properties; dataclass fields with their defaults;
+  constructor (a dataclass's: its fields with their defaults), public methods and properties;
   constants with their type and value; a class's members once, where the public class that
   defines them is listed; a re-export as the name it re-exports; deprecated names, kept one
   minor version, left to ``tests/test_deprecations.py``), which ``tests/test_public_api.py`` compares with the
@@ -166,25 +166,18 @@ def _class_lines(qualified: str, cls: type) -> list[str]:
         if dataclasses.is_dataclass(base):
             inherited |= {f.name for f in dataclasses.fields(base)}
     own = set(vars(cls)) | set(vars(cls).get("__annotations__", {}))
-    if dataclasses.is_dataclass(cls):
+    bases = ", ".join(b.__name__ for b in cls.__bases__ if b is not object)
+    if dataclasses.is_dataclass(cls):  # its fields are its constructor's parameters, on one line
         flags = ", ".join(
             flag for flag in ("frozen", "kw_only")
             if getattr(cls.__dataclass_params__, flag, False)  # type: ignore[attr-defined]
         )
-        bases = ", ".join(b.__name__ for b in cls.__bases__ if b is not object)
-        lines.append(f"{qualified}: dataclass{f'({flags})' if flags else ''}{f' of {bases}' if bases else ''}")
-        for field in dataclasses.fields(cls):
-            if field.name.startswith("_") or (field.name in inherited and field.name not in own):
-                continue
-            if field.default is not dataclasses.MISSING:
-                default = f" = {_clean(repr(field.default))}"
-            elif field.default_factory is not dataclasses.MISSING:
-                default = " = <factory>"
-            else:
-                default = ""
-            lines.append(f"{qualified}.{field.name}: {field.type}{default}")
+        kind = f"dataclass{f'({flags})' if flags else ''}{f' of {bases}' if bases else ''}"
+        lines.append(f"{qualified}: {kind}{_signature(cls)}")
+        for field in dataclasses.fields(cls):  # what the constructor does not take: a class constant
+            if not field.init and not field.name.startswith("_") and field.default is not dataclasses.MISSING:
+                lines.append(f"{qualified}.{field.name}: {field.type} = {_clean(repr(field.default))}")
     else:
-        bases = ", ".join(b.__name__ for b in cls.__bases__ if b is not object)
         lines.append(f"{qualified}: class{f'({bases})' if bases else ''}{_signature(cls)}")
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     for name in sorted(dir(cls)):
