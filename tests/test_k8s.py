@@ -21,6 +21,7 @@ from conftest import REPO
 from elastic_dew.cli import main
 from elastic_dew.k8s import KNOWN_RECIPES, TPU_TYPES, JobSetParams, jobset, lookup_tpu_type
 from elastic_dew.settings import SettingError
+from elastic_dew.k8s import cluster
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s import validate as V
 
@@ -435,14 +436,14 @@ def test_the_semantic_checks_catch_what_the_schema_allows(break_it, expected):
 
 
 def test_priority_classes_are_checked_against_kubernetes_published_schema():
-    good = R.priority_class("high-prior-job", 2000, "high")
+    good = cluster.priority_class("high-prior-job", 2000, "high")
     assert V.core_schema_errors(good) == []
     bad = dict(good, value="2000", preemptionPolicy="Sometimes")
     assert V.core_schema_errors(bad)
 
 
 def test_a_checkpoint_configuration_gets_semantic_checks_since_gke_publishes_no_schema_here():
-    good = R.checkpoint_configuration("mtc", "gs://dew-mtc", "ct6e-standard-4t", "50Gi")
+    good = cluster.checkpoint_configuration("mtc", "gs://dew-mtc", "ct6e-standard-4t", "50Gi")
     assert good["spec"]["cloudStorageBucketName"] == "dew-mtc"
     assert V.checkpoint_configuration_errors(good) == []
     bad = copy.deepcopy(good)

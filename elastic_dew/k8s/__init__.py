@@ -11,8 +11,10 @@ still names it, deprecated). Nothing here imports JAX.
 from typing import Any as _Any
 
 from elastic_dew.k8s.params import KNOWN_RECIPES, PROXY_FLAG_SPELLINGS, JobSetParams
-from elastic_dew.k8s.render import checkpoint_configuration, dump, jobset, priority_class
+from elastic_dew.k8s.cluster import checkpoint_configuration, priority_class
+from elastic_dew.k8s.render import jobset
 from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type
+from elastic_dew.k8s.yaml_text import dump
 
 __all__ = [
     "KNOWN_RECIPES",

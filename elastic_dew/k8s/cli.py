@@ -33,7 +33,10 @@ from typing import Any, Literal
 import yaml
 
 from elastic_dew.cli import HelpFormatter
+from elastic_dew.k8s import cluster
+from elastic_dew.k8s.comments import jobset_comments
 from elastic_dew.k8s import render as R
+from elastic_dew.k8s.yaml_text import dump
 from elastic_dew.k8s.params import KNOWN_RECIPES, JobSetParams, check_quantity, check_subdomain
 from elastic_dew.flags import Flag, Flags, add_flags, command_line_text, flag_name, given
 from elastic_dew.settings import SettingError, mention
@@ -173,7 +176,7 @@ def _emit(args: argparse.Namespace, build: Callable[[], tuple[list[dict[str, Any
         raise SettingError(_Out, "out", args.out, problem=f"directory {str(out.parent)!r} does not exist; "
                            "create it first or write somewhere else")
     docs, header, comments = build()  # raises SettingError before any output
-    text = R.dump(docs, header, comments)
+    text = dump(docs, header, comments)
     if out is None:
         sys.stdout.write(text)
         return 0
@@ -208,7 +211,7 @@ def _render(args: argparse.Namespace) -> int:
             raise RuntimeError("rendered JobSet fails its own checks: " + "; ".join(problems))
         title = (f"Elastic Pathways training JobSet: recipe {params.recipe} on {params.slices} x "
                  f"{params.tpu.name} {params.topology}" + (", multi-tier checkpointing" if params.mtc else ""))
-        return [js], _header(title, _command(args, JobSetParams, _RENDER)), R.jobset_comments(params)
+        return [js], _header(title, _command(args, JobSetParams, _RENDER)), jobset_comments(params)
 
     return _emit(args, build)
 
@@ -221,7 +224,7 @@ def _priority_class(args: argparse.Namespace) -> int:
                 f"{args.value} is outside user priorities; use -1000000000..1000000000 (higher values are reserved "
                 "for system classes)"))
         command = _command(args, _PriorityClass, _PRIORITY_CLASS)
-        return ([R.priority_class(args.name, args.value, args.description)],
+        return ([cluster.priority_class(args.name, args.value, args.description)],
                 _header(f"PriorityClass {args.name} for hot swap (apply once per cluster)", command), {})
 
     return _emit(args, build)
@@ -235,7 +238,7 @@ def _checkpoint_config(args: argparse.Namespace) -> int:
             raise SettingError(_CheckpointConfig, "tpu_type", args.tpu_type,
                                problem=f"unknown TPU type {args.tpu_type!r}; use one of {', '.join(TPU_TYPES)}")
         check_quantity("in_memory_size", args.in_memory_size)
-        doc = R.checkpoint_configuration(args.name, args.bucket, tpu.machine_type, args.in_memory_size)
+        doc = cluster.checkpoint_configuration(args.name, args.bucket, tpu.machine_type, args.in_memory_size)
         command = _command(args, _CheckpointConfig, _CHECKPOINT_CONFIG)
         title = f"CheckpointConfiguration for multi-tier checkpointing on {tpu.machine_type} nodes (apply once)"
         return [doc], _header(title, command), {}

@@ -21,8 +21,9 @@
   ``MEGASCALE_GRPC_ENABLE_XOR_TRACER=false`` (as pathwaysutils' generator), and a ``backoffLimit`` large enough that a slice can be lost
   and come back many times without failing the JobSet, which is the point of elastic training.
 
-``priority_class``, ``checkpoint_configuration`` build the one-time cluster objects that hot
-swap and multi-tier checkpointing need, and ``dump`` writes any of them deterministically.
+The one-time cluster objects that hot swap and multi-tier checkpointing need are
+:mod:`elastic_dew.k8s.cluster`'s; :func:`elastic_dew.k8s.yaml_text.dump` writes any of them
+deterministically.
 The layout mirrors pathwaysutils' ``PathwaysJobSet`` (ports, environment, ``/tmp`` volume,
 backoff formula) and xpk's Pathways template (``hostNetwork``, ``dnsPolicy``, the Kueue queue
 label); see docs/kubernetes.md for why this module does not call it.
@@ -30,13 +31,11 @@ label); see docs/kubernetes.md for why this module does not call it.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
-
-import yaml
+from typing import Any
 
 from elastic_dew.console import flag_of
 from elastic_dew.elastic.state.storage import GRACE_ENV
-from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams, parse_bucket
+from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams
 from elastic_dew.run import USAGE_EXIT
 from elastic_dew.runtime import PREEMPTED_EXIT
 
@@ -49,11 +48,6 @@ __all__ = [
     "QUEUE_LABEL",
     "pod_failure_message",
     "jobset",
-    "jobset_comments",
-    "priority_class",
-    "checkpoint_configuration",
-    "dump",
-    "JOBSET_COMMENTS",
 ]
 
 HEAD_JOB = "pathways-head"
@@ -437,136 +431,3 @@ def _label_value(text: str) -> str:
     """``text`` as a label value (a module-path recipe such as ``mypkg.recipe`` is one already,
     up to 63 characters; longer ones are cut at a character the value may end with)."""
     return text[:63].rstrip("._-")
-
-
-def priority_class(name: str, value: int, description: str) -> dict[str, Any]:
-    """A ``scheduling.k8s.io/v1`` PriorityClass, as the guide's ``high-prior-job``."""
-    return {
-        "apiVersion": "scheduling.k8s.io/v1",
-        "kind": "PriorityClass",
-        "metadata": {"name": name},
-        "value": value,
-        "globalDefault": False,
-        "description": description,
-    }
-
-
-def checkpoint_configuration(
-    name: str, bucket: str, machine_type: str, in_memory_size: str
-) -> dict[str, Any]:
-    """GKE's ``CheckpointConfiguration`` for multi-tier checkpointing on one TPU machine type.
-
-    ``bucket`` is ``gs://BUCKET`` (a bucket with hierarchical namespace); the resource names
-    the bare bucket. The node selector picks the TPU nodes that get the in-memory CSI volume.
-    """
-    bucket_name, _ = parse_bucket("bucket", bucket)
-    return {
-        "apiVersion": "checkpointing.gke.io/v1",
-        "kind": "CheckpointConfiguration",
-        "metadata": {"name": name},
-        "spec": {
-            "cloudStorageBucketName": bucket_name,
-            "nodeSelector": {"node.kubernetes.io/instance-type": machine_type},
-            "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "inMemoryVolumeSize": in_memory_size,
-            "gcsFuseMountOptions": [
-                "implicit-dirs",
-                "metadata-cache:negative-ttl-secs:0",
-                "metadata-cache:ttl-secs:-1",
-                "metadata-cache:stat-cache-max-size-mb:-1",
-                "metadata-cache:type-cache-max-size-mb:-1",
-                "file-system:kernel-list-cache-ttl-secs:0",
-                "read_ahead_kb=1024",
-                "write:enable-streaming-writes:true",
-            ],
-        },
-    }
-
-
-#: Comments written above the first line that starts with the key (after indentation).
-JOBSET_COMMENTS: dict[str, str] = {
-    "successPolicy:": "The run is done when the controller (in pathways-head) finishes; workers never 'complete'.",
-    "failurePolicy:": (
-        f"Rules read the head Job's failure message: exit {PREEMPTED_EXIT_CODE} (preempted after its checkpoint) and "
-        f"evictions recreate the JobSet without counting against maxRestarts; exit {USAGE_EXIT_CODE} (a bad command "
-        "line) fails it; any other failure restarts it, counted."
-    ),
-    "podFailurePolicy:": (
-        f"Exit {PREEMPTED_EXIT_CODE} = preempted after the checkpoint was written; exit {USAGE_EXIT_CODE} = bad "
-        "command line; DisruptionTarget = evicted. The JobSet's failurePolicy decides what each one does."
-    ),
-    "hostNetwork:": "As xpk's Pathways template: the node's network, with cluster DNS (ClusterFirstWithHostNet).",
-    "initContainers:": "Native sidecars (restartPolicy: Always): up before the main container, stopped after it exits.",
-    "terminationGracePeriodSeconds:": "Time for the final checkpoint write after SIGTERM.",
-    "backoffLimit: 0": "The head never restarts in place: its failures go to podFailurePolicy and the JobSet.",
-    f"- name: {WORKER_JOB}": "One Job per slice, one pod per TPU host.",
-    f"- name: {WORKER_JOB} >> backoffLimit:": (
-        "TPU hosts x restarts per host: a slice can be lost and come back again and again "
-        "without failing the Job, so elastic training, not a JobSet restart, handles it."
-    ),
-    f"- name: {WORKER_JOB} >> restartPolicy: OnFailure": "A failed TPU host restarts in place and rejoins its slice.",
-    f"nodeSelector:\n{ACCELERATOR_LABEL}": "The slice's TPU type and topology (GKE node labels).",
-    f"{GCSFUSE_ANNOTATION}:": (
-        "GKE injects the Cloud Storage FUSE sidecar that serves the run-storage mount (as a native "
-        "sidecar, first: it starts before and stops after every other container)."
-    ),
-    "serviceAccountName:": "Needs Workload Identity access to --bucket (roles/storage.objectUser): see docs/kubernetes.md.",
-    f"volumes:\n- name: {RUN_VOLUME}": (
-        f"--bucket mounted at {RUN_MOUNT}: the run directory outlives the pod, so a restarted controller resumes it."
-    ),
-}
-
-
-def jobset_comments(p: JobSetParams) -> dict[str, str]:
-    """The comments of ``jobset(p)``'s YAML (the failure policy's depend on the mode)."""
-    if p.on_controller_failure != "restart-head":
-        return JOBSET_COMMENTS
-    return {
-        **JOBSET_COMMENTS,
-        "failurePolicy:": (
-            "restart-head (not verified on a real cluster): a bad command line fails the JobSet; any other "
-            "head failure restarts the JobSet, counted against maxRestarts."
-        ),
-        "podFailurePolicy:": (
-            f"Exit {PREEMPTED_EXIT_CODE} = preempted after the checkpoint was written, and evictions "
-            "(DisruptionTarget): restart the head pod alone, resume from the run directory, do not count "
-            "against backoffLimit."
-        ),
-    }
-
-
-def _annotate(text: str, comments: dict[str, str]) -> str:
-    """Insert each comment above the first line whose stripped text starts with its key.
-
-    A key ``"A\\nB"`` matches only a line starting with ``A`` whose next line contains ``B``;
-    a key ``"ANCHOR >> A"`` matches only after the first line starting with ``ANCHOR``.
-    """
-    lines = text.splitlines(keepends=True)
-    out: list[str] = []
-    pending = dict(comments)
-    seen: set[str] = set()
-    for i, line in enumerate(lines):
-        stripped = line.lstrip(" ")
-        for key in list(pending):
-            anchor, _, rule = key.rpartition(" >> ")
-            first, _, nxt = rule.partition("\n")
-            if anchor and not any(s.startswith(anchor) for s in seen):
-                continue
-            if stripped.startswith(first) and (not nxt or (i + 1 < len(lines) and nxt in lines[i + 1])):
-                indent = line[: len(line) - len(stripped)]
-                out.append(f"{indent}# {pending.pop(key)}\n")
-        seen.add(stripped)
-        out.append(line)
-    return "".join(out)
-
-
-def dump(docs: Iterable[dict[str, Any]], header: Iterable[str] = (),
-         comments: dict[str, str] | None = None) -> str:
-    """Deterministic multi-document YAML: a ``#`` header, then each object in build order."""
-    head = "".join(f"# {line}".rstrip() + "\n" for line in header)
-    bodies = [
-        yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True)
-        for doc in docs
-    ]
-    text = head + "---\n".join(bodies)
-    return _annotate(text, comments) if comments else text
