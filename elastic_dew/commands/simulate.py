@@ -295,7 +295,7 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
                    tuple(processes), fired_json, never, code)
 
 
-def _through_proxy(program: Program, sim: SimConfig, settings: LaunchSettings, run_dir: Path, max_processes: int,
+def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path, max_processes: int,
                    restarting: Any) -> list[int]:
     """Run ``program`` as it is (its own interpreter, ``JAX_PLATFORMS=proxy``) on a local
     Pathways backend that fires the schedule at the steps it counts, restarted as in-process;

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["MIN_STEP_BYTES", "SERVED_ACTIONS", "StepCounter", "StepSchedule", "check_served"]
 
@@ -187,9 +187,12 @@ class StepSchedule:
         """Fire the schedule on ``backend``'s slices at its step dispatches."""
         from elastic_dew.rundir import FaultLog
         from elastic_dew.simulate.runner import ScheduleRunner
+        from elastic_dew.simulate.schedule import Target
 
         log = FaultLog(self.fault_log) if self.fault_log else None
-        self.runner = ScheduleRunner(self.schedule, _Target(backend.slices, lambda: self.pid), log)
+        # A Target for the actions this boundary serves: check_served refused the others.
+        target = cast(Target, _Target(backend.slices, lambda: self.pid))
+        self.runner = ScheduleRunner(self.schedule, target, log)
         self.runner.__enter__()
         backend.stepper = self
 
