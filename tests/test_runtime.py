@@ -649,3 +649,17 @@ def test_install_exit_hook_installs_the_hook_once_and_chains_to_the_previous_one
 def test_run_timestamp_alone_is_the_local_wall_clock_in_the_run_name_format():
     stamp = run_timestamp()
     assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d:\d\d:\d\d", stamp)
+
+
+def test_the_runtime_offers_every_name_of_the_seed_api_page_without_a_warning():
+    """``elastic_dew.runtime`` is, point by point, the ``dew.training.runtime`` page: its six
+    names stay public (in ``__all__``) and import with no DeprecationWarning."""
+    import warnings
+
+    seed_names = {"EXECUTION_TIMEOUT", "prepare_process", "cuda_plugin", "Preempted",
+                  "PreemptionNotice", "run_timestamp"}
+    assert seed_names <= set(runtime.__all__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for name in sorted(seed_names):
+            assert getattr(runtime, name) is not None

@@ -28,7 +28,7 @@ calls :func:`install_exit_hook` (or :func:`prepare_process`).
 
 from __future__ import annotations
 
-from elastic_dew._deprecation import moved_names
+from elastic_dew.runtime.backend import cuda_plugin
 from elastic_dew.runtime.compilation_cache import use_compilation_cache
 from elastic_dew.runtime.layout import Layout
 from elastic_dew.runtime.local_bucket import use_local_bucket
@@ -40,23 +40,19 @@ from elastic_dew.runtime.preemption import (
 )
 from elastic_dew.runtime.prepare import Wandb, prepare_process
 from elastic_dew.runtime.timestamp import run_timestamp
+from elastic_dew.runtime.xla_flags import EXECUTION_TIMEOUT
 
 __all__ = [
+    "EXECUTION_TIMEOUT",
     "PREEMPTED_EXIT",
     "Layout",
     "Preempted",
     "PreemptionNotice",
     "Wandb",
+    "cuda_plugin",
     "install_exit_hook",
     "prepare_process",
     "run_timestamp",
     "use_compilation_cache",
     "use_local_bucket",
 ]
-
-#: What left the public list in 0.2.0 (the process's own internals), served from here with a
-#: warning until 0.3.
-__getattr__ = moved_names(__name__, {
-    "EXECUTION_TIMEOUT": "elastic_dew.runtime.xla_flags.EXECUTION_TIMEOUT",
-    "cuda_plugin": "elastic_dew.runtime.backend.cuda_plugin",
-})
