@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from elastic_dew.console import flag_of
+from elastic_dew.elastic._moved import moved
 from elastic_dew.elastic.state.storage import GRACE_ENV
 from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams
 from elastic_dew.run import USAGE_EXIT
@@ -49,6 +50,15 @@ __all__ = [
     "pod_failure_message",
     "jobset",
 ]
+
+# Moved to modules of their own in 0.2.0; their old path warns until 0.3.
+__getattr__ = moved(__name__, {
+    "priority_class": "elastic_dew.k8s.cluster",
+    "checkpoint_configuration": "elastic_dew.k8s.cluster",
+    "jobset_comments": "elastic_dew.k8s.comments",
+    "JOBSET_COMMENTS": "elastic_dew.k8s.comments",
+    "dump": "elastic_dew.k8s.yaml_text",
+})
 
 HEAD_JOB = "pathways-head"
 WORKER_JOB = "pathways-worker"

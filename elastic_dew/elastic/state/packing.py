@@ -191,7 +191,7 @@ def _pack_fn(layout: dict, mesh: Mesh, replica_axis_index: int) -> Callable[...,
     packed_entries = [e for e in layout["leaves"] if "group" in e]
     groups = layout["groups"]
 
-    def pack(*leaves):
+    def pack(*leaves: jax.Array) -> list[jax.Array]:
         parts: list[list[jax.Array]] = [[] for _ in groups]
         for entry, leaf in zip(packed_entries, leaves):
             data = jax.random.key_data(leaf) if "key_impl" in entry else leaf
