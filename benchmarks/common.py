@@ -59,9 +59,9 @@ class Sizes:
     first_save_every: int = 40  # steps before each checkpoint in the first-save runs
     losses_file_workers: int = 0  # the same over ArrayRecord files read by 2 Grain workers
     soak_schedules: int = 1000  # chaos schedules the soak runs in one process (issue: at least 1,000)
-    plan_schedules: int = 8  # runs per policy and slice count of the plan validation (issue: at least 8)
-    plan_stepping_s: float = 5.0  # seconds of steps per plan-validation run (after its first checkpoint)
-    plan_slice_counts: tuple[int, ...] = (4, 8)
+    plan_schedules: int = 6  # runs per policy and case of the plan validation (issue 42: six seeds)
+    plan_stepping_scale: float = 1.0  # times each case's seconds of steps per plan-validation run
+    plan_cases: tuple[str, ...] = ("mlp_4x1", "lm_4x2")  # plan_validation.CASES
     plan_des_faults: int = 20000  # faults per discrete-event simulation of the model check
     scaling_slice_counts: tuple[int, ...] = (4, 16, 32, 64, 256)  # recovery_scaling's slice counts
     #: ``lm`` recipe settings over its defaults for snapshot_cost, overhead and first_save
@@ -81,7 +81,7 @@ SIZES = {
         goodput_steps=100, overhead_rounds=2, overhead_steps=40, reposition_repeats=10, first_save_every=20,
         losses_file_workers=3,
         soak_schedules=40,
-        plan_schedules=3, plan_stepping_s=5.0, plan_des_faults=5000, scaling_slice_counts=(4, 32),
+        plan_schedules=3, plan_des_faults=5000, scaling_slice_counts=(4, 32),
     ),
     # The smoke test's mode: every code path once, no figure worth reading.
     "tiny": Sizes(
@@ -90,7 +90,7 @@ SIZES = {
         goodput_steps=0, overhead_rounds=1, overhead_steps=15, reposition_repeats=2, first_save_every=3,
         soak_schedules=2,
         lm=(("seq_len", 32), ("d_model", 32), ("heads", 2), ("layers", 1)),  # the quick demo's model
-        plan_schedules=1, plan_stepping_s=1.0, plan_slice_counts=(4,), plan_des_faults=300,
+        plan_schedules=1, plan_stepping_scale=0.2, plan_cases=("mlp_4x1",), plan_des_faults=300,
         scaling_slice_counts=(4, 32),
     ),
 }
@@ -297,9 +297,9 @@ ROWS: list[tuple[str, str, str | None, str | None, str | None]] = [
     ("  time per schedule (s)", "soak_s_per_schedule", None, None, None),
     ("plan: the model against real runs, worst gap of mean measured goodput from predicted (points)",
      "plan_validation_worst_points", None, None, "plan_validation_worst_points"),
-    *[(f"  {policy.replace('_', '-')} on {n} slices: measured mean goodput (baseline: predicted)",
-       f"plan_{policy}_{n}_measured", f"plan_{policy}_{n}_predicted", None, None)
-      for n in (4, 8) for policy in ("restart", "pause_resume", "replica_resize")],
+    *[(f"  {policy.replace('_', '-')}, {case}: measured mean goodput (baseline: predicted)",
+       f"plan_{policy}_{case}_measured", f"plan_{policy}_{case}_predicted", None, None)
+      for case in ("mlp_4x1", "mlp_8x1", "lm_4x2") for policy in ("restart", "pause_resume", "replica_resize")],
     ("plan: the model against its discrete-event simulation, 1-10,000 slices, worst gap (points)",
      "plan_model_vs_des_points", None, None, "plan_model_vs_des_points"),
     ("first checkpoint save of a process (s)", "first_save_s", "first_save_unprepared_s", "first_save_over_later", "first_save_over_later"),

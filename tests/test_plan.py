@@ -432,3 +432,51 @@ def test_check_refuses_runs_whose_losses_came_from_another_time_frame(tmp_path, 
         "".join(line + "\n" for line in (run / "events.jsonl").read_text().splitlines()[:-1]))
     code, printed = _plan(["--slices", "4", *GIVEN, "--check", str(unfinished)], capsys)
     assert code == 2 and "did not finish" in printed.err
+
+
+def test_replica_resize_pays_a_compile_for_each_set_of_slices_a_run_meets_first():
+    cluster = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=2.5 / 60, reschedule_minutes=0.0)
+    r = model.rates(cluster)
+    # Few sets (14 of 1 to 3 slices of 4): a long run meets them all, a short one some.
+    assert model.new_meshes(cluster, r, 1, 1e6) == pytest.approx(14, abs=1e-6)
+    assert 0 < model.new_meshes(cluster, r, 1, 5.0) < model.new_meshes(cluster, r, 1, 30.0) < 14
+    assert model.new_meshes(cluster, r, 3, 1e6) == pytest.approx(4, abs=1e-6)  # only the sets of 3
+    # Many slices: nearly every recovery and scale-up lands on a set never met before.
+    big = Cluster(slices=1024, slice_mtbf_hours=790.0, return_minutes=60.0)
+    rb = model.rates(big)
+    landings = model.new_meshes(big, rb, 1, 3600.0)
+    assert landings == pytest.approx(model.new_meshes(big, rb, 1, 7200.0) / 2, rel=1e-3)
+    costs = dataclasses.replace(CPU_COSTS, new_mesh_seconds=0.7)
+    kw = dict(snapshot_every=7, checkpoint_every=50, min_slices=1)
+    steady = model.evaluate(costs, cluster, "replica_resize", **kw)
+    short = model.evaluate(costs, cluster, "replica_resize", steps=150, **kw)
+    long = model.evaluate(costs, cluster, "replica_resize", steps=10**6, **kw)
+    assert short.goodput < long.goodput < steady.goodput
+    assert long.goodput == pytest.approx(steady.goodput, abs=1e-3)  # 14 compiles over a long run: nothing
+    assert model.evaluate(CPU_COSTS, cluster, "replica_resize", steps=150, **kw) == model.evaluate(
+        CPU_COSTS, cluster, "replica_resize", **kw)  # no new-mesh cost measured: the steady state
+
+
+def test_a_run_record_measures_what_a_resume_onto_a_new_set_of_slices_costs(tmp_path):
+    def resume(wall, source, compile_s):
+        return {"event": "resume", "wall": wall, "source": source, "step": 1 if source == "fresh" else 2,
+                "durations": {"detection": 0.1, "wait_for_slices": 5.0, "mesh_and_compile": compile_s, "restore": 0.1}}
+
+    def fault(wall, action, index):
+        return {"event": "fault", "wall": wall, "action": action, "slice": index, "step": 1, "phase": "step",
+                "scheduled": f"{action}:{index}@1"}
+
+    lines = [{"event": "start", "wall": 1.0, "process_start": 0.0, "pid": 1}, resume(2.0, "fresh", 3.0),
+             {"event": "step", "wall": 3.0, "step": 1, "slices": 4, "loss": 1.0, "examples": [0, 1], "seconds": 0.5},
+             fault(4.0, "lose", 1), resume(5.0, "snapshot", 2.0),  # {0, 2, 3}: new
+             fault(6.0, "restore", 1), resume(7.0, "live", 0.3),  # every slice again: the start's set
+             fault(8.0, "lose", 1), resume(9.0, "snapshot", 0.3),  # {0, 2, 3} again
+             fault(10.0, "restore", 1), resume(11.0, "live", 0.3),
+             fault(12.0, "lose", 2), resume(13.0, "snapshot", 1.5),  # {0, 1, 3}: new
+             {"event": "step", "wall": 13.5, "step": 2, "slices": 3, "loss": 1.0, "examples": [1, 2], "seconds": 0.5},
+             {"event": "stop", "wall": 14.0, "reason": "done", "step": 2}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    measured = inputs.measured_costs(tmp_path)
+    # New: 2.2 and 1.7 s (the wait for slices is the cluster's); again: 0.5, 0.5, 0.5 s.
+    assert measured["new_mesh_seconds"].value == pytest.approx((2.2 + 1.7) / 2 - 0.5)
+    assert "2 resumes onto a set of slices new to the process" in measured["new_mesh_seconds"].source

@@ -5,7 +5,7 @@
 flag for each of the run's costs (``--step-seconds``, ``--data-wait-seconds``,
 ``--loop-overhead-seconds``, ``--snapshot-seconds``,
 ``--checkpoint-seconds``, ``--snapshot-restore-seconds``, ``--restore-seconds``,
-``--recovery-seconds``, ``--restart-seconds``, ``--scale-up-seconds``) that a run directory
+``--recovery-seconds``, ``--restart-seconds``, ``--scale-up-seconds``, ``--new-mesh-seconds``) that a run directory
 would measure, or overrides. Prints every input with where it came from, a table of the
 policies at their recommended settings, the retry budget of the in-process policies for a
 run of ``--steps S`` steps (a day's by default) that gives up in at most
@@ -74,9 +74,10 @@ def _flags() -> dict[str, tuple[type, Flags]]:
         "costs": (Costs, {field: Flag(metavar="S") for field in (
             "step_seconds", "data_wait_seconds", "loop_overhead_seconds", "snapshot_seconds", "checkpoint_seconds",
             "snapshot_restore_seconds", "checkpoint_restore_seconds", "recovery_seconds", "restart_seconds",
-            "scale_up_seconds")} | {
+            "scale_up_seconds", "new_mesh_seconds")} | {
             "data_wait_seconds": Flag(metavar="S", default=given),
             "loop_overhead_seconds": Flag(metavar="S", default=given),
+            "new_mesh_seconds": Flag(metavar="S", default=given),
             "checkpoint_restore_seconds": Flag(metavar="S", name="--restore-seconds"),
         }),
     }

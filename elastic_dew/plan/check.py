@@ -7,7 +7,8 @@ the state built from scratch are left out) to its last step line (the closing ch
 which waits for its write, is the run's end), as the record's productive step time
 (``account``: steps done again after a restore are not productive) over that wall time.
 The run's policy and settings come from its command line (``command.json``) when it has
-one, else from its record (the saves' cadence, the fewest slices a step ran on).
+one, else from its record (the saves' cadence; replica-resize's floor the fewest slices a
+step of the runs compared together ran on).
 
 :func:`compare` sets the runs' mean and its standard error beside the model's prediction
 for their policy and settings; :func:`check_frame` refuses runs whose slice losses came at
@@ -66,12 +67,14 @@ class Measured:
     checkpoint_every: int
     min_slices: int | None
     settings_source: str
+    steps: int = 0
+    floor_given: bool = True
 
     @property
     def settings(self) -> str:
         """The settings, as the check's table names them."""
         parts = [f"snapshot {self.snapshot_every or '-'}", f"checkpoint {self.checkpoint_every}"]
-        if self.min_slices is not None:
+        if self.min_slices is not None and self.floor_given:
             parts.append(f"min_slices {self.min_slices}")
         return f"{self.slices} slices, " + ", ".join(parts)
 
@@ -173,6 +176,8 @@ def measure(run_dir: str | os.PathLike[str]) -> Measured:
         productive_seconds=productive, losses=len(faults), ends_process=ends_process, slices=slices, policy=policy,
         snapshot_every=None if policy == "restart" else snapshot_every, checkpoint_every=checkpoint_every,
         min_slices=min_slices if policy == "replica_resize" else None, settings_source=source,
+        steps=max(1, events[end].step - (events[start].step if hasattr(events[start], "step") else 0)),
+        floor_given=bool(argv),
     )
 
 
@@ -192,7 +197,8 @@ def _frame(cluster: Cluster, run: Measured) -> Cluster:
 
 def compare(runs: list[Measured], costs: Costs, cluster: Cluster) -> Comparison:
     """The runs' (one policy and settings) mean goodput, its standard error and the model's
-    prediction on ``cluster`` (with the runs' slice count) at their settings.
+    prediction on ``cluster`` (with the runs' slice count) at their settings, for runs of
+    their mean measured steps.
 
     Raises ``ValueError`` for no runs, or runs of different policies or settings.
     """
@@ -203,8 +209,11 @@ def compare(runs: list[Measured], costs: Costs, cluster: Cluster) -> Comparison:
         raise ValueError("the runs compared together must share their policy and settings")
     values = [r.goodput for r in runs]
     se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    steps = round(statistics.fmean(r.steps for r in runs))
+    # A floor no command line gave is the fewest slices any of the runs stepped on.
+    floor = first.min_slices if first.floor_given else min((r.min_slices for r in runs if r.min_slices), default=None)
     predicted = model.evaluate(costs, _frame(cluster, first), first.policy, snapshot_every=first.snapshot_every,
-                               checkpoint_every=first.checkpoint_every, min_slices=first.min_slices).goodput
+                               checkpoint_every=first.checkpoint_every, min_slices=floor, steps=steps).goodput
     return Comparison(first.policy, len(runs), statistics.fmean(values), se, predicted)
 
 

@@ -69,6 +69,9 @@ class Costs:
       restart_seconds: seconds from a new process's start to its first resume, less the
         restore: start-up, mesh and compile.
       scale_up_seconds: seconds of a scale-up when a slice returns (the ``live`` resume).
+      new_mesh_seconds: seconds a recovery or scale-up onto a set of slices the process has
+        not yet run on costs beyond a typical one: the step's compile for that mesh (or its
+        load from the compilation cache) and the restore's.
     """
 
     step_seconds: float | None = setting(None, bound=_POSITIVE_SECONDS)
@@ -81,6 +84,7 @@ class Costs:
     recovery_seconds: float | None = setting(None, bound=_SECONDS)
     restart_seconds: float | None = setting(None, bound=_SECONDS)
     scale_up_seconds: float | None = setting(None, bound=_SECONDS)
+    new_mesh_seconds: float = setting(0.0, bound=_SECONDS)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -90,8 +94,9 @@ class Costs:
                 raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
 
     def missing(self) -> list[str]:
-        """The fields no one has given or measured (every one but ``data_wait_seconds`` and
-        ``loop_overhead_seconds``, 0 unless measured or given, is needed)."""
+        """The fields no one has given or measured (every one but ``data_wait_seconds``,
+        ``loop_overhead_seconds`` and ``new_mesh_seconds``, 0 unless measured or given, is
+        needed)."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
 
 
@@ -212,6 +217,13 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
         "snapshot resumes' detection, mesh and compile", typical=True)
     put("scale_up_seconds", [sum(e.durations.values()) for e in resumes if e.source == "live"], "scale-ups",
         typical=True)
+    new, again = _by_slice_set(events)
+    if new and again:
+        # Medians, as the resumes': a set's first compile, which the compilation cache then
+        # keeps for every later process, would set a mean alone.
+        extra = max(0.0, statistics.median(new) - statistics.median(again))
+        out["new_mesh_seconds"] = Input(round(extra, 6), f"measured: {where} (median of {len(new)} resumes onto a "
+                                        f"set of slices new to the process, less the median of {len(again)} others)")
     restarts = []
     started: float | None = None
     previous = -math.inf  # the wall time of the last event before this process's start
@@ -231,6 +243,33 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     put("restart_seconds", restarts[1:] or restarts, "restarts" if len(restarts) > 1 else "process starts",
         typical=True)
     return out
+
+
+def _by_slice_set(events: list[Any]) -> tuple[list[float], list[float]]:
+    """Each snapshot resume's and scale-up's whole time, split by whether its set of slices
+    (every slice but those the fault log has down) was new to its process: a new one
+    compiles (or loads) the step for that mesh; the process's first set is its start's."""
+    from elastic_dew.elastic import events as ev
+
+    new: list[float] = []
+    again: list[float] = []
+    down: set[int] = set()
+    seen: set[frozenset[int]] = set()
+    for event in events:
+        if isinstance(event, ev.Start):
+            seen = set()
+        elif isinstance(event, ev.Fault) and event.slice is not None:
+            if event.action == "lose":
+                down.add(event.slice)
+            elif event.action == "restore":
+                down.discard(event.slice)
+        elif isinstance(event, ev.Resume):
+            key = frozenset(down)
+            if event.source in ("snapshot", "live"):
+                (again if key in seen else new).append(sum(event.durations.values()) -
+                                                       event.durations.get("wait_for_slices", 0.0))
+            seen.add(key)
+    return new, again
 
 
 def _closing_saves(events: list[Any]) -> list[bool]:

@@ -47,6 +47,11 @@ cycles of each slice count the binomial gives, weighted by how often the pool ha
 discrete-event simulation :mod:`elastic_dew.plan.des` runs the same cluster event by event;
 the two agree within a point of goodput from 1 to 10,000 slices (``benchmarks``).
 
+A recovery or scale-up of replica-resize onto a set of slices the process has not run on
+compiles the step for its mesh, ``new_mesh_seconds`` more: given the run's ``steps``,
+:func:`evaluate` adds the expected compiles of the sets it meets first over that run
+(:func:`new_meshes`) to its wall time.
+
 The cadences (:func:`best_cadence`): Young's first-order optimum ``sqrt(2 delta M)`` (``delta``
 the save's cost, ``M`` the mean time between the faults that go back to that tier) is where
 the search starts; the cadence reported is the model's own optimum over whole steps, so
@@ -76,6 +81,7 @@ __all__ = [
     "best_cadence",
     "recommend_min_slices",
     "recommend_spares",
+    "new_meshes",
     "SPARE_SHORTAGE",
     "MIN_SLICES_TOLERANCE",
 ]
@@ -228,9 +234,12 @@ def evaluate(
     snapshot_every: int | None,
     checkpoint_every: int | None,
     min_slices: int | None = None,
+    steps: int | None = None,
 ) -> PolicyOutcome:
     """The expected :class:`PolicyOutcome` of ``policy`` on ``cluster`` with these cadences (steps
-    between saves; ``None`` or 0: never) and, for replica-resize, ``min_slices``.
+    between saves; ``None`` or 0: never) and, for replica-resize, ``min_slices``, over a run
+    of ``steps`` steps (``None``: the steady state, where a new set of slices' compile is
+    paid once and counts for nothing).
 
     Raises ``ValueError`` for an unknown policy, a cost the policy needs that is not known,
     or a ``min_slices`` outside ``1..slices``.
@@ -248,7 +257,13 @@ def evaluate(
         (costs.checkpoint_seconds or 0.0) + r.reschedule + costs.restart_seconds + costs.checkpoint_restore_seconds
     )
     if policy == "replica_resize":
-        return _replica_resize(costs, cluster, r, e, tau_s, preempt_cost, min_slices or n)
+        out = _replica_resize(costs, cluster, r, e, tau_s, preempt_cost, min_slices or n)
+        if steps is None or not costs.new_mesh_seconds or out.goodput <= 0:
+            return out
+        wall = steps * _running_per_step(costs, snapshot_every, checkpoint_every) * e / out.goodput
+        extra = costs.new_mesh_seconds * new_meshes(cluster, r, min_slices or n, wall)
+        share = wall / (wall + extra)
+        return dataclasses.replace(out, goodput=out.goodput * share, useful_work=out.useful_work * share)
     ok, u, shortage = _shortage(pool, spares, r)
     if ok <= 0:
         return PolicyOutcome(0.0, 0.0, 0.0, math.inf, 0.0)
@@ -318,6 +333,41 @@ def _replica_resize(
     lost_mean = float((weight * h * lost).sum() / max((weight * h).sum(), 1e-300)) * e
     down_mean = float((weight * h * recovery).sum() / max((weight * h).sum(), 1e-300))
     return PolicyOutcome(_clip(goodput), _clip(useful), lost_mean, down_mean, faults)
+
+
+def new_meshes(cluster: Cluster, r: Rates, floor: int, wall: float) -> float:
+    """The expected recoveries and scale-ups of replica-resize over ``wall`` seconds that land
+    on a set of slices the process has not yet run on (each compiles the step for its mesh).
+
+    The pool moves as the binomial model has it; every move between slice counts the run
+    may take (``floor`` and above) lands on a set of that count, each of the ``C(pool, k)``
+    sets of ``k`` slices as likely as another (slices fail alike); ``L`` landings on ``M``
+    sets meet ``M (1 - (1 - 1/M)^L)`` of them, less the set the run started on.
+    """
+    n, pool = cluster.slices, cluster.slices + cluster.spares
+    pmf = _binomial(pool, r.q)
+    mu = r.mu if math.isfinite(r.mu) else 0.0
+    landings = np.zeros(n + 1)
+    for d in range(pool + 1):
+        a = min(n, pool - d)
+        if d + 1 <= pool:
+            to = min(n, pool - d - 1)
+            if to != a and to >= floor:
+                landings[to] += pmf[d] * a * r.alpha
+        if d >= 1:
+            to = min(n, pool - d + 1)
+            if to != a and to >= floor:
+                landings[to] += pmf[d] * d * mu
+    met = 0.0
+    for k in range(floor, n + 1):
+        count = landings[k] * wall
+        if count <= 0:
+            continue
+        sets = math.comb(pool, k) - (1 if k == n else 0)
+        if sets <= 0:
+            continue
+        met += sets * -math.expm1(count * math.log1p(-1.0 / sets)) if sets > 1 else min(1.0, count)
+    return met
 
 
 def young(save_seconds: float, mean_between_faults: float) -> float:

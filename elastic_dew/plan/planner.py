@@ -99,8 +99,12 @@ def _steps(seconds: float, step: float) -> int:
     return max(1, round(seconds / step))
 
 
-def plan_policy(costs: Costs, cluster: Cluster, policy: str) -> PolicyPlan:
-    """``policy`` on ``cluster`` at its recommended cadences (and floor)."""
+def plan_policy(costs: Costs, cluster: Cluster, policy: str, steps: int | None = None) -> PolicyPlan:
+    """``policy`` on ``cluster`` at its recommended cadences (and floor), for a run of
+    ``steps`` steps (``None``: :data:`PLANNED_SECONDS` of running): replica-resize's
+    recoveries onto a set of slices new to the process cost ``new_mesh_seconds`` more."""
+    if steps is None:
+        steps = max(1, round(PLANNED_SECONDS / model._loop_seconds(costs)))
     r = model.rates(cluster)
     step = costs.step_seconds
     running = model._loop_seconds(costs)  # a step's running time: Young's optimum in steps
@@ -120,23 +124,25 @@ def plan_policy(costs: Costs, cluster: Cluster, policy: str) -> PolicyPlan:
     young_s = _steps(model.young(costs.snapshot_seconds, between_losses), running)
     floor = None
     if policy == "replica_resize":
-        floor = _floor(costs, cluster, young_s, every_c)
+        floor = _floor(costs, cluster, young_s, every_c, steps)
 
     def score_s(k: int) -> float:
-        outcome = model.evaluate(costs, cluster, policy, snapshot_every=k, checkpoint_every=every_c, min_slices=floor)
+        outcome = model.evaluate(costs, cluster, policy, snapshot_every=k, checkpoint_every=every_c, min_slices=floor,
+                                 steps=steps)
         return outcome.useful_work
 
     every_s = model.best_cadence(score_s, young_s)
     if policy == "replica_resize":
-        floor = _floor(costs, cluster, every_s, every_c)
-    outcome = model.evaluate(costs, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor)
+        floor = _floor(costs, cluster, every_s, every_c, steps)
+    outcome = model.evaluate(costs, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor,
+                             steps=steps)
     return _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step)
 
 
-def _floor(costs: Costs, cluster: Cluster, every_s: int, every_c: int) -> int:
+def _floor(costs: Costs, cluster: Cluster, every_s: int, every_c: int, steps: int | None = None) -> int:
     def useful(m: int) -> float:
         return model.evaluate(costs, cluster, "replica_resize", snapshot_every=every_s, checkpoint_every=every_c,
-                              min_slices=m).useful_work
+                              min_slices=m, steps=steps).useful_work
 
     return model.recommend_min_slices(useful, cluster.slices)
 
@@ -189,7 +195,7 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
     counts = sorted({0, spares})
     rows = tuple(
         with_retry(costs, dataclasses.replace(cluster, spares=k), plan_policy(costs, dataclasses.replace(
-            cluster, spares=k), policy), steps=steps, bound=bound, retry_reset_steps=retry_reset_steps)
+            cluster, spares=k), policy, steps), steps=steps, bound=bound, retry_reset_steps=retry_reset_steps)
         for k in counts for policy in model.POLICIES
     )
     best = max(rows, key=lambda row: (row.useful_work, -row.spares))
@@ -197,7 +203,7 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
     for n in grid:
         sized = dataclasses.replace(cluster, slices=n)
         for policy in model.POLICIES:
-            row = plan_policy(costs, sized, policy)
+            row = plan_policy(costs, sized, policy, steps)
             by_slices.append({"slices": n, "policy": policy, "goodput": row.goodput, "useful_work": row.useful_work,
                               "snapshot_every": row.snapshot_every, "checkpoint_every": row.checkpoint_every,
                               "min_slices": row.min_slices})
