@@ -161,6 +161,10 @@ def test_pathwaysutils_simple_model_waits_out_a_hang_declared_dead_until_the_sli
     ]
     assert verdict["never_fired"] == [] and [f["scheduled"] for f in verdict["fired"]] == [
         "hang:1@3/step", "lose:1@+3/step", "restore:1@+1/step", "preempt@5/step"]
+    assert verdict["problems"] == []  # it keeps no checkpoint: starting over after a preemption is its choice
+    assert [(c["fault"], c["detected"], c["resumed_from"], c["part_of"]) for c in verdict["costs"]] == [
+        ("hang:1@3/step", "clock", "snapshot", None), ("lose:1@+3/step", None, None, "hang:1@3/step"),
+        ("restore:1@+1/step", None, "snapshot", None), ("preempt@5/step", "signal", "nothing", None)]
     hang, lose, restore = verdict["fired"][:3]
     assert 3 <= lose["wall"] - hang["wall"] < 4  # declared dead 3 s after the hang, not at a deadline
     # The wait for slices ends at the return, not at pathwaysutils' next 10 s poll.
@@ -183,7 +187,7 @@ def test_the_own_loop_pages_example_runs_as_for_a_real_cluster_and_resumes_after
                               "--", sys.executable, str(program), "own", env=_env(**compilation_cache))
     assert proc.returncode == 0, _explain(proc)
     assert [p["status"] for p in verdict["processes"]] == [143, 0]
-    assert verdict["never_fired"] == []
+    assert verdict["never_fired"] == [] and verdict["problems"] == []
     assert "done at step 30" in proc.stdout
     last: dict[int, tuple[int, int]] = {}
     for line in (tmp_path / "own" / "steps.txt").read_text().splitlines():

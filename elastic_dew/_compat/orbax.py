@@ -72,6 +72,8 @@ __all__ = [
     "REPLICA_SLICE_PARAMETERS",
     "HANDLER_SETTINGS",
     "HostSnapshotter",
+    "Snapshotter",
+    "snapshot_busy",
     "class_incompatibilities",
     "instance_incompatibilities",
     "replica_slicing_incompatibilities",
@@ -173,6 +175,12 @@ _SNAPSHOTTER_PRIVATE = tuple(
     )
     for name, why in _SNAPSHOTTER_WHY.items()
 )
+
+
+def snapshot_busy(snapshotter: Any) -> bool:
+    """Whether a request is still queued in ``snapshotter`` (any Orbax ``Snapshotter``), so
+    that a ``save`` now would be skipped (``_queue``, declared above)."""
+    return snapshotter._queue.full()
 
 
 class _StopWorker(BaseException):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from elastic_dew._compat import Private
 
-__all__ = ["PRIVATE", "interpreter_shutdown"]
+__all__ = ["PRIVATE", "interpreter_shutdown", "running_frames"]
 
 _THREADING_SHUTDOWN = Private(
     "python",
@@ -30,9 +30,27 @@ _RUN_EXITFUNCS = Private(
     instead="a public interpreter shutdown (sys.exit cannot set the status from an excepthook)",
 )
 
-PRIVATE: tuple[Private, ...] = (_THREADING_SHUTDOWN, _RUN_EXITFUNCS)
+_CURRENT_FRAMES = Private(
+    "python",
+    "sys:_current_frames",
+    why="the frame each thread runs now: the simulator's watch tells a frame that still runs "
+    "(its locals hold what the program keeps) from one only a traceback keeps",
+    instead="none public (threading gives no thread's frame; faulthandler only prints them)",
+)
+
+PRIVATE: tuple[Private, ...] = (_THREADING_SHUTDOWN, _RUN_EXITFUNCS, _CURRENT_FRAMES)
 
 
 def interpreter_shutdown() -> tuple[Callable[[], None], Callable[[], None]]:
     """The interpreter's own shutdown steps: (join the threads, run the atexit callbacks)."""
     return _THREADING_SHUTDOWN.get(), _RUN_EXITFUNCS.get()
+
+
+def running_frames() -> set[int]:
+    """The ids of every frame some thread runs now (each thread's stack, outwards)."""
+    ids: set[int] = set()
+    for frame in _CURRENT_FRAMES.get()().values():
+        while frame is not None:
+            ids.add(id(frame))
+            frame = frame.f_back
+    return ids

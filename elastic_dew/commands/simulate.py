@@ -14,8 +14,11 @@ each fault fires once across the restarts.
 The program's own output passes through unchanged. At the end one verdict is printed (to
 standard error): the faults fired and never fired, each ``elastic_retry`` attempt's active
 slices, each process's exit status and wall time; ``--report FILE`` writes the same as JSON.
-The exit status is the program's last one (``128 + N`` for a process ended by signal
-``N``), or 1 when it is 0 but a scheduled fault never fired.
+The verdict also says what each fault cost the program and names the mistakes it made
+(:mod:`elastic_dew.simulate.diagnosis`, from what the program's processes did:
+``watch.jsonl`` in the run directory). The exit status is the program's last one (``128 +
+N`` for a process ended by signal ``N``), or 1 when it is 0 but a scheduled fault never
+fired or a problem was found that ``--allow`` does not accept.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ from elastic_dew.run import FAILED_EXIT, USAGE_EXIT, SimConfig
 from elastic_dew.run.planning import RUNS_DIR
 from elastic_dew.rundir import FAULTS_FILE, FaultLog
 from elastic_dew.runtime import run_timestamp
+from elastic_dew.simulate.diagnosis import Diagnosis, check_allowed, diagnose
 from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
 from elastic_dew.supervisor import supervise
 
-__all__ = ["configure", "run", "ResolvedCommand", "resolve", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE"]
+__all__ = ["configure", "run", "ResolvedCommand", "resolve", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE", "WATCH_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ _PROG = "elastic-dew simulate"
 ATTEMPTS_FILE = "attempts.jsonl"
 #: The command's own log, in the run directory.
 LOG_FILE = "simulate.log"
+#: What the program's processes did with their state (the simulator's watch, JSON lines).
+WATCH_FILE = "watch.jsonl"
 DEFAULT_RESTARTS = 3
 #: Where the simulated slices meet the program: inside its process, or through the IFRT proxy.
 BOUNDARIES = ("in-process", "proxy")
@@ -81,6 +87,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "JAX_PLATFORMS=proxy on a local Pathways backend and calls pathwaysutils.initialize() "
                              "itself, nothing patched (docs/pathways-boundary.md; lose and restore faults only)")
     parser.add_argument("--report", metavar="FILE", help="write the verdict as JSON to FILE")
+    parser.add_argument("--allow", action="append", default=[], metavar="KIND",
+                        help="accept problems of this kind (reported, not failing the run); repeatable "
+                             "(docs/your-trainer.md lists the kinds)")
     parser.add_argument("--run-dir", metavar="DIR", help="where the fault log, the attempts and this command's "
                                                           "log go (default runs/simulate_TIMESTAMP)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
@@ -225,6 +234,7 @@ class Verdict:
     fired: tuple[dict[str, Any], ...]
     never_fired: tuple[str, ...]
     exit: int
+    diagnosis: Diagnosis | None = None
 
     @property
     def ok(self) -> bool:
@@ -232,8 +242,13 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        del out["diagnosis"]
         out["processes"] = [{**dataclasses.asdict(p), "attempts": [list(a) for a in p.attempts]}
                             for p in self.processes]
+        diagnosis = self.diagnosis
+        out["costs"] = [c.to_json() for c in diagnosis.costs] if diagnosis else []
+        out["totals"] = diagnosis.totals.to_json() if diagnosis else None
+        out["problems"] = [p.to_json() for p in diagnosis.problems] if diagnosis else []
         out["ok"] = self.ok
         return out
 
@@ -250,6 +265,8 @@ class Verdict:
                        f"pid {f['pid']})")
         for text in self.never_fired:
             out.append(f"  NEVER FIRED {text}")
+        if self.diagnosis is not None:
+            out.extend(self.diagnosis.lines())
         out.append(f"{_PROG}: {'ok' if self.ok else 'FAILED'}, exit {self.exit}; run directory {self.run_dir}")
         return out
 
@@ -271,8 +288,9 @@ def _read_attempts(path: Path) -> list[dict[str, Any]]:
 
 
 def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir: Path, fault_log: Path,
-            statuses: Sequence[int], seconds: Sequence[float]) -> Verdict:
-    """The verdict of a run whose processes ended with ``statuses`` after ``seconds`` each."""
+            statuses: Sequence[int], seconds: Sequence[float], allow: Sequence[str] = ()) -> Verdict:
+    """The verdict of a run whose processes ended with ``statuses`` after ``seconds`` each,
+    with the diagnosis of what its processes did (``allow``: problem kinds accepted)."""
     records = _read_attempts(run_dir / ATTEMPTS_FILE)
     pids = [r["pid"] for r in records if r.get("start")]
     processes = []
@@ -288,11 +306,13 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
         for _, record in sorted(fired.items(), key=lambda item: item[1].wall)
     )
     never = tuple(text for index, text in enumerate(texts) if index not in fired)
+    watched = run_dir / WATCH_FILE  # none through the proxy: the program's process has no watch yet
+    found = diagnose(fired_json, _read_attempts(watched), allow) if watched.exists() else None
     code = _status_code(statuses[-1])
-    if code == 0 and never:
+    if code == 0 and (never or (found is not None and found.defects)):
         code = FAILED_EXIT
     return Verdict(tuple(command), sim.slices, sim.devices_per_slice, schedule_text, str(run_dir),
-                   tuple(processes), fired_json, never, code)
+                   tuple(processes), fired_json, never, code, found)
 
 
 def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path, max_processes: int,
@@ -364,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
                 check_served(schedule)
             except ValueError as err:
                 raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
+        allow = check_allowed(args.allow)
         program = resolve(command)
         if args.boundary == "in-process":
             _check_interpreter(program)
@@ -380,7 +401,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     with _logging_to(run_dir / LOG_FILE, bool(getattr(args, "verbose", False))):
         settings = LaunchSettings(sim.slices, sim.devices_per_slice, sim.schedule, str(fault_log.resolve()),
-                                  args.step_function, str((run_dir / ATTEMPTS_FILE).resolve()))
+                                  args.step_function, str((run_dir / ATTEMPTS_FILE).resolve()),
+                                  str((run_dir / WATCH_FILE).resolve()))
         child = program.launcher()
         logger.info("running %s under %d simulated slices of %d devices: %s", shlex.join(command), sim.slices,
                     sim.devices_per_slice, shlex.join(child))
@@ -399,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
                                  env=child_environment(sim, settings))
         ended.append(time.monotonic())
         seconds = [later - earlier for earlier, later in zip(ended, ended[1:])]
-        result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds)
+        result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds, allow)
         sys.stderr.write("\n".join(result.lines()) + "\n")
         if args.report:
             Path(args.report).write_text(json.dumps(result.to_json(), indent=2) + "\n")

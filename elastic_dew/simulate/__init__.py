@@ -12,7 +12,11 @@ The package by job:
 * :mod:`~elastic_dew.simulate.simulator`: :class:`SimulatedSlices`, the context manager that
   puts them together;
 * :mod:`~elastic_dew.simulate.launcher`: a program run unmodified under the simulator (the
-  child of ``elastic-dew simulate``).
+  child of ``elastic-dew simulate``);
+* :mod:`~elastic_dew.simulate.watch`: what the program does with its state (its Orbax,
+  pathwaysutils and JAX calls, the arrays alive), recorded as it happens;
+* :mod:`~elastic_dew.simulate.diagnosis`: what each fault cost the program and the mistakes
+  it made, each named with its fix, from those records and the fault log.
 
 Names are imported lazily: the grammar is read without starting JAX.
 """
@@ -27,9 +31,14 @@ from elastic_dew._deprecation import moved_names
 _EXPORTS = {
     "ACTIONS": "schedule",
     "PHASES": "schedule",
+    "Cost": "diagnosis",
+    "Diagnosis": "diagnosis",
+    "PROBLEMS": "diagnosis",
+    "Problem": "diagnosis",
     "ScheduledFault": "schedule",
     "Schedule": "schedule",
     "SimulatedSlices": "simulator",
+    "diagnose": "diagnosis",
     "parse_schedule": "schedule",
 }
 

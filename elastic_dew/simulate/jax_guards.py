@@ -52,7 +52,7 @@ class Guarded(Protocol):
     def dispatch(self, inputs: Any, call: Callable[[], Any], name: str | None, caller: Any,
                  outputs: Callable[[Any], Any] = ..., out_bytes: Callable[[], int] = ...) -> Any: ...
 
-    def copied(self, source: Any, copy: Any) -> None: ...
+    def copied(self, source: Any, copy: Any, caller: Any = None) -> None: ...
 
 
 def guard_method(reg: Guarded, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,7 +132,10 @@ def guard_batched(reg: Guarded, original: Callable[..., Any]) -> Callable[..., A
 def _caller() -> Any:
     """The frame that called the function calling this (Python's public frame access)."""
     frame = inspect.currentframe()
-    return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    try:
+        return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    finally:
+        del frame  # a frame kept in its own local is a cycle: it would hold the caller's arrays until gc
 
 
 def guard_dispatch(reg: Guarded, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -238,7 +241,7 @@ def marking_copy(reg: Guarded, original: Callable[..., Any]) -> Callable[..., An
             if type(leaf) is _ArrayImpl and donated(leaf):
                 raise deleted_error(leaf)
         copy = original(x, *args, **kwargs)
-        reg.copied(x, copy)
+        reg.copied(x, copy, _caller())
         return copy
 
     device_put.__name__ = original.__name__

@@ -15,7 +15,9 @@ object (:class:`LaunchSettings`): ``elastic-dew simulate`` writes it, with the C
 count already in ``XLA_FLAGS`` (it must be set before JAX starts). Each ``elastic_retry``
 attempt's active slices are appended, as they start, to ``attempts`` (JSON lines, one
 ``{"pid", "active", "wall"}`` each, and one ``{"pid", "start", "wall"}`` as the process
-starts), so the attempts of a process that is killed are known too.
+starts), so the attempts of a process that is killed are known too. What the program does
+with its state goes to ``watch`` (the simulator's watch, JSON lines, as it happens), which
+``elastic-dew simulate`` diagnoses once the run has ended.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class LaunchSettings:
     fault_log: str | None = None
     step_function: str | None = None
     attempts: str | None = None
+    watch: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -130,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _append(settings.attempts, {"pid": os.getpid(), "start": True, "wall": time.time()})
     simulator = SimulatedSlices(
         settings.slices, settings.devices_per_slice, schedule=settings.schedule or None,
-        fault_log=settings.fault_log, step_function=settings.step_function,
+        fault_log=settings.fault_log, step_function=settings.step_function, watch_log=settings.watch,
         on_attempt=lambda active: _append(
             settings.attempts, {"pid": os.getpid(), "active": list(active), "wall": time.time()}),
     )

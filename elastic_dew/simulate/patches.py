@@ -44,6 +44,7 @@ checks, ended early by a change of slice health) and ``lock``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import weakref
@@ -59,6 +60,7 @@ from elastic_dew._compat import jax as jax_private
 from elastic_dew._compat import pathwaysutils as pw_private
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate import jax_guards as guards
+from elastic_dew.simulate import watch_guards as watching
 from elastic_dew.simulate.pathways_guards import (
     SimulatedSleep, counting_waits, deleted_error, deleted_if_donated, donated, donating_views, pathways_backend,
     remembering, under_lock,
@@ -149,7 +151,11 @@ class Registry:
         if simulator is not None and type(array) is _ArrayImpl:
             if donated(array):
                 raise deleted_error(array)
-            simulator.check_readable(array)
+            try:
+                simulator.check_readable(array)
+            except jax.errors.JaxRuntimeError:
+                watching.detected(simulator, "read", inspect.currentframe())
+                raise
 
     def answering(self, array: Any) -> bool:
         simulator = self._active
@@ -181,27 +187,51 @@ class Registry:
         gone = next((a for a in arrays if donated(a)), None)
         if gone is not None:
             raise deleted_error(gone)
-        simulator.check_dispatch(arrays)
+        watch = getattr(simulator, "watch", None)
+        api = f"a dispatch of {name or 'a program'}"
+        if watch is not None:
+            watch.placing(arrays, api, caller)
+        try:
+            simulator.check_dispatch(arrays)
+        except jax.errors.JaxRuntimeError:
+            watching.detected(simulator, "dispatch", caller)
+            raise
         result = call()
-        simulator.derive(arrays, [a for a in jax.tree_util.tree_leaves(outputs(result)) if type(a) is _ArrayImpl])
+        results = [a for a in jax.tree_util.tree_leaves(outputs(result)) if type(a) is _ArrayImpl]
+        simulator.derive(arrays, results)
+        if watch is not None:
+            if step is not None:
+                watch.stepped(arrays, results)
+            else:
+                watch.derived(arrays, results)
+            watch.placing(results, api, caller)
         if step is not None:
             simulator.on_dispatch("step", step)
         return result
 
-    def copied(self, source: Any, copy: Any) -> None:
-        """``jax.device_put``: each copy inherits its source's lost or hung mark."""
+    def copied(self, source: Any, copy: Any, caller: Any = None) -> None:
+        """``jax.device_put`` called from frame ``caller``: each copy inherits its source's
+        lost or hung mark and its position, and the watch sees where the copy went."""
         simulator = self._active
         if simulator is None:
             return
         sources, copies = jax.tree_util.tree_leaves(source), jax.tree_util.tree_leaves(copy)
-        if len(sources) == len(copies):
-            for parent, child in zip(sources, copies):
-                if type(parent) is _ArrayImpl and type(child) is _ArrayImpl:
-                    simulator.inherit_mark(parent, child)
+        pairs = [(parent, child) for parent, child in zip(sources, copies)
+                 if type(parent) is _ArrayImpl and type(child) is _ArrayImpl] if len(sources) == len(copies) else []
+        for parent, child in pairs:
+            simulator.inherit_mark(parent, child)
+        watch = getattr(simulator, "watch", None)
+        if watch is not None:
+            for parent, child in pairs:
+                watch.derived([parent], [child])
+            watch.placing([a for a in copies if type(a) is _ArrayImpl], "jax.device_put", caller)
 
     def remember(self, manager: Any) -> None:
         """Remember a pathwaysutils ``Manager`` created while a simulator is active (weakly)."""
         self._managers.add(manager)
+        watch = getattr(self._active, "watch", None)
+        if watch is not None:
+            watch.created("Manager")
 
     def refresh_managers(self) -> None:
         """Make every Manager check its inactive slices now (the monitor thread's check)."""
@@ -282,6 +312,19 @@ class Registry:
         self._replace(jax, "device_put", guards.marking_copy(self, jax.device_put))
         self._replace(_pw_manager.Manager, "__init__", remembering(self, vars(_pw_manager.Manager)["__init__"]))
         self._replace_private(pw_private.MANAGER_CHECK, lambda original: under_lock(self, original))
+        # What the program does with its state, for the diagnosis (elastic_dew.simulate.watch):
+        # public methods of pathwaysutils and Orbax, wrapped (elastic_dew.simulate.watch_guards).
+        manager = _pw_manager.Manager
+        self._replace(manager, "elastic_retry", watching.tracking_retry(self, vars(manager)["elastic_retry"]))
+        self._replace(manager, watching.AVAILABLE, watching.available_property(self))
+        snapshotter = orbax_private.Snapshotter
+        self._replace(snapshotter, "__init__", watching.made(self, "Snapshotter", vars(snapshotter)["__init__"]))
+        self._replace(snapshotter, "save", watching.snapshot_save(self, vars(snapshotter)["save"]))
+        self._replace(snapshotter, "load", watching.snapshot_load(self, vars(snapshotter)["load"]))
+        checkpoints = watching.checkpoint_manager()
+        self._replace(checkpoints, "__init__", watching.made(self, "CheckpointManager", vars(checkpoints)["__init__"]))
+        self._replace(checkpoints, "save", watching.checkpoint_save(self, vars(checkpoints)["save"]))
+        self._replace(checkpoints, "restore", watching.checkpoint_restore(self, vars(checkpoints)["restore"]))
 
 
 #: The process's one registry: the simulator installs itself here.

@@ -66,11 +66,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from elastic_dew._deprecation import renamed_keywords, warn
+from elastic_dew.elastic import events, hooks
 from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.marks import HUNG, LOST, Marks
@@ -87,6 +88,10 @@ from elastic_dew.simulate.schedule import (
 )
 from elastic_dew.simulate.step_count import StepCount
 from elastic_dew.simulate.topology import Topology
+from elastic_dew.simulate.watch import Watch
+
+if TYPE_CHECKING:
+    from elastic_dew.simulate.diagnosis import Diagnosis
 
 __all__ = ["SimulatedSlices", "HUNG_CODE"]
 
@@ -134,6 +139,9 @@ class SimulatedSlices:
             ``jax.jit``), or ``None`` to find it by :meth:`step_of`'s rule.
         replicator: the directory of the multi-tier replicator stand-in, or ``None``.
         on_attempt: called with each attempt's active slices as it starts, or ``None``.
+        watch_log: a JSON-lines file the watch's records of what the program does are
+            appended to (:attr:`watch`; ``elastic-dew simulate`` keeps its processes' there),
+            or ``None`` to keep them in memory only.
         num_slices: deprecated (goes in 0.3): ``slices``.
         step_program: deprecated (goes in 0.3): ``step_function``.
 
@@ -156,6 +164,7 @@ class SimulatedSlices:
         step_function: str | None = None,
         replicator: str | os.PathLike[str] | None = None,
         on_attempt: Callable[[tuple[int, ...]], None] | None = None,
+        watch_log: str | os.PathLike[str] | None = None,
     ) -> None:
         Topology.check_shape(slices, devices_per_slice)
         schedule = as_schedule(schedule)
@@ -165,6 +174,11 @@ class SimulatedSlices:
         self.schedule = schedule
         self.fault_log = Path(fault_log) if fault_log is not None else None
         self._on_attempt = on_attempt
+        #: What the program does with its state, for :meth:`diagnose`
+        #: (:class:`elastic_dew.simulate.watch.Watch`).
+        self.watch = Watch(self, watch_log)
+        self._faults: list[dict[str, Any]] = []
+        self._receiving: Any = None
         #: The multi-tier replicator stand-in, when ``replicator`` names its directory.
         self.replicator = Replicator(replicator) if replicator is not None else None
         self._runner = ScheduleRunner(
@@ -213,6 +227,11 @@ class SimulatedSlices:
         self._count.reset()
         self._blocked_reads, self._waits = 0, 0
         self.attempts = []
+        self.watch.reset()
+        self._faults = []
+        hooks.add_listener(self.watch.announced)  # before the runner's: a step is seen before its fault
+        self._receiving = hooks.receiving(self._fired)
+        self._receiving.__enter__()
         self._active = True
         if not health.installed():
             health.install()
@@ -232,6 +251,10 @@ class SimulatedSlices:
         if self.replicator is not None:
             self.replicator.__exit__(*exc_info)
         self._runner.__exit__(*exc_info)
+        hooks.remove_listener(self.watch.announced)
+        if self._receiving is not None:
+            self._receiving.__exit__(None, None, None)
+            self._receiving = None
         if exc_info[0] is None:
             # A process that ends with an error or a preemption leaves its faults to the
             # next process of the run; one that ends normally will never fire them.
@@ -292,6 +315,29 @@ class SimulatedSlices:
     def fired(self) -> frozenset[ScheduledFault]:
         """Scheduled faults fired so far in this run (this process or an earlier one)."""
         return self._runner.fired
+
+    def _fired(self, event: Any) -> None:
+        """A fault of the schedule fires (its ``fault`` event, reported as it fires)."""
+        if isinstance(event, events.Fault):
+            self._faults.append({key: event.to_json()[key]
+                                 for key in ("scheduled", "action", "slice", "phase", "step", "pid", "wall")})
+
+    def diagnose(self, allow: tuple[str, ...] = ()) -> Diagnosis:
+        """What each fault fired in this process cost the program, and the problems it made
+        (:func:`elastic_dew.simulate.diagnosis.diagnose` of :attr:`watch`'s records).
+
+        Args:
+            allow: problem kinds to accept (reported as allowed).
+
+        Returns:
+            The :class:`~elastic_dew.simulate.diagnosis.Diagnosis`.
+
+        Raises:
+            ValueError: ``allow`` names a kind that does not exist.
+        """
+        from elastic_dew.simulate.diagnosis import diagnose
+
+        return diagnose(self._faults, self.watch.events, allow)
 
     def await_monitor(self, manager: Any, timeout: float = 5.0) -> None:
         """Wait, up to ``timeout`` seconds, until ``manager``'s monitor thread (pathwaysutils'
@@ -355,6 +401,7 @@ class SimulatedSlices:
         """
         attempt = tuple(sorted(active))
         self.attempts.append(attempt)
+        self.watch.attempt_started(attempt)
         if self._on_attempt is not None:
             self._on_attempt(attempt)
 

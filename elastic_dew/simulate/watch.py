@@ -1,0 +1,534 @@
+"""What a program under the simulator does with its state: the observations diagnosis reads.
+
+A :class:`Watch` belongs to one :class:`~elastic_dew.simulate.SimulatedSlices` and records,
+as plain JSON-ready dicts (:attr:`Watch.events`, and one JSON line each in ``path`` when
+given, flushed as it happens so a killed process's record survives), what the program's
+process does that decides what a fault costs it and which mistakes it makes. Every record
+comes from the program's calls as the simulator's patches see them
+(:mod:`elastic_dew.simulate.patches`), never from its source text:
+
+* ``attempt``: an ``elastic_retry`` attempt started with these active slices; ``attempt_end``:
+  it ended (``error``: ``slice_down``, ``scale_up``, ``other`` or ``None`` when it returned);
+* ``step``: the loop's step function was dispatched (the simulator's count,
+  :meth:`SimulatedSlices.step_of`, or elastic_dew's own ``step`` announcement) and its state
+  reached position ``p``: the state's *position* is how many steps its data went through
+  since a fresh initialisation. Each step's outputs carry their position on the array
+  object; a dispatch or a copy passes the highest position of its inputs on, a snapshot or
+  checkpoint save records the position of what it saved, and a restore marks what it
+  returns with the saved position. So at each attempt's first step the position of the
+  step's inputs says where the program resumed from (``resume``: ``snapshot``,
+  ``checkpoint``, ``live`` for a state carried over, ``nothing`` for a fresh one);
+* ``save`` / ``restore``: an Orbax ``Snapshotter`` save (``skipped`` when Orbax dropped it
+  because the previous one was still queued) or load, a ``CheckpointManager`` save or
+  restore, with the program's step number and the state's position;
+* ``created``: a pathwaysutils ``Manager``, an Orbax ``Snapshotter`` or ``CheckpointManager``
+  made, with the attempt it was made in and whether inside the retried function;
+* ``held``: at an attempt's first step, device arrays an earlier attempt's steps made that
+  something other than the failed attempt's own (dead) frames still references, with their
+  bytes and what holds them;
+* ``placed``: inside an attempt, user code put a computation or a transfer on devices of a
+  slice outside the attempt's active slices;
+* ``detected``: the simulator raised a slice-down error (at a ``read`` or a ``dispatch``);
+* ``available`` / ``looked``: a ``Manager``'s ``available_inactive_slices`` became non-empty,
+  and the program (not pathwaysutils itself) read it while it was.
+
+The rules that turn these records into costs and named problems are
+:mod:`elastic_dew.simulate.diagnosis`; they read only these records and the fault log, so
+they hold for any boundary that can produce the same records.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from elastic_dew._compat import python as python_private
+from elastic_dew.simulate.step_count import OWN_LOOP_MODULES
+
+__all__ = ["OWN_LOOP_MODULES", "Watch", "own_loop_on_stack", "placed_leaves", "user_frame"]
+
+logger = logging.getLogger(__name__)
+
+#: The attribute a step's output (or a restored or derived array) carries: ``(token,
+#: position, attempt, origin, saved_step)``.
+_POSITION = "_elastic_dew_position"
+#: Modules whose frames are passed over to find the code that made a call (JAX itself and
+#: the libraries a model is written with).
+_THROUGH = ("jax", "jaxlib", "numpy", "flax", "optax", "functools", "contextlib", "elastic_dew._compat")
+#: Modules whose calls are never the program's own: the libraries that place and read on
+#: the program's behalf (Orbax, Grain, pathwaysutils, etils) and elastic_dew itself.
+_LIBRARIES = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew")
+#: How many held arrays get their holders named (finding them scans the heap).
+_DESCRIBED = 3
+
+
+def _in(name: str, modules: tuple[str, ...]) -> bool:
+    return any(name == module or name.startswith(module + ".") for module in modules)
+
+
+def user_frame(frame: Any) -> Any:
+    """The first frame from ``frame`` outwards that is the program's own code, or ``None``
+    when the call was made by a library (Orbax, Grain, pathwaysutils, elastic_dew) or by
+    nothing but JAX.
+
+    Args:
+        frame: the innermost frame of the call.
+
+    Returns:
+        The program's frame, or ``None``.
+    """
+    while frame is not None and _in(frame.f_globals.get("__name__", ""), _THROUGH):
+        frame = frame.f_back
+    if frame is None or _in(frame.f_globals.get("__name__", ""), _LIBRARIES):
+        return None
+    return frame
+
+
+def own_loop_on_stack(frame: Any) -> bool:
+    """Whether elastic_dew's own loop (:data:`OWN_LOOP_MODULES`) is on the stack from
+    ``frame`` outwards: it announces its steps and its tiers itself.
+
+    Args:
+        frame: the innermost frame to look from.
+
+    Returns:
+        Whether one of its frames is there.
+    """
+    while frame is not None:
+        if _in(frame.f_globals.get("__name__", ""), OWN_LOOP_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _own_loop_on_stack() -> bool:
+    frame = inspect.currentframe()
+    try:
+        return own_loop_on_stack(frame.f_back.f_back if frame is not None and frame.f_back is not None else None)
+    finally:
+        del frame  # a frame kept in its own local is a cycle
+
+
+def _arrays(tree: Any, depth: int = 0) -> list[Any]:
+    """The ``jax.Array`` leaves of ``tree``, looking inside Orbax's argument objects (a
+    dataclass or an object with attributes holding the tree) too."""
+    out: list[Any] = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, jax.Array):
+            out.append(leaf)
+        elif depth < 3 and hasattr(leaf, "__dict__") and not isinstance(leaf, type):
+            out.extend(_arrays(list(vars(leaf).values()), depth + 1))
+    return out
+
+
+def placed_leaves(tree: Any) -> list[Any]:
+    """The leaves of ``tree`` that say where they go: arrays, and abstract leaves
+    (``jax.ShapeDtypeStruct``) with a sharding, looking inside Orbax's argument objects."""
+    out: list[Any] = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, jax.Array) or isinstance(getattr(leaf, "sharding", None), jax.sharding.Sharding):
+            out.append(leaf)
+        elif hasattr(leaf, "__dict__") and not isinstance(leaf, type):
+            out.extend(a for a in _arrays(list(vars(leaf).values())))
+    return out
+
+
+class Watch:
+    """The observations of one simulated process (see the module docstring).
+
+    Args:
+        simulator: the simulator it belongs to (its topology and attempts).
+        path: a JSON-lines file each record is appended to, or ``None``.
+    """
+
+    def __init__(self, simulator: Any, path: str | os.PathLike[str] | None = None) -> None:
+        self._simulator = simulator
+        self.path = Path(path) if path is not None else None
+        self._lock = threading.RLock()
+        self._token = object()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (the simulator's context was entered again)."""
+        with self._lock:
+            #: Every record so far, in order.
+            self.events: list[dict[str, Any]] = []
+            self._attempt = 0  # this process's elastic_retry attempt now (0: none yet)
+            self._active: tuple[int, ...] | None = None
+            self._stepped = False  # whether the attempt now has run its first step
+            self._retry_depth = 0
+            self._saves: dict[tuple[str, int], int] = {}  # (kind, program step) -> position
+            self._position = 0  # the newest step's position (announced loops)
+            self._restored: tuple[str, int, int] | None = None  # announced loops: kind, step, position
+            self._placed: set[tuple[int, tuple[int, ...]]] = set()
+            self._looked: set[frozenset[int]] = set()
+            self._available: set[frozenset[int]] = set()
+
+    # ----------------------------------------------------------------- records
+
+    def _emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"e": event, "pid": os.getpid(), "w": time.time(), "n": self._attempt, **fields}
+        with self._lock:
+            self.events.append(record)
+            if self.path is not None:
+                with open(self.path, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(record) + "\n")
+        return record
+
+    def _mark(self, array: Any) -> tuple[Any, ...] | None:
+        mark = getattr(array, _POSITION, None)
+        return mark if mark is not None and mark[0] is self._token else None
+
+    def _set(self, array: Any, position: int, origin: str, saved_step: int | None = None) -> None:
+        try:
+            setattr(array, _POSITION, (self._token, position, self._attempt, origin, saved_step))
+        except AttributeError:
+            pass  # an array type without a __dict__ carries no position
+
+    def _newest(self, arrays: list[Any]) -> tuple[Any, ...] | None:
+        best = None
+        for array in arrays:
+            mark = self._mark(array)
+            if mark is not None and (best is None or mark[1] > best[1]):
+                best = mark
+        return best
+
+    # ----------------------------------------------------------------- attempts
+
+    def attempt_started(self, active: tuple[int, ...]) -> None:
+        """pathwaysutils' wait for slices answered: attempt ``active`` starts."""
+        with self._lock:
+            self._attempt += 1
+            self._active = tuple(active)
+            self._stepped = False
+            self._restored = None
+        self._emit("attempt", active=list(active))
+
+    def retry_entered(self) -> None:
+        """The retried function (given to ``elastic_retry``) starts an attempt."""
+        self._retry_depth += 1
+
+    def retry_left(self, error: BaseException | None) -> None:
+        """The retried function ended: returned (``error`` ``None``) or raised ``error``."""
+        self._retry_depth = max(0, self._retry_depth - 1)
+        kind = None
+        if error is not None:
+            name = type(error).__name__
+            if name == "ScaleUpSignalError":
+                kind = "scale_up"
+            elif isinstance(error, jax.errors.JaxRuntimeError):
+                kind = "slice_down"
+            else:
+                kind = "other"
+        self._emit("attempt_end", error=kind)
+
+    def in_retry(self) -> bool:
+        """Whether the program is inside the retried function now."""
+        return self._retry_depth > 0
+
+    # ----------------------------------------------------------------- steps
+
+    def stepped(self, inputs: list[Any], outputs: list[Any]) -> None:
+        """A counted step was dispatched on ``inputs``, giving ``outputs``."""
+        newest = self._newest(inputs)
+        position = (newest[1] if newest is not None else 0) + 1
+        if not self._stepped:
+            self._stepped = True
+            self._resumed(newest, inputs)
+        for array in outputs:
+            self._set(array, position, "step")
+        self._emit("step", p=position)
+
+    def announced(self, phase: str, step: int) -> None:
+        """elastic_dew's own loop announced ``phase`` of ``step`` (its steps and its tiers)."""
+        if phase == "step":
+            if not self._stepped:
+                self._stepped = True
+                if self._restored is not None:
+                    kind, saved, position = self._restored
+                    self._emit("resume", origin=kind, step=saved, p=position)
+                elif step > 1:
+                    self._emit("resume", origin="live", step=step - 1, p=step - 1)
+                else:
+                    self._emit("resume", origin="nothing", step=None, p=0)
+            self._position = step
+            self._emit("step", p=step)
+        elif phase in ("snapshot", "checkpoint"):
+            kind = "snapshot" if phase == "snapshot" else "checkpoint"
+            self._saves[(kind, step)] = step
+            self._emit("save", kind=kind, step=step, p=step, skipped=False)
+        elif phase in ("snapshot_load", "checkpoint_restore"):
+            kind = "snapshot" if phase == "snapshot_load" else "checkpoint"
+            self._restored = (kind, step - 1, step - 1)
+            self._emit("restore", kind=kind, step=step - 1, p=step - 1)
+
+    def _resumed(self, newest: tuple[Any, ...] | None, inputs: list[Any]) -> None:
+        if newest is None:
+            origin, saved, position = "nothing", None, 0
+        elif newest[3] in ("snapshot", "checkpoint") and newest[2] == self._attempt:
+            origin, saved, position = newest[3], newest[4], newest[1]
+        else:
+            origin, saved, position = "live", newest[1], newest[1]
+        self._emit("resume", origin=origin, step=saved, p=position)
+        if self._attempt >= 2:
+            self._check_held(inputs)
+
+    def derived(self, inputs: list[Any], outputs: list[Any]) -> None:
+        """A dispatch that is not a step (or a copy) passes its inputs' position on."""
+        newest = self._newest(inputs)
+        if newest is not None:
+            for array in outputs:
+                if self._mark(array) is None:
+                    try:
+                        setattr(array, _POSITION, newest)
+                    except AttributeError:
+                        pass
+
+    # ----------------------------------------------------------------- held arrays
+
+    def _check_held(self, inputs: list[Any]) -> None:
+        """Arrays an earlier attempt's steps made, still referenced at this attempt's first step."""
+        gc.collect()
+        carried = {id(a) for a in inputs}
+        live_frames = _live_frames()
+        live = jax.live_arrays()
+        candidates = [
+            array for array in live
+            if (mark := self._mark(array)) is not None and mark[2] < self._attempt and id(array) not in carried
+            and not array.is_deleted() and array.sharding.memory_kind != "pinned_host"
+        ]
+        ours = {id(live), id(candidates), id(inputs)}
+        kept = _still_held(candidates, ours, live_frames)
+        held = [array for array in candidates if id(array) in kept]
+        if not held:
+            return
+        described: list[str] = []
+        first = held[:_DESCRIBED]
+        for array in first:
+            for what in _holders(array, ours | {id(held), id(first)}, live_frames):
+                if what not in described:
+                    described.append(what)
+        self._emit("held", arrays=len(held), bytes=int(sum(a.nbytes for a in held)),
+                   attempts=sorted({self._mark(a)[2] for a in held}), holders=described)
+
+    # ----------------------------------------------------------------- placement
+
+    def inactive_slices(self) -> frozenset[int] | None:
+        """The slices outside the attempt now, or ``None`` outside any attempt or when it
+        has every slice."""
+        active = self._active
+        if active is None or self._retry_depth == 0:
+            return None
+        inactive = frozenset(range(self._simulator.slices)) - set(active)
+        return inactive or None
+
+    def placing(self, arrays: list[Any], api: str, caller: Any) -> None:
+        """``arrays`` (inputs, results or a copy's target) were placed by ``api``, called from
+        frame ``caller``: record it when user code put them on a slice the attempt has not."""
+        inactive = self.inactive_slices()
+        if inactive is None or not arrays:
+            return
+        frame = user_frame(caller)
+        if frame is None:
+            return
+        device_slice = self._simulator.topology.device_slice
+        slices = sorted({device_slice[d.id] for a in arrays for d in a.sharding.device_set
+                         if device_slice.get(d.id) in inactive})
+        key = (self._attempt, tuple(slices))
+        if not slices or key in self._placed:
+            return
+        self._placed.add(key)
+        self._emit("placed", slices=slices, active=list(self._active or ()), api=api,
+                   where=f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+
+    def detected(self, how: str) -> None:
+        """The simulator raised a slice-down error at a ``read`` or a ``dispatch``."""
+        events = self.events
+        if events and events[-1]["e"] == "detected" and events[-1]["n"] == self._attempt:
+            return  # one per attempt is enough
+        self._emit("detected", how=how)
+
+    # ----------------------------------------------------------------- state tiers
+
+    def created(self, what: str) -> None:
+        """A ``Manager``, ``Snapshotter`` or ``CheckpointManager`` was made."""
+        if _own_loop_on_stack():
+            return
+        self._emit("created", what=what, in_retry=self.in_retry())
+
+    def saved(self, kind: str, step: int, tree: Any, skipped: bool = False) -> None:
+        """The program saved ``tree`` as its ``kind`` (``snapshot``/``checkpoint``) of ``step``."""
+        if _own_loop_on_stack():
+            return  # elastic_dew's loop announces its saves
+        newest = self._newest(_arrays(tree))
+        position = newest[1] if newest is not None else 0
+        if not skipped:
+            self._saves[(kind, int(step))] = position
+        self._emit("save", kind=kind, step=int(step), p=position, skipped=skipped)
+
+    def restored(self, kind: str, step: int | None, tree: Any) -> None:
+        """A load or restore of the ``kind`` of ``step`` returned ``tree``."""
+        if _own_loop_on_stack():
+            return
+        step = int(step) if step is not None else None
+        position = self._saves.get((kind, step)) if step is not None else None
+        if position is None:
+            position = self._saved_elsewhere(kind, step)
+        for array in _arrays(tree):
+            self._set(array, position, kind, step)
+        self._emit("restore", kind=kind, step=step, p=position)
+
+    def _saved_elsewhere(self, kind: str, step: int | None) -> int:
+        """The position an earlier process recorded for its save of ``step`` (else ``step``)."""
+        if step is None:
+            return 0
+        if self.path is not None and self.path.exists():
+            for line in reversed(self.path.read_text().splitlines()):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("e") == "save" and record.get("kind") == kind and record.get("step") == step:
+                    return int(record["p"])
+        return step
+
+    # ----------------------------------------------------------------- returned slices
+
+    def available(self, slices: frozenset[int]) -> None:
+        """A Manager's ``available_inactive_slices`` became ``slices``."""
+        if slices and slices not in self._available:
+            self._available.add(slices)
+            self._emit("available", slices=sorted(slices))
+
+    def looked(self, slices: frozenset[int]) -> None:
+        """The program read ``available_inactive_slices`` while it held ``slices``."""
+        if slices and slices not in self._looked:
+            self._looked.add(slices)
+            self._emit("looked", slices=sorted(slices))
+
+
+def _live_frames() -> set[int]:
+    """The ids of every frame running now, on every thread."""
+    return python_private.running_frames()
+
+
+def _is_dead_frame(obj: Any, live_frames: set[int]) -> bool:
+    """A frame no thread runs any more (held by a traceback: a log handler that keeps
+    records keeps the failed attempt's frames; that is not the program holding state)."""
+    return type(obj).__name__ == "frame" and id(obj) not in live_frames
+
+
+def _foreign(obj: Any, ours: set[int], live_frames: set[int]) -> bool:
+    """Whether ``obj`` is a referrer that counts: not a dead frame, not this module's own
+    frames or lists."""
+    if id(obj) in ours or _is_dead_frame(obj, live_frames):
+        return False
+    return not (type(obj).__name__ == "frame" and obj.f_code.co_filename == __file__)
+
+
+#: How many levels of referrers :func:`_still_held` climbs before it counts an array as held.
+_LEVELS = 10
+
+
+def _still_held(candidates: list[Any], ours: set[int], live_frames: set[int]) -> set[int]:
+    """The ids of the ``candidates`` something the program can still reach references: a
+    chain of referrers from the array up to a running frame or a module's globals. A chain
+    that ends at a frame no thread runs (a traceback kept by a log handler keeps the failed
+    attempt's frames, their locals and their loops' iterators) holds nothing. One scan of
+    the heap per level, for every candidate at once."""
+    origins: dict[int, set[int]] = {id(c): {id(c)} for c in candidates}
+    frontier: dict[int, Any] = {id(c): c for c in candidates}
+    seen = set(frontier)
+    held: set[int] = set()
+    for _ in range(_LEVELS):
+        if not frontier:
+            return held
+        objects = list(frontier.values())
+        found = gc.get_referrers(*objects)
+        following: dict[int, Any] = {}
+        mine = ours | {id(objects), id(found), id(frontier), id(following), id(origins), id(candidates)}
+        for referrer in found:
+            if not _foreign(referrer, mine, live_frames):
+                continue
+            via = {id(x) for x in gc.get_referents(referrer)} & frontier.keys()
+            reached = set().union(*(origins[v] for v in via)) if via else set()
+            if type(referrer).__name__ == "frame" or (isinstance(referrer, dict) and _module_of(referrer)):
+                held |= reached
+            elif id(referrer) not in seen:
+                seen.add(id(referrer))
+                origins[id(referrer)] = reached
+                following[id(referrer)] = referrer
+            else:
+                origins.setdefault(id(referrer), set()).update(reached)
+        frontier = following
+        del objects, found
+    for key in frontier:  # still climbing: count it held rather than miss a leak
+        held |= origins[key]
+    return held
+
+
+def _holders(array: Any, ours: set[int], live_frames: set[int]) -> list[str]:
+    """What references ``array``, as a user would name it: a global of a module, a local
+    variable of a running function, a variable of a closure, found outwards through the
+    containers and objects between (breadth first, a few levels)."""
+    ours = set(ours)
+    seen = {id(array)}
+    level: list[tuple[Any, Any]] = [(array, None)]  # (object, the object it references on the way)
+    ours.add(id(level))
+    names: list[str] = []
+    for _ in range(5):
+        following: list[tuple[Any, Any]] = []
+        ours.add(id(following))
+        for obj, _inner in level:
+            found = gc.get_referrers(obj)
+            ours.add(id(found))
+            for referrer in found:
+                if id(referrer) in seen or not _foreign(referrer, ours, live_frames):
+                    continue
+                seen.add(id(referrer))
+                name = _named(referrer, obj)
+                if name is not None:
+                    if name and name not in names:
+                        names.append(name)
+                elif isinstance(referrer, (list, dict, tuple, set)) or hasattr(referrer, "__dict__"):
+                    following.append((referrer, obj))
+        if names or not following:
+            break
+        level = following
+    return names[:4]
+
+
+def _module_of(namespace: Any) -> Any:
+    return next((m for m in list(sys.modules.values()) if getattr(m, "__dict__", None) is namespace), None)
+
+
+def _named(referrer: Any, obj: Any) -> str | None:
+    """``referrer`` as a name the user knows, holding ``obj``; ``""`` for a holder that is
+    not the program's (JAX's or elastic_dew's own frames and closures); ``None`` when it is
+    a container or an object to look through."""
+    what = type(obj).__name__
+    if type(referrer).__name__ == "frame":
+        if _in(referrer.f_globals.get("__name__", ""), _THROUGH + _LIBRARIES):
+            return ""
+        key = next((k for k, v in referrer.f_locals.items() if v is obj), "?")
+        return f"the {what} {key}, a local variable of {referrer.f_code.co_name}()"
+    if isinstance(referrer, dict) and (module := _module_of(referrer)) is not None:
+        key = next((k for k, v in referrer.items() if v is obj), "?")
+        return f"the {what} {module.__name__}.{key}"
+    if type(referrer).__name__ == "cell":
+        functions = [f for t in gc.get_referrers(referrer) if isinstance(t, tuple)
+                     for f in gc.get_referrers(t) if callable(f) and getattr(f, "__closure__", None) is t]
+        if not functions or _in(getattr(functions[0], "__module__", "") or "", _THROUGH + _LIBRARIES):
+            return ""
+        return f"a {what} in the closure of {functions[0].__qualname__}()"
+    return None

@@ -1,0 +1,214 @@
+"""The patches that feed the simulator's watch: what the program does with its state.
+
+Public methods of pathwaysutils and Orbax, wrapped while a simulator is active
+(:class:`elastic_dew.simulate.patches.Registry` installs them), each telling the active
+simulator's :class:`~elastic_dew.simulate.watch.Watch` what happened: ``Manager.elastic_retry``
+(when the retried function runs and how each attempt ended), the ``Manager``'s
+``available_inactive_slices`` (a property over the instance's own value: when it became
+non-empty, and whether the program, not pathwaysutils, read it), Orbax's ``Snapshotter``
+(made, ``save``, ``load``) and ``CheckpointManager`` (made, ``save``, ``restore``), and the
+slice-down errors the simulator raises at a read or a dispatch the program made. A
+``Snapshotter.save`` lands the previous snapshot's copy first (not while a slice hangs), so
+which saves Orbax skips depends on the schedule, not on how long a copy took. With no
+simulator active every wrapper only passes through.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from elastic_dew._compat import orbax as orbax_private
+from elastic_dew.simulate.watch import own_loop_on_stack, placed_leaves
+
+__all__ = [
+    "AVAILABLE", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
+    "made", "snapshot_load", "snapshot_save", "tracking_retry",
+]
+
+
+def _module(frame: Any) -> str:
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
+
+
+def _caller() -> Any:
+    """The frame that called the function calling this (Python's public frame access)."""
+    frame = inspect.currentframe()
+    try:
+        return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    finally:
+        del frame  # a frame kept in its own local is a cycle: it would hold the caller's arrays until gc
+
+
+def _watch(reg: Any) -> Any:
+    """The active simulator's watch (:class:`elastic_dew.simulate.watch.Watch`), or None."""
+    simulator = reg.active
+    return getattr(simulator, "watch", None) if simulator is not None else None
+
+
+#: Callers whose slice-down errors are not the program learning of a fault: the libraries
+#: that probe slices and replicas on its behalf, and the simulator itself.
+_PROBING = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew.simulate", "elastic_dew.elastic.slices",
+            "elastic_dew._compat", "threading")
+
+
+def detected(simulator: Any, how: str, frame: Any) -> None:
+    """A slice-down error the simulator raises at a ``read`` or ``dispatch``, made by ``frame``."""
+    watch = getattr(simulator, "watch", None)
+    if watch is None:
+        return
+    while frame is not None and _module(frame).startswith(("jax", "numpy", "elastic_dew.simulate")):
+        frame = frame.f_back
+    if frame is None or _module(frame).startswith(_PROBING):
+        return
+    watch.detected(how)
+
+
+def tracking_retry(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Manager.elastic_retry``: the watch knows when the retried function runs and how it ended."""
+
+    def elastic_retry(self, *args, **kwargs):
+        decorator = original(self, *args, **kwargs)
+
+        def tracking(func):
+            @functools.wraps(func)
+            def attempt(*a, **k):
+                watch = _watch(reg)
+                if watch is None:
+                    return func(*a, **k)
+                watch.retry_entered()
+                try:
+                    result = func(*a, **k)
+                except BaseException as error:
+                    watch.retry_left(error)
+                    raise
+                watch.retry_left(None)
+                return result
+
+            return decorator(attempt)
+
+        return tracking
+
+    elastic_retry.__doc__ = original.__doc__
+    return elastic_retry
+
+
+#: The Manager's attribute that holds returned slices; pathwaysutils sets it, the program reads it.
+AVAILABLE = "available_inactive_slices"
+
+
+def available_property(reg: Any) -> property:
+    """``Manager.available_inactive_slices`` as a property over the instance's own value: the
+    watch sees it become non-empty, and the program (not pathwaysutils) read it."""
+
+    def get(self):
+        value = vars(self).get(AVAILABLE, frozenset())
+        watch = _watch(reg)
+        if watch is not None and value and not _module(_caller()).startswith(
+                ("pathwaysutils", "elastic_dew.simulate")):
+            watch.looked(frozenset(value))
+        return value
+
+    def set_(self, value):
+        vars(self)[AVAILABLE] = value
+        watch = _watch(reg)
+        if watch is not None and value:
+            watch.available(frozenset(value))
+
+    return property(get, set_, doc="the Manager's returned slices not yet in use")
+
+
+def made(reg: Any, what: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A class's ``__init__``: the watch sees one made (``Snapshotter``, ``CheckpointManager``)."""
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        watch = _watch(reg)
+        if watch is not None:
+            watch.created(what)
+
+    return __init__
+
+
+def snapshot_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Snapshotter.save``: the previous snapshot's copy is landed first (not while a slice
+    hangs: it could wait on it), so a save is skipped only when that copy cannot finish, and
+    the watch records the save (or its skip)."""
+
+    @functools.wraps(original)
+    def save(self, step, state):
+        simulator = reg.active
+        watch = _watch(reg)
+        if watch is None or _own_loop(_caller()):
+            return original(self, step, state)
+        if not simulator.hung:
+            self.join()
+        watch.saved("snapshot", step, state, skipped=orbax_private.snapshot_busy(self))
+        return original(self, step, state)
+
+    return save
+
+
+def snapshot_load(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Snapshotter.load``: what it returns carries the loaded snapshot's position."""
+
+    @functools.wraps(original)
+    def load(self, *args, **kwargs):
+        watch = _watch(reg)
+        if watch is None or _own_loop(_caller()):
+            return original(self, *args, **kwargs)
+        abstract = args[0] if args else kwargs.get("abstract_state")
+        watch.placing(placed_leaves(abstract), "Snapshotter.load (the abstract state's shardings)", _caller())
+        latest = self.latest
+        restored = original(self, *args, **kwargs)
+        watch.restored("snapshot", latest.step if latest is not None else None, restored)
+        return restored
+
+    return load
+
+
+def checkpoint_manager() -> type:
+    import orbax.checkpoint as ocp
+
+    return ocp.CheckpointManager
+
+
+def checkpoint_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``CheckpointManager.save``: the watch records each save Orbax took (it returns True)."""
+
+    @functools.wraps(original)
+    def save(self, step, *args, **kwargs):
+        saved = original(self, step, *args, **kwargs)
+        watch = _watch(reg)
+        if saved and watch is not None and not _own_loop(_caller()):
+            watch.saved("checkpoint", step, (args, kwargs))
+        return saved
+
+    return save
+
+
+def checkpoint_restore(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``CheckpointManager.restore``: what it returns carries the restored step's position."""
+
+    @functools.wraps(original)
+    def restore(self, step=None, *args, **kwargs):
+        watch = _watch(reg)
+        if watch is None or _own_loop(_caller()):
+            return original(self, step, *args, **kwargs)
+        watch.placing(placed_leaves((args, kwargs)), "CheckpointManager.restore (the abstract state's shardings)",
+                      _caller())
+        if step is None:
+            step = self.latest_step()
+        restored = original(self, step, *args, **kwargs)
+        watch.restored("checkpoint", step, restored)
+        return restored
+
+    return restore
+
+
+def _own_loop(frame: Any) -> bool:
+    """Whether elastic_dew's own loop is on the stack from ``frame`` (it announces its tiers)."""
+    return own_loop_on_stack(frame)

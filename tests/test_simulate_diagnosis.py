@@ -1,0 +1,144 @@
+"""The simulator diagnoses the program: what each fault cost it, and its mistakes by name.
+
+The gallery is ``tests/programs/guide_loop.py``, a loop written as pathwaysutils'
+resilience guide shows it (one ``Manager``, one Orbax ``Snapshotter``, ``elastic_retry``,
+Grain's ``ElasticIterator``) that makes one mistake on request (``--mistake NAME``, the
+name of the problem it must be diagnosed as). It imports nothing of elastic_dew. The
+issue's three cases run through ``elastic-dew simulate`` as a user runs them (exit status,
+verdict, ``--report``); the other mistakes run in this process under
+:class:`SimulatedSlices` and its :meth:`~SimulatedSlices.diagnose`, the same rules on the
+same records. TPU slices cannot exist here: the simulator stands in for them on CPU devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from functools import partial
+
+from conftest import REPO
+from elastic_dew.commands import simulate as simulate_command
+from elastic_dew.run import SimConfig
+from elastic_dew.simulate import SimulatedSlices
+from elastic_dew.simulate.diagnosis import PROBLEMS, diagnose
+from programs import guide_loop
+
+PROGRAM = REPO / "tests" / "programs" / "guide_loop.py"
+#: The issue's schedule: slice 2 lost at step 9 and back at step 17.
+SCHEDULE = "lose:2@9,restore:2@17"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _simulate(tmp_path: Path, *args: str, schedule: str = SCHEDULE):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastic_dew", "simulate", "--run-dir", str(tmp_path / "run"), "--report", str(report),
+         "--schedule", schedule, "--", sys.executable, str(PROGRAM), *args],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
+    )
+    return proc, json.loads(report.read_text()) if report.exists() else None
+
+
+def _explain(proc) -> str:
+    return f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-5000:]}"
+
+
+def _kinds(problems) -> list[str]:
+    return [p["kind"] if isinstance(p, dict) else p.kind for p in problems]
+
+
+# --------------------------------------------------------------------------- the issue's three cases
+
+
+@pytest.mark.slow
+def test_the_guide_shaped_loop_exits_0_with_no_problem_resumes_from_its_snapshot_and_takes_the_slice_back(tmp_path):
+    proc, verdict = _simulate(tmp_path)
+    assert proc.returncode == 0, _explain(proc)
+    assert verdict["problems"] == []
+    lose, restore = verdict["costs"]
+    assert (lose["fault"], lose["resumed_from"], lose["resumed_step"], lose["detected"]) == (
+        "lose:2@9/step", "snapshot", 8, "read")
+    assert lose["redone_steps"] <= 1 and lose["recovery_seconds"] >= 0
+    assert restore["fault"] == "restore:2@17/step" and restore["taken_up_after_steps"] == 0
+    assert verdict["totals"]["redone_steps"] == 1 and verdict["totals"]["steps"] == 25
+    assert "resumed from the snapshot of step 8, 1 steps redone" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_loop_that_recreates_its_snapshotter_keeps_its_states_and_ignores_the_returned_slice_fails_naming_each(
+        tmp_path):
+    proc, verdict = _simulate(tmp_path, "--mistake", "case1")
+    assert "done at step 24" in proc.stdout  # the program itself ends well
+    assert proc.returncode == 1, _explain(proc)
+    assert _kinds(verdict["problems"]) == ["recreated_per_attempt", "held_across_attempts", "returned_slice_ignored"]
+    held = verdict["problems"][1]
+    assert "16 device arrays" in held["detail"] and "KEPT" in held["detail"]
+    lose, restore = verdict["costs"]
+    assert (lose["resumed_from"], lose["redone_steps"]) == ("nothing", 9)
+    assert restore["taken_up_after_steps"] is None and restore["steps_short"] == 16
+    assert "PROBLEM held_across_attempts" in proc.stderr and "NEVER taken up" in proc.stderr
+    # --allow accepts what it names (the same run's records, judged again): the others still fail it
+    run_dir = tmp_path / "run"
+    again = partial(simulate_command.verdict, verdict["command"], SimConfig(), SCHEDULE, run_dir,
+                    run_dir / "faults.jsonl", [0], [1.0])
+    assert again(allow=("held_across_attempts", "recreated_per_attempt")).exit == 1
+    accepted = again(allow=tuple(_kinds(verdict["problems"])))
+    assert accepted.exit == 0 and all(p["allowed"] for p in accepted.to_json()["problems"])
+
+
+@pytest.mark.slow
+def test_a_loop_that_builds_its_mesh_from_jax_devices_fails_naming_mesh_on_lost_slice_and_slice_2(tmp_path):
+    proc, verdict = _simulate(tmp_path, "--mistake", "mesh_on_lost_slice")
+    assert proc.returncode == 1, _explain(proc)
+    assert set(_kinds(verdict["problems"])) == {"mesh_on_lost_slice"}
+    detail = verdict["problems"][0]["detail"]
+    assert "slice 2" in detail and "active slices [0,1,3]" in detail and "guide_loop.py" in detail
+    assert "PROBLEM mesh_on_lost_slice" in proc.stderr and "manager.active_slice_indices" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the gallery, in process
+
+
+def _run(mistake: str | None, schedule: str = SCHEDULE, steps: int = 24):
+    argv = ["--steps", str(steps)] + (["--mistake", mistake] if mistake else [])
+    with SimulatedSlices(4, 2, schedule=schedule) as sim:
+        try:
+            guide_loop.main(argv)
+        except RuntimeError:
+            pass  # a program that fails: its diagnosis says why
+        finally:
+            guide_loop.KEPT.clear()
+    return sim.diagnose()
+
+
+@pytest.mark.libraries
+@pytest.mark.parametrize("mistake", ["restored_nothing", "recreated_per_attempt", "held_across_attempts",
+                                     "returned_slice_ignored"])
+def test_each_mistake_of_the_gallery_is_diagnosed_by_its_name_and_nothing_else(mistake):
+    found = _run(mistake)
+    assert _kinds(found.problems) and set(_kinds(found.problems)) == {mistake}
+
+
+@pytest.mark.libraries
+def test_the_clean_loop_in_process_has_no_problem_and_the_costs_the_command_reports():
+    found = _run(None)
+    assert found.problems == ()
+    assert [(c.fault, c.resumed_from, c.redone_steps, c.taken_up_after_steps) for c in found.costs] == [
+        ("lose:2@9/step", "snapshot", 1, None), ("restore:2@17/step", "snapshot", 0, 0)]
+
+
+def test_an_unknown_allowed_kind_is_refused_naming_the_kinds():
+    with pytest.raises(ValueError, match="unknown problem kind held; the kinds are restored_nothing"):
+        diagnose([], [], allow=["held"])
+    assert len(PROBLEMS) >= 7
