@@ -583,12 +583,13 @@ _RULES = (_restored_nothing, _recreated_per_attempt, _held_across_attempts, _mes
           _no_save_at_preemption, _returned_slice_ignored)
 
 
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+def _bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 def diagnose(faults: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]],

@@ -319,7 +319,8 @@ class Watch:
                 if what not in described:
                     described.append(what)
         self._emit("held", arrays=len(held), bytes=int(sum(a.nbytes for a in held)),
-                   attempts=sorted({self._mark(a)[2] for a in held}), holders=described)
+                   attempts=sorted({mark[2] for a in held if (mark := self._mark(a)) is not None}),
+                   holders=described)
 
     # ----------------------------------------------------------------- placement
 
