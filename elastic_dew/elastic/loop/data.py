@@ -41,14 +41,14 @@ import collections
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import grain
 import jax
 
 from elastic_dew._compat import grain as grain_private
 
-__all__ = ["ElasticData", "POSITION_KEY", "default_read_options"]
+__all__ = ["ElasticData", "DataBatch", "POSITION_KEY", "default_read_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,15 @@ def default_read_options() -> grain.ReadOptions:
     return grain.ReadOptions(
         num_threads=max(1, min(16, os.cpu_count() or 1)), prefetch_buffer_size=2
     )
+
+
+class DataBatch(NamedTuple):
+    """One batch as :meth:`ElasticData.next` hands it out: the ``batch`` (a numpy pytree) and
+    the half-open range of global example indices it consumed, ``examples``. It unpacks as
+    ``batch, examples``."""
+
+    batch: Any
+    examples: tuple[int, int]
 
 
 class ElasticData:
@@ -190,11 +199,11 @@ class ElasticData:
             )
         return position
 
-    def next(self) -> tuple[Any, tuple[int, int]]:
+    def next(self) -> DataBatch:
         """The next batch (a numpy pytree) and the half-open range of global indices it consumed.
 
         Returns:
-            The batch, and its ``[start, end)`` global example indices.
+            The :class:`DataBatch`: the batch, and its ``[start, end)`` global example indices.
 
         Raises:
             RuntimeError: called before :meth:`start`.
@@ -210,7 +219,7 @@ class ElasticData:
         batch = next(self._iterator)
         start = self._position
         self._position = self._iterator.get_state()[POSITION_KEY]
-        return batch, (start, self._position)
+        return DataBatch(batch, (start, self._position))
 
     def get_state(self) -> dict:
         """A JSON-able dict: the global index of the next example, and the dataset length.

@@ -56,7 +56,7 @@ from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
 from elastic_dew.elastic.loop.attempt import Attempt, InFlight
 from elastic_dew.elastic.loop.compiler import StepCompiler
-from elastic_dew.elastic.loop.data import ElasticData
+from elastic_dew.elastic.loop.data import DataBatch, ElasticData
 from elastic_dew.elastic.loop.evaluation import OWED, Evaluation
 from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, StepFn, WaitingNotice
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
@@ -360,7 +360,7 @@ class ElasticRun:
         return InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
 
-    def _read_data(self, step: int) -> tuple[Any, Any]:
+    def _read_data(self, step: int) -> DataBatch:
         """Step ``step``'s batch, within the storage timeout (at least
         :data:`~elastic_dew.elastic.state.storage.FLOOR_SECONDS` when automatic): a data file
         whose reads block (a stalled Cloud Storage FUSE mount) ends the run with

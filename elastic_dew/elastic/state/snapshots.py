@@ -36,7 +36,7 @@ import dataclasses
 import json
 import logging
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -47,7 +47,7 @@ from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic.state import packing
 from elastic_dew.elastic.state.meta import meta_json
 
-__all__ = ["Snapshots"]
+__all__ = ["Snapshots", "LoadedSnapshot"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,15 @@ class _PrecompiledFunction:
             if not self._ready:
                 self._compiled = self.jitted.lower(*abstract).compile()
                 self._ready = True
+
+
+class LoadedSnapshot(NamedTuple):
+    """A snapshot loaded onto a mesh: the ``state``, the ``meta`` saved beside it and its
+    ``step``. It unpacks as ``state, meta, step``."""
+
+    state: Any
+    meta: dict
+    step: int
 
 
 class Snapshots:
@@ -350,8 +359,8 @@ class Snapshots:
         stored = json.loads(replica_trees[0][_META])
         return stored["meta"], stored["packing"], int(step)
 
-    def load(self, abstract_state: Any) -> tuple[Any, dict, int]:
-        """Return ``(state, meta, step)`` of the newest snapshot on ``abstract_state``'s shardings.
+    def load(self, abstract_state: Any) -> LoadedSnapshot:
+        """Return the :class:`LoadedSnapshot` ``(state, meta, step)`` of the newest snapshot on ``abstract_state``'s shardings.
 
         Joins first. Replicas on lost slices are skipped. The snapshot is then re-split on
         the new mesh, so the next loss is survivable too.
@@ -410,7 +419,7 @@ class Snapshots:
                     step,
                 )
                 raise
-        return jax.tree_util.tree_unflatten(treedef, leaves), meta, step
+        return LoadedSnapshot(jax.tree_util.tree_unflatten(treedef, leaves), meta, step)
 
     def _unpacker(self, layout: dict, targets: tuple) -> _PrecompiledFunction:
         key = (json.dumps(layout, sort_keys=True), targets)
