@@ -158,6 +158,7 @@ class ProxyProgram:
     output_memory_kinds: list[str]
     output_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     output_bytes: int = 0
+    outputs: list[tuple[int, tuple[int, ...], Any, str | None]] | None = None  # each result's spec, once run
 
 
 # IFRT serialisation names of the shardings the client sends and reads.
@@ -260,6 +261,8 @@ class ProxyBackend:
         self._next_handle = 1 << 63  # above every handle the client makes itself
         self.dispatches = 0
         self.stepper: Any = None  # a StepSchedule, set by its attach()
+        self._singles: dict[tuple[int, str | None], Any] = {}
+        self._gspmd: dict[tuple[tuple[int, ...], bytes, str | None], Any] = {}
 
     # -------------------------------------------------------------- handles and futures
 
@@ -311,25 +314,46 @@ class ProxyBackend:
         device_ids, memory = sharding_devices(sharding)
         return ProxyArray(kind, tuple(shape), sharding, device_ids, memory, shards, self.slices.epochs(device_ids), error)
 
-    def shard_on(self, value: np.ndarray, device_id: int, memory_kind: str | None) -> Any:
+    def _single(self, device_id: int, memory_kind: str | None) -> Any:
+        key = (device_id, memory_kind)
+        sharding = self._singles.get(key)
+        if sharding is None:
+            import jax
+
+            sharding = self._singles[key] = jax.sharding.SingleDeviceSharding(self.device(device_id),
+                                                                              memory_kind=memory_kind)
+        return sharding
+
+    def shard_on(self, value: Any, device_id: int, memory_kind: str | None) -> Any:
+        """``value`` (a host array or a single-device ``jax.Array``) on device ``device_id``."""
+        return self.shards_on([value], [device_id], memory_kind)[0]
+
+    def shards_on(self, values: Sequence[Any], device_ids: Sequence[int], memory_kind: str | None) -> list[Any]:
+        """Each of ``values`` on the device of the same place in ``device_ids``, in one batched put."""
         import jax
 
-        sharding = jax.sharding.SingleDeviceSharding(self.device(device_id), memory_kind=memory_kind)
-        return jax.device_put(value, sharding)
+        return list(jax.device_put(list(values), [self._single(d, memory_kind) for d in device_ids]))
 
     def assembled(self, held: ProxyArray, device_ids: Sequence[int], op_sharding: Any, memory_kind: str | None) -> Any:
-        """``held`` as one ``jax.Array`` over ``device_ids`` sharded by ``op_sharding``."""
-        import jax
-
+        """``held`` as one ``jax.Array`` over ``device_ids`` sharded by ``op_sharding`` (its
+        shards joined as they are, in that order: no copy, no check)."""
         from elastic_dew._compat import jax as jax_private
 
         if len(held.shards) == 1 and len(device_ids) == 1:
             return held.shards[0]
-        devices = [self.device(d) for d in device_ids]
-        sharding = jax_private.XLA_GSPMD_SHARDING.get()(devices, op_sharding, memory_kind=memory_kind)
-        by_device = {d: s for d, s in zip(held.device_ids, held.shards)}
+        key = (tuple(device_ids), op_sharding.SerializeToString(), memory_kind)
+        sharding = self._gspmd.get(key)
+        if sharding is None:
+            devices = [self.device(d) for d in device_ids]
+            sharding = self._gspmd[key] = jax_private.XLA_GSPMD_SHARDING.get()(devices, op_sharding,
+                                                                               memory_kind=memory_kind)
+        by_device = dict(zip(held.device_ids, held.shards))
         shards = [by_device[d] for d in device_ids if d in by_device]
-        return jax.make_array_from_single_device_arrays(held.shape, sharding, shards)
+        if len(shards) != len(device_ids):
+            raise ProxyError(INVALID_ARGUMENT, f"an argument on devices {list(held.device_ids)} does not cover the "
+                                               f"program's devices {list(device_ids)}")
+        aval = jax_private.SHAPED_ARRAY.get()(held.shape, numpy_dtype(held.kind))
+        return jax_private.ARRAY_IMPL.get()(aval, sharding, shards, committed=True, _skip_checks=True)
 
     def to_numpy(self, held: ProxyArray) -> np.ndarray:
         """The whole array on the host."""
@@ -418,20 +442,24 @@ class ProxyBackend:
         results = program.executable.execute_sharded(inputs)
         outputs = results.disassemble_into_single_device_arrays()
         self.dispatches += 1
-        held_out = []
-        for index, shards in enumerate(outputs):
-            first = shards[0]
-            memory = program.output_memory_kinds[index] if index < len(program.output_memory_kinds) else None
-            if len(program.device_ids) == 1:
-                sharding = single_device_sharding(program.device_ids[0], memory)
-            else:
-                op = program.output_shardings[index] if index < len(program.output_shardings) else _replicated()
-                sharding = hlo_sharding(program.device_ids, memory, op.SerializeToString())
-            shape = program.output_shapes[index] if index < len(program.output_shapes) else tuple(first.shape)
-            held = self.make_held(dtype_kind(first.dtype), shape, sharding, list(shards), error)
-            held.producer = program.name
-            held_out.append(held)
-        return held_out, error
+        if program.outputs is None:  # what every run's results are, read once
+            program.outputs = [self._output_spec(program, index, shards) for index, shards in enumerate(outputs)]
+        epochs = self.slices.epochs(program.device_ids)
+        return [ProxyArray(kind, shape, sharding, program.device_ids, memory, list(shards), epochs, error, program.name)
+                for (kind, shape, sharding, memory), shards in zip(program.outputs, outputs)], error
+
+    def _output_spec(self, program: ProxyProgram, index: int, shards: list[Any]) -> tuple[int, tuple[int, ...], Any,
+                                                                                          str | None]:
+        """The dtype kind, shape, IFRT sharding and memory kind of the program's ``index``-th result."""
+        first = shards[0]
+        memory = program.output_memory_kinds[index] if index < len(program.output_memory_kinds) else None
+        if len(program.device_ids) == 1:
+            sharding = single_device_sharding(program.device_ids[0], memory)
+        else:
+            op = program.output_shardings[index] if index < len(program.output_shardings) else _replicated()
+            sharding = hlo_sharding(program.device_ids, memory, op.SerializeToString())
+        shape = program.output_shapes[index] if index < len(program.output_shapes) else tuple(first.shape)
+        return dtype_kind(first.dtype), shape, sharding, memory
 
 
 def read_module(mlir: bytes) -> tuple[str, list[tuple[int, ...]], int]:

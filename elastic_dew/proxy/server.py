@@ -174,7 +174,7 @@ class Session:
             value = np.lib.stride_tricks.as_strided(flat.view(dtype) if flat.size else flat, shape,
                                                     tuple(strides.strides))
             return np.ascontiguousarray(value)
-        return flat.view(dtype).reshape(shape).copy() if flat.size else np.zeros(shape, dtype)
+        return flat.view(dtype).reshape(shape) if flat.size else np.zeros(shape, dtype)
 
     def _make_array_from_host_buffer_request(self, request: Any) -> Any:
         shape = tuple(request.shape.dims)
@@ -186,7 +186,7 @@ class Session:
             # a whole array for a sharded layout: each device takes its own part
             held = self._sharded_from_whole(request.dtype.kind, shape, request.sharding, value)
         else:
-            shards = [self.backend.shard_on(value, d, memory) for d in device_ids]
+            shards = self.backend.shards_on([value] * len(device_ids), device_ids, memory)
             held = self.backend.make_held(request.dtype.kind, shape, request.sharding, shards)
         handle = request.array_handle if request.HasField("array_handle") else self.backend.new_handle()
         self.backend.put(handle, held)
@@ -203,7 +203,7 @@ class Session:
         op.ParseFromString(inner.xla_op_sharding.SerializeToString())
         devices = [self.backend.device(d) for d in device_ids]
         indices = jax_private.XLA_GSPMD_SHARDING.get()(devices, op).devices_indices_map(shape)
-        shards = [self.backend.shard_on(value[indices[device]], d, memory) for d, device in zip(device_ids, devices)]
+        shards = self.backend.shards_on([value[indices[device]] for device in devices], device_ids, memory)
         return self.backend.make_held(kind, shape, sharding, shards)
 
     def _make_arrays_from_host_buffer_shards_request(self, request: Any) -> Any:
@@ -213,15 +213,16 @@ class Session:
             array_spec = spec.array_spec
             shape = tuple(array_spec.shape.dims)
             device_ids, memory = be.sharding_devices(array_spec.sharding)
-            shards: dict[int, Any] = {}
+            values: dict[int, np.ndarray] = {}
             for indices, buffer in zip(spec.addressable_shard_indices, spec.host_buffers):
                 value = self._host_array(buffer.dtype.kind, tuple(buffer.shape.dims),
                                          self._take_buffer(buffer.host_buffer_handle),
                                          buffer.byte_strides if buffer.HasField("byte_strides") else None)
                 for position in indices.indices:
-                    shards[position] = self.backend.shard_on(value, device_ids[position], memory)
-            held = self.backend.make_held(array_spec.dtype.kind, shape, array_spec.sharding,
-                                          [shards[p] for p in sorted(shards)])
+                    values[position] = value
+            positions = sorted(values)
+            shards = self.backend.shards_on([values[p] for p in positions], [device_ids[p] for p in positions], memory)
+            held = self.backend.make_held(array_spec.dtype.kind, shape, array_spec.sharding, shards)
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             self.backend.put(handle, held)
             out.array_handles.append(handle)
@@ -281,7 +282,7 @@ class Session:
         targets = list(request.device_ids)
         for index, source in enumerate(request.array_handles):
             held = self.backend.get(source)
-            shards = [self.backend.shard_on(shard, target, memory) for shard, target in zip(held.shards, targets)]
+            shards = self.backend.shards_on(held.shards, targets[:len(held.shards)], memory)
             moved = be.moved_sharding(held.sharding, targets, memory)
             copy = self.backend.make_held(held.kind, held.shape, moved, shards, self.backend.status(held))
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
@@ -315,7 +316,7 @@ class Session:
                 else:
                     device_ids, memory = be.sharding_devices(spec.sharding)
                     copy = self.backend.make_held(spec.dtype.kind, shape, spec.sharding,
-                                                  [self.backend.shard_on(value, d, memory) for d in device_ids])
+                                                  self.backend.shards_on([value] * len(device_ids), device_ids, memory))
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             out.array_handles.append(self.backend.put(handle, copy))
         return out
