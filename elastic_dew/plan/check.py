@@ -28,7 +28,7 @@ from pathlib import Path
 
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.plan import model
-from elastic_dew.plan.inputs import Cluster, Costs
+from elastic_dew.plan.inputs import Cluster, Costs, known
 
 __all__ = ["Measured", "Comparison", "measure", "by_settings", "compare", "check_frame", "expected_losses",
            "FRAME_TAIL"]
@@ -39,8 +39,8 @@ __all__ = ["Measured", "Comparison", "measure", "by_settings", "compare", "check
 FRAME_TAIL = 1e-6
 
 #: ``ElasticConfig``'s cadences, for a run that neither gave one nor shows it.
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ElasticConfig) if f.name in (
-    "snapshot_every", "checkpoint_every")}
+_DEFAULTS: dict[str, int] = {f.name: f.default for f in dataclasses.fields(ElasticConfig) if f.name in (
+    "snapshot_every", "checkpoint_every") and isinstance(f.default, int)}
 
 #: The fault actions that are slice losses: ridden in process, or ending the program.
 _LOSSES = ("lose", "kill", "error")
@@ -124,8 +124,8 @@ def measure(run_dir: str | os.PathLike[str]) -> Measured:
         last = stops[-1].reason if stops else "none"
         raise ValueError(f"{run_dir} did not finish (its last stop: {last}); --check measures finished runs")
     closing = _closing_saves(events)
-    saves = [i for i, e in enumerate(events) if isinstance(e, ev.Save) and e.taken and not closing[i]]
-    checkpoints = [i for i in saves if events[i].tier == "checkpoint"]
+    saves = {i: e for i, e in enumerate(events) if isinstance(e, ev.Save) and e.taken and not closing[i]}
+    checkpoints = [i for i, e in saves.items() if e.tier == "checkpoint"]
     step_indices = [i for i, e in enumerate(events) if isinstance(e, ev.Step)]
     if not step_indices:
         raise ValueError(f"{run_dir} has no step")
@@ -141,8 +141,8 @@ def measure(run_dir: str | os.PathLike[str]) -> Measured:
     steps = [e for e in events if isinstance(e, ev.Step)]
     slices = max(e.slices for e in steps)
     fewest = min(e.slices for e in steps)
-    snapshots = [events[i].step for i in saves if events[i].tier == "snapshot"]
-    checkpoint_steps = [events[i].step for i in checkpoints]
+    snapshots = [e.step for e in saves.values() if e.tier == "snapshot"]
+    checkpoint_steps = [saves[i].step for i in checkpoints]
     argv: list[str] | None = None
     command = run_dir / "command.json"
     if command.is_file():
@@ -154,12 +154,12 @@ def measure(run_dir: str | os.PathLike[str]) -> Measured:
         ("snapshot_every", "--snapshot-every"), ("checkpoint_every", "--checkpoint-every"),
         ("min_slices", "--min-slices"))} if argv else {}
     # A setting the command line gave, else the cadence the record shows, else the default.
-    snapshot_every = int(given["snapshot_every"]) if given.get("snapshot_every") else (
+    snapshot_every = int(text) if (text := given.get("snapshot_every")) else (
         _cadence(snapshots) or _DEFAULTS["snapshot_every"])
-    checkpoint_every = int(given["checkpoint_every"]) if given.get("checkpoint_every") else (
+    checkpoint_every = int(text) if (text := given.get("checkpoint_every")) else (
         _cadence(checkpoint_steps) or _DEFAULTS["checkpoint_every"])
     if argv:
-        min_slices = int(given["min_slices"]) if given.get("min_slices") else None
+        min_slices = int(text) if (text := given.get("min_slices")) else None
         source = "settings from its command line, else its record"
     else:
         min_slices = fewest if fewest < slices else None
@@ -176,7 +176,7 @@ def measure(run_dir: str | os.PathLike[str]) -> Measured:
         productive_seconds=productive, losses=len(faults), ends_process=ends_process, slices=slices, policy=policy,
         snapshot_every=None if policy == "restart" else snapshot_every, checkpoint_every=checkpoint_every,
         min_slices=min_slices if policy == "replica_resize" else None, settings_source=source,
-        steps=max(1, events[end].step - (events[start].step if hasattr(events[start], "step") else 0)),
+        steps=max(1, steps[-1].step - getattr(events[start], "step", 0)),
         floor_given=bool(argv),
     )
 
@@ -200,7 +200,8 @@ def compare(runs: list[Measured], costs: Costs, cluster: Cluster) -> Comparison:
     prediction on ``cluster`` (with the runs' slice count) at their settings, for runs of
     their mean measured steps.
 
-    Raises ``ValueError`` for no runs, or runs of different policies or settings.
+    Raises ``ValueError`` for no runs, runs of different policies or settings, or a cost not
+    known.
     """
     if not runs:
         raise ValueError("no runs to compare")
@@ -212,7 +213,7 @@ def compare(runs: list[Measured], costs: Costs, cluster: Cluster) -> Comparison:
     steps = round(statistics.fmean(r.steps for r in runs))
     # A floor no command line gave is the fewest slices any of the runs stepped on.
     floor = first.min_slices if first.floor_given else min((r.min_slices for r in runs if r.min_slices), default=None)
-    predicted = model.evaluate(costs, _frame(cluster, first), first.policy, snapshot_every=first.snapshot_every,
+    predicted = model.evaluate(known(costs), _frame(cluster, first), first.policy, snapshot_every=first.snapshot_every,
                                checkpoint_every=first.checkpoint_every, min_slices=floor, steps=steps).goodput
     return Comparison(first.policy, len(runs), statistics.fmean(values), se, predicted)
 

@@ -27,7 +27,7 @@ import math
 import random
 
 from elastic_dew.plan import model
-from elastic_dew.plan.inputs import Cluster, Costs
+from elastic_dew.plan.inputs import Cluster, KnownCosts
 
 __all__ = ["simulate", "give_up_share"]
 
@@ -37,7 +37,7 @@ _EVENTS_PER_FAULT = 50
 
 
 def simulate(
-    costs: Costs,
+    costs: KnownCosts,
     cluster: Cluster,
     policy: str,
     *,
@@ -57,7 +57,7 @@ def simulate(
 
 
 def give_up_share(
-    costs: Costs,
+    costs: KnownCosts,
     cluster: Cluster,
     policy: str,
     *,
@@ -89,7 +89,7 @@ def give_up_share(
 
 
 def _simulate(
-    costs: Costs,
+    costs: KnownCosts,
     cluster: Cluster,
     policy: str,
     *,

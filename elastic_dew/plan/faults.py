@@ -94,8 +94,8 @@ def draw_schedule(
     horizon = HORIZON * steps * step_seconds
     queue: list[tuple[float, int, str, int | None]] = []  # (time, order, action, slice)
     order = 0
-    for index in range(cluster.slices):
-        heapq.heappush(queue, (rng.expovariate(1.0 / up_mean), order, "fail", index))
+    for first in range(cluster.slices):
+        heapq.heappush(queue, (rng.expovariate(1.0 / up_mean), order, "fail", first))
         order += 1
     if preempt_rate > 0:
         heapq.heappush(queue, (rng.expovariate(preempt_rate), order, "preempt", None))
@@ -111,6 +111,7 @@ def draw_schedule(
             if kind != "return":
                 continue  # past the horizon only the returns of slices still down are written
         if kind == "fail":
+            assert index is not None, "a slice's own events name it"
             action = loss
             if loss == "lose":
                 down.add(index)

@@ -24,12 +24,14 @@ import os
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from elastic_dew.settings import Bound, SettingError, check_fields, mention, setting
 
 __all__ = [
     "Costs",
+    "KnownCosts",
+    "known",
     "Cluster",
     "Input",
     "COST_FIELDS",
@@ -98,6 +100,61 @@ class Costs:
         ``loop_overhead_seconds`` and ``new_mesh_seconds``, 0 unless measured or given, is
         needed)."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
+
+
+class KnownCosts(Protocol):
+    """A :class:`Costs` with every figure known (:func:`known`): what the model computes with."""
+
+    @property
+    def step_seconds(self) -> float: ...
+
+    @property
+    def data_wait_seconds(self) -> float: ...
+
+    @property
+    def loop_overhead_seconds(self) -> float: ...
+
+    @property
+    def snapshot_seconds(self) -> float: ...
+
+    @property
+    def checkpoint_seconds(self) -> float: ...
+
+    @property
+    def snapshot_restore_seconds(self) -> float: ...
+
+    @property
+    def checkpoint_restore_seconds(self) -> float: ...
+
+    @property
+    def recovery_seconds(self) -> float: ...
+
+    @property
+    def restart_seconds(self) -> float: ...
+
+    @property
+    def scale_up_seconds(self) -> float: ...
+
+    @property
+    def new_mesh_seconds(self) -> float: ...
+
+
+def known(costs: Costs) -> KnownCosts:
+    """``costs`` as the model reads it, every figure known.
+
+    Args:
+        costs: the costs.
+
+    Returns:
+        The same costs.
+
+    Raises:
+        ValueError: a figure is not known yet (:meth:`Costs.missing`).
+    """
+    missing = costs.missing()
+    if missing:
+        raise ValueError(f"a plan needs every cost; not known: {', '.join(missing)}")
+    return cast(KnownCosts, costs)
 
 
 @dataclasses.dataclass(frozen=True)

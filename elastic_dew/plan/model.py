@@ -68,7 +68,7 @@ from collections.abc import Callable
 import numpy as np
 
 from elastic_dew._deprecation import moved_names
-from elastic_dew.plan.inputs import Cluster, Costs
+from elastic_dew.plan.inputs import Cluster, KnownCosts
 
 __all__ = [
     "POLICIES",
@@ -198,13 +198,13 @@ def _shortage(pool: int, spares: int, r: Rates) -> tuple[float, float, float]:
     return ok, u, length
 
 
-def _loop_seconds(costs: Costs) -> float:
+def _loop_seconds(costs: KnownCosts) -> float:
     """The running time of one step of the loop, without saves: the step, its wait for the
     batch and the loop's own time between steps."""
     return costs.step_seconds + costs.data_wait_seconds + costs.loop_overhead_seconds
 
 
-def _running_per_step(costs: Costs, snapshot_every: int | None, checkpoint_every: int | None) -> float:
+def _running_per_step(costs: KnownCosts, snapshot_every: int | None, checkpoint_every: int | None) -> float:
     """The running time of one step of the loop with its share of the saves."""
     per_step = _loop_seconds(costs)
     if snapshot_every:
@@ -214,7 +214,7 @@ def _running_per_step(costs: Costs, snapshot_every: int | None, checkpoint_every
     return per_step
 
 
-def _efficiency(costs: Costs, snapshot_every: int | None, checkpoint_every: int | None) -> tuple[float, float, float]:
+def _efficiency(costs: KnownCosts, snapshot_every: int | None, checkpoint_every: int | None) -> tuple[float, float, float]:
     """The share of running time that is productive step time (not the wait for a batch,
     not the loop's own time between steps, not a save), and the running time between
     snapshots and between checkpoints (``inf`` when off)."""
@@ -227,7 +227,7 @@ def _efficiency(costs: Costs, snapshot_every: int | None, checkpoint_every: int 
 
 
 def evaluate(
-    costs: Costs,
+    costs: KnownCosts,
     cluster: Cluster,
     policy: str,
     *,
@@ -301,7 +301,7 @@ def _clip(x: float) -> float:
 
 
 def _replica_resize(
-    costs: Costs, cluster: Cluster, r: Rates, e: float, tau_s: float, preempt_cost: float, floor: int
+    costs: KnownCosts, cluster: Cluster, r: Rates, e: float, tau_s: float, preempt_cost: float, floor: int
 ) -> PolicyOutcome:
     n, spares = cluster.slices, cluster.spares
     if not 1 <= floor <= n:

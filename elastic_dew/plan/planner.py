@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from elastic_dew.plan import model, retry
-from elastic_dew.plan.inputs import Cluster, Costs
+from elastic_dew.plan.inputs import Cluster, Costs, KnownCosts, known
 
 __all__ = ["PolicyPlan", "Plan", "plan", "plan_policy", "planned_steps", "SLICE_GRID", "UNRIDDEN_PER_DAY",
            "PLANNED_SECONDS", "with_retry"]
@@ -99,7 +99,7 @@ def _steps(seconds: float, step: float) -> int:
     return max(1, round(seconds / step))
 
 
-def plan_policy(costs: Costs, cluster: Cluster, policy: str, steps: int | None = None) -> PolicyPlan:
+def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | None = None) -> PolicyPlan:
     """``policy`` on ``cluster`` at its recommended cadences (and floor), for a run of
     ``steps`` steps (``None``: :data:`PLANNED_SECONDS` of running): replica-resize's
     recoveries onto a set of slices new to the process cost ``new_mesh_seconds`` more."""
@@ -139,7 +139,7 @@ def plan_policy(costs: Costs, cluster: Cluster, policy: str, steps: int | None =
     return _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step)
 
 
-def _floor(costs: Costs, cluster: Cluster, every_s: int, every_c: int, steps: int | None = None) -> int:
+def _floor(costs: KnownCosts, cluster: Cluster, every_s: int, every_c: int, steps: int | None = None) -> int:
     def useful(m: int) -> float:
         return model.evaluate(costs, cluster, "replica_resize", snapshot_every=every_s, checkpoint_every=every_c,
                               min_slices=m, steps=steps).useful_work
@@ -156,13 +156,13 @@ def _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, st
     )
 
 
-def planned_steps(costs: Costs, row: PolicyPlan) -> int:
+def planned_steps(costs: KnownCosts, row: PolicyPlan) -> int:
     """The steps of :data:`PLANNED_SECONDS` of running at ``row``'s cadences."""
     per_step = model._running_per_step(costs, row.snapshot_every, row.checkpoint_every)
     return max(1, round(PLANNED_SECONDS / per_step))
 
 
-def with_retry(costs: Costs, cluster: Cluster, row: PolicyPlan, *, steps: int | None = None,
+def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: int | None = None,
                bound: float = retry.GIVE_UP_BOUND,
                retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> PolicyPlan:
     """``row`` with its retry budget for a run of ``steps`` steps (``None``:
@@ -188,13 +188,11 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
     Raises ``ValueError`` when a cost a policy needs is not known, or for a ``bound``
     outside (0, 1).
     """
-    missing = costs.missing()
-    if missing:
-        raise ValueError(f"a plan needs every cost; not known: {', '.join(missing)}")
+    ready = known(costs)
     spares = cluster.spares or model.recommend_spares(cluster)
     counts = sorted({0, spares})
     rows = tuple(
-        with_retry(costs, dataclasses.replace(cluster, spares=k), plan_policy(costs, dataclasses.replace(
+        with_retry(ready, dataclasses.replace(cluster, spares=k), plan_policy(ready, dataclasses.replace(
             cluster, spares=k), policy, steps), steps=steps, bound=bound, retry_reset_steps=retry_reset_steps)
         for k in counts for policy in model.POLICIES
     )
@@ -203,7 +201,7 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
     for n in grid:
         sized = dataclasses.replace(cluster, slices=n)
         for policy in model.POLICIES:
-            row = plan_policy(costs, sized, policy, steps)
+            row = plan_policy(ready, sized, policy, steps)
             by_slices.append({"slices": n, "policy": policy, "goodput": row.goodput, "useful_work": row.useful_work,
                               "snapshot_every": row.snapshot_every, "checkpoint_every": row.checkpoint_every,
                               "min_slices": row.min_slices})

@@ -51,7 +51,7 @@ import numpy as np
 
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.plan import model
-from elastic_dew.plan.inputs import Cluster, Costs
+from elastic_dew.plan.inputs import Cluster, KnownCosts
 
 __all__ = [
     "RetryBudget",
@@ -68,10 +68,11 @@ __all__ = [
 #: The share of runs of the planned length that may give up: one in a thousand.
 GIVE_UP_BOUND = 1e-3
 
-_FIELDS = {f.name: f for f in dataclasses.fields(ElasticConfig)}
+_DEFAULTS: dict[str, int] = {f.name: f.default for f in dataclasses.fields(ElasticConfig)
+                             if f.name in ("max_attempts", "retry_reset_steps") and isinstance(f.default, int)}
 #: ``ElasticConfig``'s defaults: 10 slice losses within 50 steps of progress.
-DEFAULT_MAX_ATTEMPTS: int = _FIELDS["max_attempts"].default
-DEFAULT_RETRY_RESET_STEPS: int = _FIELDS["retry_reset_steps"].default
+DEFAULT_MAX_ATTEMPTS: int = _DEFAULTS["max_attempts"]
+DEFAULT_RETRY_RESET_STEPS: int = _DEFAULTS["retry_reset_steps"]
 
 #: The largest ``max_attempts`` the recommendation searches.
 LARGEST_MAX_ATTEMPTS = 1000
@@ -127,7 +128,7 @@ class _Window:
     tau: float
 
 
-def _window(costs: Costs, cluster: Cluster, policy: str, snapshot_every: int | None, checkpoint_every: int | None,
+def _window(costs: KnownCosts, cluster: Cluster, policy: str, snapshot_every: int | None, checkpoint_every: int | None,
             min_slices: int | None, reset_steps: int, steps: int) -> _Window:
     if policy not in RETRIED_POLICIES:
         raise ValueError(f"policy {policy!r} has no in-process retry budget (one of {', '.join(RETRIED_POLICIES)})")
@@ -183,7 +184,7 @@ def _cluster_pmf(w: _Window, largest: int) -> np.ndarray:
 
 
 def window_losses(
-    costs: Costs,
+    costs: KnownCosts,
     cluster: Cluster,
     policy: str,
     *,
@@ -227,7 +228,7 @@ def _run_give_up(pmf: np.ndarray, windows: float, max_attempts: int) -> float:
 
 
 def give_up_probability(
-    costs: Costs,
+    costs: KnownCosts,
     cluster: Cluster,
     policy: str,
     *,
@@ -252,7 +253,7 @@ def give_up_probability(
 
 
 def recommend(
-    costs: Costs,
+    costs: KnownCosts,
     cluster: Cluster,
     policy: str,
     *,
