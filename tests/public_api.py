@@ -37,23 +37,42 @@ SNAPSHOT = REPO / "tests" / "public_api.txt"
 DOCS_PAGE = REPO / "docs" / "api.md"
 REGENERATE = "python tests/public_api.py --write"
 
-#: The public modules, and what each is for (the docs page's sections). A public name is in
-#: one of these modules' ``__all__``; every other module may change or move freely.
-PUBLIC_MODULES: dict[str, str] = {
-    "elastic_dew": "the trainer and its settings, at the top",
-    "elastic_dew.runtime": "the process: prepare it before JAX starts, preemption, compilation cache",
-    "elastic_dew.settings": "settings declared once (default, range), their one refusal, and the one command-line builder",
-    "elastic_dew.elastic": "the elastic layer for your own loop: settings, slices and meshes, state tiers, the stop/resume protocol",
-    "elastic_dew.elastic.hooks": "phase announcements: where a loop says what it is doing, for the simulator to fire faults at",
-    "elastic_dew.elastic.events": "the typed events of a run: the run record's lines and what sinks receive",
-    "elastic_dew.trainer": "the trainer",
-    "elastic_dew.run": "a recipe run, as the command line and a recipe's own main() run it",
-    "elastic_dew.record": "reading and summarising a run directory's record",
-    "elastic_dew.simulate": "simulated slices and fault schedules on CPU",
-    "elastic_dew.proxy": "a local Pathways backend: JAX's IFRT proxy protocol served by CPU slices on loopback",
-    "elastic_dew.observe": "the sinks that show a run (a progress display, TensorBoard, the goodput export), its options, the log setup",
-    "elastic_dew.testing.pytest_plugin": "the pytest plugin (its marker, fixture and option are below)",
+#: What a user is doing, and the public modules for it, each with what it is for (the docs
+#: page's sections, in this order). A public name is in one of these modules' ``__all__``;
+#: every other module may change or move freely.
+GROUPS: dict[str, tuple[str, dict[str, str]]] = {
+    "Train": ("A model, an optimizer and a dataset, trained through slice loss and preemption; "
+              "a recipe run as the command line runs it; what the run leaves behind.", {
+        "elastic_dew": "the trainer and its settings, at the top",
+        "elastic_dew.trainer": "the trainer and what `fit` returns",
+        "elastic_dew.runtime": "the process: prepare it before JAX starts, preemption, compilation cache",
+        "elastic_dew.run": "a recipe run, as the command line and a recipe's own main() run it",
+        "elastic_dew.settings": "settings declared once (default, range or choices) and their one refusal, for your own configuration",
+        "elastic_dew.observe": "the sinks that show a run (TensorBoard, the goodput export), its options, the log setup",
+        "elastic_dew.record": "reading and summarising a run directory's record",
+    }),
+    "Bring your own loop": ("Your own `train_step`, made elastic by the protocol the trainer runs on.", {
+        "elastic_dew.elastic": "the elastic layer for your own loop: its settings, the protocol and your program, data, state tiers, meshes",
+        "elastic_dew.elastic.events": "the typed events of a run: the run record's lines and what sinks receive",
+        "elastic_dew.elastic.hooks": "phase announcements: where a loop says what it is doing, for the simulator to fire faults at",
+    }),
+    "Test": ("Your program on simulated slices with injected faults, on CPU: in-process, under "
+             "pytest, through a local Pathways backend, or as chaos scenarios.", {
+        "elastic_dew.simulate": "simulated slices and fault schedules on CPU",
+        "elastic_dew.testing.pytest_plugin": "the pytest plugin (its marker, fixture and option are below)",
+        "elastic_dew.proxy": "a local Pathways backend: JAX's IFRT proxy protocol served by CPU slices on loopback",
+        "elastic_dew.testing": "the chaos harness: faulted scenarios, their runs and the invariants they keep",
+    }),
+    "Plan": ("What a run will cost at your scale, and which settings to pick.", {
+        "elastic_dew.plan": "expected goodput per recovery policy and the settings to pick at N slices",
+    }),
+    "Deploy": ("The run on GKE, as a JobSet for Pathways.", {
+        "elastic_dew.k8s": "JobSet manifests for Pathways on GKE, rendered from their parameters",
+    }),
 }
+
+#: Every public module and what it is for, in :data:`GROUPS`' order.
+PUBLIC_MODULES: dict[str, str] = {module: purpose for _, modules in GROUPS.values() for module, purpose in modules.items()}
 
 @functools.cache
 def plugin_surface() -> dict[str, str]:
@@ -366,12 +385,14 @@ def _escape(text: str) -> str:
 
 @functools.cache
 def docs_page() -> str:
-    """``docs/api.md``: every public name with its one-line contract, by module."""
+    """``docs/api.md``: every public name with its one-line contract, by what a user is doing
+    (:data:`GROUPS`), then by module."""
     names = public_names()
     out = [
         "# Public API",
         "",
-        "These are elastic_dew's public names: the `__all__` of the modules below, and the pytest",
+        "These are elastic_dew's public names, grouped by what you are doing: the `__all__` of the",
+        "modules below, and the pytest",
         "plugin's marker, fixture and option. They keep their word: a change to one is recorded in",
         "`CHANGELOG.md`, and a public name that is renamed or moved keeps working from its old place",
         "for one minor version, with a `DeprecationWarning` naming the new one. A wrong keyword to a",
@@ -386,18 +407,20 @@ def docs_page() -> str:
         f"{len(plugin_surface())} entries.",
         "",
     ]
-    for module_name, purpose in PUBLIC_MODULES.items():
-        out += [f"## `{module_name}`", "", purpose[0].upper() + purpose[1:] + ".", "", "| name | contract |",
-                "| --- | --- |"]
-        prefix = module_name + "."
-        for qualified, obj in names.items():
-            if qualified.startswith(prefix) and "." not in qualified[len(prefix):]:
-                text = contract(qualified, obj) or "(no contract written)"
-                out.append(f"| `{qualified[len(prefix):]}` | {_escape(text)} |")
-        if module_name == "elastic_dew.testing.pytest_plugin":
-            for what, how in plugin_surface().items():
-                out.append(f"| `{what}` | {_escape(_markdown(how))} |")
-        out.append("")
+    for group, (intro, modules) in GROUPS.items():
+        out += [f"## {group}", "", intro, ""]
+        for module_name, purpose in modules.items():
+            out += [f"### `{module_name}`", "", purpose[0].upper() + purpose[1:] + ".", "", "| name | contract |",
+                    "| --- | --- |"]
+            prefix = module_name + "."
+            for qualified, obj in names.items():
+                if qualified.startswith(prefix) and "." not in qualified[len(prefix):]:
+                    text = contract(qualified, obj) or "(no contract written)"
+                    out.append(f"| `{qualified[len(prefix):]}` | {_escape(text)} |")
+            if module_name == "elastic_dew.testing.pytest_plugin":
+                for what, how in plugin_surface().items():
+                    out.append(f"| `{what}` | {_escape(_markdown(how))} |")
+            out.append("")
     return "\n".join(out)
 
 

@@ -65,7 +65,7 @@ def _assert_resumed_from_a_taken_snapshot(events, lost_after):
     """The second resume is from the newest snapshot on the cadence at or before ``lost_after``.
 
     Under the simulator no snapshot is skipped for a transfer still in flight, and none is in
-    flight when a step-keyed fault fires (``hooks.land_in_flight``), so which snapshot survives
+    flight when a step-keyed fault fires (``relay.finish_in_flight``), so which snapshot survives
     depends on the schedule alone: every snapshot save was taken.
     """
     saves = [e for e in events if e.kind == "save" and e.tier == "snapshot"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_dew.elastic import hooks
+from elastic_dew.elastic import hooks, relay
 from elastic_dew.simulate import ScheduledFault, Schedule, SimulatedSlices, parse_schedule
 from elastic_dew.simulate.runner import ScheduleRunner
 
@@ -118,7 +118,7 @@ def test_work_in_flight_is_landed_before_a_phase_that_meets_it_and_before_a_step
     slices = _Slices()
     runner = ScheduleRunner(parse_schedule("lose:1@3,restore:1@+0/dispatch"), slices, None)
     landed = []
-    with hooks.landing(lambda: landed.append(list(slices.lost))):
+    with relay.finishing_in_flight(lambda: landed.append(list(slices.lost))):
         meeting = []
         for phase in hooks.PHASES:  # nothing is due at step 1: the phase alone decides
             before = len(landed)

@@ -7,29 +7,19 @@ listener that fires scheduled faults at the first announcement of a phase whose 
 or after the fault's step. The elastic layer never imports the simulator; the simulator
 imports this module.
 
-Events travel back the same way: while an :class:`~elastic_dew.elastic.loop.protocol.ElasticRun`
-runs, it receives every event :func:`report` is given (a fault the simulator fires), so a
-fault joins the run's one event stream when it fires, in order with the loop's own events.
-
-Work the run leaves in flight is landed the same way: while a run is inside
-:func:`landing`, :func:`land_in_flight` finishes it (a snapshot's transfer to host memory).
-The simulator lands it before each phase that meets it (:attr:`Phase.meets_in_flight`: a
-snapshot save) and before each step-keyed fault fires, so what a save and a fault meet
-depends on the schedule alone, not on how long a transfer took.
+What travels back from the simulator to the running loop (the faults it fires, the work in
+flight it finishes first) is :mod:`elastic_dew.elastic.relay`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Mapping
 
-__all__ = [
-    "PHASES", "PHASE_TABLE", "Phase", "phase", "add_listener", "remove_listener", "Listener", "report", "receiving",
-    "landing", "land_in_flight",
-]
+from elastic_dew._deprecation import moved_names
+
+__all__ = ["PHASES", "PHASE_TABLE", "Phase", "phase", "add_listener", "remove_listener", "Listener"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +30,7 @@ class Phase:
     ``meets_in_flight``: what the phase starts depends on whether the run's work in flight
     has landed (a snapshot save is skipped while the previous snapshot's copy to host memory
     still runs), so an injector that must be deterministic lands that work
-    (:func:`land_in_flight`) before it acts on the announcement. Every phase declares it.
+    (:func:`elastic_dew.elastic.relay.finish_in_flight`) before it acts on the announcement. Every phase declares it.
 
     Args:
         name: the phase's name, as schedules write it (``step``, ``checkpoint``, ...).
@@ -82,8 +72,6 @@ PHASES: tuple[str, ...] = tuple(PHASE_TABLE)
 Listener = Callable[[str, int], None]
 
 _listeners: list[Listener] = []
-_receivers: list[Callable[[Any], None]] = []
-_landers: list[Callable[[], None]] = []
 _lock = threading.Lock()
 
 
@@ -134,60 +122,11 @@ def phase(name: str, step: int) -> None:
         listener(name, step)
 
 
-@contextmanager
-def receiving(receiver: Callable[[Any], None]) -> Iterator[None]:
-    """While inside, ``receiver(event)`` is called with every event :func:`report` is given.
-
-    Args:
-        receiver: called with each reported event while the context is open.
-    """
-    with _lock:
-        _receivers.append(receiver)
-    try:
-        yield
-    finally:
-        with _lock:
-            _receivers.remove(receiver)
-
-
-def report(event: Any) -> None:
-    """Hand an event that happened outside the loop (a fault firing) to the running run.
-
-    With no run receiving (the simulator under someone else's loop) it goes nowhere; the
-    fault log still holds every fault.
-
-    Args:
-        event: the event (an :class:`~elastic_dew.elastic.events.Fault` as it fires).
-    """
-    with _lock:
-        receivers = list(_receivers)
-    for receiver in receivers:
-        receiver(event)
-
-
-@contextmanager
-def landing(land: Callable[[], None]) -> Iterator[None]:
-    """While inside, :func:`land_in_flight` calls ``land()``, which finishes the work in flight.
-
-    Args:
-        land: finishes the run's work in flight (the snapshot being copied to host memory).
-    """
-    with _lock:
-        _landers.append(land)
-    try:
-        yield
-    finally:
-        with _lock:
-            _landers.remove(land)
-
-
-def land_in_flight() -> None:
-    """Finish the work in flight of every run inside :func:`landing` (none: a no-op).
-
-    Called by a fault injector on the loop's thread, never while a slice hangs (the work
-    could be waiting on it, and only the loop's bounded reads end a hang).
-    """
-    with _lock:
-        landers = list(_landers)
-    for land in landers:
-        land()
+#: What left the public list in 0.2.0 for :mod:`elastic_dew.elastic.relay` (the simulator's and
+#: the loop's own plumbing), served from here with a warning until 0.3.
+__getattr__ = moved_names(__name__, {
+    "report": "elastic_dew.elastic.relay.report",
+    "receiving": "elastic_dew.elastic.relay.receiving",
+    "landing": "elastic_dew.elastic.relay.finishing_in_flight",
+    "land_in_flight": "elastic_dew.elastic.relay.finish_in_flight",
+})

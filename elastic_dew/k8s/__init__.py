@@ -16,16 +16,13 @@ from elastic_dew.k8s.render import jobset
 from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type
 from elastic_dew.k8s.yaml_text import dump
 
+#: The public names (``docs/api.md``): a JobSet rendered from its parameters. The tables behind
+#: them (``KNOWN_RECIPES``, ``PROXY_FLAG_SPELLINGS``, ``TPU_TYPES``, ``TpuType``,
+#: ``lookup_tpu_type``) and the manifests' parts
+#: (``priority_class``, ``checkpoint_configuration``) stay importable here but may change.
 __all__ = [
-    "KNOWN_RECIPES",
-    "PROXY_FLAG_SPELLINGS",
     "JobSetParams",
-    "TPU_TYPES",
-    "TpuType",
-    "lookup_tpu_type",
     "jobset",
-    "priority_class",
-    "checkpoint_configuration",
     "dump",
 ]
 

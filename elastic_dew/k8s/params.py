@@ -242,7 +242,14 @@ class JobSetParams:
     # -- validation -----------------------------------------------------------------
     def check(self) -> "JobSetParams":
         """Raise :class:`~elastic_dew.settings.SettingError` for the first parameter that cannot work; return the
-        parameters with a sized TPU type (``v6e-16``) resolved to its type and topology."""
+        parameters with a sized TPU type (``v6e-16``) resolved to its type and topology.
+
+        Returns:
+            The parameters, the TPU type resolved.
+
+        Raises:
+            elastic_dew.settings.SettingError: the first parameter that cannot work, with the fix.
+        """
         check_fields(self)  # the declared ranges and choices
         check_rfc1123_label("name", self.name)
         check_rfc1123_label("namespace", self.namespace)

@@ -409,7 +409,14 @@ def _worker_job(p: JobSetParams) -> dict[str, Any]:
 
 
 def jobset(p: JobSetParams) -> dict[str, Any]:
-    """The elastic training JobSet for ``p`` (checked first; raises :class:`~elastic_dew.settings.SettingError`)."""
+    """The elastic training JobSet for ``p`` (checked first; raises :class:`~elastic_dew.settings.SettingError`).
+
+    Args:
+        p: the JobSet's parameters.
+
+    Returns:
+        The JobSet, as the object ``kubectl apply`` takes (:func:`~elastic_dew.k8s.dump` writes it as YAML).
+    """
     p = p.check()
     labels = {"app.kubernetes.io/name": "elastic-dew", "elastic-dew/recipe": _label_value(p.recipe)}
     if p.queue:

@@ -38,7 +38,16 @@ def _annotate(text: str, comments: dict[str, str]) -> str:
 
 def dump(docs: Iterable[dict[str, Any]], header: Iterable[str] = (),
          comments: dict[str, str] | None = None) -> str:
-    """Deterministic multi-document YAML: a ``#`` header, then each object in build order."""
+    """Deterministic multi-document YAML: a ``#`` header, then each object in build order.
+
+    Args:
+        docs: the objects (a JobSet, its priority class, ...).
+        header: the header's lines, each written after ``# ``.
+        comments: a comment to write above a key, by key.
+
+    Returns:
+        The YAML text.
+    """
     head = "".join(f"# {line}".rstrip() + "\n" for line in header)
     bodies = [
         yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True)

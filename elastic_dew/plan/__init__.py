@@ -27,22 +27,19 @@ from elastic_dew.plan.model import POLICIES, PolicyOutcome, evaluate
 from elastic_dew.plan.planner import Plan, PolicyPlan, SLICE_GRID, plan
 from elastic_dew.plan.retry import RetryBudget
 
+#: The public names (``docs/api.md``): the plan and what it takes. The model's own parts
+#: (``Input``, ``POLICIES``, ``SLICE_GRID``, ``compression``, ``compressed``, ``RetryBudget``)
+#: stay importable here but may change.
 __all__ = [
     "Cluster",
     "Costs",
-    "Input",
     "measured_costs",
-    "POLICIES",
-    "PolicyOutcome",
-    "evaluate",
+    "plan",
     "Plan",
     "PolicyPlan",
-    "SLICE_GRID",
-    "plan",
+    "evaluate",
+    "PolicyOutcome",
     "draw_schedule",
-    "compression",
-    "compressed",
-    "RetryBudget",
 ]
 
 #: Renamed in 0.2.0, served with a warning until 0.3.

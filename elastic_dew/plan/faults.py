@@ -81,6 +81,22 @@ def draw_schedule(
     from its start (so the time a program takes to start and compile meets none): the
     schedule opens with ``restore:0@START_STEP``, the return of a slice that is healthy
     then, which changes nothing and anchors the time-keyed faults after it.
+
+    Args:
+        cluster: the cluster whose rates the faults are drawn from.
+        step_seconds: a step's seconds.
+        steps: the run's steps.
+        seed: the random seed.
+        factor: how many times the run's time is compressed.
+        loss: the action of a slice loss (``lose``, ``kill`` or ``error``).
+        start_step: the step the faults count from (``None``: the run's start).
+
+    Returns:
+        The schedule, in the simulator's grammar.
+
+    Raises:
+        ValueError: a ``loss`` that is not one, or a ``factor``, ``steps`` or ``step_seconds``
+            not above 0.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")

@@ -54,7 +54,7 @@ DEFAULT_SLICE_MTBF_HOURS = 790.0
 class Costs:
     """What the run's program costs, in seconds (``None``: not known yet).
 
-    Attributes:
+    Args:
       step_seconds: seconds of one training step on every slice, less its wait for the batch
         (the productive time of the loop's step line).
       data_wait_seconds: seconds a step waits for its batch, the badput ``data_loading_sync``.
@@ -74,6 +74,9 @@ class Costs:
       new_mesh_seconds: seconds a recovery or scale-up onto a set of slices the process has
         not yet run on costs beyond a typical one: the step's compile for that mesh (or its
         load from the compilation cache) and the restore's.
+
+    Raises:
+      elastic_dew.settings.SettingError: a field outside its declared range.
     """
 
     step_seconds: float | None = setting(None, bound=_POSITIVE_SECONDS)
@@ -98,7 +101,10 @@ class Costs:
     def missing(self) -> list[str]:
         """The fields no one has given or measured (every one but ``data_wait_seconds``,
         ``loop_overhead_seconds`` and ``new_mesh_seconds``, 0 unless measured or given, is
-        needed)."""
+        needed).
+
+        Returns:
+            Their names, in field order."""
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
 
 
@@ -161,7 +167,7 @@ def known(costs: Costs) -> KnownCosts:
 class Cluster:
     """The cluster a run is planned for.
 
-    Attributes:
+    Args:
       slices: slices the run trains on (every one healthy: the whole allocation).
       slice_mtbf_hours: a slice's mean time between failures, in hours; slices fail
         independently, each at this rate.
@@ -173,6 +179,9 @@ class Cluster:
         spare at once, and returns to the spares when it is repaired.
       reschedule_minutes: how long a restarted controller (a preempted or failed JobSet)
         takes to be rescheduled, in minutes.
+
+    Raises:
+      elastic_dew.settings.SettingError: a field outside its declared range.
     """
 
     slices: int = setting(1, bound=Bound(1, whole=True, unit="slices"))
@@ -228,8 +237,16 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     previous process's last event, when that is later: a restart inside one Python process)
     to its first resume less that resume's restore (a restart; the first process's when the
     run never restarted); the ``live`` resume (a scale-up). A figure the run never measured
-    (no checkpoint resume, say) is left out. Raises ``ValueError`` when the directory holds
-    no run record.
+    (no checkpoint resume, say) is left out.
+
+    Args:
+        run_dir: a run directory a run wrote.
+
+    Returns:
+        Each measured :class:`Costs` field, with its figure and its origin.
+
+    Raises:
+        ValueError: the directory holds no run record, or a record with no committed step.
     """
     from elastic_dew import record
     from elastic_dew.record.goodput import committed_flags

@@ -107,6 +107,13 @@ class PolicyOutcome:
     the expected step time done again per slice lost. ``downtime_seconds``: the expected
     time a slice loss stops the run (replica-resize: the recovery alone). ``faults_per_day``:
     slice losses and preemptions the run meets per day of wall time.
+
+    Args:
+        goodput: productive step time over wall time.
+        useful_work: examples trained over what the healthy allocation would train.
+        lost_seconds: step time done again per slice lost.
+        downtime_seconds: time a slice loss stops the run.
+        faults_per_day: slice losses and preemptions per day.
     """
 
     goodput: float
@@ -241,8 +248,20 @@ def evaluate(
     of ``steps`` steps (``None``: the steady state, where a new set of slices' compile is
     paid once and counts for nothing).
 
-    Raises ``ValueError`` for an unknown policy, a cost the policy needs that is not known,
-    or a ``min_slices`` outside ``1..slices``.
+    Args:
+        costs: what the run's program costs.
+        cluster: the cluster it runs on.
+        policy: the recovery policy.
+        snapshot_every: steps between snapshots (``None`` or 0: never).
+        checkpoint_every: steps between checkpoints (``None`` or 0: never).
+        min_slices: replica-resize's floor of slices.
+
+    Returns:
+        The policy's expected figures.
+
+    Raises:
+        ValueError: an unknown policy, a cost the policy needs that is not known, or a
+            ``min_slices`` outside ``1..slices``.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {', '.join(POLICIES)}")

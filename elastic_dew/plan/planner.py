@@ -46,6 +46,22 @@ class PolicyPlan:
     ``lost_steps``: steps done again per slice loss. ``retry``: the retry budget
     (:class:`~elastic_dew.plan.retry.RetryBudget`; ``None`` for restart, whose slice
     loss ends the process, or a row planned without one).
+
+    Args:
+        policy: the recovery policy (``restart``, ``pause-resume``, ``replica-resize``).
+        spares: the hot spare slices the row counts.
+        goodput: the expected goodput.
+        useful_work: the expected useful work.
+        snapshot_every: the recommended snapshot cadence, in steps.
+        checkpoint_every: the recommended checkpoint cadence, in steps.
+        min_slices: the recommended floor of slices (replica-resize).
+        lost_seconds: the step time done again per slice loss.
+        lost_steps: the steps done again per slice loss.
+        downtime_seconds: the time a slice loss stops the run.
+        faults_per_day: slice losses and preemptions per day.
+        young_snapshot_every: Young's optimum of the snapshot cadence.
+        young_checkpoint_every: Young's optimum of the checkpoint cadence.
+        retry: the retry budget.
     """
 
     policy: str
@@ -66,7 +82,10 @@ class PolicyPlan:
     def elastic_settings(self) -> dict[str, Any]:
         """The row's settings as :class:`~elastic_dew.elastic.config.ElasticConfig` fields:
         ``ElasticConfig(**row.elastic_settings(), ...)`` is a run that follows it (restart
-        takes no snapshots; pause-resume leaves ``minimum_slice_count`` at ``None``)."""
+        takes no snapshots; pause-resume leaves ``minimum_slice_count`` at ``None``).
+
+        Returns:
+            The ``ElasticConfig`` keywords."""
         out: dict[str, Any] = {"snapshot_every": self.snapshot_every or 0, "checkpoint_every": self.checkpoint_every}
         if self.min_slices is not None:
             out["minimum_slice_count"] = self.min_slices
@@ -76,6 +95,11 @@ class PolicyPlan:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """The row as JSON (``elastic-dew plan --json``'s ``policies``).
+
+        Returns:
+            The row's fields, JSON-ready.
+        """
         out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in dataclasses.asdict(self).items() if k != "retry"}
         out["retry"] = None if self.retry is None else self.retry.to_json()
@@ -86,7 +110,13 @@ class PolicyPlan:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Every policy's plan (``policies``), the one recommended (the most useful work), and
-    ``by_slices``: each policy's goodput and useful work over :data:`SLICE_GRID`."""
+    ``by_slices``: each policy's goodput and useful work over :data:`SLICE_GRID`.
+
+    Args:
+        policies: every policy's row, without and with spares.
+        recommended: the row with the most useful work.
+        by_slices: each policy's goodput and useful work at each slice count of the grid.
+    """
 
     policies: tuple[PolicyPlan, ...]
     recommended: PolicyPlan
@@ -185,8 +215,19 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
     ``retry_reset_steps``; the recommended row, and each policy over ``grid`` with the
     cluster's own spares.
 
-    Raises ``ValueError`` when a cost a policy needs is not known, or for a ``bound``
-    outside (0, 1).
+    Args:
+        costs: what the run's program costs.
+        cluster: the cluster it runs on.
+        grid: the slice counts of ``by_slices``.
+        steps: the run's length for the retry budget (``None``: a day's).
+        bound: the probability at most of giving up that the retry budget allows.
+        retry_reset_steps: the steps of progress that reset the retry count.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        ValueError: a cost a policy needs is not known, or a ``bound`` outside (0, 1).
     """
     ready = known(costs)
     spares = cluster.spares or model.recommend_spares(cluster)

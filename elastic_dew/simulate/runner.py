@@ -4,7 +4,7 @@ dispatches in a loop that announces nothing, through the run directory's fault l
 :class:`ScheduleRunner` listens to :mod:`elastic_dew.elastic.hooks`, records each due fault
 in the run directory's fault log (:class:`elastic_dew.rundir.FaultLog`, flushed and fsynced,
 with the wall time it fired) *before* firing it, reports it to the running run as a
-``fault`` event (:func:`elastic_dew.elastic.hooks.report`), and never fires a fault the log
+``fault`` event (:func:`elastic_dew.elastic.relay.report`), and never fires a fault the log
 already holds, so a process restarted with the same schedule and log does not fire it again;
 a time-keyed fault counts from the time its predecessor's record holds. What a fault is and
 what each action does are :mod:`elastic_dew.simulate.schedule`'s.
@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from elastic_dew.elastic import events, hooks
+from elastic_dew.elastic import events, hooks, relay
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.schedule import ScheduledFault, Schedule, Target, action_of
 
@@ -156,7 +156,7 @@ class ScheduleRunner:
         raised: BaseException | None = None
         for fault, fired in due:
             logger.warning("firing scheduled fault %s at step %d (phase %s)", fault, step, phase)
-            hooks.report(fired)  # the fault joins the run's event stream as it fires
+            relay.report(fired)  # the fault joins the run's event stream as it fires
             try:
                 action_of(fault).fire(self.target, fault)
             except Exception as error:  # noqa: BLE001 - fire the rest, then raise the first
@@ -170,7 +170,7 @@ class ScheduleRunner:
         Before a phase that meets the run's work in flight
         (:attr:`elastic_dew.elastic.hooks.Phase.meets_in_flight`: a snapshot save), and before
         a step-keyed fault fires, that work is landed
-        (:func:`elastic_dew.elastic.hooks.land_in_flight`; not while a slice hangs): a save is
+        (:func:`elastic_dew.elastic.relay.finish_in_flight`; not while a slice hangs): a save is
         then never skipped for a transfer still running, and a fault never meets one, so
         which snapshot a recovery loads depends on the schedule alone.
         """
@@ -181,7 +181,7 @@ class ScheduleRunner:
             due = self._collect(phase, step, waiting=self._waiting is not None)
         meets = hooks.PHASE_TABLE[phase].meets_in_flight or any(not fault.timed for fault, _ in due)
         if meets and not self.target.hung:
-            hooks.land_in_flight()
+            relay.finish_in_flight()
         self._fire(due, phase, step)
 
     def on_dispatch(self, phase: str, step: int) -> None:

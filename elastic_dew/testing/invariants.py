@@ -141,6 +141,14 @@ def check(outcome: ScenarioOutcome, expected_params: dict[str, Any], *, expect_e
 
     ``expected_params`` are the failure-free run's final parameters. ``expect_error`` is
     the exception type the scenario must end with (``None``: it must finish).
+
+    Args:
+        outcome: what the scenario's run left behind.
+        expected_params: the failure-free run's final parameters (:func:`reference`).
+        expect_error: the exception type the run must end with, ``None`` to finish.
+
+    Returns:
+        Each broken invariant, in words; empty when every one held.
     """
     from elastic_dew import record
 

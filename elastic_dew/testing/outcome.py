@@ -22,7 +22,17 @@ __all__ = ["ScenarioOutcome", "committed_checkpoints"]
 
 @dataclasses.dataclass
 class ScenarioOutcome:
-    """What a scenario's run left behind."""
+    """What a scenario's run left behind.
+
+    Args:
+        scenario: the scenario that ran.
+        run_dir: its run directory.
+        processes: how many processes it took (one more after each preemption).
+        preempted_at: the step of each preemption.
+        error: the error that ended the run, ``None`` when it finished.
+        checkpoints_seen: each committed checkpoint's step and hash, as first seen.
+        problems: what went wrong while it ran (a committed checkpoint changed or vanished).
+    """
 
     scenario: Scenario
     run_dir: Path

@@ -96,6 +96,17 @@ def run(
     ``on_process(sim, manager)`` is called as each process starts. An error of the training
     other than ``Preempted`` ends the run and is kept in ``ScenarioOutcome.error`` (setting a process
     up, e.g. a refused fault log, raises).
+
+    Args:
+        scenario: the scenario.
+        run_dir: its run directory (created; a rerun resumes it).
+        on_process: called as ``on_process(sim, manager)`` as each process starts.
+
+    Returns:
+        What the run left behind.
+
+    Raises:
+        Exception: what setting a process up raised (a refused fault log).
     """
     from elastic_dew.elastic.slices.retry import make_manager
     from elastic_dew.runtime import Preempted
@@ -140,7 +151,18 @@ _references: dict[tuple[int, Path], dict[str, Any]] = {}
 
 
 def reference(steps: int, workdir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The failure-free run's final parameters (flat numpy), computed once per length and directory."""
+    """The failure-free run's final parameters (flat numpy), computed once per length and directory.
+
+    Args:
+        steps: the step to train to.
+        workdir: where the reference run lives (``reference-STEPS`` inside it).
+
+    Returns:
+        The final parameters, by path.
+
+    Raises:
+        BaseException: the error the failure-free run ended with.
+    """
     from elastic_dew import record
 
     key = (steps, Path(workdir))

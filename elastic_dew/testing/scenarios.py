@@ -41,7 +41,20 @@ _EXAMPLES = 2048
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """One faulted run: a schedule and the settings it runs with."""
+    """One faulted run: a schedule and the settings it runs with.
+
+    Args:
+        schedule: the fault schedule, in the simulator's grammar.
+        steps: the step to train to.
+        minimum_slice_count: ``ElasticConfig.minimum_slice_count``.
+        snapshot_every: ``ElasticConfig.snapshot_every``.
+        checkpoint_every: ``ElasticConfig.checkpoint_every``.
+        max_attempts: ``ElasticConfig.max_attempts``.
+        retry_reset_steps: ``ElasticConfig.retry_reset_steps``; ``None`` keeps its default.
+        timeout: ``ElasticConfig.timeout``.
+        poll_interval: ``ElasticConfig.poll_interval``.
+        quarantine_damaged: ``ElasticConfig.quarantine_damaged``.
+    """
 
     schedule: str = ""
     steps: int = 12
@@ -57,6 +70,11 @@ class Scenario:
     quarantine_damaged: bool = True
 
     def config(self) -> Any:
+        """The scenario's elastic settings.
+
+        Returns:
+            The ``ElasticConfig`` the scenario's processes run with (every checkpoint kept).
+        """
         from elastic_dew.elastic.config import ElasticConfig
 
         retry: dict[str, Any] = {} if self.retry_reset_steps is None else {"retry_reset_steps": self.retry_reset_steps}
@@ -114,6 +132,12 @@ def draw(seed: int) -> Scenario:
     step that notices it. Slices ``lose`` and ``restore`` (a restore only of a slice the
     schedule lost, at a later step); at most two preemptions, whose stop may be hit again.
     One slice is never lost, so every drawn run must finish.
+
+    Args:
+        seed: the random seed.
+
+    Returns:
+        The scenario (the same for the same seed).
     """
     rng = random.Random(seed)
     steps = rng.randint(10, 14)
@@ -158,5 +182,12 @@ def draw(seed: int) -> Scenario:
 
 
 def replay_command(seed: int) -> str:
-    """The one command that replays ``seed``."""
+    """The one command that replays ``seed``.
+
+    Args:
+        seed: the seed :func:`draw` drew the scenario from.
+
+    Returns:
+        The shell command.
+    """
     return f"python -m elastic_dew.chaos --seed {seed}"

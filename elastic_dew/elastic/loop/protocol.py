@@ -50,7 +50,7 @@ from typing import Any
 import jax
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
-from elastic_dew.elastic import hooks
+from elastic_dew.elastic import hooks, relay
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
@@ -87,7 +87,7 @@ class ElasticRun:
     Create one per process, after ``prepare_process()``: it creates the pathwaysutils
     ``Manager`` and the state tiers once, outside the retry, as the guide requires.
     ``emit`` receives every event (a typed :class:`~elastic_dew.elastic.events.Event`) in
-    order, the faults fired while it runs among them (:func:`~elastic_dew.elastic.hooks.report`);
+    order, the faults fired while it runs among them (:func:`~elastic_dew.elastic.relay.report`);
     a trainer gives it its :class:`~elastic_dew.observe.sinks.Sinks`. ``notice`` is a
     :class:`~elastic_dew.runtime.PreemptionNotice` (or an object with its ``reached(step)``
     and, optionally, ``interrupts()``, asked during an evaluation pass). ``run_dir``, for a
@@ -238,9 +238,9 @@ class ElasticRun:
             on_elastic_event_callback=self._on_slice_lost,
             policy=policy,
         )(self._attempt)
-        # A fault the simulator fires joins the stream as it fires (hooks.report), and the
-        # simulator lands the snapshot in flight before saves and faults (hooks.land_in_flight).
-        with hooks.receiving(lambda event: self.emit(event)), hooks.landing(self.tiers.snapshot.land):
+        # A fault the simulator fires joins the stream as it fires (relay.report), and the
+        # simulator lands the snapshot in flight before saves and faults (relay.finish_in_flight).
+        with relay.receiving(lambda event: self.emit(event)), relay.finishing_in_flight(self.tiers.snapshot.land):
             try:
                 return attempt(final_step)
             except NoticeInWait:
