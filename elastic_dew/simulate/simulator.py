@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from elastic_dew._deprecation import renamed_keywords, warn
-from elastic_dew.elastic import events, hooks
+from elastic_dew.elastic import events, hooks, relay
 from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.marks import HUNG, LOST, Marks
@@ -230,7 +230,7 @@ class SimulatedSlices:
         self.watch.reset()
         self._faults = []
         hooks.add_listener(self.watch.announced)  # before the runner's: a step is seen before its fault
-        self._receiving = hooks.receiving(self._fired)
+        self._receiving = relay.receiving(self._fired)
         self._receiving.__enter__()
         self._active = True
         if not health.installed():
