@@ -106,7 +106,7 @@ class ProxyFault:
         if self.method is not None:
             self.method = self.method.upper()
 
-    def _fires(self, method: str, path: str) -> bool:
+    def fires_on(self, method: str, path: str) -> bool:
         """Count a request; whether this rule fires on it (called under the proxy's lock)."""
         if self.method is not None and method != self.method:
             return False
@@ -262,7 +262,7 @@ class FaultProxy:
     def _decide(self, method: str, path: str) -> ProxyFault | None:
         with self._lock:
             for fault in self._faults:
-                if fault._fires(method, path):
+                if fault.fires_on(method, path):
                     return fault
         return None
 
