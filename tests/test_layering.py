@@ -53,7 +53,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "plan": (("elastic_dew.plan",), ("compat", "runtime", "elastic", "training")),
     # The run (plan, check, execute) and its terminal face: recipes call them from main(),
     # and they load recipes by name at run time, never by import.
-    "run": (("elastic_dew.run", "elastic_dew.console", "elastic_dew.terminal"), ("compat", "runtime", "elastic", "simulator", "training")),
+    "run": (("elastic_dew.run", "elastic_dew.console", "elastic_dew.terminal"), ("compat", "runtime", "elastic", "simulator", "proxy", "training")),
     "recipes": (("recipes",), ("compat", "runtime", "elastic", "training", "run")),
     # the chaos harness (scenarios, runner, invariants) and the supervisor that re-runs a
     # program after 143 or a kill, as a JobSet does

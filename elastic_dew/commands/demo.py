@@ -150,7 +150,10 @@ def _through_proxy(plan: DemoPlan, run_dir: Path, cmd: list[str], restarting: An
     backend = LocalPathways(int(plan.settings["slices"]), int(plan.settings["devices_per_slice"]),
                             schedule=plan.schedule, fault_log=beside / FAULTS_FILE, log=beside / "proxy.log")
     with backend:
-        env = {**os.environ, **backend.client_env()}
+        from elastic_dew.proxy.announce import CONTROL_ENV
+
+        # the training's own loop announces its phases: the backend fires at the steps it names
+        env = {**os.environ, **backend.client_env(), CONTROL_ENV: f"127.0.0.1:{backend.port}"}
         return supervise([*backend.exec_prefix(), *cmd], max_processes=plan.max_restarts + 1,
                          on_restart=restarting, env=env)
 

@@ -6,7 +6,8 @@ service (lose, restore, status; JSON over gRPC, :data:`CONTROL`) on one loopback
 prints one line ``elastic-dew proxy listening on 127.0.0.1:PORT`` once both serve, and
 serves until SIGTERM or SIGINT. ``SIGUSR1`` loses the lowest-numbered slice still whole,
 ``SIGUSR2`` restores the lowest-numbered lost one. The control service's ``Started`` (from
-:mod:`elastic_dew.proxy.exec_program`) says a new process of the run starts.
+:mod:`elastic_dew.proxy.exec_program`) says a new process of the run starts; its
+``Announce`` is a phase announcement of elastic_dew's own loop (:mod:`elastic_dew.proxy.announce`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,13 @@ def start(slices: int, devices_per_slice: int, port: int = 0, schedule: Any = No
             schedule.process_started(int(request["pid"]))
         return status(request, context)
 
+    def announce(request: dict, context: Any) -> dict:
+        if schedule is not None and schedule.runner is not None:
+            schedule.runner.on_phase(str(request["phase"]), int(request["step"]))
+        return {}
+
     control = grpc.method_handlers_generic_handler(CONTROL, {
+        "Announce": _json_handler(announce),
         "Lose": _json_handler(lose), "Restore": _json_handler(restore), "Status": _json_handler(status),
         "Started": _json_handler(started)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[

@@ -93,7 +93,11 @@ class _Quiet:
 @contextlib.contextmanager
 def _slices(p: RunPlan, run_dir: Path) -> Iterator[None]:
     if not p.simulate:
-        yield
+        # on the local Pathways backend, its fault schedule hears this loop's phases
+        from elastic_dew.proxy.announce import forwarding
+
+        with forwarding():
+            yield
         return
     from elastic_dew.simulate import SimulatedSlices
 
