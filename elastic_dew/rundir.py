@@ -41,6 +41,7 @@ __all__ = [
     "COMMAND_FILE",
     "EVENTS_FILE",
     "FAULTS_FILE",
+    "WATCH_FILE",
     "SUMMARY_FILE",
     "PARAMS_FILE",
     "TIMELINE_FILE",
@@ -69,6 +70,9 @@ COMMAND_FILE = "command.json"
 EVENTS_FILE = "events.jsonl"
 #: The simulator's fired faults, each appended and fsynced before it fires.
 FAULTS_FILE = "faults.jsonl"
+#: What a simulated program's processes did with their state (the simulator's watch, one
+#: JSON record a line, :mod:`elastic_dew.simulate.watch`), read by its diagnosis.
+WATCH_FILE = "watch.jsonl"
 #: The summary each process writes at its end.
 SUMMARY_FILE = "summary.json"
 #: The final parameters (numpy arrays, no pickles).
@@ -89,7 +93,7 @@ STORAGE_LOG = "storage.log"
 
 #: Everything a run directory may hold (``*.tmp`` are atomic writes in progress).
 ENTRIES = frozenset({
-    COMMAND_FILE, EVENTS_FILE, FAULTS_FILE, SUMMARY_FILE, PARAMS_FILE, TIMELINE_FILE,
+    COMMAND_FILE, EVENTS_FILE, FAULTS_FILE, WATCH_FILE, SUMMARY_FILE, PARAMS_FILE, TIMELINE_FILE,
     CHECKPOINTS_DIR, SUMMARY_FILE + ".tmp", PARAMS_FILE + ".tmp", TENSORBOARD_DIR, REPLICATOR_DIR, RUN_LOG_FILE,
     ABANDONED_FILE, ABANDONED_FILE + ".tmp", STORAGE_LOG,
 })

@@ -16,9 +16,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
 
 from functools import partial
 
@@ -40,11 +45,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _simulate(tmp_path: Path, *args: str, schedule: str = SCHEDULE):
+def _simulate(tmp_path: Path, *args: str, schedule: str = SCHEDULE, slices: int = 4):
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_dew", "simulate", "--run-dir", str(tmp_path / "run"), "--report", str(report),
-         "--schedule", schedule, "--", sys.executable, str(PROGRAM), *args],
+         "--slices", str(slices), "--schedule", schedule, "--", sys.executable, str(PROGRAM), *args],
         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
     )
     return proc, json.loads(report.read_text()) if report.exists() else None
@@ -136,6 +141,49 @@ def test_the_clean_loop_in_process_has_no_problem_and_the_costs_the_command_repo
     assert found.problems == ()
     assert [(c.fault, c.resumed_from, c.redone_steps, c.taken_up_after_steps) for c in found.costs] == [
         ("lose:2@9/step", "snapshot", 1, None), ("restore:2@17/step", "snapshot", 0, 0)]
+
+
+@pytest.mark.libraries
+def test_a_snapshot_saved_while_the_previous_copy_cannot_finish_is_named_snapshot_skipped():
+    """Orbax's real Snapshotter queues one save: the third save, while the first still copies a
+    step result that waits on the host (a callback held until the end), is dropped."""
+    release = threading.Event()
+
+    def waiting(x):
+        release.wait(30)
+        return x
+
+    @jax.jit
+    def train_step(w):
+        return jax.pure_callback(waiting, jax.ShapeDtypeStruct(w.shape, w.dtype), w, vmap_method="sequential") + 1
+
+    with SimulatedSlices(2, 2) as sim:
+        mesh = Mesh(np.asarray(sim.devices).reshape(2, 2), ("replica", "data"))
+        w = jax.device_put(np.zeros(4, np.float32), NamedSharding(mesh, PartitionSpec()))
+        snapshotter = Snapshotter(replica_axis_index=0)
+        try:
+            for step in (1, 2, 3):
+                w = train_step(w)
+                snapshotter.save(step, {"w": w})
+        finally:
+            release.set()
+        snapshotter.join()
+    (problem,) = sim.diagnose().problems
+    assert problem.kind == "snapshot_skipped" and "(steps 3)" in problem.detail
+    assert snapshotter.latest.step == 2
+
+
+@pytest.mark.slow
+def test_a_preemption_that_ends_a_checkpointing_program_with_no_checkpoint_is_named_no_save_at_preemption(tmp_path):
+    proc, verdict = _simulate(tmp_path, "--steps", "16", "--checkpoints", str(tmp_path / "checkpoints"),
+                              "--mistake", "no_save_at_preemption", schedule="preempt@12", slices=2)
+    assert "done at step 16" in proc.stdout and proc.returncode == 1, _explain(proc)
+    assert [p["status"] for p in verdict["processes"]] == [-15, 0]  # Python died of the SIGTERM
+    (problem,) = verdict["problems"]
+    assert problem["kind"] == "no_save_at_preemption" and problem["process"] == 1
+    (cost,) = verdict["costs"]
+    assert (cost["detected"], cost["resumed_from"]) == ("signal", "checkpoint") and cost["redone_steps"] >= 2
+    assert f"redid {cost['redone_steps']} steps" in problem["detail"]
 
 
 def test_an_unknown_allowed_kind_is_refused_naming_the_kinds():

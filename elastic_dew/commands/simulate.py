@@ -44,7 +44,7 @@ from elastic_dew.observe.logs import TEXT_FORMAT
 from elastic_dew.settings import SettingError
 from elastic_dew.run import FAILED_EXIT, USAGE_EXIT, SimConfig
 from elastic_dew.run.planning import RUNS_DIR
-from elastic_dew.rundir import FAULTS_FILE, FaultLog
+from elastic_dew.rundir import FAULTS_FILE, WATCH_FILE, FaultLog
 from elastic_dew.runtime import run_timestamp
 from elastic_dew.simulate.diagnosis import Diagnosis, check_allowed, diagnose
 from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
@@ -60,8 +60,6 @@ _PROG = "elastic-dew simulate"
 ATTEMPTS_FILE = "attempts.jsonl"
 #: The command's own log, in the run directory.
 LOG_FILE = "simulate.log"
-#: What the program's processes did with their state (the simulator's watch, JSON lines).
-WATCH_FILE = "watch.jsonl"
 DEFAULT_RESTARTS = 3
 #: Where the simulated slices meet the program: inside its process, or through the IFRT proxy.
 BOUNDARIES = ("in-process", "proxy")

@@ -105,6 +105,7 @@ def _slices(p: RunPlan, run_dir: Path) -> Iterator[None]:
     multi_tier = p.elastic.checkpoint_kind == "multi_tier"
     with SimulatedSlices(
         p.sim.slices, p.sim.devices_per_slice, schedule=p.schedule, fault_log=run_dir / rundir.FAULTS_FILE,
+        watch_log=run_dir / rundir.WATCH_FILE,
         replicator=run_dir.resolve() / rundir.REPLICATOR_DIR if multi_tier else None,
     ):
         yield

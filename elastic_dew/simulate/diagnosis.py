@@ -14,8 +14,8 @@ declared a hung slice dead, by the ``signal`` itself) and how long after it fire
 attempt or process after it resumed (``resumed_from``: ``snapshot``, ``checkpoint``,
 ``live`` for a state carried over, ``nothing`` for a fresh one; ``None`` when nothing
 resumed), the program's step number of what it resumed from (``resumed_step``), the steps
-it trained again (``redone_steps``: the state's position at the fault less the position it
-resumed at) and the seconds from the fault to the first step it dispatched after resuming
+it trained again (``redone_steps``: the position the stopped work had reached less the
+position it resumed at) and the seconds from the fault to the first step it dispatched after resuming
 (``recovery_seconds``). Faults that stop the same work before it resumes (a hang and the
 loss that declares it dead) share that recovery: the first carries it, the others name it
 (``part_of``). For a returned slice (``restore``, ``wake``): the steps and seconds after
@@ -31,11 +31,15 @@ pause-resume program waiting for every slice) is a cost, never a problem.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import statistics
+from pathlib import Path
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["PROBLEMS", "ProblemKind", "Problem", "Cost", "Totals", "Diagnosis", "diagnose", "check_allowed"]
+__all__ = ["PROBLEMS", "ProblemKind", "Problem", "Cost", "Totals", "Diagnosis", "diagnose", "diagnose_run",
+           "check_allowed", "fault_record"]
 
 #: Faults that stop the program's work; faults that give a slice back.
 _STOPS = ("lose", "hang", "suspend", "error", "preempt", "kill")
@@ -418,7 +422,7 @@ def _costs(run: _Run) -> list[Cost]:
         if resume is None:
             costs.append(Cost(**base, detected=detected, detected_after_seconds=after))
             continue
-        at = run.position_at(fault["wall"], fault["pid"])
+        at = run.position_at(resume["w"], fault["pid"])  # what the work the fault stopped had reached
         costs.append(Cost(**base, detected=detected, detected_after_seconds=after, resumed_from=resume["origin"],
                           resumed_step=resume["step"] if resume["origin"] != "nothing" else None,
                           redone_steps=max(0, at - resume["p"]),
@@ -616,3 +620,50 @@ def diagnose(faults: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, 
     problems.sort(key=lambda p: (p.process, p.attempt, order.index(p.kind)))
     problems = [dataclasses.replace(p, allowed=p.kind in allowed) for p in problems]
     return Diagnosis(tuple(costs), _totals(run, costs), tuple(problems))
+
+
+#: A fired fault's fields the rules read (of its ``fault`` event, as the fault log holds it).
+_FAULT_FIELDS = ("scheduled", "action", "slice", "phase", "step", "pid", "wall")
+
+
+def fault_record(event: Any) -> dict[str, Any]:
+    """A fired fault's ``fault`` event (:class:`elastic_dew.elastic.events.Fault`) as the
+    rules read it.
+
+    Args:
+        event: the event.
+
+    Returns:
+        Its ``scheduled``, ``action``, ``slice``, ``phase``, ``step``, ``pid`` and ``wall``.
+    """
+    raw = event.to_json()
+    return {key: raw[key] for key in _FAULT_FIELDS}
+
+
+def diagnose_run(run_dir: str | os.PathLike[str], allow: Iterable[str] = ()) -> Diagnosis:
+    """The diagnosis of a run directory a simulated run left: its fault log and the watch's
+    records of every process (``faults.jsonl``, ``watch.jsonl``).
+
+    Args:
+        run_dir: the run directory.
+        allow: problem kinds accepted.
+
+    Returns:
+        The :class:`Diagnosis` (no costs nor problems without a watch file).
+
+    Raises:
+        ValueError: ``allow`` names an unknown kind, or the fault log holds a bad line.
+    """
+    from elastic_dew import rundir
+
+    base = Path(run_dir)
+    faults = [fault_record(f) for f in rundir.FaultLog(base / rundir.FAULTS_FILE).entries()]
+    events = []
+    watch = base / rundir.WATCH_FILE
+    if watch.exists():
+        for line in watch.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a kill
+    return diagnose(faults, events, allow)

@@ -319,8 +319,9 @@ class SimulatedSlices:
     def _fired(self, event: Any) -> None:
         """A fault of the schedule fires (its ``fault`` event, reported as it fires)."""
         if isinstance(event, events.Fault):
-            self._faults.append({key: event.to_json()[key]
-                                 for key in ("scheduled", "action", "slice", "phase", "step", "pid", "wall")})
+            from elastic_dew.simulate.diagnosis import fault_record
+
+            self._faults.append(fault_record(event))
 
     def diagnose(self, allow: tuple[str, ...] = ()) -> Diagnosis:
         """What each fault fired in this process cost the program, and the problems it made

@@ -8,8 +8,8 @@ simulator's :class:`~elastic_dew.simulate.watch.Watch` what happened: ``Manager.
 non-empty, and whether the program, not pathwaysutils, read it), Orbax's ``Snapshotter``
 (made, ``save``, ``load``) and ``CheckpointManager`` (made, ``save``, ``restore``), and the
 slice-down errors the simulator raises at a read or a dispatch the program made. A
-``Snapshotter.save`` lands the previous snapshot's copy first (not while a slice hangs), so
-which saves Orbax skips depends on the schedule, not on how long a copy took. With no
+``Snapshotter.save`` gives the request before it :data:`LANDING_SECONDS` to be taken up, so
+Orbax skips a save only when the previous copy waits on work that has not finished. With no
 simulator active every wrapper only passes through.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate.watch import own_loop_on_stack, placed_leaves
 
 __all__ = [
-    "AVAILABLE", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
+    "AVAILABLE", "LANDING_SECONDS", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
     "made", "snapshot_load", "snapshot_save", "tracking_retry",
 ]
 
@@ -133,19 +134,26 @@ def made(reg: Any, what: str, original: Callable[..., Any]) -> Callable[..., Any
     return __init__
 
 
+#: How long a ``Snapshotter.save`` waits for the request before it to be taken up (a copy of
+#: a small state to host memory takes milliseconds on CPU): Orbax skips a save while one is
+#: still queued, and a skip must come from a copy that could not finish, not from a worker
+#: thread the machine's load kept from running.
+LANDING_SECONDS = 0.5
+
+
 def snapshot_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Snapshotter.save``: the previous snapshot's copy is landed first (not while a slice
-    hangs: it could wait on it), so a save is skipped only when that copy cannot finish, and
-    the watch records the save (or its skip)."""
+    """``Snapshotter.save``: the request before it is given :data:`LANDING_SECONDS` to be
+    taken up, so a save is skipped only when the previous copy waits on work that has not
+    finished, and the watch records the save (or its skip)."""
 
     @functools.wraps(original)
     def save(self, step, state):
-        simulator = reg.active
         watch = _watch(reg)
         if watch is None or _own_loop(_caller()):
             return original(self, step, state)
-        if not simulator.hung:
-            self.join()
+        deadline = time.monotonic() + LANDING_SECONDS
+        while orbax_private.snapshot_busy(self) and time.monotonic() < deadline:
+            time.sleep(0.002)
         watch.saved("snapshot", step, state, skipped=orbax_private.snapshot_busy(self))
         return original(self, step, state)
 

@@ -12,11 +12,16 @@ JAX is not imported at load).
   already started with too few devices is a clear error at the first simulated test.
 * **The ``slices`` marker and the ``simulated_slices`` fixture.**
   ``@pytest.mark.slices(slices, devices_per_slice, schedule="lose:1@7,restore:1@+2",
-  step_function=None, allow_unfired=False)`` configures the fixture, which yields an entered
+  step_function=None, allow_unfired=False, allow=())`` configures the fixture, which yields an entered
   :class:`elastic_dew.simulate.SimulatedSlices` whose fault log is ``faults.jsonl`` in the
   test's ``tmp_path``. A fault of the schedule that never fired fails a test that passed
   (in its teardown; unless ``allow_unfired``), so a test of a loop the schedule never
-  reached cannot pass. Too few host devices fails the test naming ``--simulated-devices``.
+  reached cannot pass.
+* **The program's mistakes fail the test.** A test that passed fails in its teardown when
+  the simulator's diagnosis of what the code under test did names a problem
+  (:data:`elastic_dew.simulate.PROBLEMS`: ``restored_nothing``, ``held_across_attempts``,
+  ``mesh_on_lost_slice``, ...), with each problem, its fix and the costs of every fault;
+  ``allow=("KIND", ...)`` accepts those kinds, as ``elastic-dew simulate --allow`` does. Too few host devices fails the test naming ``--simulated-devices``.
 * **What happened, on failure.** A failed simulated test's report has a ``simulated slices``
   section: the schedule, each fault log line, the faults that never fired and the slices of
   every ``elastic_retry`` attempt.
@@ -96,7 +101,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "slices(slices, devices_per_slice, schedule=None, step_function=None, allow_unfired=False): "
+        "slices(slices, devices_per_slice, schedule=None, step_function=None, allow_unfired=False, allow=()): "
         "run the test's simulated_slices fixture on these simulated slices under this schedule",
     )
     count = _requested(config)
@@ -118,7 +123,7 @@ def _shape(marker: pytest.Mark | None) -> dict[str, Any]:
         warn("@pytest.mark.slices(step_program=...)", "@pytest.mark.slices(step_function=...)")
         given.setdefault("step_function", given.pop("step_program"))
     options = {**{"slices": 2, "devices_per_slice": 2}, **args, **given}
-    unknown = set(options) - {"slices", "devices_per_slice", "schedule", "step_function", "allow_unfired"}
+    unknown = set(options) - {"slices", "devices_per_slice", "schedule", "step_function", "allow_unfired", "allow"}
     if unknown:
         raise pytest.UsageError(f"@pytest.mark.slices got unknown options {sorted(unknown)}")
     return options
@@ -144,9 +149,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def simulated_slices(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """An entered :class:`~elastic_dew.simulate.SimulatedSlices`, shaped by the ``slices`` marker."""
     from elastic_dew.simulate import SimulatedSlices
+    from elastic_dew.simulate.diagnosis import check_allowed
 
     options = _shape(request.node.get_closest_marker("slices"))
     allow_unfired = bool(options.pop("allow_unfired", False))
+    allow = options.pop("allow", ())
+    allow = (allow,) if isinstance(allow, str) else tuple(allow)
+    try:
+        check_allowed(allow)
+    except ValueError as error:
+        raise pytest.UsageError(f"@pytest.mark.slices(allow=...): {error}") from None
     sim = SimulatedSlices(
         options["slices"], options["devices_per_slice"], schedule=options.get("schedule"),
         fault_log=tmp_path / "faults.jsonl", step_function=options.get("step_function"),
@@ -167,6 +179,13 @@ def simulated_slices(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
             "pass allow_unfired=True to the slices marker",
             pytrace=False,
         )
+    if request.node.stash.get(_FAILED, False):
+        return
+    found = sim.diagnose(allow)
+    if found.defects:
+        lines = "\n".join(found.lines())
+        pytest.fail(f"the simulator named problems of the code under test ({', '.join(p.kind for p in found.defects)}):"
+                    f"\n{lines}\naccept a kind with allow=(\"KIND\",) in the slices marker", pytrace=False)
 
 
 def _report(sim: Any) -> str:
@@ -175,6 +194,7 @@ def _report(sim: Any) -> str:
         lines += ["fault log:", *("  " + line for line in Path(sim.fault_log).read_text().splitlines())]
     lines.append(f"never fired: {[str(f) for f in sim.unfired] or 'none'}")
     lines.append("attempts (active slices): " + (", ".join(map(str, sim.attempts)) or "none"))
+    lines += ["diagnosis:", *sim.diagnose().lines()]
     return "\n".join(lines)
 
 

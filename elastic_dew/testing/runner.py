@@ -118,10 +118,19 @@ def run(
 
     def process(number: int) -> None:
         outcome.processes = number
-        with SimulatedSlices(
+        sim = SimulatedSlices(
             TOTAL_SLICES, DEVICES_PER_SLICE, schedule=scenario.schedule,
             fault_log=outcome.run_dir / rundir.FAULTS_FILE,
-        ) as sim:
+        )
+        try:
+            _train(number, sim)
+        finally:
+            # elastic_dew's own loop makes none of the mistakes the simulator names.
+            outcome.problems.extend(f"the simulator named {p.kind} in process {number}: {p.detail}"
+                                    for p in sim.diagnose().problems)
+
+    def _train(number: int, sim: Any) -> None:
+        with sim:
             manager = make_manager()
             if on_process is not None:
                 on_process(sim, manager)
