@@ -216,13 +216,33 @@ def check_fields(config: Any) -> None:
       SettingError: for the first field outside its declaration.
     """
     for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        bound, choices = field.metadata.get("bound"), field.metadata.get("choices")
-        if value is None and (field.default is None or (bound is not None and bound.none)):
-            continue
-        if bound is not None and not bound.holds(value):
-            raise SettingError(type(config), field.name, value, bound)
-        if choices is not None and value not in choices and not (
-            field.metadata.get("or_callable") and callable(value)
-        ):
-            raise SettingError(type(config), field.name, value, choices=choices)
+        _check(field, getattr(config, field.name), type(config), field.name)
+
+
+def check_value(declared_by: type, field: str, value: Any, *, owner: type | str, name: str) -> None:
+    """Check ``value`` against the declaration of ``declared_by``'s ``field``, for another
+    owner that takes the same setting under its own name (``Checkpoints(max_to_keep=)``
+    against ``ElasticConfig.max_to_keep``): one range, declared once.
+
+    Args:
+      declared_by: the configuration dataclass that declares the setting.
+      field: its field there.
+      value: the value given.
+      owner: what took it, for the refusal.
+      name: the name it took it by.
+
+    Raises:
+      SettingError: ``value`` is outside the declaration.
+    """
+    declared = {f.name: f for f in dataclasses.fields(declared_by)}[field]
+    _check(declared, value, owner, name)
+
+
+def _check(field: dataclasses.Field, value: Any, owner: type | str, name: str) -> None:
+    bound, choices = field.metadata.get("bound"), field.metadata.get("choices")
+    if value is None and (field.default is None or (bound is not None and bound.none)):
+        return
+    if bound is not None and not bound.holds(value):
+        raise SettingError(owner, name, value, bound)
+    if choices is not None and value not in choices and not (field.metadata.get("or_callable") and callable(value)):
+        raise SettingError(owner, name, value, choices=choices)

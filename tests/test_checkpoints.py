@@ -507,3 +507,31 @@ def test_replica_resize_with_multi_tier_resumes_on_the_survivors_and_scales_back
     assert [source for source, _ in resumes] == ["fresh", "checkpoint", "live"]
     assert resumes[1][1] - 1 in (2, 3)  # the newest committed step when slice 1 was lost
     assert nodes == [2, 2, 1, 2, 2]
+
+
+@pytest.mark.parametrize(("given", "refusal"), [
+    (dict(kind="s3"), "invalid Checkpoints: kind='s3' must be one of orbax, multi_tier"),
+    (dict(max_to_keep=0), "invalid Checkpoints: max_to_keep=0 must be >= 1"),
+    (dict(timeout=0), "invalid Checkpoints: timeout=0 must be > 0 seconds, or None for automatic"),
+    (dict(kind="multi_tier", run_name="r", backup_interval_minutes=0),
+     "invalid Checkpoints: backup_interval_minutes=0 must be >= 1 minutes"),
+    (dict(kind="multi_tier", run_name="r", init_timeout_seconds=0),
+     "invalid Checkpoints: init_timeout_seconds=0 must be >= 1 seconds"),
+])
+def test_checkpoints_refuses_a_setting_by_the_range_elastic_config_declares_for_it(tmp_path, given, refusal):
+    from elastic_dew.settings import SettingError
+
+    with pytest.raises(SettingError) as refused:
+        Checkpoints(str(tmp_path / "ck"), **given)
+    assert str(refused.value) == refusal
+    assert not (tmp_path / "ck").exists()
+
+
+def test_the_elastic_configs_choices_are_its_fields_types():
+    import typing
+
+    from elastic_dew.elastic.config import BATCH_POLICIES, CHECKPOINT_KINDS, ElasticConfig
+
+    hints = typing.get_type_hints(ElasticConfig)
+    assert typing.get_args(hints["batch_policy"]) == BATCH_POLICIES == ("constant", "scale_by_active_slices")
+    assert typing.get_args(hints["checkpoint_kind"]) == CHECKPOINT_KINDS == ("orbax", "multi_tier")

@@ -13,7 +13,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from elastic_dew import _deprecation
 from elastic_dew import settings as _settings
@@ -34,11 +34,15 @@ _Bound, _setting = _settings.Bound, _settings.setting
 
 #: What the global batch does when slices are lost: ``constant`` keeps it (more examples per
 #: surviving device), ``scale_by_active_slices`` scales it with the active slices.
-BATCH_POLICIES = ("constant", "scale_by_active_slices")
+BatchPolicy = Literal["constant", "scale_by_active_slices"]
+BATCH_POLICIES: tuple[str, ...] = get_args(BatchPolicy)
 #: The persistent tier's default directory inside a run directory (``RUN_DIR/checkpoints``);
 #: the run directory's layout (:mod:`elastic_dew.rundir`) takes it from here.
 CHECKPOINTS_DIR = "checkpoints"
-CHECKPOINT_KINDS = ("orbax", "multi_tier")
+#: The persistent tier's kinds (``ElasticConfig.checkpoint_kind``): declared once, as the
+#: field's type, and read from it.
+CheckpointKind = Literal["orbax", "multi_tier"]
+CHECKPOINT_KINDS: tuple[str, ...] = get_args(CheckpointKind)
 #: Seconds between slice health checks when ``poll_interval`` is left out, on simulated
 #: (CPU) slices, which come back at once, so polling fast keeps waits short ...
 SIMULATED_POLL_INTERVAL = 0.5
@@ -170,12 +174,12 @@ class ElasticConfig:
 
     model_axis: int | None = _setting(None, bound=_Bound(1, none=True))
     global_batch: int = _setting(32, bound=_Bound(1))
-    batch_policy: Literal["constant", "scale_by_active_slices"] = _setting("constant", choices=BATCH_POLICIES)
+    batch_policy: BatchPolicy = _setting("constant", choices=BATCH_POLICIES)
 
     snapshot_every: int = _setting(10, bound=_Bound(0, unit="steps", off=True))
     checkpoint_every: int = _setting(100, bound=_Bound(0, unit="steps", off=True))
     checkpoint_dir: str | None = None
-    checkpoint_kind: Literal["orbax", "multi_tier"] = _setting("orbax", choices=CHECKPOINT_KINDS)
+    checkpoint_kind: CheckpointKind = _setting("orbax", choices=CHECKPOINT_KINDS)
     max_to_keep: int = _setting(3, bound=_Bound(1))
     mtc_backup_minutes: int = _setting(10, bound=_Bound(1, unit="minutes"))
     mtc_init_timeout: int = _setting(900, bound=_Bound(1, unit="seconds"))

@@ -43,13 +43,14 @@ import numpy as np
 from jax.sharding import Mesh
 
 from elastic_dew._deprecation import renamed_keywords, renamed_method
-from elastic_dew.elastic.config import CHECKPOINT_KINDS
+from elastic_dew.elastic.config import CHECKPOINT_KINDS, ElasticConfig
 from elastic_dew.elastic.state.backend import Backend
 from elastic_dew.elastic.state.meta import MetaError, meta_json
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
 from elastic_dew.elastic.state import orbax_step, storage
 from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint, OrbaxBackend
 from elastic_dew.elastic.state.storage import StorageError, StorageTimeout
+from elastic_dew.settings import check_value
 
 __all__ = ["Checkpoints", "KINDS", "META_CAPACITY", "MultiTierError", "DamagedCheckpoint", "StorageError", "StorageTimeout"]
 
@@ -121,16 +122,14 @@ class Checkpoints:
         timeout: float | None = None,
         record_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"checkpoint kind={kind!r} must be one of {', '.join(KINDS)}")
+        # The ranges ElasticConfig declares for the same settings, checked by its declarations.
+        check_value(ElasticConfig, "checkpoint_kind", kind, owner="Checkpoints", name="kind")
         if not directory:
             raise ValueError("checkpoint directory is empty; give a local path or a gs:// URL")
-        if max_to_keep < 1:
-            raise ValueError(f"max_to_keep={max_to_keep} must be >= 1")
+        check_value(ElasticConfig, "max_to_keep", max_to_keep, owner="Checkpoints", name="max_to_keep")
         if slices is not None and slices < 1:
             raise ValueError(f"slices={slices} must be >= 1")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout={timeout} must be > 0 seconds, or None for automatic")
+        check_value(ElasticConfig, "storage_timeout", timeout, owner="Checkpoints", name="timeout")
         self.kind = kind
         self.directory = str(directory)
         self.slices = slices
@@ -154,10 +153,10 @@ class Checkpoints:
                 raise ValueError(
                     "checkpoint kind 'multi_tier' needs a run name: pass run_name or set JOBSET_NAME"
                 )
-            if backup_interval_minutes < 1:
-                raise ValueError(f"backup_interval_minutes={backup_interval_minutes} must be >= 1")
-            if init_timeout_seconds < 1:
-                raise ValueError(f"init_timeout_seconds={init_timeout_seconds} must be >= 1")
+            check_value(ElasticConfig, "mtc_backup_minutes", backup_interval_minutes, owner="Checkpoints",
+                        name="backup_interval_minutes")
+            check_value(ElasticConfig, "mtc_init_timeout", init_timeout_seconds, owner="Checkpoints",
+                        name="init_timeout_seconds")
             self.backend = MultiTierBackend(
                 self.directory,
                 run_name=run_name,
