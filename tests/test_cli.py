@@ -288,3 +288,28 @@ def test_a_command_finalises_the_garbage_it_leaves_then_spares_the_exits_final_c
     proc = _ok(subprocess.run([sys.executable, "-c", code, *render], capture_output=True, text=True,
                               timeout=60, cwd=tmp_path, env=_env()))
     assert proc.stdout.splitlines()[-2:] == ["finalised", "frozen True"]
+
+
+def test_a_process_running_many_runs_that_leave_writers_behind_holds_one_diversion_of_their_errors(tmp_path, monkeypatch):
+    """Each run that gave up on a write keeps the libraries' late error records out of the
+    terminal; the next run's diversion takes that over, so runs in one process hold one
+    diversion, not one each. (Every run here is made to look as if it left a writer.)"""
+    import logging
+
+    from elastic_dew.elastic.state import storage
+
+    monkeypatch.setattr(storage, "left_since", lambda since: 1)
+    monkeypatch.setattr(execution, "_HELD_DIVERSIONS", [])
+    orbax = logging.getLogger("absl")
+    before = list(orbax.filters)
+    try:
+        for name in ("one", "two", "three"):
+            args = _args("mlp", "--steps", "2", "--snapshot-every", "0", "--checkpoint-every", "0",
+                         "--run-dir", str(tmp_path / name))
+            assert execution.execute(planning.plan_run(console.config_of(args))).status == 0
+            assert len(execution._HELD_DIVERSIONS) == 1
+        assert len([f for f in orbax.filters if f not in before]) == 1  # the last run's alone
+    finally:
+        execution.release_held_diversions()
+    assert orbax.filters == before
+    assert "absl" in storage._LIBRARY_LOGGERS

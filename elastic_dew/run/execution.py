@@ -194,6 +194,7 @@ def execute(p: RunPlan, build: Callable[..., dict] | None = None, display: Displ
         diverted = contextlib.ExitStack()
         started = mark()
         try:
+            release_held_diversions()  # this run's diversion takes over an earlier run's late records
             diverted.enter_context(divert_library_errors(run_dir / rundir.STORAGE_LOG))
             trainer = Trainer(
                 **{name: parts[name] for name in _PARTS},
@@ -261,8 +262,20 @@ def execute(p: RunPlan, build: Callable[..., dict] | None = None, display: Displ
     return RunOutcome(0, run_dir, result)
 
 
-#: Diversions of the storage libraries' errors kept past their run (:func:`execute`).
+#: The diversion of the storage libraries' errors kept past its run (:func:`execute`): at
+#: most one, the last run's, until the next run's diversion takes its place.
 _HELD_DIVERSIONS: list[contextlib.ExitStack] = []
+
+
+def release_held_diversions() -> None:
+    """End the diversion an earlier run left held for its writers given up on.
+
+    The next run's own diversion then sends those writers' late records to its
+    ``storage.log``, as every library error record while it runs; so a process that runs
+    many runs holds one diversion at a time, not one per run that left writers behind.
+    """
+    while _HELD_DIVERSIONS:
+        _HELD_DIVERSIONS.pop().close()
 
 
 def main(config: RunConfig, build: Callable[..., dict] | None = None, display: Display | None = None) -> int:
