@@ -129,7 +129,7 @@ def _run(mistake: str | None, schedule: str = SCHEDULE, steps: int = 24):
 
 @pytest.mark.libraries
 @pytest.mark.parametrize("mistake", ["restored_nothing", "recreated_per_attempt", "held_across_attempts",
-                                     "returned_slice_ignored"])
+                                     "data_not_rewound", "returned_slice_ignored"])
 def test_each_mistake_of_the_gallery_is_diagnosed_by_its_name_and_nothing_else(mistake):
     found = _run(mistake)
     assert _kinds(found.problems) and set(_kinds(found.problems)) == {mistake}

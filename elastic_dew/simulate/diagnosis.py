@@ -125,6 +125,16 @@ PROBLEMS: Mapping[str, ProblemKind] = {
                 "multihost_utils.reached_preemption_sync_point(step))",
         ),
         ProblemKind(
+            "data_not_rewound",
+            rule="an attempt resumed from a snapshot or checkpoint of an earlier step (steps to redo) and took "
+                 "batches from the Grain ElasticIterator it used before without setting its position "
+                 "(set_state) or making a new one first",
+            cost="the redone steps train on the batches after the lost ones: the examples of the lost steps are "
+                 "never trained on, and the data no longer matches the step",
+            fix="save the iterator's state with each snapshot or checkpoint (iterator.get_state()) and, after "
+                "restoring, put it back (iterator.set_state(saved)) before the first batch",
+        ),
+        ProblemKind(
             "returned_slice_ignored",
             rule="a slice came back (it was in the Manager's available_inactive_slices) and the program never read "
                  "available_inactive_slices while it was there, and trained on without it",
@@ -435,7 +445,10 @@ def _take_up(run: _Run, fault: Mapping[str, Any]) -> dict[str, Any]:
     current = [a for a in run.attempts if a["w"] <= wall]
     if current and back in current[-1]["active"] and not _ended_after(run, current[-1], wall):
         return {"taken_up_after_steps": 0, "taken_up_after_seconds": 0.0}
+    in_place = next((e for e in run.of("scaled_up") if e["w"] > wall), None)  # elastic_dew's loop, in place
     for attempt in run.attempts:
+        if in_place is not None and in_place["w"] < attempt["w"]:
+            break
         if attempt["w"] > wall and back in attempt["active"]:
             first = next((r for r in run.resumes if r["pid"] == attempt["pid"] and r["n"] == attempt["n"]), None)
             if first is None:
@@ -445,6 +458,10 @@ def _take_up(run: _Run, fault: Mapping[str, Any]) -> dict[str, Any]:
             return {"taken_up_after_steps": steps, "taken_up_after_seconds": round(first["w"] - wall, 3),
                     "resumed_from": first["origin"], "redone_steps": max(0, at - first["p"]),
                     "resumed_step": first["step"] if first["origin"] != "nothing" else None}
+    if in_place is not None:
+        steps = sum(1 for s in run.steps if wall < s["w"] < in_place["w"])
+        return {"taken_up_after_steps": steps, "taken_up_after_seconds": round(in_place["w"] - wall, 3),
+                "resumed_from": "live", "redone_steps": 0}
     return {"taken_up_after_steps": None, "steps_short": sum(1 for s in run.steps if s["w"] > wall)}
 
 
@@ -583,8 +600,29 @@ def _returned_slice_ignored(run: _Run) -> list[Problem]:
     return out
 
 
+def _data_not_rewound(run: _Run) -> list[Problem]:
+    out = []
+    for resume in run.resumes:
+        if resume["origin"] not in ("snapshot", "checkpoint"):
+            continue
+        pid, attempt = resume["pid"], resume["n"]
+        reached = run.position_at(resume["w"], pid)
+        if reached <= resume["p"]:
+            continue  # nothing to redo: the data goes on from where it was
+        data = [e for e in run.of("data") if e["pid"] == pid]
+        used_before = any(e["w"] < resume["w"] and e["what"] == "next" and e["n"] < attempt for e in data)
+        positioned = any(e["n"] == attempt and e["what"] in ("set_state", "made") for e in data)
+        taken = any(e["n"] == attempt and e["what"] == "next" for e in data)
+        if used_before and taken and not positioned:
+            out.append(Problem("data_not_rewound", run.process(pid), attempt,
+                               f"attempt {attempt} resumed from the {resume['origin']} of step {resume['step']} with "
+                               f"{reached - resume['p']} steps to redo, and took batches from the ElasticIterator "
+                               "without setting its position: those steps train on other examples"))
+    return out
+
+
 _RULES = (_restored_nothing, _recreated_per_attempt, _held_across_attempts, _mesh_on_lost_slice, _snapshot_skipped,
-          _no_save_at_preemption, _returned_slice_ignored)
+          _no_save_at_preemption, _data_not_rewound, _returned_slice_ignored)
 
 
 def _bytes(count: int) -> str:

@@ -30,7 +30,9 @@ comes from the program's calls as the simulator's patches see them
   slice outside the attempt's active slices;
 * ``detected``: the simulator raised a slice-down error (at a ``read`` or a ``dispatch``);
 * ``available`` / ``looked``: a ``Manager``'s ``available_inactive_slices`` became non-empty,
-  and the program (not pathwaysutils itself) read it while it was.
+  and the program (not pathwaysutils itself) read it while it was;
+* ``data``: a Grain ``ElasticIterator`` was made, put at a position (``set_state``), or
+  handed out the attempt's first batch.
 
 The rules that turn these records into costs and named problems are
 :mod:`elastic_dew.simulate.diagnosis`; they read only these records and the fault log, so
@@ -172,6 +174,7 @@ class Watch:
             self._restored: tuple[str, int, int] | None = None  # announced loops: kind, step, position
             self._placed: set[tuple[int, tuple[int, ...]]] = set()
             self._looked: set[frozenset[int]] = set()
+            self._data_taken = False
             self._available: set[frozenset[int]] = set()
 
     # ----------------------------------------------------------------- records
@@ -212,6 +215,7 @@ class Watch:
             self._active = tuple(active)
             self._stepped = False
             self._restored = None
+            self._data_taken = False
         self._emit("attempt", active=list(active))
 
     def retry_entered(self) -> None:
@@ -267,6 +271,8 @@ class Watch:
             kind = "snapshot" if phase == "snapshot" else "checkpoint"
             self._saves[(kind, step)] = step
             self._emit("save", kind=kind, step=step, p=step, skipped=False)
+        elif phase == "scale_up":
+            self._emit("scaled_up", step=step)  # in place: returned slices join, no new attempt
         elif phase in ("snapshot_load", "checkpoint_restore"):
             kind = "snapshot" if phase == "snapshot_load" else "checkpoint"
             self._restored = (kind, step - 1, step - 1)
@@ -402,6 +408,19 @@ class Watch:
                 if record.get("e") == "save" and record.get("kind") == kind and record.get("step") == step:
                     return int(record["p"])
         return step
+
+    # ----------------------------------------------------------------- data
+
+    def data_taken(self) -> None:
+        """The program took a batch from a Grain ``ElasticIterator`` (the first of the
+        attempt is recorded)."""
+        if not self._data_taken:
+            self._data_taken = True
+            self._emit("data", what="next")
+
+    def data_positioned(self, what: str) -> None:
+        """A Grain ``ElasticIterator`` was made (``made``) or put at a position (``set_state``)."""
+        self._emit("data", what=what)
 
     # ----------------------------------------------------------------- returned slices
 

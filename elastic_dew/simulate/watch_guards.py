@@ -6,7 +6,8 @@ simulator's :class:`~elastic_dew.simulate.watch.Watch` what happened: ``Manager.
 (when the retried function runs and how each attempt ended), the ``Manager``'s
 ``available_inactive_slices`` (a property over the instance's own value: when it became
 non-empty, and whether the program, not pathwaysutils, read it), Orbax's ``Snapshotter``
-(made, ``save``, ``load``) and ``CheckpointManager`` (made, ``save``, ``restore``), and the
+(made, ``save``, ``load``), ``CheckpointManager`` (made, ``save``, ``restore``) and Grain's
+``ElasticIterator`` (made, ``set_state``, a batch taken), and the
 slice-down errors the simulator raises at a read or a dispatch the program made. A
 ``Snapshotter.save`` gives the request before it :data:`LANDING_SECONDS` to be taken up, so
 Orbax skips a save only when the previous copy waits on work that has not finished. With no
@@ -26,7 +27,7 @@ from elastic_dew.simulate.watch import own_loop_on_stack, placed_leaves
 
 __all__ = [
     "AVAILABLE", "LANDING_SECONDS", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
-    "made", "snapshot_load", "snapshot_save", "tracking_retry",
+    "data_call", "elastic_iterator", "made", "snapshot_load", "snapshot_save", "tracking_retry",
 ]
 
 
@@ -220,3 +221,28 @@ def checkpoint_restore(reg: Any, original: Callable[..., Any]) -> Callable[..., 
 def _own_loop(frame: Any) -> bool:
     """Whether elastic_dew's own loop is on the stack from ``frame`` (it announces its tiers)."""
     return own_loop_on_stack(frame)
+
+
+def elastic_iterator() -> type:
+    """Grain's ``ElasticIterator`` (its public name, ``grain.experimental``)."""
+    import grain.experimental
+
+    return grain.experimental.ElasticIterator
+
+
+def data_call(reg: Any, what: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """An ``ElasticIterator`` method: ``__init__`` (``made``), ``set_state`` or ``__next__``
+    (``next``), as the watch sees the data's position follow the state."""
+
+    @functools.wraps(original)
+    def call(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        watch = _watch(reg)
+        if watch is not None and not _own_loop(_caller()):
+            if what == "next":
+                watch.data_taken()
+            else:
+                watch.data_positioned(what)
+        return result
+
+    return call

@@ -30,7 +30,7 @@ from pathwaysutils.elastic import manager as pw_manager
 BATCH = 24  # examples per step: divides every data-parallel width of 1 to 4 slices of 2 devices
 FEATURES = 8
 MISTAKES = ("restored_nothing", "recreated_per_attempt", "held_across_attempts", "mesh_on_lost_slice",
-            "no_save_at_preemption", "returned_slice_ignored", "case1")
+            "no_save_at_preemption", "data_not_rewound", "returned_slice_ignored", "case1")
 
 KEPT = []  # the held_across_attempts mistake: every step's state, at module level
 
@@ -98,7 +98,8 @@ def main(argv=None):
         else:
             state = jax.device_put({"w": np.zeros(FEATURES, np.float32), "step": np.int32(0)}, replicated)
         step = int(state["step"])
-        data.set_state({"global_next_index": step * BATCH})
+        if "data_not_rewound" not in mistakes:
+            data.set_state({"global_next_index": step * BATCH})  # the data at the restored step
         while step < args.steps:
             batch = jax.device_put(next(data), rows)
             state, loss = train_step(state, batch)
