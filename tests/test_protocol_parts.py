@@ -380,3 +380,20 @@ def test_the_runs_configuration_and_tiers_are_read_only_once_it_is_built():
 
     assert {name: getattr(ElasticRun, name).fset for name in ("config", "snapshots", "checkpoints")} == {
         "config": None, "snapshots": None, "checkpoints": None}
+
+
+def test_the_runtimes_preemption_notice_is_every_part_of_the_notice_the_loop_asks():
+    """The loop asks a notice's optional parts by protocol (a notice without them still
+    works): a rename on either side would silently stop a preemption ending a recovery."""
+    from elastic_dew.elastic.loop import program
+    from elastic_dew.runtime import PreemptionNotice
+
+    class Minimal:
+        def reached(self, step: int) -> bool:
+            return False
+
+    with PreemptionNotice() as notice:
+        for part in (program.WaitingNotice, program.InterruptingNotice, program.ReceivedNotice):
+            assert isinstance(notice, part), part.__name__
+    assert not any(isinstance(Minimal(), part) for part in (
+        program.WaitingNotice, program.InterruptingNotice, program.ReceivedNotice))
