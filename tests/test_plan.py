@@ -480,3 +480,36 @@ def test_a_run_record_measures_what_a_resume_onto_a_new_set_of_slices_costs(tmp_
     # New: 2.2 and 1.7 s (the wait for slices is the cluster's); again: 0.5, 0.5, 0.5 s.
     assert measured["new_mesh_seconds"].value == pytest.approx((2.2 + 1.7) / 2 - 0.5)
     assert "2 resumes onto a set of slices new to the process" in measured["new_mesh_seconds"].source
+
+
+def test_a_pause_that_loses_every_holder_of_the_snapshot_is_as_likely_as_a_simulation_of_the_pause_finds():
+    import random
+
+    def simulated(n, spares, alpha, mu, trials=20000, seed=5):
+        rng, gone = random.Random(seed), 0
+        for _ in range(trials):
+            down, holders, pool = spares + 1, n - 1, n + spares
+            while down > spares and holders > 0:
+                others = pool - down - holders
+                rates = (holders * alpha, others * alpha, down * mu)
+                pick = rng.random() * sum(rates)
+                if pick < rates[0]:
+                    holders, down = holders - 1, down + 1
+                elif pick < rates[0] + rates[1]:
+                    down += 1
+                else:
+                    down -= 1
+            gone += holders == 0
+        return gone / trials
+
+    for n, spares, alpha, mu in ((4, 0, 0.1, 0.4), (3, 1, 0.2, 0.3), (8, 0, 0.1, 0.2)):
+        r = model.Rates(alpha=alpha, mu=mu, preempt=0.0, q=alpha / (alpha + mu), reschedule=0.0)
+        assert model.snapshot_lost(n, spares, r) == pytest.approx(simulated(n, spares, alpha, mu), abs=0.01)
+    slow = model.Rates(alpha=0.1, mu=0.1, preempt=0.0, q=0.5, reschedule=0.0)
+    fast = model.Rates(alpha=0.1, mu=1.0, preempt=0.0, q=1 / 11, reschedule=0.0)
+    assert model.snapshot_lost(4, 0, fast) < model.snapshot_lost(4, 0, slow)
+    # Pause-resume pays for it: the steps since the checkpoint, not since the snapshot.
+    cluster = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=2.5 / 60, reschedule_minutes=0.0)
+    kw = dict(snapshot_every=7, min_slices=None)
+    assert model.evaluate(CPU_COSTS, cluster, "pause_resume", checkpoint_every=500, **kw).goodput < model.evaluate(
+        CPU_COSTS, cluster, "pause_resume", checkpoint_every=50, **kw).goodput

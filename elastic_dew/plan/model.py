@@ -28,6 +28,11 @@ Pathways a lost slice surfaces as the error of a later computation that touches 
 restore's transfer or the first step (unverified without a cluster), and the two readings
 differ only in the part of the interrupted recovery already spent, second order in ``h c``.
 
+A pause-resume pause in which every other slice is lost too, before enough slices are
+healthy again, has lost every copy of the in-memory snapshot (a returned slice holds
+none): the run restores the newest checkpoint and redoes the steps since it
+(:func:`snapshot_lost`).
+
 Two figures per policy (:class:`PolicyOutcome`): ``goodput``, as ml-goodput-measurement defines it
 (the productive step time over the wall time: a step on three of four slices is productive
 time), and ``useful_work``, the examples trained over what every slice of the allocation,
@@ -82,6 +87,7 @@ __all__ = [
     "recommend_min_slices",
     "recommend_spares",
     "new_meshes",
+    "snapshot_lost",
     "SPARE_SHORTAGE",
     "MIN_SLICES_TOLERANCE",
 ]
@@ -292,10 +298,15 @@ def evaluate(
         tau, c = tau_c, costs.restart_seconds + costs.checkpoint_restore_seconds
         # The reschedule runs while the pool is short: the run waits for the longer of the two.
         wait = r.reschedule + (u * shortage * math.exp(-r.reschedule / shortage) if shortage > 0 else 0.0)
+        lost = lost_running(tau, total)
     else:
-        tau, c = tau_s, costs.recovery_seconds + costs.snapshot_restore_seconds
+        # A pause in which every slice that held the snapshot is lost too restores the
+        # newest checkpoint instead.
+        gone = u * snapshot_lost(n, spares, r)
+        restore = (1 - gone) * costs.snapshot_restore_seconds + gone * costs.checkpoint_restore_seconds
+        tau, c = tau_s, costs.recovery_seconds + restore
         wait = u * shortage
-    lost = lost_running(tau, total)
+        lost = (1 - gone) * lost_running(tau_s, total) + gone * lost_running(tau_c, total)
     recovery, restarts = _cascade(c, h)
     downtime = wait + recovery + restarts * u * shortage
     cycle = 1.0 / total + (h / total) * downtime + (r.preempt / total) * preempt_cost
@@ -354,6 +365,57 @@ def _replica_resize(
     return PolicyOutcome(_clip(goodput), _clip(useful), lost_mean, down_mean, faults)
 
 
+#: Above this many slices a pause that loses every holder of the snapshot is taken as
+#: impossible (it needs every one of them lost within one pause).
+SNAPSHOT_LOSS_SLICES = 64
+
+
+@functools.lru_cache(maxsize=256)
+def _snapshot_lost(n: int, spares: int, alpha: float, mu: float) -> float:
+    if n <= 1:
+        return 1.0  # the one slice held it
+    if n > SNAPSHOT_LOSS_SLICES or not math.isfinite(mu) or alpha <= 0:
+        return 0.0
+    pool = n + spares
+    # States (down, holders intact) while the pool is short (down > spares), holders >= 1.
+    states = [(d, h) for d in range(spares + 1, pool + 1) for h in range(1, n) if d + h <= pool]
+    index = {state: i for i, state in enumerate(states)}
+    a = np.eye(len(states))
+    b = np.zeros(len(states))
+    for (d, h), i in index.items():
+        others = pool - d - h  # up, but without the snapshot (returned, or spares)
+        rates = {"holder": h * alpha, "other": others * alpha, "back": d * mu}
+        total = sum(rates.values())
+        for kind, rate in rates.items():
+            if rate <= 0:
+                continue
+            share = rate / total
+            if kind == "holder":
+                target = (d + 1, h - 1)
+                if h - 1 == 0:
+                    b[i] += share  # the last holder lost: the snapshot is gone
+                    continue
+            elif kind == "other":
+                target = (d + 1, h)
+            else:
+                target = (d - 1, h)
+                if d - 1 <= spares:
+                    continue  # enough slices again: the pause ends with the snapshot
+            a[i, index[target]] -= share
+    solved = np.linalg.solve(a, b)
+    return float(solved[index[(spares + 1, n - 1)]])
+
+
+def snapshot_lost(n: int, spares: int, r: Rates) -> float:
+    """The probability that a pause-resume pause (a working slice lost leaving the pool
+    short of ``n`` healthy slices) also loses every other slice that held the in-memory
+    snapshot before enough slices are healthy again, so the run restores the newest
+    checkpoint: each of the ``n - 1`` holders fails at the slices' rate while the pool's
+    slices fail and return; a slice that returns holds nothing. 0 above
+    :data:`SNAPSHOT_LOSS_SLICES` slices or with returns at once."""
+    return _snapshot_lost(n, spares, r.alpha, r.mu)
+
+
 def new_meshes(cluster: Cluster, r: Rates, floor: int, wall: float) -> float:
     """The expected recoveries and scale-ups of replica-resize over ``wall`` seconds that land
     on a set of slices the process has not yet run on (each compiles the step for its mesh).
@@ -382,7 +444,11 @@ def new_meshes(cluster: Cluster, r: Rates, floor: int, wall: float) -> float:
         count = landings[k] * wall
         if count <= 0:
             continue
-        sets = math.comb(pool, k) - (1 if k == n else 0)
+        log_sets = math.lgamma(pool + 1.0) - math.lgamma(k + 1.0) - math.lgamma(pool - k + 1.0)
+        if log_sets > 35.0:  # more sets than landings could ever repeat: each is new
+            met += count
+            continue
+        sets = round(math.exp(log_sets)) - (1 if k == n else 0)
         if sets <= 0:
             continue
         met += sets * -math.expm1(count * math.log1p(-1.0 / sets)) if sets > 1 else min(1.0, count)
