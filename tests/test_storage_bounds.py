@@ -165,3 +165,19 @@ def test_a_data_read_that_blocks_ends_the_run_within_the_storage_timeout_naming_
         assert "data read of step" in message and "the training data" in message and "2 s" in message
     finally:
         threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True).start()  # let the reader go
+
+
+def test_a_storage_operation_given_up_on_is_worded_one_way_for_each_of_its_three_causes():
+    from elastic_dew.elastic.state.storage import StorageTimeout, timed_out
+
+    common = dict(operation="commit", storage="gs://b/ck", step=4, waited=12.34)
+    idle = timed_out("checkpoint save of step 4 in gs://b/ck", bound=10.0, idle=True, verb="commit", **common)
+    unmeasured = timed_out("checkpoint listing in gs://b/ck", bound=10.0, idle=True, measured=False, **common)
+    given = timed_out("checkpoint save of step 4 in gs://b/ck", bound=3.0, idle=False, verb="commit", **common)
+    assert str(idle) == ("checkpoint save of step 4 in gs://b/ck made no progress for the storage timeout of 10 s "
+                         "(no request answered, no byte moved; 12.3 s since it began): the storage is not answering")
+    assert str(unmeasured) == ("checkpoint listing in gs://b/ck did not finish within the storage timeout of 10 s: "
+                               "the storage is not answering")
+    assert str(given) == "checkpoint save of step 4 in gs://b/ck did not commit within the 3 s it was given"
+    assert all(isinstance(e, StorageTimeout) for e in (idle, unmeasured, given))
+    assert (idle.idle, unmeasured.idle, given.idle) == (True, True, False) and given.bound == 3.0

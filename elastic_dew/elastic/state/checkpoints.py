@@ -298,18 +298,11 @@ class Checkpoints:
     def _commit_timeout(self, inflight: _InFlight, error: StorageTimeout | None) -> StorageTimeout:
         """The timeout of ``inflight``'s commit: no progress for the storage timeout (``error``
         ``None`` or idle), or the time it was given passed."""
-        waited = time.monotonic() - inflight.started
-        head = f"checkpoint save of step {inflight.step} in {self.directory}"
-        bound: float | None
-        if error is None or error.idle:
-            bound = self.bound()
-            message = (f"{head} made no progress for the storage timeout of {bound:g} s (no request answered, "
-                       f"no byte moved; {waited:.1f} s since it began): the storage is not answering")
-        else:
-            bound = error.bound
-            message = f"{head} did not commit within the {bound:.3g} s it was given"
-        return StorageTimeout(message, operation="commit", storage=self.directory, step=inflight.step,
-                              bound=bound, waited=waited, idle=error is None or error.idle)
+        bound = self.bound() if error is None or error.idle else error.bound
+        return storage.timed_out(
+            f"checkpoint save of step {inflight.step} in {self.directory}", operation="commit",
+            storage=self.directory, step=inflight.step, bound=bound,
+            waited=time.monotonic() - inflight.started, idle=error is None or error.idle, verb="commit")
 
     def poll(self) -> StorageError | None:
         """Without waiting: commit the save in flight if it finished, abandon it if it failed

@@ -60,6 +60,7 @@ __all__ = [
     "grace_seconds",
     "stop_bound",
     "bounded",
+    "timed_out",
     "stuck",
     "orphaned",
     "mark",
@@ -299,6 +300,36 @@ def mark() -> tuple[frozenset[threading.Thread], int]:
         return frozenset(_stuck), _orphans
 
 
+def timed_out(what: str, *, operation: str, storage: str, step: int | None, bound: float | None,
+              waited: float, idle: bool, measured: bool = True, verb: str = "finish") -> StorageTimeout:
+    """The one wording of a storage operation given up on: no progress for the storage timeout
+    (``idle``; without a progress meter, not finished within it), or past the time it was given.
+
+    Args:
+        what: the operation, as the message names it (``checkpoint save of step 4 in DIR``).
+        operation: as :class:`StorageTimeout`'s.
+        storage: as :class:`StorageTimeout`'s.
+        step: as :class:`StorageTimeout`'s.
+        bound: the storage timeout (``idle``) or the time it was given.
+        waited: seconds since it began.
+        idle: whether it made no progress for ``bound``.
+        measured: whether progress was measured (else an idle bound reads as not finished).
+        verb: what it did not do in time (``finish``, ``commit``).
+
+    Returns:
+        The error, to raise or to record.
+    """
+    if idle and not measured:
+        message = f"{what} did not {verb} within the storage timeout of {bound:g} s: the storage is not answering"
+    elif idle:
+        message = (f"{what} made no progress for the storage timeout of {bound:g} s (no request answered, "
+                   f"no byte moved; {waited:.1f} s since it began): the storage is not answering")
+    else:
+        message = f"{what} did not {verb} within the {bound:.3g} s it was given"
+    return StorageTimeout(message, operation=operation, storage=storage, step=step, bound=bound, waited=waited,
+                          idle=idle)
+
+
 def bounded(operation: str, storage: str, step: int | None, bound: float, call: Callable[[], T],
             *, noun: str = "checkpoint", progress: Meter | None = METER, since: float | None = None,
             total: float | None = None) -> T:
@@ -346,17 +377,9 @@ def bounded(operation: str, storage: str, step: int | None, bound: float, call: 
             with _stuck_lock:
                 _stuck.append(thread)
             of_step = f" of step {step}" if step is not None else ""
-            what = f"{noun} {operation}{of_step} in {storage}"
-            if idle_left <= 0 and progress is None:
-                message = f"{what} did not finish within the storage timeout of {bound:g} s: the storage is not answering"
-            elif idle_left <= 0:
-                message = (f"{what} made no progress for the storage timeout of {bound:g} s (no request "
-                           f"answered, no byte moved; {now - origin:.1f} s since it began): the storage is not answering")
-            else:
-                message = f"{what} did not finish within the {total:.3g} s it was given"
-            raise StorageTimeout(message, operation=operation, storage=storage, step=step,
-                                 bound=bound if idle_left <= 0 else total, waited=now - origin,
-                                 idle=idle_left <= 0)
+            raise timed_out(f"{noun} {operation}{of_step} in {storage}", operation=operation, storage=storage,
+                            step=step, bound=bound if idle_left <= 0 else total, waited=now - origin,
+                            idle=idle_left <= 0, measured=progress is not None)
         done.wait(max(0.005, min(idle_left, total_left, _TICK)))
     if "error" in box:
         raise box.pop("error")
