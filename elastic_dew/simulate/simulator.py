@@ -338,7 +338,7 @@ class SimulatedSlices:
         """
         from elastic_dew.simulate.diagnosis import diagnose
 
-        return diagnose(self._faults, self.watch.events, allow)
+        return diagnose(self._faults, self.watch.records(), allow)
 
     def await_monitor(self, manager: Any, timeout: float = 5.0) -> None:
         """Wait, up to ``timeout`` seconds, until ``manager``'s monitor thread (pathwaysutils'

@@ -1,8 +1,9 @@
 """What a program under the simulator does with its state: the observations diagnosis reads.
 
 A :class:`Watch` belongs to one :class:`~elastic_dew.simulate.SimulatedSlices` and records,
-as plain JSON-ready dicts (:attr:`Watch.events`, and one JSON line each in ``path`` when
-given, flushed as it happens so a killed process's record survives), what the program's
+as plain JSON-ready dicts (one JSON line each in ``path`` when given, flushed as it happens
+so a killed process's record survives; else kept in memory; :meth:`Watch.records` reads
+them either way), what the program's
 process does that decides what a fault costs it and which mistakes it makes. Every record
 comes from the program's calls as the simulator's patches see them
 (:mod:`elastic_dew.simulate.patches`), never from its source text:
@@ -163,8 +164,10 @@ class Watch:
     def reset(self) -> None:
         """Forget everything (the simulator's context was entered again)."""
         with self._lock:
-            #: Every record so far, in order.
+            #: Every record so far, in order, when there is no ``path`` (a long run's records
+            #: go to the file only).
             self.events: list[dict[str, Any]] = []
+            self._last: dict[str, Any] | None = None
             self._attempt = 0  # this process's elastic_retry attempt now (0: none yet)
             self._active: tuple[int, ...] | None = None
             self._stepped = False  # whether the attempt now has run its first step
@@ -179,11 +182,32 @@ class Watch:
 
     # ----------------------------------------------------------------- records
 
+    def records(self) -> list[dict[str, Any]]:
+        """Every record so far, in order (read back from ``path`` when there is one: with
+        the records of the run's earlier processes that share it).
+
+        Returns:
+            The records.
+        """
+        if self.path is None:
+            return list(self.events)
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a kill
+        return out
+
     def _emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"e": event, "pid": os.getpid(), "w": time.time(), "n": self._attempt, **fields}
         with self._lock:
-            self.events.append(record)
-            if self.path is not None:
+            self._last = record
+            if self.path is None:
+                self.events.append(record)
+            else:
                 with open(self.path, "a", encoding="utf-8") as out:
                     out.write(json.dumps(record) + "\n")
         return record
@@ -360,8 +384,8 @@ class Watch:
 
     def detected(self, how: str) -> None:
         """The simulator raised a slice-down error at a ``read`` or a ``dispatch``."""
-        events = self.events
-        if events and events[-1]["e"] == "detected" and events[-1]["n"] == self._attempt:
+        last = self._last
+        if last is not None and last["e"] == "detected" and last["n"] == self._attempt:
             return  # one per attempt is enough
         self._emit("detected", how=how)
 
