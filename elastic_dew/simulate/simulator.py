@@ -87,7 +87,7 @@ from elastic_dew.simulate.schedule import (
     check_fault_slices,
 )
 from elastic_dew.simulate.step_count import StepCount
-from elastic_dew.simulate.topology import Topology
+from elastic_dew.simulate.topology import Topology, check_slice_index
 from elastic_dew.simulate.watch import Watch
 
 if TYPE_CHECKING:
@@ -423,8 +423,7 @@ class SimulatedSlices:
         return self._topology.slice_of(device) if self._topology is not None else None
 
     def _check_index(self, index: int) -> None:
-        if not isinstance(index, int) or not 0 <= index < self.slices:
-            raise ValueError(f"slice {index!r} does not exist; slices are 0..{self.slices - 1}")
+        check_slice_index(index, self.slices)
 
     def _set(self, codes: dict[int, str], hung: frozenset[int]) -> None:
         self._codes, self._hung = codes, hung

@@ -18,7 +18,7 @@ import jax
 
 from elastic_dew._deprecation import renamed_keywords
 
-__all__ = ["Topology"]
+__all__ = ["Topology", "check_slice_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,17 @@ class Topology:
         """
         return frozenset(device.id for index in slices for device in self.slice_to_devices[index])
 
+    def check_index(self, index: int) -> None:
+        """Refuse a slice index outside ``0 .. slices - 1``.
+
+        Args:
+            index: a slice index.
+
+        Raises:
+            ValueError: it is not one of the slices.
+        """
+        check_slice_index(index, self.slices)
+
     def group(self, devices: Sequence[jax.Device]) -> tuple[dict[int, list[jax.Device]], int]:
         """``get_slice_to_devices``'s answer: ``devices`` by slice, and how many were outside.
 
@@ -154,3 +165,18 @@ class Topology:
                 f"slices are CPU devices {sorted(self.device_slice)}"
             )
         return dict(sorted(grouped.items())), outside
+
+
+def check_slice_index(index: int, slices: int) -> None:
+    """Refuse a slice index outside ``0 .. slices - 1``: the one check of a slice's index, for
+    :meth:`Topology.check_index` and the simulator's fault controls alike.
+
+    Args:
+        index: a slice index.
+        slices: how many slices there are.
+
+    Raises:
+        ValueError: it is not one of the slices.
+    """
+    if not isinstance(index, int) or not 0 <= index < slices:
+        raise ValueError(f"slice {index!r} does not exist; slices are 0..{slices - 1}")
