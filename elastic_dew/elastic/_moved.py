@@ -3,8 +3,9 @@
 When ``elastic_dew/elastic/`` was split by job (``state``, ``slices``, ``loop``), every
 module that had a public ``__all__`` kept its old path: :data:`MOVED` lists each old path,
 the module that now holds its names, and the names renamed on the way. An old path is served
-by :func:`install`'s import hook (no file of its own); a package that took a module's place
-(``slices``, ``state``) binds :func:`moved` as its ``__getattr__``. Either way a name read
+by :func:`install`'s import hook (no file of its own); the package that took a module's
+place binds :func:`moved` as its ``__getattr__`` (``slices``: all of ``slices.mesh``'s names)
+or, for a few names, :func:`elastic_dew._deprecation.moved_names` (``state``). Either way a name read
 from an old path resolves to the same object in its new module, with a
 ``DeprecationWarning`` naming the new path in :func:`elastic_dew._deprecation.warn`'s one
 wording (``CHANGELOG.md``, Deprecated). Everything here goes in
@@ -58,14 +59,14 @@ MOVED: dict[str, tuple[str, Mapping[str, str]]] = {
 }
 
 
-def moved(old: str, new: str | Mapping[str, str], public_only: bool = False,
+def moved(old: str, new: str, public_only: bool = False,
           renamed: Mapping[str, str] | None = None) -> Callable[[str], object]:
-    """A module ``__getattr__`` for ``old`` that serves ``new``'s names with a warning.
+    """A module ``__getattr__`` for ``old`` that serves every name of the module ``new`` with a
+    warning (a name by name move is :func:`elastic_dew._deprecation.moved_names`'s).
 
     Args:
         old: the module path users imported (the shim's ``__name__``).
-        new: the module path that now holds its names, or, for an old module whose names
-            went to several, ``{name: module}`` (only those names are served).
+        new: the module path that now holds its names.
         public_only: serve only the names in ``new``'s ``__all__`` (for a package that took
             a module's place, so its submodules are never shadowed).
         renamed: ``{old name: new name}`` for the names renamed on the way.
@@ -76,15 +77,14 @@ def moved(old: str, new: str | Mapping[str, str], public_only: bool = False,
     renamed = dict(renamed or {})
 
     def __getattr__(name: str) -> object:
-        target = new.get(name) if isinstance(new, Mapping) else new
-        if name.startswith("__") or target is None:
+        if name.startswith("__"):
             raise AttributeError(f"module {old!r} has no attribute {name!r}")
-        module = importlib.import_module(target)
+        module = importlib.import_module(new)
         new_name = renamed.get(name, name)
         if public_only and new_name not in module.__all__:
             raise AttributeError(f"module {old!r} has no attribute {name!r}")
         value = getattr(module, new_name)
-        warn(f"{old}.{name}", f"{target}.{new_name}")
+        warn(f"{old}.{name}", f"{new}.{new_name}")
         return value
 
     return __getattr__

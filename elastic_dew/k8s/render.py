@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from elastic_dew.console import flag_of
-from elastic_dew.elastic._moved import moved
+from elastic_dew._deprecation import moved_names
 from elastic_dew.elastic.state.storage import GRACE_ENV
 from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams
 from elastic_dew.run import USAGE_EXIT
@@ -52,12 +52,12 @@ __all__ = [
 ]
 
 # Moved to modules of their own in 0.2.0; their old path warns until 0.3.
-__getattr__ = moved(__name__, {
-    "priority_class": "elastic_dew.k8s.cluster",
-    "checkpoint_configuration": "elastic_dew.k8s.cluster",
-    "jobset_comments": "elastic_dew.k8s.comments",
-    "JOBSET_COMMENTS": "elastic_dew.k8s.comments",
-    "dump": "elastic_dew.k8s.yaml_text",
+__getattr__ = moved_names(__name__, {
+    "priority_class": "elastic_dew.k8s.cluster.priority_class",
+    "checkpoint_configuration": "elastic_dew.k8s.cluster.checkpoint_configuration",
+    "jobset_comments": "elastic_dew.k8s.comments.jobset_comments",
+    "JOBSET_COMMENTS": "elastic_dew.k8s.comments.JOBSET_COMMENTS",
+    "dump": "elastic_dew.k8s.yaml_text.dump",
 })
 
 HEAD_JOB = "pathways-head"

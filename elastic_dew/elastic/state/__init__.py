@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from elastic_dew.elastic._moved import moved
+from elastic_dew._deprecation import moved_names
 
 if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs neither
     from elastic_dew.elastic.state.checkpoints import Checkpoints
@@ -35,8 +35,8 @@ if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs n
 
 __all__ = ["Newest", "newest"]
 
-__getattr__ = moved(__name__, {"Snapshots": "elastic_dew.elastic.state.snapshots",
-                               "Checkpoints": "elastic_dew.elastic.state.checkpoints"})
+__getattr__ = moved_names(__name__, {"Snapshots": "elastic_dew.elastic.state.snapshots.Snapshots",
+                                     "Checkpoints": "elastic_dew.elastic.state.checkpoints.Checkpoints"})
 
 
 class Newest(NamedTuple):
