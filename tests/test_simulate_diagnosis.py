@@ -144,6 +144,14 @@ def test_the_clean_loop_in_process_has_no_problem_and_the_costs_the_command_repo
 
 
 @pytest.mark.libraries
+def test_a_loss_at_a_dispatch_is_detected_there_and_the_failed_step_is_not_counted_as_redone():
+    found = _run(None, schedule="lose:2@9/dispatch", steps=12)
+    assert found.problems == ()
+    (cost,) = found.costs
+    assert (cost.detected, cost.resumed_from, cost.resumed_step, cost.redone_steps) == ("dispatch", "snapshot", 8, 0)
+
+
+@pytest.mark.libraries
 def test_a_snapshot_saved_while_the_previous_copy_cannot_finish_is_named_snapshot_skipped():
     """Orbax's real Snapshotter queues one save: the third save, while the first still copies a
     step result that waits on the host (a callback held until the end), is dropped."""

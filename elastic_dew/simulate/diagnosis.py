@@ -10,7 +10,8 @@ boundary that records the same observations gets the same diagnosis.
 **Costs.** One :class:`Cost` per fired fault. For a fault that stops work (``lose``,
 ``hang``, ``suspend``, ``error``, ``preempt``, ``kill``): how the program learnt of it
 (``detected``: at a ``read`` or a ``dispatch`` of work on the slice, by the ``clock`` that
-declared a hung slice dead, by the ``signal`` itself) and how long after it fired; where the
+declared a hung slice dead, by the program's own ``deadline`` on a hung slice's read, by the
+``signal`` itself) and how long after it fired; where the
 attempt or process after it resumed (``resumed_from``: ``snapshot``, ``checkpoint``,
 ``live`` for a state carried over, ``nothing`` for a fresh one; ``None`` when nothing
 resumed), the program's step number of what it resumed from (``resumed_step``), the steps
@@ -254,6 +255,7 @@ class Cost:
 
 def _how(detected: str | None) -> str:
     return {"read": "at a read", "dispatch": "at a dispatch", "clock": "by the clock (declared dead)",
+            "deadline": "by the program's own deadline",
             "signal": "by its signal", "raised": "where it was raised", "attempt": "when the attempt failed"}.get(
         detected or "", str(detected))
 
@@ -401,7 +403,8 @@ def _detection(run: _Run, fault: Mapping[str, Any], until: float | None,
     ended = next((e for e in run.of("attempt_end") if e["pid"] == fault["pid"] and e["w"] >= fault["wall"]
                   and e.get("error") == "slice_down" and (until is None or e["w"] <= until)), None)
     if ended is not None:
-        return "attempt", round(ended["w"] - fault["wall"], 3)
+        # a hung slice's reads never fail by themselves: the program's own bound ended the wait
+        return ("deadline" if action in ("hang", "suspend") else "attempt"), round(ended["w"] - fault["wall"], 3)
     return None, None
 
 
