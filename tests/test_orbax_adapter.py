@@ -74,11 +74,11 @@ def _replicated(values: jax.Array) -> jax.Array:
 
 
 def test_a_taken_save_lands_as_replica_trees_and_step_and_can_be_dropped():
-    """The behaviour behind the private reads: ``offer``'s answer, ``busy``, ``newest`` and ``drop``."""
+    """The behaviour behind the private reads: ``save_or_skip``'s answer, ``busy``, ``newest`` and ``drop``."""
     weights = _replicated(jnp.arange(4.0))
     snapshotter = adapter.HostSnapshotter(replica_axis_index=0)
     assert snapshotter.newest() is None
-    assert snapshotter.offer(3, {"weights": weights, "meta": "{}"}) is True
+    assert snapshotter.save_or_skip(3, {"weights": weights, "meta": "{}"}) is True
     snapshotter.join()
     assert not snapshotter.busy()
     trees, step = snapshotter.newest()

@@ -208,15 +208,15 @@ def test_the_checkpoint_tier_saves_on_its_cadence_at_the_end_and_on_preemption(t
     assert tier.on_step(2, _state(mesh), {"step": 2}, mesh) is None
     on_cadence = tier.on_step(3, _state(mesh), {"step": 3}, mesh)
     assert (on_cadence.tier, on_cadence.step, on_cadence.taken) == ("checkpoint", 3, True)
-    assert tier.final(3, _state(mesh), {"step": 3}) is None  # the cadence already saved it
-    final = tier.final(4, _state(mesh), {"step": 4})
+    assert tier.save_final(3, _state(mesh), {"step": 3}) is None  # the cadence already saved it
+    final = tier.save_final(4, _state(mesh), {"step": 4})
     assert (final.tier, final.step) == ("checkpoint", 4) and checkpoints.latest_step() == 4
-    stop = tier.commit(5, _state(mesh), {"step": 5})
+    stop = tier.save_preemption(5, _state(mesh), {"step": 5})
     assert (stop.tier, stop.step, stop.taken) == ("checkpoint", 5, True)
     assert checkpoints.latest_step() == 5
     nowhere = CheckpointTier(None, every=3)
     assert nowhere.on_step(3, _state(mesh), {}, mesh) is None
-    assert nowhere.final(3, _state(mesh), {}) is None and nowhere.commit(3, _state(mesh), {}) is None
+    assert nowhere.save_final(3, _state(mesh), {}) is None and nowhere.save_preemption(3, _state(mesh), {}) is None
 
 
 def test_the_tiers_offer_a_step_to_the_snapshot_before_the_checkpoint(tmp_path):

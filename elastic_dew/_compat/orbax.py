@@ -161,7 +161,7 @@ _SNAPSHOTTER_WHY = {
     "_lock": "guards _latest_snapshot",
     "_latest_snapshot": "the landed replica trees, read for the JSON leaf without touching "
     "arrays, and dropped when a failed load donated its buffers",
-    "_worker_thread": "whether the worker runs; joined by stop, started again by a later offer",
+    "_worker_thread": "whether the worker runs; joined by stop, started again by a later save_or_skip",
     "_worker": "the worker's loop, ended by a stop request (Orbax gives it no way to end)",
 }
 _SNAPSHOTTER_PRIVATE = tuple(
@@ -196,7 +196,7 @@ class _StopRequest:
 
 class HostSnapshotter(Snapshotter):
     """Orbax's Snapshotter with the few private reads tier 1 needs, as methods, and a way
-    to end its worker thread (:meth:`stop`; a later :meth:`offer` starts a new one).
+    to end its worker thread (:meth:`stop`; a later :meth:`save_or_skip` starts a new one).
 
     Construction refuses, with the members named, an installed Orbax whose Snapshotter no
     longer has what these methods use, rather than failing later inside a training step.
@@ -218,7 +218,7 @@ class HostSnapshotter(Snapshotter):
         """Whether a request is still queued, so that a ``save`` now would be skipped."""
         return self._queue.full()
 
-    def offer(self, step: int, tree: Any) -> bool:
+    def save_or_skip(self, step: int, tree: Any) -> bool:
         """``save(step, tree)``, returning whether Orbax took the tree or skipped it.
 
         ``save`` skips exactly when a request is still queued, and only the worker empties
@@ -257,7 +257,7 @@ class HostSnapshotter(Snapshotter):
 
         Orbax's worker never returns on its own, so without this every snapshotter of a
         process that runs many trainings keeps a thread (and itself) alive to the end.
-        Idempotent; a later :meth:`offer` starts a new worker.
+        Idempotent; a later :meth:`save_or_skip` starts a new worker.
         """
         if self.stopped():
             return

@@ -441,7 +441,7 @@ class ElasticRun:
     def _finish(self, attempt: Attempt) -> Finished:
         """Commit the final checkpoint and hand the finished state out of the retry."""
         step = attempt.step
-        saved = self.tiers.checkpoint.final(step, attempt.state, {"step": step, "data": attempt.data})
+        saved = self.tiers.checkpoint.save_final(step, attempt.state, {"step": step, "data": attempt.data})
         if saved is not None:
             self.emit(saved)
         # A slice lost after the last read (while restoring a finished run's state, say)

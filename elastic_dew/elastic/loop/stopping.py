@@ -79,7 +79,7 @@ class Stopping:
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
         bound = self.bound()
-        saved = self.tiers.checkpoint.commit(step, state, meta, wait_step, bound=bound)
+        saved = self.tiers.checkpoint.save_preemption(step, state, meta, wait_step, bound=bound)
         if saved is not None:
             self.emit(saved)
         if saved is None:
@@ -119,7 +119,7 @@ class Stopping:
                 newer = False
             if newer:
                 try:
-                    step = self._persist_snapshot(max(0.01, deadline - time.monotonic()))
+                    step = self._save_newest_snapshot(max(0.01, deadline - time.monotonic()))
                 except Exception:  # noqa: BLE001 - the grace period is short: stop all the same
                     logger.exception("could not persist the newest snapshot while stopping")
             if step is None:
@@ -138,7 +138,7 @@ class Stopping:
         self.emit(Stop(reason="preempted", step=step))
         return Preempted(step)
 
-    def _persist_snapshot(self, bound: float | None = None) -> int | None:
+    def _save_newest_snapshot(self, bound: float | None = None) -> int | None:
         """Load the newest snapshot onto the healthy slices and commit it as a checkpoint
         within ``bound`` seconds; its step, or ``None`` when no snapshot could be loaded or
         committed."""
@@ -150,7 +150,7 @@ class Stopping:
             return None
         _, step, state, meta = restored
         logger.warning("writing snapshot %d as a checkpoint before stopping", step)
-        saved = self.tiers.checkpoint.commit(step, state, meta, bound=bound)
+        saved = self.tiers.checkpoint.save_preemption(step, state, meta, bound=bound)
         if saved is not None:
             self.emit(saved)
         return step if saved is not None and saved.taken else None

@@ -284,7 +284,7 @@ class Snapshots:
                     # the (cached) layout on every step.
                     _META: '{"meta": ' + encoded + ', "packing": ' + packer.layout_json + "}",
                 }
-                took = self._snapshotter.offer(step, snapshot)
+                took = self._snapshotter.save_or_skip(step, snapshot)
             if took:
                 self.taken += 1
         if not took:

@@ -217,7 +217,7 @@ class CheckpointTier(_Cadence):
         self._note(self.checkpoints.failures())
         return taken
 
-    def final(self, step: int, state: Any, meta: dict) -> Save | None:
+    def save_final(self, step: int, state: Any, meta: dict) -> Save | None:
         """Commit the last step's checkpoint (unless the cadence already did); its event, or
         ``None``. A final save that is abandoned is reported like any other."""
         checkpoints = self.checkpoints
@@ -237,7 +237,7 @@ class CheckpointTier(_Cadence):
         self._note(checkpoints.failures(), stopping=True)
         return saved
 
-    def commit(
+    def save_preemption(
         self, step: int, state: Any, meta: dict, wait_step: StepWait | None = None, bound: float | None = None
     ) -> Save | None:
         """Write and commit the checkpoint of the step a preemption agreed on (``wait_step``:
