@@ -231,10 +231,10 @@ def execute(p: RunPlan, build: Callable[..., dict] | None = None, display: Displ
             # The storage failed or stalled: one line, the libraries' details in storage.log,
             # and the command-line process ends without the writers' shutdown noise
             # (asyncio's "Event loop is closed" from their destructors).
-            from elastic_dew.elastic.state.storage import orphaned
+            from elastic_dew.elastic.state.storage import abandoned_write
 
             if not (error.operation == "listing" and error.cause is not None):
-                orphaned()  # a listing that failed (a missing bucket) started no writer
+                abandoned_write()  # a listing that failed (a missing bucket) started no writer
             details = run_dir / rundir.STORAGE_LOG
             logger.error(
                 "the run stopped: %s.%s", error,

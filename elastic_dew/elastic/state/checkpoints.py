@@ -372,30 +372,30 @@ class Checkpoints:
             failure = StorageError.of("save", self.directory, step, error, waited)
         if not isinstance(failure, StorageTimeout):
             # The write failed and ended: nothing of it is still running to commit it later.
-            self._forget_manager(close=True)
+            self._abandon_manager(close=True)
             logger.warning("checkpoint save of step %d failed after %.1f s: %s", step, waited, failure)
             self._failures.append(failure)
             return failure
         self.abandoned.add(int(step))
-        storage.orphaned()
+        storage.abandoned_write()
         if self.record_dir is not None:
             try:
                 orbax_step.record_abandoned(self.record_dir, step)
             except OSError as record_error:
                 logger.error("could not record abandoned checkpoint step %d in %s: %s", step, self.record_dir, record_error)
-        self._forget_manager()
+        self._abandon_manager()
         logger.warning("checkpoint save of step %d abandoned after %.1f s: %s", step, waited, failure)
         self._failures.append(failure)
         return failure
 
-    def _forget_manager(self, close: bool = False) -> None:
+    def _abandon_manager(self, close: bool = False) -> None:
         try:
             if close:
                 self._call("close", None, lambda: self.backend.abandon(close=True))
             else:
                 self.backend.abandon()
         except Exception:  # noqa: BLE001 - a fresh manager is built on the next call all the same
-            logger.exception("forgetting the checkpoint manager of the abandoned save failed")
+            logger.exception("abandoning the checkpoint manager of the abandoned save failed")
 
     # -- listings and restores ----------------------------------------------------------
     def _newest(self, steps: list[int]) -> int | None:

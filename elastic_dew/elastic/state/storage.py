@@ -62,7 +62,7 @@ __all__ = [
     "bounded",
     "timed_out",
     "stuck",
-    "orphaned",
+    "abandoned_write",
     "mark",
     "end_if_stuck",
     "diagnose",
@@ -275,7 +275,7 @@ _stuck_lock = threading.Lock()
 _stuck: list[threading.Thread] = []
 
 
-_orphans = 0
+_abandoned_writes = 0
 
 
 def stuck() -> list[threading.Thread]:
@@ -285,19 +285,19 @@ def stuck() -> list[threading.Thread]:
         return list(_stuck)
 
 
-def orphaned() -> None:
+def abandoned_write() -> None:
     """Note a write given up on whose library threads may never end (an Orbax save past its
     bound, forgotten without being waited for), or a run stopped by a storage error whose
     writers' shutdown would only add noise: :func:`end_if_stuck` then ends the process."""
-    global _orphans
+    global _abandoned_writes
     with _stuck_lock:
-        _orphans += 1
+        _abandoned_writes += 1
 
 
 def mark() -> tuple[frozenset[threading.Thread], int]:
     """What is stuck now, for :func:`end_if_stuck`'s ``since``."""
     with _stuck_lock:
-        return frozenset(_stuck), _orphans
+        return frozenset(_stuck), _abandoned_writes
 
 
 def timed_out(what: str, *, operation: str, storage: str, step: int | None, bound: float | None,
@@ -411,10 +411,10 @@ def left_since(since: tuple[frozenset[threading.Thread], int]) -> int:
 
 def _left_since(since: tuple[frozenset[threading.Thread], int]) -> tuple[int, int]:
     """The storage calls still waiting, and the writes given up on, since ``since``."""
-    threads, orphans = since
+    threads, writes = since
     waiting = sum(1 for thread in stuck() if thread not in threads)
     with _stuck_lock:
-        return waiting, _orphans - orphans
+        return waiting, _abandoned_writes - writes
 
 
 def end_if_stuck(code: int, since: tuple[frozenset[threading.Thread], int] = (frozenset(), 0)) -> None:
