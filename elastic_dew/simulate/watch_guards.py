@@ -52,8 +52,8 @@ def _watch(reg: Any) -> Any:
 
 #: Callers whose slice-down errors are not the program learning of a fault: the libraries
 #: that probe slices and replicas on its behalf, and the simulator itself.
-_PROBING = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew.simulate", "elastic_dew.elastic.slices",
-            "elastic_dew._compat", "threading")
+_PROBING = ("orbax", "grain", "pathwaysutils.elastic", "pathwaysutils.experimental", "etils", "elastic_dew.simulate",
+            "elastic_dew.elastic.slices", "elastic_dew._compat", "threading")
 
 
 def detected(simulator: Any, how: str, frame: Any) -> None:
