@@ -38,7 +38,7 @@ class Attempt:
     step: int
     data: dict | None = None
     #: Whether the restored state's evaluation pass was cut short by a preemption (its
-    #: meta's :data:`~elastic_dew.elastic.loop.evaluation.OWED`): the attempt runs it first.
+    #: meta's :data:`~elastic_dew.elastic.loop.evaluation.EVALUATION_OWED_KEY`): the attempt runs it first.
     owed: bool = False
     in_batch: jax.sharding.NamedSharding = dataclasses.field(init=False)
 

@@ -17,7 +17,7 @@ and when it reaches the step again the pass runs again; the record holds the one
 finished. A preemption notice that arrives during a pass (the ``interrupted`` callable the
 protocol passes, asked before each batch and before the read) cuts it short the same way:
 :meth:`Evaluation.run` returns ``None`` with nothing emitted, the protocol writes the
-preemption checkpoint of the pass's step marked :data:`OWED` in its meta, and the run that
+preemption checkpoint of the pass's step marked :data:`EVALUATION_OWED_KEY` in its meta, and the run that
 resumes from it runs the pass first, on its own mesh, before any step. Each evaluated step
 keeps one ``eval`` line, the pass that finished.
 
@@ -43,7 +43,7 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Eval
 from elastic_dew.elastic.slices.mesh import batch_sharding, check_eval_batch
 
-__all__ = ["OWED", "Evaluation", "EvalFn"]
+__all__ = ["EVALUATION_OWED_KEY", "Evaluation", "EvalFn"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ EvalFn = Callable[[dict | None, Any, Any], dict]
 
 #: The key of a saved state's meta (``True``) that says the evaluation pass of its step was
 #: cut short by a preemption and is owed: the run that resumes from it runs the pass first.
-OWED = "evaluation_owed"
+EVALUATION_OWED_KEY = "evaluation_owed"
 
 
 class Evaluation:

@@ -57,7 +57,7 @@ from elastic_dew.elastic.events import Event, Resume, Step, Stop
 from elastic_dew.elastic.loop.attempt import Attempt, InFlight
 from elastic_dew.elastic.loop.compiler import StepCompiler
 from elastic_dew.elastic.loop.data import DataBatch, ElasticData
-from elastic_dew.elastic.loop.evaluation import OWED, Evaluation
+from elastic_dew.elastic.loop.evaluation import EVALUATION_OWED_KEY, Evaluation
 from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, StepFn, WaitingNotice
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.loop.stopping import Stopping
@@ -279,7 +279,7 @@ class ElasticRun:
         """
         attempt = self._resume(self.timer.recover())
         if attempt.owed and not self._evaluate(attempt):
-            owed = {"step": attempt.step, "data": attempt.data, OWED: True}
+            owed = {"step": attempt.step, "data": attempt.data, EVALUATION_OWED_KEY: True}
             self.stopping.at_step(attempt.step, attempt.state, owed, None)
         current: InFlight | None = None
         last_saves: StepSaves | None = None  # the last step's saves (see _complete)
@@ -299,7 +299,7 @@ class ElasticRun:
             meta = {"step": attempt.step, "data": attempt.data}
             wait_step = self._wait_step(ahead)
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
-                self.stopping.at_step(attempt.step, attempt.state, {**meta, OWED: True}, wait_step)
+                self.stopping.at_step(attempt.step, attempt.state, {**meta, EVALUATION_OWED_KEY: True}, wait_step)
             if self.notice is not None and self.notice.reached(attempt.step):
                 self.stopping.at_step(attempt.step, attempt.state, meta, wait_step)
             # The saves' own seconds are not the next step's time; the wait before them is.
@@ -347,7 +347,7 @@ class ElasticRun:
         )
         self.emit(Resume(source=source, step=step + 1, durations=recovery.durations))
         self.compiler.start_precompiling()
-        owed = bool(meta.get(OWED)) and self.evaluation is not None
+        owed = bool(meta.get(EVALUATION_OWED_KEY)) and self.evaluation is not None
         return Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed)
 
     def _dispatch(self, attempt: Attempt, state: Any, step: int) -> InFlight:

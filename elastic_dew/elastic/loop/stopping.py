@@ -161,12 +161,12 @@ class Stopping:
         return TimeoutError(
             f"waited timeout={self.config.timeout} s for {wanted} healthy "
             f"slice{'s' if wanted != 1 else ''} after step {last_step}, and they did not "
-            f"come ({error}); {self.tiers.kept()}, or raise ElasticConfig.timeout"
+            f"come ({error}); {self.tiers.resume_from_text()}, or raise ElasticConfig.timeout"
         )
 
     def gave_up(self, error: ElasticRuntimeError, last_step: int, policy: SliceLossRetryLimit) -> ElasticRuntimeError:
         """The retry policy's end, with the run's position, what the tiers kept and what to do next."""
         return ElasticRuntimeError(
             f"gave up after step {last_step}: {policy.describe()} ({error}); "
-            f"{self.tiers.kept()}, or raise ElasticConfig.max_attempts"
+            f"{self.tiers.resume_from_text()}, or raise ElasticConfig.max_attempts"
         )

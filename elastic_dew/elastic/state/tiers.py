@@ -520,7 +520,7 @@ class Tiers:
         """
         return restore(self.snapshots, self.checkpoints, abstract, quarantine=self.quarantine, emit=emit)
 
-    def kept(self) -> str:
+    def resume_from_text(self) -> str:
         """What a run that gave up leaves to resume from, for its error message (not
         asking a storage that just stalled).
 
