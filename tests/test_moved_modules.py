@@ -95,6 +95,7 @@ RENAMED_METHODS = {
     ("Checkpoints", "prepare"): "precompile_saves",
     ("Checkpoints", "prepared"): "saves_precompiled",
     ("Checkpoints", "stop_preparing"): "stop_precompiling",
+    ("Checkpoints", "settle"): "wait_or_abandon",
 }
 
 

@@ -76,7 +76,7 @@ def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_relea
         fault_proxy.add(ProxyFault("stall", method="POST", path=f"{bucket[5:]}/ck/2/*"))
         assert checkpoints.save(2, _state(2.0), {"step": 2})
         started = time.monotonic()
-        failure = checkpoints.settle()
+        failure = checkpoints.wait_or_abandon()
         waited = time.monotonic() - started
         assert isinstance(failure, StorageTimeout) and waited < 2.0 + 5, (failure, waited)  # the bound, not the stall, ended it
         assert f"step 2 in {directory}" in str(failure) and "2 s" in str(failure)
@@ -118,7 +118,7 @@ def test_a_commit_whose_uploads_are_slow_but_answered_outlasts_the_storage_timeo
         before = storage.METER.counters()
         started = time.monotonic()
         assert checkpoints.save(2, _state(2.0), {"step": 2})
-        failure = checkpoints.settle()
+        failure = checkpoints.wait_or_abandon()
         took = time.monotonic() - started
         moved = storage.METER.counters() - before
         assert failure is None and checkpoints.failures() == [], failure
@@ -160,7 +160,7 @@ def test_uploads_refused_403_fail_the_save_at_once_naming_the_permission(fault_p
         fault_proxy.add(ProxyFault("error", method="POST", status=403))
         started = time.monotonic()
         checkpoints.save(1, _state(1.0), {"step": 1})
-        failure = checkpoints.settle()
+        failure = checkpoints.wait_or_abandon()
         assert time.monotonic() - started < 10
     assert isinstance(failure, StorageError) and not isinstance(failure, StorageTimeout)
     assert "permission was refused" in str(failure) and directory in str(failure)
@@ -196,12 +196,12 @@ def test_a_full_disk_and_a_read_only_one_fail_the_save_naming_the_cause_and_keep
         free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
         (disk / "fill").write_bytes(b"\0" * (free - 4096))
         checkpoints.save(2, _state(2.0), {"step": 2})
-        full = checkpoints.settle()
+        full = checkpoints.wait_or_abandon()
         assert isinstance(full, StorageError) and "the disk is full" in str(full), full
         (disk / "fill").unlink()
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
         checkpoints.save(3, _state(3.0), {"step": 3})
-        read_only = checkpoints.settle() or checkpoints.failures()[-1]
+        read_only = checkpoints.wait_or_abandon() or checkpoints.failures()[-1]
         assert "read-only" in str(read_only), read_only
         assert checkpoints.latest_step() == 1
         restored, meta = checkpoints.restore(1, _abstract())

@@ -207,7 +207,7 @@ class Checkpoints:
     def save(self, step: int, state: Any, meta: dict, *, force: bool = False, bound: float | None = None) -> bool:
         """Start saving the state after ``step`` updates (asynchronous); ``wait`` commits it.
 
-        A save still in flight is committed first (:meth:`settle`). A step at or below the
+        A save still in flight is committed first (:meth:`wait_or_abandon`). A step at or below the
         newest committed one is skipped (logged): Orbax would otherwise garbage-collect the
         newer checkpoints in favour of the older step; so is an abandoned step. A start that
         fails or passes ``bound`` abandons the save (its failure is in :meth:`failures`).
@@ -231,7 +231,7 @@ class Checkpoints:
         _check_step(step)
         encoded = meta_json(meta, "checkpoint")
         self._nbytes = storage.state_bytes(state)
-        self.settle(bound)
+        self.wait_or_abandon(bound)
         if step in self.abandoned:
             logger.warning("checkpoint of step %d skipped: an earlier save of that step was abandoned", step)
             return False
@@ -256,7 +256,7 @@ class Checkpoints:
             self._inflight = _InFlight(int(step), started, self._nbytes, bound)
         return began
 
-    def settle(self, bound: float | None = None) -> StorageError | None:
+    def wait_or_abandon(self, bound: float | None = None) -> StorageError | None:
         """Wait for the save in flight to commit, for as long as its writes keep progressing.
 
         It is abandoned when the storage made no progress for the storage timeout
@@ -325,7 +325,7 @@ class Checkpoints:
             timeout = self._commit_timeout(inflight, error)
             self._stalled_until = now + (timeout.bound or 0.0)
             return self._abandon(inflight.step, timeout, inflight.started)
-        return self.settle()
+        return self.wait_or_abandon()
 
     def wait(self, bound: float | None = None) -> None:
         """Block until the last save is committed.
@@ -337,7 +337,7 @@ class Checkpoints:
             StorageError: the save was abandoned: it failed, or did not commit within
                 ``bound`` or its own bound (:class:`~elastic_dew.elastic.state.storage.StorageTimeout`).
         """
-        failure = self.settle(bound)
+        failure = self.wait_or_abandon(bound)
         if failure is not None:
             raise failure
 
@@ -516,6 +516,7 @@ class Checkpoints:
     prepare = renamed_method("Checkpoints", "prepare", precompile_saves)
     prepared = renamed_method("Checkpoints", "prepared", saves_precompiled)
     stop_preparing = renamed_method("Checkpoints", "stop_preparing", stop_precompiling)
+    settle = renamed_method("Checkpoints", "settle", wait_or_abandon)
 
     def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
         """Bind tier 2 to the active devices and mesh: call it on every attempt and scale-up.
@@ -549,7 +550,7 @@ class Checkpoints:
                     operation="commit", storage=self.directory, step=self._inflight.step,
                 ), self._inflight.started)
             return
-        self.settle()
+        self.wait_or_abandon()
         self._call("close", None, self.backend.close)
 
 

@@ -199,7 +199,7 @@ class CheckpointTier(_Cadence):
             )
 
     def poll(self) -> None:
-        """At a step boundary: settle the save in flight if it finished or passed its bound."""
+        """At a step boundary: finish the save in flight if it finished or passed its bound."""
         if self.checkpoints is None or self.checkpoints.saving is None:
             return
         self.checkpoints.poll()
@@ -211,7 +211,7 @@ class CheckpointTier(_Cadence):
 
     def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
         assert self.checkpoints is not None, "a tier without checkpoints is never due"
-        self.checkpoints.settle()  # the previous save: committed, or abandoned at its bound
+        self.checkpoints.wait_or_abandon()  # the previous save: committed, or abandoned at its bound
         self._note(self.checkpoints.failures())  # a stop it calls for comes before the next write
         taken = self.checkpoints.save(step, state, meta)  # started: the write goes on in the background
         self._note(self.checkpoints.failures())
@@ -223,7 +223,7 @@ class CheckpointTier(_Cadence):
         checkpoints = self.checkpoints
         if checkpoints is None:
             return None
-        checkpoints.settle()
+        checkpoints.wait_or_abandon()
         self._note(checkpoints.failures())
         saved = None
         if checkpoints.newest_known() != step:
@@ -231,7 +231,7 @@ class CheckpointTier(_Cadence):
 
             def write() -> bool:
                 taken = checkpoints.save(step, state, meta, force=True)
-                return taken and checkpoints.settle() is None
+                return taken and checkpoints.wait_or_abandon() is None
 
             saved = timed_save(self.name, step, write)
         self._note(checkpoints.failures(), stopping=True)
@@ -260,7 +260,7 @@ class CheckpointTier(_Cadence):
             return None if deadline is None else max(0.01, deadline - time.monotonic())
 
         def write() -> bool:
-            checkpoints.settle(left())
+            checkpoints.wait_or_abandon(left())
             try:
                 if checkpoints.latest_step(left()) == step:
                     return True
@@ -269,7 +269,7 @@ class CheckpointTier(_Cadence):
                 return False
             if not checkpoints.save(step, state, meta, force=True, bound=left()):
                 return False
-            return checkpoints.settle(left()) is None
+            return checkpoints.wait_or_abandon(left()) is None
 
         saved = timed_save(self.name, step, write)
         self._note(checkpoints.failures(), stopping=True)
