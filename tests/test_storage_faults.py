@@ -130,6 +130,58 @@ def test_a_commit_whose_uploads_are_slow_but_answered_outlasts_the_storage_timeo
         checkpoints.close()
 
 
+def test_a_checkpoint_due_during_a_slow_commit_is_queued_not_waited_for_and_one_newer_takes_its_place(
+    fault_proxy, bucket, tmp_path
+):
+    """Each upload of a checkpoint's arrays is held 0.5 s (a commit of several seconds): a
+    checkpoint due meanwhile holds the loop at most PATIENCE, then waits in the queue; a
+    newer one due takes its place (the older skipped, with an event naming its step and why);
+    the queued one starts at the first step boundary after the commit ends, and both
+    commits are events with their seconds."""
+    from elastic_dew.elastic.events import Commit, Save, Storage
+    from elastic_dew.elastic.state.tiers import PATIENCE, CheckpointTier
+
+    directory = f"{bucket}/ck"
+    with _through(fault_proxy):
+        checkpoints = Checkpoints(directory, timeout=30, record_dir=tmp_path, max_to_keep=10)
+        checkpoints.save(1, _state(1.0), {"step": 1})
+        checkpoints.wait()
+        checkpoints.committed_saves()  # step 1's, before the tier
+        tier = CheckpointTier(checkpoints, 5)
+        events: list = []
+        tier.emit = events.append
+        fault_proxy.add(ProxyFault("stall", method="POST", path=f"{bucket[5:]}/ck/*/state/*", seconds=0.5))
+
+        def step(n: int) -> Save | None:
+            saved = tier.on_step(n, _state(float(n)), {"step": n}, None)
+            if saved is not None:
+                events.append(saved)
+            return saved
+
+        assert step(5).taken
+        queued = step(10)
+        assert (queued.step, queued.taken) == (10, False) and queued.seconds < PATIENCE + 1.5, queued
+        replaced = step(15)
+        assert (replaced.step, replaced.taken) == (15, False) and replaced.seconds < PATIENCE + 1.5, replaced
+        assert tier.queued[0] == 15 and checkpoints.saving == 5
+        for _ in range(300):  # step 16's boundary, until the queued one starts
+            if checkpoints.saving != 5:
+                break
+            step(16)
+            time.sleep(0.1)
+        assert checkpoints.saving == 15 and tier.queued is None, [(type(e).__name__, e.step) for e in events]
+        assert tier.save_final(15, _state(15.0), {"step": 15}) is None  # 15 commits: nothing more to save
+        fault_proxy.clear()
+    skipped = [e for e in events if isinstance(e, Storage)]
+    assert [(e.outcome, e.step) for e in skipped] == [("skipped", 10)]
+    assert "step 15 took its place in the queue behind the commit of step 5" in skipped[0].error
+    assert [(e.step, e.taken) for e in events if isinstance(e, Save)] == [(5, True), (10, False), (15, False), (15, True)]
+    commits = [e for e in events if isinstance(e, Commit)]
+    assert [c.step for c in commits] == [5, 15] and all(c.seconds > PATIENCE and c.nbytes > 0 for c in commits), commits
+    assert checkpoints.latest_step() == 15 and checkpoints.abandoned == set()
+    checkpoints.close()
+
+
 def test_a_restore_whose_reads_stall_raises_naming_the_storage_step_and_bound_and_reads_no_more(
     fault_proxy, bucket
 ):

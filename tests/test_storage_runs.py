@@ -89,24 +89,40 @@ def _events(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in record.read_events(run_dir) if e["event"] == kind]
 
 
+def _accounted(run_dir: Path, scheduled: list[int]) -> dict[int, str]:
+    """What became of each scheduled checkpoint: ``committed``, or its ``storage`` event's
+    outcome; a step with neither is missing from the result."""
+    fate = {e["step"]: e["outcome"] for e in _events(run_dir, "storage")}
+    fate.update({e["step"]: "committed" for e in _events(run_dir, "commit")})
+    return {step: fate[step] for step in scheduled if step in fate}
+
+
 def test_a_save_whose_uploads_stall_is_abandoned_and_the_run_finishes_with_the_clean_digest(
     fault_proxy, gcs_server, bucket, tmp_path, clean_digest
 ):
-    """Step 10's uploads never answer: the save is abandoned at --storage-timeout and the run
-    trains on, commits 15 and 20, and finishes within the timeout plus its training time."""
+    """Step 10's uploads never answer: the save is abandoned once the storage made no progress
+    for --storage-timeout; the loop never waits for it more than PATIENCE a checkpoint, every
+    other checkpoint is committed or skipped with an event (15 may be replaced in the queue by
+    20 while 10 is still held), and the run finishes with the clean digest."""
+    from elastic_dew.elastic.state.tiers import PATIENCE
+
     name = bucket[5:]
     run_dir = tmp_path / "run"
     fault_proxy.add(ProxyFault("stall", method="POST", path=f"{name}/ck/10/*"))
     done, seconds = _train(run_dir, "--checkpoint-dir", f"{bucket}/ck", "--storage-timeout", str(TIMEOUT),
                            env=_env(**fault_proxy.env))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [(e["outcome"], e["step"], e["storage"]) for e in _events(run_dir, "storage")] == [
-        ("abandoned", 10, f"{bucket}/ck")
-    ]
+    abandoned = [e for e in _events(run_dir, "storage") if e["outcome"] == "abandoned"]
+    assert [(e["step"], e["storage"]) for e in abandoned] == [(10, f"{bucket}/ck")]
+    assert abandoned[0]["waited"] < TIMEOUT + 5  # the deadline after its last progress
+    fate = _accounted(run_dir, [5, 10, 15, 20])
+    assert fate in ({5: "committed", 10: "abandoned", 15: "committed", 20: "committed"},
+                    {5: "committed", 10: "abandoned", 15: "skipped", 20: "committed"}), fate
     assert orbax_step.read_abandoned(run_dir) == {10}
-    assert orbax_step.committed_checkpoint_steps(epath.Path(f"{bucket}/ck"), abandoned={10}) == [5, 15, 20]
-    held = sum(e["seconds"] for e in _events(run_dir, "save") if e["tier"] == "checkpoint" and e["step"] == 15)
-    assert held < TIMEOUT + 5  # the loop waited for the stalled save at most its bound
+    committed = [step for step, outcome in fate.items() if outcome == "committed"]
+    assert orbax_step.committed_checkpoint_steps(epath.Path(f"{bucket}/ck"), abandoned={10}) == committed
+    held = [e["seconds"] for e in _events(run_dir, "save") if e["tier"] == "checkpoint" and 10 < e["step"] < 20]
+    assert held and max(held) < PATIENCE + 2, held  # never waited for the stalled save itself
     assert _digest(run_dir) == clean_digest
     _every_example_once(run_dir)
 
@@ -187,8 +203,52 @@ def test_a_503_and_429_storm_through_a_preemption_and_a_resume_ends_at_the_clean
     second, _ = _train(run_dir, *args, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert [(uploads.fired, reads.fired) for uploads, reads in storms] == [(STORM, STORM)] * 2
-    assert _events(run_dir, "storage") == []  # every error retried by the clients, no save given up
+    # every error retried by the clients, no save given up; each checkpoint committed or skipped with an event
+    assert [e for e in _events(run_dir, "storage") if e["outcome"] != "skipped"] == []
+    fate = _accounted(run_dir, [5, 10, 12, 15, 20])
+    assert set(fate) == {5, 10, 12, 15, 20} and fate[20] == "committed", fate
     assert _events(run_dir, "resume")[-1]["source"] == "checkpoint"
+    assert _digest(run_dir) == clean_digest
+    _every_example_once(run_dir)
+
+
+def test_an_endless_503_and_429_storm_abandons_nothing_and_the_preemption_keeps_the_commit_in_flight(
+    fault_proxy, bucket, tmp_path, clean_digest
+):
+    """The storm issue 40 reported, without end: every 3rd upload of the checkpoint's objects
+    503, every 4th read 429, each retried by its client after a backoff, so commits take tens
+    of seconds while every request is answered within seconds. Under a 10 s no-progress
+    deadline nothing is abandoned; every scheduled checkpoint is committed or skipped with an
+    event; the preemption at 12 lets the commit in flight finish and its stop names the newest
+    committed step, which the re-run (the storm over) resumes from to the clean digest."""
+    run_dir = tmp_path / "run"
+    env = _env(**fault_proxy.env)
+    checkpoints = f"{bucket}/ck"
+    args = ("--checkpoint-dir", checkpoints, "--storage-timeout", "10", "--grace-period", "60",
+            "--schedule", "preempt@12")
+    objects = f"{bucket[5:]}/ck/*"
+    uploads = fault_proxy.add(ProxyFault("error", method="POST", path=objects, status=503, every=3))
+    reads = fault_proxy.add(ProxyFault("error", method="GET", path=objects, status=429, every=4))
+    first, seconds = _train(run_dir, *args, env=env)
+    assert first.returncode == 143, first.stderr[-3000:]
+    fault_proxy.clear()
+    assert uploads.fired >= 10 and reads.fired >= 1, (uploads.fired, reads.fired)
+    assert [e for e in _events(run_dir, "storage") if e["outcome"] == "abandoned"] == []
+    fate = _accounted(run_dir, [5, 10, 12])
+    assert fate.get(5) == "committed" and set(fate.values()) <= {"committed", "skipped"}, fate
+    assert 10 in fate, fate  # committed, or skipped with an event naming it
+    commits = [e for e in _events(run_dir, "commit")]
+    stop = _events(run_dir, "stop")[-1]
+    newest = max(e["step"] for e in commits)
+    assert (stop["reason"], stop["step"]) == ("preempted", newest), (stop, commits)
+    assert newest in orbax_step.committed_checkpoint_steps(epath.Path(checkpoints))
+    storage = record.summarize(record.read_events(run_dir))["storage"]
+    assert storage["committed"] == len(commits) and storage["abandoned"] == 0 and storage["retries"] >= 10, storage
+    assert max(storage["commit_seconds"]) > 10  # slow (longer than the deadline), never stuck
+    assert 0 <= storage["waited_seconds"] < seconds
+    second, _ = _train(run_dir, *args, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (_events(run_dir, "resume")[-1]["source"], _events(run_dir, "resume")[-1]["step"]) == ("checkpoint", newest + 1)
     assert _digest(run_dir) == clean_digest
     _every_example_once(run_dir)
 

@@ -21,11 +21,17 @@ stop       ``reason`` (:data:`STOP_REASONS`), ``step`` (the last completed step)
 resume     ``source`` (:data:`RESUME_SOURCES`), ``step`` (the first step run next),
            ``durations`` (seconds under :data:`DURATION_KEYS`)
 storage    ``operation`` (``save``, ``commit``, ``restore``), ``outcome`` (``abandoned``: a
-           save that failed or passed the storage timeout, never restored;
+           save that failed or made no progress for the storage timeout, never restored;
+           ``skipped``: a checkpoint not taken, because the commit before it was still in
+           flight or the grace window left was shorter than the commits measured;
            ``quarantined``: a damaged committed step moved aside), ``step``, ``storage``
            (the directory or ``gs://`` path), ``waited`` (seconds from the save's start to
-           the decision), ``error`` (what failed), ``moved_to`` (where a quarantined step
+           the decision; for a skip, how long the commit in flight had run), ``error``
+           (what failed, or why it was skipped), ``moved_to`` (where a quarantined step
            went, else ``null``)
+commit     ``step``, ``storage``, ``seconds`` (from the save's start to its commit),
+           ``retries`` (retries the storage clients saw meanwhile), ``nbytes`` (bytes they
+           moved meanwhile): a checkpoint committed
 fault      ``action``, ``slice``, ``step``, ``phase``, ``scheduled`` (the schedule token),
            ``index`` (its place in the schedule), ``pid`` (the process that fired it)
 =========  ==============================================================================
@@ -60,6 +66,7 @@ __all__ = [
     "Fault",
     "Eval",
     "Storage",
+    "Commit",
     "STORAGE_OUTCOMES",
     "KINDS",
     "Sink",
@@ -75,7 +82,7 @@ RESUME_SOURCES = ("live", "snapshot", "checkpoint", "fresh")
 #: The phases of a recovery a ``resume`` event times (its ``durations``' keys), in order.
 DURATION_KEYS = ("detection", "wait_for_slices", "mesh_and_compile", "restore")
 #: What became of a step the storage failed (a ``storage`` event's ``outcome``).
-STORAGE_OUTCOMES = ("abandoned", "quarantined")
+STORAGE_OUTCOMES = ("abandoned", "skipped", "quarantined")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -272,9 +279,10 @@ class Eval(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Storage(Event):
-    """The persistent tier's storage failed a step: a save abandoned (failed, or not
-    committed within the storage timeout; the loop's time held by it is in the ``save``
-    events' seconds) or a damaged committed step quarantined.
+    """The persistent tier's storage failed a step: a save abandoned (failed, or no progress
+    for the storage timeout; the loop's time held by it is in the ``save`` events' seconds),
+    a checkpoint skipped (the commit before it still in flight, or too little of the grace
+    window left for the commit times measured), or a damaged committed step quarantined.
 
     Args:
         operation: ``save``, ``commit`` or ``restore``.
@@ -303,8 +311,31 @@ class Storage(Event):
             raise ValueError(f"storage outcome {self.outcome!r} is not one of {STORAGE_OUTCOMES}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Commit(Event):
+    """A checkpoint committed: how long it took and what the storage clients did meanwhile,
+    which tells a slow bucket (long, many retries, bytes moving) from a stuck one.
+
+    Args:
+        step: the step committed.
+        storage: the directory or ``gs://`` path.
+        seconds: from the save's start to its commit.
+        retries: retries the storage clients saw meanwhile (process-wide).
+        nbytes: bytes the storage clients moved meanwhile (process-wide).
+    """
+
+    kind: ClassVar[str] = "commit"
+    step: int
+    storage: str
+    seconds: float
+    retries: int = 0
+    nbytes: int = 0
+
+
 #: Each event kind (a line's ``"event"``) and its type.
-KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault, Eval, Storage)}
+KINDS: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (Start, Step, Save, Stop, Resume, Fault, Eval, Storage, Commit)
+}
 
 
 #: What takes the run's typed events, one at a time and in order.
@@ -336,7 +367,12 @@ def describe(event: Event) -> str:
     if isinstance(event, Storage):
         if event.outcome == "quarantined":
             return f"checkpoint {event.step} damaged: moved aside to {event.moved_to}"
+        if event.outcome == "skipped":
+            return f"checkpoint of step {event.step} skipped: {event.error}"
         return f"checkpoint {event.operation} of step {event.step} abandoned after {event.waited:.1f} s"
+    if isinstance(event, Commit):
+        return (f"checkpoint {event.step} committed in {event.seconds:.1f} s "
+                f"({event.retries} retries, {event.nbytes / 1e6:.1f} MB)")
     if isinstance(event, Eval):
         values = " ".join(f"{name} {value:.4g}" for name, value in event.metrics.items())
         return f"eval after step {event.step}: {values}"

@@ -34,8 +34,14 @@ __all__ = [
     "committed_evals",
     "committed_flags",
     "committed_step_lines",
+    "storage_summary",
+    "STORAGE_BOUND_SHARE",
     "summarize",
 ]
+
+#: The share of the wall time that checkpoint saves held the loop above which the summary
+#: calls a run storage-bound (a checkpoint skipped while a commit was in flight does too).
+STORAGE_BOUND_SHARE = 0.1
 
 #: ml-goodput-measurement's ``BadputType`` names (lower-cased) that elastic_dew measures, in
 #: the order the summary lists them.
@@ -303,6 +309,7 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
     ``custom_badput``: ``custom_badput_events`` by type (``eval_step``).
     ``stops``, ``resumes``, ``faults``: counts by reason, source and action.
     ``eval``: the last committed evaluation (``step`` and ``metrics``), or ``None``.
+    ``storage``: the persistent tier's checkpoints (:func:`storage_summary`).
 
     Args:
         events: the run's events in record order.
@@ -343,4 +350,44 @@ def summarize(events: Iterable[ev.Event | Mapping[str, Any]], *, params: Any = N
         "eval": (
             {"step": evals[-1].step, "metrics": dict(evals[-1].metrics)} if (evals := committed_evals(events)) else None
         ),
+        "storage": storage_summary(events, time.wall_seconds),
+    }
+
+
+def storage_summary(events: Iterable[ev.Event], wall_seconds: float) -> dict[str, Any]:
+    """The persistent tier's checkpoints over the whole run, slow told from stuck.
+
+    ``committed``, ``skipped``, ``abandoned``: checkpoints committed (``commit`` events),
+    skipped (``storage`` events of outcome ``skipped``: queued behind a commit and replaced,
+    or not fitting the grace window) and abandoned (failed, or no progress for the storage
+    timeout). ``commit_seconds``: each commit's start-to-commit time, in order.
+    ``retries``, ``bytes``: what the storage clients saw and moved during the commits.
+    ``waited_seconds``: the loop's time held by checkpoint saves (the ``save`` events'
+    seconds: the start of each write, a wait for a commit in flight, a preemption's or a
+    finished run's commit), and ``waited_share`` its share of ``wall_seconds``.
+    ``storage_bound``: whether that share is above :data:`STORAGE_BOUND_SHARE` or a
+    checkpoint was skipped.
+
+    Args:
+        events: the run's typed events.
+        wall_seconds: the run's wall time.
+
+    Returns:
+        The fields.
+    """
+    commits = [e for e in events if isinstance(e, ev.Commit)]
+    outcomes = [e.outcome for e in events if isinstance(e, ev.Storage)]
+    waited = sum(e.seconds for e in events if isinstance(e, ev.Save) and e.tier == "checkpoint")
+    share = waited / wall_seconds if wall_seconds > 0 else 0.0
+    skipped = outcomes.count("skipped")
+    return {
+        "committed": len(commits),
+        "skipped": skipped,
+        "abandoned": outcomes.count("abandoned"),
+        "commit_seconds": [round(e.seconds, 3) for e in commits],
+        "retries": sum(e.retries for e in commits),
+        "bytes": sum(e.nbytes for e in commits),
+        "waited_seconds": round(waited, 3),
+        "waited_share": round(share, 4),
+        "storage_bound": bool(share > STORAGE_BOUND_SHARE or skipped),
     }

@@ -45,6 +45,18 @@ def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None
         ("resumes", _counts(summary.get("resumes", {}))),
         ("faults", _counts(summary.get("faults", {}))),
     ]
+    stored = summary.get("storage")
+    if stored and (stored.get("committed") or stored.get("skipped") or stored.get("abandoned")):
+        seconds = stored.get("commit_seconds") or []
+        took = f", each {min(seconds):.1f}-{max(seconds):.1f} s" if seconds else ""
+        rows.append((
+            "checkpoints",
+            f"committed {stored['committed']}{took}, skipped {stored['skipped']}, abandoned {stored['abandoned']}; "
+            f"{stored.get('retries', 0)} retries, {int(stored.get('bytes', 0)) / 1e6:.1f} MB moved; training waited "
+            f"{float(stored.get('waited_seconds', 0.0)):.1f} s on storage "
+            f"({100 * float(stored.get('waited_share', 0.0)):.1f} % of the wall time)"
+            + ("  STORAGE-BOUND" if stored.get("storage_bound") else ""),
+        ))
     memory = summary.get("memory")
     if memory:
         rows.append((

@@ -107,6 +107,7 @@ class Stopping:
         step = None
         checkpoints = self.tiers.checkpoints
         if checkpoints is not None:
+            self.tiers.checkpoint.drop_queued("a preemption notice during a recovery stops the run first")
             deadline = time.monotonic() + self.bound()
             try:
                 checkpoints.wait(max(0.01, deadline - time.monotonic()))  # one in flight may commit

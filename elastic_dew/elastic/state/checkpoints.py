@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,7 +48,7 @@ from elastic_dew.elastic.config import CHECKPOINT_KINDS, ElasticConfig
 from elastic_dew.elastic.state.backend import Backend
 from elastic_dew.elastic.state.meta import MetaError, meta_json
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
-from elastic_dew.elastic.state import orbax_step, storage
+from elastic_dew.elastic.state import orbax_step, progress, storage
 from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint, OrbaxBackend
 from elastic_dew.elastic.state.storage import StorageError, StorageTimeout
 from elastic_dew.settings import check_value
@@ -68,14 +69,25 @@ def _check_step(step: int) -> None:
 
 
 class _InFlight(NamedTuple):
-    """A save written in the background: its step, when it started, its bytes, and the most
+    """A save written in the background: its step, when it started, its bytes, the most
     seconds it was given from its start, progress or not (``None``: no such bound, only the
-    storage timeout's no-progress deadline)."""
+    storage timeout's no-progress deadline), and the storage clients' counts at its start."""
 
     step: int
     started: float
     nbytes: int
     total: float | None = None
+    counters: progress.Counters = progress.Counters(0, 0, 0)
+
+
+class Committed(NamedTuple):
+    """A save that committed: its step, its seconds from start to commit, and the retries
+    and bytes the storage clients saw meanwhile (process-wide)."""
+
+    step: int
+    seconds: float
+    retries: int
+    nbytes: int
 
 
 class Checkpoints:
@@ -142,6 +154,12 @@ class Checkpoints:
         self._nbytes = 0
         self._inflight: _InFlight | None = None
         self._failures: list[StorageError] = []
+        self._committed_saves: list[Committed] = []
+        #: Seconds from start to commit of the last few saves committed (the slowest sizes
+        #: whether a preemption's save fits what is left of the grace window).
+        self.commit_seconds: deque[float] = deque(maxlen=5)
+        #: When the save in flight started (a ``time.monotonic()``), or ``None``.
+        self.saving_since: float | None = None
         self._known: int | None = None
         self._stalled_until = 0.0
         #: Saves committed by this object.
@@ -236,6 +254,7 @@ class Checkpoints:
             logger.warning("checkpoint of step %d skipped: an earlier save of that step was abandoned", step)
             return False
         started = time.monotonic()
+        counters = progress.METER.counters()
 
         def start() -> bool:
             latest = self.backend.latest_step() if not self.abandoned else self._newest(self.backend.committed_steps())
@@ -253,7 +272,8 @@ class Checkpoints:
             self._abandon(step, error, started)
             return False
         if began:
-            self._inflight = _InFlight(int(step), started, self._nbytes, bound)
+            self._inflight = _InFlight(int(step), started, self._nbytes, bound, counters)
+            self.saving_since = started
         return began
 
     def wait_or_abandon(self, bound: float | None = None) -> StorageError | None:
@@ -289,7 +309,7 @@ class Checkpoints:
             return self._abandon(inflight.step, self._commit_timeout(inflight, error), inflight.started)
         except Exception as error:  # noqa: BLE001 - every failure of a write abandons it
             if _is_slice_loss(error):
-                self._inflight = None
+                self._inflight = self.saving_since = None
                 raise
             return self._abandon(inflight.step, error, inflight.started)
         self._committed(inflight)
@@ -304,19 +324,26 @@ class Checkpoints:
             storage=self.directory, step=inflight.step, bound=bound,
             waited=time.monotonic() - inflight.started, idle=error is None or error.idle, verb="commit")
 
-    def poll(self) -> StorageError | None:
-        """Without waiting: commit the save in flight if it finished, abandon it if it failed
-        or the storage made no progress for the storage timeout (or its given time passed).
+    def poll(self, wait: float = 0.0) -> StorageError | None:
+        """Commit the save in flight if it finished, abandon it if it failed or the storage
+        made no progress for the storage timeout (or its given time passed); never waits
+        longer than ``wait`` seconds for it to end, and abandons nothing for that wait.
+
+        Args:
+            wait: the most seconds to wait for the save in flight to end (default: none).
 
         Returns:
             The failure of an abandoned save, or ``None``.
         """
+        deadline = time.monotonic() + wait
+        while self._inflight is not None and self.backend.saving() and time.monotonic() < deadline:
+            time.sleep(0.005)
         inflight = self._inflight
         if inflight is None:
             return None
         if self.backend.saving():
             now = time.monotonic()
-            idle = storage.METER.idle(inflight.started) >= self.bound()
+            idle = progress.METER.idle(inflight.started) >= self.bound()
             over = inflight.total is not None and now - inflight.started >= inflight.total
             if not idle and not over:
                 return None
@@ -350,6 +377,15 @@ class Checkpoints:
         out, self._failures = self._failures, []
         return out
 
+    def committed_saves(self) -> list[Committed]:
+        """Hand over the saves committed since the last call, and forget them.
+
+        Returns:
+            Each one's :class:`Committed`, oldest first.
+        """
+        out, self._committed_saves = self._committed_saves, []
+        return out
+
     @property
     def saving(self) -> int | None:
         """The step of the save in flight, or ``None``."""
@@ -357,17 +393,34 @@ class Checkpoints:
 
     def _committed(self, inflight: _InFlight) -> None:
         self._inflight = None
+        self.saving_since = None
         self.commits += 1
         self._known = inflight.step if self._known is None else max(self._known, inflight.step)
-        self.bandwidth.add(inflight.nbytes, time.monotonic() - inflight.started)
+        seconds = time.monotonic() - inflight.started
+        self.bandwidth.add(inflight.nbytes, seconds)
+        self.commit_seconds.append(seconds)
+        moved = progress.METER.counters() - inflight.counters
+        self._committed_saves.append(Committed(inflight.step, seconds, moved.retries, moved.nbytes))
+        logger.info("checkpoint of step %d committed in %.1f s (%d retries, %d bytes moved meanwhile)",
+                    inflight.step, seconds, moved.retries, moved.nbytes)
 
     def _abandon(self, step: int, error: BaseException, started: float) -> StorageError:
         """Give up on ``step``'s save: fence it, forget the backend's manager, keep the failure."""
         self._inflight = None
+        self.saving_since = None
         waited = time.monotonic() - started
         if isinstance(error, StorageError):
             failure = error
             failure.waited = max(failure.waited, waited)
+        elif storage.client_timeout(error):
+            # A client's own per-request bound ended a request that got no answer: the
+            # storage stalled, and the save's other writes may still be held (and land later).
+            failure = StorageTimeout(
+                f"checkpoint save of step {step} in {self.directory} got no answer within the storage "
+                f"client's own per-request bound ({type(error).__name__}: {storage.short(error)}): "
+                "the storage is not answering",
+                operation="commit", storage=self.directory, step=step, bound=self.bound(), waited=waited,
+            )
         else:
             failure = StorageError.of("save", self.directory, step, error, waited)
         if not isinstance(failure, StorageTimeout):

@@ -187,13 +187,19 @@ def trace_config() -> Any:
                 sent = int(params.headers.get("Content-Length") or 0)
             except (TypeError, ValueError):
                 sent = 0
+        if status == 429 or status >= 500:
+            logger.debug("storage request %s %s answered %d", params.method, params.url, status)
         METER.note(answered=1, nbytes=sent, retries=int(status == 429 or status >= 500))
 
     async def on_response_chunk_received(session: Any, context: Any, params: Any) -> None:
         METER.note(nbytes=len(params.chunk))
 
     async def on_request_exception(session: Any, context: Any, params: Any) -> None:
-        METER.note(retries=1)
+        # A dropped connection or a timeout is what gcsfs retries; a request gcsfs cancelled
+        # itself (racing lookups) is not.
+        if isinstance(params.exception, (aiohttp.ClientError, OSError, TimeoutError)):
+            logger.debug("storage request %s %s raised %r", params.method, params.url, params.exception)
+            METER.note(retries=1)
 
     trace = aiohttp.TraceConfig()
     trace.on_request_end.append(on_request_end)

@@ -67,6 +67,8 @@ __all__ = [
     "end_if_stuck",
     "diagnose",
     "permanent",
+    "client_timeout",
+    "short",
     "divert_library_errors",
     "left_since",
     "configure_clients",
@@ -182,6 +184,22 @@ def diagnose(error: BaseException) -> tuple[str, str, str]:
     if any(isinstance(e, FileNotFoundError) for e in seen) or errno.ENOENT in codes or "404" in text or "not found" in text or "notfound" in text or "does not exist" in text:
         return "missing", "the bucket or directory does not exist", "create it, or give the --checkpoint-dir that exists"
     return "other", "the storage refused or dropped the request", "check the storage's health and run the same command again"
+
+
+def client_timeout(error: BaseException) -> bool:
+    """Whether ``error`` is a storage client's own per-request bound ending a request that
+    got no answer (gcsfs's ``FSTimeoutError``, an ``aiohttp`` or socket timeout,
+    TensorStore's ``DEADLINE_EXCEEDED``): the storage stalled, it did not refuse."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return any(isinstance(e, TimeoutError) or "deadline_exceeded" in str(e).lower() for e in seen)
+
+
+def short(error: BaseException, limit: int = 240) -> str:
+    """``error``'s text on one line, at most ``limit`` characters."""
+    return _short(error, limit)
 
 
 def permanent(failure: StorageError) -> bool:

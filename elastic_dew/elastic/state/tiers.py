@@ -41,7 +41,7 @@ from elastic_dew._deprecation import renamed_keywords
 from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.events import Event, Save, Storage
+from elastic_dew.elastic.events import Commit, Event, Save, Storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state import Newest, newest
 from elastic_dew.elastic.state.restore import Restored, restore
@@ -161,10 +161,17 @@ class CheckpointTier(_Cadence):
         self.failed_in_row = 0
         self._commits = 0
         self._since = time.monotonic()  # the last commit, or the tier's start
+        #: The checkpoint due while a commit was in flight: ``(step, state, meta)``, started
+        #: at the first step boundary after that commit ends (at most one waits).
+        self.queued: tuple[int, Any, dict] | None = None
 
     def _note(self, failures: list[StorageError], *, stopping: bool = False) -> None:
-        """Emit each abandoned save; stop the run (:class:`SavesFailing`) when they keep failing."""
+        """Emit each committed and abandoned save; stop the run (:class:`SavesFailing`)
+        when they keep failing."""
         assert self.checkpoints is not None, "only a tier with checkpoints saves"
+        for done in self.checkpoints.committed_saves():
+            self.emit(Commit(step=done.step, storage=self.checkpoints.directory, seconds=round(done.seconds, 3),
+                             retries=done.retries, nbytes=done.nbytes))
         committed = self.checkpoints.commits
         if committed != self._commits:
             self._commits, self._since, self.failed_in_row = committed, time.monotonic(), 0
@@ -199,23 +206,104 @@ class CheckpointTier(_Cadence):
             )
 
     def poll(self) -> None:
-        """At a step boundary: finish the save in flight if it finished or passed its bound."""
+        """At a step boundary: finish the save in flight if it finished, failed, or made no
+        progress for the storage timeout; never waits."""
         if self.checkpoints is None or self.checkpoints.saving is None:
             return
         self.checkpoints.poll()
         self._note(self.checkpoints.failures())
 
     def due(self, step: int) -> bool:
-        """Whether ``step`` is on the cadence (never without a checkpoint directory)."""
-        return self.checkpoints is not None and super().due(step)
+        """Whether ``step`` saves: on the cadence, or a queued checkpoint can start (the
+        commit ahead of it ended). Never without a checkpoint directory."""
+        if self.checkpoints is None:
+            return False
+        return super().due(step) or (self.queued is not None and self.checkpoints.saving is None)
 
-    def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
-        assert self.checkpoints is not None, "a tier without checkpoints is never due"
-        self.checkpoints.wait_or_abandon()  # the previous save: committed, or abandoned at its bound
-        self._note(self.checkpoints.failures())  # a stop it calls for comes before the next write
+    def on_step(
+        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, wait_step: StepWait | None = None
+    ) -> Save | None:
+        """Start the checkpoint of ``step`` if it is due, waiting at most :data:`PATIENCE`
+        for a commit still in flight: a slow commit never holds training. One due while
+        the commit before it is still in flight after that is *queued* (its state kept, a
+        ``save`` event with ``taken`` false) and started at the first step boundary after
+        that commit ends; at most one waits: a newer one due meanwhile takes its place, and
+        the older is skipped with a ``storage`` event naming its step and why. Returns the
+        event of the save started or queued now, or ``None``."""
+        if self.checkpoints is None:
+            return None
+        checkpoints = self.checkpoints
+        checkpoints.poll()  # one that just ended is settled here, without waiting
+        self._note(checkpoints.failures())  # a stop it calls for comes before the next write
+        started = None
+        if self.queued is not None and checkpoints.saving is None:
+            queued_step, queued_state, queued_meta = self.queued
+            self.queued = None
+            if _donated(queued_state):
+                self._skip(queued_step, "its state was donated to a later step before its save could start")
+            else:
+                hooks.phase(self.name, queued_step)
+                started = timed_save(self.name, queued_step,
+                                     lambda: self._start(queued_step, queued_state, queued_meta), wait_step)
+                wait_step = None
+        if not _Cadence.due(self, step):
+            return started
+        if checkpoints.saving is not None:
+            if started is not None:
+                return self._queue(step, state, meta, started)
+            hooks.phase(self.name, step)
+            return timed_save(self.name, step, lambda: self._start_or_queue(step, state, meta), wait_step)
+        hooks.phase(self.name, step)
+        return timed_save(self.name, step, lambda: self._start(step, state, meta), wait_step)
+
+    def _start_or_queue(self, step: int, state: Any, meta: dict) -> bool:
+        """Wait up to :data:`PATIENCE` for the commit in flight (a healthy disk's ends inside
+        it), then start this save, or queue it when the commit is still in flight."""
+        checkpoints = self.checkpoints
+        checkpoints.poll(wait=PATIENCE)
+        self._note(checkpoints.failures())
+        if checkpoints.saving is None:
+            self.drop_queued(f"the checkpoint of step {step}, due as the commit ahead of it ended, supersedes it")
+            return self._start(step, state, meta)
+        self._queue(step, state, meta)
+        return False
+
+    def _queue(self, step: int, state: Any, meta: dict, started: Save | None = None) -> Save | None:
+        """Queue ``step``'s checkpoint behind the commit in flight (the one queued before it
+        is skipped); returns ``started``, the event of a save started at this boundary."""
+        checkpoints = self.checkpoints
+        if self.queued is not None:
+            self._skip(self.queued[0], f"the checkpoint of step {step} took its place in the queue behind the "
+                       f"commit of step {checkpoints.saving}, still in flight after {_running(checkpoints):.1f} s")
+        self.queued = (int(step), state, meta)
+        logger.info("checkpoint of step %d queued behind the commit of step %d, still in flight after %.1f s",
+                    step, checkpoints.saving, _running(checkpoints))
+        return started
+
+    def _start(self, step: int, state: Any, meta: dict) -> bool:
+        if step in self.checkpoints.abandoned:
+            self._skip(step, "an earlier save of this step was abandoned and is fenced (its writes may "
+                       "still land), so it is never saved again")
+            return False
         taken = self.checkpoints.save(step, state, meta)  # started: the write goes on in the background
         self._note(self.checkpoints.failures())
         return taken
+
+    def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
+        return self._start(step, state, meta)
+
+    def _skip(self, step: int, why: str) -> None:
+        """A checkpoint not taken: logged, and a ``storage`` event with its step and why."""
+        logger.warning("checkpoint of step %d skipped: %s", step, why)
+        self.emit(Storage(operation="save", outcome="skipped", step=int(step), storage=self.checkpoints.directory,
+                          waited=round(_running(self.checkpoints), 3), error=why))
+
+    def drop_queued(self, why: str) -> None:
+        """Skip the queued checkpoint, if one waits (a newer save supersedes it, or its
+        state is gone with a lost slice)."""
+        if self.queued is not None:
+            step, self.queued = self.queued[0], None
+            self._skip(step, why)
 
     def save_final(self, step: int, state: Any, meta: dict) -> Save | None:
         """Commit the last step's checkpoint (unless the cadence already did); its event, or
@@ -223,6 +311,9 @@ class CheckpointTier(_Cadence):
         checkpoints = self.checkpoints
         if checkpoints is None:
             return None
+        if self.queued is not None and self.queued[0] != step:
+            self.drop_queued(f"the final checkpoint of step {step} supersedes it")
+        self.queued = None
         checkpoints.wait_or_abandon()
         self._note(checkpoints.failures())
         saved = None
@@ -242,8 +333,11 @@ class CheckpointTier(_Cadence):
     ) -> Save | None:
         """Write and commit the checkpoint of the step a preemption agreed on (``wait_step``:
         the wait for the step in flight, off the save's clock), all of it within ``bound``
-        seconds (the grace window's share; default the storage timeout). The event's
-        ``taken`` says whether it committed.
+        seconds (the grace window's share; default: no bound but the storage timeout's
+        no-progress deadline). The commit in flight is let finish first; a queued checkpoint
+        is superseded; the agreed step's is taken only when what ``bound`` leaves is at least
+        the slowest of the last commits (``Checkpoints.commit_seconds``; else a
+        ``storage`` event says why). The event's ``taken`` says whether it committed.
 
         ``None``, with an error logged, when there is nowhere to write it.
         """
@@ -253,6 +347,7 @@ class CheckpointTier(_Cadence):
             return None
         if wait_step is not None:
             wait_step()
+        self.drop_queued(f"the preemption's checkpoint of step {step} supersedes it")
         limit = bound
         deadline = None if bound is None else time.monotonic() + bound
 
@@ -260,12 +355,20 @@ class CheckpointTier(_Cadence):
             return None if deadline is None else max(0.01, deadline - time.monotonic())
 
         def write() -> bool:
-            checkpoints.wait_or_abandon(left())
+            checkpoints.wait_or_abandon(left())  # the commit in flight finishes first, while it progresses
             try:
                 if checkpoints.latest_step(left()) == step:
                     return True
             except StorageError as error:
                 logger.error("the preemption checkpoint of step %d is not written: %s", step, error)
+                return False
+            remaining, needs = left(), max(checkpoints.commit_seconds, default=None)
+            if remaining is not None and needs is not None and remaining < needs:
+                why = (f"{remaining:.1f} s of the grace window are left and the last commits took up to "
+                       f"{needs:.1f} s; the newest committed step is {checkpoints.newest_known()}")
+                logger.warning("the preemption checkpoint of step %d is not taken: %s", step, why)
+                self.emit(Storage(operation="save", outcome="skipped", step=int(step), storage=checkpoints.directory,
+                                  waited=0.0, error=why))
                 return False
             if not checkpoints.save(step, state, meta, force=True, bound=left()):
                 return False
@@ -280,6 +383,23 @@ class CheckpointTier(_Cadence):
                 checkpoints.newest_known(),
             )
         return saved
+
+
+#: The most seconds a due checkpoint waits for the commit before it to end, before it is
+#: queued instead: a healthy disk's commit ends inside it, so saves keep their cadence (and a
+#: simulated run its events); a slow bucket's does not, and training goes on.
+PATIENCE = 2.0
+
+
+def _running(checkpoints: Checkpoints) -> float:
+    """Seconds the save in flight has run (0 when none is)."""
+    since = checkpoints.saving_since
+    return 0.0 if since is None else time.monotonic() - since
+
+
+def _donated(state: Any) -> bool:
+    """Whether any array of ``state`` was deleted (donated to a later step's program)."""
+    return any(bool(getattr(leaf, "is_deleted", lambda: False)()) for leaf in jax.tree.leaves(state))
 
 
 class StepSaves(NamedTuple):
@@ -497,6 +617,7 @@ class Tiers:
     def on_slice_lost(self) -> None:
         """A slice was lost: tier 2 forgets what is bound to the old devices without calling it."""
         if self.checkpoints is not None:
+            self.checkpoint.drop_queued("a slice was lost before its save could start")
             self.checkpoints.on_slice_lost()
 
     def restore(self, abstract: Any, emit: Callable[[Event], None] = lambda event: None) -> Restored | None:
@@ -518,6 +639,8 @@ class Tiers:
                 :class:`~elastic_dew.elastic.state.orbax_backend.DamagedCheckpoint`).
             StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
+        if self.checkpoints is not None:
+            self.checkpoint.drop_queued("the attempt ended before its save could start")
         return restore(self.snapshots, self.checkpoints, abstract, quarantine=self.quarantine, emit=emit)
 
     def resume_from_text(self) -> str:
