@@ -79,6 +79,25 @@ def test_the_version_rule_takes_the_highest_shared_version_and_refuses_with_both
         protocol.choose_version(26, 30)
 
 
+def test_the_step_counter_takes_as_carried_state_only_the_arguments_a_program_made_itself():
+    """An eager op fed one scalar of its own earlier result beside a large array (jax 0.12's
+    ``random.normal`` runs ``multiply`` twice during a model's initialisation) is not the loop's
+    step; the step function, whose whole state comes back to it, is, counted from its first
+    dispatch."""
+    from elastic_dew.proxy.faults import StepCounter
+
+    counter = StepCounter()
+    state = 57608
+    init = []
+    for _ in range(6):  # each weight: x * scalar, erf_inv, scalar-of-the-first * the result
+        init.append(counter.count("jit_multiply", 8, 4))
+        init.append(counter.count("jit_multiply", 16388, 16384, chained=4))
+    assert init == [None] * 12
+    assert counter.count("jit_update_step", state + 124, state) is None  # the initial state: not yet known
+    assert [counter.count("jit_update_step", state + 124, state, chained=state) for _ in range(3)] == [2, 3, 4]
+    assert counter.count("jit_multiply", 16388, 16384, chained=4) is None
+
+
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory):
     from elastic_dew.proxy import LocalPathways

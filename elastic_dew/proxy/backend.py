@@ -414,7 +414,7 @@ class ProxyBackend:
         """
         in_bytes = sum(_nbytes(h) for h in args)
         slices = frozenset(self.slices.slice_of(d) for d in program.device_ids)
-        chained = any(h.producer == program.name for h in args)
+        chained = sum(_nbytes(h) for h in args if h.producer == program.name)  # the state it carries
         step = None if self.stepper is None else self.stepper.before(
             program, in_bytes, program.output_bytes, slices, chained)
         try:

@@ -3,7 +3,8 @@
 Through the proxy nothing runs in the program's process but the program, so the steps are
 counted where Pathways would see them: at the backend, from the programs it is asked to
 run. :class:`StepCounter` is the simulator's step rule read at the boundary (a program's
-carried bytes are the smaller of its inputs' and its results'; the loop's step is the
+carried bytes are those of its arguments that are its own earlier results, at most its
+results'; the loop's step is the
 program that carries the most, or the one named with ``step_function``: see
 :meth:`elastic_dew.simulate.SimulatedSlices.step_of`), without the caller frame the
 boundary cannot see. :class:`StepSchedule` fires a fault schedule with the simulator's
@@ -56,8 +57,8 @@ class StepCounter:
     The boundary sees no caller, so it tells the loop's step from an initialiser's or a
     library's programs by what a training step does: it carries its state from one dispatch
     to the next. A program becomes the step when a dispatch of it takes a result of its own
-    earlier dispatch (the state) and it carries at least half the bytes of the largest step
-    so far; its earlier dispatches count too (the first step took the initial state). From
+    earlier dispatch (the state) and that state (the bytes of those arguments, at most its
+    results') is at least half the bytes of the largest step so far; its earlier dispatches count too (the first step took the initial state). From
     then on every dispatch of a program of that name counts (a retry recompiles it for the
     smaller mesh under the same name, and its first dispatch takes a restored state). A
     program that chains carrying more than twice the largest so far supersedes the steps
@@ -78,10 +79,15 @@ class StepCounter:
         self._names: set[str] = set()
         self._dispatches: dict[str, int] = {}
 
-    def count(self, name: str, in_bytes: int, out_bytes: int, chained: bool = False) -> int | None:
-        """The step number of this dispatch of program ``name`` (``chained``: it takes a result
-        of its own earlier dispatch), or ``None`` when it is not one."""
-        carried = min(in_bytes, out_bytes)
+    def count(self, name: str, in_bytes: int, out_bytes: int, chained: int = 0) -> int | None:
+        """The step number of this dispatch of program ``name``, or ``None`` when it is not one.
+
+        ``chained`` is how many bytes of its arguments are results of its own earlier
+        dispatches (the state it carries; 0: none). Only those count as carried: an eager
+        op fed one scalar of its own earlier result (jax 0.12's ``random.normal`` runs
+        ``multiply`` twice, the second on the first's scalar) carries that scalar, not
+        the array beside it."""
+        carried = min(chained, out_bytes) if chained else min(in_bytes, out_bytes)
         seen = self._dispatches[name] = self._dispatches.get(name, 0) + 1
         if self.step_function is not None:
             if name not in (self.step_function, f"jit_{self.step_function}"):
@@ -197,7 +203,7 @@ class StepSchedule:
         backend.stepper = self
 
     def before(self, program: Any, in_bytes: int, out_bytes: int, slices: frozenset[int],
-               chained: bool = False) -> int | None:
+               chained: int = 0) -> int | None:
         """Count this dispatch; fire what is due at its ``dispatch``. Its step, or ``None``."""
         with self._lock:
             before = self.counter.steps

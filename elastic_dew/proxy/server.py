@@ -533,6 +533,9 @@ class ProxyService:
         })
 
     def get_version(self, request: Any, context: grpc.ServicerContext) -> Any:
+        logger.info("a client offers protocol versions %d-%d, IFRT SerDes versions %d-%d",
+                    request.min_version.protocol_version, request.max_version.protocol_version,
+                    request.min_version.ifrt_serdes_version_number, request.max_version.ifrt_serdes_version_number)
         try:
             version = protocol.choose_version(request.min_version.protocol_version,
                                               request.max_version.protocol_version)
