@@ -1,6 +1,6 @@
 """The 503/429 storm through a preemption, as issue 40 reported it, measured end to end.
 
-``python -m benchmarks.storage_storm [--timeouts 30 10] [--steps 20] [--preempt 17] [--out FILE]``
+``python -m benchmarks.storage_storm [--timeouts 30 10] [--steps 20] [--preempt 17] [--grace S] [--out FILE]``
 
 For each storage timeout: ``elastic-dew train mlp`` with ``--checkpoint-every 5`` and
 ``--schedule preempt@STEP`` writes to ``gs://`` on fake-gcs-server (127.0.0.1) through the
@@ -61,12 +61,15 @@ def storm(proxy, bucket: str) -> tuple[Any, Any]:
             proxy.add(ProxyFault("error", method="GET", path=objects, status=429, every=4)))
 
 
-def _run(run_dir: Path, bucket: str, timeout: float, steps: int, preempt: int, env: dict[str, str]) -> dict:
+def _run(run_dir: Path, bucket: str, timeout: float, steps: int, preempt: int, env: dict[str, str],
+         grace: float | None = None) -> dict:
     from elastic_dew import record
 
     args = [sys.executable, "-m", "elastic_dew", "train", "mlp", "--steps", str(steps), "--slices", "2",
             "--checkpoint-every", "5", "--log-format", "text", "--no-tensorboard", "--run-dir", str(run_dir),
             "--checkpoint-dir", f"{bucket}/ck", "--storage-timeout", str(timeout), "--schedule", f"preempt@{preempt}"]
+    if grace is not None:
+        args += ["--grace-period", str(grace)]
     started = time.monotonic()
     done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env, cwd=run_dir.parent)
     seconds = time.monotonic() - started
@@ -80,7 +83,7 @@ def _run(run_dir: Path, bucket: str, timeout: float, steps: int, preempt: int, e
     }
 
 
-def measure(timeouts: list[float], steps: int, preempt: int) -> dict[str, Any]:
+def measure(timeouts: list[float], steps: int, preempt: int, grace: float | None = None) -> dict[str, Any]:
     """Each timeout's preempted run and its re-run under the storm (see the module)."""
     from elastic_dew.testing.fault_proxy import FaultProxy
     from elastic_dew.testing.gcs_server import GCSServer
@@ -96,8 +99,8 @@ def measure(timeouts: list[float], steps: int, preempt: int) -> dict[str, Any]:
                     run_dir = Path(scratch) / f"run-{timeout:g}"
                     for attempt in ("preempted", "rerun"):
                         uploads, reads = storm(proxy, bucket)
-                        row = _run(run_dir, bucket, timeout, steps, preempt, env)
-                        row.update(timeout=timeout, attempt=attempt, injected_503=uploads.fired,
+                        row = _run(run_dir, bucket, timeout, steps, preempt, env, grace)
+                        row.update(timeout=timeout, grace=grace, attempt=attempt, injected_503=uploads.fired,
                                    injected_429=reads.fired)
                         out["runs"].append(row)
                         print(json.dumps(row), flush=True)
@@ -113,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeouts", type=float, nargs="+", default=[30.0, 10.0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--preempt", type=int, default=17)
+    parser.add_argument("--grace", type=float, default=None, help="--grace-period (default: the run's own, 30 s)")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    result = measure(args.timeouts, args.steps, args.preempt)
+    result = measure(args.timeouts, args.steps, args.preempt, args.grace)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
