@@ -55,7 +55,7 @@ _EXPORTS = {
     "MultiTierError": "state.checkpoints",
     "StorageError": "state.storage",
     "StorageTimeout": "state.storage",
-    "SavesFailing": "state.tiers",
+    "SavesFailing": "state.checkpoint_tier",
     "ElasticData": "loop.data",
 }
 

@@ -3,7 +3,9 @@
 =====================  ===========================================================
 module                 its job
 =====================  ===========================================================
-``tiers``              ``Tiers``: each tier's save cadence, the final and preemption saves
+``tiers``              ``Tiers``: both tiers of a run, tier 1's cadence
+``cadence``            a tier's save cadence and ``timed_save``
+``checkpoint_tier``    tier 2's cadence, the final and preemption saves, ``SavesFailing``
 ``restore``            the newest complete state across the tiers, restored (``Restored``)
 ``snapshots``          tier 1: ``Snapshots`` in pinned host memory (Orbax ``Snapshotter``)
 ``packing``            the leaf-packing codec the snapshots use
