@@ -183,7 +183,9 @@ def test_simulate_through_the_proxy_gives_pathwaysutils_own_workload_the_in_proc
     """The unmodified workload (``pathwaysutils.initialize()`` first) meets the loss as
     ``DATA_LOSS`` from jaxlib's proxy client, retries on the smaller mesh from its snapshot and
     takes the slice up again: the verdict is the in-process simulator's."""
-    program = (str(PROGRAMS / "pathways_initialized.py"), "16", "1", "0.5")
+    # the Manager's monitor polls every 0.1 s: the 8 steps after the restore take 0.3-0.8 s
+    # here, and at 0.5 s a fast run could end before the monitor found the slice back
+    program = (str(PROGRAMS / "pathways_initialized.py"), "16", "1", "0.1")
     proxy, proxy_out, proxy_err = _simulate(tmp_path, "proxy", *program)
     inside, inside_out, _ = _simulate(tmp_path, "in-process", *program)
     assert proxy["ok"] and inside["ok"], proxy_err[-3000:]
@@ -199,7 +201,7 @@ def test_simulate_through_the_proxy_gives_pathwaysutils_own_workload_the_in_proc
 
     # the loss comes after the 4th dispatch, before its result is read: step 4 is done again
     # on one slice, from step 3's snapshot, in both; when the Manager's own monitor (polling
-    # every 0.5 s) finds the slice back is its own timing
+    # every 0.1 s) finds the slice back is its own timing
     assert slices(proxy_out)[:5] == slices(inside_out)[:5] == [(1, 2), (2, 2), (3, 2), (4, 1), (5, 1)]
     assert slices(proxy_out)[-1] == slices(inside_out)[-1] == (16, 2)
 
