@@ -47,7 +47,7 @@ def test_text_logs_and_no_tensorboard_on_request(tmp_path):
     run_dir = tmp_path / "run"
     proc = _train(run_dir, "--log-format", "text", "--no-tensorboard")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert " INFO elastic_dew.run: training " in proc.stderr
+    assert " INFO elastic_dew.run.execution: training " in proc.stderr
     assert not any(line.startswith("{") for line in proc.stderr.splitlines())
     assert not (run_dir / "tensorboard").exists()
 

@@ -198,3 +198,17 @@ def test_an_unknown_allowed_kind_is_refused_naming_the_kinds():
     with pytest.raises(ValueError, match="unknown problem kind held; the kinds are restored_nothing"):
         diagnose([], [], allow=["held"])
     assert len(PROBLEMS) >= 7
+
+
+def test_the_watch_reads_placements_past_orbax_argument_objects_that_answer_unknown_attributes_with_key_error():
+    """``CheckpointManager.restore(step, args=Composite(state=...))`` under the simulator: the
+    Composite is a leaf whose ``__getattr__`` raises ``KeyError``; the watch looks inside it."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from elastic_dew.simulate.watch import placed_leaves
+
+    array = jax.numpy.asarray(np.arange(4.0))
+    composite = ocp.args.Composite(state=ocp.args.StandardRestore({"w": array}))
+    assert any(leaf is array for leaf in placed_leaves(((composite,), {})))

@@ -134,12 +134,22 @@ def _arrays(tree: Any, depth: int = 0) -> list[Any]:
     return out
 
 
+def _sharding_of(leaf: Any) -> Any:
+    """``leaf.sharding``, or None where it has none: Orbax's argument objects
+    (``args.Composite``) answer an unknown attribute with a ``KeyError``, not an
+    ``AttributeError``."""
+    try:
+        return getattr(leaf, "sharding", None)
+    except KeyError:
+        return None
+
+
 def placed_leaves(tree: Any) -> list[Any]:
     """The leaves of ``tree`` that say where they go: arrays, and abstract leaves
     (``jax.ShapeDtypeStruct``) with a sharding, looking inside Orbax's argument objects."""
     out: list[Any] = []
     for leaf in jax.tree_util.tree_leaves(tree):
-        if isinstance(leaf, jax.Array) or isinstance(getattr(leaf, "sharding", None), jax.sharding.Sharding):
+        if isinstance(leaf, jax.Array) or isinstance(_sharding_of(leaf), jax.sharding.Sharding):
             out.append(leaf)
         elif hasattr(leaf, "__dict__") and not isinstance(leaf, type):
             out.extend(a for a in _arrays(list(vars(leaf).values())))
