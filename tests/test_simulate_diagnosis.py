@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import jax
@@ -144,12 +143,6 @@ def test_the_clean_loop_in_process_has_no_problem_and_the_costs_the_command_repo
 
 
 @pytest.mark.libraries
-@pytest.mark.skipif(
-    sys.version_info >= (3, 13),
-    reason="known defect, open (issue 39): on Python 3.13 the held-arrays walk reports 3 arrays "
-    "(40 B) of the failed attempt as held at the next attempt's first step in this run, a false "
-    "held_across_attempts; the walk's reading of 3.13's frames is not yet fixed",
-)
 def test_a_loss_at_a_dispatch_is_detected_there_and_the_failed_step_is_not_counted_as_redone():
     found = _run(None, schedule="lose:2@9/dispatch", steps=12)
     assert found.problems == ()
@@ -158,36 +151,26 @@ def test_a_loss_at_a_dispatch_is_detected_there_and_the_failed_step_is_not_count
 
 
 @pytest.mark.libraries
-@pytest.mark.skipif(
-    tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 12),
-    reason="this test's way of holding a snapshot copy (a step whose host callback waits) does not "
-    "hold it under jax 0.12 (seen with jax 0.12.1: no save dropped, and the CPU devices' collective "
-    "rendezvous stalled behind the callback for its whole 30 s); why is not yet established. The "
-    "rule is version-independent and this test exercises it under jax 0.10 (main and lowest)",
-)
 def test_a_snapshot_saved_while_the_previous_copy_cannot_finish_is_named_snapshot_skipped():
-    """Orbax's real Snapshotter queues one save: the third save, while the first still copies a
-    step result that waits on the host (a callback held until the end), is dropped."""
-    release = threading.Event()
-
-    def waiting(x):
-        release.wait(30)
-        return x
+    """Orbax's real Snapshotter queues one save: while slice 1 is suspended its step results,
+    and the snapshot copies split from them, wait; the first save's copy cannot land, the
+    second queues behind it, the third is dropped. The wake lets every copy land."""
 
     @jax.jit
     def train_step(w):
-        return jax.pure_callback(waiting, jax.ShapeDtypeStruct(w.shape, w.dtype), w, vmap_method="sequential") + 1
+        return w + 1
 
     with SimulatedSlices(2, 2) as sim:
         mesh = Mesh(np.asarray(sim.devices).reshape(2, 2), ("replica", "data"))
         w = jax.device_put(np.zeros(4, np.float32), NamedSharding(mesh, PartitionSpec()))
         snapshotter = Snapshotter(replica_axis_index=0)
+        sim.suspend(1)
         try:
             for step in (1, 2, 3):
                 w = train_step(w)
                 snapshotter.save(step, {"w": w})
         finally:
-            release.set()
+            sim.wake(1)
         snapshotter.join()
     (problem,) = sim.diagnose().problems
     assert problem.kind == "snapshot_skipped" and "(steps 3)" in problem.detail

@@ -16,7 +16,8 @@ caller), and the stored replica trees themselves (to read the JSON leaf without 
 arrays, and to drop a snapshot whose buffers a failed load donated).
 :class:`HostSnapshotter` holds them, where:
 
-* ``_queue`` is a ``queue.Queue(maxsize=1)`` of requests the worker thread has not finished;
+* ``_queue`` is a ``queue.Queue(maxsize=1)`` of requests the worker thread has not finished
+  (its ``unfinished_tasks`` counts a request taken and still landing, as ``join`` does);
 * ``_lock`` is the ``threading.Lock`` guarding ``_latest_snapshot``;
 * ``_latest_snapshot`` is ``None`` or ``(replica_trees, step)``, set by the worker thread
   once a snapshot has landed in pinned host memory and by ``load``;
@@ -74,6 +75,7 @@ __all__ = [
     "HostSnapshotter",
     "Snapshotter",
     "snapshot_busy",
+    "snapshot_landing",
     "class_incompatibilities",
     "instance_incompatibilities",
     "replica_slicing_incompatibilities",
@@ -181,6 +183,13 @@ def snapshot_busy(snapshotter: Any) -> bool:
     """Whether a request is still queued in ``snapshotter`` (any Orbax ``Snapshotter``), so
     that a ``save`` now would be skipped (``_queue``, declared above)."""
     return snapshotter._queue.full()
+
+
+def snapshot_landing(snapshotter: Any) -> bool:
+    """Whether ``snapshotter``'s worker has a request it has not finished (queued, or taken and
+    still waiting for its copy to land in host memory): ``_queue``'s count of unfinished
+    tasks, which ``join`` waits on."""
+    return snapshotter._queue.unfinished_tasks > 0
 
 
 class _StopWorker(BaseException):

@@ -308,7 +308,7 @@ class Registry:
         self._replace_private(pw_private.ELASTIC_TIME, lambda original: SimulatedSleep(self, original))
         for point in pw_private.DONATING_OPS:
             if point.check() is None:
-                self._replace_private(point, donating_views)
+                self._replace_private(point, lambda original: donating_views(self, original))
         self._replace(jax, "device_put", guards.marking_copy(self, jax.device_put))
         self._replace(_pw_manager.Manager, "__init__", remembering(self, vars(_pw_manager.Manager)["__init__"]))
         self._replace_private(pw_private.MANAGER_CHECK, lambda original: under_lock(self, original))

@@ -4,7 +4,7 @@ While a simulator is active: the Pathways backend tests answer ``True``
 (:func:`pathways_backend`); pathwaysutils' mesh-axis operations that donate their inputs
 (``pathwaysutils.jax``'s ``concatenate_by_mesh_axis`` and ``split_by_mesh_axis``, which
 Orbax's Snapshotter calls) leave a donated input deleted, as on Pathways, instead of broken,
-and copy nothing (:func:`donating_views`); pathwaysutils' wait for slices is counted
+copy nothing, and give their results a hung input's wait (:func:`donating_views`); pathwaysutils' wait for slices is counted
 (:func:`counting_waits`) and its pauses end when slice health changes (:class:`SimulatedSleep`);
 every ``Manager`` is remembered (:func:`remembering`) and its check of its inactive slices
 runs under the simulator's lock (:func:`under_lock`). Each wrapper is installed, and undone,
@@ -59,9 +59,13 @@ def _view(array: Any) -> Any:
     )
 
 
-def donating_views(original: Callable[..., Any]) -> Callable[..., Any]:
+def donating_views(reg: Waits, original: Callable[..., Any]) -> Callable[..., Any]:
     """A pathwaysutils mesh-axis operation whose donated inputs end deleted, as on Pathways,
-    without copying a byte.
+    without copying a byte, and whose results wait on what its inputs wait on.
+
+    Its results are pieces of its inputs: while an input waits on a hung (or suspended)
+    slice's computation, so do they (the active simulator's ``derive``), as a snapshot's
+    replicas split from a step result still in flight wait for that step on Pathways.
 
     On the CPU client jaxlib's ``_pathways`` operations take a donated input's buffers and
     leave the array neither deleted nor whole: asking it anything (``is_deleted()``, and
@@ -76,14 +80,18 @@ def donating_views(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def donating(*args, **kwargs):
-        if not kwargs.get("donate") or "arrays" not in kwargs:  # pathwaysutils passes both by name
-            return original(*args, **kwargs)
-        arrays = kwargs["arrays"]
-        kwargs["arrays"] = jax.tree_util.tree_map(_view, arrays)
-        result = original(*args, **kwargs)
-        del kwargs["arrays"]  # the views, left broken by the donation: freeing them is safe
-        for array in jax.tree_util.tree_leaves(arrays):
-            setattr(array, DONATED, True)
+        arrays = kwargs.get("arrays")  # pathwaysutils passes it, and donate, by name
+        if not kwargs.get("donate") or arrays is None:
+            result = original(*args, **kwargs)
+        else:
+            kwargs["arrays"] = jax.tree_util.tree_map(_view, arrays)
+            result = original(*args, **kwargs)
+            del kwargs["arrays"]  # the views, left broken by the donation: freeing them is safe
+            for array in jax.tree_util.tree_leaves(arrays):
+                setattr(array, DONATED, True)
+        simulator = reg.active
+        if simulator is not None and arrays is not None:
+            simulator.derive(jax.tree_util.tree_leaves(arrays), jax.tree_util.tree_leaves(result))
         return result
 
     donating.__name__ = getattr(original, "__name__", "donating")

@@ -42,7 +42,9 @@ class ScheduleRunner:
     Until then :meth:`on_dispatch` is the seam: the simulator calls it just before
     (``dispatch``) and just after (``step``) each dispatch of the loop's step function, with
     the number of that dispatch, so a step-keyed fault fires at the step function's
-    ``STEP``-th dispatch (counted across attempts).
+    ``STEP``-th dispatch (counted across attempts). Before a step-keyed fault fires there,
+    ``land()`` finishes the program's own work in flight (the simulator lands its Orbax
+    ``Snapshotter`` copies), as announcements land elastic_dew's.
 
     A time-keyed fault is due ``after`` seconds after its predecessor fired (the first fault
     of a schedule counts from the runner's creation). It fires at the next boundary of its
@@ -60,11 +62,13 @@ class ScheduleRunner:
         fault_log: FaultLog | None,
         *,
         idle: Callable[[], bool] = lambda: False,
+        land: Callable[[], None] = lambda: None,
     ) -> None:
         self.schedule = schedule
         self.target = target
         self.fault_log = fault_log
         self.idle = idle
+        self.land = land
         #: Whether the loop announces its phases (elastic_dew's loop): then only
         #: announcements fire faults, never counted dispatches.
         self.announced = False
@@ -192,6 +196,8 @@ class ScheduleRunner:
                 return
             self._last_step = step
             due = self._collect(phase, step, waiting=False)
+        if any(not fault.timed for fault, _ in due) and not self.target.hung:
+            self.land()
         self._fire(due, phase, step)
 
     def _tick(self) -> None:

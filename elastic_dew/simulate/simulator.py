@@ -183,7 +183,7 @@ class SimulatedSlices:
         self.replicator = Replicator(replicator) if replicator is not None else None
         self._runner = ScheduleRunner(
             schedule, self, FaultLog(self.fault_log) if self.fault_log is not None else None,
-            idle=self._idle,
+            idle=self._idle, land=self.watch.land_snapshots,
         )
         self.step_function = step_function
         self._count = StepCount()

@@ -50,15 +50,17 @@ import os
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import jax
 
+from elastic_dew._compat import orbax as orbax_private
 from elastic_dew._compat import python as python_private
 from elastic_dew.simulate.step_count import OWN_LOOP_MODULES
 
-__all__ = ["OWN_LOOP_MODULES", "Watch", "own_loop_on_stack", "placed_leaves", "user_frame"]
+__all__ = ["LANDING_SECONDS", "OWN_LOOP_MODULES", "Watch", "own_loop_on_stack", "placed_leaves", "user_frame"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,14 @@ _THROUGH = ("jax", "jaxlib", "numpy", "flax", "optax", "functools", "contextlib"
 _LIBRARIES = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew")
 #: How many held arrays get their holders named (finding them scans the heap).
 _DESCRIBED = 3
+
+
+#: How long a ``Snapshotter.save`` waits for the request before it to be taken up, and a
+#: step-keyed fault for the copy in flight to land (a copy of a small state to host memory
+#: takes milliseconds on CPU): Orbax skips a save while one is still queued, and a skip, or a
+#: snapshot lost to a fault, must come from a copy that could not finish, not from a worker
+#: thread the machine's load kept from running.
+LANDING_SECONDS = 0.5
 
 
 def _in(name: str, modules: tuple[str, ...]) -> bool:
@@ -169,6 +179,7 @@ class Watch:
         self.path = Path(path) if path is not None else None
         self._lock = threading.RLock()
         self._token = object()
+        self._snapshotters: weakref.WeakSet[Any] = weakref.WeakSet()
         self.reset()
 
     def reset(self) -> None:
@@ -401,11 +412,24 @@ class Watch:
 
     # ----------------------------------------------------------------- state tiers
 
-    def created(self, what: str) -> None:
-        """A ``Manager``, ``Snapshotter`` or ``CheckpointManager`` was made."""
+    def created(self, what: str, instance: Any = None) -> None:
+        """A ``Manager``, ``Snapshotter`` or ``CheckpointManager`` (``instance``) was made."""
         if _own_loop_on_stack():
             return
+        if what == "Snapshotter" and instance is not None:
+            self._snapshotters.add(instance)
         self._emit("created", what=what, in_retry=self.in_retry())
+
+    def land_snapshots(self) -> None:
+        """Give each of the program's Orbax ``Snapshotter``\\ s :data:`LANDING_SECONDS` to finish
+        the request it holds, before a step-keyed fault fires: a copy issued before the fault,
+        and not waiting on unfinished work, then lands first, so which snapshot a recovery
+        loads depends on the schedule, not on whether Orbax's worker thread ran before the
+        fault (elastic_dew's own loop lands its own, :func:`elastic_dew.elastic.relay.finish_in_flight`)."""
+        deadline = time.monotonic() + LANDING_SECONDS
+        for snapshotter in list(self._snapshotters):
+            while orbax_private.snapshot_landing(snapshotter) and time.monotonic() < deadline:
+                time.sleep(0.002)
 
     def saved(self, kind: str, step: int, tree: Any, skipped: bool = False) -> None:
         """The program saved ``tree`` as its ``kind`` (``snapshot``/``checkpoint``) of ``step``."""
@@ -490,6 +514,14 @@ def _foreign(obj: Any, ours: set[int], live_frames: set[int]) -> bool:
     return not (type(obj).__name__ == "frame" and obj.f_code.co_filename == __file__)
 
 
+def _referrers(*objects: Any) -> list[Any]:
+    """What references any of ``objects`` (``gc.get_referrers``), less the call's own argument
+    tuple: Python 3.13's collector tracks that tuple, which holds every one of ``objects``, so
+    a climb from it would find its own arguments at every level and never end."""
+    found = gc.get_referrers(*objects)
+    return [referrer for referrer in found if referrer is not objects]
+
+
 #: How many levels of referrers :func:`_still_held` climbs before it counts an array as held.
 _LEVELS = 10
 
@@ -507,8 +539,8 @@ def _still_held(candidates: list[Any], ours: set[int], live_frames: set[int]) ->
     for _ in range(_LEVELS):
         if not frontier:
             return held
-        objects = list(frontier.values())
-        found = gc.get_referrers(*objects)
+        objects = tuple(frontier.values())
+        found = _referrers(*objects)
         following: dict[int, Any] = {}
         mine = ours | {id(objects), id(found), id(frontier), id(following), id(origins), id(candidates)}
         for referrer in found:
@@ -544,7 +576,7 @@ def _holders(array: Any, ours: set[int], live_frames: set[int]) -> list[str]:
         following: list[tuple[Any, Any]] = []
         ours.add(id(following))
         for obj, _inner in level:
-            found = gc.get_referrers(obj)
+            found = _referrers(obj)
             ours.add(id(found))
             for referrer in found:
                 if id(referrer) in seen or not _foreign(referrer, ours, live_frames):
@@ -580,8 +612,8 @@ def _named(referrer: Any, obj: Any) -> str | None:
         key = next((k for k, v in referrer.items() if v is obj), "?")
         return f"the {what} {module.__name__}.{key}"
     if type(referrer).__name__ == "cell":
-        functions = [f for t in gc.get_referrers(referrer) if isinstance(t, tuple)
-                     for f in gc.get_referrers(t) if callable(f) and getattr(f, "__closure__", None) is t]
+        functions = [f for t in _referrers(referrer) if isinstance(t, tuple)
+                     for f in _referrers(t) if callable(f) and getattr(f, "__closure__", None) is t]
         if not functions or _in(getattr(functions[0], "__module__", "") or "", _THROUGH + _LIBRARIES):
             return ""
         return f"a {what} in the closure of {functions[0].__qualname__}()"

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elastic_dew._compat import orbax as orbax_private
-from elastic_dew.simulate.watch import own_loop_on_stack, placed_leaves
+from elastic_dew.simulate.watch import LANDING_SECONDS, own_loop_on_stack, placed_leaves
 
 __all__ = [
     "AVAILABLE", "LANDING_SECONDS", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
@@ -130,16 +130,9 @@ def made(reg: Any, what: str, original: Callable[..., Any]) -> Callable[..., Any
         original(self, *args, **kwargs)
         watch = _watch(reg)
         if watch is not None:
-            watch.created(what)
+            watch.created(what, self)
 
     return __init__
-
-
-#: How long a ``Snapshotter.save`` waits for the request before it to be taken up (a copy of
-#: a small state to host memory takes milliseconds on CPU): Orbax skips a save while one is
-#: still queued, and a skip must come from a copy that could not finish, not from a worker
-#: thread the machine's load kept from running.
-LANDING_SECONDS = 0.5
 
 
 def snapshot_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
