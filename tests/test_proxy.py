@@ -166,12 +166,12 @@ def test_a_client_whose_protocol_the_server_does_not_speak_gets_one_clear_refusa
     assert "this client offers 16-25" in refusal[0] or "this client offers" in refusal[0]
 
 
-def _simulate(tmp_path, boundary, *program):
+def _simulate(tmp_path, boundary, *program, schedule="lose:1@4,restore:1@8"):
     """``elastic-dew simulate --boundary BOUNDARY`` of ``program``: its verdict (JSON), stdout, stderr."""
     report = tmp_path / f"{boundary}.json"
     done = subprocess.run(
         [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", boundary, "--slices", "2",
-         "--devices-per-slice", "2", "--schedule", "lose:1@4,restore:1@8", "--report", str(report),
+         "--devices-per-slice", "2", "--schedule", schedule, "--report", str(report),
          "--run-dir", str(tmp_path / boundary), "--", sys.executable, *program],
         capture_output=True, text=True, timeout=300, cwd=PROGRAMS)
     assert report.exists(), done.stderr[-3000:]
@@ -189,6 +189,7 @@ def test_simulate_through_the_proxy_gives_pathwaysutils_own_workload_the_in_proc
     proxy, proxy_out, proxy_err = _simulate(tmp_path, "proxy", *program)
     inside, inside_out, _ = _simulate(tmp_path, "in-process", *program)
     assert proxy["ok"] and inside["ok"], proxy_err[-3000:]
+    assert proxy["unmet"] == [] and inside["unmet"] == []  # the program met the loss, as DATA_LOSS
     assert [p["attempts"] for p in proxy["processes"]] == [p["attempts"] for p in inside["processes"]] \
         == [[[0, 1], [0], [0, 1]]]
     assert [(f["scheduled"], f["step"]) for f in proxy["fired"]] == [(f["scheduled"], f["step"]) for f in inside["fired"]] \
@@ -210,6 +211,17 @@ def test_simulate_through_the_proxy_gives_pathwaysutils_own_workload_the_in_proc
         resumed = ran[3][0]
         assert ran[3:5] == [(resumed, 1), (resumed + 1, 1)] and resumed in (3, 4), ran
     assert slices(proxy_out)[-1] == slices(inside_out)[-1] == (16, 2)
+
+
+@pytest.mark.slow
+def test_a_loss_through_the_proxy_that_the_program_never_meets_fails_the_verdict_by_name(tmp_path):
+    """A program on slice 0 alone: slice 1's loss fires at its step, but no request of the
+    program is answered DATA_LOSS, so the fault tested nothing and the verdict says so."""
+    verdict, out, err = _simulate(tmp_path, "proxy", str(PROGRAMS / "one_slice.py"), "8", schedule="lose:1@3")
+    assert "done" in out.splitlines()  # the program itself ends well
+    assert [f["scheduled"] for f in verdict["fired"]] == ["lose:1@3/step"] and verdict["never_fired"] == []
+    assert verdict["unmet"] == ["lose:1@3/step"] and not verdict["ok"] and verdict["exit"] == 1
+    assert "NEVER MET lose:1@3/step" in err
 
 
 @pytest.mark.slow

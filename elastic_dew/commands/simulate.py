@@ -233,6 +233,9 @@ class Verdict:
     never_fired: tuple[str, ...]
     exit: int
     diagnosis: Diagnosis | None = None
+    #: Through the proxy boundary: the losses that fired that the program never met (no
+    #: request of its was answered ``DATA_LOSS`` after the loss).
+    unmet: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -263,6 +266,10 @@ class Verdict:
                        f"pid {f['pid']})")
         for text in self.never_fired:
             out.append(f"  NEVER FIRED {text}")
+        for text in self.unmet:
+            out.append(f"  NEVER MET {text}: the slice was lost, but no request of the program was answered "
+                       "DATA_LOSS after it (the program never read or ran on the lost slice: the fault tested "
+                       "nothing; fire it at a later step)")
         if self.diagnosis is not None:
             out.extend(self.diagnosis.lines())
         out.append(f"{_PROG}: {'ok' if self.ok else 'FAILED'}, exit {self.exit}; run directory {self.run_dir}")
@@ -286,9 +293,12 @@ def _read_attempts(path: Path) -> list[dict[str, Any]]:
 
 
 def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir: Path, fault_log: Path,
-            statuses: Sequence[int], seconds: Sequence[float], allow: Sequence[str] = ()) -> Verdict:
+            statuses: Sequence[int], seconds: Sequence[float], allow: Sequence[str] = (),
+            boundary: str = "in-process") -> Verdict:
     """The verdict of a run whose processes ended with ``statuses`` after ``seconds`` each,
-    with the diagnosis of what its processes did (``allow``: problem kinds accepted)."""
+    with the diagnosis of what its processes did (``allow``: problem kinds accepted); through
+    the ``proxy`` boundary, a loss that fired and that the program never met fails it as a
+    fault that never fired does."""
     records = _read_attempts(run_dir / ATTEMPTS_FILE)
     pids = [r["pid"] for r in records if r.get("start")]
     processes = []
@@ -306,11 +316,19 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
     never = tuple(text for index, text in enumerate(texts) if index not in fired)
     watched = run_dir / WATCH_FILE  # none through the proxy: the program's process has no watch yet
     found = diagnose(fired_json, _read_attempts(watched), allow) if watched.exists() else None
+    unmet = _unmet_losses(fired_json, records) if boundary == "proxy" else ()
     code = _status_code(statuses[-1])
-    if code == 0 and (never or (found is not None and found.defects)):
+    if code == 0 and (never or unmet or (found is not None and found.defects)):
         code = FAILED_EXIT
     return Verdict(tuple(command), sim.slices, sim.devices_per_slice, schedule_text, str(run_dir),
-                   tuple(processes), fired_json, never, code, found)
+                   tuple(processes), fired_json, never, code, found, unmet)
+
+
+def _unmet_losses(fired: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The fired ``lose`` faults after which the backend answered no request ``DATA_LOSS``
+    (its ``met`` records in the attempts file)."""
+    met = [r["wall"] for r in records if r.get("met")]
+    return tuple(f["scheduled"] for f in fired if f["action"] == "lose" and not any(w >= f["wall"] for w in met))
 
 
 def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path, max_processes: int,
@@ -419,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
                                  env=child_environment(sim, settings))
         ended.append(time.monotonic())
         seconds = [later - earlier for earlier, later in zip(ended, ended[1:])]
-        result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds, allow)
+        result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds, allow, args.boundary)
         sys.stderr.write("\n".join(result.lines()) + "\n")
         if args.report:
             Path(args.report).write_text(json.dumps(result.to_json(), indent=2) + "\n")

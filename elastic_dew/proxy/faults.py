@@ -11,7 +11,9 @@ boundary cannot see. :class:`StepSchedule` fires a fault schedule with the simul
 :class:`~elastic_dew.simulate.schedule.ScheduleRunner` at those counted dispatches
 (``dispatch`` before a step runs, ``step`` after), on the backend's slices, and records each
 run attempt's slices: a step whose program spans other slices than the previous one starts
-a new attempt (the retry on a smaller mesh, the scale-up).
+a new attempt (the retry on a smaller mesh, the scale-up). It also records when the program
+first met a loss that fired (the backend answered one of its requests with ``DATA_LOSS``),
+so the verdict can tell a loss the program handled from one it never saw.
 
 The boundary serves the slice faults (``lose``, ``restore``) and, to a program that announced
 its process, ``preempt`` and ``kill``; a schedule with any other action is refused with the
@@ -113,9 +115,10 @@ class _Target:
     """The schedule runner's target: the backend's slices (a loss reads as DATA_LOSS), and the
     program's process for a preemption or a kill."""
 
-    def __init__(self, slices: Any, pid: Any):
+    def __init__(self, slices: Any, pid: Any, lost: Any):
         self.slices = slices
         self._pid = pid
+        self._lost = lost
 
     def end_process(self, signum: int) -> None:
         import os
@@ -129,6 +132,7 @@ class _Target:
 
     def lose(self, i: int, code: str = "DATA_LOSS") -> None:
         self.slices.lose(i)
+        self._lost()
 
     def restore(self, i: int) -> None:
         self.slices.restore(i)
@@ -163,6 +167,7 @@ class StepSchedule:
         self.runner: Any = None
         self.attempts: list[dict[str, Any]] = []
         self.pid: int | None = None
+        self._unmet = False  # a loss fired and no DATA_LOSS has been answered since
         self._lock = threading.Lock()
 
     def process_started(self, pid: int) -> None:
@@ -197,10 +202,23 @@ class StepSchedule:
 
         log = FaultLog(self.fault_log) if self.fault_log else None
         # A Target for the actions this boundary serves: check_served refused the others.
-        target = cast(Target, _Target(backend.slices, lambda: self.pid))
+        target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss))
         self.runner = ScheduleRunner(self.schedule, target, log)
         self.runner.__enter__()
         backend.stepper = self
+
+    def _fired_loss(self) -> None:
+        with self._lock:
+            self._unmet = True
+
+    def met_loss(self) -> None:
+        """The backend answered a request of the program with ``DATA_LOSS``: the first such
+        answer after a loss fired is recorded (``{"pid", "met": true, "wall"}``)."""
+        with self._lock:
+            if not self._unmet:
+                return
+            self._unmet = False
+            self._record({"pid": self.pid, "met": True, "wall": time.time()})
 
     def before(self, program: Any, in_bytes: int, out_bytes: int, slices: frozenset[int],
                chained: int = 0) -> int | None:

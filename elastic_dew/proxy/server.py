@@ -101,6 +101,8 @@ class Session:
         except ProxyError as error:
             response.response_metadata.status.code = error.code
             response.response_metadata.status.message = str(error)
+            if error.code == be.DATA_LOSS and self.backend.stepper is not None:
+                self.backend.stepper.met_loss()
         except Exception as error:  # noqa: BLE001 - every failure goes back to the client, never ends the stream
             logger.exception("request %s failed", which)
             response.response_metadata.status.code = be.INTERNAL
