@@ -227,6 +227,29 @@ def test_the_costs_a_run_record_measures_name_their_origin(tmp_path):
     assert measured["checkpoint_restore_seconds"].value == 0.5
 
 
+def test_the_loop_costs_a_run_measures_are_its_steady_state_after_the_first_checkpoint(tmp_path):
+    """A short calibration's start-up (the data pipeline's first batches) is not spread over
+    every step of the plan: the steps before the first checkpoint at the cadence are left out."""
+    def step(i, data):
+        return {"event": "step", "wall": 10.0 + i, "step": i, "slices": 4, "loss": 1.0, "examples": [i, i + 1],
+                "seconds": 0.5, "data_seconds": data}
+
+    lines = [{"event": "start", "wall": 1.0, "process_start": 0.0, "pid": 1},
+             {"event": "resume", "wall": 2.0, "source": "fresh", "step": 0,
+              "durations": {"detection": 0, "wait_for_slices": 0, "mesh_and_compile": 1.0, "restore": 0.0}},
+             step(1, 0.4), step(2, 0.3),
+             {"event": "save", "wall": 12.2, "tier": "checkpoint", "step": 2, "taken": True, "seconds": 0.1},
+             *[step(i, 0.1) for i in range(3, 7)],
+             {"event": "save", "wall": 16.6, "tier": "checkpoint", "step": 6, "taken": True, "seconds": 0.2},
+             {"event": "stop", "wall": 16.7, "reason": "done", "step": 6}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    measured = inputs.measured_costs(tmp_path)
+    assert measured["data_wait_seconds"].value == pytest.approx(0.1)  # not (0.4 + 0.3 + 4 * 0.1) / 6
+    assert measured["step_seconds"].value == pytest.approx(0.4)
+    assert "mean of 4 steps on 4 slices after the first checkpoint" in measured["data_wait_seconds"].source
+    assert measured["loop_overhead_seconds"].value == pytest.approx(0.5)  # steps 4-6, each 1 s after the last
+
+
 def _plan(argv, capsys):
     code = cli.main(["plan", *argv])
     return code, capsys.readouterr()

@@ -225,9 +225,11 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     recovery that compiles for a set of slices the run meets for the first time happens
     once per set, which the compilation cache then keeps, so over a long run the typical
     recovery is the cost, and a mean of a short run's few would let that one compile set
-    it). The figures: the committed steps on the run's largest slice count, less their wait
-    for the batch, and that wait; the loop's time between two consecutive steps on that
-    slice count with nothing but saves between them (no fault, stop, resume or evaluation),
+    it). The figures: the committed steps on the run's largest slice count (after the run's
+    first checkpoint at the cadence when there are such steps after it: the steady state,
+    without the start-up of the data pipeline and the first compiles), less their wait
+    for the batch, and that wait; the loop's time between two consecutive of those steps
+    with nothing but saves between them (no fault, stop, resume or evaluation),
     less the second step and the saves (the wall time from one step's line to the next's
     over the step's own time; a mean, 0 when clock noise makes it negative); the taken
     snapshot and checkpoint saves at the cadence (not an attempt's closing save, before a
@@ -269,12 +271,26 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
             how, value = ("median", statistics.median(values)) if typical else ("mean", statistics.fmean(values))
             out[name] = Input(round(value, 6), f"measured: {where} ({how} of {len(values)} {what})")
 
-    on_all = [e for e in steps if e.slices == widest]
+    # The loop's figures in the steady state the model describes (and ``plan --check``
+    # measures): from the run's first checkpoint at the cadence on, when there are steps on
+    # the widest slice count after it, so a short run's start-up (its data pipeline's first
+    # batches, its first compiles) is not spread over every step of a plan.
+    closing = _closing_saves(events)
+    first = next((i for i, e in enumerate(events) if isinstance(e, ev.Save) and e.taken and e.tier == "checkpoint"
+                  and not closing[i]), None)
+    steady = events[first + 1:] if first is not None else events
+    on_all = [e for e, ok in zip(events, flags, strict=True) if ok and isinstance(e, ev.Step) and e.slices == widest]
+    later = {id(e) for e in steady}
+    if first is not None and any(id(e) in later for e in on_all):
+        on_all = [e for e in on_all if id(e) in later]
+        what = f"steps on {widest} slices after the first checkpoint"
+    else:
+        steady, what = events, f"steps on {widest} slices"
     waits = [min(float(e.data_seconds), float(e.seconds)) for e in on_all]
-    put("step_seconds", [e.seconds - w for e, w in zip(on_all, waits, strict=True)], f"steps on {widest} slices")
-    put("data_wait_seconds", waits, f"steps on {widest} slices")
-    overheads = _loop_overheads(events, widest)
-    put("loop_overhead_seconds", overheads, f"gaps between consecutive steps on {widest} slices")
+    put("step_seconds", [e.seconds - w for e, w in zip(on_all, waits, strict=True)], what)
+    put("data_wait_seconds", waits, what)
+    overheads = _loop_overheads(steady, widest)
+    put("loop_overhead_seconds", overheads, f"gaps between consecutive {what}")
     if "loop_overhead_seconds" in out and out["loop_overhead_seconds"].value < 0:
         out["loop_overhead_seconds"] = dataclasses.replace(out["loop_overhead_seconds"], value=0.0)
     saves = [e for e, closing in zip(events, _closing_saves(events), strict=True)
