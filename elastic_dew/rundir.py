@@ -60,6 +60,7 @@ __all__ = [
     "FaultLog",
     "read_faults",
     "fsync_append",
+    "read_records",
     "atomic_write",
 ]
 
@@ -224,6 +225,29 @@ def __getattr__(name: str) -> Any:
 
     warn(f"elastic_dew.rundir.{name}", f"elastic_dew.elastic.state.orbax_step.{name}")
     return getattr(orbax_step, name)
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The JSON-lines records of ``path`` (the simulator's watch and attempts files), in order;
+    none when it does not exist. A line that does not parse is a write cut short by a kill,
+    and is skipped.
+
+    Args:
+        path: the file.
+
+    Returns:
+        Its records.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a kill
+    return out
 
 
 # ----------------------------------------------------------------------------- fault log

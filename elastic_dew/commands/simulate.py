@@ -44,9 +44,9 @@ from elastic_dew.observe.logs import TEXT_FORMAT
 from elastic_dew.settings import SettingError
 from elastic_dew.run import FAILED_EXIT, USAGE_EXIT, SimConfig
 from elastic_dew.run.planning import RUNS_DIR
-from elastic_dew.rundir import FAULTS_FILE, WATCH_FILE, FaultLog
+from elastic_dew.rundir import FAULTS_FILE, WATCH_FILE, FaultLog, read_records
 from elastic_dew.runtime import run_timestamp
-from elastic_dew.simulate.diagnosis import Diagnosis, check_allowed, diagnose
+from elastic_dew.simulate.diagnosis import Diagnosis, check_allowed, diagnose, fault_record
 from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
 from elastic_dew.supervisor import supervise
@@ -280,18 +280,6 @@ def _status_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
-def _read_attempts(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by a kill
-    return out
-
-
 def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir: Path, fault_log: Path,
             statuses: Sequence[int], seconds: Sequence[float], allow: Sequence[str] = (),
             boundary: str = "in-process") -> Verdict:
@@ -299,7 +287,7 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
     with the diagnosis of what its processes did (``allow``: problem kinds accepted); through
     the ``proxy`` boundary, a loss that fired and that the program never met fails it as a
     fault that never fired does."""
-    records = _read_attempts(run_dir / ATTEMPTS_FILE)
+    records = read_records(run_dir / ATTEMPTS_FILE)
     pids = [r["pid"] for r in records if r.get("start")]
     processes = []
     for number, (status, wall) in enumerate(zip(statuses, seconds, strict=True), 1):
@@ -309,13 +297,10 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
     schedule = parse_schedule(schedule_text)
     texts = [str(f) for f in schedule]
     fired = FaultLog(fault_log).fired(texts) if schedule else {}
-    fired_json = tuple(
-        {key: record.to_json()[key] for key in ("scheduled", "action", "slice", "phase", "step", "pid", "wall")}
-        for _, record in sorted(fired.items(), key=lambda item: item[1].wall)
-    )
+    fired_json = tuple(fault_record(record) for _, record in sorted(fired.items(), key=lambda item: item[1].wall))
     never = tuple(text for index, text in enumerate(texts) if index not in fired)
     watched = run_dir / WATCH_FILE  # none through the proxy: the program's process has no watch yet
-    found = diagnose(fired_json, _read_attempts(watched), allow) if watched.exists() else None
+    found = diagnose(fired_json, read_records(watched), allow) if watched.exists() else None
     unmet = _unmet_losses(fired_json, records) if boundary == "proxy" else ()
     code = _status_code(statuses[-1])
     if code == 0 and (never or unmet or (found is not None and found.defects)):

@@ -183,12 +183,11 @@ class StepSchedule:
         if self.attempts_file is None:
             return
         import json
-        import os
+        from pathlib import Path
 
-        with open(self.attempts_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(line) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+        from elastic_dew.rundir import fsync_append
+
+        fsync_append(Path(self.attempts_file), json.dumps(line))
 
     @property
     def steps(self) -> int:

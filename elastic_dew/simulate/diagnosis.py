@@ -32,7 +32,6 @@ pause-resume program waiting for every slice) is a cost, never a problem.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 from pathlib import Path
@@ -699,12 +698,4 @@ def diagnose_run(run_dir: str | os.PathLike[str], allow: Iterable[str] = ()) -> 
 
     base = Path(run_dir)
     faults = [fault_record(f) for f in rundir.FaultLog(base / rundir.FAULTS_FILE).entries()]
-    events = []
-    watch = base / rundir.WATCH_FILE
-    if watch.exists():
-        for line in watch.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by a kill
-    return diagnose(faults, events, allow)
+    return diagnose(faults, rundir.read_records(base / rundir.WATCH_FILE), allow)

@@ -128,17 +128,6 @@ class Topology:
         """
         return frozenset(device.id for index in slices for device in self.slice_to_devices[index])
 
-    def check_index(self, index: int) -> None:
-        """Refuse a slice index outside ``0 .. slices - 1``.
-
-        Args:
-            index: a slice index.
-
-        Raises:
-            ValueError: it is not one of the slices.
-        """
-        check_slice_index(index, self.slices)
-
     def group(self, devices: Sequence[jax.Device]) -> tuple[dict[int, list[jax.Device]], int]:
         """``get_slice_to_devices``'s answer: ``devices`` by slice, and how many were outside.
 
@@ -169,7 +158,7 @@ class Topology:
 
 def check_slice_index(index: int, slices: int) -> None:
     """Refuse a slice index outside ``0 .. slices - 1``: the one check of a slice's index, for
-    :meth:`Topology.check_index` and the simulator's fault controls alike.
+    the simulator's fault controls.
 
     Args:
         index: a slice index.

@@ -58,6 +58,7 @@ import jax
 
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew._compat import python as python_private
+from elastic_dew.rundir import read_records
 from elastic_dew.simulate.step_count import OWN_LOOP_MODULES
 
 __all__ = ["LANDING_SECONDS", "OWN_LOOP_MODULES", "Watch", "own_loop_on_stack", "placed_leaves", "user_frame"]
@@ -210,17 +211,7 @@ class Watch:
         Returns:
             The records.
         """
-        if self.path is None:
-            return list(self.events)
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by a kill
-        return out
+        return list(self.events) if self.path is None else read_records(self.path)
 
     def _emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"e": event, "pid": os.getpid(), "w": time.time(), "n": self._attempt, **fields}
@@ -457,12 +448,8 @@ class Watch:
         """The position an earlier process recorded for its save of ``step`` (else ``step``)."""
         if step is None:
             return 0
-        if self.path is not None and self.path.exists():
-            for line in reversed(self.path.read_text().splitlines()):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
+        if self.path is not None:
+            for record in reversed(read_records(self.path)):
                 if record.get("e") == "save" and record.get("kind") == kind and record.get("step") == step:
                     return int(record["p"])
         return step

@@ -131,7 +131,7 @@ class StorageError(RuntimeError):
         of_step = f" of step {step}" if step is not None else ""
         return cls(
             f"checkpoint {operation}{of_step} in {storage} failed: {what} "
-            f"({type(error).__name__}: {_short(error)}); {fix}",
+            f"({type(error).__name__}: {short(error)}); {fix}",
             operation=operation, storage=storage, step=step, waited=waited, cause=error,
         )
 
@@ -159,7 +159,8 @@ class StorageTimeout(StorageError):
         self.idle = idle
 
 
-def _short(error: BaseException, limit: int = 240) -> str:
+def short(error: BaseException, limit: int = 240) -> str:
+    """``error``'s text on one line, at most ``limit`` characters."""
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -195,11 +196,6 @@ def client_timeout(error: BaseException) -> bool:
         seen.append(error)
         error = error.__cause__ or error.__context__  # type: ignore[assignment]
     return any(isinstance(e, TimeoutError) or "deadline_exceeded" in str(e).lower() for e in seen)
-
-
-def short(error: BaseException, limit: int = 240) -> str:
-    """``error``'s text on one line, at most ``limit`` characters."""
-    return _short(error, limit)
 
 
 def permanent(failure: StorageError) -> bool:
