@@ -47,13 +47,9 @@ import time
 import urllib.parse
 from collections.abc import Iterable
 
-from elastic_dew._deprecation import moved_names
 from elastic_dew.testing.waits import poll
 
 __all__ = ["ProxyFault", "FaultProxy", "Request", "object_path"]
-
-#: Renamed in 0.2.0 (a bare ``Fault`` is the fault event), served with a warning until 0.3.
-__getattr__ = moved_names(__name__, {"Fault": "elastic_dew.testing.fault_proxy.ProxyFault"})
 
 logger = logging.getLogger(__name__)
 
