@@ -47,6 +47,7 @@ import time
 import urllib.parse
 from collections.abc import Iterable
 
+from elastic_dew.runtime.local_bucket import LoopbackServer
 from elastic_dew.testing.waits import poll
 
 __all__ = ["ProxyFault", "FaultProxy", "Request", "object_path"]
@@ -155,7 +156,7 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         logger.debug("fault proxy connection from %s ended with an error", client_address, exc_info=True)
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     """An HTTP proxy on ``127.0.0.1`` (a free port by default) in front of ``upstream``
     (``http://127.0.0.1:PORT``), applying its :class:`ProxyFault` rules; see the module.
 
@@ -177,19 +178,6 @@ class FaultProxy:
         self._server = _Server(("127.0.0.1", port), self._handler())
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
-
-    # -- the proxy's address -------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT`` of the proxy."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The one variable a process needs to reach Cloud Storage through the proxy."""
-        from elastic_dew.runtime.local_bucket import EMULATOR_ENV
-
-        return {EMULATOR_ENV: self.url}
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> FaultProxy:
