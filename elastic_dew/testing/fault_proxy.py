@@ -11,7 +11,7 @@ server (the local :class:`~elastic_dew.testing.gcs_server.GCSServer`), except th
 ``stall``
     the request is held: until :meth:`FaultProxy.release` (``seconds=None``) or for
     ``seconds``; then it is forwarded as it was (a *late release*: an upload held past its
-    writer's bound still lands when released) and its answer written back if the client
+    writer's timeout still lands when released) and its answer written back if the client
     still listens.
 ``reset``
     the connection is closed with a TCP reset before any answer.
