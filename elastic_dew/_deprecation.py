@@ -1,10 +1,10 @@
-"""How a renamed or moved public name keeps working for one minor version.
+"""How a public name renamed or moved after 0.2.0 keeps working for one minor version.
 
-The public API (``docs/api.md``) keeps its word: a public name, keyword or flag that is
-renamed or moved still works from its old place until :data:`REMOVED_IN`, with a
-``DeprecationWarning`` naming the new one (``CHANGELOG.md`` lists each under "Deprecated").
-Every such shim words its warning with :func:`warn`, so each says the same thing the same
-way. This module imports nothing of elastic_dew, so every layer may use it.
+A public name (``docs/api.md``) that is renamed or moved still works from its old place
+until the next minor version, with a ``DeprecationWarning`` in :func:`warn`'s one wording;
+``CHANGELOG.md`` lists it under "Deprecated". One shape per kind of rename: a module's name
+(:func:`moved_names`), a keyword (:func:`renamed_keywords`), a method (:func:`renamed_method`).
+This module imports nothing of elastic_dew, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -16,32 +16,24 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["REMOVED_IN", "MOVED_NAMES", "message", "warn", "moved_names", "renamed_keywords", "renamed_method"]
+__all__ = ["REMOVED_IN", "warn", "moved_names", "renamed_keywords", "renamed_method"]
 
 #: The version that removes what the coming release deprecates (one minor version later).
 REMOVED_IN = "0.3"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-#: Every name served from its old place by :func:`moved_names` in a module imported so far:
-#: ``"old.module.Name"`` -> ``"new.module.Name"`` (what ``tests/test_deprecations.py`` checks).
-MOVED_NAMES: dict[str, str] = {}
-
-
-def message(old: str, new: str) -> str:
-    """The one wording of a deprecation: ``OLD is deprecated and will be removed in 0.3; use NEW``."""
-    return f"{old} is deprecated and will be removed in {REMOVED_IN}; use {new}"
-
 
 def warn(old: str, new: str, *, stacklevel: int = 2) -> None:
-    """Warn (``DeprecationWarning``) that ``old`` is deprecated in favour of ``new``.
+    """Warn (``DeprecationWarning``): ``OLD is deprecated and will be removed in REMOVED_IN; use NEW``.
 
     Args:
-        old: the old spelling, as a user wrote it (``SimulatedSlices(num_slices=...)``).
+        old: the old spelling, as a user wrote it (``Checkpoints(num_slices=...)``).
         new: what to write instead.
         stacklevel: as :func:`warnings.warn`'s, counted from the caller of :func:`warn`.
     """
-    warnings.warn(message(old, new), DeprecationWarning, stacklevel=stacklevel + 1)
+    message = f"{old} is deprecated and will be removed in {REMOVED_IN}; use {new}"
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
 
 
 def moved_names(module: str, names: Mapping[str, str],
@@ -49,19 +41,17 @@ def moved_names(module: str, names: Mapping[str, str],
     """A module ``__getattr__`` that serves each renamed or moved name from its old place.
 
     Bind it as the old module's ``__getattr__``: ``__getattr__ = moved_names(__name__,
-    {"Plan": "elastic_dew.run.RunPlan"})``. Reading an old name imports its new module and
-    returns the same object, with a :func:`warn` naming the new path.
+    {"Plan": "elastic_dew.run.planning.RunPlan"})``. Reading an old name imports its new
+    module and returns the same object, with a :func:`warn`.
 
     Args:
         module: the old module's path (its ``__name__``).
-        names: each old name -> the full path of what replaced it
-            (``"package.module.Name"``).
+        names: each old name -> the full path of what replaced it (``"package.module.Name"``).
         fallback: the module's own ``__getattr__`` (a package's lazy exports), asked first.
 
     Returns:
         The function to bind as the module's ``__getattr__``.
     """
-    MOVED_NAMES.update({f"{module}.{old}": new for old, new in names.items()})
 
     def __getattr__(name: str) -> Any:
         if fallback is not None:
@@ -82,12 +72,10 @@ def moved_names(module: str, names: Mapping[str, str],
 
 def renamed_keywords(owner: str, **renames: str) -> Callable[[_F], _F]:
     """A decorator: each old keyword (a key of ``renames``) is accepted as its new name (the
-    value), with a ``DeprecationWarning`` naming both.
-
-    The decorated function's signature (``inspect.signature``) is the new one.
+    value), with a :func:`warn`. The decorated function's signature is the new one.
 
     Args:
-        owner: how the user calls it, for the warning (``SimulatedSlices``).
+        owner: how the user calls it, for the warning (``Checkpoints``).
         renames: old keyword -> new keyword.
 
     Returns:
@@ -104,7 +92,8 @@ def renamed_keywords(owner: str, **renames: str) -> Callable[[_F], _F]:
                 if old not in kwargs:
                     continue
                 if new in kwargs:
-                    raise TypeError(f"{owner}() got {old}= and {new}=; {old} is the old name of {new}: give {new}= only")
+                    raise TypeError(f"{owner}() got {old}= and {new}=; {old} is the old name of {new}: "
+                                    f"give {new}= only")
                 warn(f"{owner}({old}=...)", f"{owner}({new}=...)", stacklevel=2)
                 kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
@@ -115,14 +104,13 @@ def renamed_keywords(owner: str, **renames: str) -> Callable[[_F], _F]:
 
 
 def renamed_method(owner: str, old: str, new: _F) -> _F:
-    """``new`` under its old name ``old``, warning (``DeprecationWarning``) at each call.
+    """``new`` under its old name ``old``, with a :func:`warn` at each call.
 
-    Bind it in the class body after ``new``: ``prepare = renamed_method("Tiers", "prepare",
-    precompile_saves)``. The alias has ``new``'s signature and contract, its docstring led by
-    what to call instead.
+    Bind it in the class body after ``new``: ``save = renamed_method("Checkpoints", "save",
+    commit)``. Its docstring is ``new``'s, led by ``Deprecated:`` (the public API's snapshot leaves it out).
 
     Args:
-        owner: the class as the user names it (``Tiers``), for the warning.
+        owner: the class as the user names it, for the warning.
         old: the method's old name.
         new: the method that replaces it (the function, as defined in the class body).
 
@@ -137,5 +125,6 @@ def renamed_method(owner: str, old: str, new: _F) -> _F:
 
     alias.__name__ = old
     alias.__qualname__ = f"{owner}.{old}"
-    alias.__doc__ = f"Deprecated: use :meth:`{new.__name__}` (this name goes in {REMOVED_IN}).\n\n{inspect.getdoc(new) or ''}"
+    lead = f"Deprecated: use :meth:`{new.__name__}` (this name goes in {REMOVED_IN})."
+    alias.__doc__ = f"{lead}\n\n{inspect.getdoc(new) or ''}"
     return alias  # type: ignore[return-value]

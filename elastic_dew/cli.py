@@ -18,7 +18,7 @@ from typing import Any
 
 from elastic_dew._compat.argparse import DefaultsHelpFormatter
 
-__all__ = ["main", "SUBCOMMANDS", "RENAMED_FLAGS", "HelpFormatter"]
+__all__ = ["main", "SUBCOMMANDS", "HelpFormatter"]
 
 
 #: name -> (module, one-line help)
@@ -35,30 +35,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gcs-server": ("elastic_dew.commands.gcs_server", "serve a local Cloud Storage bucket for gs:// runs on one machine"),
     "proxy": ("elastic_dew.commands.proxy", "serve a local Pathways backend: the IFRT proxy protocol on CPU slices"),
 }
-
-
-#: Flags renamed, still accepted until :data:`elastic_dew._deprecation.REMOVED_IN` with a
-#: warning on standard error: old spelling -> new spelling.
-RENAMED_FLAGS: dict[str, str] = {"--chaos": "--schedule"}
-
-
-def _renamed_flags(argv: list[str]) -> list[str]:
-    """``argv`` with each renamed flag (``--chaos X``, ``--chaos=X``) spelled as its new name,
-    warning once on standard error (and as a ``DeprecationWarning``) for each."""
-    from elastic_dew._deprecation import message, warn
-
-    out: list[str] = []
-    for index, arg in enumerate(argv):
-        if arg == "--":
-            return out + argv[index:]
-        name, equals, value = arg.partition("=")
-        if name in RENAMED_FLAGS:
-            new = RENAMED_FLAGS[name]
-            print(f"elastic-dew: warning: {message(name, new)}", file=sys.stderr)
-            warn(name, new)
-            arg = new + equals + value
-        out.append(arg)
-    return out
 
 
 class HelpFormatter(DefaultsHelpFormatter):
@@ -155,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     install_exit_hook()  # program start: an uncaught Preempted ends any command with 143
     _end_quickly()  # registered first, so it runs after the handlers of the libraries the command imports
-    argv = _renamed_flags(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser, module = _parser(argv)
     args = parser.parse_args(argv)
     from elastic_dew.observe.logs import TEXT_FORMAT, set_verbose

@@ -213,20 +213,6 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     os.replace(tmp, path)
 
 
-#: Names that moved to the persistent tier's module, kept here for one minor version.
-_MOVED = {"committed", "committed_checkpoint_steps"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from elastic_dew._deprecation import warn
-    from elastic_dew.elastic.state import orbax_step
-
-    warn(f"elastic_dew.rundir.{name}", f"elastic_dew.elastic.state.orbax_step.{name}")
-    return getattr(orbax_step, name)
-
-
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The JSON-lines records of ``path`` (the simulator's watch and attempts files), in order;
     none when it does not exist. A line that does not parse is a write cut short by a kill,

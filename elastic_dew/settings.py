@@ -20,23 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from elastic_dew import mentions as _mentions
-from elastic_dew._deprecation import moved_names, warn
 from elastic_dew.mentions import Namer, mention
 
 __all__ = ["Bound", "setting", "check_fields", "SettingError", "mention"]
-
-#: What left this module in 0.2.0, served from here with a warning until 0.3: the command
-#: line's builder and the mentions' wording.
-__getattr__ = moved_names(__name__, {
-    "Flag": "elastic_dew.flags.Flag",
-    "Flags": "elastic_dew.flags.Flags",
-    "flag_name": "elastic_dew.flags.flag_name",
-    "add_flags": "elastic_dew.flags.add_flags",
-    "given": "elastic_dew.flags.given",
-    "flag_namer": "elastic_dew.flags.flag_namer",
-    "wording": "elastic_dew.flags.command_line_text",
-    "worded": "elastic_dew.mentions.name_mentions",
-})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +85,8 @@ class Bound:
         return f"{name}={value} {rule}{unit}{' (0 turns it off)' if self.off else ''}{none}"
 
 
-def setting(default: Any = dataclasses.MISSING, help: str | None = None, *, bound: Bound | None = None,
-            choices: tuple[Any, ...] | None = None, or_callable: bool = False,
-            factory: Callable[[], Any] | None = None, flag: str | None = None, metavar: str | None = None) -> Any:
+def setting(default: Any = dataclasses.MISSING, *, bound: Bound | None = None, choices: tuple[Any, ...] | None = None,
+            or_callable: bool = False, factory: Callable[[], Any] | None = None) -> Any:
     """A configuration field with its range or choices, checked by :func:`check_fields`.
 
     Args:
@@ -111,13 +96,10 @@ def setting(default: Any = dataclasses.MISSING, help: str | None = None, *, boun
       or_callable: besides its ``choices``, the field takes a callable (a policy the Python
         API gives as a function; a command line offers only the named ones).
       factory: makes each default anew (a mapping's), in place of ``default``.
-      help, flag, metavar: deprecated and ignored: a command line's words are its own.
 
     Returns:
       The :func:`dataclasses.field`, its declaration in its metadata.
     """
-    if help is not None or flag is not None or metavar is not None:
-        warn("setting(help=, flag=, metavar=)", "a command line's own flags (the field's docstring entry is its help)")
     metadata = {k: v for k, v in (("bound", bound), ("choices", choices), ("or_callable", or_callable or None))
                 if v is not None}
     if factory is not None:
@@ -164,9 +146,6 @@ class SettingError(ValueError):
         Returns:
           The refusal's text.
         """
-        if isinstance(name, str):  # the old wording(flag)
-            warn("SettingError.wording(FLAG)", "SettingError.wording(flag=FLAG)")
-            name, flag = None, name
         if self._problem is not None:
             text = _mentions.name_mentions(self._problem, name)
             head = flag if flag is not None else (self.field if name is None else None)

@@ -6,9 +6,8 @@ pytest plugin's marker, fixture and option. For each, this module writes
 - ``tests/public_api.txt``: every name's signature (functions; classes with their
   constructor (a dataclass's: its fields with their defaults), public methods and properties;
   constants with their type and value; a class's members once, where the public class that
-  defines them is listed; a re-export as the name it re-exports; deprecated names, kept one
-  minor version, left to ``tests/test_deprecations.py``), which ``tests/test_public_api.py`` compares with the
-  package as it is, so a change to the public API is a decision, not an accident;
+  defines them is listed; a re-export as the name it re-exports; not a deprecated alias,
+  kept one minor version), which ``tests/test_public_api.py`` compares with the package as it is, so a change to the public API is a decision, not an accident;
 - ``docs/api.md``: every name with its one-line contract (the first sentence of its
   docstring, or of the ``#:`` comment above a constant).
 
@@ -164,8 +163,8 @@ def _constant(value: Any) -> str:
 
 
 def _deprecated(attr: Any) -> bool:
-    """A name kept only for one minor version (its docstring starts ``Deprecated``): listed in
-    ``CHANGELOG.md`` and checked by ``tests/test_deprecations.py``, not part of the API."""
+    """A name kept only for one minor version (its docstring starts ``Deprecated``:
+    :func:`elastic_dew._deprecation.renamed_method`'s), listed in ``CHANGELOG.md``, not part of the API."""
     target = attr.fget if isinstance(attr, property) else getattr(attr, "__func__", attr)
     return (getattr(target, "__doc__", None) or "").lstrip().startswith("Deprecated")
 
@@ -395,10 +394,9 @@ def docs_page() -> str:
         "modules below, and the pytest",
         "plugin's marker, fixture and option. They keep their word: a change to one is recorded in",
         "`CHANGELOG.md`, and a public name that is renamed or moved keeps working from its old place",
-        "for one minor version, with a `DeprecationWarning` naming the new one. A wrong keyword to a",
-        "public constructor names its public parameters. Every other module may change without",
-        "notice. Each name's docstring has its full contract (`help(name)`), with its arguments,",
-        "what it returns and what it raises.",
+        "for one minor version, with a `DeprecationWarning` naming the new one. Every other module",
+        "may change without notice. Each name's docstring has its full contract (`help(name)`), with",
+        "its arguments, what it returns and what it raises.",
         "",
         f"`tests/test_public_api.py` compares every signature here with `tests/public_api.txt`; after",
         f"a deliberate change, regenerate both (`{REGENERATE}`) and add a `CHANGELOG.md` line.",

@@ -256,16 +256,6 @@ def test_without_matplotlib_the_timeline_says_which_extra_to_install(tmp_path, m
         record.draw_timeline(tmp_path)
 
 
-def test_run_events_still_answers_the_records_lines_with_a_deprecation_warning_naming_read_events(tmp_path):
-    with RunRecord(tmp_path) as rec:
-        rec.append({"event": "stop", "reason": "done", "step": 3, "wall": 1.0})
-
-    with pytest.warns(DeprecationWarning, match=r"record\.read_events"):
-        lines = record.run_events(tmp_path)
-
-    assert lines == read_events(tmp_path)
-
-
 def test_the_process_start_time_is_when_this_process_began_not_when_it_was_asked():
     import time
 

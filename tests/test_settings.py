@@ -109,13 +109,6 @@ def test_a_flag_whose_field_has_no_documented_entry_fails_as_the_command_is_buil
         add_flags(argparse.ArgumentParser(), _Pool, {"slices": Flag(metavar="S")})
 
 
-def test_the_old_positional_flag_form_of_setting_error_wording_warns_and_words_as_the_keyword_does():
-    error = SettingError(_Pool, "slices", 0, Bound(1, whole=True))
-    with pytest.warns(DeprecationWarning, match=r"SettingError\.wording\(FLAG\) is deprecated .*; use SettingError\.wording\(flag=FLAG\)"):
-        old = error.wording("--slices")
-    assert old == error.wording(flag="--slices") == "--slices 0 must be >= 1"
-
-
 def test_a_usage_error_is_worded_for_python_by_str_and_for_a_command_line_by_its_namer():
     from elastic_dew import console
     from elastic_dew.run import UsageError

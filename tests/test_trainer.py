@@ -100,6 +100,8 @@ def test_host_owned_state_with_in_memory_snapshots_is_refused_before_anything_is
     "overrides, message",
     [
         (dict(config="not a config"), "ElasticConfig"),
+        (dict(log_every=5), "unexpected keyword argument 'log_every'"),  # a TrainConfig field goes in train=
+        (dict(train=dict(seed=3)), "train must be a TrainConfig"),
         (dict(model_sharding="columns"), "model_sharding must be a callable"),
         (
             dict(train=TrainConfig(sharding=lambda path, leaf, mesh: P()), model_sharding=lambda path, leaf, mesh: P()),
@@ -113,6 +115,19 @@ def test_bad_trainer_arguments_are_refused_with_the_fix(tmp_path, overrides, mes
     with pytest.raises((ValueError, TypeError), match=message):
         Trainer(**arguments)
     assert not (tmp_path / "run").exists()
+
+
+def test_from_nnx_takes_the_constructors_run_parameters_with_the_same_defaults_and_types():
+    """The two public signatures are the one declaration of a run's parameters: from_nnx has
+    every one of the constructor's but the model's own (and model_sharding), alike."""
+    import inspect
+
+    own = inspect.signature(Trainer.__init__).parameters
+    nnx = inspect.signature(Trainer.from_nnx).parameters
+    assert set(nnx) - {"cls", "model"} == set(own) - {"self", "init", "model_sharding"}
+    for name in set(nnx) - {"cls", "model", "loss", "eval_loss"}:  # a loss takes (model, batch) there
+        assert (nnx[name].kind, nnx[name].default, nnx[name].annotation) == (
+            own[name].kind, own[name].default, own[name].annotation), name
 
 
 def test_fit_refuses_a_non_positive_step_count(tmp_path):

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import sys
-import threading
 from pathlib import Path
 
+from elastic_dew.commands.serve import serve
 from elastic_dew.run import USAGE_EXIT
 
 __all__ = ["configure", "run"]
@@ -59,22 +58,13 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(f"elastic-dew gcs-server: error: {error}", file=sys.stderr)
         return USAGE_EXIT
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
     server = GCSServer(args.log, port=args.port, root=args.root)
-    try:
-        server.start()
-    except RuntimeError as error:
-        print(f"elastic-dew gcs-server: error: {error}", file=sys.stderr)
-        return 1
-    try:
+
+    def announce() -> None:
         for name in args.bucket:
             server.create_bucket(name)
         print(f"fake-gcs-server at {server.url} (log {args.log}); buckets: {', '.join(args.bucket) or 'none'}")
         print("In the shell that trains:")
         print(f"export STORAGE_EMULATOR_HOST={server.url}", flush=True)
-        stop.wait()
-    finally:
-        server.stop()
-    return 0
+
+    return serve("elastic-dew gcs-server", server, announce)

@@ -17,11 +17,10 @@ lowest-numbered lost one.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
 
+from elastic_dew.commands.serve import serve
 from elastic_dew.console import add_flag, refusal
 from elastic_dew.run import USAGE_EXIT
 
@@ -52,20 +51,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"{_PROG}: error: {refusal(error)}", file=sys.stderr)
         return USAGE_EXIT
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        backend.start()
-    except RuntimeError as error:
-        print(f"{_PROG}: error: {error}", file=sys.stderr)
-        return 1
-    try:
+
+    def announce() -> None:
         print(f"local Pathways backend at {backend.target}: {sim.slices} slices of {sim.devices_per_slice} "
               f"devices (server pid {backend.pid}, log {args.log})")
         print("In the shell that runs the program (which calls pathwaysutils.initialize()):")
         print("export " + " ".join(f"{k}={v}" for k, v in backend.client_env().items()), flush=True)
-        stop.wait()
-    finally:
-        backend.stop()
-    return 0
+
+    return serve(_PROG, backend, announce)

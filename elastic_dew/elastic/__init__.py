@@ -36,9 +36,6 @@ from __future__ import annotations
 import importlib
 
 from elastic_dew._deprecation import moved_names
-from elastic_dew.elastic import _moved
-
-_moved.install()
 
 _EXPORTS = {
     "ElasticConfig": "config",

@@ -16,8 +16,6 @@ export; the observability options; the log setup) are imported from their module
 import importlib
 from typing import Any
 
-from elastic_dew._deprecation import moved_names
-
 #: The public names (``docs/api.md``), each from the module that holds it, imported when
 #: first asked for.
 _HOMES = {
@@ -30,16 +28,8 @@ _HOMES = {
 __all__ = list(_HOMES)
 
 
-def _lazy(name: str) -> Any:
+def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'elastic_dew.observe' has no attribute {name!r}")
 
-
-#: What left the public list in 0.2.0 (the terminal's progress display and the JSON log
-#: format, which ``setup_logging`` chooses), served from here with a warning until 0.3.
-__getattr__ = moved_names(__name__, {
-    "Progress": "elastic_dew.observe.progress.Progress",
-    "ProgressBar": "elastic_dew.observe.progress_bar.ProgressBar",
-    "JsonFormatter": "elastic_dew.observe.logs.JsonFormatter",
-}, fallback=_lazy)

@@ -6,8 +6,8 @@ not a terminal.
 writes a plain line every ``log_every`` steps (the step, the loss, the active slices, the
 step rate) and one per stop, resume, fault and committed checkpoint, so a pod's log or a CI
 log stays readable and greppable. On a terminal the display is the progress bar instead
-(:class:`~elastic_dew.observe.progress_bar.ProgressBar`); both word a step with
-:func:`figures`. Through the logger (no ``stream``), a step line
+(:class:`~elastic_dew.observe.progress_bar.ProgressBar`); both are a :class:`StepDisplay`,
+which words a step. Through the logger (no ``stream``), a step line
 carries the step's ``loss`` and ``metrics`` and an evaluation line its ``eval`` (``step``
 and ``metrics``) as fields of their own, which JSON logs write as keys of the line
 (:class:`~elastic_dew.observe.logs.JsonFormatter`), so Cloud Logging can filter on them.
@@ -18,34 +18,70 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TextIO
 
 from elastic_dew.elastic import events as ev
 
-__all__ = ["Progress", "figures"]
+__all__ = ["StepDisplay", "Progress"]
 
 logger = logging.getLogger(__name__)
 
 
-def figures(loss: float | None, metrics: Mapping[str, float], slices: int | None,
-            total_slices: int | None) -> list[str]:
-    """What both displays (this one and :class:`~elastic_dew.observe.progress_bar.ProgressBar`)
-    show of the newest step: its loss, its metrics and the active slices of the allocation."""
-    parts = [f"loss {loss:.4f}"] if loss is not None else []
-    parts.extend(f"{name} {value:.4g}" for name, value in metrics.items())
-    if slices is not None:
-        total = f"/{total_slices}" if total_slices else ""
-        parts.append(f"slices {slices}{total}")
-    return parts
-
-
-class Progress:
-    """Write a run's progress as log lines from its events; call it with each event (a sink).
+class StepDisplay:
+    """What both progress displays share (this module's :class:`Progress` and
+    :class:`~elastic_dew.observe.progress_bar.ProgressBar`): the run's length and allocation,
+    the newest step's figures, the last event worth showing. Each is a sink: call it with
+    every event of the run.
 
     Args:
       total_steps: the step the run trains to (for ``step/total``).
       total_slices: the slices of the allocation (for ``slices active/total``).
+      stream: where to write.
+
+    Raises:
+      ValueError: ``total_steps`` is below 1.
+    """
+
+    name = "progress display"
+
+    def __init__(self, total_steps: int, *, total_slices: int | None = None, stream: TextIO | None = None) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps={total_steps} must be >= 1")
+        self.total_steps = total_steps
+        self.total_slices = total_slices
+        self.stream = stream
+        self.loss: float | None = None
+        self.metrics: dict[str, float] = {}
+        self.slices: int | None = None
+        self.last_event = ""
+
+    def note_step(self, step: ev.Step) -> None:
+        """Keep the figures of a step, the newest."""
+        self.loss = float(step.loss) if step.loss is not None else None
+        self.metrics = dict(step.metrics)
+        self.slices = step.slices or self.slices  # a step runs on at least one slice: 0 left the count out
+
+    def figures(self) -> list[str]:
+        """What both displays show of the newest step: its loss, its metrics and the active
+        slices of the allocation.
+
+        Returns:
+            The figures, each a short text.
+        """
+        parts = [f"loss {self.loss:.4f}"] if self.loss is not None else []
+        parts.extend(f"{name} {value:.4g}" for name, value in self.metrics.items())
+        if self.slices is not None:
+            total = f"/{self.total_slices}" if self.total_slices else ""
+            parts.append(f"slices {self.slices}{total}")
+        return parts
+
+
+class Progress(StepDisplay):
+    """Write a run's progress as log lines from its events; call it with each event (a sink).
+
+    Args:
+      total_steps, total_slices: as :class:`StepDisplay`'s.
       stream: where to write the lines; by default they go through this module's logger
         (so they carry the log format and level).
       log_every: steps between step lines.
@@ -54,8 +90,6 @@ class Progress:
     Raises:
       ValueError: ``total_steps`` or ``log_every`` is below 1.
     """
-
-    name = "progress display"
 
     def __init__(
         self,
@@ -66,21 +100,13 @@ class Progress:
         log_every: int = 10,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if total_steps < 1:
-            raise ValueError(f"total_steps={total_steps} must be >= 1")
+        super().__init__(total_steps, total_slices=total_slices, stream=stream)
         if log_every < 1:
             raise ValueError(f"log_every={log_every} must be >= 1 step")
-        self.total_steps = total_steps
-        self.total_slices = total_slices
-        self.stream = stream
         self.log_every = log_every
         self._clock = clock
         self._recent: deque[tuple[float, int]] = deque(maxlen=20)
         self.step: int | None = None
-        self.loss: float | None = None
-        self.metrics: dict[str, float] = {}
-        self.slices: int | None = None
-        self.last_event: str = ""
 
     # -- what is shown -----------------------------------------------------------------
     def steps_per_second(self) -> float | None:
@@ -101,7 +127,7 @@ class Progress:
             The line.
         """
         parts = [f"step {self.step if self.step is not None else '-'}/{self.total_steps}"]
-        parts.extend(figures(self.loss, self.metrics, self.slices, self.total_slices))
+        parts.extend(self.figures())
         rate = self.steps_per_second()
         parts.append(f"{rate:.2f} steps/s" if rate is not None else "- steps/s")
         if self.last_event:
@@ -112,10 +138,7 @@ class Progress:
     def __call__(self, typed: ev.Event) -> None:
         if isinstance(typed, ev.Step):
             self.step = int(typed.step)
-            self.loss = float(typed.loss) if typed.loss is not None else None
-            self.metrics = dict(typed.metrics)
-            # A step runs on at least one slice: 0 is a line that left the count out.
-            self.slices = typed.slices or self.slices
+            self.note_step(typed)
             self._recent.append((self._clock(), self.step))
             if self.step % self.log_every == 0 or self.step == self.total_steps:
                 fields: dict[str, object] = {"loss": self.loss, "metrics": self.metrics} if self.metrics else {"loss": self.loss}

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from elastic_dew.elastic.events import Eval, Event, Fault, Resume, Step, Stop, describe
-from elastic_dew.observe.progress import figures
+from elastic_dew.observe.progress import StepDisplay
 
 __all__ = ["ProgressBar"]
 
@@ -30,12 +30,11 @@ log = logging.getLogger(__name__)
 _ROOM_FOR_LAST_EVENT = 110
 
 
-class ProgressBar:
+class ProgressBar(StepDisplay):
     """A tqdm bar fed by a run's events: steps done of ``total_steps``, ETA, loss, slices.
 
     Args:
-      total_steps: the step the run trains to.
-      total_slices: the allocation's slices (for ``slices active/total``).
+      total_steps, total_slices: as :class:`~elastic_dew.observe.progress.StepDisplay`'s.
       stream: where to draw (standard error).
       width: a fixed width in columns; by default the terminal's, measured on every redraw.
       mininterval: least seconds between redraws (tqdm's throttle; 0 redraws every step).
@@ -43,8 +42,6 @@ class ProgressBar:
     Raises:
       ValueError: ``total_steps`` is below 1, or ``width`` below 20 columns.
     """
-
-    name = "progress display"
 
     def __init__(
         self,
@@ -55,16 +52,12 @@ class ProgressBar:
         width: int | None = None,
         mininterval: float = 0.1,
     ) -> None:
-        if total_steps < 1:
-            raise ValueError(f"total_steps={total_steps} must be >= 1")
+        super().__init__(total_steps, total_slices=total_slices, stream=stream if stream is not None else sys.stderr)
         if width is not None and width < 20:
             raise ValueError(f"width={width} is too narrow for a progress bar; use 20 or more")
         from tqdm import tqdm
 
         self._tqdm = tqdm
-        self.total_steps = total_steps
-        self.total_slices = total_slices
-        self.stream = stream if stream is not None else sys.stderr
         self._bar = tqdm(
             total=total_steps,
             file=self.stream,
@@ -76,36 +69,26 @@ class ProgressBar:
             smoothing=0.1,
             leave=True,
         )
-        self._loss: float | None = None
-        self._metrics: dict[str, float] = {}
-        self._slices: int | None = None
-        self._last = ""
 
     def _postfix(self) -> str:
-        parts = figures(self._loss, self._metrics, self._slices, self.total_slices)
+        parts = self.figures()
         # The last event only where it leaves the bar itself some room.
-        if self._last and (self._bar.ncols or 0) >= _ROOM_FOR_LAST_EVENT:
-            parts.append(self._last)
+        if self.last_event and (self._bar.ncols or 0) >= _ROOM_FOR_LAST_EVENT:
+            parts.append(self.last_event)
         return " ".join(parts)
 
     def __call__(self, event: Event) -> None:
         """Advance or annotate the bar with one event."""
         bar = self._bar
         if isinstance(event, Step):
-            self._loss, self._slices, self._metrics = event.loss, event.slices, dict(event.metrics)
+            self.note_step(event)
             bar.set_postfix_str(self._postfix(), refresh=False)
             bar.update(max(0, min(event.step, self.total_steps) - bar.n))
-        elif isinstance(event, Resume):
-            # A new attempt: its rate (and so the ETA) starts afresh from the resumed step.
-            self._last = describe(event)
-            bar.reset()
-            bar.initial = bar.n = min(event.step - 1, self.total_steps)
-            bar.set_postfix_str(self._postfix(), refresh=True)
-        elif isinstance(event, Eval):
-            self._last = describe(event)
-            bar.set_postfix_str(self._postfix(), refresh=True)
-        elif isinstance(event, Stop | Fault):
-            self._last = describe(event)
+        elif isinstance(event, Resume | Eval | Stop | Fault):
+            self.last_event = describe(event)
+            if isinstance(event, Resume):  # a new attempt: its rate (and so the ETA) starts afresh
+                bar.reset()
+                bar.initial = bar.n = min(event.step - 1, self.total_steps)
             bar.set_postfix_str(self._postfix(), refresh=True)
 
     @contextlib.contextmanager

@@ -19,7 +19,6 @@ through the record.
 
 from __future__ import annotations
 
-from elastic_dew._deprecation import moved_names
 from elastic_dew.rundir import (
     EVENTS_FILE,
     FAULTS_FILE,
@@ -39,7 +38,6 @@ from elastic_dew.record.log import (
     RunRecord,
     as_events,
     read_events,
-    run_events,
 )
 from elastic_dew.record.params import load_params, state_digest
 from elastic_dew.record.summary import load_summary
@@ -67,18 +65,3 @@ __all__ = [
     "TIMELINE_FILE",
     "FAULTS_FILE",
 ]
-
-#: What left the public list in 0.2.0 (what the trainer writes with, and the goodput
-#: accounting's own tables), and ``committed_steps``, now named for what it returns: served
-#: from here with a warning until 0.3. (``run_events`` warns where it is called.)
-__getattr__ = moved_names(__name__, {
-    "committed_steps": "elastic_dew.record.goodput.committed_step_lines",
-    "CUSTOM_BADPUT_TYPES": "elastic_dew.record.goodput.CUSTOM_BADPUT_TYPES",
-    "NOT_APPLICABLE": "elastic_dew.record.goodput.NOT_APPLICABLE",
-    "committed_evals": "elastic_dew.record.goodput.committed_evals",
-    "as_event": "elastic_dew.record.log.as_event",
-    "process_start_time": "elastic_dew.record.log.process_start_time",
-    "flatten_params": "elastic_dew.record.params.flatten_params",
-    "write_params": "elastic_dew.record.params.write_params",
-    "write_summary": "elastic_dew.record.summary.write_summary",
-})

@@ -152,7 +152,7 @@ def _begin(start: ev.Start) -> float | None:
     return None
 
 
-def _bounds(process: list[ev.Event]) -> tuple[float, float] | None:
+def _span(process: list[ev.Event]) -> tuple[float, float] | None:
     """A process's start (its ``process_start``, else its first event) and last event."""
     walls = [e.wall for e in process if has_wall(e)]
     if not walls:
@@ -231,9 +231,9 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
 
     processes = _processes(list(zip(events, flags, strict=True)))
     for process in processes:
-        bounds = _bounds([event for event, _ in process])
-        if bounds is not None:
-            begin, end = bounds
+        span = _span([event for event, _ in process])
+        if span is not None:
+            begin, end = span
             if first_begin is None:
                 first_begin = begin
             if last_end is not None:
@@ -359,8 +359,8 @@ def storage_summary(events: Iterable[ev.Event], wall_seconds: float) -> dict[str
 
     ``committed``, ``skipped``, ``abandoned``: checkpoints committed (``commit`` events),
     skipped (``storage`` events of outcome ``skipped``: queued behind a commit and replaced,
-    or not fitting the grace window) and abandoned (failed, or no progress for the storage
-    timeout). ``commit_seconds``: each commit's start-to-commit time, in order.
+    or not fitting the grace window) and abandoned (failed, or no storage activity for the
+    storage timeout). ``commit_seconds``: each commit's start-to-commit time, in order.
     ``retries``, ``bytes``: what the storage clients saw and moved during the commits.
     ``waited_seconds``: the loop's time held by checkpoint saves (the ``save`` events'
     seconds: the start of each write, a wait for a commit in flight, a preemption's or a

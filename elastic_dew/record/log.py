@@ -31,14 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from elastic_dew import rundir
-from elastic_dew._deprecation import warn
 from elastic_dew.elastic import events as ev
 
 __all__ = [
     "RunRecord",
     "BATCH_SECONDS",
     "read_events",
-    "run_events",
     "as_event",
     "as_events",
     "has_wall",
@@ -272,22 +270,6 @@ def as_events(lines: Iterable[ev.Event | Mapping[str, Any]]) -> list[ev.Event]:
 def has_wall(event: ev.Event) -> bool:
     """Whether the event says when it happened (a hand-written line may not)."""
     return math.isfinite(event.wall)
-
-
-def run_events(
-    run_dir: str | os.PathLike[str], events: Iterable[ev.Event | Mapping[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    """Deprecated: use :func:`read_events` (the run record holds the simulator's faults itself).
-
-    Args:
-        run_dir: the run directory.
-        events: lines to return instead of the directory's ``events.jsonl``.
-
-    Returns:
-        The lines, as :func:`read_events` returns them.
-    """
-    warn("elastic_dew.record.run_events", "elastic_dew.record.read_events (the run record holds the simulator's faults)")
-    return [ev.to_json(e) for e in (read_events(run_dir) if events is None else events)]
 
 
 def process_start_time() -> float:

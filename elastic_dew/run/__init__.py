@@ -36,7 +36,6 @@ terminal). The command line and the recipes' ``main`` both come here.
 
 from __future__ import annotations
 
-from elastic_dew._deprecation import moved_names
 from elastic_dew.run.config import RunConfig, SimConfig
 from elastic_dew.run.execution import main
 from elastic_dew.run.exits import FAILED_EXIT, USAGE_EXIT, UsageError
@@ -51,26 +50,3 @@ __all__ = [
     "USAGE_EXIT",
     "FAILED_EXIT",
 ]
-
-#: What left the public list in 0.2.0 (the run's own steps: planned, executed, shown), and
-#: the names renamed on the way, served from here with a warning until 0.3.
-__getattr__ = moved_names(__name__, {
-    "Plan": "elastic_dew.run.planning.RunPlan",
-    "Outcome": "elastic_dew.run.execution.RunOutcome",
-    "plan": "elastic_dew.run.planning.plan_run",
-    "RunPlan": "elastic_dew.run.planning.RunPlan",
-    "RunOutcome": "elastic_dew.run.execution.RunOutcome",
-    "plan_run": "elastic_dew.run.planning.plan_run",
-    "Display": "elastic_dew.run.execution.Display",
-    "execute": "elastic_dew.run.execution.execute",
-    "process_options": "elastic_dew.run.planning.process_options",
-    "compilation_cache_dir": "elastic_dew.run.planning.compilation_cache_dir",
-    "choose_run_dir": "elastic_dew.run.planning.choose_run_dir",
-    "simulating": "elastic_dew.run.planning.simulating",
-    "load_recipe": "elastic_dew.run.recipes.load_recipe",
-    "recipe_defaults": "elastic_dew.run.recipes.recipe_defaults",
-    "RUNS_DIR": "elastic_dew.run.planning.RUNS_DIR",
-    "RUN_DIR_OPTION": "elastic_dew.run.planning.RUN_DIR_OPTION",
-    "DEFAULT_SLICES": "elastic_dew.run.config.DEFAULT_SLICES",
-    "DEFAULT_DEVICES_PER_SLICE": "elastic_dew.run.config.DEFAULT_DEVICES_PER_SLICE",
-})

@@ -5,7 +5,7 @@
 :class:`~elastic_dew.train_config.TrainConfig`, the simulated slices (:class:`SimConfig`) and
 the :class:`~elastic_dew.observe.sinks.ObserveOptions`) beside its own fields. Each part
 checks its fields as it is built (:func:`~elastic_dew.settings.check_fields`); the command
-line offers them as flags (:mod:`elastic_dew.console`); :func:`elastic_dew.run.plan_run` checks
+line offers them as flags (:mod:`elastic_dew.console`); :func:`elastic_dew.run.planning.plan_run` checks
 what spans the parts.
 """
 

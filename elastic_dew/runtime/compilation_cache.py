@@ -32,7 +32,7 @@ JAX_MIN_COMPILE_TIME_S = 1.0
 
 #: The first jax whose persistent-cache key of a GPU computation spanning several
 #: processes is the same on every process (the key strips the device assignment). This is
-#: the lower bound elastic_dew pins; its ``jax._src.cache_key`` was read to confirm it.
+#: the lowest jax elastic_dew pins; its ``jax._src.cache_key`` was read to confirm it.
 _POOL_KEYS_ALIKE_SINCE = (0, 10, 1)
 
 

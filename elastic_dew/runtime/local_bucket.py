@@ -37,7 +37,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from urllib.parse import urlparse
 
-__all__ = ["EMULATOR_ENV", "METADATA_GUARD", "local_bucket_env", "local_bucket_problem", "use_local_bucket"]
+__all__ = ["EMULATOR_ENV", "METADATA_GUARD", "LoopbackServer", "local_bucket_env", "local_bucket_problem", "use_local_bucket"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,23 @@ EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 
 #: A loopback address where nothing listens: the metadata server's address in tests and tools.
 METADATA_GUARD = "127.0.0.1:9"
+
+
+class LoopbackServer:
+    """A local Cloud Storage server on ``127.0.0.1:port`` (fake-gcs-server, the fault proxy):
+    its address, and the environment that points a process's clients at it."""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The one variable a process needs to use this server for ``gs://``."""
+        return {EMULATOR_ENV: self.url}
 
 
 def local_bucket_problem(env: Mapping[str, str]) -> str | None:

@@ -18,7 +18,7 @@ __all__ = ["EXECUTION_TIMEOUT"]
 #: GPU backend times that out: the pool would hang for ever with every process alive.
 #: XLA's execution watchdog ends a process whose execution runs past this, and
 #: ``elastic-dew launch``, srun or the scheduler then stops the rest. An execution is a
-#: whole step, which can run for minutes, so the bound is generous;
+#: whole step, which can run for minutes, so the limit is generous;
 #: ``--xla_gpu_execution_terminate_timeout`` in ``XLA_FLAGS`` or ``xla_flags`` sets another.
 EXECUTION_TIMEOUT = "30m"
 

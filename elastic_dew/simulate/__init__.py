@@ -23,10 +23,7 @@ Names are imported lazily: the grammar is read without starting JAX.
 
 from __future__ import annotations
 
-
 import importlib
-
-from elastic_dew._deprecation import moved_names
 
 _EXPORTS = {
     "ACTIONS": "schedule",
@@ -45,26 +42,13 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def _lazy(name: str):
+def __getattr__(name: str):
     # Lazily, so the grammar and the launcher's settings are read without starting JAX
     # (``elastic-dew simulate`` checks a schedule before the program's process starts).
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'elastic_dew.simulate' has no attribute {name!r}")
     return getattr(importlib.import_module(f"elastic_dew.simulate.{module}"), name)
-
-
-#: What left the public list in 0.2.0 (the grammar's and the run's own checks and tables) and
-#: the renamed: served from here with a warning until 0.3.
-__getattr__ = moved_names(__name__, {
-    "Fault": "elastic_dew.simulate.schedule.ScheduledFault",
-    "ACTION_TABLE": "elastic_dew.simulate.schedule.ACTION_TABLE",
-    "SLICE_DOWN_CODES": "elastic_dew.simulate.schedule.SLICE_DOWN_CODES",
-    "Action": "elastic_dew.simulate.schedule.Action",
-    "Topology": "elastic_dew.simulate.topology.Topology",
-    "check_slices": "elastic_dew.simulate.schedule.check_fault_slices",
-    "unreachable": "elastic_dew.simulate.schedule.unreachable",
-}, fallback=_lazy)
 
 
 def __dir__() -> list[str]:

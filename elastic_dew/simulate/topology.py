@@ -16,8 +16,6 @@ from collections.abc import Sequence
 
 import jax
 
-from elastic_dew._deprecation import renamed_keywords
-
 __all__ = ["Topology", "check_slice_index"]
 
 logger = logging.getLogger(__name__)
@@ -45,7 +43,6 @@ class Topology:
     device_slice: dict[int, int] = dataclasses.field(repr=False)
 
     @staticmethod
-    @renamed_keywords("Topology.check_shape", num_slices="slices")
     def check_shape(slices: int, devices_per_slice: int) -> None:
         """Refuse a shape that is not whole numbers >= 1, before anything else is touched.
 
@@ -60,7 +57,6 @@ class Topology:
         _whole("devices_per_slice", devices_per_slice)
 
     @classmethod
-    @renamed_keywords("Topology.from_host", num_slices="slices")
     def from_host(cls, slices: int, devices_per_slice: int) -> Topology:
         """Group the first ``slices * devices_per_slice`` CPU devices into slices.
 

@@ -12,7 +12,6 @@ A test support package, not part of training: the fault-matrix and chaos tests a
 * :mod:`~elastic_dew.testing.invariants`: :func:`check`, every broken invariant of a run.
 """
 
-from elastic_dew._deprecation import moved_names
 from elastic_dew.testing.invariants import check
 from elastic_dew.testing.outcome import ScenarioOutcome, committed_checkpoints
 from elastic_dew.testing.runner import reference, run, run_seed
@@ -39,7 +38,3 @@ __all__ = [
     "draw",
     "replay_command",
 ]
-
-
-#: Renamed in 0.2.0, served with a warning until 0.3.
-__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.testing.outcome.ScenarioOutcome"})

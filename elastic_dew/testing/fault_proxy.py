@@ -11,7 +11,7 @@ server (the local :class:`~elastic_dew.testing.gcs_server.GCSServer`), except th
 ``stall``
     the request is held: until :meth:`FaultProxy.release` (``seconds=None``) or for
     ``seconds``; then it is forwarded as it was (a *late release*: an upload held past its
-    writer's bound still lands when released) and its answer written back if the client
+    writer's timeout still lands when released) and its answer written back if the client
     still listens.
 ``reset``
     the connection is closed with a TCP reset before any answer.
@@ -47,13 +47,10 @@ import time
 import urllib.parse
 from collections.abc import Iterable
 
-from elastic_dew._deprecation import moved_names
+from elastic_dew.runtime.local_bucket import LoopbackServer
 from elastic_dew.testing.waits import poll
 
 __all__ = ["ProxyFault", "FaultProxy", "Request", "object_path"]
-
-#: Renamed in 0.2.0 (a bare ``Fault`` is the fault event), served with a warning until 0.3.
-__getattr__ = moved_names(__name__, {"Fault": "elastic_dew.testing.fault_proxy.ProxyFault"})
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +156,7 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         logger.debug("fault proxy connection from %s ended with an error", client_address, exc_info=True)
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     """An HTTP proxy on ``127.0.0.1`` (a free port by default) in front of ``upstream``
     (``http://127.0.0.1:PORT``), applying its :class:`ProxyFault` rules; see the module.
 
@@ -181,19 +178,6 @@ class FaultProxy:
         self._server = _Server(("127.0.0.1", port), self._handler())
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
-
-    # -- the proxy's address -------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT`` of the proxy."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The one variable a process needs to reach Cloud Storage through the proxy."""
-        from elastic_dew.runtime.local_bucket import EMULATOR_ENV
-
-        return {EMULATOR_ENV: self.url}
 
     # -- lifetime --------------------------------------------------------------------------
     def start(self) -> FaultProxy:

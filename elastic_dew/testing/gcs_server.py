@@ -31,7 +31,7 @@ import urllib.request
 import warnings
 from pathlib import Path
 
-from elastic_dew.runtime.local_bucket import EMULATOR_ENV
+from elastic_dew.runtime.local_bucket import LoopbackServer
 from elastic_dew.testing.waits import poll
 
 __all__ = ["GCSServer", "INSTALL", "binary_path"]
@@ -77,7 +77,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class GCSServer:
+class GCSServer(LoopbackServer):
     """fake-gcs-server on ``127.0.0.1:port`` (a free port by default), its log in ``log_path``.
 
     ``root`` is a directory for its objects (kept after it stops); None keeps them in
@@ -92,16 +92,6 @@ class GCSServer:
         self.log_path = Path(log_path)
         self.root = None if root is None else Path(root)
         self._process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The one variable a process needs to use this server for ``gs://``."""
-        return {EMULATOR_ENV: self.url}
 
     def start(self, timeout: float = 30.0) -> GCSServer:
         if self._process is not None:

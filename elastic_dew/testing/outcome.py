@@ -12,7 +12,6 @@ import hashlib
 import os
 from pathlib import Path
 
-from elastic_dew._deprecation import moved_names
 from elastic_dew import rundir
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.testing.scenarios import Scenario
@@ -74,7 +73,3 @@ def committed_checkpoints(directory: str | os.PathLike[str]) -> dict[int, str]:
         except OSError:  # vanished while being read: the next look reports it
             continue
     return found
-
-
-#: Renamed in 0.2.0, served with a warning until 0.3.
-__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.testing.outcome.ScenarioOutcome"})

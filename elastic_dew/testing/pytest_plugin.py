@@ -112,16 +112,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def _shape(marker: pytest.Mark | None) -> dict[str, Any]:
     args = dict(zip(("slices", "devices_per_slice"), marker.args if marker else ()))
     given = dict(marker.kwargs) if marker else {}
-    if "num_slices" in given:
-        from elastic_dew._deprecation import warn
-
-        warn("@pytest.mark.slices(num_slices=...)", "@pytest.mark.slices(slices=...)")
-        given.setdefault("slices", given.pop("num_slices"))
-    if "step_program" in given:
-        from elastic_dew._deprecation import warn
-
-        warn("@pytest.mark.slices(step_program=...)", "@pytest.mark.slices(step_function=...)")
-        given.setdefault("step_function", given.pop("step_program"))
     options = {**{"slices": 2, "devices_per_slice": 2}, **args, **given}
     unknown = set(options) - {"slices", "devices_per_slice", "schedule", "step_function", "allow_unfired", "allow"}
     if unknown:

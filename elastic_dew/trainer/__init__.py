@@ -18,13 +18,5 @@ from __future__ import annotations
 
 from elastic_dew.train_config import TrainConfig
 from elastic_dew.trainer.fit import FitResult, Trainer
-from elastic_dew._deprecation import moved_names
 
 __all__ = ["Trainer", "TrainConfig", "FitResult"]
-
-#: What left the public list in 0.2.0 (the trainer's own parts: ``Trainer.program`` is an
-#: :class:`elastic_dew.elastic.Program`), served from here with a warning until 0.3.
-__getattr__ = moved_names(__name__, {
-    "ModelProgram": "elastic_dew.trainer.program.ModelProgram",
-    "split_loss": "elastic_dew.trainer.model.split_loss",
-})

@@ -11,7 +11,6 @@ about surviving faults is the protocol's.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +21,6 @@ import optax
 from jax.sharding import PartitionSpec
 
 from elastic_dew import rundir
-from elastic_dew._deprecation import warn
 from elastic_dew.elastic import events
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.data import ElasticData
@@ -60,38 +58,12 @@ class FitResult:
     model: Any = None
 
 
-#: The :class:`TrainConfig` fields the constructor and ``from_nnx`` took directly before
-#: they moved into ``train``; still accepted, with a ``DeprecationWarning``, until 0.3.
-_MOVED_TO_TRAIN = frozenset(f.name for f in dataclasses.fields(TrainConfig))
-
-
-def _train_of(owner: str, train: TrainConfig | None, deprecated: dict[str, Any]) -> TrainConfig:
-    """``train`` (default ``TrainConfig()``) with the deprecated keywords folded in; any other
-    keyword is refused naming ``owner``'s parameters."""
-    unknown = sorted(set(deprecated) - _MOVED_TO_TRAIN)
-    if unknown == ["model_sharding"] and owner.endswith("from_nnx"):
-        raise TypeError(
-            "Trainer.from_nnx() takes no model_sharding: annotate the variables (nnx.with_partitioning) "
-            "or give TrainConfig(sharding=) a callable"
-        )
-    if unknown:
-        target = Trainer.from_nnx if owner.endswith("from_nnx") else Trainer.__init__
-        names = [
-            p.name for p in inspect.signature(target).parameters.values()
-            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in ("self", "cls")
-        ]
-        raise TypeError(
-            f"{owner}() got an unexpected keyword argument {unknown[0]!r}; its parameters are "
-            f"{', '.join(names)} (TrainConfig's fields go in train=TrainConfig(...))"
-        )
+def _train_of(train: TrainConfig | None) -> TrainConfig:
+    """``train``, or ``TrainConfig()`` for ``None``."""
     if train is None:
-        train = TrainConfig()
-    elif not isinstance(train, TrainConfig):
+        return TrainConfig()
+    if not isinstance(train, TrainConfig):
         raise TypeError(f"train must be a TrainConfig, not {type(train).__name__}")
-    if deprecated:
-        given = ", ".join(f"{name}=..." for name in sorted(deprecated))
-        warn(f"{owner}({given})", f"{owner}(train=TrainConfig({given}))", stacklevel=3)
-        train = dataclasses.replace(train, **deprecated)
     return train
 
 
@@ -143,19 +115,13 @@ class Trainer:
         with ``train.eval_every``. A pass runs after every multiple of it, over the same
         ``len(eval_dataset) // eval_batch`` batches each time, on the current mesh, and is
         an ``eval`` event (:mod:`elastic_dew.elastic.loop.evaluation`).
-      **deprecated: a :class:`~elastic_dew.train_config.TrainConfig` field given directly
-        (``log_every=``, ``seed=``, ``sharding=``, ``microbatch=``, ``eval_every=``,
-        ``eval_batch=``): deprecated, goes in 0.3; folded into ``train`` with a
-        ``DeprecationWarning``.
 
     Raises:
-      TypeError: a keyword that is not one of these parameters (the error names them), a
-        callable or config of the wrong type.
+      TypeError: a keyword that is not one of these parameters, a callable or config of the
+        wrong type.
       ValueError: an argument the run cannot use (an empty dataset, a loss of the wrong form,
         ``eval_dataset`` without ``train.eval_every``, ``Layout.host`` with snapshots on, a
         run directory that is not one), refused before anything is written.
-      elastic_dew.settings.SettingError: a deprecated ``TrainConfig`` field out of its
-        range.
 
     :meth:`from_nnx` builds a ``Trainer`` from a Flax NNX model.
     """
@@ -179,9 +145,8 @@ class Trainer:
         on_accepted: Callable[[], Any] | None = None,
         data_workers: int = 0,
         eval_dataset: Any = None,
-        **deprecated: Any,
     ) -> None:
-        train = _train_of("Trainer", train, deprecated)
+        train = _train_of(train)
         for name, fn in (("init", init), ("loss", loss), ("eval_loss", eval_loss)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a callable, not {type(fn).__name__}")
@@ -206,7 +171,6 @@ class Trainer:
         on_accepted: Callable[[], Any] | None = None,
         data_workers: int = 0,
         eval_dataset: Any = None,
-        **deprecated: Any,
     ) -> Trainer:
         """A ``Trainer`` of a Flax NNX model, with no glue (:mod:`elastic_dew.trainer.flax_nnx`).
 
@@ -230,24 +194,21 @@ class Trainer:
               (``eval_loss`` takes ``(model, batch)`` like ``loss``). There is no
               ``model_sharding``: annotate the variables (``nnx.with_partitioning``) or give
               ``TrainConfig(sharding=)`` a callable.
-            **deprecated: a :class:`~elastic_dew.train_config.TrainConfig` field given
-              directly (``eval_every=10``): deprecated, goes in 0.3; folded into ``train``
-              with a ``DeprecationWarning``.
 
         Returns:
             The ``Trainer``; its :meth:`fit` returns a :class:`FitResult` whose ``model`` is
             the trained model.
 
         Raises:
-            TypeError: a keyword that is not one of these parameters (the error names them),
-              or an argument of the wrong type.
+            TypeError: a keyword that is not one of these parameters, or an argument of the
+              wrong type.
             ValueError: an argument the run cannot use (as the constructor's), refused before
               anything is written.
             ImportError: Flax is not installed (the ``flax`` extra).
         """
         from elastic_dew.trainer.flax_nnx import NnxModel
 
-        train = _train_of("Trainer.from_nnx", train, deprecated)
+        train = _train_of(train)
         nnx_model = NnxModel(model, loss, eval_loss, seed=train.seed)
         train = dataclasses.replace(train, sharding=nnx_model.policy(train.sharding))
         trainer = cls.__new__(cls)
