@@ -15,9 +15,10 @@ over rounds.
 Beside the wall time, the host CPU time per step, which load on the machine does not move
 the way it moves wall time: for the bare loop, the CPU time of its thread from one step's
 read to the next (``time.thread_time``); for ``Trainer.fit``, the same on the loop's thread
-(between consecutive step events) plus the CPU time of elastic_dew's own threads (those
-named ``elastic-dew-*``: the step deadline's reader, the checkpoint preparation, the
-precompiler) over the same interval, read from each thread's CPU clock. XLA's compute
+(between consecutive step events) plus the CPU time of every thread elastic_dew starts (each
+is named ``elastic-dew-*``: the step deadline's reader, each bounded storage call's thread, the
+snapshot worker, the checkpoint preparation, the precompilers) over the same interval, read
+from each thread's CPU clock, a thread that ended within the interval included. XLA's compute
 threads and Grain's read-ahead threads are counted in neither. The figure is the p50 over
 the steady steps of ``fit``'s per-step CPU time less the p50 of the bare loop's, median over
 rounds: the host CPU time elastic_dew adds to every step.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,29 +52,59 @@ def _config():
 
 
 class OwnThreads:
-    """CPU seconds used by elastic_dew's own threads (named ``elastic-dew-*``) since the last call.
+    """CPU seconds used by the threads elastic_dew starts (named ``elastic-dew-*``) since the last call.
 
-    Each thread's CPU clock (``time.pthread_getcpuclockid``) is read; a thread seen for the
-    first time counts from its start. What a thread used between the last reading and its
-    end is not seen (it ended first).
+    At each call every live thread's CPU clock (``time.pthread_getcpuclockid``) is read; a
+    thread seen for the first time counts from its start. A thread that ends between two
+    calls (a bounded storage call's, started and ended within one step) is counted too:
+    inside ``with OwnThreads() as own:``, every thread started there reads its own CPU clock
+    as its ``run`` returns, and the next call adds what it used since its last reading.
     """
 
     PREFIX = "elastic-dew"
 
     def __init__(self) -> None:
-        self._seen: dict[int, float] = {}
+        self._seen: dict[threading.Thread, float] = {}
+        self._ended: list[tuple[threading.Thread, float]] = []
+        self._gone: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._run: Any = None
+
+    def __enter__(self) -> OwnThreads:
+        run = self._run = threading.Thread.run
+        ended, lock, prefix = self._ended, self._lock, self.PREFIX
+
+        def counted(thread: threading.Thread) -> None:
+            try:
+                run(thread)
+            finally:
+                if thread.name.startswith(prefix):
+                    with lock:
+                        ended.append((thread, time.thread_time()))
+
+        threading.Thread.run = counted  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.Thread.run = self._run  # type: ignore[method-assign]
 
     def __call__(self) -> float:
         used = 0.0
+        with self._lock:
+            ended = self._ended[:]
+            self._ended.clear()
+        for thread, total in ended:
+            used += total - self._seen.pop(thread, 0.0)
+            self._gone.add(thread)
         for thread in threading.enumerate():
-            if not thread.name.startswith(self.PREFIX) or thread.ident is None:
+            if not thread.name.startswith(self.PREFIX) or thread.ident is None or thread in self._gone:
                 continue
             try:
                 now = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
             except (OSError, ProcessLookupError):  # it ended between enumerate and the read
                 continue
-            used += now - self._seen.get(thread.ident, 0.0)
-            self._seen[thread.ident] = now
+            used += now - self._seen.get(thread, 0.0)
+            self._seen[thread] = now
         return used
 
 
@@ -131,9 +163,11 @@ def _trainer(parts: dict, steps: int, workdir: Path) -> tuple[float, float, floa
             own[event.step] = own_threads() + own.get(event.step - 1, 0.0)
 
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="fit-"))
-    Trainer(
-        **parts, config=_config(), run_dir=run_dir, sinks=[progress], train=TrainConfig(log_every=10**9, sharding=POLICY)
-    ).fit(steps)
+    with own_threads:
+        Trainer(
+            **parts, config=_config(), run_dir=run_dir, sinks=[progress],
+            train=TrainConfig(log_every=10**9, sharding=POLICY),
+        ).fit(steps)
     loop, threads = _steady(cpu, steps), _steady(own, steps)
     total = [a + b for a, b in zip(loop, threads)]
     return (times[steps] - times[WARMUP]) / (steps - WARMUP), median(total), median(threads)
@@ -164,8 +198,9 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         f"step time after step {WARMUP}, {sizes.overhead_rounds} alternating rounds; both loops "
         "read each step's loss one step late (after dispatching the next step), with the same "
         "state and batch shardings. Host CPU time per step: the loop thread's CPU time between "
-        "consecutive steps (time.thread_time), plus for fit elastic_dew's own threads (elastic-dew-*) "
-        "over the same interval, p50 over the steady steps; XLA's and Grain's threads are not counted."
+        "consecutive steps (time.thread_time), plus for fit every thread elastic_dew starts (elastic-dew-*, "
+        "those that ended within the interval included) over the same interval, p50 over the steady steps; "
+        "XLA's and Grain's threads are not counted."
     )
     return {
         "host_cpu_ms_per_step_added": (median(cpu_fit) - median(cpu_bare)) * 1e3,

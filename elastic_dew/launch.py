@@ -165,7 +165,7 @@ def launch(
                 (proc.stdout, _binary(sys.stdout), out_lock),
                 (proc.stderr, _binary(sys.stderr), err_lock),
             ):
-                t = threading.Thread(target=_pump, args=(stream, out, prefix, lock), daemon=True)
+                t = threading.Thread(target=_pump, args=(stream, out, prefix, lock), daemon=True, name="elastic-dew-io")
                 t.start()
                 pumps.append(t)
         status = _supervise(ranks, stop, signals, grace)

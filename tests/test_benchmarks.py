@@ -284,3 +284,86 @@ def test_the_plan_validation_predicts_before_it_runs_and_reports_each_policy_bes
     assert results["plan_model_vs_des_points"] >= 0
     assert set(results["targets_met"]) >= {"plan_validation_worst_points", "plan_model_vs_des_points"}
     assert "| plan: the model against real runs, worst gap of mean measured goodput from predicted (points) |" in md
+
+
+def _spin(seconds: float) -> None:
+    """Use ``seconds`` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_host_time_figure_counts_a_thread_that_ended_between_two_readings_once_and_no_foreign_thread():
+    """A thread of elastic_dew's that starts and ends between two readings (as a bounded
+    storage call's does within a step) is counted; a live one's time is not counted twice;
+    a thread without the prefix (Grain's, XLA's) is not counted."""
+    import threading
+
+    from benchmarks.overhead import OwnThreads
+
+    with OwnThreads() as own:
+        own()
+        short = threading.Thread(target=_spin, args=(0.05,), name="elastic-dew-storage-read")
+        foreign = threading.Thread(target=_spin, args=(0.05,), name="grain-read")
+        for thread in (short, foreign):
+            thread.start()
+            thread.join()
+        assert 0.05 <= own() < 0.09
+        go, half = threading.Event(), threading.Event()
+
+        def twice() -> None:
+            _spin(0.05)
+            half.set()
+            go.wait(30)
+            _spin(0.05)
+
+        live = threading.Thread(target=twice, name="elastic-dew-read")
+        live.start()
+        half.wait(30)
+        first = own()
+        go.set()
+        live.join()
+        second = own()
+        assert 0.05 <= first < 0.09 and 0.05 <= second < 0.09 and own() < 0.01
+
+
+def test_every_thread_elastic_dew_starts_carries_the_prefix_the_host_time_figure_counts():
+    """Each ``threading.Thread(...)`` in the package is named ``elastic-dew-*`` and each
+    ``ThreadPoolExecutor(...)`` has that ``thread_name_prefix`` (``benchmarks/overhead.py``
+    counts the threads by that name)."""
+    import ast
+
+    from benchmarks.overhead import OwnThreads
+
+    def prefixed(node: ast.expr) -> bool:
+        if isinstance(node, ast.JoinedStr) and node.values:
+            node = node.values[0]
+        return isinstance(node, ast.Constant) and str(node.value).startswith(OwnThreads.PREFIX)
+
+    unnamed = []
+    for path in sorted((REPO / "elastic_dew").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            keyword = {"Thread": "name", "ThreadPoolExecutor": "thread_name_prefix"}.get(called or "")
+            if keyword is None:
+                continue
+            given = {k.arg: k.value for k in node.keywords}
+            if keyword not in given or not prefixed(given[keyword]):
+                unnamed.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert unnamed == []
+
+
+def test_the_snapshot_worker_orbax_starts_for_tier_1_carries_the_prefix_too():
+    """Orbax's Snapshotter starts its worker itself (unnamed); tier 1's runs elastic_dew's
+    worker loop, so it is elastic_dew's thread and is named as one."""
+    from benchmarks.overhead import OwnThreads
+    from elastic_dew._compat.orbax import HostSnapshotter
+
+    snapshotter = HostSnapshotter()
+    try:
+        assert snapshotter._worker_thread.name.startswith(OwnThreads.PREFIX)
+    finally:
+        snapshotter.stop()
+    assert snapshotter.stopped()

@@ -106,26 +106,62 @@ def test_the_precompiler_starts_no_compile_while_a_resume_holds_it():
     assert program.compiles == 3
 
 
-def test_the_precompiler_compiles_every_layouts_step_before_the_layouts_other_programs():
+def _manager(active: set[int], slices: int = 3):
+    """A stand-in for pathwaysutils' ``Manager``: the three attributes the compiler reads."""
+    devices = jax.devices()
+    return type("Manager", (), {
+        "active_slice_indices": active, "total_slice_count": slices,
+        "slice_to_devices": {i: devices[2 * i: 2 * i + 2] for i in range(slices)},
+    })()
+
+
+def test_the_precompiler_compiles_each_layouts_step_together_with_its_other_programs():
     order: list[tuple[str, tuple]] = []
     ids = lambda mesh: tuple(d.id for d in mesh.devices.flat)  # noqa: E731
     program = type("Program", (), {
         "compile": lambda self, mesh, batch: order.append(("step", ids(mesh))) or (lambda s, b: (s, {})),
     })()
-    devices = jax.devices()
-    manager = type("Manager", (), {
-        "active_slice_indices": {0, 1, 2}, "total_slice_count": 3,
-        "slice_to_devices": {i: devices[2 * i: 2 * i + 2] for i in range(3)},
-    })()
     compiler = StepCompiler(
-        program, manager, ElasticConfig(global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True),
+        program, _manager({0, 1, 2}),
+        ElasticConfig(global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True),
         also=lambda mesh: order.append(("also", ids(mesh))),
     )
     compiler.start_precompiling()
     compiler._precompiler.join(30)
     layouts = [ids(mesh) for mesh, _ in compiler.smaller_layouts()]
     assert len(layouts) == 3
-    assert order == [(kind, layout) for kind in ("step", "also") for layout in layouts]
+    assert order == [(kind, layout) for layout in layouts for kind in ("step", "also")]
+    compiler.start_precompiling()  # every layout is covered: nothing is compiled again
+    compiler.stop_precompiling()
+    assert len(order) == 6
+
+
+def test_a_start_while_the_precompiler_works_queues_the_new_slices_layouts_in_place_of_the_old_ones():
+    """Slice 3 is lost while the first layout of four slices compiles: the thread finishes
+    that one, then covers the layouts of the three slices left, not the other three of four."""
+    program = CountingProgram()
+    program.release.clear()
+    covered: list[tuple] = []
+    ids = lambda mesh: tuple(d.id for d in mesh.devices.flat)  # noqa: E731
+    manager = _manager({0, 1, 2, 3}, slices=4)
+    compiler = StepCompiler(
+        program, manager, ElasticConfig(global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True),
+        also=lambda mesh: covered.append(ids(mesh)),
+    )
+    of_four = [ids(mesh) for mesh, _ in compiler.smaller_layouts()]
+    compiler.start_precompiling()
+    while program.compiles == 0:
+        threading.Event().wait(0.01)
+    compiler.pause_precompiling()  # slice 3 is lost: a resume begins
+    manager.active_slice_indices = {0, 1, 2}
+    of_three = [ids(mesh) for mesh, _ in compiler.smaller_layouts()]
+    running = compiler._precompiler
+    compiler.start_precompiling()  # the resume is done while the thread still works
+    program.release.set()
+    running.join(30)
+    assert compiler._precompiler is running  # no second thread: the one at work took the new layouts
+    assert covered == [of_four[0], *of_three]
+    assert program.compiles == 4
 
 
 class _RecordingProgram(LinearProgram):
@@ -275,44 +311,69 @@ def test_no_save_compiles_a_program_since_each_resume_compiles_the_saves_of_its_
     assert during_saves == []
 
 
-def test_a_resume_onto_a_mesh_the_precompiler_prepared_compiles_nothing_on_the_loops_thread(tmp_path):
-    """The precompiler finishes before slice 1 is lost (the loop waits for it at step 2);
-    from the loss to the next dispatch (the resume's step, snapshot load and pack) the
-    loop's thread runs no backend compile (jax.monitoring's compile events)."""
+class _HeldProgram(LinearProgram):
+    """A :class:`LinearProgram` whose first compile in the precompiler's thread waits for
+    ``release``: the precompiler is still at work when the loop resumes."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.held = False
+
+    def compile(self, mesh, global_batch):
+        if threading.current_thread().name.startswith("elastic-dew-precompile") and not self.held:
+            self.held = True
+            self.release.wait(120)
+        return super().compile(mesh, global_batch)
+
+
+def test_a_resume_onto_a_mesh_the_precompiler_covered_compiles_nothing_even_if_queued_while_it_worked(tmp_path):
+    """Slice 1 is lost at step 3 while the precompiler still compiles the first layout of
+    four slices (held until that resume compiles), so that resume compiles; the meshes of
+    the three slices left are queued at its end although the thread is still at work, and
+    covered before step 5 (the loop waits for the thread there). From slice 2's loss at
+    step 6 to the next dispatch (the resume's step, snapshot load and pack) the loop's
+    thread runs no backend compile (jax.monitoring's compile events)."""
     loop = threading.current_thread()
-    window = {"resuming": False, "waited": False}
-    compiled: list = []
+    program = _HeldProgram()
+    windows: list[int] = []  # the loop's compiles in each resume after a loss
+    state = {"resuming": False, "attempt": 0}
     run_box: list = []
 
     def on_phase(name, step):
-        if name == "dispatch" and step == 2 and not window["waited"]:
-            window["waited"] = True
+        if name == "compile":
+            state["attempt"] += 1
+            if state["attempt"] == 2:
+                program.release.set()
+        if name == "dispatch" and step == 5 and run_box[0].compiler._precompiler is not None:
             run_box[0].compiler._precompiler.join(120)
-        if name == "wait":
-            window["resuming"] = True
+        if name == "wait" and not state["resuming"]:
+            state["resuming"] = True
+            windows.append(0)
         elif name == "dispatch":
-            window["resuming"] = False
+            state["resuming"] = False
 
     def on_compile(event, duration, **kwargs):
         if (event == "/jax/core/compile/backend_compile_duration" and threading.current_thread() is loop
-                and window["resuming"]):
-            compiled.append(duration)
+                and state["resuming"]):
+            windows[-1] += 1
 
     hooks.add_listener(on_phase)
     jax.monitoring.register_event_duration_secs_listener(on_compile)
     emitted: list = []
     try:
-        with SimulatedSlices(4, 2, schedule="lose:1@3", fault_log=tmp_path / "faults.jsonl"):
-            run = ElasticRun(LinearProgram(), ElasticData(_dataset()),
+        with SimulatedSlices(4, 2, schedule="lose:1@3,lose:2@6", fault_log=tmp_path / "faults.jsonl"):
+            run = ElasticRun(program, ElasticData(_dataset()),
                              _config(tmp_path, snapshot_every=1, precompile_smaller_meshes=True),
                              emit=emitted.append)
             run_box.append(run)
-            run.run(4)
+            run.run(8)
     finally:
+        program.release.set()
         hooks.remove_listener(on_phase)
         jax.monitoring.unregister_event_duration_listener(on_compile)
-    assert [e.source for e in emitted if isinstance(e, events.Resume)] == ["fresh", "snapshot"]
-    assert window["waited"] and compiled == []
+    assert [e.source for e in emitted if isinstance(e, events.Resume)] == ["fresh", "snapshot", "snapshot"]
+    assert len(windows) == 2 and windows[0] > 0  # the first resume's mesh was not covered yet
+    assert windows[1] == 0
 
 
 class _WatchedProgram(LinearProgram):

@@ -222,6 +222,7 @@ class HostSnapshotter(Snapshotter):
                 f"({ORBAX_VERSION_READ}): {'; '.join(problems)}; install orbax-checkpoint "
                 f"{ORBAX_VERSION_READ} or update the adapter"
             )
+        self._worker_thread.name = "elastic-dew-snapshots"  # Orbax started it; it runs this class's _worker
 
     def busy(self) -> bool:
         """Whether a request is still queued, so that a ``save`` now would be skipped."""
@@ -274,7 +275,7 @@ class HostSnapshotter(Snapshotter):
         self._worker_thread.join()
 
     def _restart(self) -> None:
-        self._worker_thread = threading.Thread(target=self._worker, daemon=True)
+        self._worker_thread = threading.Thread(target=self._worker, name="elastic-dew-snapshots", daemon=True)
         self._worker_thread.start()
 
 

@@ -82,7 +82,7 @@ def start(slices: int, devices_per_slice: int, port: int = 0, schedule: Any = No
         "Announce": _json_handler(announce),
         "Lose": _json_handler(lose), "Restore": _json_handler(restore), "Status": _json_handler(status),
         "Started": _json_handler(started)})
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="elastic-dew-proxy"), options=[
         ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
     server.add_generic_rpc_handlers((service.handler(), control))
     bound = server.add_insecure_port(f"127.0.0.1:{port}")

@@ -183,7 +183,7 @@ class FaultProxy(LoopbackServer):
     def start(self) -> FaultProxy:
         # A short poll: stop() waits for the serving loop's next look (half a second by default).
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fault-proxy", daemon=True
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="elastic-dew-faults", daemon=True
         )
         self._thread.start()
         return self

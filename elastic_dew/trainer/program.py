@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +128,11 @@ class ModelProgram:
         self._seed = seed
         self._host_parts = host_parts
         self._given = model.given()
+        # The model's init is traced once for the state's shapes; the shardings and abstract
+        # state once per mesh (the loop, the precompiler and the tiers each ask for them).
+        self._traced = threading.RLock()
+        self._shapes: Any = None
+        self._per_mesh: dict[jax.sharding.Mesh, tuple[Any, Any]] = {}
 
     def _init(self, key: jax.Array, given: Any) -> dict:
         params_key, rng = jax.random.split(key)
@@ -164,10 +170,33 @@ class ModelProgram:
     def shapes(self) -> Any:
         """The state's shapes and dtypes (no shardings).
 
+        The model's init is traced once per program; each call returns a fresh copy of the
+        tree (its leaves are immutable).
+
         Returns:
             A pytree of ``jax.ShapeDtypeStruct``.
         """
-        return jax.eval_shape(self._init, self._key(), self._given)
+        with self._traced:
+            if self._shapes is None:
+                self._shapes = jax.eval_shape(self._init, self._key(), self._given)
+        return jax.tree.map(lambda x: x, self._shapes)
+
+    def _on_mesh(self, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+        """The state's shardings and abstract state on ``mesh``, worked out once per mesh."""
+        with self._traced:
+            if mesh not in self._per_mesh:
+                shapes = self.shapes()
+                variables = shapes.pop("variables", None)
+                out = shardings.state_shardings(self._policy, shapes, mesh)
+                if variables is not None:
+                    specs = shardings.param_specs(self._policy, variables, mesh)
+                    out["variables"] = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
+                                                    is_leaf=lambda x: isinstance(x, PartitionSpec))
+                abstract = jax.tree.map(
+                    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.shapes(), out
+                )
+                self._per_mesh[mesh] = (out, abstract)
+            return self._per_mesh[mesh]
 
     def state_shardings(self, mesh: jax.sharding.Mesh) -> Any:
         """The state's shardings on ``mesh``: the policy's inside a slice, replicated across.
@@ -180,14 +209,7 @@ class ModelProgram:
         Returns:
             A pytree of ``NamedSharding`` like the state.
         """
-        shapes = self.shapes()
-        variables = shapes.pop("variables", None)
-        out = shardings.state_shardings(self._policy, shapes, mesh)
-        if variables is not None:
-            specs = shardings.param_specs(self._policy, variables, mesh)
-            out["variables"] = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
-                                            is_leaf=lambda x: isinstance(x, PartitionSpec))
-        return out
+        return jax.tree.map(lambda x: x, self._on_mesh(mesh)[0])
 
     def abstract_state(self, mesh: jax.sharding.Mesh) -> Any:
         """The state's shapes and target shardings on ``mesh`` (:meth:`Program.abstract_state`).
@@ -198,11 +220,7 @@ class ModelProgram:
         Returns:
             A pytree of ``jax.ShapeDtypeStruct`` carrying their shardings.
         """
-        return jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            self.shapes(),
-            self.state_shardings(mesh),
-        )
+        return jax.tree.map(lambda x: x, self._on_mesh(mesh)[1])
 
     def init_state(self, mesh: jax.sharding.Mesh) -> Any:
         """A fresh state on ``mesh``, from the seed (:meth:`Program.init_state`).

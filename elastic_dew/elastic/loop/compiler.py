@@ -3,10 +3,13 @@
 Compiling a step for a new mesh is most of a recovery's ``mesh_and_compile`` time. The
 :class:`StepCompiler` keeps every step it compiled for the life of the process, so a
 pause-resume attempt on the same slices reuses it; and, with
-``ElasticConfig.precompile_smaller_meshes``, it compiles in a background thread the steps a
-lost slice would need (the active slices less any one) and, once every such step is
-compiled, the other programs a resume onto those meshes runs (``also``: the snapshot's
-unpack and pack), so recovery finds them ready. The
+``ElasticConfig.precompile_smaller_meshes``, it compiles in a background thread, mesh by mesh,
+what a lost slice would need (the active slices less any one): each mesh's step and, with
+it, the other programs a resume onto that mesh runs (``also``: the snapshot's unpack and
+pack), so recovery onto a covered mesh compiles nothing. Each
+:meth:`StepCompiler.start_precompiling` queues the meshes of the slices active then, also
+while the thread is still at work (it takes them up next); the meshes of an earlier set of
+active slices not yet begun are dropped, since no single loss leads to them any more. The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
 recovery: between :meth:`StepCompiler.pause_precompiling` (a resume begins) and the next
@@ -72,7 +75,11 @@ class StepCompiler:
         self._compiled: dict[tuple, StepFn] = {}
         self._guard = threading.Lock()
         self._locks: dict[tuple, threading.Lock] = {}
+        #: The newest precompiler thread (it ends when its queue is empty).
         self._precompiler: threading.Thread | None = None
+        self._queue: list[tuple[jax.sharding.Mesh, int]] = []  # the layouts still to cover, in order
+        self._working = False  # a precompiler thread takes from the queue (set and cleared under _guard)
+        self._covered: set[tuple] = set()  # the layouts whose step and other programs were compiled
         self._stop = threading.Event()
         self._go = threading.Event()  # clear while a resume is in progress (pause_precompiling)
         self._go.set()
@@ -90,7 +97,7 @@ class StepCompiler:
         Returns:
             The compiled step.
         """
-        key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, global_batch)
+        key = _key(mesh, global_batch)
         with self._guard:
             if key in self._compiled:
                 return self._compiled[key]
@@ -137,30 +144,47 @@ class StepCompiler:
         """Compile the steps a lost slice would need, in a background thread.
 
         Ends a :meth:`pause_precompiling`, and starts again after a
-        :meth:`stop_precompiling`. Starts nothing unless ``config.precompile_smaller_meshes``,
-        or while a previous precompiler is still at work (it goes on with its layouts).
+        :meth:`stop_precompiling`. Does nothing unless ``config.precompile_smaller_meshes``.
+        Queues every layout of the active slices less one that is not covered yet, in place
+        of the queued layouts of earlier active slices not begun yet; a precompiler thread
+        still at work goes on with them (the compile in progress finishes first), else one
+        starts.
         """
         self._stop.clear()
+        if self.config.precompile_smaller_meshes:
+            layouts = [layout for layout in self.smaller_layouts() if _key(*layout) not in self._covered]
+            with self._guard:
+                self._queue = layouts
+                if layouts and not self._working:
+                    self._working = True
+                    self._precompiler = threading.Thread(
+                        target=self._precompile, name="elastic-dew-precompile", daemon=True
+                    )
+                    self._precompiler.start()
         self._go.set()
-        if not self.config.precompile_smaller_meshes:
-            return
-        if self._precompiler is not None and self._precompiler.is_alive():
-            return
-        layouts = self.smaller_layouts()
-        if not layouts:
-            return
 
-        def work() -> None:
-            # Every layout's step first: each layout's largest compile is done soonest, so the
-            # longest a loss at any moment waits is shorter (on average it is the same).
-            jobs: list[tuple[jax.sharding.Mesh, str, Callable[[], object]]] = [
-                (mesh, "step", functools.partial(self.compile, mesh, batch)) for mesh, batch in layouts
-            ]
+    def _next(self) -> tuple[jax.sharding.Mesh, int] | None:
+        """The next layout to cover, or ``None`` (stopped, or nothing queued): the thread ends."""
+        self._go.wait()
+        with self._guard:
+            if self._stop.is_set() or not self._queue:
+                self._working = False
+                return None
+            return self._queue.pop(0)
+
+    def _precompile(self) -> None:
+        """The precompiler thread: each queued layout's step, then its other programs."""
+        while (layout := self._next()) is not None:
+            mesh, batch = layout
+            jobs: list[tuple[str, Callable[[], object]]] = [("step", functools.partial(self.compile, mesh, batch))]
             if self.also is not None:
-                jobs += [(mesh, "other programs", functools.partial(self.also, mesh)) for mesh, _ in layouts]
-            for mesh, what, job in jobs:
-                self._go.wait()
+                jobs.append(("other programs", functools.partial(self.also, mesh)))
+            for number, (what, job) in enumerate(jobs):
+                if number:  # between a layout's programs, too, a resume has the host to itself
+                    self._go.wait()
                 if self._stop.is_set():
+                    with self._guard:
+                        self._working = False
                     return
                 started = time.monotonic()
                 try:
@@ -172,14 +196,19 @@ class StepCompiler:
                     "precompiled the %s for devices %s in %.2f s",
                     what, [d.id for d in mesh.devices.flat], time.monotonic() - started,
                 )
-
-        self._precompiler = threading.Thread(target=work, name="elastic-dew-precompile", daemon=True)
-        self._precompiler.start()
+            self._covered.add(_key(mesh, batch))
 
     def stop_precompiling(self) -> None:
         """Let the compile in progress finish and start no other."""
         self._stop.set()
+        with self._guard:
+            self._queue = []
         self._go.set()  # a held precompiler sees the stop
         if self._precompiler is not None:
             self._precompiler.join()
             self._precompiler = None
+
+
+def _key(mesh: jax.sharding.Mesh, global_batch: int) -> tuple:
+    """A layout's key: its devices in order, the mesh's shape and the global batch."""
+    return (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, global_batch)

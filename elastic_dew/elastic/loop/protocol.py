@@ -477,3 +477,4 @@ class ElasticRun:
         self.tiers.precompile_saves(attempt.state, mesh)
         recovery.lap("mesh_and_compile")
         self.emit(Resume(source="live", step=step + 1, durations=recovery.durations))
+        self.compiler.start_precompiling()  # the meshes a loss from the larger one leads to

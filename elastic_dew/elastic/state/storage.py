@@ -380,7 +380,7 @@ def bounded(operation: str, storage: str, step: int | None, bound: float, call: 
 
     started = time.monotonic()
     origin = started if since is None else min(since, started)
-    thread = threading.Thread(target=target, name=f"storage-{operation}", daemon=True)
+    thread = threading.Thread(target=target, name=f"elastic-dew-storage-{operation}", daemon=True)
     thread.start()
     while not done.is_set():
         now = time.monotonic()
