@@ -284,8 +284,6 @@ def test_every_refusal_reads_as_its_golden_file(tmp_path, monkeypatch, capsys):
         ("elastic_dew.elastic.config", "Bound", "elastic_dew.settings.Bound"),
         ("elastic_dew.elastic.config", "setting", "elastic_dew.settings.setting"),
         ("elastic_dew.elastic.config", "check_fields", "elastic_dew.settings.check_fields"),
-        ("elastic_dew.k8s", "ParameterError", "elastic_dew.settings.SettingError"),
-        ("elastic_dew.k8s.params", "ParameterError", "elastic_dew.settings.SettingError"),
     ],
 )
 def test_a_settings_name_that_moved_still_works_from_its_old_place_and_warns_naming_the_new_one(module, name, new):

@@ -38,11 +38,6 @@ MOVED_NAMES = {
     ("elastic_dew.rundir", "committed"): "elastic_dew.elastic.state.orbax_step",
     ("elastic_dew.rundir", "committed_checkpoint_steps"): "elastic_dew.elastic.state.orbax_step",
     ("elastic_dew.simulate.schedule", "ScheduleRunner"): "elastic_dew.simulate.runner",
-    ("elastic_dew.k8s.render", "priority_class"): "elastic_dew.k8s.cluster",
-    ("elastic_dew.k8s.render", "checkpoint_configuration"): "elastic_dew.k8s.cluster",
-    ("elastic_dew.k8s.render", "jobset_comments"): "elastic_dew.k8s.comments",
-    ("elastic_dew.k8s.render", "JOBSET_COMMENTS"): "elastic_dew.k8s.comments",
-    ("elastic_dew.k8s.render", "dump"): "elastic_dew.k8s.yaml_text",
 }
 
 
