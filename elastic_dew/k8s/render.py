@@ -199,7 +199,7 @@ def controller_command(p: JobSetParams) -> list[str]:
         # URL they can all reach, not the FUSE mount that exists only in this pod.
         settings.update(checkpoint_dir=p.checkpoint_dir)
     # Each flag is the one its setting declares (elastic_dew.console.flag_of).
-    return ["elastic-dew", "train", p.recipe,
+    return ["elastic-dew", "train", str(p.recipe),
             *(word for field, value in settings.items() for word in (flag_of(field), str(value)))]
 
 
