@@ -46,7 +46,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the package root only re-exports the Trainer (lazily)
     "training": (
         ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.record",
-         "elastic_dew.observe", "elastic_dew"),
+         "elastic_dew.observe", "elastic_dew.your_loop", "elastic_dew"),
         ("compat", "runtime", "elastic"),
     ),
     # Planning a run at scale: reads run records, writes fault schedules' text

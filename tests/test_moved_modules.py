@@ -6,53 +6,12 @@ import importlib
 
 import pytest
 
-#: Every module of ``elastic_dew/elastic/`` with a public ``__all__`` before the split (62e5786)
-#: that moved: old path -> (the module that now holds its names, one old name, its name there).
-#: ``orbax_private`` and ``grain_private`` said they were private and went to ``_compat``.
-MOVED = {
-    "elastic_dew.elastic.checkpoint_backend": ("elastic_dew.elastic.state.backend", "Backend", "Backend"),
-    "elastic_dew.elastic.checkpoint_multi_tier": ("elastic_dew.elastic.state.multi_tier", "MultiTierBackend", "MultiTierBackend"),
-    "elastic_dew.elastic.checkpoint_orbax": ("elastic_dew.elastic.state.orbax_backend", "OrbaxBackend", "OrbaxBackend"),
-    "elastic_dew.elastic.checkpoint_warmup": ("elastic_dew.elastic.state.save_precompiler", "SaveWarmup", "SavePrecompiler"),
-    "elastic_dew.elastic.checkpoints": ("elastic_dew.elastic.state.checkpoints", "Checkpoints", "Checkpoints"),
-    "elastic_dew.elastic.compiler": ("elastic_dew.elastic.loop.compiler", "StepCompiler", "StepCompiler"),
-    "elastic_dew.elastic.data": ("elastic_dew.elastic.loop.data", "default_read_options", "default_read_options"),
-    "elastic_dew.elastic.evaluation": ("elastic_dew.elastic.loop.evaluation", "Evaluation", "Evaluation"),
-    "elastic_dew.elastic.health": ("elastic_dew.elastic.slices.health", "ReusableSliceHealthChecker", "ReusableSliceHealthChecker"),
-    "elastic_dew.elastic.meta": ("elastic_dew.elastic.state.meta", "meta_json", "meta_json"),
-    "elastic_dew.elastic.packing": ("elastic_dew.elastic.state.packing", "make_packer", "make_packer"),
-    "elastic_dew.elastic.persistence": ("elastic_dew.elastic.state.persistence", "checkpoint_dir_problem", "checkpoint_dir_problem"),
-    "elastic_dew.elastic.protocol": ("elastic_dew.elastic.loop.protocol", "ElasticRun", "ElasticRun"),
-    "elastic_dew.elastic.recovery": ("elastic_dew.elastic.loop.recovery", "RecoveryTimer", "RecoveryTimer"),
-    "elastic_dew.elastic.retry": ("elastic_dew.elastic.slices.retry", "make_manager", "make_manager"),
-    "elastic_dew.elastic.sharding": ("elastic_dew.elastic.slices.sharding", "with_model_rule", "with_model_rule"),
-    "elastic_dew.elastic.slice_loss_log": ("elastic_dew.elastic.slices.loss_log", "HandledSliceLossFilter", "HandledSliceLossFilter"),
-    "elastic_dew.elastic.slices": ("elastic_dew.elastic.slices.mesh", "build_mesh", "build_mesh"),
-    "elastic_dew.elastic.snapshots": ("elastic_dew.elastic.state.snapshots", "Snapshots", "Snapshots"),
-    "elastic_dew.elastic.state": ("elastic_dew.elastic.state.checkpoints", "Checkpoints", "Checkpoints"),
-    "elastic_dew.elastic.tiers": ("elastic_dew.elastic.state.tiers", "Tiers", "Tiers"),
-}
-
 #: (old module, name) -> the module that now holds the name
 MOVED_NAMES = {
     ("elastic_dew.rundir", "committed"): "elastic_dew.elastic.state.orbax_step",
     ("elastic_dew.rundir", "committed_checkpoint_steps"): "elastic_dew.elastic.state.orbax_step",
     ("elastic_dew.simulate.schedule", "ScheduleRunner"): "elastic_dew.simulate.runner",
 }
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_an_old_module_path_serves_the_same_object_with_a_warning_naming_the_new_one(old):
-    new, name, new_name = MOVED[old]
-    with pytest.warns(DeprecationWarning, match=f"{old}.{name} is deprecated .* use {new}.{new_name}"):
-        value = getattr(importlib.import_module(old), name)
-    assert value is getattr(importlib.import_module(new), new_name)
-
-
-def test_every_old_path_served_is_one_this_test_checks():
-    from elastic_dew.elastic import _moved
-
-    assert set(_moved.MOVED) <= set(MOVED)
 
 
 def test_the_newest_state_rule_is_still_where_it_was_without_a_warning():
