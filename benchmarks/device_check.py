@@ -36,7 +36,7 @@ Each part runs on its own: one that fails (the Snapshotter splits replicas with
 pathwaysutils' ``split_by_mesh_axis``, a jaxlib operation the project has never run on a
 GPU) is named, with its error, in ``results.json``'s ``failures``, and the rest go on.
 
-**Workload** (full mode): the ``lm`` recipe's model (:mod:`recipes.lm`: a decoder-only
+**Workload** (full mode): the ``lm`` recipe's model (:mod:`elastic_dew.recipes.lm`: a decoder-only
 transformer in plain JAX) with ``d_model=2048``, ``layers=8``, ``heads=16``,
 ``seq_len=1024``, computing in bfloat16 with float32 master weights, trained by the recipe's
 AdamW on batches of 32 random token windows: 405 M parameters, 4.5 GiB of state (parameters
@@ -77,7 +77,7 @@ REPO = Path(__file__).resolve().parent.parent
 class Workload:
     """The model and how much of each part a mode runs."""
 
-    #: :class:`recipes.lm.LMConfig` settings of the model.
+    #: :class:`elastic_dew.recipes.lm.LMConfig` settings of the model.
     lm: tuple[tuple[str, object], ...]
     batch: int
     rounds: int  # rounds of (never, 1, 5) blocks
@@ -262,8 +262,8 @@ class _Model:
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         from elastic_dew.elastic.slices.mesh import AXES
-        from recipes import lm
-        from recipes.data import VOCABULARY
+        from elastic_dew.recipes import lm
+        from elastic_dew.recipes.data import VOCABULARY
 
         self.cfg = lm.LMConfig(**dict(workload.lm))
         self.mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), AXES)

@@ -394,7 +394,7 @@ def _train(case: Case, policy: str, floor: int | None, schedule: str, steps: int
     from elastic_dew.supervisor import supervise_in_process
     from elastic_dew.trainer import Trainer, TrainConfig
 
-    recipe = __import__(f"recipes.{case.recipe}", fromlist=["build"])
+    recipe = __import__(f"elastic_dew.recipes.{case.recipe}", fromlist=["build"])
     parts = recipe.build()
     batch = ({"global_batch": case.global_batch, "batch_policy": "constant"} if case.global_batch
              else {"global_batch": PER_SLICE_BATCH * case.slices, "batch_policy": "scale_by_active_slices"})

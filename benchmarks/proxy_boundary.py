@@ -108,7 +108,7 @@ def worker(mode: str) -> dict:
     from elastic_dew import Trainer, TrainConfig
     from elastic_dew.elastic import ElasticConfig
     from elastic_dew.elastic.slices.mesh import batch_sharding, mesh_of
-    from recipes import lm
+    from elastic_dew.recipes import lm
 
     parts = lm.build(**{k: int(v) for k, v in (o.split("=") for o in OVERRIDES)})
     parts = {k: v for k, v in parts.items() if k in ("init", "loss", "optimizer", "dataset")}

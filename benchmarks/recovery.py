@@ -90,9 +90,9 @@ def restart_once(checkpoint: Path, workdir: Path, cache: Path | None = None) -> 
 
 def file_parts(workdir: Path) -> dict:
     """The ``lm`` recipe over ArrayRecord files of its own corpus (``elastic-dew data prepare``)."""
-    from recipes import lm
-    from recipes.data import corpus
-    from recipes.data.files import prepare
+    from elastic_dew.recipes import lm
+    from elastic_dew.recipes.data import corpus
+    from elastic_dew.recipes.data.files import prepare
 
     text = workdir / "corpus.txt"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
 def worker_start_and_rewind(files: Path) -> tuple[float, float]:
     """Seconds to the first batch through 2 new Grain workers, and to the first batch after a rewind."""
     from elastic_dew.elastic.loop.data import ElasticData
-    from recipes.data.files import load
+    from elastic_dew.recipes.data.files import load
 
     dataset, _ = load(files / "data")
     data = ElasticData(dataset, workers=2)

@@ -59,7 +59,7 @@ def _child(slices: int, losses: int, run_dir: str) -> int:
     from elastic_dew.elastic.events import Resume, Step
     from elastic_dew.elastic.slices.retry import make_manager
     from elastic_dew.simulate import SimulatedSlices
-    from recipes import mlp
+    from elastic_dew.recipes import mlp
 
     config = ElasticConfig(
         minimum_slice_count=1, poll_interval=0.05, timeout=120, max_attempts=None,

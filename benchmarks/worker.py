@@ -47,7 +47,7 @@ def lm_parts(overrides: tuple[tuple[str, object], ...] = ()) -> dict:
     split is left out: the benchmarks measure training (``Trainer`` takes an ``eval_dataset``
     only with its ``eval_every``).
     """
-    from recipes import lm
+    from elastic_dew.recipes import lm
 
     parts = lm.build(**dict(overrides))
     parts.pop("eval_dataset")

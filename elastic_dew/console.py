@@ -1,6 +1,6 @@
 """A run on a terminal: its options, and the program that runs what they ask for.
 
-``elastic-dew train`` and each recipe's ``python -m recipes.NAME`` take the same options and
+``elastic-dew train`` and each recipe's ``python -m elastic_dew.recipes.NAME`` take the same options and
 show a run the same way (:class:`~elastic_dew.terminal.Terminal`), so both come here. The
 options are the command line's words for the settings of a :class:`~elastic_dew.run.RunConfig`'s
 parts (its own, :class:`~elastic_dew.run.SimConfig`, :class:`~elastic_dew.train_config.TrainConfig`,
@@ -217,8 +217,8 @@ def config_of(args: argparse.Namespace, recipe: str | None = None,
 
 
 def main(recipe: str, build: Callable[..., dict], argv: list[str] | None = None) -> int:
-    """A recipe's ``python -m recipes.NAME [options]``: the same run as ``elastic-dew train NAME``."""
-    prog = f"python -m {recipe if '.' in recipe else 'recipes.' + recipe}"
+    """A recipe's ``python -m elastic_dew.recipes.NAME [options]``: the same run as ``elastic-dew train NAME``."""
+    prog = f"python -m {recipe if '.' in recipe else 'elastic_dew.recipes.' + recipe}"
     parser = argparse.ArgumentParser(
         prog=prog, description=f"Train the {recipe} recipe elastically (the options of elastic-dew train)."
     )

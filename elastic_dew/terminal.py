@@ -1,6 +1,6 @@
 """A run shown on a terminal: its progress display, its logs routed above it, its summary.
 
-``elastic-dew train`` and each recipe's ``python -m recipes.NAME`` show a run the same way
+``elastic-dew train`` and each recipe's ``python -m elastic_dew.recipes.NAME`` show a run the same way
 (:class:`Terminal`, the :class:`~elastic_dew.run.execution.Display` of a program on a terminal); the
 options they take are the console's (:mod:`elastic_dew.console`).
 """

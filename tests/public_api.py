@@ -51,7 +51,8 @@ GROUPS: dict[str, tuple[str, dict[str, str]]] = {
         "elastic_dew.record": "reading and summarising a run directory's record",
     }),
     "Bring your own loop": ("Your own `train_step`, made elastic by the protocol the trainer runs on.", {
-        "elastic_dew.elastic": "the elastic layer for your own loop: its settings, the protocol and your program, data, state tiers, meshes",
+        "elastic_dew.elastic": "the elastic layer for your own loop: its settings, the protocol and your program, data, state tiers, meshes, the health checker, the step deadline",
+        "elastic_dew.your_loop": "pieces a pathwaysutils loop of your own calls with your own objects: the health checker installed, checkpoints on your CheckpointManager (docs/harden-your-loop.md)",
         "elastic_dew.elastic.events": "the typed events of a run: the run record's lines and what sinks receive",
         "elastic_dew.elastic.hooks": "phase announcements: where a loop says what it is doing, for the simulator to fire faults at",
     }),

@@ -309,7 +309,7 @@ def test_train_refuses_a_foreign_run_directory_and_one_it_cannot_create(tmp_path
 @pytest.mark.parametrize(
     ("identity", "argv", "difference"),
     [
-        ({"recipe": "recipes.lm", "global_batch": 48}, [], "recipe 'recipes.lm' -> 'recipes.mlp'"),
+        ({"recipe": "elastic_dew.recipes.lm", "global_batch": 48}, [], "recipe 'elastic_dew.recipes.lm' -> 'elastic_dew.recipes.mlp'"),
         ({}, ["--set", "hidden=64"], "overrides {} -> {'hidden': 64}"),
         ({"schedule": "preempt@12"}, ["--schedule", "preempt@13"], "schedule 'preempt@12' -> 'preempt@13'"),
     ],
@@ -324,7 +324,7 @@ def test_train_refuses_to_resume_a_run_directory_that_holds_another_run_naming_t
     monkeypatch.chdir(tmp_path)
     Path("run").mkdir()
     Path("run/command.json").write_text(json.dumps(
-        {"recipe": "recipes.mlp", "overrides": {}, "seed": 0, "global_batch": 24, **identity}
+        {"recipe": "elastic_dew.recipes.mlp", "overrides": {}, "seed": 0, "global_batch": 24, **identity}
     ))
     status, err = _cli(["train", "mlp", "--run-dir", "run", *argv], capsys)
     assert status == 2

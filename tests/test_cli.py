@@ -117,7 +117,7 @@ def test_a_recipes_own_main_prepares_the_process_before_jax_starts(tmp_path):
     env = _env()
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "recipes.mlp", "--steps", "3", "--run-dir", str(tmp_path / "r")],
+        [sys.executable, "-m", "elastic_dew.recipes.mlp", "--steps", "3", "--run-dir", str(tmp_path / "r")],
         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env,
     )
     _ok(proc)

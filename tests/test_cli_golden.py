@@ -1,7 +1,7 @@
 """Every command's ``--help`` and every settings refusal, compared with files checked in.
 
 ``tests/golden/help/*.txt`` hold the ``--help`` of ``elastic-dew`` and of each of its
-subcommands (nested ones included), of a recipe's own ``python -m recipes.mlp`` and of
+subcommands (nested ones included), of a recipe's own ``python -m elastic_dew.recipes.mlp`` and of
 ``python -m elastic_dew.chaos``; ``tests/golden/refusals.txt`` holds, for each bad setting
 quoted in ``docs/reliability.md#bad-input`` (and the renderer's and the other commands'
 own), what the user typed and the whole refusal, exit status included. A change to a flag,

@@ -18,8 +18,8 @@ from elastic_dew._compat import grain as grain_private
 from elastic_dew.elastic.loop import data as data_module
 from elastic_dew.elastic.loop.data import ElasticData
 from elastic_dew.runtime import Preempted, PreemptionNotice
-from recipes.data import encode
-from recipes.data.files import load, tokenize
+from elastic_dew.recipes.data import encode
+from elastic_dew.recipes.data.files import load, tokenize
 
 pytestmark = pytest.mark.libraries  # Grain and ArrayRecord
 

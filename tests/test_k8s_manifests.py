@@ -101,7 +101,6 @@ def test_a_copy_of_the_package_with_nothing_beside_it_validates_the_shipped_mani
     clone = tmp_path / "alone" / "elastic-dew"
     shutil.copytree(REPO / "elastic_dew", clone / "elastic_dew",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "recipes", clone / "recipes", ignore=shutil.ignore_patterns("__pycache__", "data"))
     shutil.copytree(K8S, clone / "k8s")
     assert sorted(p.name for p in clone.parent.parent.iterdir()) == ["alone"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ELASTIC_DEW_JOBSET_CRD")}

@@ -112,7 +112,7 @@ def test_the_rendered_controller_command_passes_the_train_commands_own_checks_un
 
     assert plan.simulate is False  # real slices: the allocation defines them
     assert plan.run_dir == local_run_dir
-    assert plan.recipe == f"recipes.{p.recipe}"
+    assert plan.recipe == f"elastic_dew.recipes.{p.recipe}"
     assert plan.elastic.minimum_slice_count == p.min_slices <= p.slices
     # The multi-tier variant's manifest is only worth its sidecars if the trainer uses them.
     assert plan.elastic.checkpoint_kind == ("multi_tier" if p.mtc else "orbax")

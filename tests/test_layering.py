@@ -46,7 +46,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the package root only re-exports the Trainer (lazily)
     "training": (
         ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.record",
-         "elastic_dew.observe", "elastic_dew"),
+         "elastic_dew.observe", "elastic_dew.your_loop", "elastic_dew"),
         ("compat", "runtime", "elastic"),
     ),
     # Planning a run at scale: reads run records, writes fault schedules' text
@@ -54,7 +54,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # The run (plan, check, execute) and its terminal face: recipes call them from main(),
     # and they load recipes by name at run time, never by import.
     "run": (("elastic_dew.run", "elastic_dew.console", "elastic_dew.terminal"), ("compat", "runtime", "elastic", "simulator", "proxy", "training")),
-    "recipes": (("recipes",), ("compat", "runtime", "elastic", "training", "run")),
+    "recipes": (("elastic_dew.recipes",), ("compat", "runtime", "elastic", "training", "run")),
     # the chaos harness (scenarios, runner, invariants) and the supervisor that re-runs a
     # program after 143 or a kill, as a JobSet does
     "harness": (
@@ -102,7 +102,7 @@ def _may_import(layer: str) -> set[str]:
 
 
 def _modules():
-    for root in ("elastic_dew", "recipes"):
+    for root in ("elastic_dew",):
         for path in sorted((REPO / root).rglob("*.py")):
             parts = list(path.relative_to(REPO).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -118,7 +118,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # ``from pkg import sub`` may name a submodule: the longest known prefix decides.
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {n for n in names if n.split(".")[0] in ("elastic_dew", "recipes")}
+    return {n for n in names if n.split(".")[0] == "elastic_dew"}
 
 
 def test_the_layers_import_only_layers_below_them():
@@ -155,7 +155,7 @@ def test_the_simulator_is_imported_only_from_the_run_upward():
 
 def test_no_module_below_the_command_line_imports_the_commands():
     below = [(module, path) for module, path in _modules() if _layer(module) != "cli"]
-    assert {"elastic_dew.run", "elastic_dew.testing", "recipes.lm"} <= {module for module, _ in below}
+    assert {"elastic_dew.run", "elastic_dew.testing", "elastic_dew.recipes.lm"} <= {module for module, _ in below}
     offenders = [
         f"{module} imports {imported}"
         for module, path in below

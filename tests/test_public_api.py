@@ -94,5 +94,6 @@ def test_the_package_version_is_the_one_pyproject_declares_and_the_changelog_hea
 
 
 def test_the_signature_snapshot_stays_a_surface_a_user_can_hold_in_their_head():
-    """About 250 lines (issue 38), not more than 275: a name that joins the public list is a decision."""
-    assert len(public_api.SNAPSHOT.read_text().splitlines()) <= 275
+    """Not more than 300 lines (275 before the pieces for a loop of your own joined): a name that
+    joins the public list is a decision."""
+    assert len(public_api.SNAPSHOT.read_text().splitlines()) <= 300

@@ -14,8 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from recipes import lm, mlp
-from recipes.data import VOCABULARY, corpus, decode, encode
+from elastic_dew.recipes import lm, mlp
+from elastic_dew.recipes.data import VOCABULARY, corpus, decode, encode
 
 
 def _train(parts: dict, steps: int, batch: int) -> list[float]:

@@ -1,7 +1,7 @@
 """``elastic-dew data prepare --out DIR TEXT_FILE...``: text files into ArrayRecord shards for ``lm``.
 
 The text is tokenized with the ``lm`` recipe's character vocabulary and cut into examples of
-``--seq-len`` + 1 tokens in ``--shards`` ArrayRecord files (:mod:`recipes.data.files`);
+``--seq-len`` + 1 tokens in ``--shards`` ArrayRecord files (:mod:`elastic_dew.recipes.data.files`);
 ``elastic-dew train lm --set data=DIR`` trains on them, ``--set data_workers=N`` through
 Grain worker processes.
 """
@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from recipes.data.files import prepare
+    from elastic_dew.recipes.data.files import prepare
 
     try:
         manifest = prepare(args.texts, args.out, seq_len=args.seq_len, shards=args.shards)

@@ -10,32 +10,31 @@ the active slices, their health, retries and the state's layout),
 evaluation, elastic data, recovery timing) and, directly here, the definitions they share
 (``config``, ``events``, ``hooks``, ``deadline``, ``fault_token``).
 
-=====================  ===========================================================
-name                   what it is
-=====================  ===========================================================
-``ElasticConfig``      frozen configuration: recovery mode, retry, batch, tiers
-``ElasticRun``         the stop/resume protocol around your ``Program``
-``Program``            what your model gives it: ``abstract_state``, ``init_state``,
-                       ``compile``; ``ElasticRun.run`` returns ``Finished``
-``Stop``, ``Resume``   its typed events (:mod:`~elastic_dew.elastic.events`)
-``ElasticData``        Grain ``ElasticIterator`` with the attempt's global batch
-``Snapshots``          tier 1: Orbax ``Snapshotter`` in pinned host memory
-``Checkpoints``        tier 2: Orbax ``CheckpointManager`` or multi-tier replicator
-``batch_sharding``,    the batch's and a replicated value's shardings on a mesh
-``replicated``
-``AXES``               the mesh's axes: ``replica`` x ``data`` x ``model``
-``MultiTierError``     multi-tier checkpointing could not be initialised (replicator)
-``StorageError``       a checkpoint save, commit, restore or data read failed or passed
-                       the storage timeout (``StorageTimeout``); ``SavesFailing``: saves
-                       kept failing and the run stopped
-=====================  ===========================================================
+Its public names:
+
+- ``ElasticConfig``: frozen configuration (recovery mode, retry, batch, tiers);
+  ``ElasticRun``: the stop/resume protocol around your ``Program`` (``abstract_state``,
+  ``init_state``, ``compile``), which ends with ``Finished``; ``Stop``, ``Resume``: its
+  typed events (:mod:`~elastic_dew.elastic.events`); ``Notice``: the preemption notice it
+  asks (``elastic_dew.runtime.PreemptionNotice`` is one).
+- ``ElasticData``: Grain's ``ElasticIterator`` with the attempt's global batch;
+  ``Snapshots``: in-memory snapshots (Orbax ``Snapshotter``); ``Checkpoints``: persistent
+  checkpoints (Orbax ``CheckpointManager`` or the multi-tier replicator).
+- ``AXES``: the default mesh axes (``replica`` x ``data`` x ``model``); ``build_mesh``,
+  ``active_devices``: the mesh over the active slices with your axes and shape, and their
+  devices; ``batch_sharding``, ``replicated``: the batch's and a replicated value's
+  shardings.
+- For a pathwaysutils loop of your own, each piece alone: ``StepDeadline`` (a step's read
+  within a bound, else the slice-down error); the slice health checker and the pieces that
+  take your own ``CheckpointManager`` are :mod:`elastic_dew.your_loop`'s.
+- ``MultiTierError``: multi-tier checkpointing could not be initialised; ``StorageError``:
+  a checkpoint save, commit, restore or data read failed or passed the storage timeout
+  (``StorageTimeout``); ``SavesFailing``: saves kept failing and the run stopped.
 """
 
 from __future__ import annotations
 
 import importlib
-
-from elastic_dew._deprecation import moved_names
 
 _EXPORTS = {
     "ElasticConfig": "config",
@@ -44,6 +43,7 @@ _EXPORTS = {
     "Resume": "events",
     "Program": "loop.program",
     "Finished": "loop.program",
+    "Notice": "loop.program",
     "AXES": "slices.mesh",
     "batch_sharding": "slices.mesh",
     "replicated": "slices.mesh",
@@ -54,31 +54,13 @@ _EXPORTS = {
     "StorageTimeout": "state.storage",
     "SavesFailing": "state.checkpoint_tier",
     "ElasticData": "loop.data",
+    # The pieces a pathwaysutils loop of your own calls, each alone (docs/harden-your-loop.md).
+    "active_devices": "slices.mesh",
+    "build_mesh": "slices.mesh",
+    "StepDeadline": "deadline",
 }
 
 __all__ = sorted(_EXPORTS)
-
-#: The names that left the public list in 0.2.0 (the loop's own parts, and the events' and
-#: the settings' constants, which their modules export), served from here with a warning
-#: until 0.3.
-_LEFT = {
-    "BATCH_POLICIES": "elastic_dew.elastic.config.BATCH_POLICIES",
-    "STOP_REASONS": "elastic_dew.elastic.events.STOP_REASONS",
-    "RESUME_SOURCES": "elastic_dew.elastic.events.RESUME_SOURCES",
-    "DURATION_KEYS": "elastic_dew.elastic.events.DURATION_KEYS",
-    "StepCompiler": "elastic_dew.elastic.loop.compiler.StepCompiler",
-    "RecoveryTimer": "elastic_dew.elastic.loop.recovery.RecoveryTimer",
-    "Tiers": "elastic_dew.elastic.state.tiers.Tiers",
-    "active_devices": "elastic_dew.elastic.slices.mesh.active_devices",
-    "build_mesh": "elastic_dew.elastic.slices.mesh.build_mesh",
-    "global_batch_for": "elastic_dew.elastic.slices.mesh.global_batch_for",
-    "check_batch": "elastic_dew.elastic.slices.mesh.check_batch",
-    "make_manager": "elastic_dew.elastic.slices.retry.make_manager",
-    "elastic_retry": "elastic_dew.elastic.slices.retry.elastic_retry",
-    "SliceLossRetryLimit": "elastic_dew.elastic.slices.retry.SliceLossRetryLimit",
-    "newest": "elastic_dew.elastic.state.newest",
-    "POSITION_KEY": "elastic_dew.elastic.loop.data.POSITION_KEY",
-}
 
 
 def _lazy(name: str):
@@ -88,7 +70,7 @@ def _lazy(name: str):
     return getattr(importlib.import_module(f"elastic_dew.elastic.{module}"), name)
 
 
-__getattr__ = moved_names(__name__, _LEFT, fallback=_lazy)
+__getattr__ = _lazy
 
 
 def __dir__() -> list[str]:

@@ -67,6 +67,13 @@ class StepDeadline:
     with :meth:`observe`). ``waits_for_every_slice``: the run pauses while any slice is
     down (``minimum_slice_count=None``), so the automatic bound is never under
     :data:`PAUSE_FLOOR` instead of :data:`FLOOR`.
+
+    Args:
+        fixed: the bound in seconds, or ``None`` for the automatic one.
+        waits_for_every_slice: the run waits for every slice (pause-resume).
+
+    Raises:
+        ValueError: ``fixed`` is not above 0.
     """
 
     def __init__(self, fixed: float | None = None, *, waits_for_every_slice: bool = False) -> None:
@@ -79,11 +86,19 @@ class StepDeadline:
         self._lock = threading.Lock()
 
     def observe(self, seconds: float) -> None:
-        """Count one completed step's time towards the automatic bound."""
+        """Count one completed step's time towards the automatic bound.
+
+        Args:
+            seconds: the step's wall time.
+        """
         self._times.append(seconds)
 
     def seconds(self) -> float:
-        """The bound now."""
+        """The bound now.
+
+        Returns:
+            Seconds a read may take.
+        """
         if self.fixed is not None:
             return self.fixed
         if len(self._times) < TIMED_STEPS:
@@ -97,8 +112,18 @@ class StepDeadline:
         nothing can hang and it is read on the calling thread, without the hand-off to the
         reading thread (with the read one step behind, the common case).
 
-        Raises ``jax.errors.JaxRuntimeError`` with ``DEADLINE_EXCEEDED`` when the result does
-        not arrive in time; an error of the read itself is raised as it is.
+        Args:
+            read: reads the result (``lambda: float(loss)``).
+            step: the step whose result it is (named in the error).
+            ready: says whether the result has arrived, or ``None``.
+
+        Returns:
+            What ``read`` returned.
+
+        Raises:
+            jax.errors.JaxRuntimeError: ``DEADLINE_EXCEEDED`` when the result does not arrive
+                in time (pathwaysutils counts it as a slice down); an error of the read
+                itself is raised as it is.
         """
         if ready is not None and ready():
             return read()
@@ -119,7 +144,7 @@ class StepDeadline:
             logger.error("step %d's result did not arrive within %.3g s: treating it as a lost slice", step, bound)
             raise jax.errors.JaxRuntimeError(
                 f"DEADLINE_EXCEEDED: step {step}'s result did not arrive within {bound:.3g} s "
-                "(ElasticConfig.step_timeout): a slice stopped answering (elastic_dew.elastic.deadline)"
+                "(the step deadline, ElasticConfig.step_timeout): a slice stopped answering (elastic_dew.elastic.deadline)"
             ) from None
         finally:
             del future  # its error's traceback holds this frame: no cycle keeps arrays alive

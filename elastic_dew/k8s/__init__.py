@@ -4,11 +4,8 @@
 ``checkpoint_configuration()`` the one-time cluster objects for hot swap and multi-tier
 checkpointing; ``dump()`` writes them as deterministic YAML. ``elastic_dew.k8s.validate``
 checks manifests against the JobSet CRD and Kubernetes' schemas. A parameter that cannot work
-is refused with an :class:`~elastic_dew.settings.SettingError` (once ``ParameterError``, which
-still names it, deprecated). Nothing here imports JAX.
+is refused with an :class:`~elastic_dew.settings.SettingError`. Nothing here imports JAX.
 """
-
-from typing import Any as _Any
 
 from elastic_dew.k8s.params import KNOWN_RECIPES, PROXY_FLAG_SPELLINGS, JobSetParams
 from elastic_dew.k8s.cluster import checkpoint_configuration, priority_class
@@ -26,13 +23,3 @@ __all__ = [
     "dump",
 ]
 
-
-def __getattr__(name: str) -> _Any:
-    if name == "ParameterError":
-        from elastic_dew._deprecation import warn
-
-        warn("elastic_dew.k8s.ParameterError", "elastic_dew.settings.SettingError")
-        from elastic_dew.settings import SettingError
-
-        return SettingError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,7 +37,8 @@ from elastic_dew.k8s import cluster
 from elastic_dew.k8s.comments import jobset_comments
 from elastic_dew.k8s import render as R
 from elastic_dew.k8s.yaml_text import dump
-from elastic_dew.k8s.params import KNOWN_RECIPES, JobSetParams, check_quantity, check_subdomain
+from elastic_dew.k8s.params import (CHECKPOINT_DIR_ENV, KNOWN_RECIPES, RUN_DIR_ENV, JobSetParams, check_quantity,
+                                    check_subdomain)
 from elastic_dew.flags import Flag, Flags, add_flags, command_line_text, flag_name, given
 from elastic_dew.settings import SettingError, mention
 from elastic_dew.k8s.tpus import TPU_TYPES, lookup_tpu_type
@@ -76,14 +77,20 @@ _OUT = {"out": Flag("write here instead of stdout (written whole, or not at all)
 
 #: ``render``'s flags, ``JobSetParams``' fields, in ``--help``'s order.
 _RENDER: Flags = {field: Flag() for field in (
-    "name", "tpu_type", "topology", "slices", "elastic_slices", "image", "recipe", "bucket", "mtc", "sidecar_image",
+    "name", "tpu_type", "topology", "slices", "elastic_slices", "image", "recipe", "command", "bucket", "mtc",
+    "sidecar_image",
     "priority", "proxy_flag_spelling", "queue", "on_controller_failure", "namespace", "pathways_version",
     "head_node_pool", "grace_seconds", "max_restarts", "slice_restarts", "mtc_ramdisk_dir", "service_account")} | {
     "tpu_type": Flag(f"TPU type: {', '.join(TPU_TYPES)} (v5litepod = v5e), or TYPE-N as gcloud and xpk write it "
                      "(v6e-16, v5p-8, tpu7x-128), which implies the topology"),
     "topology": Flag(required=False),
     "recipe": Flag(f"recipe the controller trains, as elastic-dew train takes it: {', '.join(KNOWN_RECIPES)}, or a "
-                   "module path with build() that the controller image can import (mypkg.myrecipe)"),
+                   "module path with build() that the controller image can import (mypkg.myrecipe); give this or "
+                   "--command"),
+    "command": Flag(f"your own controller program as one quoted command line (a pathwaysutils loop, MaxText's "
+                    f"trainer), run as given in --image; it finds its run and checkpoint directories in "
+                    f"${RUN_DIR_ENV} and ${CHECKPOINT_DIR_ENV} (write $(NAME) to have Kubernetes put them in the "
+                    "command); give this or --recipe"),
 }
 
 _PRIORITY_CLASS: Flags = {
@@ -207,9 +214,13 @@ def _render(args: argparse.Namespace) -> int:
         from elastic_dew.k8s.validate import semantic_errors
 
         problems = semantic_errors(js)
+        if problems and params.command is not None:
+            raise SettingError(JobSetParams, "command", params.command, problem="; ".join(problems) + (
+                f"; fix the command, or pass {mention('recipe')} to have elastic-dew train run a recipe"))
         if problems:  # a renderer bug, not a user error
             raise RuntimeError("rendered JobSet fails its own checks: " + "; ".join(problems))
-        title = (f"Elastic Pathways training JobSet: recipe {params.recipe} on {params.slices} x "
+        program = f"recipe {params.recipe}" if params.recipe is not None else "your own program"
+        title = (f"Elastic Pathways training JobSet: {program} on {params.slices} x "
                  f"{params.tpu.name} {params.topology}" + (", multi-tier checkpointing" if params.mtc else ""))
         return [js], _header(title, _command(args, JobSetParams, _RENDER)), jobset_comments(params)
 

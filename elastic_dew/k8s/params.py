@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from elastic_dew.k8s.tpus import TPU_TYPES, TpuType, lookup_tpu_type, parse_tpu_type
 from elastic_dew.elastic.config import MULTI_TIER_DIR
-from elastic_dew import _deprecation
 from elastic_dew.run import available_recipes
 from elastic_dew.settings import Bound, SettingError, check_fields, mention, setting
 
@@ -28,7 +28,10 @@ __all__ = [
     "MIN_SLICE_RESTARTS",
     "MAX_BACKOFF_LIMIT",
     "PATHWAYS_VERSION",
+    "RUN_DIR_ENV",
+    "CHECKPOINT_DIR_ENV",
     "check_recipe",
+    "program_words",
     "JobSetParams",
     "parse_bucket",
     "check_rfc1123_label",
@@ -68,6 +71,12 @@ CONTROLLER_FAILURE_MODES: tuple[str, ...] = ("recreate-jobset", "restart-head")
 #: is a local path under it, since ``elastic-dew train`` appends and fsyncs its run record there.
 RUN_MOUNT = "/gcs"
 
+#: The environment variables a ``command`` controller gets: its run directory (on the FUSE
+#: mount, kept across restarts) and its checkpoint directory (a gs:// URL the TPU workers
+#: write under Pathways persistence, or the multi-tier volume with ``mtc``).
+RUN_DIR_ENV = "ELASTIC_DEW_RUN_DIR"
+CHECKPOINT_DIR_ENV = "ELASTIC_DEW_CHECKPOINT_DIR"
+
 #: ``proxy_flag_spelling`` -> the pathways-proxy flag that sets the number of elastic slices.
 #: The resilience guide writes ``--num_elastic_instances``; pathwaysutils' ``PathwaysJobSet``
 #: writes ``--num_elastic_slices``.
@@ -93,13 +102,6 @@ MIN_SLICE_RESTARTS = 100
 def _refused(field: str, problem: str, fix: str, value: Any = None) -> SettingError:
     """A renderer parameter that cannot work: which field, what is wrong, how to fix it."""
     return SettingError(JobSetParams, field, value, problem=f"{problem}; {fix}")
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ParameterError":
-        _deprecation.warn("elastic_dew.k8s.params.ParameterError", "elastic_dew.settings.SettingError")
-        return SettingError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_name(field: str, value: str, rule: re.Pattern[str], limit: int, what: str, fix: str) -> None:
@@ -147,7 +149,12 @@ class JobSetParams:
         turns elasticity off.
       image: controller image (built from k8s/Dockerfile.controller).
       recipe: recipe the controller trains, as ``elastic-dew train`` takes it
-        (:data:`KNOWN_RECIPES`, or a module path with build()).
+        (:data:`KNOWN_RECIPES`, or a module path with build()); give this or ``command``.
+      command: the controller's own program as one shell-quoted line (a pathwaysutils loop,
+        MaxText's trainer), run as given; it reads :data:`RUN_DIR_ENV`,
+        :data:`CHECKPOINT_DIR_ENV` and the grace period from its environment, and
+        ``$(NAME)`` in it is replaced by Kubernetes with that variable; give this or
+        ``recipe``.
       bucket: gs://BUCKET[/FOLDER] for Pathways scratch files, the run record, which the
         controller sees at /gcs[/FOLDER]/runs/NAME through Cloud Storage FUSE, and the
         checkpoints, which the TPU workers write to gs://BUCKET[/FOLDER]/runs/NAME/checkpoints.
@@ -181,8 +188,9 @@ class JobSetParams:
     # setting() without a default gives the field none; mypy reads any assignment as one.
     elastic_slices: int  # type: ignore[misc]
     image: str  # type: ignore[misc]
-    recipe: str  # type: ignore[misc]
     bucket: str  # type: ignore[misc]
+    recipe: str | None = None
+    command: str | None = None
     mtc: bool = False
     sidecar_image: str | None = None
     priority: str | None = None
@@ -294,7 +302,7 @@ class JobSetParams:
                 f"shorten {mention('name')} to at most {(63 - len('-pathways-head-0-0.')) // 2} characters",
             )
         _check_image("image", self.image, "controller")
-        check_recipe("recipe", self.recipe)
+        self._check_program()
         if self.pathways_version == "latest" or not _IMAGE_TAG.match(self.pathways_version):
             raise _refused(
                 "pathways_version", f"{self.pathways_version!r} is not a pinned Pathways release",
@@ -337,6 +345,31 @@ class JobSetParams:
             raise _refused("mtc_ramdisk_dir", f"{self.mtc_ramdisk_dir!r} is not an absolute path",
                            f"use an absolute path such as {MULTI_TIER_DIR}")
         return self
+
+
+    def _check_program(self) -> None:
+        """Exactly one of ``recipe`` and ``command``, each in a form the controller can run."""
+        if (self.recipe is None) == (self.command is None):
+            given = "both" if self.recipe is not None else "neither"
+            raise _refused("command", f"{given} of {mention('recipe')} and {mention('command')} given",
+                           f"pass {mention('recipe')} to train a recipe with elastic-dew train, or "
+                           f"{mention('command')} to run your own program (one of the two)")
+        if self.recipe is not None:
+            check_recipe("recipe", self.recipe)
+            return
+        try:
+            words = shlex.split(self.command or "")
+        except ValueError as e:
+            raise _refused("command", f"{self.command!r} is not a shell-quoted command line ({e})",
+                           "close every quote, e.g. 'python3 -m mypkg.train --steps 100'") from None
+        if not words:
+            raise _refused("command", "the command is empty",
+                           "pass the program's command line, e.g. 'python3 -m mypkg.train --steps 100'")
+
+
+def program_words(p: JobSetParams) -> list[str]:
+    """``command`` as the words of the controller container's ``command`` (no shell)."""
+    return shlex.split(p.command or "")
 
 
 def _check_image(field: str, image: str, what: str) -> None:

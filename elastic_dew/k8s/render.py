@@ -5,7 +5,8 @@
 * ``pathways-head`` (one pod): the Pathways resource manager and ``pathways-proxy`` run as
   native sidecars (init containers with ``restartPolicy: Always``), so they start before the
   controller, outlive its final checkpoint write, and stop when it ends; the ``controller``
-  container runs ``elastic-dew train RECIPE`` with ``JAX_PLATFORMS=proxy``, its small run
+  container runs ``elastic-dew train RECIPE`` (or the user's ``command`` as given, told its
+  directories and the grace period in its environment) with ``JAX_PLATFORMS=proxy``, its small run
   record on ``--bucket`` mounted at ``/gcs`` by the Cloud Storage FUSE CSI driver (GKE injects
   the gcsfuse sidecar, a native sidecar too, ahead of the others: it starts first and stops
   last, after the controller's final write), and its checkpoints at a ``gs://`` URL, which
@@ -34,9 +35,8 @@ from __future__ import annotations
 from typing import Any
 
 from elastic_dew.console import flag_of
-from elastic_dew._deprecation import moved_names
 from elastic_dew.elastic.state.storage import GRACE_ENV
-from elastic_dew.k8s.params import RUN_MOUNT, JobSetParams
+from elastic_dew.k8s.params import CHECKPOINT_DIR_ENV, RUN_DIR_ENV, RUN_MOUNT, JobSetParams, program_words
 from elastic_dew.run import USAGE_EXIT
 from elastic_dew.runtime import PREEMPTED_EXIT
 
@@ -50,15 +50,6 @@ __all__ = [
     "pod_failure_message",
     "jobset",
 ]
-
-# Moved to modules of their own in 0.2.0; their old path warns until 0.3.
-__getattr__ = moved_names(__name__, {
-    "priority_class": "elastic_dew.k8s.cluster.priority_class",
-    "checkpoint_configuration": "elastic_dew.k8s.cluster.checkpoint_configuration",
-    "jobset_comments": "elastic_dew.k8s.comments.jobset_comments",
-    "JOBSET_COMMENTS": "elastic_dew.k8s.comments.JOBSET_COMMENTS",
-    "dump": "elastic_dew.k8s.yaml_text.dump",
-})
 
 HEAD_JOB = "pathways-head"
 WORKER_JOB = "pathways-worker"
@@ -188,13 +179,16 @@ def _proxy(p: JobSetParams) -> dict[str, Any]:
 
 
 def controller_command(p: JobSetParams) -> list[str]:
-    """The controller's command line: the trainer, on the real slices, resuming from run_dir.
+    """The controller's command line: ``command``'s words as given, or the trainer, on the
+    real slices, resuming from run_dir.
 
     No ``--slices``: under ``JAX_PLATFORMS=proxy`` the allocation defines the slices and the
     train command refuses the simulator's flags (exit 2, which fails the JobSet). No
     ``--name``: ``--run-dir`` names the run directory already, and the two exclude each other.
     tests/test_k8s_train_seam.py runs this command through the train command's own checks.
     """
+    if p.command is not None:
+        return program_words(p)
     settings: dict[str, Any] = {"run_dir": p.run_dir, "minimum_slice_count": p.min_slices}
     if p.mtc:
         # The persistent tier is then the guide's ReplicatorCheckpointManager, writing through
@@ -205,7 +199,7 @@ def controller_command(p: JobSetParams) -> list[str]:
         # URL they can all reach, not the FUSE mount that exists only in this pod.
         settings.update(checkpoint_dir=p.checkpoint_dir)
     # Each flag is the one its setting declares (elastic_dew.console.flag_of).
-    return ["elastic-dew", "train", p.recipe,
+    return ["elastic-dew", "train", str(p.recipe),
             *(word for field, value in settings.items() for word in (flag_of(field), str(value)))]
 
 
@@ -225,10 +219,19 @@ def _controller(p: JobSetParams) -> dict[str, Any]:
             # The pod's terminationGracePeriodSeconds: a preemption's checkpoint gets what is
             # left of it, so the controller exits 143 before the kubelet's SIGKILL.
             _env(GRACE_ENV, str(p.grace_seconds)),
+            *_program_env(p),
         ],
         "volumeMounts": [{"name": RUN_VOLUME, "mountPath": RUN_MOUNT}, _shared_tmp_mount()],
         "resources": {"limits": {"cpu": "24", "memory": "100G"}},
     }
+
+
+def _program_env(p: JobSetParams) -> list[dict[str, Any]]:
+    """Where a ``command`` program keeps its run record and its checkpoints (none for a recipe,
+    whose command line carries them)."""
+    if p.command is None:
+        return []
+    return [_env(RUN_DIR_ENV, p.run_dir), _env(CHECKPOINT_DIR_ENV, p.mtc_ramdisk_dir if p.mtc else p.checkpoint_dir)]
 
 
 def _shared_tmp_mount() -> dict[str, Any]:
@@ -418,7 +421,9 @@ def jobset(p: JobSetParams) -> dict[str, Any]:
         The JobSet, as the object ``kubectl apply`` takes (:func:`~elastic_dew.k8s.dump` writes it as YAML).
     """
     p = p.check()
-    labels = {"app.kubernetes.io/name": "elastic-dew", "elastic-dew/recipe": _label_value(p.recipe)}
+    labels = {"app.kubernetes.io/name": "elastic-dew"}
+    if p.recipe is not None:
+        labels["elastic-dew/recipe"] = _label_value(p.recipe)
     if p.queue:
         labels[QUEUE_LABEL] = p.queue
     return {

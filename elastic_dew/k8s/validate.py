@@ -320,8 +320,10 @@ def semantic_errors(jobset: dict[str, Any]) -> list[str]:
             errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: JAX_PLATFORMS must be 'proxy'")
         if not str(env.get("JAX_BACKEND_TARGET", "")).startswith("grpc://"):
             errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: JAX_BACKEND_TARGET must be grpc://HOST:{R.PROXY_PORT}")
-        errs += _controller_command_errors(head, controller)
-        errs += _checkpoint_errors(controller)
+        if [str(a) for a in controller.get("command", []) or []][:2] == ["elastic-dew", "train"]:
+            errs += _controller_command_errors(head, controller) + _checkpoint_errors(controller)
+        elif not controller.get("command"):
+            errs.append(f"{R.HEAD_JOB}/{R.CONTROLLER}: no command (the program the controller runs)")
     if hpod.get("restartPolicy") != "Never":
         errs.append(f"{R.HEAD_JOB}: restartPolicy must be Never (podFailurePolicy requires it)")
     errs += _head_failure_errors(jobset, head)

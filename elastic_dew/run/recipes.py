@@ -1,4 +1,4 @@
-"""The recipe registry: recipes found by name (``lm`` is ``recipes.lm``) or by module path,
+"""The recipe registry: recipes found by name (``lm`` is ``elastic_dew.recipes.lm``) or by module path,
 loaded at run time, never imported by the run (recipes sit above it and call it)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def available_recipes() -> list[str]:
     Returns:
         The recipe names, sorted.
     """
-    spec = importlib.util.find_spec("recipes")
+    spec = importlib.util.find_spec("elastic_dew.recipes")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     return sorted(
         info.name
@@ -31,11 +31,11 @@ def available_recipes() -> list[str]:
 
 
 def _module_name(recipe: str) -> str:
-    return recipe if "." in recipe else f"recipes.{recipe}"
+    return recipe if "." in recipe else f"elastic_dew.recipes.{recipe}"
 
 
 def load_recipe(recipe: str) -> ModuleType:
-    """The recipe's module (``lm`` is ``recipes.lm``), which must have ``build()``.
+    """The recipe's module (``lm`` is ``elastic_dew.recipes.lm``), which must have ``build()``.
 
     Args:
         recipe: a shipped recipe's name, or a module path (``mypkg.myrecipe``).

@@ -100,10 +100,13 @@ class ElasticRun:
         data: the elastic data (:class:`~elastic_dew.elastic.loop.data.ElasticData`).
         config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
         emit: called with every event in order.
-        notice: the preemption notice, or ``None`` for none.
-        manager: a pathwaysutils ``Manager`` to use, or ``None`` to create one.
-        snapshots: tier 1 to use, or ``None`` to build it from ``config``.
-        checkpoints: tier 2 to use, or ``None`` to build it from ``config``.
+        notice: the preemption notice (a :class:`Notice`), or ``None`` for none.
+        manager: your pathwaysutils ``Manager`` (made once per process, outside any retry),
+            or ``None`` to create one.
+        snapshots: the in-memory tier to use (:class:`~elastic_dew.elastic.Snapshots`), or
+            ``None`` to build it from ``config``.
+        checkpoints: the persistent tier to use (:class:`~elastic_dew.elastic.Checkpoints`),
+            or ``None`` to build it from ``config``.
         run_name: the run's name, for multi-tier checkpointing's backups.
         evaluation: the evaluation passes, or ``None`` for none.
         run_dir: the run directory, or ``None``.

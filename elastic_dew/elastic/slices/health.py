@@ -113,7 +113,17 @@ class SliceProbes:
             return compiled, sharding
 
     def start(self, devices: Sequence[jax.Device]) -> jax.Array:
-        """Dispatch the probe on ``devices`` without waiting for its result."""
+        """Dispatch the probe on ``devices`` without waiting for its result.
+
+        Args:
+            devices: one slice's devices.
+
+        Returns:
+            The probe's result, still on its way (``x + 1`` on each device).
+
+        Raises:
+            ValueError: no devices.
+        """
         if not devices:
             raise ValueError("a slice with no devices cannot be checked; every slice needs a device")
         compiled, sharding = self._probe(devices)
@@ -144,8 +154,16 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
     ``validate`` then waits on each and returns the slices whose probe answered correctly.
     A slice-down error (pathwaysutils' ``is_error_due_to_slice_down``) at dispatch or at the
     read marks that slice down; any other error is raised, as pathwaysutils' checker does.
-    A probe that does not answer within ``probe_timeout`` seconds (:data:`PROBE_TIMEOUT`
-    unless given) marks its slice down too.
+    A probe that does not answer within ``probe_timeout`` seconds (the one :func:`install`
+    was given, else :data:`PROBE_TIMEOUT`) marks its slice down too.
+
+    Args:
+        slice_to_devices: each slice's devices, as pathwaysutils gives them.
+        probes: the compiled probes to use (default: the process's, :data:`PROBES`).
+        probe_timeout: seconds a probe may go unanswered before its slice counts as down.
+
+    Raises:
+        ValueError: ``probe_timeout`` is not above 0.
     """
 
     def __init__(
@@ -171,7 +189,16 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
         self.results = results
 
     def validate(self) -> Set[int]:
-        bound = PROBE_TIMEOUT if self.probe_timeout is None else self.probe_timeout
+        """Wait for the probes :meth:`dispatch` started, each within the probe timeout.
+
+        Returns:
+            The slices whose probe answered correctly.
+
+        Raises:
+            ValueError: a probe answered a wrong value (the slice computes wrongly).
+            jax.errors.JaxRuntimeError: an error pathwaysutils does not count as slice-down.
+        """
+        bound = self.probe_timeout or _installed_probe_timeout or PROBE_TIMEOUT
         reads = {
             slice_index: (lambda result=result: np.asarray(jax.block_until_ready(result)))
             for slice_index, result in self.results.items()
@@ -202,14 +229,25 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
 
 _install_lock = threading.Lock()
 _original: type | None = None
+_installed_probe_timeout: float | None = None
 
 
-def install() -> None:
+def install(probe_timeout: float | None = None) -> None:
     """Make pathwaysutils construct :class:`ReusableSliceHealthChecker` where it builds its default.
 
     Idempotent; process-wide (the Manager's health checks are process-wide too).
+
+    Args:
+        probe_timeout: seconds a slice's probe may take before the slice counts as down, for
+            the checkers pathwaysutils builds (``None``: :data:`PROBE_TIMEOUT`).
+
+    Raises:
+        ValueError: ``probe_timeout`` is not above 0.
     """
-    global _original
+    global _original, _installed_probe_timeout
+    if probe_timeout is not None and not probe_timeout > 0:
+        raise ValueError(f"probe_timeout={probe_timeout} must be > 0 seconds, or None for {PROBE_TIMEOUT}")
+    _installed_probe_timeout = probe_timeout
     with _install_lock:
         if _original is not None:
             return

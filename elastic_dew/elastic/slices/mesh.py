@@ -89,37 +89,78 @@ def _devices_per_active_slice(manager: SliceManager) -> int:
     return next(iter(sizes.values()))
 
 
-def build_mesh(manager: SliceManager, model_axis: int | None = None) -> Mesh:
-    """A mesh over the active slices only: ``(active slices, devices_per_slice // model_axis, model_axis)``.
+def build_mesh(manager: SliceManager, model_axis: int | None = None, *, axes: Sequence[str] | None = None,
+               slice_shape: Sequence[int] | None = None) -> Mesh:
+    """A mesh over the active slices only: ``replica`` (one entry per active slice) first,
+    then a slice's devices laid out as ``slice_shape`` along the rest of ``axes``.
 
-    The axes are :data:`AXES`; ``model_axis=None`` means 1 (pure data parallelism inside a
-    slice). Build it again on every attempt: the active slices change between attempts.
+    By default the axes are :data:`AXES` and a slice is ``(devices // model_axis,
+    model_axis)``; ``model_axis=None`` means 1 (pure data parallelism inside a slice). Your
+    own axes and shape replace both: ``axes=("replica", "fsdp", "tensor"),
+    slice_shape=(-1, 4)`` (one ``-1`` stands for what is left of a slice's devices, as in
+    ``numpy.reshape``). The first axis is always ``replica``: snapshots are replicated along
+    it (Orbax ``Snapshotter(replica_axis_index=0)``). Build it again on every attempt: the
+    active slices change between attempts.
 
     Args:
-        manager: the process's ``Manager``.
-        model_axis: devices along ``model`` inside a slice, ``None`` for 1.
+        manager: the process's ``Manager`` (pathwaysutils').
+        model_axis: devices along ``model`` inside a slice, ``None`` for 1 (the default axes only).
+        axes: the mesh's axis names, ``replica`` first (default :data:`AXES`).
+        slice_shape: one slice's devices along ``axes[1:]`` (default ``(-1, model_axis)``
+            for three axes, ``(-1,)`` for two).
 
     Returns:
         The mesh.
 
     Raises:
-        ValueError: ``model_axis`` below 1, or not a divisor of a slice's devices.
+        ValueError: ``model_axis`` below 1 or given with ``slice_shape``, axes that do not
+            start with ``replica`` or do not match ``slice_shape``, or a shape that does
+            not lay out a slice's devices.
     """
     if model_axis is not None and model_axis < 1:
         raise ValueError(f"model_axis={model_axis} must be >= 1, or None for 1")
-    model = 1 if model_axis is None else model_axis
+    if model_axis is not None and slice_shape is not None:
+        raise ValueError(f"give model_axis={model_axis} or slice_shape={tuple(slice_shape)}, not both: "
+                         "slice_shape says every axis inside a slice")
+    names = tuple(AXES if axes is None else axes)
+    if not names or names[0] != AXES[0] or len(set(names)) != len(names):
+        raise ValueError(f"axes={names} must be distinct names starting with {AXES[0]!r}, the axis across "
+                         "slices (snapshots are replicated along it)")
     per_slice = _devices_per_active_slice(manager)
+    model = 1 if model_axis is None else model_axis
     if per_slice % model:
         raise ValueError(
             f"model_axis={model} does not divide the {per_slice} devices of a slice; "
             f"use a divisor of {per_slice} "
             f"({', '.join(str(d) for d in range(1, per_slice + 1) if per_slice % d == 0)})"
         )
-    return mesh_of(active_devices(manager), manager.active_slice_count, model)
+    if slice_shape is None:
+        if len(names) not in (2, 3) or (len(names) == 2 and model != 1):
+            raise ValueError(f"axes={names} need slice_shape: one slice's devices along {names[1:]}")
+        slice_shape = (-1, model) if len(names) == 3 else (-1,)
+    shape = _slice_shape(tuple(int(n) for n in slice_shape), per_slice, names)
+    devices = np.asarray(active_devices(manager), dtype=object)
+    return Mesh(devices.reshape(manager.active_slice_count, *shape), names)
+
+
+def _slice_shape(shape: tuple[int, ...], per_slice: int, names: tuple[str, ...]) -> tuple[int, ...]:
+    """``shape`` with its ``-1`` resolved, checked against a slice's ``per_slice`` devices."""
+    if len(shape) != len(names) - 1:
+        raise ValueError(f"slice_shape={shape} has {len(shape)} dimensions; axes={names} need "
+                         f"{len(names) - 1} (one per axis after {names[0]!r})")
+    known = math.prod(n for n in shape if n != -1)
+    if shape.count(-1) > 1 or any(n < 1 and n != -1 for n in shape) or known == 0 or per_slice % known:
+        divisors = ", ".join(str(d) for d in range(1, per_slice + 1) if per_slice % d == 0)
+        raise ValueError(f"slice_shape={shape} does not lay out the {per_slice} devices of a slice; use sizes whose product "
+                         f"is {per_slice} (each a divisor: {divisors}), at most one of them -1")
+    resolved = tuple(per_slice // known if n == -1 else n for n in shape)
+    if math.prod(resolved) != per_slice:
+        raise ValueError(f"slice_shape={shape} lays out {math.prod(resolved)} devices; a slice has {per_slice}")
+    return resolved
 
 
 def mesh_of(devices: Sequence[jax.Device], slices: int, model_axis: int = 1) -> Mesh:
-    """The mesh :func:`build_mesh` makes, over ``devices`` ordered slice by slice."""
+    """The mesh :func:`build_mesh` makes with its default axes, over ``devices`` ordered slice by slice."""
     per_slice = len(devices) // slices
     grid = np.asarray(devices, dtype=object).reshape(slices, per_slice // model_axis, model_axis)
     return Mesh(grid, AXES)
@@ -231,16 +272,18 @@ def _divides(microbatch: int, per_device: int) -> bool:
     return per_device % microbatch == 0
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """The batch's sharding: leading dimension split over ``("replica", "data")``.
+def batch_sharding(mesh: Mesh, axes: Sequence[str] | None = None) -> NamedSharding:
+    """The batch's sharding: leading dimension split over ``axes`` (default ``("replica", "data")``).
 
     Args:
         mesh: the attempt's mesh.
+        axes: the mesh axes the batch is split over, ``replica`` among them (your own
+            mesh's data-parallel axes).
 
     Returns:
         The ``NamedSharding``.
     """
-    return NamedSharding(mesh, PartitionSpec(AXES[:2]))
+    return NamedSharding(mesh, PartitionSpec(AXES[:2] if axes is None else tuple(axes)))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -6,7 +6,7 @@ evaluation split (``--eval-every``) is 1152 more of them, drawn apart. The model
 is ``8 -> 32 -> 1`` with a tanh hidden layer, trained by plain SGD, whose updates are a
 smooth function of the gradients: runs on different meshes stay ``allclose``.
 
-Run it with ``elastic-dew train mlp`` or ``python -m recipes.mlp`` (same options).
+Run it with ``elastic-dew train mlp`` or ``python -m elastic_dew.recipes.mlp`` (same options).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from elastic_dew.settings import Bound, check_fields, setting
-from recipes._common import make_config
+from elastic_dew.recipes._common import make_config
 
 __all__ = ["MLPConfig", "DEFAULTS", "build", "make_data", "make_eval_data", "main"]
 
@@ -121,7 +121,7 @@ def build(**overrides) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m recipes.mlp [train options]``: the same as ``elastic-dew train mlp``."""
+    """``python -m elastic_dew.recipes.mlp [train options]``: the same as ``elastic-dew train mlp``."""
     from elastic_dew import console
     from elastic_dew.runtime import install_exit_hook
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from recipes.data.corpus import VOCABULARY
+from elastic_dew.recipes.data.corpus import VOCABULARY
 
 __all__ = ["FORMAT", "MANIFEST", "decode", "load", "prepare", "read_manifest", "tokenize"]
 

@@ -1,5 +1,5 @@
 """Deterministic training data for the recipes, generated in code (nothing is downloaded)."""
 
-from recipes.data.corpus import VOCABULARY, corpus, decode, encode
+from elastic_dew.recipes.data.corpus import VOCABULARY, corpus, decode, encode
 
 __all__ = ["VOCABULARY", "corpus", "decode", "encode"]

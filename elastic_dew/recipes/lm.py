@@ -1,8 +1,8 @@
 """``lm``: a small decoder-only transformer language model, in plain JAX.
 
-Characters of the synthetic corpus in :mod:`recipes.data` are the tokens; ``data=DIR`` trains
+Characters of the synthetic corpus in :mod:`elastic_dew.recipes.data` are the tokens; ``data=DIR`` trains
 on text files tokenized the same way into ArrayRecord shards instead (``elastic-dew data
-prepare``, :mod:`recipes.data.files`), and ``data_workers=N`` reads them through ``N`` Grain
+prepare``, :mod:`elastic_dew.recipes.data.files`), and ``data_workers=N`` reads them through ``N`` Grain
 worker processes. The model is a
 GPT-style stack (token and learned position embeddings, pre-norm blocks of causal
 multi-head attention and a GELU MLP, a final norm, the output tied to the token embedding)
@@ -19,7 +19,7 @@ each ``model`` device computes its share of the heads and of the MLP. ``fsdp`` t
 what is left over ``data``. ``compute_dtype="bfloat16"`` computes in bfloat16 while the
 parameters (the master weights the optimizer updates) stay float32.
 
-Run it with ``elastic-dew train lm`` or ``python -m recipes.lm`` (same options).
+Run it with ``elastic-dew train lm`` or ``python -m elastic_dew.recipes.lm`` (same options).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import numpy as np
 import optax
 
 from elastic_dew.settings import Bound, check_fields, setting
-from recipes._common import make_config
-from recipes.data import VOCABULARY, corpus, encode
+from elastic_dew.recipes._common import make_config
+from elastic_dew.recipes.data import VOCABULARY, corpus, encode
 
 __all__ = ["LMConfig", "DEFAULTS", "build", "forward", "next_token_loss", "optimizer", "model_sharding", "main"]
 
@@ -216,7 +216,7 @@ def build(**overrides) -> dict:
     """
     data = overrides.get("data")
     if data:
-        from recipes.data.files import load
+        from elastic_dew.recipes.data.files import load
 
         dataset, manifest = load(data)
         if overrides.get("seq_len", manifest["seq_len"]) != manifest["seq_len"]:
@@ -252,7 +252,7 @@ def build(**overrides) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m recipes.lm [train options]``: the same as ``elastic-dew train lm``."""
+    """``python -m elastic_dew.recipes.lm [train options]``: the same as ``elastic-dew train lm``."""
     from elastic_dew import console
     from elastic_dew.runtime import install_exit_hook
 
