@@ -27,9 +27,7 @@ MOVED = {
     "elastic_dew.elastic.retry": ("elastic_dew.elastic.slices.retry", "make_manager", "make_manager"),
     "elastic_dew.elastic.sharding": ("elastic_dew.elastic.slices.sharding", "with_model_rule", "with_model_rule"),
     "elastic_dew.elastic.slice_loss_log": ("elastic_dew.elastic.slices.loss_log", "HandledSliceLossFilter", "HandledSliceLossFilter"),
-    "elastic_dew.elastic.slices": ("elastic_dew.elastic.slices.mesh", "build_mesh", "build_mesh"),
     "elastic_dew.elastic.snapshots": ("elastic_dew.elastic.state.snapshots", "Snapshots", "Snapshots"),
-    "elastic_dew.elastic.state": ("elastic_dew.elastic.state.checkpoints", "Checkpoints", "Checkpoints"),
     "elastic_dew.elastic.tiers": ("elastic_dew.elastic.state.tiers", "Tiers", "Tiers"),
 }
 
@@ -77,37 +75,6 @@ def test_a_moved_name_is_served_from_its_old_module_with_a_warning_naming_its_ne
     assert value is getattr(importlib.import_module(new), name)
 
 
-def test_the_slices_package_keeps_its_submodules_and_serves_only_the_old_modules_public_names():
-    slices = importlib.import_module("elastic_dew.elastic.slices")
-    from elastic_dew.elastic.slices import health  # a submodule, never shadowed
-
-    assert health.__name__ == "elastic_dew.elastic.slices.health"
-    with pytest.raises(AttributeError, match="no attribute 'np'"):
-        slices.np
-
-
-#: (class, old method) -> new method, for the warm-up words renamed to "precompile"
-RENAMED_METHODS = {
-    ("Tiers", "prepare"): "precompile_saves",
-    ("Tiers", "precompile"): "precompile_resume",
-    ("Snapshots", "prepare"): "precompile_saves",
-    ("Snapshots", "precompile"): "precompile_resume",
-    ("Checkpoints", "prepare"): "precompile_saves",
-    ("Checkpoints", "prepared"): "saves_precompiled",
-    ("Checkpoints", "stop_preparing"): "stop_precompiling",
-    ("Checkpoints", "settle"): "wait_or_abandon",
-}
-
-
-@pytest.mark.parametrize(("owner", "old"), sorted(RENAMED_METHODS))
-def test_a_renamed_method_is_its_new_one_under_the_old_name(owner, old):
-    home = {"Tiers": "state.tiers", "Snapshots": "state.snapshots", "Checkpoints": "state.checkpoints"}[owner]
-    cls = getattr(importlib.import_module(f"elastic_dew.elastic.{home}"), owner)
-    new = RENAMED_METHODS[owner, old]
-    assert getattr(cls, old).__wrapped__ is getattr(cls, new)
-    assert getattr(cls, old).__doc__.startswith(f"Deprecated: use :meth:`{new}`")
-
-
 def test_a_renamed_method_warns_naming_the_new_one_and_forwards_its_arguments_and_result():
     from elastic_dew._deprecation import renamed_method
 
@@ -120,18 +87,6 @@ def test_a_renamed_method_warns_naming_the_new_one_and_forwards_its_arguments_an
     owner = Owner()
     with pytest.warns(DeprecationWarning, match=r"Owner\.old is deprecated .* use Owner\.new"):
         assert owner.old(1, b=2) == (owner, 1, 2)
-
-
-def test_the_step_compilers_old_pause_warns_and_pauses(tmp_path):
-    from elastic_dew.elastic import ElasticConfig
-    from elastic_dew.elastic.loop.compiler import StepCompiler
-
-    compiler = StepCompiler(program=None, manager=None, config=ElasticConfig(checkpoint_dir=str(tmp_path)))
-    with pytest.warns(DeprecationWarning, match=r"StepCompiler\.hold is deprecated .* use StepCompiler\.pause_precompiling"):
-        compiler.hold()
-    assert not compiler._go.is_set()
-    with pytest.warns(DeprecationWarning, match=r"StepCompiler\.allow_precompiling is deprecated"):
-        compiler.allow_precompiling()
 
 
 def test_the_simulators_step_program_keyword_and_attribute_are_step_function_with_a_warning():

@@ -10,11 +10,4 @@ module                 its job
 ``loss_log``           pathwaysutils' handled slice-loss record as one WARNING line
 ``sharding``           the state's layout inside a slice: ``replicated``, ``fsdp``, a rule
 =====================  ===========================================================
-
-The names of ``mesh`` (this package was that module) resolve here too, with a
-``DeprecationWarning`` naming ``elastic_dew.elastic.slices.mesh``.
 """
-
-from elastic_dew.elastic._moved import moved
-
-__getattr__ = moved(__name__, "elastic_dew.elastic.slices.mesh", public_only=True)

@@ -18,28 +18,20 @@ module                 its job
 ``persistence``        where tier 2 may write under Pathways persistence
 =====================  ===========================================================
 
-This package was the module ``elastic_dew.elastic.state`` and keeps its word: :func:`newest`,
-the choice of the newest state across the tiers, is defined here, and its ``Snapshots`` and
-``Checkpoints`` resolve to their modules with a ``DeprecationWarning``; :class:`Newest` is
-what :func:`newest` returns. Nothing else is
-imported here: ``persistence`` stays cheap to import (the manifests read it).
+:func:`newest`, the choice of the newest state across the tiers, is defined here, and
+:class:`Newest` is what it returns. Nothing else is imported here: ``persistence`` stays
+cheap to import (the manifests read it).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from elastic_dew._deprecation import moved_names
-
 if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs neither
     from elastic_dew.elastic.state.checkpoints import Checkpoints
     from elastic_dew.elastic.state.snapshots import Snapshots
 
 __all__ = ["Newest", "newest"]
-
-__getattr__ = moved_names(__name__, {"Snapshots": "elastic_dew.elastic.state.snapshots.Snapshots",
-                                     "Checkpoints": "elastic_dew.elastic.state.checkpoints.Checkpoints"})
-
 
 class Newest(NamedTuple):
     """Where the newest complete state is: ``source`` ``"snapshot"``, ``"checkpoint"`` or

@@ -43,7 +43,6 @@ from typing import Any, NamedTuple
 import numpy as np
 from jax.sharding import Mesh
 
-from elastic_dew._deprecation import renamed_keywords, renamed_method
 from elastic_dew.elastic.config import CHECKPOINT_KINDS, ElasticConfig
 from elastic_dew.elastic.state.backend import Backend
 from elastic_dew.elastic.state.meta import MetaError, meta_json
@@ -119,7 +118,6 @@ class Checkpoints:
             replicator stand-in), before any directory is touched.
     """
 
-    @renamed_keywords("Checkpoints", num_slices="slices")
     def __init__(
         self,
         directory: str,
@@ -565,11 +563,6 @@ class Checkpoints:
         the interpreter exits aborts the process (``FATAL: exception not rethrown``).
         """
         self.backend.stop_precompiling()
-
-    prepare = renamed_method("Checkpoints", "prepare", precompile_saves)
-    prepared = renamed_method("Checkpoints", "prepared", saves_precompiled)
-    stop_preparing = renamed_method("Checkpoints", "stop_preparing", stop_precompiling)
-    settle = renamed_method("Checkpoints", "settle", wait_or_abandon)
 
     def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
         """Bind tier 2 to the active devices and mesh: call it on every attempt and scale-up.

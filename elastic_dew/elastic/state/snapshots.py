@@ -43,7 +43,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elastic_dew._compat.orbax import HostSnapshotter
-from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic.state import packing
 from elastic_dew.elastic.state.meta import meta_json
 
@@ -242,9 +241,6 @@ class Snapshots:
         layout = json.loads(packer.layout_json)
         targets = tuple(leaf.sharding for leaf, p in zip(leaves, packer.packed) if p)
         self._unpacker(layout, targets).compile(*packing.abstract_groups(layout, mesh, self.replica_axis_index))
-
-    prepare = renamed_method("Snapshots", "prepare", precompile_saves)
-    precompile = renamed_method("Snapshots", "precompile", precompile_resume)
 
     def save(self, step: int, state: Any, meta: dict, mesh: Mesh) -> bool:
         """Start an asynchronous snapshot of ``state`` after ``step`` updates.

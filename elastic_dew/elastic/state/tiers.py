@@ -38,8 +38,6 @@ from typing import Any, NamedTuple
 
 import jax
 
-from elastic_dew._deprecation import renamed_keywords
-from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Commit, Event, Save, Storage
@@ -105,7 +103,6 @@ class Tiers:
         self.quarantine = quarantine
 
     @classmethod
-    @renamed_keywords("Tiers.from_config", num_slices="slices")
     def from_config(
         cls,
         config: ElasticConfig,
@@ -270,9 +267,6 @@ class Tiers:
         """
         if self.snapshots is not None and self.snapshot.every:
             self.snapshots.precompile_resume(abstract_state(mesh), mesh)
-
-    prepare = renamed_method("Tiers", "prepare", precompile_saves)
-    precompile = renamed_method("Tiers", "precompile", precompile_resume)
 
     def on_active_slices_changed(self, mesh: jax.sharding.Mesh) -> None:
         """Bind tier 2 to ``mesh``'s devices before anything is saved or restored through it.
