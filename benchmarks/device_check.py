@@ -314,8 +314,8 @@ def _step_times(model: _Model, state: Any, tiers: Any, workload: Workload, resul
     plan = [k for _ in range(workload.rounds) for k in CADENCES]
     last = workload.warmup + len(plan) * workload.block - 1
     read_at: dict[int, float] = {}
-    saves: list[Save] = []
-    tiers.snapshot.every = 0
+    saves: list[Save] = tiers.emitted  # the tiers' events (start() gives them this list's append)
+    tiers.snapshot_every = 0
 
     def dispatch(from_state: Any, step: int) -> tuple[int, Any, Any]:
         new_state, loss = model.step(from_state, model.batch_key(step))
@@ -328,16 +328,17 @@ def _step_times(model: _Model, state: Any, tiers: Any, workload: Workload, resul
         if ahead is not None and step + 1 >= workload.warmup and (step + 1 - workload.warmup) % workload.block == 0:
             # The next block's cadence, with nothing in flight: in this step's interval,
             # the one of its block that is not counted.
-            tiers.snapshot.every = plan[(step + 1 - workload.warmup) // workload.block]
-            tiers.snapshot.land()
+            tiers.snapshot_every = plan[(step + 1 - workload.warmup) // workload.block]
+            tiers.land()
         float(loss)  # the read of step `step`
         read_at[step] = time.perf_counter()
         wait = (lambda s=ahead[1]: jax.block_until_ready(s)) if ahead is not None else None
-        tiers.on_step(step, step_state, {"step": step}, model.mesh, emit=saves.append, wait_step=wait)
+        tiers.on_step(step, step_state, {"step": step}, model.mesh, wait)
         if ahead is None:
             break
         current = ahead
-    tiers.snapshot.land()
+    tiers.land()
+    saves = [e for e in saves if isinstance(e, Save)]
     per_cadence: dict[int, list[float]] = {k: [] for k in CADENCES}
     taken: dict[int, list[int]] = {k: [0, 0] for k in CADENCES}
     for index, k in enumerate(plan):
@@ -484,7 +485,7 @@ def measure(mode: str, workdir: Path) -> tuple[dict[str, Any], list[str]]:
     from benchmarks.common import lm_label
     from elastic_dew.elastic.state.checkpoints import Checkpoints
     from elastic_dew.elastic.state.snapshots import Snapshots
-    from elastic_dew.elastic.state.tiers import CheckpointTier, SnapshotTier, Tiers
+    from elastic_dew.elastic.state.tiers import Tiers
 
     workload = WORKLOADS[mode]
     results: dict[str, Any] = {"mode": mode, "device": device_info()}
@@ -498,8 +499,10 @@ def measure(mode: str, workdir: Path) -> tuple[dict[str, Any], list[str]]:
         state = model.init(model.key)
         box["state"] = jax.block_until_ready(state)
         results["device_state_gib"] = _state_bytes(state) / 2**30
-        tiers = Tiers(SnapshotTier(Snapshots(replica_axis_index=0), 1),
-                      CheckpointTier(Checkpoints(str(workdir / "checkpoints"), max_to_keep=1), 0))
+        emitted: list = []
+        tiers = Tiers(Snapshots(replica_axis_index=0), Checkpoints(str(workdir / "checkpoints"), max_to_keep=1),
+                      snapshot_every=1, emit=emitted.append)
+        tiers.emitted = emitted  # type: ignore[attr-defined]  # read by _step_times
         box["tiers"] = tiers
         started = time.perf_counter()
         tiers.precompile_saves(state, model.mesh)  # as the protocol does at every resume

@@ -25,7 +25,7 @@ step. The loop's collaborators each own one job: the
 :class:`~elastic_dew.elastic.loop.compiler.StepCompiler` (compiled steps, precompiling smaller
 meshes), the :class:`~elastic_dew.elastic.loop.recovery.RecoveryTimer` (a resume's durations under
 ``detection``, ``wait_for_slices``, ``mesh_and_compile`` and ``restore``), the
-:class:`~elastic_dew.elastic.state.tiers.Tiers` (each deciding its own save cadence) and the
+:class:`~elastic_dew.elastic.state.tiers.Tiers` (both tiers' save cadences) and the
 :class:`~elastic_dew.elastic.loop.stopping.Stopping` (the preemption stops and the errors of a
 run that gives up). Every stop, resume, step and save is emitted as a typed event (:mod:`elastic_dew.elastic.events`; the
 run record's contract, see ``docs/trainer.md``).
@@ -151,13 +151,12 @@ class ElasticRun:
             checkpoints=checkpoints,
             run_name=run_name,
             run_dir=run_dir,
+            emit=lambda event: self.emit(event),
         )
         self.compiler = StepCompiler(
             program, self.manager, config,
             also=lambda mesh: self.tiers.precompile_resume(mesh, program.abstract_state),
         )
-        # Abandoned saves and quarantined checkpoints join the run's events.
-        self.tiers.checkpoint.emit = lambda event: self.emit(event)
         self.stopping = Stopping(program, self.manager, self.tiers, notice, config, lambda event: self.emit(event))
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout,
@@ -177,7 +176,7 @@ class ElasticRun:
     @property
     def snapshots(self) -> Snapshots | None:
         """Tier 1 (``None`` when the run takes no in-memory snapshots)."""
-        return self.tiers.snapshot.snapshots
+        return self.tiers.snapshots
 
     @property
     def checkpoints(self) -> Checkpoints | None:
@@ -240,7 +239,7 @@ class ElasticRun:
         )(self._attempt)
         # A fault the simulator fires joins the stream as it fires (relay.report), and the
         # simulator lands the snapshot in flight before saves and faults (relay.finish_in_flight).
-        with relay.receiving(lambda event: self.emit(event)), relay.finishing_in_flight(self.tiers.snapshot.land):
+        with relay.receiving(lambda event: self.emit(event)), relay.finishing_in_flight(self.tiers.land):
             try:
                 return attempt(final_step)
             except NoticeInWait:
@@ -303,9 +302,7 @@ class ElasticRun:
             if self.notice is not None and self.notice.reached(attempt.step):
                 self.stopping.at_step(attempt.step, attempt.state, meta, wait_step)
             # The saves' own seconds are not the next step's time; the wait before them is.
-            last_saves = self.tiers.on_step(
-                attempt.step, attempt.state, meta, attempt.mesh, emit=self.emit, wait_step=wait_step
-            )
+            last_saves = self.tiers.on_step(attempt.step, attempt.state, meta, attempt.mesh, wait_step)
             current = ahead
             if self.manager.available_inactive_slices and attempt.step < final_step:
                 current = ahead = None  # dispatched on the smaller mesh: redone on the larger one
@@ -328,7 +325,7 @@ class ElasticRun:
         abstract = self.program.abstract_state(mesh)
         step_fn = self.compiler.compile(mesh, batch_size)
         recovery.lap("mesh_and_compile")
-        restored = self.tiers.restore(abstract, emit=self.emit)
+        restored = self.tiers.restore(abstract)
         source, step, state, meta = restored if restored is not None else (
             "fresh", 0, self.program.init_state(mesh), {}
         )
@@ -441,9 +438,7 @@ class ElasticRun:
     def _finish(self, attempt: Attempt) -> Finished:
         """Commit the final checkpoint and hand the finished state out of the retry."""
         step = attempt.step
-        saved = self.tiers.checkpoint.save_final(step, attempt.state, {"step": step, "data": attempt.data})
-        if saved is not None:
-            self.emit(saved)
+        self.tiers.save_final(step, attempt.state, {"step": step, "data": attempt.data})
         # A slice lost after the last read (while restoring a finished run's state, say)
         # must surface here, inside the retry, not in the caller's first read.
         state = jax.block_until_ready(attempt.state)
