@@ -24,7 +24,7 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic.state import orbax_step
-from elastic_dew.elastic.state import storage
+from elastic_dew.elastic.state import storage, storage_clients
 from elastic_dew.elastic.state.checkpoints import Checkpoints, StorageError, StorageTimeout
 from elastic_dew.testing.fault_proxy import ProxyFault
 from elastic_dew.testing.waits import poll
@@ -260,6 +260,6 @@ def test_a_full_disk_and_a_read_only_one_fail_the_save_naming_the_cause_and_keep
         subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
         # The failed writes' futures are collected here, inside the diversion a run has: their
         # "exception was never retrieved" records go to the log file, not to pytest's end.
-        with storage.divert_library_errors(tmp_path / "storage.log"):
+        with storage_clients.divert_library_errors(tmp_path / "storage.log"):
             checkpoints.close()
             gc.collect()

@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import jax
 
