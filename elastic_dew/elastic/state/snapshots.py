@@ -24,7 +24,7 @@ loop needs around it:
   :meth:`Snapshots.save` reports whether Orbax actually took the state and counts both.
 
 Everything that needs the Snapshotter's private members goes through
-:class:`~elastic_dew._compat.orbax.HostSnapshotter`, the one module that knows them.
+:class:`~elastic_dew._compat.orbax_snapshotter.HostSnapshotter`, the one module that knows them.
 
 The snapshot keeps device arrays in pinned host memory alive on purpose (that is the
 snapshot): ``jax.live_arrays()`` lists them between attempts.
@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elastic_dew._compat.orbax import HostSnapshotter
+from elastic_dew._compat.orbax_snapshotter import HostSnapshotter
 from elastic_dew.elastic.state import packing
 from elastic_dew.elastic.state.meta import meta_json
 
