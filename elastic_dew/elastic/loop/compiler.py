@@ -53,7 +53,7 @@ class StepCompiler:
     compile; it must hold no lock the training loop takes.
 
     Args:
-        program: the :class:`~elastic_dew.elastic.loop.protocol.Program`.
+        program: the :class:`~elastic_dew.elastic.loop.program.Program`.
         manager: the process's ``Manager``.
         config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
         also: ``also(mesh)`` compiles the rest of a resume onto ``mesh``, or ``None``.

@@ -56,9 +56,9 @@ from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
 from elastic_dew.elastic.loop.attempt import Attempt, InFlight
 from elastic_dew.elastic.loop.compiler import StepCompiler
-from elastic_dew.elastic.loop.data import DataBatch, ElasticData
+from elastic_dew.elastic.loop.data import ElasticData, read_within
 from elastic_dew.elastic.loop.evaluation import EVALUATION_OWED_KEY, Evaluation
-from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, StepFn, WaitingNotice
+from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, WaitingNotice
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.loop.stopping import Stopping
 from elastic_dew.elastic.slices.mesh import (
@@ -70,13 +70,12 @@ from elastic_dew.elastic.slices.mesh import (
 )
 from elastic_dew.elastic.slices.manager import SliceManager
 from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
-from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.tiers import StepSaves, Tiers
 from elastic_dew.runtime.preemption import NoticeInWait
 
-__all__ = ["Program", "StepFn", "ElasticRun", "Finished"]
+__all__ = ["ElasticRun"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,8 +160,6 @@ class ElasticRun:
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout,
                                      waits_for_every_slice=config.minimum_slice_count is None)
-        #: Whether a data read was given up on (its reader is stuck: the data is not closed).
-        self._data_stuck = False
         self._config = config
         # Plain numbers only: an attempt's arrays live in its Attempt.
         self.last_step = 0
@@ -251,8 +248,7 @@ class ElasticRun:
             finally:
                 self.compiler.stop_precompiling()
                 self.deadline.close()
-                if not self._data_stuck:
-                    self.data.close()
+                self.data.close()
                 self.tiers.close()
 
     def _layout(self) -> tuple[jax.sharding.Mesh, int]:
@@ -296,7 +292,7 @@ class ElasticRun:
                 taken.append(ahead)
             self._complete(attempt, current, started, sum(t.data_seconds for t in taken), held)
             meta = {"step": attempt.step, "data": attempt.data}
-            wait_step = self._wait_step(ahead)
+            wait_step = ahead.wait(self.deadline) if ahead is not None else None  # off the saves' clocks
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
                 self.stopping.at_step(attempt.step, attempt.state, {**meta, EVALUATION_OWED_KEY: True}, wait_step)
             if self.notice is not None and self.notice.reached(attempt.step):
@@ -350,35 +346,12 @@ class ElasticRun:
     def _dispatch(self, attempt: Attempt, state: Any, step: int) -> InFlight:
         """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
         started = time.monotonic()
-        batch, examples = self._read_data(step)
+        batch, examples = read_within(self.data, step, self.config.storage_timeout)
         data_seconds = time.monotonic() - started
         hooks.phase("dispatch", step)
         new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
         return InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
-
-    def _read_data(self, step: int) -> DataBatch:
-        """Step ``step``'s batch, within the storage timeout (at least
-        :data:`~elastic_dew.elastic.state.storage.FLOOR_SECONDS` when automatic): a data file
-        whose reads block (a stalled Cloud Storage FUSE mount) ends the run with
-        :class:`~elastic_dew.elastic.state.storage.StorageTimeout` instead of holding it for ever."""
-        bound = self.config.storage_timeout or storage.FLOOR_SECONDS
-        try:
-            return storage.bounded("read", "the training data", step, bound, self.data.next, noun="data", progress=None)
-        except storage.StorageTimeout:
-            self._data_stuck = True
-            raise
-
-    def _wait_step(self, ahead: InFlight | None) -> Callable[[], None] | None:
-        """The wait for the step in flight, within the step deadline, that a save runs
-        before its clock starts (:mod:`~elastic_dew.elastic.state.tiers`); ``None`` when no step
-        is in flight."""
-        if ahead is None:
-            return None
-        state, step = ahead.state, ahead.step
-        leaf = next(iter(jax.tree.leaves(state)), None)
-        ready = getattr(leaf, "is_ready", None)
-        return lambda: self.deadline.read(lambda: jax.block_until_ready(state), step, ready=ready)
 
     def _complete(
         self, attempt: Attempt, done: InFlight, started: float, data_seconds: float, held: float = 0.0
