@@ -8,7 +8,7 @@ cadence, the final and preemption saves and the failure policy of
 :class:`~elastic_dew.elastic.state.checkpoint_tier.CheckpointSaves`, which ``Tiers``
 extends). :meth:`Tiers.on_step` offers each completed step's state to tier 1, then tier 2,
 and emits each save's :class:`~elastic_dew.elastic.events.Save` event; :meth:`Tiers.restore`
-restores the newest complete state across them (:mod:`~elastic_dew.elastic.state.restore`).
+restores the newest complete state across them (a :class:`Restored`).
 
 Every save event is built by :func:`~elastic_dew.elastic.state.cadence.timed_save`; every save announces its phase
 (:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
@@ -40,17 +40,28 @@ import jax
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.events import Event
+from elastic_dew.elastic.events import Event, Storage
 from elastic_dew.elastic.state import Newest, newest
 from elastic_dew.elastic.state.cadence import StepWait, timed_save
 from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing
 from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state.restore import Restored, restore
+from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
 from elastic_dew.elastic.state.snapshots import Snapshots
 
-__all__ = ["StepSaves", "Tiers", "SavesFailing", "PATIENCE"]
+__all__ = ["Restored", "StepSaves", "Tiers", "SavesFailing", "PATIENCE"]
 
 logger = logging.getLogger(__name__)
+
+
+class Restored(NamedTuple):
+    """A restored state: its ``source`` tier (``"snapshot"`` or ``"checkpoint"``), its ``step``
+    (the last completed one), the ``state`` on the target shardings and the ``meta`` saved
+    beside it. It unpacks as ``source, step, state, meta``."""
+
+    source: str
+    step: int
+    state: Any
+    meta: dict
 
 
 class StepSaves(NamedTuple):
@@ -275,14 +286,22 @@ class Tiers(CheckpointSaves):
 
     def restore(self, abstract: Any) -> Restored | None:
         """The newest complete state across the tiers on ``abstract``'s shardings, or ``None``
-        when neither tier holds one (a fresh start): :func:`~elastic_dew.elastic.state.restore.restore`,
-        with :attr:`quarantine`.
+        when neither tier holds one (a fresh start).
+
+        A queued checkpoint is dropped (the attempt that queued it ended). A checkpoint still
+        being written when the attempt ended is waited for first: its state is already on the
+        host, and once committed it may be the newest one. Then :func:`~elastic_dew.elastic.state.newest`
+        chooses the tier: a snapshot is loaded from a replica on the surviving slices (tier 1),
+        else the newest committed checkpoint (tier 2); a committed checkpoint that cannot be
+        read is, with :attr:`quarantine`, moved aside (a ``storage`` event) and the previous one
+        restored. Each load announces its phase (:mod:`~elastic_dew.elastic.hooks`) first, so
+        the simulator can fire a fault inside it.
 
         Args:
             abstract: the state's shapes and target shardings.
 
         Returns:
-            The :class:`~elastic_dew.elastic.state.restore.Restored` state, or ``None``.
+            The :class:`Restored` state, or ``None``.
 
         Raises:
             RuntimeError: from tier 1's load (no replica survived).
@@ -291,9 +310,46 @@ class Tiers(CheckpointSaves):
                 :class:`~elastic_dew.elastic.state.orbax_backend.DamagedCheckpoint`).
             StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
-        if self.checkpoints is not None:
+        snapshots, checkpoints = self.snapshots, self.checkpoints
+        if checkpoints is not None:
             self.drop_queued("the attempt ended before its save could start")
-        return restore(self.snapshots, self.checkpoints, abstract, quarantine=self.quarantine, emit=self.emit)
+            try:
+                checkpoints.wait()
+            except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
+                logger.warning("the checkpoint in flight when the attempt ended did not commit: %s", error)
+        source, saved = self.newest()
+        if source == "snapshot" and snapshots is not None and saved is not None:
+            hooks.phase("snapshot_load", saved + 1)
+            try:
+                state, meta, step = snapshots.load(abstract)
+                return Restored("snapshot", step, state, meta)
+            except jax.errors.JaxRuntimeError:
+                raise  # a slice lost during the load: the next attempt retries it
+            except RuntimeError as error:  # every replica was on a lost slice
+                logger.warning("no snapshot replica survived (%s); trying the checkpoint", error)
+                saved = checkpoints.latest_step() if checkpoints is not None else None
+                source = "checkpoint" if saved is not None else "fresh"
+        while source == "checkpoint" and checkpoints is not None and saved is not None:
+            hooks.phase("checkpoint_restore", saved + 1)
+            try:
+                state, meta = checkpoints.restore(saved, abstract)
+            except DamagedCheckpoint as error:
+                if not self.quarantine:
+                    raise
+                try:
+                    moved = checkpoints.quarantine(saved)
+                except NotImplementedError:
+                    raise error from None
+                logger.error("checkpoint step %d cannot be read; moved aside to %s: %s", saved, moved, error)
+                self.emit(Storage(operation="restore", outcome="quarantined", step=saved,
+                                  storage=checkpoints.directory, waited=0.0, error=str(error), moved_to=moved))
+                source, saved = self.newest()
+                continue
+            return Restored("checkpoint", saved, state, meta)
+        if source == "snapshot" and snapshots is not None:  # a snapshot newer than what is left after a quarantine
+            state, meta, step = snapshots.load(abstract)
+            return Restored("snapshot", step, state, meta)
+        return None
 
     def resume_from_text(self) -> str:
         """What a run that gave up leaves to resume from, for its error message (not
