@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from elastic_dew.elastic.config import CHECKPOINT_KINDS, ElasticConfig
+from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.state import progress, storage
 from elastic_dew.elastic.state.commit import Commits
 from elastic_dew.elastic.state.meta import MetaError, meta_json
@@ -51,11 +51,9 @@ from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint, OrbaxBack
 from elastic_dew.elastic.state.storage import StorageError, StorageTimeout
 from elastic_dew.settings import check_value
 
-__all__ = ["Checkpoints", "KINDS", "META_CAPACITY", "MultiTierError", "DamagedCheckpoint", "StorageError", "StorageTimeout"]
+__all__ = ["Checkpoints", "META_CAPACITY", "MultiTierError", "DamagedCheckpoint", "StorageError", "StorageTimeout"]
 
 logger = logging.getLogger(__name__)
-
-KINDS = CHECKPOINT_KINDS
 
 
 def _check_step(step: int) -> None:

@@ -54,8 +54,6 @@ _STATE = "state"
 _META = "meta"
 _PACKED = "packed"
 _LEAVES = "leaves"
-_path_name = packing.path_name
-_is_key = packing.is_key
 
 
 class _PrecompiledFunction:
@@ -155,7 +153,7 @@ class Snapshots:
         for path, leaf in leaves:
             if not isinstance(leaf, jax.Array):
                 raise ValueError(
-                    f"state leaf {_path_name(path)} is a {type(leaf).__name__}, not a jax.Array; "
+                    f"state leaf {packing.path_name(path)} is a {type(leaf).__name__}, not a jax.Array; "
                     "put it on the mesh, or carry it in meta"
                 )
             sharding = leaf.sharding
@@ -164,7 +162,7 @@ class Snapshots:
                          for a in ((dim,) if isinstance(dim, str) else dim)]
                 if replica_axis in named:
                     raise ValueError(
-                        f"state leaf {_path_name(path)} is partitioned along the replica axis "
+                        f"state leaf {packing.path_name(path)} is partitioned along the replica axis "
                         f"{replica_axis!r} (spec {sharding.spec}); a snapshot needs it replicated "
                         "along that axis so the surviving slices hold a whole copy"
                     )
@@ -334,7 +332,7 @@ class Snapshots:
                     continue
                 # From the shardings, not the buffers: a lost slice's replica is not read.
                 shard = jax.ShapeDtypeStruct(leaf.sharding.shard_shape(leaf.shape), leaf.dtype)
-                if _is_key(leaf.dtype):
+                if packing.is_key(leaf.dtype):
                     shard = jax.eval_shape(jax.random.key_data, shard)
                 shard_bytes = int(np.prod(shard.shape, dtype=np.int64)) * np.dtype(shard.dtype).itemsize
                 for device in leaf.sharding.device_set:
@@ -376,7 +374,7 @@ class Snapshots:
             self.join()
             meta, layout, step = self._stored_meta()
             flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
-            paths = [_path_name(p) for p, _ in flat]
+            paths = [packing.path_name(p) for p, _ in flat]
             abstract = [leaf for _, leaf in flat]
             packing.check_layout(layout, paths, abstract)
             packed = [("group" in e) for e in layout["leaves"]]
