@@ -4,8 +4,7 @@
 module                 its job
 =====================  ===========================================================
 ``tiers``              ``Tiers``: both tiers of a run as the protocol drives them, their restore
-``cadence``            ``timed_save``: what a save's seconds are
-``checkpoint_tier``    tier 2's half of ``Tiers``: its cadence, the final and preemption saves
+``checkpoint_tier``    tier 2's half of ``Tiers``: its cadence, the final and preemption saves; ``timed_save``
 ``snapshots``          tier 1: ``Snapshots`` in pinned host memory (Orbax ``Snapshotter``)
 ``packing``            the leaf-packing codec the snapshots use
 ``checkpoints``        tier 2: ``Checkpoints``, over one of two backends

@@ -5,7 +5,9 @@ the final and preemption saves, and when failing saves stop the run (:class:`Sav
 training for a commit still in flight (at most :data:`PATIENCE`; one due meanwhile is
 queued), commits the final checkpoint of a finished run and the checkpoint of the step a
 preemption agreed on, and emits each save, commit and abandoned save as an event. ``Tiers``
-is a ``CheckpointSaves`` with tier 1 beside it.
+is a ``CheckpointSaves`` with tier 1 beside it. :func:`timed_save` times every save of both
+tiers, after the wait for the step in flight (what a save's seconds are:
+:mod:`~elastic_dew.elastic.state.tiers`).
 """
 
 from __future__ import annotations
@@ -19,15 +21,30 @@ import jax
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.events import Commit, Event, Save, Storage
-from elastic_dew.elastic.state.cadence import StepWait, timed_save
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.storage import StorageError, permanent
 
-__all__ = ["CheckpointSaves", "SavesFailing", "PATIENCE"]
+__all__ = ["CheckpointSaves", "SavesFailing", "PATIENCE", "StepWait", "timed_save"]
 
 logger = logging.getLogger(__name__)
 
 _NAME = "checkpoint"
+
+#: Waits for the step in flight (the protocol's, bounded by its step deadline).
+StepWait = Callable[[], Any]
+
+
+def timed_save(tier: str, step: int, save: Callable[[], bool], wait_step: StepWait | None = None) -> Save:
+    """Run ``save`` (which returns whether the tier took the state) and describe it.
+
+    ``wait_step`` (the wait for the step in flight, when one is) runs first, off the clock:
+    the event's ``seconds`` are ``save``'s alone.
+    """
+    if wait_step is not None:
+        wait_step()
+    started = time.monotonic()
+    taken = bool(save())
+    return Save(tier=tier, step=step, taken=taken, seconds=time.monotonic() - started)
 
 
 class SavesFailing(StorageError):

@@ -10,8 +10,9 @@ extends). :meth:`Tiers.on_step` offers each completed step's state to tier 1, th
 and emits each save's :class:`~elastic_dew.elastic.events.Save` event; :meth:`Tiers.restore`
 restores the newest complete state across them (a :class:`Restored`).
 
-Every save event is built by :func:`~elastic_dew.elastic.state.cadence.timed_save`; every save announces its phase
-(:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
+Every save event is built by :func:`~elastic_dew.elastic.state.checkpoint_tier.timed_save`; every
+save announces its phase (:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a
+fault inside it.
 
 **What a save's seconds are**, on every platform: the time the loop was held by the save
 itself. A save is offered the state of the last completed step while the next step is in
@@ -42,8 +43,7 @@ from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Event, Storage
 from elastic_dew.elastic.state import Newest, newest
-from elastic_dew.elastic.state.cadence import StepWait, timed_save
-from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing
+from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing, StepWait, timed_save
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
 from elastic_dew.elastic.state.snapshots import Snapshots
