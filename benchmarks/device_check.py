@@ -305,8 +305,10 @@ def _state_bytes(tree: Any) -> int:
     return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
 
 
-def _step_times(model: _Model, state: Any, tiers: Any, workload: Workload, results: dict, notes: list[str]) -> Any:
-    """Part 2; returns the last completed state (the loop's own, still live)."""
+def _step_times(model: _Model, state: Any, tiers: Any, emitted: list, workload: Workload, results: dict,
+                notes: list[str]) -> Any:
+    """Part 2 (``emitted``: the list the tiers emit into); returns the last completed state (the
+    loop's own, still live)."""
     import jax
 
     from elastic_dew.elastic.events import Save
@@ -314,8 +316,7 @@ def _step_times(model: _Model, state: Any, tiers: Any, workload: Workload, resul
     plan = [k for _ in range(workload.rounds) for k in CADENCES]
     last = workload.warmup + len(plan) * workload.block - 1
     read_at: dict[int, float] = {}
-    saves: list[Save] = []
-    tiers.snapshot.every = 0
+    tiers.snapshot_every = 0
 
     def dispatch(from_state: Any, step: int) -> tuple[int, Any, Any]:
         new_state, loss = model.step(from_state, model.batch_key(step))
@@ -328,16 +329,17 @@ def _step_times(model: _Model, state: Any, tiers: Any, workload: Workload, resul
         if ahead is not None and step + 1 >= workload.warmup and (step + 1 - workload.warmup) % workload.block == 0:
             # The next block's cadence, with nothing in flight: in this step's interval,
             # the one of its block that is not counted.
-            tiers.snapshot.every = plan[(step + 1 - workload.warmup) // workload.block]
-            tiers.snapshot.land()
+            tiers.snapshot_every = plan[(step + 1 - workload.warmup) // workload.block]
+            tiers.land()
         float(loss)  # the read of step `step`
         read_at[step] = time.perf_counter()
         wait = (lambda s=ahead[1]: jax.block_until_ready(s)) if ahead is not None else None
-        tiers.on_step(step, step_state, {"step": step}, model.mesh, emit=saves.append, wait_step=wait)
+        tiers.on_step(step, step_state, {"step": step}, model.mesh, wait)
         if ahead is None:
             break
         current = ahead
-    tiers.snapshot.land()
+    tiers.land()
+    saves: list[Save] = [e for e in emitted if isinstance(e, Save)]
     per_cadence: dict[int, list[float]] = {k: [] for k in CADENCES}
     taken: dict[int, list[int]] = {k: [0, 0] for k in CADENCES}
     for index, k in enumerate(plan):
@@ -484,7 +486,7 @@ def measure(mode: str, workdir: Path) -> tuple[dict[str, Any], list[str]]:
     from benchmarks.common import lm_label
     from elastic_dew.elastic.state.checkpoints import Checkpoints
     from elastic_dew.elastic.state.snapshots import Snapshots
-    from elastic_dew.elastic.state.tiers import CheckpointTier, SnapshotTier, Tiers
+    from elastic_dew.elastic.state.tiers import Tiers
 
     workload = WORKLOADS[mode]
     results: dict[str, Any] = {"mode": mode, "device": device_info()}
@@ -498,8 +500,8 @@ def measure(mode: str, workdir: Path) -> tuple[dict[str, Any], list[str]]:
         state = model.init(model.key)
         box["state"] = jax.block_until_ready(state)
         results["device_state_gib"] = _state_bytes(state) / 2**30
-        tiers = Tiers(SnapshotTier(Snapshots(replica_axis_index=0), 1),
-                      CheckpointTier(Checkpoints(str(workdir / "checkpoints"), max_to_keep=1), 0))
+        tiers = Tiers(Snapshots(replica_axis_index=0), Checkpoints(str(workdir / "checkpoints"), max_to_keep=1),
+                      snapshot_every=1, emit=box.setdefault("emitted", []).append)
         box["tiers"] = tiers
         started = time.perf_counter()
         tiers.precompile_saves(state, model.mesh)  # as the protocol does at every resume
@@ -510,8 +512,8 @@ def measure(mode: str, workdir: Path) -> tuple[dict[str, Any], list[str]]:
     if tiers is None:
         return results, notes
     try:
-        state = _part("step time with snapshots", lambda: _step_times(model, box.pop("state"), tiers, workload,
-                                                                    results, notes), results)
+        state = _part("step time with snapshots", lambda: _step_times(model, box.pop("state"), tiers, box["emitted"],
+                                                                    workload, results, notes), results)
         if state is None:  # the loop failed part-way: start again from a fresh state
             state = jax.block_until_ready(model.init(model.key))
         _part("snapshot restore", lambda: _snapshot_restore(model, state, tiers, workload, results, notes), results)

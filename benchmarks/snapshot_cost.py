@@ -91,7 +91,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
             raise _Finished
         if offset == 0:
             k = plan[index]
-            box["run"].tiers.snapshot.every = k  # the snapshot cadence from this step on
+            box["run"].tiers.snapshot_every = k  # the snapshot cadence from this step on
             box["run"].snapshots.join()  # a block starts with nothing in flight
             blocks.append((k, step, step + block - 1))
 
@@ -104,7 +104,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
             )
             from elastic_dew.elastic.state.snapshots import Snapshots
 
-            run.tiers.snapshot.snapshots = Snapshots(replica_axis_index=0)
+            run.tiers.snapshots = Snapshots(replica_axis_index=0)
             box["run"] = run
             try:
                 run.run(10**6)

@@ -296,7 +296,7 @@ def test_a_process_running_many_runs_that_leave_writers_behind_holds_one_diversi
     diversion, not one each. (Every run here is made to look as if it left a writer.)"""
     import logging
 
-    from elastic_dew.elastic.state import storage
+    from elastic_dew.elastic.state import storage, storage_clients
 
     monkeypatch.setattr(storage, "left_since", lambda since: 1)
     monkeypatch.setattr(execution, "_HELD_DIVERSIONS", [])
@@ -312,4 +312,4 @@ def test_a_process_running_many_runs_that_leave_writers_behind_holds_one_diversi
     finally:
         execution.release_held_diversions()
     assert orbax.filters == before
-    assert "absl" in storage._LIBRARY_LOGGERS
+    assert "absl" in storage_clients._LIBRARY_LOGGERS

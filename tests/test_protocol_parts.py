@@ -24,7 +24,7 @@ from elastic_dew.elastic.loop.protocol import ElasticRun
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.snapshots import Snapshots
-from elastic_dew.elastic.state.tiers import CheckpointTier, SnapshotTier, Tiers
+from elastic_dew.elastic.state.tiers import Tiers
 from elastic_dew.simulate import SimulatedSlices
 
 from linear import LinearProgram
@@ -222,45 +222,58 @@ def test_a_recovery_reports_every_duration_key_and_consumes_the_loss():
     assert Recovery.live().durations == {"detection": 0.0, "wait_for_slices": 0.0}
 
 
-def test_the_snapshot_tier_saves_on_its_cadence_and_returns_the_typed_save_event():
+def _saves(emitted: list) -> list:
+    return [e for e in emitted if isinstance(e, events.Save)]
+
+
+def test_the_tiers_snapshot_on_their_cadence_and_emit_the_typed_save_event():
     mesh = _mesh()
     snapshots = Snapshots(replica_axis_index=0)
+    emitted: list = []
     try:
-        tier = SnapshotTier(snapshots, every=2)
-        assert tier.on_step(1, _state(mesh), {"step": 1}, mesh) is None
-        saved = tier.on_step(2, _state(mesh), {"step": 2}, mesh)
+        tiers = Tiers(snapshots, None, snapshot_every=2, emit=emitted.append)
+        assert tiers.on_step(1, _state(mesh), {"step": 1}, mesh) is None and emitted == []
+        assert tiers.on_step(2, _state(mesh), {"step": 2}, mesh) is not None
+        [saved] = emitted
         assert isinstance(saved, events.Save)
         assert (saved.tier, saved.step, saved.taken) == ("snapshot", 2, True)
         assert snapshots.latest_step() == 2
-        assert SnapshotTier(snapshots, every=0).on_step(4, _state(mesh), {}, mesh) is None
+        assert Tiers(snapshots, None, snapshot_every=0).on_step(4, _state(mesh), {}, mesh) is None
     finally:
         snapshots.close()
 
 
-def test_the_checkpoint_tier_saves_on_its_cadence_at_the_end_and_on_preemption(tmp_path):
+def test_the_tiers_checkpoint_on_their_cadence_at_the_end_and_on_preemption(tmp_path):
     mesh = _mesh()
     checkpoints = Checkpoints(str(tmp_path / "ckpt"), max_to_keep=5)
-    tier = CheckpointTier(checkpoints, every=3)
-    assert tier.on_step(2, _state(mesh), {"step": 2}, mesh) is None
-    on_cadence = tier.on_step(3, _state(mesh), {"step": 3}, mesh)
+    emitted: list = []
+    tiers = Tiers(None, checkpoints, checkpoint_every=3, emit=emitted.append)
+    assert tiers.on_step(2, _state(mesh), {"step": 2}, mesh) is None
+    tiers.on_step(3, _state(mesh), {"step": 3}, mesh)
+    [on_cadence] = _saves(emitted)
     assert (on_cadence.tier, on_cadence.step, on_cadence.taken) == ("checkpoint", 3, True)
-    assert tier.save_final(3, _state(mesh), {"step": 3}) is None  # the cadence already saved it
-    final = tier.save_final(4, _state(mesh), {"step": 4})
+    assert tiers.save_final(3, _state(mesh), {"step": 3}) is None  # the cadence already saved it
+    final = tiers.save_final(4, _state(mesh), {"step": 4})
     assert (final.tier, final.step) == ("checkpoint", 4) and checkpoints.latest_step() == 4
-    stop = tier.save_preemption(5, _state(mesh), {"step": 5})
+    stop = tiers.save_preemption(5, _state(mesh), {"step": 5})
     assert (stop.tier, stop.step, stop.taken) == ("checkpoint", 5, True)
     assert checkpoints.latest_step() == 5
-    nowhere = CheckpointTier(None, every=3)
+    assert _saves(emitted) == [on_cadence, final, stop]
+    assert [e.step for e in emitted if isinstance(e, events.Commit)] == [3, 4, 5]
+    nowhere = Tiers(None, None, checkpoint_every=3)
     assert nowhere.on_step(3, _state(mesh), {}, mesh) is None
     assert nowhere.save_final(3, _state(mesh), {}) is None and nowhere.save_preemption(3, _state(mesh), {}) is None
 
 
 def test_the_tiers_offer_a_step_to_the_snapshot_before_the_checkpoint(tmp_path):
-    tiers = Tiers.from_config(_config(tmp_path), slices=4)
+    mesh = _mesh()
+    emitted: list = []
+    tiers = Tiers.from_config(_config(tmp_path), slices=4, emit=emitted.append)
     try:
-        assert [tier.name for tier in tiers] == ["snapshot", "checkpoint"]
         assert tiers.snapshots is not None and tiers.checkpoints is not None
         assert tiers.newest() == ("fresh", None) and tiers.restore(None) is None
+        assert tiers.on_step(10, _state(mesh), {"step": 10}, mesh) is not None
+        assert [(e.tier, e.step) for e in _saves(emitted)] == [("snapshot", 10), ("checkpoint", 10)]
     finally:
         tiers.close()
 
@@ -274,7 +287,7 @@ def test_the_protocol_emits_typed_events_and_keeps_no_device_array_after_a_run(t
     kinds = {type(e) for e in emitted}
     assert {events.Resume, events.Step, events.Save, events.Stop} <= kinds
     assert [events.from_json(e.to_json()) for e in emitted] == emitted
-    held = [vars(run), vars(run.timer), vars(run.tiers.snapshot), vars(run.tiers.checkpoint)]
+    held = [vars(run), vars(run.timer), vars(run.tiers)]
     assert not [v for d in held for v in d.values() if isinstance(v, jax.Array)]
     del state
 

@@ -24,7 +24,7 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic.state import orbax_step
-from elastic_dew.elastic.state import storage
+from elastic_dew.elastic.state import storage, storage_clients
 from elastic_dew.elastic.state.checkpoints import Checkpoints, StorageError, StorageTimeout
 from elastic_dew.testing.fault_proxy import ProxyFault
 from elastic_dew.testing.waits import poll
@@ -139,7 +139,7 @@ def test_a_checkpoint_due_during_a_slow_commit_is_queued_not_waited_for_and_one_
     the queued one starts at the first step boundary after the commit ends, and both
     commits are events with their seconds."""
     from elastic_dew.elastic.events import Commit, Save, Storage
-    from elastic_dew.elastic.state.tiers import PATIENCE, CheckpointTier
+    from elastic_dew.elastic.state.tiers import PATIENCE, Tiers
 
     directory = f"{bucket}/ck"
     with _through(fault_proxy):
@@ -147,16 +147,15 @@ def test_a_checkpoint_due_during_a_slow_commit_is_queued_not_waited_for_and_one_
         checkpoints.save(1, _state(1.0), {"step": 1})
         checkpoints.wait()
         checkpoints.committed_saves()  # step 1's, before the tier
-        tier = CheckpointTier(checkpoints, 5)
         events: list = []
-        tier.emit = events.append
+        tier = Tiers(None, checkpoints, checkpoint_every=5, emit=events.append)
         fault_proxy.add(ProxyFault("stall", method="POST", path=f"{bucket[5:]}/ck/*/state/*", seconds=0.5))
 
         def step(n: int) -> Save | None:
-            saved = tier.on_step(n, _state(float(n)), {"step": n}, None)
-            if saved is not None:
-                events.append(saved)
-            return saved
+            saves = len([e for e in events if isinstance(e, Save)])
+            tier.on_step(n, _state(float(n)), {"step": n}, None)
+            new = [e for e in events if isinstance(e, Save)][saves:]
+            return new[-1] if new else None
 
         assert step(5).taken
         queued = step(10)
@@ -261,6 +260,6 @@ def test_a_full_disk_and_a_read_only_one_fail_the_save_naming_the_cause_and_keep
         subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
         # The failed writes' futures are collected here, inside the diversion a run has: their
         # "exception was never retrieved" records go to the log file, not to pytest's end.
-        with storage.divert_library_errors(tmp_path / "storage.log"):
+        with storage_clients.divert_library_errors(tmp_path / "storage.log"):
             checkpoints.close()
             gc.collect()

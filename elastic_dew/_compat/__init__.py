@@ -2,7 +2,7 @@
 
 elastic_dew wraps jax, Orbax, Grain and pathwaysutils (and uses argparse); where a library
 has no public API for what the project needs, the private name it uses lives here, one
-module per library (:mod:`.jax`, :mod:`.orbax`, :mod:`.grain`, :mod:`.pathwaysutils`,
+module per library (:mod:`.jax`, :mod:`.orbax` and its :mod:`.orbax_snapshotter`, :mod:`.grain`, :mod:`.pathwaysutils`,
 :mod:`.argparse`, :mod:`.goodput`, and :mod:`.python` for the interpreter's own), and nowhere else: ``tests/test_layering.py`` refuses a
 private import of those libraries, or an underscore attribute taken from their objects,
 outside this package. The simulator's run-time patches name their targets here too: each
@@ -15,8 +15,8 @@ that removes or reshapes one fails there, naming the library, its version and th
 
 This package is the lowest layer: it imports only the libraries, never elastic_dew. It
 imports each library lazily (when a name is first used), so the runtime can ask it before
-JAX starts; only :mod:`.orbax` imports its library at once (it subclasses Orbax's
-``Snapshotter``).
+JAX starts; only :mod:`.orbax_snapshotter` (which subclasses Orbax's ``Snapshotter``) and
+:mod:`.orbax` (which binds it) import their library at once.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 
 __all__ = ["Private", "all_private", "version"]
 
-#: The seam's modules, one per library.
-MODULES = ("jax", "orbax", "grain", "pathwaysutils", "argparse", "goodput", "python")
+#: The seam's modules, one per library (Orbax's experimental Snapshotter has its own).
+MODULES = ("jax", "orbax", "orbax_snapshotter", "grain", "pathwaysutils", "argparse", "goodput", "python")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from elastic_dew import _deprecation
 from elastic_dew import settings as _settings
 
 __all__ = [
@@ -59,17 +58,6 @@ SHARDINGS: tuple[str, ...] = ("replicated", "fsdp")
 #: :class:`~elastic_dew.train_config.TrainConfig`'s field and for the microbatch a
 #: protocol ``Program`` brings (:func:`~elastic_dew.elastic.slices.mesh.check_batch_for_every_slice_count`).
 MICROBATCH = _Bound(1, none=True, whole=True)
-
-#: Names that moved to :mod:`elastic_dew.settings` (kept here, deprecated, for one minor version).
-_MOVED = ("Bound", "SettingError", "setting", "check_fields")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        _deprecation.warn(f"elastic_dew.elastic.config.{name}", f"elastic_dew.settings.{name}")
-        return getattr(_settings, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 @dataclasses.dataclass(frozen=True)
 class ElasticConfig:

@@ -139,13 +139,8 @@ def execute(p: RunPlan, build: Callable[..., dict] | None = None, display: Displ
     import jax
     from pathwaysutils.elastic.manager import ElasticRuntimeError
 
-    from elastic_dew.elastic.state.storage import (
-        StorageError,
-        configure_clients,
-        divert_library_errors,
-        left_since,
-        mark,
-    )
+    from elastic_dew.elastic.state.storage import StorageError, left_since, mark
+    from elastic_dew.elastic.state.storage_clients import configure_clients, divert_library_errors
     from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
     from elastic_dew.trainer import Trainer
 

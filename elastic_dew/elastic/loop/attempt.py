@@ -11,10 +11,12 @@ been read.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
+from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.loop.program import StepFn
 from elastic_dew.elastic.slices.mesh import batch_sharding
 
@@ -59,3 +61,10 @@ class InFlight:
     examples: tuple[int, int]
     data: dict
     data_seconds: float
+
+    def wait(self, deadline: StepDeadline) -> Callable[[], None]:
+        """The wait for this step's state, within ``deadline``, that a save runs before its
+        clock starts (:mod:`~elastic_dew.elastic.state.tiers`)."""
+        state, step = self.state, self.step
+        ready = getattr(next(iter(jax.tree.leaves(state)), None), "is_ready", None)
+        return lambda: deadline.read(lambda: jax.block_until_ready(state), step, ready=ready)

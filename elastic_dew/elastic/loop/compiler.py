@@ -33,11 +33,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import jax
 
-from elastic_dew._deprecation import warn
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.program import Program, StepFn
 from elastic_dew.elastic.slices.manager import SliceManager
@@ -58,7 +56,7 @@ class StepCompiler:
     compile; it must hold no lock the training loop takes.
 
     Args:
-        program: the :class:`~elastic_dew.elastic.loop.protocol.Program`.
+        program: the :class:`~elastic_dew.elastic.loop.program.Program`.
         manager: the process's ``Manager``.
         config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
         also: ``also(mesh)`` compiles the rest of a resume onto ``mesh``, or ``None``.
@@ -129,16 +127,6 @@ class StepCompiler:
     def pause_precompiling(self) -> None:
         """A resume begins: the precompiler starts no compile until :meth:`start_precompiling`."""
         self._go.clear()
-
-    def hold(self) -> None:
-        """Deprecated: use :meth:`pause_precompiling` (this name goes in 0.3)."""
-        warn("StepCompiler.hold", "StepCompiler.pause_precompiling")
-        self.pause_precompiling()
-
-    def allow_precompiling(self) -> None:
-        """Deprecated: not needed (this name goes in 0.3); :meth:`start_precompiling` starts
-        again after :meth:`stop_precompiling` by itself."""
-        warn("StepCompiler.allow_precompiling", "StepCompiler.start_precompiling alone")
 
     def start_precompiling(self) -> None:
         """Compile the steps a lost slice would need, in a background thread.

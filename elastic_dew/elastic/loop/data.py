@@ -47,8 +47,9 @@ import grain
 import jax
 
 from elastic_dew._compat import grain as grain_private
+from elastic_dew.elastic.state import storage
 
-__all__ = ["ElasticData", "DataBatch", "POSITION_KEY", "default_read_options"]
+__all__ = ["ElasticData", "DataBatch", "POSITION_KEY", "default_read_options", "read_within"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ class ElasticData:
         self._rewind: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._position = 0
         self.global_batch: int | None = None
+        #: Whether a read was given up on (:func:`read_within`): its reader is stuck, so
+        #: :meth:`close` leaves it.
+        self._stuck = False
 
     def start(self, global_batch: int, state: dict | None = None) -> None:
         """(Re)create the iterator for this attempt's ``global_batch``, at ``state``'s position.
@@ -242,8 +246,28 @@ class ElasticData:
         self._rewind.clear()
 
     def close(self) -> None:
-        """Stop the iterator's read-ahead threads and its worker processes."""
-        self._close_iterator()
+        """Stop the iterator's read-ahead threads and its worker processes (unless a read was
+        given up on: its reader is stuck, and closing would wait on it)."""
+        if not self._stuck:
+            self._close_iterator()
+
+
+def read_within(data: ElasticData, step: int, timeout: float | None) -> DataBatch:
+    """Step ``step``'s batch, ``data.next()`` within the storage timeout ``timeout`` (at least
+    :data:`~elastic_dew.elastic.state.storage.FLOOR_SECONDS` when ``None``): a data file whose
+    reads block (a stalled Cloud Storage FUSE mount) ends the run with
+    :class:`~elastic_dew.elastic.state.storage.StorageTimeout` instead of holding it for ever,
+    and ``data`` is then not closed.
+
+    Raises:
+        StorageTimeout: the read did not finish within the bound.
+    """
+    try:
+        return storage.bounded("read", "the training data", step, timeout or storage.FLOOR_SECONDS, data.next,
+                               noun="data", progress=None)
+    except storage.StorageTimeout:
+        data._stuck = True
+        raise
 
 
 def _absl_flags_parsed() -> None:

@@ -25,7 +25,7 @@ step. The loop's collaborators each own one job: the
 :class:`~elastic_dew.elastic.loop.compiler.StepCompiler` (compiled steps, precompiling smaller
 meshes), the :class:`~elastic_dew.elastic.loop.recovery.RecoveryTimer` (a resume's durations under
 ``detection``, ``wait_for_slices``, ``mesh_and_compile`` and ``restore``), the
-:class:`~elastic_dew.elastic.state.tiers.Tiers` (each deciding its own save cadence) and the
+:class:`~elastic_dew.elastic.state.tiers.Tiers` (both tiers' save cadences) and the
 :class:`~elastic_dew.elastic.loop.stopping.Stopping` (the preemption stops and the errors of a
 run that gives up). Every stop, resume, step and save is emitted as a typed event (:mod:`elastic_dew.elastic.events`; the
 run record's contract, see ``docs/trainer.md``).
@@ -56,9 +56,9 @@ from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
 from elastic_dew.elastic.loop.attempt import Attempt, InFlight
 from elastic_dew.elastic.loop.compiler import StepCompiler
-from elastic_dew.elastic.loop.data import DataBatch, ElasticData
+from elastic_dew.elastic.loop.data import ElasticData, read_within
 from elastic_dew.elastic.loop.evaluation import EVALUATION_OWED_KEY, Evaluation
-from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, StepFn, WaitingNotice
+from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notice, Program, WaitingNotice
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.loop.stopping import Stopping
 from elastic_dew.elastic.slices.mesh import (
@@ -70,13 +70,12 @@ from elastic_dew.elastic.slices.mesh import (
 )
 from elastic_dew.elastic.slices.manager import SliceManager
 from elastic_dew.elastic.slices.retry import SliceLossRetryLimit, elastic_retry, make_manager
-from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.snapshots import Snapshots
 from elastic_dew.elastic.state.tiers import StepSaves, Tiers
 from elastic_dew.runtime.preemption import NoticeInWait
 
-__all__ = ["Program", "StepFn", "ElasticRun", "Finished"]
+__all__ = ["ElasticRun"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,19 +153,16 @@ class ElasticRun:
             checkpoints=checkpoints,
             run_name=run_name,
             run_dir=run_dir,
+            emit=lambda event: self.emit(event),
         )
         self.compiler = StepCompiler(
             program, self.manager, config,
             also=lambda mesh: self.tiers.precompile_resume(mesh, program.abstract_state),
         )
-        # Abandoned saves and quarantined checkpoints join the run's events.
-        self.tiers.checkpoint.emit = lambda event: self.emit(event)
         self.stopping = Stopping(program, self.manager, self.tiers, notice, config, lambda event: self.emit(event))
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout,
                                      waits_for_every_slice=config.minimum_slice_count is None)
-        #: Whether a data read was given up on (its reader is stuck: the data is not closed).
-        self._data_stuck = False
         self._config = config
         # Plain numbers only: an attempt's arrays live in its Attempt.
         self.last_step = 0
@@ -180,7 +176,7 @@ class ElasticRun:
     @property
     def snapshots(self) -> Snapshots | None:
         """Tier 1 (``None`` when the run takes no in-memory snapshots)."""
-        return self.tiers.snapshot.snapshots
+        return self.tiers.snapshots
 
     @property
     def checkpoints(self) -> Checkpoints | None:
@@ -243,7 +239,7 @@ class ElasticRun:
         )(self._attempt)
         # A fault the simulator fires joins the stream as it fires (relay.report), and the
         # simulator lands the snapshot in flight before saves and faults (relay.finish_in_flight).
-        with relay.receiving(lambda event: self.emit(event)), relay.finishing_in_flight(self.tiers.snapshot.land):
+        with relay.receiving(lambda event: self.emit(event)), relay.finishing_in_flight(self.tiers.land):
             try:
                 return attempt(final_step)
             except NoticeInWait:
@@ -255,8 +251,7 @@ class ElasticRun:
             finally:
                 self.compiler.stop_precompiling()
                 self.deadline.close()
-                if not self._data_stuck:
-                    self.data.close()
+                self.data.close()
                 self.tiers.close()
 
     def _layout(self) -> tuple[jax.sharding.Mesh, int]:
@@ -300,15 +295,13 @@ class ElasticRun:
                 taken.append(ahead)
             self._complete(attempt, current, started, sum(t.data_seconds for t in taken), held)
             meta = {"step": attempt.step, "data": attempt.data}
-            wait_step = self._wait_step(ahead)
+            wait_step = ahead.wait(self.deadline) if ahead is not None else None  # off the saves' clocks
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
                 self.stopping.at_step(attempt.step, attempt.state, {**meta, EVALUATION_OWED_KEY: True}, wait_step)
             if self.notice is not None and self.notice.reached(attempt.step):
                 self.stopping.at_step(attempt.step, attempt.state, meta, wait_step)
             # The saves' own seconds are not the next step's time; the wait before them is.
-            last_saves = self.tiers.on_step(
-                attempt.step, attempt.state, meta, attempt.mesh, emit=self.emit, wait_step=wait_step
-            )
+            last_saves = self.tiers.on_step(attempt.step, attempt.state, meta, attempt.mesh, wait_step)
             current = ahead
             if self.manager.available_inactive_slices and attempt.step < final_step:
                 current = ahead = None  # dispatched on the smaller mesh: redone on the larger one
@@ -331,7 +324,7 @@ class ElasticRun:
         abstract = self.program.abstract_state(mesh)
         step_fn = self.compiler.compile(mesh, batch_size)
         recovery.lap("mesh_and_compile")
-        restored = self.tiers.restore(abstract, emit=self.emit)
+        restored = self.tiers.restore(abstract)
         source, step, state, meta = restored if restored is not None else (
             "fresh", 0, self.program.init_state(mesh), {}
         )
@@ -356,35 +349,12 @@ class ElasticRun:
     def _dispatch(self, attempt: Attempt, state: Any, step: int) -> InFlight:
         """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
         started = time.monotonic()
-        batch, examples = self._read_data(step)
+        batch, examples = read_within(self.data, step, self.config.storage_timeout)
         data_seconds = time.monotonic() - started
         hooks.phase("dispatch", step)
         new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
         return InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
                          self.data.get_state(), data_seconds)
-
-    def _read_data(self, step: int) -> DataBatch:
-        """Step ``step``'s batch, within the storage timeout (at least
-        :data:`~elastic_dew.elastic.state.storage.FLOOR_SECONDS` when automatic): a data file
-        whose reads block (a stalled Cloud Storage FUSE mount) ends the run with
-        :class:`~elastic_dew.elastic.state.storage.StorageTimeout` instead of holding it for ever."""
-        bound = self.config.storage_timeout or storage.FLOOR_SECONDS
-        try:
-            return storage.bounded("read", "the training data", step, bound, self.data.next, noun="data", progress=None)
-        except storage.StorageTimeout:
-            self._data_stuck = True
-            raise
-
-    def _wait_step(self, ahead: InFlight | None) -> Callable[[], None] | None:
-        """The wait for the step in flight, within the step deadline, that a save runs
-        before its clock starts (:mod:`~elastic_dew.elastic.state.tiers`); ``None`` when no step
-        is in flight."""
-        if ahead is None:
-            return None
-        state, step = ahead.state, ahead.step
-        leaf = next(iter(jax.tree.leaves(state)), None)
-        ready = getattr(leaf, "is_ready", None)
-        return lambda: self.deadline.read(lambda: jax.block_until_ready(state), step, ready=ready)
 
     def _complete(
         self, attempt: Attempt, done: InFlight, started: float, data_seconds: float, held: float = 0.0
@@ -444,9 +414,7 @@ class ElasticRun:
     def _finish(self, attempt: Attempt) -> Finished:
         """Commit the final checkpoint and hand the finished state out of the retry."""
         step = attempt.step
-        saved = self.tiers.checkpoint.save_final(step, attempt.state, {"step": step, "data": attempt.data})
-        if saved is not None:
-            self.emit(saved)
+        self.tiers.save_final(step, attempt.state, {"step": step, "data": attempt.data})
         # A slice lost after the last read (while restoring a finished run's state, say)
         # must surface here, inside the retry, not in the caller's first read.
         state = jax.block_until_ready(attempt.state)

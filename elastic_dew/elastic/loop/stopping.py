@@ -79,9 +79,7 @@ class Stopping:
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
         bound = self.bound()
-        saved = self.tiers.checkpoint.save_preemption(step, state, meta, wait_step, bound=bound)
-        if saved is not None:
-            self.emit(saved)
+        saved = self.tiers.save_preemption(step, state, meta, wait_step, bound=bound)
         if saved is None:
             step = 0  # commit logged that nothing is saved
         elif not saved.taken:  # not committed inside the grace window: the newest committed is the stop
@@ -107,7 +105,7 @@ class Stopping:
         step = None
         checkpoints = self.tiers.checkpoints
         if checkpoints is not None:
-            self.tiers.checkpoint.drop_queued("a preemption notice during a recovery stops the run first")
+            self.tiers.drop_queued("a preemption notice during a recovery stops the run first")
             deadline = time.monotonic() + self.bound()
             try:
                 checkpoints.wait(max(0.01, deadline - time.monotonic()))  # one in flight may commit
@@ -151,9 +149,7 @@ class Stopping:
             return None
         _, step, state, meta = restored
         logger.warning("writing snapshot %d as a checkpoint before stopping", step)
-        saved = self.tiers.checkpoint.save_preemption(step, state, meta, bound=bound)
-        if saved is not None:
-            self.emit(saved)
+        saved = self.tiers.save_preemption(step, state, meta, bound=bound)
         return step if saved is not None and saved.taken else None
 
     def timed_out(self, error: TimeoutError, last_step: int) -> TimeoutError:

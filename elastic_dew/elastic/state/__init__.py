@@ -3,10 +3,8 @@
 =====================  ===========================================================
 module                 its job
 =====================  ===========================================================
-``tiers``              ``Tiers``: both tiers of a run, tier 1's cadence
-``cadence``            a tier's save cadence and ``timed_save``
-``checkpoint_tier``    tier 2's cadence, the final and preemption saves, ``SavesFailing``
-``restore``            the newest complete state across the tiers, restored (``Restored``)
+``tiers``              ``Tiers``: both tiers of a run as the protocol drives them, their restore
+``checkpoint_tier``    tier 2's half of ``Tiers``: its cadence, the final and preemption saves; ``timed_save``
 ``snapshots``          tier 1: ``Snapshots`` in pinned host memory (Orbax ``Snapshotter``)
 ``packing``            the leaf-packing codec the snapshots use
 ``checkpoints``        tier 2: ``Checkpoints``, over one of two backends
@@ -18,28 +16,20 @@ module                 its job
 ``persistence``        where tier 2 may write under Pathways persistence
 =====================  ===========================================================
 
-This package was the module ``elastic_dew.elastic.state`` and keeps its word: :func:`newest`,
-the choice of the newest state across the tiers, is defined here, and its ``Snapshots`` and
-``Checkpoints`` resolve to their modules with a ``DeprecationWarning``; :class:`Newest` is
-what :func:`newest` returns. Nothing else is
-imported here: ``persistence`` stays cheap to import (the manifests read it).
+:func:`newest`, the choice of the newest state across the tiers, is defined here, and
+:class:`Newest` is what it returns. Nothing else is imported here: ``persistence`` stays
+cheap to import (the manifests read it).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from elastic_dew._deprecation import moved_names
-
 if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs neither
     from elastic_dew.elastic.state.checkpoints import Checkpoints
     from elastic_dew.elastic.state.snapshots import Snapshots
 
 __all__ = ["Newest", "newest"]
-
-__getattr__ = moved_names(__name__, {"Snapshots": "elastic_dew.elastic.state.snapshots.Snapshots",
-                                     "Checkpoints": "elastic_dew.elastic.state.checkpoints.Checkpoints"})
-
 
 class Newest(NamedTuple):
     """Where the newest complete state is: ``source`` ``"snapshot"``, ``"checkpoint"`` or

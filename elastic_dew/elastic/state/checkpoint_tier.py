@@ -1,11 +1,13 @@
-"""Tier 2 as the protocol drives it: the checkpoint cadence, the final and preemption saves,
-and when failing saves stop the run (:class:`SavesFailing`).
+"""Tier 2's half of :class:`~elastic_dew.elastic.state.tiers.Tiers`: the checkpoint cadence,
+the final and preemption saves, and when failing saves stop the run (:class:`SavesFailing`).
 
-:class:`CheckpointTier` starts a checkpoint every ``every`` steps without holding training for
-a commit still in flight (at most :data:`PATIENCE`; one due meanwhile is queued), commits the
-final checkpoint of a finished run and the checkpoint of the step a preemption agreed on, and
-reports each committed and abandoned save as an event. :class:`~elastic_dew.elastic.state.tiers.Tiers`
-holds it beside tier 1.
+:class:`CheckpointSaves` starts a checkpoint every ``checkpoint_every`` steps without holding
+training for a commit still in flight (at most :data:`PATIENCE`; one due meanwhile is
+queued), commits the final checkpoint of a finished run and the checkpoint of the step a
+preemption agreed on, and emits each save, commit and abandoned save as an event. ``Tiers``
+is a ``CheckpointSaves`` with tier 1 beside it. :func:`timed_save` times every save of both
+tiers, after the wait for the step in flight (what a save's seconds are:
+:mod:`~elastic_dew.elastic.state.tiers`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,30 @@ import jax
 
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.events import Commit, Event, Save, Storage
-from elastic_dew.elastic.state.cadence import Cadence, StepWait, timed_save
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.storage import StorageError, permanent
 
-__all__ = ["CheckpointTier", "SavesFailing", "PATIENCE"]
+__all__ = ["CheckpointSaves", "SavesFailing", "PATIENCE", "StepWait", "timed_save"]
 
 logger = logging.getLogger(__name__)
+
+_NAME = "checkpoint"
+
+#: Waits for the step in flight (the protocol's, bounded by its step deadline).
+StepWait = Callable[[], Any]
+
+
+def timed_save(tier: str, step: int, save: Callable[[], bool], wait_step: StepWait | None = None) -> Save:
+    """Run ``save`` (which returns whether the tier took the state) and describe it.
+
+    ``wait_step`` (the wait for the step in flight, when one is) runs first, off the clock:
+    the event's ``seconds`` are ``save``'s alone.
+    """
+    if wait_step is not None:
+        wait_step()
+    started = time.monotonic()
+    taken = bool(save())
+    return Save(tier=tier, step=step, taken=taken, seconds=time.monotonic() - started)
 
 
 class SavesFailing(StorageError):
@@ -45,34 +64,39 @@ class SavesFailing(StorageError):
     """
 
 
-class CheckpointTier(Cadence):
-    """Tier 2: a persistent checkpoint every ``every`` steps, at the end, and on preemption.
+class CheckpointSaves:
+    """Tier 2: a persistent checkpoint every ``checkpoint_every`` steps, at the end, and on preemption.
 
     ``checkpoints`` is ``None`` when the run has no checkpoint directory: then nothing is
     ever saved. A save that fails or passes the storage timeout is abandoned by
-    :class:`~elastic_dew.elastic.state.checkpoints.Checkpoints` and reported here as a
-    :class:`~elastic_dew.elastic.events.Storage` event (``emit``); the run goes on and the
-    next save is tried at its cadence, until ``max_failures`` are abandoned in a row, or,
-    with ``max_uncommitted`` seconds, until none committed for that long while saves
-    failed, or at once when a save was refused for a cause saving again does not fix
+    :class:`~elastic_dew.elastic.state.checkpoints.Checkpoints` and emitted as a
+    :class:`~elastic_dew.elastic.events.Storage` event; the run goes on and the next save is
+    tried at its cadence, until ``max_failures`` are abandoned in a row, or, with
+    ``max_uncommitted`` seconds, until none committed for that long while saves failed, or
+    at once when a save was refused for a cause saving again does not fix
     (:func:`~elastic_dew.elastic.state.storage.permanent`: a refused permission, a missing
     bucket): then :class:`SavesFailing`, naming the storage, the error, the newest committed
-    step and the fix. :meth:`poll`, at every step boundary, settles a save that finished
-    or passed its bound without holding the loop.
+    step and the fix. :meth:`poll`, at every step boundary, settles a save that finished or
+    passed its bound without holding the loop.
+
+    Args:
+        checkpoints: tier 2, or ``None``.
+        checkpoint_every: steps between cadence checkpoints (0: none on a cadence).
+        emit: takes every save, commit and abandoned or skipped save event.
+        max_failures: abandoned saves in a row that stop the run.
+        max_uncommitted: seconds without a commit, while saves fail, that stop the run (``None``: no such bound).
     """
 
-    name = "checkpoint"
-
     def __init__(
-        self, checkpoints: Checkpoints | None, every: int, *, max_failures: int = 3,
+        self, checkpoints: Checkpoints | None, checkpoint_every: int, *,
+        emit: Callable[[Event], None] = lambda event: None, max_failures: int = 3,
         max_uncommitted: float | None = None,
     ) -> None:
         self.checkpoints = checkpoints
-        self.every = every
+        self.checkpoint_every = checkpoint_every
+        self.emit = emit
         self.max_failures = max_failures
         self.max_uncommitted = max_uncommitted
-        #: Where :class:`~elastic_dew.elastic.events.Storage` events go (the protocol's emit).
-        self.emit: Callable[[Event], None] = lambda event: None
         self.failed_in_row = 0
         self._commits = 0
         self._since = time.monotonic()  # the last commit, or the tier's start
@@ -128,23 +152,24 @@ class CheckpointTier(Cadence):
         self.checkpoints.poll()
         self._note(self.checkpoints.failures())
 
-    def due(self, step: int) -> bool:
-        """Whether ``step`` saves: on the cadence, or a queued checkpoint can start (the
+    def _on_checkpoint_cadence(self, step: int) -> bool:
+        return bool(self.checkpoint_every) and not step % self.checkpoint_every
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``step`` checkpoints: on the cadence, or a queued checkpoint can start (the
         commit ahead of it ended). Never without a checkpoint directory."""
         if self.checkpoints is None:
             return False
-        return super().due(step) or (self.queued is not None and self.checkpoints.saving is None)
+        return self._on_checkpoint_cadence(step) or (self.queued is not None and self.checkpoints.saving is None)
 
-    def on_step(
-        self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh, wait_step: StepWait | None = None
-    ) -> Save | None:
+    def checkpoint_on_step(self, step: int, state: Any, meta: dict, wait_step: StepWait | None = None) -> Save | None:
         """Start the checkpoint of ``step`` if it is due, waiting at most :data:`PATIENCE`
         for a commit still in flight: a slow commit never holds training. One due while
         the commit before it is still in flight after that is *queued* (its state kept, a
         ``save`` event with ``taken`` false) and started at the first step boundary after
         that commit ends; at most one waits: a newer one due meanwhile takes its place, and
         the older is skipped with a ``storage`` event naming its step and why. Returns the
-        event of the save started or queued now, or ``None``."""
+        event of the save started or queued now, or ``None`` (not emitted: the caller does)."""
         if self.checkpoints is None:
             return None
         checkpoints = self.checkpoints
@@ -157,19 +182,19 @@ class CheckpointTier(Cadence):
             if _donated(queued_state):
                 self._skip(queued_step, "its state was donated to a later step before its save could start")
             else:
-                hooks.phase(self.name, queued_step)
-                started = timed_save(self.name, queued_step,
+                hooks.phase(_NAME, queued_step)
+                started = timed_save(_NAME, queued_step,
                                      lambda: self._start(queued_step, queued_state, queued_meta), wait_step)
                 wait_step = None
-        if not Cadence.due(self, step):
+        if not self._on_checkpoint_cadence(step):
             return started
         if checkpoints.saving is not None:
             if started is not None:
                 return self._queue(step, state, meta, started)
-            hooks.phase(self.name, step)
-            return timed_save(self.name, step, lambda: self._start_or_queue(step, state, meta), wait_step)
-        hooks.phase(self.name, step)
-        return timed_save(self.name, step, lambda: self._start(step, state, meta), wait_step)
+            hooks.phase(_NAME, step)
+            return timed_save(_NAME, step, lambda: self._start_or_queue(step, state, meta), wait_step)
+        hooks.phase(_NAME, step)
+        return timed_save(_NAME, step, lambda: self._start(step, state, meta), wait_step)
 
     def _start_or_queue(self, step: int, state: Any, meta: dict) -> bool:
         """Wait up to :data:`PATIENCE` for the commit in flight (a healthy disk's ends inside
@@ -210,9 +235,6 @@ class CheckpointTier(Cadence):
         self._note(checkpoints.failures())
         return taken
 
-    def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
-        return self._start(step, state, meta)
-
     def _skip(self, step: int, why: str) -> None:
         """A checkpoint not taken: logged, and a ``storage`` event with its step and why."""
         logger.warning("checkpoint of step %d skipped: %s", step, why)
@@ -228,8 +250,8 @@ class CheckpointTier(Cadence):
             self._skip(step, why)
 
     def save_final(self, step: int, state: Any, meta: dict) -> Save | None:
-        """Commit the last step's checkpoint (unless the cadence already did); its event, or
-        ``None``. A final save that is abandoned is reported like any other."""
+        """Commit the last step's checkpoint (unless the cadence already did); its event
+        (emitted), or ``None``. A final save that is abandoned is reported like any other."""
         checkpoints = self.checkpoints
         if checkpoints is None:
             return None
@@ -240,14 +262,16 @@ class CheckpointTier(Cadence):
         self._note(checkpoints.failures())
         saved = None
         if checkpoints.newest_known() != step:
-            hooks.phase(self.name, step)
+            hooks.phase(_NAME, step)
 
             def write() -> bool:
                 taken = checkpoints.save(step, state, meta, force=True)
                 return taken and checkpoints.wait_or_abandon() is None
 
-            saved = timed_save(self.name, step, write)
+            saved = timed_save(_NAME, step, write)
         self._note(checkpoints.failures(), stopping=True)
+        if saved is not None:
+            self.emit(saved)
         return saved
 
     def save_preemption(
@@ -259,7 +283,7 @@ class CheckpointTier(Cadence):
         no-progress deadline). The commit in flight is let finish first; a queued checkpoint
         is superseded; the agreed step's is taken only when what ``bound`` leaves is at least
         the slowest of the last commits (``Checkpoints.commit_seconds``; else a
-        ``storage`` event says why). The event's ``taken`` says whether it committed.
+        ``storage`` event says why). The event (emitted) says in ``taken`` whether it committed.
 
         ``None``, with an error logged, when there is nowhere to write it.
         """
@@ -296,8 +320,9 @@ class CheckpointTier(Cadence):
                 return False
             return checkpoints.wait_or_abandon(left()) is None
 
-        saved = timed_save(self.name, step, write)
+        saved = timed_save(_NAME, step, write)
         self._note(checkpoints.failures(), stopping=True)
+        self.emit(saved)
         if not saved.taken:
             logger.error(
                 "the preemption checkpoint of step %d did not commit%s; the newest committed step stays %s",

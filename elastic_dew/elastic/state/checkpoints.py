@@ -37,27 +37,23 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from jax.sharding import Mesh
 
-from elastic_dew._deprecation import renamed_keywords, renamed_method
-from elastic_dew.elastic.config import CHECKPOINT_KINDS, ElasticConfig
-from elastic_dew.elastic.state.backend import Backend
+from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.state import progress, storage
+from elastic_dew.elastic.state.commit import Commits
 from elastic_dew.elastic.state.meta import MetaError, meta_json
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierBackend, MultiTierError
-from elastic_dew.elastic.state import orbax_step, progress, storage
 from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint, OrbaxBackend
 from elastic_dew.elastic.state.storage import StorageError, StorageTimeout
 from elastic_dew.settings import check_value
 
-__all__ = ["Checkpoints", "KINDS", "META_CAPACITY", "MultiTierError", "DamagedCheckpoint", "StorageError", "StorageTimeout"]
+__all__ = ["Checkpoints", "META_CAPACITY", "MultiTierError", "DamagedCheckpoint", "StorageError", "StorageTimeout"]
 
 logger = logging.getLogger(__name__)
-
-KINDS = CHECKPOINT_KINDS
 
 
 def _check_step(step: int) -> None:
@@ -68,29 +64,7 @@ def _check_step(step: int) -> None:
         )
 
 
-class _InFlight(NamedTuple):
-    """A save written in the background: its step, when it started, its bytes, the most
-    seconds it was given from its start, progress or not (``None``: no such bound, only the
-    storage timeout's no-progress deadline), and the storage clients' counts at its start."""
-
-    step: int
-    started: float
-    nbytes: int
-    total: float | None = None
-    counters: progress.Counters = progress.Counters(0, 0, 0)
-
-
-class Committed(NamedTuple):
-    """A save that committed: its step, its seconds from start to commit, and the retries
-    and bytes the storage clients saw meanwhile (process-wide)."""
-
-    step: int
-    seconds: float
-    retries: int
-    nbytes: int
-
-
-class Checkpoints:
+class Checkpoints(Commits):
     """Persistent checkpoints of the training state and its meta (tier 2).
 
     ``directory`` is a local path or ``gs://`` URL (``orbax``), or the workers' local
@@ -119,7 +93,6 @@ class Checkpoints:
             replicator stand-in), before any directory is touched.
     """
 
-    @renamed_keywords("Checkpoints", num_slices="slices")
     def __init__(
         self,
         directory: str,
@@ -142,29 +115,9 @@ class Checkpoints:
         if slices is not None and slices < 1:
             raise ValueError(f"slices={slices} must be >= 1")
         check_value(ElasticConfig, "storage_timeout", timeout, owner="Checkpoints", name="timeout")
+        super().__init__(directory, timeout, record_dir)
         self.kind = kind
-        self.directory = str(directory)
         self.slices = slices
-        self.timeout = timeout
-        self.record_dir = record_dir
-        #: Bytes per second of the saves committed so far (sizes the automatic timeout).
-        self.bandwidth = storage.Bandwidth()
-        #: Steps whose save was given up on: never listed, never restored, never saved again.
-        self.abandoned: set[int] = orbax_step.read_abandoned(record_dir)
-        self._nbytes = 0
-        self._inflight: _InFlight | None = None
-        self._failures: list[StorageError] = []
-        self._committed_saves: list[Committed] = []
-        #: Seconds from start to commit of the last few saves committed (the slowest sizes
-        #: whether a preemption's save fits what is left of the grace window).
-        self.commit_seconds: deque[float] = deque(maxlen=5)
-        #: When the save in flight started (a ``time.monotonic()``), or ``None``.
-        self.saving_since: float | None = None
-        self._known: int | None = None
-        self._stalled_until = 0.0
-        #: Saves committed by this object.
-        self.commits = 0
-        self.backend: Backend
         if kind == "multi_tier":
             run_name = run_name or os.environ.get("JOBSET_NAME")
             if not run_name:
@@ -189,37 +142,6 @@ class Checkpoints:
                 self._call("listing", None, self.backend.open)  # creates the directory, lists it
             except OSError as error:  # a bucket that does not exist, a listing refused
                 raise StorageError.of("listing", self.directory, None, error) from error
-
-    # -- bounds ----------------------------------------------------------------------------
-    def bound(self, nbytes: int | None = None) -> float:
-        """Seconds the storage may go without progress (no request answered, no byte moved)
-        before one operation counts as stalled: the storage timeout.
-
-        Args:
-            nbytes: the state's bytes (default: those of the last state saved or restored).
-
-        Returns:
-            ``timeout``, else the automatic timeout for a state of ``nbytes``.
-        """
-        if self.timeout is not None:
-            return float(self.timeout)
-        return storage.automatic_timeout(self._nbytes if nbytes is None else nbytes, self.bandwidth)
-
-    def _call(self, operation: str, step: int | None, call: Any, total: float | None = None,
-              since: float | None = None) -> Any:
-        """``call()`` under the storage timeout's no-progress deadline (:func:`storage.bounded`),
-        and within ``total`` seconds when given."""
-        try:
-            return storage.bounded(operation, self.directory, step, self.bound(), call, total=total, since=since)
-        except StorageTimeout as error:
-            self._stalled_until = time.monotonic() + (error.bound or 0.0)
-            raise
-
-    @property
-    def stalled(self) -> bool:
-        """Whether a call to this storage passed its bound less than a bound ago: listings
-        then answer from memory (:meth:`newest_known`) instead of asking it again."""
-        return time.monotonic() < self._stalled_until
 
     # -- saves -----------------------------------------------------------------------------
     def save(self, step: int, state: Any, meta: dict, *, force: bool = False, bound: float | None = None) -> bool:
@@ -272,183 +194,8 @@ class Checkpoints:
             self._abandon(step, error, started)
             return False
         if began:
-            self._inflight = _InFlight(int(step), started, self._nbytes, bound, counters)
-            self.saving_since = started
+            self._begin(int(step), started, bound, counters)
         return began
-
-    def wait_or_abandon(self, bound: float | None = None) -> StorageError | None:
-        """Wait for the save in flight to commit, for as long as its writes keep progressing.
-
-        It is abandoned when the storage made no progress for the storage timeout
-        (:meth:`bound`) since its start or its last progress, or when ``bound`` (or the time
-        its save was given) passed.
-
-        Args:
-            bound: the most seconds to wait now, progress or not (default: no such bound).
-
-        Returns:
-            ``None`` when it committed (or none was in flight), else the
-            :class:`~elastic_dew.elastic.state.storage.StorageError` of the save it abandoned
-            (also kept for :meth:`failures`).
-
-        Raises:
-            jax.errors.JaxRuntimeError: a slice was lost while the save was written (the
-                retry's to handle).
-        """
-        inflight = self._inflight
-        if inflight is None:
-            return None
-        limit = bound
-        if inflight.total is not None:
-            left = inflight.started + inflight.total - time.monotonic()
-            limit = left if limit is None else min(limit, left)
-        try:
-            self._call("commit", inflight.step, self.backend.wait,
-                       None if limit is None else max(limit, 0.01), since=inflight.started)
-        except StorageTimeout as error:
-            return self._abandon(inflight.step, self._commit_timeout(inflight, error), inflight.started)
-        except Exception as error:  # noqa: BLE001 - every failure of a write abandons it
-            if _is_slice_loss(error):
-                self._inflight = self.saving_since = None
-                raise
-            return self._abandon(inflight.step, error, inflight.started)
-        self._committed(inflight)
-        return None
-
-    def _commit_timeout(self, inflight: _InFlight, error: StorageTimeout | None) -> StorageTimeout:
-        """The timeout of ``inflight``'s commit: no progress for the storage timeout (``error``
-        ``None`` or idle), or the time it was given passed."""
-        bound = self.bound() if error is None or error.idle else error.bound
-        return storage.timed_out(
-            f"checkpoint save of step {inflight.step} in {self.directory}", operation="commit",
-            storage=self.directory, step=inflight.step, bound=bound,
-            waited=time.monotonic() - inflight.started, idle=error is None or error.idle, verb="commit")
-
-    def poll(self, wait: float = 0.0) -> StorageError | None:
-        """Commit the save in flight if it finished, abandon it if it failed or the storage
-        made no progress for the storage timeout (or its given time passed); never waits
-        longer than ``wait`` seconds for it to end, and abandons nothing for that wait.
-
-        Args:
-            wait: the most seconds to wait for the save in flight to end (default: none).
-
-        Returns:
-            The failure of an abandoned save, or ``None``.
-        """
-        deadline = time.monotonic() + wait
-        while self._inflight is not None and self.backend.saving() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        inflight = self._inflight
-        if inflight is None:
-            return None
-        if self.backend.saving():
-            now = time.monotonic()
-            idle = progress.METER.idle(inflight.started) >= self.bound()
-            over = inflight.total is not None and now - inflight.started >= inflight.total
-            if not idle and not over:
-                return None
-            error = None if idle else StorageTimeout("", operation="commit", storage=self.directory,
-                                                     step=inflight.step, bound=inflight.total, idle=False)
-            timeout = self._commit_timeout(inflight, error)
-            self._stalled_until = now + (timeout.bound or 0.0)
-            return self._abandon(inflight.step, timeout, inflight.started)
-        return self.wait_or_abandon()
-
-    def wait(self, bound: float | None = None) -> None:
-        """Block until the last save is committed.
-
-        Args:
-            bound: the most seconds to wait, progress or not (default: as long as it progresses).
-
-        Raises:
-            StorageError: the save was abandoned: it failed, or did not commit within
-                ``bound`` or its own bound (:class:`~elastic_dew.elastic.state.storage.StorageTimeout`).
-        """
-        failure = self.wait_or_abandon(bound)
-        if failure is not None:
-            raise failure
-
-    def failures(self) -> list[StorageError]:
-        """Hand over the saves abandoned since the last call, and forget them.
-
-        Returns:
-            Their :class:`~elastic_dew.elastic.state.storage.StorageError`, oldest first.
-        """
-        out, self._failures = self._failures, []
-        return out
-
-    def committed_saves(self) -> list[Committed]:
-        """Hand over the saves committed since the last call, and forget them.
-
-        Returns:
-            Each one's :class:`Committed`, oldest first.
-        """
-        out, self._committed_saves = self._committed_saves, []
-        return out
-
-    @property
-    def saving(self) -> int | None:
-        """The step of the save in flight, or ``None``."""
-        return None if self._inflight is None else self._inflight.step
-
-    def _committed(self, inflight: _InFlight) -> None:
-        self._inflight = None
-        self.saving_since = None
-        self.commits += 1
-        self._known = inflight.step if self._known is None else max(self._known, inflight.step)
-        seconds = time.monotonic() - inflight.started
-        self.bandwidth.add(inflight.nbytes, seconds)
-        self.commit_seconds.append(seconds)
-        moved = progress.METER.counters() - inflight.counters
-        self._committed_saves.append(Committed(inflight.step, seconds, moved.retries, moved.nbytes))
-        logger.info("checkpoint of step %d committed in %.1f s (%d retries, %d bytes moved meanwhile)",
-                    inflight.step, seconds, moved.retries, moved.nbytes)
-
-    def _abandon(self, step: int, error: BaseException, started: float) -> StorageError:
-        """Give up on ``step``'s save: fence it, forget the backend's manager, keep the failure."""
-        self._inflight = None
-        self.saving_since = None
-        waited = time.monotonic() - started
-        if isinstance(error, StorageError):
-            failure = error
-            failure.waited = max(failure.waited, waited)
-        elif storage.client_timeout(error):
-            # A client's own per-request bound ended a request that got no answer: the
-            # storage stalled, and the save's other writes may still be held (and land later).
-            failure = StorageTimeout(
-                f"checkpoint save of step {step} in {self.directory} got no answer within the storage "
-                f"client's own per-request bound ({type(error).__name__}: {storage.short(error)}): "
-                "the storage is not answering",
-                operation="commit", storage=self.directory, step=step, bound=self.bound(), waited=waited,
-            )
-        else:
-            failure = StorageError.of("save", self.directory, step, error, waited)
-        if not isinstance(failure, StorageTimeout):
-            # The write failed and ended: nothing of it is still running to commit it later.
-            self._abandon_manager(close=True)
-            logger.warning("checkpoint save of step %d failed after %.1f s: %s", step, waited, failure)
-            self._failures.append(failure)
-            return failure
-        self.abandoned.add(int(step))
-        storage.abandoned_write()
-        if self.record_dir is not None:
-            try:
-                orbax_step.record_abandoned(self.record_dir, step)
-            except OSError as record_error:
-                logger.error("could not record abandoned checkpoint step %d in %s: %s", step, self.record_dir, record_error)
-        self._abandon_manager()
-        logger.warning("checkpoint save of step %d abandoned after %.1f s: %s", step, waited, failure)
-        self._failures.append(failure)
-        return failure
-
-    def _abandon_manager(self, close: bool = False) -> None:
-        try:
-            if close:
-                self._call("close", None, lambda: self.backend.abandon(close=True))
-            else:
-                self.backend.abandon()
-        except Exception:  # noqa: BLE001 - a fresh manager is built on the next call all the same
-            logger.exception("abandoning the checkpoint manager of the abandoned save failed")
 
     # -- listings and restores ----------------------------------------------------------
     def _newest(self, steps: list[int]) -> int | None:
@@ -566,11 +313,6 @@ class Checkpoints:
         """
         self.backend.stop_precompiling()
 
-    prepare = renamed_method("Checkpoints", "prepare", precompile_saves)
-    prepared = renamed_method("Checkpoints", "prepared", saves_precompiled)
-    stop_preparing = renamed_method("Checkpoints", "stop_preparing", stop_precompiling)
-    settle = renamed_method("Checkpoints", "settle", wait_or_abandon)
-
     def on_active_slices_changed(self, devices: list, mesh: Mesh) -> None:
         """Bind tier 2 to the active devices and mesh: call it on every attempt and scale-up.
 
@@ -605,10 +347,3 @@ class Checkpoints:
             return
         self.wait_or_abandon()
         self._call("close", None, self.backend.close)
-
-
-def _is_slice_loss(error: BaseException) -> bool:
-    """Whether ``error`` is a lost slice's (the retry's to handle), not the storage's."""
-    import jax
-
-    return isinstance(error, jax.errors.JaxRuntimeError)

@@ -15,7 +15,7 @@ the storage clients already count it, never by polling the bucket:
   drops at ``TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS``, leave them all unchanged).
 - **gcsfs** (directories, metadata, ``commit_success.txt``) runs on an ``aiohttp`` session
   whose ``trace_configs`` hooks :func:`trace_config` feeds here (installed by
-  :func:`~elastic_dew.elastic.state.storage.configure_clients` through fsspec's
+  :func:`~elastic_dew.elastic.state.storage_clients.configure_clients` through fsspec's
   configuration): each answer (its status; 429 and 5xx are the answers gcsfs retries) and
   each chunk of a body read. The bytes of an upload count once it is answered: a body sent
   again after a timeout is not progress.
@@ -24,7 +24,7 @@ Orbax's own hooks (its ``jax.monitoring`` durations, ``AsyncOptions`` callbacks)
 when a phase ends, so they cannot tell a forty-second commit that is moving from one that
 is stuck; they are not used here. Progress is per process, not per request: one request
 held while others move is ended by its client's own per-request bound, which
-:func:`~elastic_dew.elastic.state.storage.configure_clients` sets to the same timeout, and
+:func:`~elastic_dew.elastic.state.storage_clients.configure_clients` sets to the same timeout, and
 retried by the client. Writes through plain Python file calls (Orbax's metadata on a local
 disk) are seen by nobody: on such storage the deadline measures the operation's time since
 the last progress TensorStore saw, at worst its whole duration.

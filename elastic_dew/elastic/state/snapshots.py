@@ -24,7 +24,7 @@ loop needs around it:
   :meth:`Snapshots.save` reports whether Orbax actually took the state and counts both.
 
 Everything that needs the Snapshotter's private members goes through
-:class:`~elastic_dew._compat.orbax.HostSnapshotter`, the one module that knows them.
+:class:`~elastic_dew._compat.orbax_snapshotter.HostSnapshotter`, the one module that knows them.
 
 The snapshot keeps device arrays in pinned host memory alive on purpose (that is the
 snapshot): ``jax.live_arrays()`` lists them between attempts.
@@ -42,8 +42,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elastic_dew._compat.orbax import HostSnapshotter
-from elastic_dew._deprecation import renamed_method
+from elastic_dew._compat.orbax_snapshotter import HostSnapshotter
 from elastic_dew.elastic.state import packing
 from elastic_dew.elastic.state.meta import meta_json
 
@@ -55,8 +54,6 @@ _STATE = "state"
 _META = "meta"
 _PACKED = "packed"
 _LEAVES = "leaves"
-_path_name = packing.path_name
-_is_key = packing.is_key
 
 
 class _PrecompiledFunction:
@@ -156,7 +153,7 @@ class Snapshots:
         for path, leaf in leaves:
             if not isinstance(leaf, jax.Array):
                 raise ValueError(
-                    f"state leaf {_path_name(path)} is a {type(leaf).__name__}, not a jax.Array; "
+                    f"state leaf {packing.path_name(path)} is a {type(leaf).__name__}, not a jax.Array; "
                     "put it on the mesh, or carry it in meta"
                 )
             sharding = leaf.sharding
@@ -165,7 +162,7 @@ class Snapshots:
                          for a in ((dim,) if isinstance(dim, str) else dim)]
                 if replica_axis in named:
                     raise ValueError(
-                        f"state leaf {_path_name(path)} is partitioned along the replica axis "
+                        f"state leaf {packing.path_name(path)} is partitioned along the replica axis "
                         f"{replica_axis!r} (spec {sharding.spec}); a snapshot needs it replicated "
                         "along that axis so the surviving slices hold a whole copy"
                     )
@@ -242,9 +239,6 @@ class Snapshots:
         layout = json.loads(packer.layout_json)
         targets = tuple(leaf.sharding for leaf, p in zip(leaves, packer.packed) if p)
         self._unpacker(layout, targets).compile(*packing.abstract_groups(layout, mesh, self.replica_axis_index))
-
-    prepare = renamed_method("Snapshots", "prepare", precompile_saves)
-    precompile = renamed_method("Snapshots", "precompile", precompile_resume)
 
     def save(self, step: int, state: Any, meta: dict, mesh: Mesh) -> bool:
         """Start an asynchronous snapshot of ``state`` after ``step`` updates.
@@ -338,7 +332,7 @@ class Snapshots:
                     continue
                 # From the shardings, not the buffers: a lost slice's replica is not read.
                 shard = jax.ShapeDtypeStruct(leaf.sharding.shard_shape(leaf.shape), leaf.dtype)
-                if _is_key(leaf.dtype):
+                if packing.is_key(leaf.dtype):
                     shard = jax.eval_shape(jax.random.key_data, shard)
                 shard_bytes = int(np.prod(shard.shape, dtype=np.int64)) * np.dtype(shard.dtype).itemsize
                 for device in leaf.sharding.device_set:
@@ -380,7 +374,7 @@ class Snapshots:
             self.join()
             meta, layout, step = self._stored_meta()
             flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
-            paths = [_path_name(p) for p, _ in flat]
+            paths = [packing.path_name(p) for p, _ in flat]
             abstract = [leaf for _, leaf in flat]
             packing.check_layout(layout, paths, abstract)
             packed = [("group" in e) for e in layout["leaves"]]

@@ -1,17 +1,18 @@
-"""The two state tiers as the protocol drives them: each decides its own cadence.
+"""Both state tiers as the protocol drives them: their cadences, the newest state across them.
 
-:class:`SnapshotTier` (tier 1, in-memory snapshots, here) and
-:class:`~elastic_dew.elastic.state.checkpoint_tier.CheckpointTier` (tier 2, persistent
-checkpoints) each answer ``on_step(step, state, meta, mesh)`` after every
-completed step with the :class:`~elastic_dew.elastic.events.Save` event of the save they
-made, or ``None`` when none was due. The checkpoint tier also owns the two saves that are
-not on a cadence: the final checkpoint of a finished run and the checkpoint of the step a
-preemption agreed on. :class:`Tiers` holds both, builds them from an
-:class:`~elastic_dew.elastic.config.ElasticConfig`, and restores the newest complete state
-across them (:mod:`~elastic_dew.elastic.state.restore`).
+:class:`Tiers` is the protocol's one handle on state: tier 1's
+:class:`~elastic_dew.elastic.state.snapshots.Snapshots` (``snapshots``, a snapshot every
+``snapshot_every`` steps) and tier 2's
+:class:`~elastic_dew.elastic.state.checkpoints.Checkpoints` (``checkpoints``: the checkpoint
+cadence, the final and preemption saves and the failure policy of
+:class:`~elastic_dew.elastic.state.checkpoint_tier.CheckpointSaves`, which ``Tiers``
+extends). :meth:`Tiers.on_step` offers each completed step's state to tier 1, then tier 2,
+and emits each save's :class:`~elastic_dew.elastic.events.Save` event; :meth:`Tiers.restore`
+restores the newest complete state across them (a :class:`Restored`).
 
-Every save event is built by :func:`~elastic_dew.elastic.state.cadence.timed_save`; every save announces its phase
-(:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a fault inside it.
+Every save event is built by :func:`~elastic_dew.elastic.state.checkpoint_tier.timed_save`; every
+save announces its phase (:mod:`~elastic_dew.elastic.hooks`) first, so the simulator can fire a
+fault inside it.
 
 **What a save's seconds are**, on every platform: the time the loop was held by the save
 itself. A save is offered the state of the last completed step while the next step is in
@@ -33,46 +34,34 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
-from elastic_dew._deprecation import renamed_keywords
-from elastic_dew._deprecation import renamed_method
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.events import Commit, Event, Save, Storage
-from elastic_dew.elastic.state.cadence import Cadence, StepWait, timed_save
-from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointTier, SavesFailing
-from elastic_dew.elastic.state.checkpoints import Checkpoints
+from elastic_dew.elastic.events import Event, Storage
 from elastic_dew.elastic.state import Newest, newest
-from elastic_dew.elastic.state.restore import Restored, restore
+from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing, StepWait, timed_save
+from elastic_dew.elastic.state.checkpoints import Checkpoints
+from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
 from elastic_dew.elastic.state.snapshots import Snapshots
-from elastic_dew.elastic.state.storage import StorageError, permanent
 
-__all__ = ["timed_save", "StepSaves", "SnapshotTier", "CheckpointTier", "Tiers", "SavesFailing"]
+__all__ = ["Restored", "StepSaves", "Tiers", "SavesFailing", "PATIENCE"]
 
 logger = logging.getLogger(__name__)
 
 
-class SnapshotTier(Cadence):
-    """Tier 1: an in-memory snapshot every ``every`` steps (never when ``every`` is 0)."""
+class Restored(NamedTuple):
+    """A restored state: its ``source`` tier (``"snapshot"`` or ``"checkpoint"``), its ``step``
+    (the last completed one), the ``state`` on the target shardings and the ``meta`` saved
+    beside it. It unpacks as ``source, step, state, meta``."""
 
-    name = "snapshot"
-
-    def __init__(self, snapshots: Snapshots | None, every: int) -> None:
-        self.snapshots = snapshots
-        self.every = every
-
-    def land(self) -> None:
-        """Wait for the snapshot in flight to land in host memory (or fail)."""
-        if self.snapshots is not None:
-            self.snapshots.join()
-
-    def _save(self, step: int, state: Any, meta: dict, mesh: jax.sharding.Mesh) -> bool:
-        assert self.snapshots is not None, "a tier without snapshots is never due"
-        return self.snapshots.save(step, state, meta, mesh)
+    source: str
+    step: int
+    state: Any
+    meta: dict
 
 
 class StepSaves(NamedTuple):
@@ -84,28 +73,37 @@ class StepSaves(NamedTuple):
     seconds: float
 
 
-class Tiers:
+class Tiers(CheckpointSaves):
     """Both tiers of one run, in the order a step saves them (snapshot, then checkpoint).
 
     Args:
-        snapshot: tier 1.
-        checkpoint: tier 2.
+        snapshots: tier 1, or ``None``.
+        checkpoints: tier 2, or ``None``.
+        snapshot_every: steps between snapshots (0: none).
+        checkpoint_every: steps between cadence checkpoints (0: none on a cadence).
+        emit: takes every event of the tiers: saves, commits, abandoned, skipped and
+            quarantined checkpoints.
+        max_failures: abandoned checkpoint saves in a row that stop the run.
+        max_uncommitted: seconds without a commit, while saves fail, that stop the run.
         owns_checkpoints: whether tier 2's manager was created here (and closed here).
+        quarantine: whether a damaged committed checkpoint is moved aside and the previous one restored.
     """
 
     def __init__(
-        self, snapshot: SnapshotTier, checkpoint: CheckpointTier, *, owns_checkpoints: bool = False,
-        quarantine: bool = True,
+        self, snapshots: Snapshots | None, checkpoints: Checkpoints | None, *, snapshot_every: int = 0,
+        checkpoint_every: int = 0, emit: Callable[[Event], None] = lambda event: None, max_failures: int = 3,
+        max_uncommitted: float | None = None, owns_checkpoints: bool = False, quarantine: bool = True,
     ) -> None:
-        self.snapshot = snapshot
-        self.checkpoint = checkpoint
+        super().__init__(checkpoints, checkpoint_every, emit=emit, max_failures=max_failures,
+                         max_uncommitted=max_uncommitted)
+        self.snapshots = snapshots
+        self.snapshot_every = snapshot_every
         #: Whether tier 2's manager was created here (and so is closed by :meth:`close`).
         self.owns_checkpoints = owns_checkpoints
         #: Whether a damaged committed checkpoint is moved aside and the previous one restored.
         self.quarantine = quarantine
 
     @classmethod
-    @renamed_keywords("Tiers.from_config", num_slices="slices")
     def from_config(
         cls,
         config: ElasticConfig,
@@ -115,6 +113,7 @@ class Tiers:
         checkpoints: Checkpoints | None = None,
         run_name: str | None = None,
         run_dir: str | os.PathLike[str] | None = None,
+        emit: Callable[[Event], None] = lambda event: None,
     ) -> Tiers:
         """The tiers ``config`` asks for; ``snapshots``/``checkpoints`` given are used as they are.
 
@@ -129,6 +128,7 @@ class Tiers:
             checkpoints: tier 2 to use, or ``None``.
             run_name: the run's name (multi-tier backups), or ``None``.
             run_dir: the run directory, or ``None``.
+            emit: takes every event of the tiers.
 
         Returns:
             The tiers.
@@ -152,26 +152,13 @@ class Tiers:
                 record_dir=run_dir,
             )
         return cls(
-            SnapshotTier(snapshots, config.snapshot_every),
-            CheckpointTier(
-                checkpoints, config.checkpoint_every, max_failures=config.max_failed_saves,
-                max_uncommitted=config.max_uncommitted_seconds,
-            ),
-            owns_checkpoints=owns_checkpoints,
-            quarantine=config.quarantine_damaged,
+            snapshots, checkpoints, snapshot_every=config.snapshot_every, checkpoint_every=config.checkpoint_every,
+            emit=emit, max_failures=config.max_failed_saves, max_uncommitted=config.max_uncommitted_seconds,
+            owns_checkpoints=owns_checkpoints, quarantine=config.quarantine_damaged,
         )
 
-    @property
-    def snapshots(self) -> Snapshots | None:
-        return self.snapshot.snapshots
-
-    @property
-    def checkpoints(self) -> Checkpoints | None:
-        return self.checkpoint.checkpoints
-
-    def __iter__(self) -> Iterator[SnapshotTier | CheckpointTier]:
-        """The tiers in the order a step offers them its state: snapshot, then checkpoint."""
-        return iter((self.snapshot, self.checkpoint))
+    def _snapshot_due(self, step: int) -> bool:
+        return self.snapshots is not None and bool(self.snapshot_every) and not step % self.snapshot_every
 
     def due(self, step: int) -> bool:
         """Whether either tier saves at ``step``.
@@ -182,7 +169,12 @@ class Tiers:
         Returns:
             Whether a tier saves at it.
         """
-        return any(tier.due(step) for tier in self)
+        return self._snapshot_due(step) or self.checkpoint_due(step)
+
+    def land(self) -> None:
+        """Wait for the snapshot in flight to land in host memory (or fail)."""
+        if self.snapshots is not None:
+            self.snapshots.join()
 
     def on_step(
         self,
@@ -190,39 +182,41 @@ class Tiers:
         state: Any,
         meta: dict,
         mesh: jax.sharding.Mesh,
-        *,
-        emit: Callable[[Save], None],
         wait_step: StepWait | None = None,
     ) -> StepSaves | None:
-        """Offer completed ``step``'s state to each tier in turn, ``emit`` each save event
+        """Offer completed ``step``'s state to each tier in turn, emit each save event
         before the next tier is offered it (a fault inside the checkpoint cannot lose the
         snapshot's event); ``wait_step`` waits for the step in flight before the first save.
 
         A checkpoint save that finished or passed its bound since the last step is settled
-        first, without waiting (:meth:`CheckpointTier.poll`).
+        first, without waiting (:meth:`poll`).
 
         Args:
             step: the completed step.
             state: its state.
             meta: its meta.
             mesh: its mesh.
-            emit: called with each save event.
             wait_step: waits for the step in flight, or ``None``.
 
         Returns:
             ``None`` when no tier saved, else the :class:`StepSaves` the step lines need.
         """
-        self.checkpoint.poll()
+        self.poll()
         if not self.due(step):
             return None
         waited_from = time.monotonic()
         seconds = 0.0
-        for tier in self:
-            saved = tier.on_step(step, state, meta, mesh, wait_step)
-            if saved is not None:
-                wait_step = None  # waited: the next tier's save has nothing to wait for
-                seconds += saved.seconds
-                emit(saved)
+        snapshots = self.snapshots
+        if snapshots is not None and self._snapshot_due(step):
+            hooks.phase("snapshot", step)
+            saved = timed_save("snapshot", step, lambda: snapshots.save(step, state, meta, mesh), wait_step)
+            wait_step = None  # waited: the checkpoint has nothing to wait for
+            seconds += saved.seconds
+            self.emit(saved)
+        checkpointed = self.checkpoint_on_step(step, state, meta, wait_step)
+        if checkpointed is not None:
+            seconds += checkpointed.seconds
+            self.emit(checkpointed)
         return StepSaves(waited_from, seconds)
 
     def newest(self) -> Newest:
@@ -248,7 +242,7 @@ class Tiers:
         Raises:
             ValueError: tier 1 cannot snapshot ``state`` (as its ``save`` would raise).
         """
-        if self.snapshots is not None and self.snapshot.every:
+        if self.snapshots is not None and self.snapshot_every:
             self.snapshots.precompile_saves(state, mesh)
         if self.checkpoints is not None:
             self.checkpoints.precompile_saves(state)
@@ -268,11 +262,8 @@ class Tiers:
             abstract_state: the program's state on a mesh, every leaf a
                 ``jax.ShapeDtypeStruct`` with its sharding (``Program.abstract_state``).
         """
-        if self.snapshots is not None and self.snapshot.every:
+        if self.snapshots is not None and self.snapshot_every:
             self.snapshots.precompile_resume(abstract_state(mesh), mesh)
-
-    prepare = renamed_method("Tiers", "prepare", precompile_saves)
-    precompile = renamed_method("Tiers", "precompile", precompile_resume)
 
     def on_active_slices_changed(self, mesh: jax.sharding.Mesh) -> None:
         """Bind tier 2 to ``mesh``'s devices before anything is saved or restored through it.
@@ -290,20 +281,27 @@ class Tiers:
     def on_slice_lost(self) -> None:
         """A slice was lost: tier 2 forgets what is bound to the old devices without calling it."""
         if self.checkpoints is not None:
-            self.checkpoint.drop_queued("a slice was lost before its save could start")
+            self.drop_queued("a slice was lost before its save could start")
             self.checkpoints.on_slice_lost()
 
-    def restore(self, abstract: Any, emit: Callable[[Event], None] = lambda event: None) -> Restored | None:
+    def restore(self, abstract: Any) -> Restored | None:
         """The newest complete state across the tiers on ``abstract``'s shardings, or ``None``
-        when neither tier holds one (a fresh start): :func:`~elastic_dew.elastic.state.restore.restore`,
-        with :attr:`quarantine`.
+        when neither tier holds one (a fresh start).
+
+        A queued checkpoint is dropped (the attempt that queued it ended). A checkpoint still
+        being written when the attempt ended is waited for first: its state is already on the
+        host, and once committed it may be the newest one. Then :func:`~elastic_dew.elastic.state.newest`
+        chooses the tier: a snapshot is loaded from a replica on the surviving slices (tier 1),
+        else the newest committed checkpoint (tier 2); a committed checkpoint that cannot be
+        read is, with :attr:`quarantine`, moved aside (a ``storage`` event) and the previous one
+        restored. Each load announces its phase (:mod:`~elastic_dew.elastic.hooks`) first, so
+        the simulator can fire a fault inside it.
 
         Args:
             abstract: the state's shapes and target shardings.
-            emit: takes the ``storage`` event of a quarantined checkpoint.
 
         Returns:
-            The :class:`~elastic_dew.elastic.state.restore.Restored` state, or ``None``.
+            The :class:`Restored` state, or ``None``.
 
         Raises:
             RuntimeError: from tier 1's load (no replica survived).
@@ -312,9 +310,46 @@ class Tiers:
                 :class:`~elastic_dew.elastic.state.orbax_backend.DamagedCheckpoint`).
             StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
-        if self.checkpoints is not None:
-            self.checkpoint.drop_queued("the attempt ended before its save could start")
-        return restore(self.snapshots, self.checkpoints, abstract, quarantine=self.quarantine, emit=emit)
+        snapshots, checkpoints = self.snapshots, self.checkpoints
+        if checkpoints is not None:
+            self.drop_queued("the attempt ended before its save could start")
+            try:
+                checkpoints.wait()
+            except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
+                logger.warning("the checkpoint in flight when the attempt ended did not commit: %s", error)
+        source, saved = self.newest()
+        if source == "snapshot" and snapshots is not None and saved is not None:
+            hooks.phase("snapshot_load", saved + 1)
+            try:
+                state, meta, step = snapshots.load(abstract)
+                return Restored("snapshot", step, state, meta)
+            except jax.errors.JaxRuntimeError:
+                raise  # a slice lost during the load: the next attempt retries it
+            except RuntimeError as error:  # every replica was on a lost slice
+                logger.warning("no snapshot replica survived (%s); trying the checkpoint", error)
+                saved = checkpoints.latest_step() if checkpoints is not None else None
+                source = "checkpoint" if saved is not None else "fresh"
+        while source == "checkpoint" and checkpoints is not None and saved is not None:
+            hooks.phase("checkpoint_restore", saved + 1)
+            try:
+                state, meta = checkpoints.restore(saved, abstract)
+            except DamagedCheckpoint as error:
+                if not self.quarantine:
+                    raise
+                try:
+                    moved = checkpoints.quarantine(saved)
+                except NotImplementedError:
+                    raise error from None
+                logger.error("checkpoint step %d cannot be read; moved aside to %s: %s", saved, moved, error)
+                self.emit(Storage(operation="restore", outcome="quarantined", step=saved,
+                                  storage=checkpoints.directory, waited=0.0, error=str(error), moved_to=moved))
+                source, saved = self.newest()
+                continue
+            return Restored("checkpoint", saved, state, meta)
+        if source == "snapshot" and snapshots is not None:  # a snapshot newer than what is left after a quarantine
+            state, meta, step = snapshots.load(abstract)
+            return Restored("snapshot", step, state, meta)
+        return None
 
     def resume_from_text(self) -> str:
         """What a run that gave up leaves to resume from, for its error message (not
