@@ -131,10 +131,8 @@ def test_from_nnx_takes_the_constructors_run_parameters_with_the_same_defaults_a
 
 
 @pytest.mark.parametrize("call", [
-    lambda: schedule.check_fault_slices(simulate.parse_schedule("lose:1@3"), num_slices=4),
-    lambda: schedule.unreachable(simulate.parse_schedule("lose:1@3"), num_slices=4),
     lambda: topology.Topology.check_shape(num_slices=4, devices_per_slice=2),
-], ids=["check_slices", "unreachable", "Topology.check_shape"])
+], ids=["Topology.check_shape"])
 def test_the_other_public_callables_that_took_num_slices_take_it_with_a_warning_naming_slices(call):
     with pytest.warns(DeprecationWarning, match=r"\(num_slices=\.\.\.\) is deprecated .*; use .*\(slices=\.\.\.\)"):
         assert call() is None
@@ -150,7 +148,6 @@ RENAMED_0_2 = {
     "elastic_dew.testing.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",
     "elastic_dew.testing.outcome.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",
     "elastic_dew.simulate.Fault": "elastic_dew.simulate.schedule.ScheduledFault",
-    "elastic_dew.simulate.schedule.Fault": "elastic_dew.simulate.schedule.ScheduledFault",
     "elastic_dew.testing.fault_proxy.Fault": "elastic_dew.testing.fault_proxy.ProxyFault",
 }
 

@@ -37,7 +37,6 @@ MOVED = {
 MOVED_NAMES = {
     ("elastic_dew.rundir", "committed"): "elastic_dew.elastic.state.orbax_step",
     ("elastic_dew.rundir", "committed_checkpoint_steps"): "elastic_dew.elastic.state.orbax_step",
-    ("elastic_dew.simulate.schedule", "ScheduleRunner"): "elastic_dew.simulate.runner",
     ("elastic_dew.k8s.render", "priority_class"): "elastic_dew.k8s.cluster",
     ("elastic_dew.k8s.render", "checkpoint_configuration"): "elastic_dew.k8s.cluster",
     ("elastic_dew.k8s.render", "jobset_comments"): "elastic_dew.k8s.comments",

@@ -30,7 +30,6 @@ from elastic_dew._deprecation import moved_names
 
 _EXPORTS = {
     "ACTIONS": "schedule",
-    "PHASES": "schedule",
     "Cost": "diagnosis",
     "Diagnosis": "diagnosis",
     "PROBLEMS": "diagnosis",
@@ -63,7 +62,7 @@ __getattr__ = moved_names(__name__, {
     "Action": "elastic_dew.simulate.schedule.Action",
     "Topology": "elastic_dew.simulate.topology.Topology",
     "check_slices": "elastic_dew.simulate.schedule.check_fault_slices",
-    "unreachable": "elastic_dew.simulate.schedule.unreachable",
+    "unreachable": "elastic_dew.simulate.reachability.unreachable",
 }, fallback=_lazy)
 
 
