@@ -176,9 +176,9 @@ class ScheduleRunner:
         Before a phase that meets the run's work in flight
         (:attr:`elastic_dew.elastic.hooks.Phase.meets_in_flight`: a snapshot save), and before
         a step-keyed fault fires, that work is landed (``land()``, on the announcing thread;
-        not while a slice hangs): a save is
-        then never skipped for a transfer still running, and a fault never meets one, so
-        which snapshot a recovery loads depends on the schedule alone.
+        not while a slice hangs): a save is then never skipped for a transfer still running,
+        and a fault never meets one, so which snapshot a recovery loads depends on the
+        schedule alone.
         """
         with self._lock:
             self.announced = True
