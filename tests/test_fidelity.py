@@ -21,7 +21,8 @@ from elastic_dew import testing as chaos
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.slices import health
 from elastic_dew.simulate import ScheduledFault, SimulatedSlices, parse_schedule
-from elastic_dew.simulate.schedule import SLICE_DOWN_CODES, unreachable
+from elastic_dew.simulate.reachability import unreachable
+from elastic_dew.simulate.schedule import SLICE_DOWN_CODES
 
 from faultlib import kinds
 

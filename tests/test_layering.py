@@ -39,10 +39,13 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                 ("compat",)),
     # the elastic layer and the run directory's formats: below everything that reads them
     "elastic": (("elastic_dew.elastic", "elastic_dew.rundir"), ("compat", "runtime")),
-    "simulator": (("elastic_dew.simulate",), ("compat", "runtime", "elastic")),
+    # a fault's text, the schedule's token grammar: the simulator's, which the planner (a tool
+    # beside the core) writes the schedules it draws in; it imports nothing of elastic_dew
+    "fault text": (("elastic_dew.simulate.fault_token",), ("compat",)),
+    "simulator": (("elastic_dew.simulate",), ("compat", "runtime", "elastic", "fault text")),
     # the local Pathways backend (the IFRT proxy server): fires the simulator's schedules at
     # the steps it counts, beside the simulator, below everything that starts it
-    "proxy": (("elastic_dew.proxy",), ("compat", "runtime", "elastic", "simulator")),
+    "proxy": (("elastic_dew.proxy",), ("compat", "runtime", "elastic", "fault text", "simulator")),
     # the package root only re-exports the Trainer (lazily)
     "training": (
         ("elastic_dew.trainer", "elastic_dew.train_config", "elastic_dew.record",
@@ -50,28 +53,30 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("compat", "runtime", "elastic"),
     ),
     # Planning a run at scale: reads run records, writes fault schedules' text
-    "plan": (("elastic_dew.plan",), ("compat", "runtime", "elastic", "training")),
+    "plan": (("elastic_dew.plan",), ("compat", "runtime", "elastic", "fault text", "training")),
     # The run (plan, check, execute) and its terminal face: recipes call them from main(),
     # and they load recipes by name at run time, never by import.
-    "run": (("elastic_dew.run", "elastic_dew.console", "elastic_dew.terminal"), ("compat", "runtime", "elastic", "simulator", "proxy", "training")),
+    "run": (("elastic_dew.run", "elastic_dew.console", "elastic_dew.terminal"),
+            ("compat", "runtime", "elastic", "fault text", "simulator", "proxy", "training")),
     "recipes": (("elastic_dew.recipes",), ("compat", "runtime", "elastic", "training", "run")),
     # the chaos harness (scenarios, runner, invariants) and the supervisor that re-runs a
     # program after 143 or a kill, as a JobSet does
     "harness": (
         ("elastic_dew.testing", "elastic_dew.supervisor"),
-        ("compat", "runtime", "elastic", "simulator", "proxy", "training", "run"),
+        ("compat", "runtime", "elastic", "fault text", "simulator", "proxy", "training", "run"),
     ),
     # the command line and its program entry points (python -m elastic_dew, python -m
     # elastic_dew.chaos)
     "cli": (
         ("elastic_dew.commands", "elastic_dew.cli", "elastic_dew.k8s", "elastic_dew.chaos", "elastic_dew.__main__"),
-        ("compat", "runtime", "elastic", "simulator", "proxy", "training", "plan", "run", "recipes", "harness"),
+        ("compat", "runtime", "elastic", "fault text", "simulator", "proxy", "training", "plan", "run", "recipes",
+         "harness"),
     ),
 }
 
 #: The elastic layer's packages, bottom up: each may import only itself and those before it.
-#: A module directly in ``elastic_dew/elastic/`` is a shared definition (config, events, hooks,
-#: the step deadline, the fault token), which every package reads.
+#: A module directly in ``elastic_dew/elastic/`` is a shared definition (config, events, the
+#: loop's channel ``hooks``, the step deadline), which every package reads.
 ELASTIC_PACKAGES = (
     "elastic_dew.elastic",
     "elastic_dew.elastic.state",
@@ -141,6 +146,16 @@ def test_no_module_imports_a_layer_its_own_may_not():
     assert not violations, "\n".join(violations)
 
 
+def test_the_planner_reads_the_simulators_fault_text_and_nothing_else_of_the_simulator():
+    assert _layer("elastic_dew.simulate.fault_token") == "fault text"
+    assert _layer("elastic_dew.simulate.schedule") == "simulator"
+    importers = {module for module, path in _modules()
+                 if any(_layer(name) == "fault text" for name in _imports(path))}
+    assert {"elastic_dew.plan.faults", "elastic_dew.simulate.schedule"} <= importers
+    assert "simulator" not in _may_import("plan") and "fault text" in _may_import("plan")
+    assert _imports(REPO / "elastic_dew" / "simulate" / "fault_token.py") == set()
+
+
 def test_the_simulator_is_imported_only_from_the_run_upward():
     allowed = {layer for layer in LAYERS if "simulator" in _may_import(layer)}
     assert allowed == {"simulator", "proxy", "run", "harness", "cli"}
@@ -163,6 +178,73 @@ def test_no_module_below_the_command_line_imports_the_commands():
         if imported == "elastic_dew.commands" or imported.startswith("elastic_dew.commands.")
     ]
     assert offenders == []
+
+
+# ------------------------------------------------------------------ the loop's channel
+
+#: The loop's one instrumentation channel (phases under way, events that happened).
+CHANNEL = "elastic_dew.elastic.hooks"
+#: Its calls, by what they do: hear it, announce a phase, tell an event.
+_LISTEN, _ANNOUNCE, _TELL = {"add_listener", "remove_listener", "listening"}, {"phase"}, {"emit"}
+#: Who may hear the channel: the run itself (its sink, while it runs: the run record and the
+#: displays), the simulator (what the program does, the faults to fire at phases and those
+#: fired), the local Pathways backend's forwarding, and the chaos harness.
+CHANNEL_LISTENERS = ("elastic_dew.elastic.loop", "elastic_dew.simulate", "elastic_dew.proxy", "elastic_dew.testing")
+#: Who may announce a phase on it: the loop and its state tiers, nothing else.
+CHANNEL_ANNOUNCERS = ("elastic_dew.elastic.loop", "elastic_dew.elastic.state")
+#: Who may tell an event on it: the loop (its own events) and the simulator (each fault it fires).
+CHANNEL_TELLERS = ("elastic_dew.elastic.loop", "elastic_dew.simulate")
+
+
+def _channel_calls(path: Path) -> set[str]:
+    """The channel's functions a module names: ``hooks.X`` where ``hooks`` is bound to the
+    channel by an import, and each name imported from it."""
+    bound, names = set(), set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == CHANNEL:
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and f"{node.module}.hooks" == CHANNEL:
+            bound.update(alias.asname or alias.name for alias in node.names if alias.name == "hooks")
+        elif isinstance(node, ast.Import):
+            bound.update(alias.asname for alias in node.names if alias.name == CHANNEL and alias.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            names.add(node.attr)
+    return names
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+def test_only_the_run_the_simulator_the_backends_forwarding_and_the_harness_listen_to_the_loops_channel():
+    calls = {module: _channel_calls(path) for module, path in _modules()}
+    listeners = {module for module, names in calls.items() if names & _LISTEN}
+    # the run's sink, the simulator, the proxy's forwarding and the chaos harness all listen
+    assert {"elastic_dew.elastic.loop.protocol", "elastic_dew.simulate.simulator", "elastic_dew.simulate.runner",
+            "elastic_dew.proxy.announce", "elastic_dew.testing.runner"} <= listeners
+    assert sorted(m for m in listeners if not _under(m, CHANNEL_LISTENERS)) == []
+
+
+def test_only_the_loop_announces_phases_and_only_the_loop_and_the_simulator_tell_events():
+    calls = {module: _channel_calls(path) for module, path in _modules()}
+    announcers = {module for module, names in calls.items() if names & _ANNOUNCE}
+    tellers = {module for module, names in calls.items() if names & _TELL}
+    assert {"elastic_dew.elastic.loop.protocol", "elastic_dew.elastic.state.restore"} <= announcers
+    assert {"elastic_dew.elastic.loop.protocol", "elastic_dew.simulate.runner"} <= tellers
+    assert sorted(m for m in announcers if not _under(m, CHANNEL_ANNOUNCERS)) == []
+    assert sorted(m for m in tellers if not _under(m, CHANNEL_TELLERS)) == []
+
+
+def test_the_channel_check_finds_a_listener_an_announcer_and_a_teller_however_the_channel_is_imported(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from elastic_dew.elastic import hooks\nimport elastic_dew.elastic.hooks as channel\n"
+        "from elastic_dew.elastic.hooks import listening\n"
+        "hooks.phase('step', 1)\nchannel.emit(None)\nother.add_listener(f)\n"
+    )
+    assert _channel_calls(source) == {"phase", "emit", "listening"}
 
 
 def _elastic_package(module: str) -> str | None:

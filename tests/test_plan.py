@@ -148,7 +148,8 @@ def test_the_simulation_is_deterministic_and_its_seed_matters():
 
 
 def test_a_drawn_schedule_is_the_simulators_grammar_repeatable_and_meets_the_rate():
-    from elastic_dew.simulate.schedule import parse_schedule, unreachable
+    from elastic_dew.simulate.reachability import unreachable
+    from elastic_dew.simulate.schedule import parse_schedule
 
     cluster = Cluster(slices=8, slice_mtbf_hours=790.0, return_minutes=60.0, preemptions_per_day=0.0)
     factor = faults.compression(cluster, 0.1, 400)

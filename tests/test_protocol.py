@@ -65,8 +65,9 @@ def _assert_resumed_from_a_taken_snapshot(events, lost_after):
     """The second resume is from the newest snapshot on the cadence at or before ``lost_after``.
 
     Under the simulator no snapshot is skipped for a transfer still in flight, and none is in
-    flight when a step-keyed fault fires (``relay.finish_in_flight``), so which snapshot survives
-    depends on the schedule alone: every snapshot save was taken.
+    flight when a step-keyed fault fires (the simulator joins the run's Orbax ``Snapshotter``
+    first), so which snapshot survives depends on the schedule alone: every snapshot save was
+    taken.
     """
     saves = [e for e in events if e.kind == "save" and e.tier == "snapshot"]
     assert saves and all(e.taken for e in saves)

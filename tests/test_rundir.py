@@ -1,6 +1,6 @@
 """The run directory's fault log: each fired fault is stored as its ``fault`` event.
 
-A fault's text has one grammar (:mod:`elastic_dew.elastic.fault_token`), which the schedule
+A fault's text has one grammar (:mod:`elastic_dew.simulate.fault_token`), which the schedule
 parses and writes with; the log line is the fired fault's event (its ``action`` and ``slice``
 among its fields), and readers take them from there.
 """

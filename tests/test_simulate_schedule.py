@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_dew.elastic import hooks, relay
+from elastic_dew.elastic import hooks
 from elastic_dew.simulate import ScheduledFault, Schedule, SimulatedSlices, parse_schedule
 from elastic_dew.simulate.runner import ScheduleRunner
 
@@ -116,22 +116,22 @@ class _Slices:
 
 def test_work_in_flight_is_landed_before_a_phase_that_meets_it_and_before_a_step_keyed_fault_unless_a_slice_hangs():
     slices = _Slices()
-    runner = ScheduleRunner(parse_schedule("lose:1@3,restore:1@+0/dispatch"), slices, None)
     landed = []
-    with relay.finishing_in_flight(lambda: landed.append(list(slices.lost))):
-        meeting = []
-        for phase in hooks.PHASES:  # nothing is due at step 1: the phase alone decides
-            before = len(landed)
-            runner.on_phase(phase, 1)
-            meeting += [phase] * (len(landed) - before)
-        assert meeting == [name for name, entry in hooks.PHASE_TABLE.items() if entry.meets_in_flight]
-        assert "snapshot" in meeting  # a snapshot save is skipped while the previous copy runs
-        landed.clear()
-        runner.on_phase("step", 3)  # landed, then lose:1 fired
-        runner.on_phase("dispatch", 4)  # only a time-keyed fault is due: nothing to land for
-        assert landed == [[]] and slices.lost == []
-        slices.hung = frozenset({2})
-        runner.on_phase("snapshot", 5)  # the work in flight may wait on the hung slice
+    runner = ScheduleRunner(parse_schedule("lose:1@3,restore:1@+0/dispatch"), slices, None,
+                            land=lambda: landed.append(list(slices.lost)))
+    meeting = []
+    for phase in hooks.PHASES:  # nothing is due at step 1: the phase alone decides
+        before = len(landed)
+        runner.on_phase(phase, 1)
+        meeting += [phase] * (len(landed) - before)
+    assert meeting == [name for name, entry in hooks.PHASE_TABLE.items() if entry.meets_in_flight]
+    assert "snapshot" in meeting  # a snapshot save is skipped while the previous copy runs
+    landed.clear()
+    runner.on_phase("step", 3)  # landed, then lose:1 fired
+    runner.on_phase("dispatch", 4)  # only a time-keyed fault is due: nothing to land for
+    assert landed == [[]] and slices.lost == []
+    slices.hung = frozenset({2})
+    runner.on_phase("snapshot", 5)  # the work in flight may wait on the hung slice
     assert landed == [[]]
 
 

@@ -8,7 +8,7 @@ snapshots, checkpoints and their backends), :mod:`~elastic_dew.elastic.slices` (
 the active slices, their health, retries and the state's layout),
 :mod:`~elastic_dew.elastic.loop` (the stop/resume protocol and what it drives: compiled steps,
 evaluation, elastic data, recovery timing) and, directly here, the definitions they share
-(``config``, ``events``, ``hooks``, ``deadline``, ``fault_token``).
+(``config``, ``events``, ``hooks``, ``deadline``).
 
 Its public names:
 

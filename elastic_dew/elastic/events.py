@@ -40,7 +40,9 @@ Every event has ``wall``: when it happened, in seconds since the epoch. Keys a r
 not know are kept in ``extra`` and written back, so a record written by a newer version
 survives a round trip through an older one.
 
-A :data:`Sink` is anything that takes the run's events one at a time, in order
+The loop tells each event on its one channel (:func:`elastic_dew.elastic.hooks.emit`), where
+the simulator tells each fault it fires too. A :data:`Sink` is anything that takes the run's
+events one at a time, in order: a run's own sink hears the channel while it runs
 (:class:`~elastic_dew.observe.sinks.Sinks` feeds one list of them: the run record, the
 progress display, TensorBoard, the goodput export); :func:`describe` is the one human
 wording of an event that every display uses.

@@ -6,7 +6,7 @@ the cluster's ``slices`` slices fails after an exponential time of mean
 a Poisson process, all in wall time compressed by a factor (so a run of a few hundred steps
 meets tens of faults). The faults are written in the order they fall, each keyed to time
 after the one before it (``lose:2@+3.1,restore:2@+0.8,...``,
-:mod:`elastic_dew.elastic.fault_token`'s form), so the simulator fires them at those gaps
+:mod:`elastic_dew.simulate.fault_token`'s form), so the simulator fires them at those gaps
 whether the run is stepping or paused waiting for a slice. Spares are not drawn (the
 simulator's slices are the run's own), nor is the reschedule (the supervisor restarts a
 process at once).
@@ -21,7 +21,7 @@ import dataclasses
 import heapq
 import random
 
-from elastic_dew.elastic.fault_token import Token
+from elastic_dew.simulate.fault_token import Token
 from elastic_dew.plan.inputs import Cluster
 
 __all__ = ["compression", "compressed", "draw_schedule", "TARGET_FAULTS", "HORIZON", "LOSSES"]

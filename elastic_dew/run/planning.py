@@ -151,7 +151,8 @@ def _schedule_of(sim: SimConfig | None, minimum: int | None) -> Schedule | None:
     """The fault schedule, parsed once and checked against the slices (``None``: no faults)."""
     if sim is None or not sim.schedule:
         return None
-    from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule, unreachable
+    from elastic_dew.simulate.reachability import unreachable
+    from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 
     try:
         schedule = parse_schedule(sim.schedule)

@@ -27,7 +27,6 @@ import importlib
 
 _EXPORTS = {
     "ACTIONS": "schedule",
-    "PHASES": "schedule",
     "Cost": "diagnosis",
     "Diagnosis": "diagnosis",
     "PROBLEMS": "diagnosis",

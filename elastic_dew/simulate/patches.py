@@ -20,7 +20,9 @@ asks the simulator whether it is a step of the loop (:meth:`Registry.dispatch`) 
 fires what is due at it. Every pathwaysutils ``Manager`` created while a simulator is active
 is remembered (weakly, :meth:`Registry.remember`), so :meth:`Registry.refresh_managers` can
 make each see a change of slice health at once and no check in flight can overwrite that
-with an older answer.
+with an older answer. Every Orbax ``Snapshotter`` elastic_dew's own loop saves with is
+remembered too (weakly), so :meth:`Registry.land_snapshots` can land its copy in flight before
+a fault fires, as the program's own are landed (:meth:`elastic_dew.simulate.watch.Watch.land_snapshots`).
 
 Every private name these patches replace or read (and each pathwaysutils name whose
 module-level look-up they rely on) is declared, with why and what public API would replace
@@ -44,6 +46,7 @@ checks, ended early by a change of slice health) and ``lock``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -61,6 +64,7 @@ from elastic_dew._compat import pathwaysutils as pw_private
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate import jax_guards as guards
 from elastic_dew.simulate import watch_guards as watching
+from elastic_dew.simulate.watch import own_loop_on_stack
 from elastic_dew.simulate.pathways_guards import (
     SimulatedSleep, counting_waits, deleted_error, deleted_if_donated, donated, donating_views, pathways_backend,
     remembering, under_lock,
@@ -116,6 +120,7 @@ class Registry:
         self._undo: list[Callable[[], None]] = []
         self._original_get_slice_to_devices: Callable[..., Any] | None = None
         self._managers: weakref.WeakSet = weakref.WeakSet()
+        self._snapshotters: weakref.WeakSet = weakref.WeakSet()
 
     @property
     def active(self) -> Simulator | None:
@@ -142,6 +147,7 @@ class Registry:
                 self._undo.pop()()
             self._original_get_slice_to_devices = None
             self._managers = weakref.WeakSet()
+            self._snapshotters = weakref.WeakSet()
             self._active = None
 
     # ----------------------------------------------------------------- guards
@@ -243,6 +249,30 @@ class Registry:
             except Exception:  # noqa: BLE001 - the monitor thread logs and carries on too
                 logger.exception("the Manager's check of its inactive slices failed")
 
+    def land_snapshots(self) -> None:
+        """Land the snapshot copies in flight, on the calling thread (the loop's, inside its
+        announcement or dispatch), before a fault fires or a phase meets them: each Orbax
+        ``Snapshotter`` elastic_dew's own loop saved with while this simulator was active is
+        joined (its copy is of a step already read, so the join ends), then the program's own
+        are each given the watch's landing time. Never called while a slice hangs (a copy could
+        wait on it)."""
+        for snapshotter in list(self._snapshotters):
+            snapshotter.join()
+        watch = getattr(self._active, "watch", None)
+        if watch is not None:
+            watch.land_snapshots()
+
+    def _remembering_saves(self, save: Callable[..., Any]) -> Callable[..., Any]:
+        """``Snapshotter.save``: a save elastic_dew's own loop makes remembers its Snapshotter."""
+
+        @functools.wraps(save)
+        def remembered(snapshotter: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._active is not None and own_loop_on_stack(inspect.currentframe()):
+                self._snapshotters.add(snapshotter)
+            return save(snapshotter, *args, **kwargs)
+
+        return remembered
+
     def slice_index(self, device: jax.Device) -> int | None:
         """``device.slice_index``: its simulated slice, ``None`` outside every slice."""
         simulator = self._active
@@ -319,7 +349,8 @@ class Registry:
         self._replace(manager, watching.AVAILABLE, watching.available_property(self))
         snapshotter = orbax_private.Snapshotter
         self._replace(snapshotter, "__init__", watching.made(self, "Snapshotter", vars(snapshotter)["__init__"]))
-        self._replace(snapshotter, "save", watching.snapshot_save(self, vars(snapshotter)["save"]))
+        self._replace(snapshotter, "save",
+                      self._remembering_saves(watching.snapshot_save(self, vars(snapshotter)["save"])))
         self._replace(snapshotter, "load", watching.snapshot_load(self, vars(snapshotter)["load"]))
         checkpoints = watching.checkpoint_manager()
         self._replace(checkpoints, "__init__", watching.made(self, "CheckpointManager", vars(checkpoints)["__init__"]))

@@ -1,10 +1,11 @@
 """Firing a fault schedule at the elastic layer's phases, or at the step function's
 dispatches in a loop that announces nothing, through the run directory's fault log.
 
-:class:`ScheduleRunner` listens to :mod:`elastic_dew.elastic.hooks`, records each due fault
-in the run directory's fault log (:class:`elastic_dew.rundir.FaultLog`, flushed and fsynced,
-with the wall time it fired) *before* firing it, reports it to the running run as a
-``fault`` event (:func:`elastic_dew.elastic.relay.report`), and never fires a fault the log
+:class:`ScheduleRunner` listens to the loop's channel (:mod:`elastic_dew.elastic.hooks`),
+records each due fault in the run directory's fault log (:class:`elastic_dew.rundir.FaultLog`,
+flushed and fsynced, with the wall time it fired) *before* firing it, tells it on the channel
+as a ``fault`` event (:func:`elastic_dew.elastic.hooks.emit`: the running run's record hears
+it there, in order with the run's own events), and never fires a fault the log
 already holds, so a process restarted with the same schedule and log does not fire it again;
 a time-keyed fault counts from the time its predecessor's record holds. What a fault is and
 what each action does are :mod:`elastic_dew.simulate.schedule`'s.
@@ -17,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from elastic_dew.elastic import events, hooks, relay
+from elastic_dew.elastic import events, hooks
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.schedule import ScheduledFault, Schedule, Target, action_of
 
@@ -42,9 +43,10 @@ class ScheduleRunner:
     Until then :meth:`on_dispatch` is the seam: the simulator calls it just before
     (``dispatch``) and just after (``step``) each dispatch of the loop's step function, with
     the number of that dispatch, so a step-keyed fault fires at the step function's
-    ``STEP``-th dispatch (counted across attempts). Before a step-keyed fault fires there,
-    ``land()`` finishes the program's own work in flight (the simulator lands its Orbax
-    ``Snapshotter`` copies), as announcements land elastic_dew's.
+    ``STEP``-th dispatch (counted across attempts). Before a step-keyed fault fires, at
+    either seam, and before a phase that meets the work in flight, ``land()`` finishes the
+    run's work in flight (the simulator lands the Orbax ``Snapshotter`` copies, elastic_dew's
+    loop's and the program's own: :meth:`elastic_dew.simulate.patches.Registry.land_snapshots`).
 
     A time-keyed fault is due ``after`` seconds after its predecessor fired (the first fault
     of a schedule counts from the runner's creation). It fires at the next boundary of its
@@ -160,7 +162,7 @@ class ScheduleRunner:
         raised: BaseException | None = None
         for fault, fired in due:
             logger.warning("firing scheduled fault %s at step %d (phase %s)", fault, step, phase)
-            relay.report(fired)  # the fault joins the run's event stream as it fires
+            hooks.emit(fired)  # the fault joins the run's event stream as it fires
             try:
                 action_of(fault).fire(self.target, fault)
             except Exception as error:  # noqa: BLE001 - fire the rest, then raise the first
@@ -173,10 +175,10 @@ class ScheduleRunner:
 
         Before a phase that meets the run's work in flight
         (:attr:`elastic_dew.elastic.hooks.Phase.meets_in_flight`: a snapshot save), and before
-        a step-keyed fault fires, that work is landed
-        (:func:`elastic_dew.elastic.relay.finish_in_flight`; not while a slice hangs): a save is
-        then never skipped for a transfer still running, and a fault never meets one, so
-        which snapshot a recovery loads depends on the schedule alone.
+        a step-keyed fault fires, that work is landed (``land()``, on the announcing thread;
+        not while a slice hangs): a save is then never skipped for a transfer still running,
+        and a fault never meets one, so which snapshot a recovery loads depends on the
+        schedule alone.
         """
         with self._lock:
             self.announced = True
@@ -185,7 +187,7 @@ class ScheduleRunner:
             due = self._collect(phase, step, waiting=self._waiting is not None)
         meets = hooks.PHASE_TABLE[phase].meets_in_flight or any(not fault.timed for fault, _ in due)
         if meets and not self.target.hung:
-            relay.finish_in_flight()
+            self.land()
         self._fire(due, phase, step)
 
     def on_dispatch(self, phase: str, step: int) -> None:

@@ -1,10 +1,10 @@
-"""The fault schedule: its grammar, its actions, and which of its faults can fire.
+"""The fault schedule: its grammar and its actions.
 
 A schedule is comma-separated tokens of two forms:
 
 * ``ACTION[:SLICE]@STEP[/PHASE]``, keyed to a step: the fault fires at the first
-  announcement of its phase (:data:`PHASES`, ``step`` by default) at a step >= its step,
-  once. ``lose:1@20,restore:1@40,preempt@60,kill@80``.
+  announcement of its phase (:data:`elastic_dew.elastic.hooks.PHASES`, ``step`` by default)
+  at a step >= its step, once. ``lose:1@20,restore:1@40,preempt@60,kill@80``.
 * ``ACTION[:SLICE]@+SECONDS[/PHASE]``, keyed to time: the fault is due ``SECONDS`` of wall
   time after the previous fault of the schedule fired (never before it). For determinism a
   due fault becomes visible to the run at a boundary: the next announcement of its phase,
@@ -12,8 +12,8 @@ A schedule is comma-separated tokens of two forms:
   anything. ``lose:3@17,restore:3@+3`` brings slice 3 back three seconds after its loss,
   which a paused run (pause-resume stops stepping while a slice is lost) can reach.
 
-A token's shape and the reading of its numbers are :mod:`elastic_dew.elastic.fault_token`
-(the fault log reads tokens back with it too); this module checks what the parts name.
+A token's shape and the reading of its numbers are :mod:`elastic_dew.simulate.fault_token`
+(the planner writes the schedules it draws with it too); this module checks what the parts name.
 
 What each action does lives in one table, :data:`ACTION_TABLE` (name -> :class:`Action`):
 whether it names a slice, whether it ends the process, whether it raises where it fires,
@@ -22,9 +22,9 @@ action is one entry. The ``lose`` faults of a schedule raise, in turn, each erro
 pathwaysutils counts as slice-down (:data:`SLICE_DOWN_CODES`), so one schedule exercises
 every code the retry must recognise.
 
-:func:`unreachable` finds a fault that can never fire (a step the run cannot reach because
-it is paused waiting for a slice whose return is keyed to a later step), so a run can refuse
-the schedule before anything runs.
+:func:`~elastic_dew.simulate.reachability.unreachable` finds a fault that can never fire (a
+step the run cannot reach because it is paused waiting for a slice whose return is keyed to a
+later step), so a run can refuse the schedule before anything runs.
 
 :class:`~elastic_dew.simulate.runner.ScheduleRunner` fires a schedule (:mod:`elastic_dew.simulate.runner`).
 """
@@ -36,16 +36,14 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
-from elastic_dew._deprecation import renamed_keywords
-from elastic_dew.elastic import events, fault_token, hooks
-from elastic_dew._deprecation import moved_names
+from elastic_dew.elastic import events, hooks
+from elastic_dew.simulate import fault_token
 
 __all__ = [
     "ACTIONS",
     "ACTION_TABLE",
-    "PHASES",
     "SLICE_DOWN_CODES",
     "Action",
     "ScheduledFault",
@@ -55,21 +53,9 @@ __all__ = [
     "as_schedule",
     "check_fault_slices",
     "parse_schedule",
-    "unreachable",
 ]
 
 logger = logging.getLogger(__name__)
-
-# The runner moved to its own module and Fault became ScheduledFault (0.2.0); the old names
-# warn until 0.3.
-__getattr__ = moved_names(__name__, {
-    "ScheduleRunner": "elastic_dew.simulate.runner.ScheduleRunner",
-    "Fault": "elastic_dew.simulate.schedule.ScheduledFault",
-    "check_slices": "elastic_dew.simulate.schedule.check_fault_slices",
-})
-
-#: When a fault fires: the phases the elastic layer announces (:data:`hooks.PHASES`).
-PHASES: tuple[str, ...] = hooks.PHASES
 
 #: The error codes pathwaysutils 0.1.13 counts as a slice down
 #: (``pathwaysutils/elastic/elastic.py``: ``_ELASTIC_DOWN_ERROR_TYPES`` and
@@ -181,7 +167,8 @@ class Action:
     ``raises``: the fault raises where it fires (``error``), so it fires only at an
     announcement on the run's own thread, never from the runner's clock during a wait.
     ``slice_healthy``: what the fault leaves its slice as (``False``: down, ``True``:
-    healthy again, ``None``: unchanged), which :func:`unreachable` follows.
+    healthy again, ``None``: unchanged), which
+    :func:`~elastic_dew.simulate.reachability.unreachable` follows.
 
     Args:
         name: the action's name in the grammar.
@@ -310,8 +297,8 @@ def _parse_token(token: str, bad: Callable[[str], ValueError]) -> ScheduledFault
             raise bad(f"step {step_text!r} is not a whole number >= 0 (or +SECONDS after the previous fault)")
     if phase is None:
         phase = "step"
-    elif phase not in PHASES:
-        raise bad(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
+    elif phase not in hooks.PHASE_TABLE:
+        raise bad(f"unknown phase {phase!r}; phases are {', '.join(hooks.PHASES)}")
     return ScheduledFault(name, slice_index, step, phase, after)
 
 
@@ -360,10 +347,9 @@ def as_schedule(schedule: str | Schedule | None) -> Schedule:
     return schedule
 
 
-# --------------------------------------------------------------------------- reachability
+# --------------------------------------------------------------------------- slices
 
 
-@renamed_keywords("check_fault_slices", num_slices="slices")
 def check_fault_slices(schedule: Schedule, slices: int) -> None:
     """Refuse a fault naming a slice the ``slices`` slices do not have.
 
@@ -380,88 +366,3 @@ def check_fault_slices(schedule: Schedule, slices: int) -> None:
                 f"fault {fault} names slice {fault.slice}, but there are {slices} slices "
                 f"(0..{slices - 1}); fix the schedule or use more slices"
             )
-
-
-
-@renamed_keywords("unreachable", num_slices="slices")
-def unreachable(schedule: Schedule, slices: int, minimum_slice_count: int | None = None, *,
-                name: Callable[[str, Any], str] | None = None) -> str | None:
-    """Why a fault of ``schedule`` can never fire on ``slices`` slices, or ``None``.
-
-    A run stops stepping while fewer than ``minimum_slice_count`` slices are healthy (all of
-    them in pause-resume, ``None``), so a fault keyed to a later step than the one the run
-    paused at can fire only after something brings the slices back, and a return keyed to
-    such a step never comes. Faults are followed in the order they fire: step-keyed ones by
-    step; a time-keyed one right after its predecessor when that fired while the run was
-    paused (wall time passes in a wait). Where the order is not certain (a time-keyed fault
-    whose predecessor fired while the run was stepping) the check stops and accepts: only
-    a fault that certainly cannot fire is reported. A process-ending fault starts a new
-    process, with every slice healthy again. The reason names the setting with ``name``
-    (the field and its value), by default as Python does (``minimum_slice_count=3``);
-    :func:`elastic_dew.settings.mention` keeps it as data for a refusal a command line words.
-
-    Args:
-        schedule: the parsed schedule.
-        slices: how many slices there are.
-        minimum_slice_count: the run's minimum, ``None`` for pause-resume.
-        name: names ``minimum_slice_count`` in the reason, given the field and the value.
-
-    Returns:
-        Why a fault cannot fire, or ``None`` when every fault can.
-    """
-    name = name or (lambda field, value: f"{field}={value}")
-    faults = schedule.faults
-    needed = slices if minimum_slice_count is None else minimum_slice_count
-    lost: set[int] = set()
-    paused: list[int | None] = [None]  # the step the run paused at, or None while it steps
-    cause: list[ScheduledFault | None] = [None]
-
-    def apply(fault: ScheduledFault, step: int) -> None:
-        healthy = action_of(fault).slice_healthy
-        if healthy is False and fault.slice is not None:  # a health action always names its slice
-            lost.add(fault.slice)
-        elif healthy:
-            lost.discard(fault.slice)
-        elif action_of(fault).ends_process:
-            lost.clear()
-        if len(lost) > slices - needed:
-            if paused[0] is None:
-                paused[0], cause[0] = step, fault
-        else:
-            paused[0] = None
-
-    def fire_chain(index: int, step: int) -> bool:
-        """Apply fault ``index`` and the time-keyed faults chained after it; False when unsure."""
-        apply(faults[index], step)
-        following = index + 1
-        while following < len(faults) and faults[following].timed:
-            fault = faults[following]
-            if paused[0] is None or action_of(fault).raises:
-                return False  # it fires at a step nobody can name: the order is not certain
-            apply(fault, paused[0])
-            following += 1
-        return True
-
-    if faults and faults[0].timed:
-        return None
-    keyed = sorted((fault.step, index) for index, fault in enumerate(faults) if not fault.timed)
-    for step, index in keyed:
-        fault = faults[index]
-        if paused[0] is not None and step > paused[0]:
-            down = sorted(lost)
-            names = ", ".join(map(str, down))
-            first = down[0]
-            mode = ("pause-resume waits for every slice" if minimum_slice_count is None
-                    else f"{name('minimum_slice_count', minimum_slice_count)} needs {needed} healthy slices")
-            back = next(name for name, action in ACTION_TABLE.items() if action.slice_healthy)
-            return (
-                f"fault {fault} can never fire: after {cause[0]} the run stops stepping at step "
-                f"{paused[0]} and waits for slice {names} ({mode}), and nothing brings "
-                f"{'it' if len(down) == 1 else 'them'} back before step {step}. Key the return "
-                f"to time instead, e.g. {back}:{first}@+3 (3 s after the previous fault fired), "
-                f"or let the run carry on without {'it' if len(down) == 1 else 'them'} with "
-                f"{name('minimum_slice_count', max(1, slices - len(down)))}"
-            )
-        if not fire_chain(index, step):
-            return None
-    return None

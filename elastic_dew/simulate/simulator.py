@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from elastic_dew._deprecation import renamed_keywords, warn
-from elastic_dew.elastic import events, hooks, relay
+from elastic_dew.elastic import events, hooks
 from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.marks import HUNG, LOST, Marks
@@ -178,12 +178,11 @@ class SimulatedSlices:
         #: (:class:`elastic_dew.simulate.watch.Watch`).
         self.watch = Watch(self, watch_log)
         self._faults: list[dict[str, Any]] = []
-        self._receiving: Any = None
         #: The multi-tier replicator stand-in, when ``replicator`` names its directory.
         self.replicator = Replicator(replicator) if replicator is not None else None
         self._runner = ScheduleRunner(
             schedule, self, FaultLog(self.fault_log) if self.fault_log is not None else None,
-            idle=self._idle, land=self.watch.land_snapshots,
+            idle=self._idle, land=registry.land_snapshots,
         )
         self.step_function = step_function
         self._count = StepCount()
@@ -230,8 +229,7 @@ class SimulatedSlices:
         self.watch.reset()
         self._faults = []
         hooks.add_listener(self.watch.announced)  # before the runner's: a step is seen before its fault
-        self._receiving = relay.receiving(self._fired)
-        self._receiving.__enter__()
+        hooks.add_listener(events=self._fired)  # the faults fired, told on the loop's channel
         self._active = True
         if not health.installed():
             health.install()
@@ -252,9 +250,7 @@ class SimulatedSlices:
             self.replicator.__exit__(*exc_info)
         self._runner.__exit__(*exc_info)
         hooks.remove_listener(self.watch.announced)
-        if self._receiving is not None:
-            self._receiving.__exit__(None, None, None)
-            self._receiving = None
+        hooks.remove_listener(events=self._fired)
         if exc_info[0] is None:
             # A process that ends with an error or a preemption leaves its faults to the
             # next process of the run; one that ends normally will never fire them.
@@ -317,7 +313,7 @@ class SimulatedSlices:
         return self._runner.fired
 
     def _fired(self, event: Any) -> None:
-        """A fault of the schedule fires (its ``fault`` event, reported as it fires)."""
+        """An event told on the loop's channel: a fault of the schedule fires (its ``fault`` event)."""
         if isinstance(event, events.Fault):
             from elastic_dew.simulate.diagnosis import fault_record
 

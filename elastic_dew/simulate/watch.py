@@ -416,7 +416,7 @@ class Watch:
         the request it holds, before a step-keyed fault fires: a copy issued before the fault,
         and not waiting on unfinished work, then lands first, so which snapshot a recovery
         loads depends on the schedule, not on whether Orbax's worker thread ran before the
-        fault (elastic_dew's own loop lands its own, :func:`elastic_dew.elastic.relay.finish_in_flight`)."""
+        fault (elastic_dew's own loop's are joined: :meth:`elastic_dew.simulate.patches.Registry.land_snapshots`)."""
         deadline = time.monotonic() + LANDING_SECONDS
         for snapshotter in list(self._snapshotters):
             while orbax_private.snapshot_landing(snapshotter) and time.monotonic() < deadline:

@@ -11,15 +11,15 @@ draws, runs and checks one seed.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from elastic_dew import rundir
+from elastic_dew.elastic import hooks
 from elastic_dew.supervisor import supervise_in_process
 from elastic_dew.testing.invariants import check
 from elastic_dew.testing.outcome import ScenarioOutcome, committed_checkpoints
@@ -58,17 +58,6 @@ class _CheckpointWatch:
     def _problem(self, text: str) -> None:
         if text not in self.outcome.problems:
             self.outcome.problems.append(text)
-
-
-@contextlib.contextmanager
-def _listening(listener: Callable[[str, int], None]) -> Iterator[None]:
-    from elastic_dew.elastic import hooks
-
-    hooks.add_listener(listener)
-    try:
-        yield
-    finally:
-        hooks.remove_listener(listener)
 
 
 def _hold_for_returned_slices(sim: Any, manager: Any, scenario: Scenario) -> Callable[[str, int], None]:
@@ -139,7 +128,7 @@ def run(
                 manager=manager, train=TrainConfig(log_every=1000),
             )
             try:
-                with _listening(_hold_for_returned_slices(sim, manager, scenario)):
+                with hooks.listening(_hold_for_returned_slices(sim, manager, scenario)):
                     trainer.fit(scenario.steps)
             except Preempted as stop:
                 outcome.preempted_at.append(stop.step)
@@ -148,7 +137,7 @@ def run(
             except Exception as error:  # noqa: BLE001 - the outcome carries it to check()
                 outcome.error = error
 
-    with _listening(watch.look):
+    with hooks.listening(watch.look):
         outcomes = supervise_in_process(process, max_processes=MAX_PROCESSES, restart_on=(Preempted,))
         if outcomes[-1] is not None:
             outcome.error = RuntimeError(f"still preempted after {MAX_PROCESSES} processes")

@@ -327,7 +327,7 @@ class Trainer:
             self._program.abstract_state(mesh_of(devices, manager.total_slice_count, self.config.model_axis or 1))
             if self.on_accepted is not None:
                 self.on_accepted()
-            run.emit = recording.open()
+            run.sink = recording.open()
             state, step = run.run(steps)
             params = jax.device_get(state["params"])
             model = self._program.model.result(params, jax.device_get(state.get("variables")))

@@ -50,7 +50,7 @@ from typing import Any
 import jax
 from pathwaysutils.elastic.manager import ElasticRuntimeError
 
-from elastic_dew.elastic import hooks, relay
+from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.deadline import StepDeadline
 from elastic_dew.elastic.events import Event, Resume, Step, Stop
@@ -85,9 +85,10 @@ class ElasticRun:
 
     Create one per process, after ``prepare_process()``: it creates the pathwaysutils
     ``Manager`` and the state tiers once, outside the retry, as the guide requires.
-    ``emit`` receives every event (a typed :class:`~elastic_dew.elastic.events.Event`) in
-    order, the faults fired while it runs among them (:func:`~elastic_dew.elastic.relay.report`);
-    a trainer gives it its :class:`~elastic_dew.observe.sinks.Sinks`. ``notice`` is a
+    The run tells every event (a typed :class:`~elastic_dew.elastic.events.Event`) on the
+    loop's channel (:func:`elastic_dew.elastic.hooks.emit`), and its :attr:`sink` (``emit``)
+    hears the channel's events in order while :meth:`run` runs, the faults the simulator
+    fires among them; a trainer gives it its :class:`~elastic_dew.observe.sinks.Sinks`. ``notice`` is a
     :class:`~elastic_dew.runtime.PreemptionNotice` (or an object with its ``reached(step)``
     and, optionally, ``interrupts()``, asked during an evaluation pass). ``run_dir``, for a
     run that has one, is where the persistent tier writes when ``config.checkpoint_dir`` is
@@ -98,7 +99,7 @@ class ElasticRun:
         program: the model side (:class:`Program`).
         data: the elastic data (:class:`~elastic_dew.elastic.loop.data.ElasticData`).
         config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
-        emit: called with every event in order.
+        emit: the run's sink: called with every event in order while the run runs.
         notice: the preemption notice (a :class:`Notice`), or ``None`` for none.
         manager: your pathwaysutils ``Manager`` (made once per process, outside any retry),
             or ``None`` to create one.
@@ -134,7 +135,10 @@ class ElasticRun:
         self.program = program
         self.evaluation = evaluation
         self.data = data
-        self.emit = emit
+        #: Hears the channel's events while :meth:`run` runs (the run's record and displays).
+        self.sink = emit
+        #: Where the run's events go: out on the loop's channel, which :attr:`sink` hears.
+        self.emit = hooks.emit
         self.notice = notice
         self.manager: SliceManager = manager if manager is not None else make_manager()
         sizes = {len(d) for d in self.manager.slice_to_devices.values()}
@@ -237,9 +241,8 @@ class ElasticRun:
             on_elastic_event_callback=self._on_slice_lost,
             policy=policy,
         )(self._attempt)
-        # A fault the simulator fires joins the stream as it fires (relay.report), and the
-        # simulator lands the snapshot in flight before saves and faults (relay.finish_in_flight).
-        with relay.receiving(lambda event: self.emit(event)), relay.finishing_in_flight(self.tiers.land):
+        # The sink hears the run's events on the channel, and a fault the simulator fires as it fires.
+        with hooks.listening(events=self.sink):
             try:
                 return attempt(final_step)
             except NoticeInWait:

@@ -4,9 +4,9 @@
 module is the shape of a token and the reading of its numbers, nothing more: the simulator's
 schedule (:func:`elastic_dew.simulate.parse_schedule`) splits and writes its tokens here and
 checks what the parts name (a known action, whether it takes a slice, a known phase); the
-run directory's fault log (:class:`elastic_dew.rundir.FaultLog`) reads a fired fault's action
-and slice back from its token (the ``fault`` event's ``scheduled``) on lines that do not
-carry them. It lives in the elastic layer, beside that event, so both can import it.
+planner writes the schedules it draws (:mod:`elastic_dew.plan.faults`) with :class:`Token`.
+It imports nothing of elastic_dew, so the planner reads the simulator's grammar without the
+simulator (``tests/test_layering.py``: the schedule's text is a layer of its own, below both).
 """
 
 from __future__ import annotations
