@@ -231,7 +231,7 @@ def test_only_the_loop_announces_phases_and_only_the_loop_and_the_simulator_tell
     calls = {module: _channel_calls(path) for module, path in _modules()}
     announcers = {module for module, names in calls.items() if names & _ANNOUNCE}
     tellers = {module for module, names in calls.items() if names & _TELL}
-    assert {"elastic_dew.elastic.loop.protocol", "elastic_dew.elastic.state.restore"} <= announcers
+    assert {"elastic_dew.elastic.loop.protocol", "elastic_dew.elastic.state.tiers"} <= announcers
     assert {"elastic_dew.elastic.loop.protocol", "elastic_dew.simulate.runner"} <= tellers
     assert sorted(m for m in announcers if not _under(m, CHANNEL_ANNOUNCERS)) == []
     assert sorted(m for m in tellers if not _under(m, CHANNEL_TELLERS)) == []
