@@ -281,7 +281,7 @@ class Trainer:
 
     @property
     def program(self) -> ModelProgram:
-        """The protocol's :class:`~elastic_dew.elastic.loop.protocol.Program` that :meth:`fit` runs:
+        """The protocol's :class:`~elastic_dew.elastic.loop.program.Program` that :meth:`fit` runs:
         for driving :class:`~elastic_dew.elastic.loop.protocol.ElasticRun` directly with this
         trainer's model, optimizer, layout and ``train`` settings."""
         return self._program

@@ -94,7 +94,7 @@ def accumulated(model: Any, params: Any, variables: Any, batch: Any, key: jax.Ar
 
 
 class ModelProgram:
-    """The protocol's :class:`~elastic_dew.elastic.loop.protocol.Program` of one model and optimizer:
+    """The protocol's :class:`~elastic_dew.elastic.loop.program.Program` of one model and optimizer:
     state shapes and shardings, fresh state, compiled train and evaluation steps.
 
     ``example`` is one example of the dataset (the batch's structure without its leading
