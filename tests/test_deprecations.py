@@ -145,8 +145,6 @@ RENAMED_0_2 = {
     "elastic_dew.run.Plan": "elastic_dew.run.planning.RunPlan",
     "elastic_dew.run.Outcome": "elastic_dew.run.execution.RunOutcome",
     "elastic_dew.run.plan": "elastic_dew.run.planning.plan_run",
-    "elastic_dew.plan.Outcome": "elastic_dew.plan.model.PolicyOutcome",
-    "elastic_dew.plan.model.Outcome": "elastic_dew.plan.model.PolicyOutcome",
     "elastic_dew.testing.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",
     "elastic_dew.testing.outcome.Outcome": "elastic_dew.testing.outcome.ScenarioOutcome",
     "elastic_dew.simulate.Fault": "elastic_dew.simulate.schedule.ScheduledFault",

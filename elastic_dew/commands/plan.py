@@ -154,7 +154,7 @@ def _inputs(args: argparse.Namespace):
     for field in dataclasses.fields(costs):
         if field.name not in figures and getattr(costs, field.name) is not None:
             figures[field.name] = inputs.Input(getattr(costs, field.name), "default: none")
-    missing = costs.missing()
+    missing = inputs.unknown(costs)
     if missing and args.draw_schedule is None:
         flags = ", ".join(flag_name(name, parts["costs"][1][name]) for name in missing)
         where = f"{args.from_dir} does not measure them" if args.from_dir else "no --from RUN_DIR measures them"

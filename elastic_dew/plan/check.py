@@ -27,8 +27,9 @@ import statistics
 from pathlib import Path
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.plan import model
+from elastic_dew.plan import model, pool
 from elastic_dew.plan.inputs import Cluster, Costs, known
+from elastic_dew.plan.policy import PolicySettings
 
 __all__ = ["Measured", "Comparison", "measure", "by_settings", "compare", "check_frame", "expected_losses",
            "FRAME_TAIL"]
@@ -213,8 +214,8 @@ def compare(runs: list[Measured], costs: Costs, cluster: Cluster) -> Comparison:
     steps = round(statistics.fmean(r.steps for r in runs))
     # A floor no command line gave is the fewest slices any of the runs stepped on.
     floor = first.min_slices if first.floor_given else min((r.min_slices for r in runs if r.min_slices), default=None)
-    predicted = model.evaluate(known(costs), _frame(cluster, first), first.policy, snapshot_every=first.snapshot_every,
-                               checkpoint_every=first.checkpoint_every, min_slices=floor, steps=steps).goodput
+    settings = PolicySettings(first.policy, first.snapshot_every, first.checkpoint_every, floor)
+    predicted = model.evaluate(known(costs), _frame(cluster, first), settings, steps=steps).goodput
     return Comparison(first.policy, len(runs), statistics.fmean(values), se, predicted)
 
 
@@ -222,7 +223,7 @@ def expected_losses(run: Measured, cluster: Cluster) -> float:
     """The slice losses the cluster's rates give over the run's measured stretch: each of
     its slices fails at the cluster's rate while it is up (a loss that ends the program
     leaves no slice down)."""
-    r = model.rates(_frame(cluster, run))
+    r = pool.rates(_frame(cluster, run))
     up = 1.0 if run.ends_process else 1.0 - r.q
     return run.slices * r.alpha * up * run.wall_seconds
 

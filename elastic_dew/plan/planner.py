@@ -19,8 +19,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from elastic_dew.plan import model, retry
+from elastic_dew.plan import model, pool, retry
 from elastic_dew.plan.inputs import Cluster, Costs, KnownCosts, known
+from elastic_dew.plan.policy import POLICIES, PolicySettings, loop_seconds, running_per_step
 
 __all__ = ["PolicyPlan", "Plan", "plan", "plan_policy", "planned_steps", "SLICE_GRID", "UNRIDDEN_PER_DAY",
            "PLANNED_SECONDS", "with_retry"]
@@ -134,20 +135,20 @@ def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | N
     ``steps`` steps (``None``: :data:`PLANNED_SECONDS` of running): replica-resize's
     recoveries onto a set of slices new to the process cost ``new_mesh_seconds`` more."""
     if steps is None:
-        steps = max(1, round(PLANNED_SECONDS / model._loop_seconds(costs)))
-    r = model.rates(cluster)
+        steps = max(1, round(PLANNED_SECONDS / loop_seconds(costs)))
+    r = pool.rates(cluster)
     step = costs.step_seconds
-    running = model._loop_seconds(costs)  # a step's running time: Young's optimum in steps
+    running = loop_seconds(costs)  # a step's running time: Young's optimum in steps
     losses = cluster.slices * r.alpha
     between_losses = 1.0 / losses
     if policy == "restart":
         young_c = _steps(model.young(costs.checkpoint_seconds, between_losses), running)
 
         def score_c(k: int) -> float:
-            return model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=k).goodput
+            return model.evaluate(costs, cluster, PolicySettings(policy, checkpoint_every=k)).goodput
 
         every_c = model.best_cadence(score_c, young_c)
-        outcome = model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=every_c)
+        outcome = model.evaluate(costs, cluster, PolicySettings(policy, checkpoint_every=every_c))
         return _row(policy, cluster, outcome, None, every_c, None, None, young_c, step)
     unridden = r.preempt if r.preempt > 0 else UNRIDDEN_PER_DAY / 86400.0
     every_c = young_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), running)
@@ -157,22 +158,19 @@ def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | N
         floor = _floor(costs, cluster, young_s, every_c, steps)
 
     def score_s(k: int) -> float:
-        outcome = model.evaluate(costs, cluster, policy, snapshot_every=k, checkpoint_every=every_c, min_slices=floor,
-                                 steps=steps)
-        return outcome.useful_work
+        return model.evaluate(costs, cluster, PolicySettings(policy, k, every_c, floor), steps=steps).useful_work
 
     every_s = model.best_cadence(score_s, young_s)
     if policy == "replica_resize":
         floor = _floor(costs, cluster, every_s, every_c, steps)
-    outcome = model.evaluate(costs, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor,
-                             steps=steps)
+    outcome = model.evaluate(costs, cluster, PolicySettings(policy, every_s, every_c, floor), steps=steps)
     return _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step)
 
 
 def _floor(costs: KnownCosts, cluster: Cluster, every_s: int, every_c: int, steps: int | None = None) -> int:
     def useful(m: int) -> float:
-        return model.evaluate(costs, cluster, "replica_resize", snapshot_every=every_s, checkpoint_every=every_c,
-                              min_slices=m, steps=steps).useful_work
+        return model.evaluate(costs, cluster, PolicySettings("replica_resize", every_s, every_c, m),
+                              steps=steps).useful_work
 
     return model.recommend_min_slices(useful, cluster.slices)
 
@@ -186,10 +184,13 @@ def _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, st
     )
 
 
+def _settings(row: PolicyPlan) -> PolicySettings:
+    return PolicySettings(row.policy, row.snapshot_every, row.checkpoint_every, row.min_slices)
+
+
 def planned_steps(costs: KnownCosts, row: PolicyPlan) -> int:
     """The steps of :data:`PLANNED_SECONDS` of running at ``row``'s cadences."""
-    per_step = model._running_per_step(costs, row.snapshot_every, row.checkpoint_every)
-    return max(1, round(PLANNED_SECONDS / per_step))
+    return max(1, round(PLANNED_SECONDS / running_per_step(costs, _settings(row))))
 
 
 def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: int | None = None,
@@ -199,9 +200,7 @@ def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: i
     :func:`planned_steps`); restart's row as it is."""
     if row.policy not in retry.RETRIED_POLICIES:
         return row
-    budget = retry.recommend(costs, cluster, row.policy, snapshot_every=row.snapshot_every,
-                             checkpoint_every=row.checkpoint_every, min_slices=row.min_slices,
-                             steps=steps or planned_steps(costs, row), bound=bound,
+    budget = retry.recommend(costs, cluster, _settings(row), steps=steps or planned_steps(costs, row), bound=bound,
                              retry_reset_steps=retry_reset_steps)
     return dataclasses.replace(row, retry=budget)
 
@@ -209,7 +208,7 @@ def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: i
 def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, steps: int | None = None,
          bound: float = retry.GIVE_UP_BOUND, retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> Plan:
     """Each policy without spares and with ``cluster.spares`` of them (or, when none are
-    given, with :func:`~elastic_dew.plan.model.recommend_spares`), each in-process policy
+    given, with :func:`~elastic_dew.plan.pool.recommend_spares`), each in-process policy
     with its retry budget for a run of ``steps`` steps (``None``: a day's,
     :func:`planned_steps`) that gives up with probability at most ``bound``, counting over
     ``retry_reset_steps``; the recommended row, and each policy over ``grid`` with the
@@ -230,18 +229,18 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
         ValueError: a cost a policy needs is not known, or a ``bound`` outside (0, 1).
     """
     ready = known(costs)
-    spares = cluster.spares or model.recommend_spares(cluster)
+    spares = cluster.spares or pool.recommend_spares(cluster)
     counts = sorted({0, spares})
     rows = tuple(
         with_retry(ready, dataclasses.replace(cluster, spares=k), plan_policy(ready, dataclasses.replace(
             cluster, spares=k), policy, steps), steps=steps, bound=bound, retry_reset_steps=retry_reset_steps)
-        for k in counts for policy in model.POLICIES
+        for k in counts for policy in POLICIES
     )
     best = max(rows, key=lambda row: (row.useful_work, -row.spares))
     by_slices = []
     for n in grid:
         sized = dataclasses.replace(cluster, slices=n)
-        for policy in model.POLICIES:
+        for policy in POLICIES:
             row = plan_policy(ready, sized, policy, steps)
             by_slices.append({"slices": n, "policy": policy, "goodput": row.goodput, "useful_work": row.useful_work,
                               "snapshot_every": row.snapshot_every, "checkpoint_every": row.checkpoint_every,
