@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from elastic_dew import cli
 from elastic_dew.plan import check, des, faults, inputs, model, planner, pool, retry
 from elastic_dew.plan.inputs import Cluster, Costs
-from elastic_dew.plan.policy import POLICIES, PolicySettings
+from elastic_dew.plan.policy import POLICIES, PolicySettings, efficiency
 
 #: Costs of the size a real cluster's run has (seconds).
 COSTS = Costs(step_seconds=2.0, loop_overhead_seconds=0.1, snapshot_seconds=0.5, checkpoint_seconds=5.0,
@@ -538,3 +539,68 @@ def test_a_pause_that_loses_every_holder_of_the_snapshot_is_as_likely_as_a_simul
     cluster = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=2.5 / 60, reschedule_minutes=0.0)
     assert model.evaluate(CPU_COSTS, cluster, PolicySettings("pause_resume", 7, 500)).goodput < model.evaluate(
         CPU_COSTS, cluster, PolicySettings("pause_resume", 7, 50)).goodput
+
+
+def _replica_resize_snapshot_losses(n, alpha, mu, tau_s, scale_up, seconds, seed=7):
+    """Replica-resize at a floor of one slice, event by event: the slices fail and return; a
+    slice that returns joins the run after ``scale_up`` seconds and holds the snapshot from the
+    next one on (every ``tau_s`` seconds of running); a loss that leaves no slice of the run
+    holding it is a checkpoint restore. Returns such restores per second of running."""
+    import random
+
+    rng = random.Random(seed)
+    up = [True] * n
+    holder_from = [0.0] * n  # running time from which each working slice holds the snapshot
+    t = running = 0.0
+    restores = 0
+    while t < seconds:
+        down = up.count(False)
+        rate = (n - down) * alpha + down * mu
+        dt = rng.expovariate(rate)
+        if down < n:
+            running += dt
+        t += dt
+        if rng.random() < (n - down) * alpha / rate:
+            lost = rng.choice([i for i in range(n) if up[i]])
+            up[lost] = False
+            holders = [i for i in range(n) if up[i] and holder_from[i] <= running]
+            if not holders:  # every copy gone: restore the checkpoint onto the slices left
+                restores += 1
+                for i in range(n):
+                    holder_from[i] = running
+        else:
+            back = rng.choice([i for i in range(n) if not up[i]])
+            up[back] = True
+            if up.count(True) == 1:  # the run was waiting: it restores onto this slice
+                holder_from[back] = running
+            else:  # scaled up, holding the snapshot from the next one on
+                holder_from[back] = (math.floor((running + scale_up) / tau_s) + 1) * tau_s
+    return restores / running
+
+
+def test_replica_resize_counts_the_losses_that_take_every_copy_of_the_snapshot_back_to_the_checkpoint():
+    # A slice lost every 10 s, back after 3 s, on 4 slices down to one: the run often steps
+    # on one slice (its loss takes the snapshot) or on two, one just scaled up (no copy yet).
+    cluster = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=3 / 60, reschedule_minutes=0.0)
+    costs = dataclasses.replace(CPU_COSTS, scale_up_seconds=0.2)
+    settings = PolicySettings("replica_resize", 5, 2000, 1)
+    _, tau_s, _ = efficiency(costs, settings)
+    gone = model.snapshot_gone(costs, cluster, 1, tau_s)
+    assert gone[3] == 1.0 and gone[0] == gone[1] == 0.0 and 0 < gone[2] < 0.2
+    rate = model.checkpoint_restores(costs, cluster, settings)
+    simulated = _replica_resize_snapshot_losses(4, 0.1, 1 / 3, tau_s, 0.2, seconds=200_000)
+    assert rate == pytest.approx(simulated, rel=0.15)
+    # It costs the steps since the newest checkpoint: a run that checkpoints trains more.
+    rarely = model.evaluate(costs, cluster, settings, steps=450).goodput
+    often = model.evaluate(costs, cluster, dataclasses.replace(settings, checkpoint_every=40), steps=450).goodput
+    assert often > rarely + 0.02
+    # A floor of two keeps a copy on the slice left while the run waits, unless it goes too.
+    floor_two = model.checkpoint_restores(costs, cluster, dataclasses.replace(settings, min_slices=2))
+    assert 0 < floor_two < rate
+    # On a real cluster's rates nothing changes: the run never comes down to one slice.
+    real = Cluster(slices=64, slice_mtbf_hours=790.0, return_minutes=60.0)
+    assert model.checkpoint_restores(COSTS, real, PolicySettings("replica_resize", 20, 500, 1)) < 1e-12
+    # The plan checkpoints more often for it, against these losses as well as preemptions.
+    row = planner.plan_policy(costs, cluster, "replica_resize", steps=450)
+    assert row.checkpoint_every < planner.plan_policy(costs, Cluster(slices=4, slice_mtbf_hours=1e6), "replica_resize",
+                                                      steps=450).checkpoint_every

@@ -77,6 +77,8 @@ __all__ = [
     "PolicyOutcome",
     "evaluate",
     "lost_running",
+    "snapshot_gone",
+    "checkpoint_restores",
     "young",
     "best_cadence",
     "recommend_min_slices",
@@ -175,7 +177,9 @@ def evaluate(
         (costs.checkpoint_seconds or 0.0) + r.reschedule + costs.restart_seconds + costs.checkpoint_restore_seconds
     )
     if policy == "replica_resize":
-        out = _replica_resize(costs, cluster, r, e, tau_s, preempt_cost, min_slices or n)
+        # A run shorter than the checkpoint cadence goes back to its start at the most.
+        reach = min(tau_c, steps * running_per_step(costs, settings)) if steps is not None else tau_c
+        out = _replica_resize(costs, cluster, r, e, (tau_s, reach), preempt_cost, min_slices or n)
         if steps is None or not costs.new_mesh_seconds or out.goodput <= 0:
             return out
         wall = steps * running_per_step(costs, settings) * e / out.goodput
@@ -223,33 +227,108 @@ def _clip(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
+def snapshot_gone(costs: KnownCosts, cluster: Cluster, floor: int, tau_s: float) -> np.ndarray:
+    """Replica-resize's share of a working slice's losses that lose every copy of the
+    in-memory snapshot, per count of slices down (0 to ``slices + spares``), so the run
+    restores the newest checkpoint and does again every step since it.
+
+    Two ways: a loss that leaves fewer than ``floor`` slices healthy, after which the
+    ``floor - 1`` left, which hold the snapshot, are lost too before enough slices are
+    healthy again (:func:`~elastic_dew.plan.pool.snapshot_lost`; at a floor of one slice,
+    always: the one slice held it); and, at a floor of one, the loss of one of two slices
+    while the other, scaled up from the one, holds no snapshot yet: the scale-up and half
+    a snapshot interval (``tau_s`` seconds of running) on average.
+
+    Args:
+        costs: what the run's program costs.
+        cluster: the cluster it runs on.
+        floor: replica-resize's ``min_slices``.
+        tau_s: the running time between snapshots.
+
+    Returns:
+        The share, per count of slices down.
+    """
+    n, size = cluster.slices, cluster.slices + cluster.spares
+    r = pool.rates(cluster)
+    gone = np.zeros(size + 1)
+    gone[size - floor] = pool.snapshot_lost(floor, size - floor, r)
+    if floor == 1 and n >= 2 and math.isfinite(r.mu) and r.alpha > 0:
+        pmf = pool.binomial(size, r.q)
+        one, two = size - 1, size - 2
+        if pmf[two] > 0:
+            window = costs.scale_up_seconds + tau_s / 2
+            # Scale-ups from one slice to two, per second, each open for `window`.
+            risky = pmf[one] * one * r.mu * -math.expm1(-r.alpha * window)
+            gone[two] += risky / (pmf[two] * 2 * r.alpha)
+    return np.clip(gone, 0.0, 1.0)
+
+
+def checkpoint_restores(costs: KnownCosts, cluster: Cluster, settings: PolicySettings) -> float:
+    """How often, per second, a slice loss makes the policy restore the newest checkpoint:
+    every loss for restart; for pause-resume and replica-resize, a loss that takes every
+    copy of the in-memory snapshot (:func:`~elastic_dew.plan.pool.snapshot_lost`,
+    :func:`snapshot_gone`). Preemptions, whose checkpoint is taken at SIGTERM, are not
+    counted.
+
+    Args:
+        costs: what the run's program costs.
+        cluster: the cluster it runs on.
+        settings: the policy, its snapshot cadence and floor.
+
+    Returns:
+        Checkpoint restores per second of the run.
+    """
+    r = pool.rates(cluster)
+    n, spares = cluster.slices, cluster.spares
+    if settings.policy == "restart":
+        return n * r.alpha
+    if settings.policy == "pause_resume":
+        _, u, _ = pool.shortage(n + spares, spares, r)
+        return n * r.alpha * u * pool.snapshot_lost(n, spares, r)
+    floor = settings.min_slices or n
+    size = n + spares
+    active = np.minimum(n, size - np.arange(size + 1))
+    weight = np.where(active >= floor, pool.binomial(size, r.q), 0.0)
+    _, tau_s, _ = efficiency(costs, settings)
+    gone = snapshot_gone(costs, cluster, floor, tau_s)
+    return float((weight * active * r.alpha * gone).sum() / max(weight.sum(), 1e-300))
+
+
 def _replica_resize(
-    costs: KnownCosts, cluster: Cluster, r: pool.Rates, e: float, tau_s: float, preempt_cost: float, floor: int
+    costs: KnownCosts, cluster: Cluster, r: pool.Rates, e: float, taus: tuple[float, float], preempt_cost: float,
+    floor: int
 ) -> PolicyOutcome:
     n, spares = cluster.slices, cluster.spares
     if not 1 <= floor <= n:
         raise ValueError(f"min_slices={floor} must be between 1 and slices={n}")
+    tau_s, reach = taus
     size = n + spares
     pmf = pool.binomial(size, r.q)
     down = np.arange(size + 1)
     active = np.minimum(n, size - down)
     runnable = active >= floor
-    c = costs.recovery_seconds + costs.snapshot_restore_seconds
     h = active * r.alpha
+    # A loss that takes every copy of the snapshot restores the checkpoint and does again
+    # the steps since it (at most the run's own, ``reach``).
+    gone = snapshot_gone(costs, cluster, floor, tau_s)
+    held = 1.0 - gone
+    c = costs.recovery_seconds + held * costs.snapshot_restore_seconds + gone * costs.checkpoint_restore_seconds
     total = h + r.preempt
     x = np.minimum(h * c, 700.0)
     recovery = c * np.exp(x)
     # A return while the run is short of slices is scaled up into it.
     returns = np.where(active < n, down * (r.mu if math.isfinite(r.mu) else 0.0), 0.0)
+    weight = np.where(runnable, pmf, 0.0)
+    back = float((weight * h * gone).sum() / max(weight.sum(), 1e-300))  # as checkpoint_restores
+    redone = lost_running(reach, back) if back > 0 else 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        lost = np.array([lost_running(tau_s, t) for t in total])
+        lost = held * np.array([lost_running(tau_s, t) for t in total]) + np.where(gone > 0, gone * redone, 0.0)
     # A slice lost during a scale-up ends it (the time so far is spent) in a recovery.
     cut = -np.expm1(-h * costs.scale_up_seconds)
     scale_up = np.where(h > 0, cut / np.where(h > 0, h, 1.0), costs.scale_up_seconds)
     with np.errstate(over="ignore"):  # a recovery that never ends: no goodput at that count
         overhead = h * recovery + returns * (scale_up + cut * recovery) + r.preempt * preempt_cost
     local = e * np.clip(1.0 - (h + returns * cut) * lost, 0.0, 1.0) / (1.0 + overhead)
-    weight = np.where(runnable, pmf, 0.0)
     goodput = float((weight * local).sum())
     useful = float((weight * local * active / n).sum())
     faults = float((weight * total).sum()) * 86400.0

@@ -151,11 +151,18 @@ def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | N
         outcome = model.evaluate(costs, cluster, PolicySettings(policy, checkpoint_every=every_c))
         return _row(policy, cluster, outcome, None, every_c, None, None, young_c, step)
     unridden = r.preempt if r.preempt > 0 else UNRIDDEN_PER_DAY / 86400.0
-    every_c = young_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), running)
+    every_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), running)
     young_s = _steps(model.young(costs.snapshot_seconds, between_losses), running)
     floor = None
     if policy == "replica_resize":
         floor = _floor(costs, cluster, young_s, every_c, steps)
+    # A slice loss that takes every copy of the snapshot goes back to the checkpoint too.
+    back = model.checkpoint_restores(costs, cluster, PolicySettings(policy, young_s, every_c, floor))
+    if back > 0:
+        every_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / (unridden + back)), running)
+        if policy == "replica_resize":
+            floor = _floor(costs, cluster, young_s, every_c, steps)
+    young_c = every_c
 
     def score_s(k: int) -> float:
         return model.evaluate(costs, cluster, PolicySettings(policy, k, every_c, floor), steps=steps).useful_work
