@@ -16,9 +16,10 @@ import sys
 import pytest
 
 from elastic_dew import cli
-from elastic_dew.plan import check, des, faults, inputs, model, planner, pool, retry
+from elastic_dew.plan import check, des, faults, inputs, model, planner, pool, retry, validity
 from elastic_dew.plan.inputs import Cluster, Costs
 from elastic_dew.plan.policy import POLICIES, PolicySettings, efficiency
+from elastic_dew.plan.policy import running_per_step as policy_running
 
 #: Costs of the size a real cluster's run has (seconds).
 COSTS = Costs(step_seconds=2.0, loop_overhead_seconds=0.1, snapshot_seconds=0.5, checkpoint_seconds=5.0,
@@ -604,3 +605,38 @@ def test_replica_resize_counts_the_losses_that_take_every_copy_of_the_snapshot_b
     row = planner.plan_policy(costs, cluster, "replica_resize", steps=450)
     assert row.checkpoint_every < planner.plan_policy(costs, Cluster(slices=4, slice_mtbf_hours=1e6), "replica_resize",
                                                       steps=450).checkpoint_every
+
+
+def test_a_plan_flags_rates_outside_the_range_the_model_was_checked_over_and_says_why(tmp_path, capsys):
+    # A slice lost every 10 s on 4 slices whose loop steps in 0.11 s with its saves: a loss every 22.5 steps.
+    fast = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=3 / 60, reschedule_minutes=0.0)
+    settings = PolicySettings("replica_resize", 5, 40, 1)
+    assert validity.steps_between_losses(CPU_COSTS, fast, settings) == pytest.approx(
+        2.5 / policy_running(CPU_COSTS, settings))
+    reasons = validity.outside(CPU_COSTS, fast, settings)
+    assert len(reasons) == 1 and "every 22.5 steps" in reasons[0] and "100 steps or more" in reasons[0]
+    slow_recovery = dataclasses.replace(CPU_COSTS, recovery_seconds=2.0)
+    assert any("(h c)" in reason for reason in validity.outside(slow_recovery, fast, settings))
+    # A real cluster's rates are inside it: nothing is flagged.
+    real = planner.plan(COSTS, Cluster(slices=64, slice_mtbf_hours=790.0, return_minutes=60.0))
+    assert all(not row.outside_checked_range for row in real.policies)
+    # The command line marks each figure outside it, says why, and so does its JSON.
+    out = tmp_path / "plan.json"
+    given = [word for name, value in dataclasses.asdict(CPU_COSTS).items()
+             for word in (f"--{name.replace('_', '-')}".replace("checkpoint-restore", "restore"), str(value))]
+    rates = ["--slice-mtbf-hours", str(10 / 3600), "--return-minutes", "0.05", "--reschedule-minutes", "0"]
+    code, printed = _plan(["--slices", "4", *given, *rates, "--steps", "450", "--json", str(out)], capsys)
+    assert code == 0, printed.err
+    rows = [line for line in printed.out.splitlines() if line.strip().startswith("replica_resize ") and "%" in line]
+    assert rows and all(line.endswith(" *") for line in rows)
+    assert "* outside the range the model was checked over against real runs" in printed.out
+    assert "; outside the checked range (*)" in printed.out
+    data = json.loads(out.read_text())
+    assert all(row["outside_checked_range"] for row in data["policies"])
+    # So does --check, beside the prediction for the runs' settings.
+    run = _finished_run(tmp_path)
+    code, printed = _plan(["--slices", "4", *GIVEN, "--slice-mtbf-hours", str(4 * 4.5 / 3600), "--return-minutes",
+                           "0.02", "--check", str(run)], capsys)
+    assert code == 0, printed.err
+    row = next(line for line in printed.out.splitlines() if line.strip().startswith("replica_resize"))
+    assert row.endswith(" *") and "the model was checked against runs that met one every 100 steps" in printed.out

@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.plan import model, pool
+from elastic_dew.plan import model, pool, validity
 from elastic_dew.plan.inputs import Cluster, Costs, known
 from elastic_dew.plan.policy import PolicySettings
 
@@ -83,13 +83,16 @@ class Measured:
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """Runs of one policy and settings: their mean goodput, its standard error (``None``
-    for one run) and the model's prediction."""
+    for one run) and the model's prediction; ``outside_checked_range``: why the runs' rates
+    are outside the range the model was checked over (:func:`~elastic_dew.plan.validity.outside`),
+    empty inside it."""
 
     policy: str
     runs: int
     measured: float
     standard_error: float | None
     predicted: float
+    outside_checked_range: tuple[str, ...] = ()
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -215,8 +218,10 @@ def compare(runs: list[Measured], costs: Costs, cluster: Cluster) -> Comparison:
     # A floor no command line gave is the fewest slices any of the runs stepped on.
     floor = first.min_slices if first.floor_given else min((r.min_slices for r in runs if r.min_slices), default=None)
     settings = PolicySettings(first.policy, first.snapshot_every, first.checkpoint_every, floor)
-    predicted = model.evaluate(known(costs), _frame(cluster, first), settings, steps=steps).goodput
-    return Comparison(first.policy, len(runs), statistics.fmean(values), se, predicted)
+    frame = _frame(cluster, first)
+    predicted = model.evaluate(known(costs), frame, settings, steps=steps).goodput
+    return Comparison(first.policy, len(runs), statistics.fmean(values), se, predicted,
+                      validity.outside(known(costs), frame, settings))
 
 
 def expected_losses(run: Measured, cluster: Cluster) -> float:

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from elastic_dew.plan import model, pool, retry
+from elastic_dew.plan import model, pool, retry, validity
 from elastic_dew.plan.inputs import Cluster, Costs, KnownCosts, known
 from elastic_dew.plan.policy import POLICIES, PolicySettings, loop_seconds, running_per_step
 
@@ -46,7 +46,9 @@ class PolicyPlan:
     ``young_checkpoint_every`` are Young's first-order optima, beside the model's.
     ``lost_steps``: steps done again per slice loss. ``retry``: the retry budget
     (:class:`~elastic_dew.plan.retry.RetryBudget`; ``None`` for restart, whose slice
-    loss ends the process, or a row planned without one).
+    loss ends the process, or a row planned without one). ``outside_checked_range``: why
+    the row's rates are outside the range the model was checked over against real runs
+    (:func:`~elastic_dew.plan.validity.outside`); empty inside it.
 
     Args:
         policy: the recovery policy (``restart``, ``pause-resume``, ``replica-resize``).
@@ -63,6 +65,7 @@ class PolicyPlan:
         young_snapshot_every: Young's optimum of the snapshot cadence.
         young_checkpoint_every: Young's optimum of the checkpoint cadence.
         retry: the retry budget.
+        outside_checked_range: why the figures are outside the checked range, if they are.
     """
 
     policy: str
@@ -79,6 +82,7 @@ class PolicyPlan:
     young_snapshot_every: int | None
     young_checkpoint_every: int
     retry: retry.RetryBudget | None = None
+    outside_checked_range: tuple[str, ...] = ()
 
     def elastic_settings(self) -> dict[str, Any]:
         """The row's settings as :class:`~elastic_dew.elastic.config.ElasticConfig` fields:
@@ -104,6 +108,7 @@ class PolicyPlan:
         out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in dataclasses.asdict(self).items() if k != "retry"}
         out["retry"] = None if self.retry is None else self.retry.to_json()
+        out["outside_checked_range"] = list(self.outside_checked_range)
         out["elastic_settings"] = self.elastic_settings()
         return out
 
@@ -137,7 +142,6 @@ def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | N
     if steps is None:
         steps = max(1, round(PLANNED_SECONDS / loop_seconds(costs)))
     r = pool.rates(cluster)
-    step = costs.step_seconds
     running = loop_seconds(costs)  # a step's running time: Young's optimum in steps
     losses = cluster.slices * r.alpha
     between_losses = 1.0 / losses
@@ -148,8 +152,9 @@ def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | N
             return model.evaluate(costs, cluster, PolicySettings(policy, checkpoint_every=k)).goodput
 
         every_c = model.best_cadence(score_c, young_c)
-        outcome = model.evaluate(costs, cluster, PolicySettings(policy, checkpoint_every=every_c))
-        return _row(policy, cluster, outcome, None, every_c, None, None, young_c, step)
+        settings = PolicySettings(policy, checkpoint_every=every_c)
+        outcome = model.evaluate(costs, cluster, settings)
+        return _row(costs, cluster, settings, outcome, None, young_c)
     unridden = r.preempt if r.preempt > 0 else UNRIDDEN_PER_DAY / 86400.0
     every_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), running)
     young_s = _steps(model.young(costs.snapshot_seconds, between_losses), running)
@@ -170,8 +175,9 @@ def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | N
     every_s = model.best_cadence(score_s, young_s)
     if policy == "replica_resize":
         floor = _floor(costs, cluster, every_s, every_c, steps)
-    outcome = model.evaluate(costs, cluster, PolicySettings(policy, every_s, every_c, floor), steps=steps)
-    return _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step)
+    settings = PolicySettings(policy, every_s, every_c, floor)
+    outcome = model.evaluate(costs, cluster, settings, steps=steps)
+    return _row(costs, cluster, settings, outcome, young_s, young_c)
 
 
 def _floor(costs: KnownCosts, cluster: Cluster, every_s: int, every_c: int, steps: int | None = None) -> int:
@@ -182,12 +188,15 @@ def _floor(costs: KnownCosts, cluster: Cluster, every_s: int, every_c: int, step
     return model.recommend_min_slices(useful, cluster.slices)
 
 
-def _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step) -> PolicyPlan:
+def _row(costs: KnownCosts, cluster: Cluster, settings: PolicySettings, outcome: model.PolicyOutcome,
+         young_s: int | None, young_c: int) -> PolicyPlan:
     return PolicyPlan(
-        policy=policy, spares=cluster.spares, goodput=outcome.goodput, useful_work=outcome.useful_work,
-        snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor, lost_seconds=outcome.lost_seconds,
-        lost_steps=outcome.lost_seconds / step, downtime_seconds=outcome.downtime_seconds,
+        policy=settings.policy, spares=cluster.spares, goodput=outcome.goodput, useful_work=outcome.useful_work,
+        snapshot_every=settings.snapshot_every, checkpoint_every=settings.checkpoint_every or 0,
+        min_slices=settings.min_slices, lost_seconds=outcome.lost_seconds,
+        lost_steps=outcome.lost_seconds / costs.step_seconds, downtime_seconds=outcome.downtime_seconds,
         faults_per_day=outcome.faults_per_day, young_snapshot_every=young_s, young_checkpoint_every=young_c,
+        outside_checked_range=validity.outside(costs, cluster, settings),
     )
 
 
