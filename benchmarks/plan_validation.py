@@ -1,4 +1,4 @@
-"""Issues 31 and 42: the planner's prediction against real elastic_dew runs under Poisson fault schedules.
+"""The planner's prediction against real elastic_dew runs under Poisson fault schedules.
 
 Two checks of :mod:`elastic_dew.plan`:
 

@@ -431,7 +431,8 @@ def _table(result, figures, cluster) -> str:
               f"  elastic-dew train ... {train_flags(best)}"]
     counts = (1, 4, 16, 64, 256, 1024, 4096, 10000)
     lines += ["", f"goodput / useful work by slices ({cluster.spares} spares):",
-              "  " + f"{'slices':>7s}" + "".join(f" {policy:>22s}" for policy in ("restart", "pause_resume", "replica_resize"))]
+              "  " + f"{'slices':>7s}"
+              + "".join(f" {policy:>22s}" for policy in ("restart", "pause_resume", "replica_resize"))]
     for n in counts:
         cells = []
         for policy in ("restart", "pause_resume", "replica_resize"):

@@ -2,12 +2,14 @@
 
 The same pool as :mod:`elastic_dew.plan.pool` (``slices + spares`` slices failing and
 returning independently, exponentially; preemptions as a Poisson process while the job
-runs) and the same policies as :mod:`elastic_dew.plan.model`, followed one fault at a time: which slice fails is drawn
-among the healthy ones (a working slice, or an idle spare), a recovery that a working
-slice's loss falls in is followed, when it ends, by a whole recovery more (the model's and
-the simulator's rule: one such loss a recovery, since the next fault counts from it), lost work is the running time since the last restore
-point, and the wall time, the productive step time and the examples trained add up as the
-run goes. Seeded and deterministic: the same inputs and seed give the same figures.
+runs) and the same policies as :mod:`elastic_dew.plan.model`, followed one fault at a
+time: which slice fails is drawn among the healthy ones (a working slice, or an idle
+spare), a recovery that a working slice's loss falls in is followed, when it ends, by a
+whole recovery more (the model's and the simulator's rule: one such loss a recovery,
+since the next fault counts from it), lost work is the running time since the last
+restore point, and the wall time, the productive step time and the examples trained add
+up as the run goes. Seeded and deterministic: the same inputs and seed give the same
+figures.
 
 It also follows the retry budget of ``elastic_retry`` as
 :class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit` counts it (:func:`give_up_share`):
@@ -105,7 +107,8 @@ def _simulate(
     floor = (settings.min_slices or n) if policy == "replica_resize" else n
     c = (costs.restart_seconds + costs.checkpoint_restore_seconds) if restart else (
         costs.recovery_seconds + costs.snapshot_restore_seconds)
-    preempt_cost = (costs.checkpoint_seconds or 0.0) + r.reschedule + costs.restart_seconds + costs.checkpoint_restore_seconds
+    preempt_cost = ((costs.checkpoint_seconds or 0.0) + r.reschedule + costs.restart_seconds
+                    + costs.checkpoint_restore_seconds)
     instant_return = not math.isfinite(r.mu)
     # The pool starts in its stationary state: each slice down with probability q.
     down = 0 if instant_return else sum(1 for _ in range(size) if rng.random() < r.q)

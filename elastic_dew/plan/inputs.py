@@ -97,7 +97,8 @@ class Costs:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if value is not None and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
+                raise SettingError(type(self), field.name, value,
+                                   problem=f"{mention(field.name, value)} must be finite")
 
 
 
@@ -196,7 +197,8 @@ class Cluster:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
+                raise SettingError(type(self), field.name, value,
+                                   problem=f"{mention(field.name, value)} must be finite")
 
 
 #: The fields of each configuration, in the order a report lists them.

@@ -1,4 +1,4 @@
-"""The retry budget a plan recommends: ``max_attempts`` and ``retry_reset_steps`` for a run that rides slice losses in process.
+"""The retry budget a plan recommends: ``max_attempts`` and ``retry_reset_steps`` for a run riding losses in process.
 
 ``elastic_retry``'s policy (:class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit`)
 counts the slice losses the run meets and gives up at the ``max_attempts``-th loss of one
