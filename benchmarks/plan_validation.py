@@ -1,4 +1,4 @@
-"""Issues 31 and 42: the planner's prediction against real elastic_dew runs under Poisson fault schedules.
+"""The planner's prediction against real elastic_dew runs under Poisson fault schedules.
 
 Two checks of :mod:`elastic_dew.plan`:
 
@@ -158,7 +158,7 @@ def model_against_simulation(faults: int) -> dict[str, Any]:
     """The largest gap (points of goodput and of useful work) between the model and the
     discrete-event simulation, each policy at fixed cadences, over :data:`DES_SLICES`, with 0
     and 2 spares; and every row."""
-    from elastic_dew.plan import Cluster, Costs, des, model
+    from elastic_dew.plan import POLICIES, Cluster, Costs, PolicySettings, des, model
 
     costs = Costs(**CLUSTER_COSTS)
     rows = []
@@ -166,12 +166,12 @@ def model_against_simulation(faults: int) -> dict[str, Any]:
         for spares in (0, 2):
             cluster = Cluster(slices=slices, slice_mtbf_hours=790.0, preemptions_per_day=0.5, return_minutes=60.0,
                               spares=spares, reschedule_minutes=5.0)
-            for policy in model.POLICIES:
+            for policy in POLICIES:
                 every_s = None if policy == "restart" else 20
                 floor = max(1, slices // 2) if policy == "replica_resize" else None
-                kwargs = dict(snapshot_every=every_s, checkpoint_every=500, min_slices=floor)
-                predicted = model.evaluate(costs, cluster, policy, **kwargs)
-                simulated = des.simulate(costs, cluster, policy, seed=slices + spares, faults=faults, **kwargs)
+                settings = PolicySettings(policy, every_s, 500, floor)
+                predicted = model.evaluate(costs, cluster, settings)
+                simulated = des.simulate(costs, cluster, settings, seed=slices + spares, faults=faults)
                 rows.append({"slices": slices, "spares": spares, "policy": policy,
                              "model": round(predicted.goodput, 5), "des": round(simulated.goodput, 5),
                              "model_useful": round(predicted.useful_work, 5),
@@ -200,7 +200,7 @@ def _child(case_name: str, schedules: int, stepping_scale: float, workdir: str) 
 
     work = Path(workdir)
     use_compilation_cache(work / "compilation-cache", min_compile_time_s=0)
-    from elastic_dew.plan import Cluster, check, draw_schedule, measured_costs, model, retry
+    from elastic_dew.plan import Cluster, PolicySettings, check, draw_schedule, measured_costs, model, retry
 
     started = time.monotonic()
     load = [os.getloadavg()[0]]
@@ -232,16 +232,16 @@ def _child(case_name: str, schedules: int, stepping_scale: float, workdir: str) 
         sources[policy] = {name: figure.source for name, figure in figures.items()}
         if policy == "replica_resize":
             floor = model.recommend_min_slices(
-                lambda m: model.evaluate(costs, cluster, "replica_resize", min_slices=m, **cadence).useful_work,
+                lambda m: model.evaluate(costs, cluster, PolicySettings("replica_resize", min_slices=m, **cadence))
+                .useful_work,
                 case.slices)
         if policy == "restart":  # a restarted attempt has every slice: nothing to wait for
-            predicted[policy] = model.evaluate(costs, dataclasses.replace(cluster, return_minutes=0.0), policy,
-                                               snapshot_every=None, checkpoint_every=case.checkpoint_every).goodput
+            predicted[policy] = model.evaluate(costs, dataclasses.replace(cluster, return_minutes=0.0),
+                                               PolicySettings(policy, checkpoint_every=case.checkpoint_every)).goodput
         else:
-            predicted[policy] = model.evaluate(costs, cluster, policy, min_slices=floor,
-                                               steps=steps - case.start_step, **cadence).goodput
-            budget = retry.recommend(costs, cluster, policy, min_slices=floor if policy == "replica_resize" else None,
-                                     steps=steps, **cadence)
+            settings = PolicySettings(policy, min_slices=floor if policy == "replica_resize" else None, **cadence)
+            predicted[policy] = model.evaluate(costs, cluster, settings, steps=steps - case.start_step).goodput
+            budget = retry.recommend(costs, cluster, settings, steps=steps)
             budgets[policy] = budget.to_json()
         load.append(os.getloadavg()[0])
     calibrated_s = time.monotonic() - started
@@ -314,7 +314,7 @@ def _paid(run_dirs: list[Path], costs: dict[str, Any], cluster, policy: str, flo
 
     from elastic_dew import record
     from elastic_dew.elastic import events as ev
-    from elastic_dew.plan import Costs, model
+    from elastic_dew.plan import Costs, PolicySettings, model
 
     recoveries, restores, scale_ups, first_compiles, waits = [], [], [], [], []
     steps_by_slices: dict[int, list[float]] = {}
@@ -349,9 +349,8 @@ def _paid(run_dirs: list[Path], costs: dict[str, Any], cluster, policy: str, flo
     if scale_ups:
         paid["scale_up_seconds"] = out["scale_up_mean"]
     paid["new_mesh_seconds"] = 0.0  # the means hold the new sets' compiles already
-    out["predicted_with_paid_costs"] = model.evaluate(Costs(**paid), cluster, policy,
-                                                      min_slices=floor if policy == "replica_resize" else None,
-                                                      steps=steps, **cadence).goodput
+    settings = PolicySettings(policy, min_slices=floor if policy == "replica_resize" else None, **cadence)
+    out["predicted_with_paid_costs"] = model.evaluate(Costs(**paid), cluster, settings, steps=steps).goodput
     return out
 
 

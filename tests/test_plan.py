@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 
 import pytest
 
 from elastic_dew import cli
-from elastic_dew.plan import check, des, faults, inputs, model, planner, retry
+from elastic_dew.plan import check, des, faults, inputs, model, planner, pool, retry, validity
 from elastic_dew.plan.inputs import Cluster, Costs
+from elastic_dew.plan.policy import POLICIES, PolicySettings, efficiency
+from elastic_dew.plan.policy import running_per_step as policy_running
 
 #: Costs of the size a real cluster's run has (seconds).
 COSTS = Costs(step_seconds=2.0, loop_overhead_seconds=0.1, snapshot_seconds=0.5, checkpoint_seconds=5.0,
@@ -27,11 +30,15 @@ CADENCES = {"restart": (None, 500), "pause_resume": (20, 500), "replica_resize":
 
 def _outcome(policy, cluster, costs=COSTS, floor=None):
     every_s, every_c = CADENCES[policy]
-    return model.evaluate(costs, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c,
-                          min_slices=floor if policy == "replica_resize" else None)
+    return model.evaluate(costs, cluster, _settings(policy, floor))
 
 
-@pytest.mark.parametrize("policy", model.POLICIES)
+def _settings(policy, floor=None):
+    every_s, every_c = CADENCES[policy]
+    return PolicySettings(policy, every_s, every_c, floor if policy == "replica_resize" else None)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_goodput_and_useful_work_stay_between_0_and_1_from_one_slice_to_a_failing_multitude(policy):
     for slices in (1, 7, 1000, 10000):
         for mtbf in (0.01, 1.0, 790.0, 1e7):
@@ -43,7 +50,7 @@ def test_goodput_and_useful_work_stay_between_0_and_1_from_one_slice_to_a_failin
                 assert out.useful_work <= out.goodput + 1e-12
 
 
-@pytest.mark.parametrize("policy", model.POLICIES)
+@pytest.mark.parametrize("policy", POLICIES)
 def test_goodput_and_useful_work_never_grow_as_slices_fail_more_often(policy):
     for slices in (1, 64, 4096):
         previous = None
@@ -57,7 +64,7 @@ def test_goodput_and_useful_work_never_grow_as_slices_fail_more_often(policy):
         assert previous.goodput < 0.9  # the rates span the range that matters
 
 
-@pytest.mark.parametrize("policy", model.POLICIES)
+@pytest.mark.parametrize("policy", POLICIES)
 def test_the_loops_time_between_steps_and_the_batch_wait_are_running_time_that_trains_nothing(policy):
     costs = dataclasses.replace(COSTS, data_wait_seconds=0.3)
     every_s, every_c = CADENCES[policy]
@@ -71,8 +78,7 @@ def test_the_recommended_snapshot_cadence_is_where_the_derivative_of_useful_work
     row = planner.plan_policy(COSTS, cluster, "pause_resume")
 
     def useful(k):
-        return model.evaluate(COSTS, cluster, "pause_resume", snapshot_every=k,
-                              checkpoint_every=row.checkpoint_every).useful_work
+        return model.evaluate(COSTS, cluster, PolicySettings("pause_resume", k, row.checkpoint_every)).useful_work
 
     k = row.snapshot_every
     assert useful(k + 1) - useful(k) <= 0 <= useful(k) - useful(k - 1)
@@ -87,7 +93,7 @@ def test_the_recommended_checkpoint_cadence_of_a_restart_is_the_models_optimum()
     row = planner.plan_policy(COSTS, cluster, "restart")
 
     def goodput(k):
-        return model.evaluate(COSTS, cluster, "restart", snapshot_every=None, checkpoint_every=k).goodput
+        return model.evaluate(COSTS, cluster, PolicySettings("restart", checkpoint_every=k)).goodput
 
     k = row.checkpoint_every
     assert goodput(k) >= max(goodput(k - 1), goodput(k + 1))
@@ -105,8 +111,8 @@ def test_replica_resize_never_trains_less_than_restart_when_a_lost_slice_returns
                 every_c = restart.checkpoint_every  # the same costs: the same checkpoints
 
                 def useful(k, floor):
-                    return model.evaluate(COSTS, cluster, "replica_resize", snapshot_every=k,
-                                          checkpoint_every=every_c, min_slices=floor).useful_work
+                    return model.evaluate(COSTS, cluster,
+                                          PolicySettings("replica_resize", k, every_c, floor)).useful_work
 
                 k = model.best_cadence(lambda k: useful(k, 1), 20)
                 floor = model.recommend_min_slices(lambda m: useful(k, m), slices)
@@ -125,24 +131,22 @@ def test_the_recommended_floor_is_the_highest_that_costs_no_useful_work():
     assert useful(row.min_slices + 1) < useful(1) - model.MIN_SLICES_TOLERANCE
 
 
-@pytest.mark.parametrize("policy", model.POLICIES)
+@pytest.mark.parametrize("policy", POLICIES)
 def test_the_model_agrees_with_the_event_by_event_simulation_within_a_point(policy):
     for slices, spares in ((4, 0), (512, 0), (512, 2)):
         cluster = Cluster(slices=slices, slice_mtbf_hours=790.0, preemptions_per_day=1.0, return_minutes=60.0,
                           spares=spares, reschedule_minutes=5.0)
-        every_s, every_c = CADENCES[policy]
         floor = slices // 2 if policy == "replica_resize" else None
         predicted = _outcome(policy, cluster, floor=floor)
-        simulated = des.simulate(COSTS, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c,
-                                 min_slices=floor, seed=3, faults=4000)
+        simulated = des.simulate(COSTS, cluster, _settings(policy, floor), seed=3, faults=4000)
         assert abs(predicted.goodput - simulated.goodput) < 0.01, (slices, spares, predicted, simulated)
         assert abs(predicted.useful_work - simulated.useful_work) < 0.01, (slices, spares)
 
 
 def test_the_simulation_is_deterministic_and_its_seed_matters():
     cluster = Cluster(slices=16, slice_mtbf_hours=100.0, return_minutes=30.0)
-    run = lambda seed: des.simulate(COSTS, cluster, "replica_resize", snapshot_every=20,  # noqa: E731
-                                    checkpoint_every=500, min_slices=8, seed=seed, faults=500)
+    run = lambda seed: des.simulate(COSTS, cluster, PolicySettings("replica_resize", 20, 500, 8),  # noqa: E731
+                                    seed=seed, faults=500)
     assert run(1) == run(1)
     assert run(1) != run(2)
 
@@ -271,7 +275,7 @@ def test_plan_prints_each_input_with_its_origin_and_writes_the_json_it_promises(
     assert data["inputs"]["step_seconds"]["source"].startswith("measured: ")
     assert data["inputs"]["snapshot_seconds"] == {"value": 0.5, "source": "given"}
     assert data["inputs"]["loop_overhead_seconds"] == {"value": 0.05, "source": "given"}  # over the measured 0.495
-    assert {row["policy"] for row in data["policies"]} == set(model.POLICIES)
+    assert {row["policy"] for row in data["policies"]} == set(POLICIES)
     assert {"goodput", "useful_work", "snapshot_every", "checkpoint_every", "min_slices", "spares"} <= set(
         data["policies"][0])
     assert {row["slices"] for row in data["by_slices"]} == set(planner.SLICE_GRID)
@@ -333,12 +337,13 @@ COMPRESSED = Cluster(slices=4, slice_mtbf_hours=12 / 3600, return_minutes=3 / 60
 @pytest.mark.parametrize("policy, floor", [("pause_resume", None), ("replica_resize", 1)])
 def test_the_retry_budgets_give_up_probability_is_what_the_simulation_counting_as_the_retry_policy_finds(
         policy, floor):
-    settings = dict(snapshot_every=7, checkpoint_every=250, min_slices=floor, retry_reset_steps=50, steps=300)
+    settings = PolicySettings(policy, 7, 250, floor)
     for attempts in (6, 8):
-        rule = retry.give_up_probability(CPU_COSTS, COMPRESSED, policy, max_attempts=attempts, **settings)
+        rule = retry.give_up_probability(CPU_COSTS, COMPRESSED, settings, max_attempts=attempts, retry_reset_steps=50,
+                                         steps=300)
         runs = 4000
-        simulated = des.give_up_share(CPU_COSTS, COMPRESSED, policy, max_attempts=attempts, runs=runs, seed=11,
-                                      **settings)
+        simulated = des.give_up_share(CPU_COSTS, COMPRESSED, settings, max_attempts=attempts, runs=runs, seed=11,
+                                      retry_reset_steps=50, steps=300)
         noise = 4 * (simulated * (1 - simulated) / runs) ** 0.5 + 2 / runs
         assert 0.005 < simulated < 0.6, (attempts, simulated)  # the rates make the tail matter
         if policy == "pause_resume":  # every loss counted falls while all N slices work: the rule is exact
@@ -348,13 +353,13 @@ def test_the_retry_budgets_give_up_probability_is_what_the_simulation_counting_a
 
 
 def test_the_recommended_budget_is_the_fewest_attempts_within_the_bound_and_never_below_the_default():
-    settings = dict(snapshot_every=7, checkpoint_every=250, min_slices=None, steps=300)
-    budget = retry.recommend(CPU_COSTS, COMPRESSED, "pause_resume", **settings)
+    settings = PolicySettings("pause_resume", 7, 250)
+    budget = retry.recommend(CPU_COSTS, COMPRESSED, settings, steps=300)
     assert budget.max_attempts > retry.DEFAULT_MAX_ATTEMPTS and budget.defaults_too_low
 
     def gives_up(m):
-        return retry.give_up_probability(CPU_COSTS, COMPRESSED, "pause_resume", max_attempts=m,
-                                         retry_reset_steps=50, **settings)
+        return retry.give_up_probability(CPU_COSTS, COMPRESSED, settings, max_attempts=m, retry_reset_steps=50,
+                                         steps=300)
 
     assert gives_up(budget.max_attempts) <= retry.GIVE_UP_BOUND < gives_up(budget.max_attempts - 1)
     assert budget.default_give_up_probability == pytest.approx(gives_up(retry.DEFAULT_MAX_ATTEMPTS))
@@ -366,7 +371,7 @@ def test_the_recommended_budget_is_the_fewest_attempts_within_the_bound_and_neve
         if row.retry is not None:
             assert row.retry.max_attempts == retry.DEFAULT_MAX_ATTEMPTS and not row.retry.defaults_too_low
     with pytest.raises(ValueError, match="no in-process retry budget"):
-        retry.recommend(CPU_COSTS, COMPRESSED, "restart", **settings)
+        retry.recommend(CPU_COSTS, COMPRESSED, PolicySettings("restart", 7, 250), steps=300)
 
 
 def test_elastic_dew_train_with_the_flags_a_plan_prints_runs_with_the_plans_settings(tmp_path, capsys):
@@ -460,25 +465,25 @@ def test_check_refuses_runs_whose_losses_came_from_another_time_frame(tmp_path, 
 
 def test_replica_resize_pays_a_compile_for_each_set_of_slices_a_run_meets_first():
     cluster = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=2.5 / 60, reschedule_minutes=0.0)
-    r = model.rates(cluster)
+    r = pool.rates(cluster)
     # Few sets (14 of 1 to 3 slices of 4): a long run meets them all, a short one some.
-    assert model.new_meshes(cluster, r, 1, 1e6) == pytest.approx(14, abs=1e-6)
-    assert 0 < model.new_meshes(cluster, r, 1, 5.0) < model.new_meshes(cluster, r, 1, 30.0) < 14
-    assert model.new_meshes(cluster, r, 3, 1e6) == pytest.approx(4, abs=1e-6)  # only the sets of 3
+    assert pool.new_meshes(cluster, r, 1, 1e6) == pytest.approx(14, abs=1e-6)
+    assert 0 < pool.new_meshes(cluster, r, 1, 5.0) < pool.new_meshes(cluster, r, 1, 30.0) < 14
+    assert pool.new_meshes(cluster, r, 3, 1e6) == pytest.approx(4, abs=1e-6)  # only the sets of 3
     # Many slices: nearly every recovery and scale-up lands on a set never met before.
     big = Cluster(slices=1024, slice_mtbf_hours=790.0, return_minutes=60.0)
-    rb = model.rates(big)
-    landings = model.new_meshes(big, rb, 1, 3600.0)
-    assert landings == pytest.approx(model.new_meshes(big, rb, 1, 7200.0) / 2, rel=1e-3)
+    rb = pool.rates(big)
+    landings = pool.new_meshes(big, rb, 1, 3600.0)
+    assert landings == pytest.approx(pool.new_meshes(big, rb, 1, 7200.0) / 2, rel=1e-3)
     costs = dataclasses.replace(CPU_COSTS, new_mesh_seconds=0.7)
-    kw = dict(snapshot_every=7, checkpoint_every=50, min_slices=1)
-    steady = model.evaluate(costs, cluster, "replica_resize", **kw)
-    short = model.evaluate(costs, cluster, "replica_resize", steps=150, **kw)
-    long = model.evaluate(costs, cluster, "replica_resize", steps=10**6, **kw)
+    settings = PolicySettings("replica_resize", 7, 50, 1)
+    steady = model.evaluate(costs, cluster, settings)
+    short = model.evaluate(costs, cluster, settings, steps=150)
+    long = model.evaluate(costs, cluster, settings, steps=10**6)
     assert short.goodput < long.goodput < steady.goodput
     assert long.goodput == pytest.approx(steady.goodput, abs=1e-3)  # 14 compiles over a long run: nothing
-    assert model.evaluate(CPU_COSTS, cluster, "replica_resize", steps=150, **kw) == model.evaluate(
-        CPU_COSTS, cluster, "replica_resize", **kw)  # no new-mesh cost measured: the steady state
+    assert model.evaluate(CPU_COSTS, cluster, settings, steps=150) == model.evaluate(
+        CPU_COSTS, cluster, settings)  # no new-mesh cost measured: the steady state
 
 
 def test_a_run_record_measures_what_a_resume_onto_a_new_set_of_slices_costs(tmp_path):
@@ -527,13 +532,112 @@ def test_a_pause_that_loses_every_holder_of_the_snapshot_is_as_likely_as_a_simul
         return gone / trials
 
     for n, spares, alpha, mu in ((4, 0, 0.1, 0.4), (3, 1, 0.2, 0.3), (8, 0, 0.1, 0.2)):
-        r = model.Rates(alpha=alpha, mu=mu, preempt=0.0, q=alpha / (alpha + mu), reschedule=0.0)
-        assert model.snapshot_lost(n, spares, r) == pytest.approx(simulated(n, spares, alpha, mu), abs=0.01)
-    slow = model.Rates(alpha=0.1, mu=0.1, preempt=0.0, q=0.5, reschedule=0.0)
-    fast = model.Rates(alpha=0.1, mu=1.0, preempt=0.0, q=1 / 11, reschedule=0.0)
-    assert model.snapshot_lost(4, 0, fast) < model.snapshot_lost(4, 0, slow)
+        r = pool.Rates(alpha=alpha, mu=mu, preempt=0.0, q=alpha / (alpha + mu), reschedule=0.0)
+        assert pool.snapshot_lost(n, spares, r) == pytest.approx(simulated(n, spares, alpha, mu), abs=0.01)
+    slow = pool.Rates(alpha=0.1, mu=0.1, preempt=0.0, q=0.5, reschedule=0.0)
+    fast = pool.Rates(alpha=0.1, mu=1.0, preempt=0.0, q=1 / 11, reschedule=0.0)
+    assert pool.snapshot_lost(4, 0, fast) < pool.snapshot_lost(4, 0, slow)
     # Pause-resume pays for it: the steps since the checkpoint, not since the snapshot.
     cluster = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=2.5 / 60, reschedule_minutes=0.0)
-    kw = dict(snapshot_every=7, min_slices=None)
-    assert model.evaluate(CPU_COSTS, cluster, "pause_resume", checkpoint_every=500, **kw).goodput < model.evaluate(
-        CPU_COSTS, cluster, "pause_resume", checkpoint_every=50, **kw).goodput
+    assert model.evaluate(CPU_COSTS, cluster, PolicySettings("pause_resume", 7, 500)).goodput < model.evaluate(
+        CPU_COSTS, cluster, PolicySettings("pause_resume", 7, 50)).goodput
+
+
+def _replica_resize_snapshot_losses(n, alpha, mu, tau_s, scale_up, seconds, seed=7):
+    """Replica-resize at a floor of one slice, event by event: the slices fail and return; a
+    slice that returns joins the run after ``scale_up`` seconds and holds the snapshot from the
+    next one on (every ``tau_s`` seconds of running); a loss that leaves no slice of the run
+    holding it is a checkpoint restore. Returns such restores per second of running."""
+    import random
+
+    rng = random.Random(seed)
+    up = [True] * n
+    holder_from = [0.0] * n  # running time from which each working slice holds the snapshot
+    t = running = 0.0
+    restores = 0
+    while t < seconds:
+        down = up.count(False)
+        rate = (n - down) * alpha + down * mu
+        dt = rng.expovariate(rate)
+        if down < n:
+            running += dt
+        t += dt
+        if rng.random() < (n - down) * alpha / rate:
+            lost = rng.choice([i for i in range(n) if up[i]])
+            up[lost] = False
+            holders = [i for i in range(n) if up[i] and holder_from[i] <= running]
+            if not holders:  # every copy gone: restore the checkpoint onto the slices left
+                restores += 1
+                for i in range(n):
+                    holder_from[i] = running
+        else:
+            back = rng.choice([i for i in range(n) if not up[i]])
+            up[back] = True
+            if up.count(True) == 1:  # the run was waiting: it restores onto this slice
+                holder_from[back] = running
+            else:  # scaled up, holding the snapshot from the next one on
+                holder_from[back] = (math.floor((running + scale_up) / tau_s) + 1) * tau_s
+    return restores / running
+
+
+def test_replica_resize_counts_the_losses_that_take_every_copy_of_the_snapshot_back_to_the_checkpoint():
+    # A slice lost every 10 s, back after 3 s, on 4 slices down to one: the run often steps
+    # on one slice (its loss takes the snapshot) or on two, one just scaled up (no copy yet).
+    cluster = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=3 / 60, reschedule_minutes=0.0)
+    costs = dataclasses.replace(CPU_COSTS, scale_up_seconds=0.2)
+    settings = PolicySettings("replica_resize", 5, 2000, 1)
+    _, tau_s, _ = efficiency(costs, settings)
+    gone = model.snapshot_gone(costs, cluster, 1, tau_s)
+    assert gone[3] == 1.0 and gone[0] == gone[1] == 0.0 and 0 < gone[2] < 0.2
+    rate = model.checkpoint_restores(costs, cluster, settings)
+    simulated = _replica_resize_snapshot_losses(4, 0.1, 1 / 3, tau_s, 0.2, seconds=200_000)
+    assert rate == pytest.approx(simulated, rel=0.15)
+    # It costs the steps since the newest checkpoint: a run that checkpoints trains more.
+    rarely = model.evaluate(costs, cluster, settings, steps=450).goodput
+    often = model.evaluate(costs, cluster, dataclasses.replace(settings, checkpoint_every=40), steps=450).goodput
+    assert often > rarely + 0.02
+    # A floor of two keeps a copy on the slice left while the run waits, unless it goes too.
+    floor_two = model.checkpoint_restores(costs, cluster, dataclasses.replace(settings, min_slices=2))
+    assert 0 < floor_two < rate
+    # On a real cluster's rates nothing changes: the run never comes down to one slice.
+    real = Cluster(slices=64, slice_mtbf_hours=790.0, return_minutes=60.0)
+    assert model.checkpoint_restores(COSTS, real, PolicySettings("replica_resize", 20, 500, 1)) < 1e-12
+    # The plan checkpoints more often for it, against these losses as well as preemptions.
+    row = planner.plan_policy(costs, cluster, "replica_resize", steps=450)
+    assert row.checkpoint_every < planner.plan_policy(costs, Cluster(slices=4, slice_mtbf_hours=1e6), "replica_resize",
+                                                      steps=450).checkpoint_every
+
+
+def test_a_plan_flags_rates_outside_the_range_the_model_was_checked_over_and_says_why(tmp_path, capsys):
+    # A slice lost every 10 s on 4 slices whose loop steps in 0.11 s with its saves: a loss every 22.5 steps.
+    fast = Cluster(slices=4, slice_mtbf_hours=10 / 3600, return_minutes=3 / 60, reschedule_minutes=0.0)
+    settings = PolicySettings("replica_resize", 5, 40, 1)
+    assert validity.steps_between_losses(CPU_COSTS, fast, settings) == pytest.approx(
+        2.5 / policy_running(CPU_COSTS, settings))
+    reasons = validity.outside(CPU_COSTS, fast, settings)
+    assert len(reasons) == 1 and "every 22.5 steps" in reasons[0] and "100 steps or more" in reasons[0]
+    slow_recovery = dataclasses.replace(CPU_COSTS, recovery_seconds=2.0)
+    assert any("(h c)" in reason for reason in validity.outside(slow_recovery, fast, settings))
+    # A real cluster's rates are inside it: nothing is flagged.
+    real = planner.plan(COSTS, Cluster(slices=64, slice_mtbf_hours=790.0, return_minutes=60.0))
+    assert all(not row.outside_checked_range for row in real.policies)
+    # The command line marks each figure outside it, says why, and so does its JSON.
+    out = tmp_path / "plan.json"
+    given = [word for name, value in dataclasses.asdict(CPU_COSTS).items()
+             for word in (f"--{name.replace('_', '-')}".replace("checkpoint-restore", "restore"), str(value))]
+    rates = ["--slice-mtbf-hours", str(10 / 3600), "--return-minutes", "0.05", "--reschedule-minutes", "0"]
+    code, printed = _plan(["--slices", "4", *given, *rates, "--steps", "450", "--json", str(out)], capsys)
+    assert code == 0, printed.err
+    rows = [line for line in printed.out.splitlines() if line.strip().startswith("replica_resize ") and "%" in line]
+    assert rows and all(line.endswith(" *") for line in rows)
+    assert "* outside the range the model was checked over against real runs" in printed.out
+    assert "; outside the checked range (*)" in printed.out
+    data = json.loads(out.read_text())
+    assert all(row["outside_checked_range"] for row in data["policies"])
+    # So does --check, beside the prediction for the runs' settings.
+    run = _finished_run(tmp_path)
+    code, printed = _plan(["--slices", "4", *GIVEN, "--slice-mtbf-hours", str(4 * 4.5 / 3600), "--return-minutes",
+                           "0.02", "--check", str(run)], capsys)
+    assert code == 0, printed.err
+    row = next(line for line in printed.out.splitlines() if line.strip().startswith("replica_resize"))
+    assert row.endswith(" *") and "the model was checked against runs that met one every 100 steps" in printed.out

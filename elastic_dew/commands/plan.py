@@ -154,7 +154,7 @@ def _inputs(args: argparse.Namespace):
     for field in dataclasses.fields(costs):
         if field.name not in figures and getattr(costs, field.name) is not None:
             figures[field.name] = inputs.Input(getattr(costs, field.name), "default: none")
-    missing = costs.missing()
+    missing = inputs.unknown(costs)
     if missing and args.draw_schedule is None:
         flags = ", ".join(flag_name(name, parts["costs"][1][name]) for name in missing)
         where = f"{args.from_dir} does not measure them" if args.from_dir else "no --from RUN_DIR measures them"
@@ -298,6 +298,30 @@ def _odds(p: float) -> str:
     return f"1 in {1 / p:,.0f}"
 
 
+#: What a mark beside a prediction means.
+_UNCHECKED = ("outside the range the model was checked over against real runs: the figure is the model's, not a "
+              "checked prediction")
+
+
+def _mark(row) -> str:
+    return " *" if row.outside_checked_range else ""
+
+
+def _unchecked_note(row) -> str:
+    return "; outside the checked range (*)" if row.outside_checked_range else ""
+
+
+def _unchecked_lines(rows) -> list[str]:
+    flagged = [row for row in rows if row.outside_checked_range]
+    if not flagged:
+        return []
+    lines = ["", f"* {_UNCHECKED}:"]
+    for row in flagged:
+        lines += [f"  {row.policy} ({row.spares} spare{'' if row.spares == 1 else 's'}): {reason}"
+                  for reason in row.outside_checked_range]
+    return lines
+
+
 def train_flags(row) -> str:
     """The ``elastic-dew train`` flags of a plan's row (:meth:`PolicyPlan.elastic_settings`)."""
     from elastic_dew import console
@@ -338,11 +362,12 @@ def _compressed_table(compressed, real, frame, factor: float) -> str:
     for row, own in zip(compressed.policies, real.policies, strict=True):
         lines.append(f"  {row.policy:15s} {row.spares:6d} {_pct(row.goodput):>8s} {_pct(own.goodput):>8s} "
                      f"{'-' if row.snapshot_every is None else row.snapshot_every:>9} {row.checkpoint_every:>10} "
-                     f"{'-' if row.min_slices is None else row.min_slices:>6}")
+                     f"{'-' if row.min_slices is None else row.min_slices:>6}{_mark(row)}")
+    lines += _unchecked_lines(compressed.policies)
     lines += _retry_lines(compressed.policies)
     best = compressed.recommended
-    lines += ["", f"a run under that schedule follows the compressed frame's plan ({best.policy}, {best.spares} spares): "
-              f"elastic-dew train ... {train_flags(best)}"]
+    lines += ["", f"a run under that schedule follows the compressed frame's plan ({best.policy}, {best.spares} spares"
+              f"{_unchecked_note(best)}): elastic-dew train ... {train_flags(best)}"]
     return "\n".join(lines)
 
 
@@ -356,13 +381,18 @@ def _check_table(runs, costs, frame, factor, budget) -> str:
         lines.append(f"  {measured.run_dir}: {_pct(measured.goodput).strip()} over {measured.wall_seconds:.1f} s, "
                      f"{measured.losses} slice losses; {measured.settings_source}")
     groups = check.by_settings(runs)
+    flagged: list[tuple[str, str]] = []
     lines += ["", f"  {'policy':15s} {'runs':>4s} {'measured':>9s} {'s.e.':>6s} {'predicted':>9s} {'gap':>7s}  settings"
               + ("" if factor is None else f"   (frame: --compress {factor:g})")]
     for key, members in groups.items():
         result = check.compare(members, costs, frame)
         se = "-" if result.standard_error is None else f"{100 * result.standard_error:.1f}"
         lines.append(f"  {result.policy:15s} {len(members):4d} {_pct(result.measured):>9s} {se:>6s} "
-                     f"{_pct(result.predicted):>9s} {100 * (result.measured - result.predicted):+6.1f}  {key}")
+                     f"{_pct(result.predicted):>9s} {100 * (result.measured - result.predicted):+6.1f}  {key}"
+                     f"{' *' if result.outside_checked_range else ''}")
+        flagged.extend((result.policy, reason) for reason in result.outside_checked_range)
+    if flagged:
+        lines += ["", f"* {_UNCHECKED}:"] + [f"  {policy}: {reason}" for policy, reason in dict.fromkeys(flagged)]
     return "\n".join(lines)
 
 
@@ -385,7 +415,8 @@ def _table(result, figures, cluster) -> str:
             f"  {row.policy:15s} {row.spares:6d} {_pct(row.goodput):>8s} {_pct(row.useful_work):>8s} "
             f"{'-' if row.snapshot_every is None else row.snapshot_every:>9} {row.checkpoint_every:>10} "
             f"{'-' if row.min_slices is None else row.min_slices:>6} {row.lost_steps:10.1f} "
-            f"{row.downtime_seconds:10.0f} {row.faults_per_day:10.1f}")
+            f"{row.downtime_seconds:10.0f} {row.faults_per_day:10.1f}{_mark(row)}")
+    lines += _unchecked_lines(result.policies)
     lines += _retry_lines(result.policies)
     best = result.recommended
     lines += ["", f"recommended (the most useful work): {best.policy} with {best.spares} "
@@ -395,11 +426,13 @@ def _table(result, figures, cluster) -> str:
               + f", checkpoint every {best.checkpoint_every} steps"
               + (f", max_attempts {best.retry.max_attempts} within {best.retry.retry_reset_steps} steps"
                  if best.retry is not None and best.retry.max_attempts is not None else "")
-              + f": useful work {_pct(best.useful_work).strip()}, goodput {_pct(best.goodput).strip()}",
+              + f": useful work {_pct(best.useful_work).strip()}, goodput {_pct(best.goodput).strip()}"
+              + _unchecked_note(best),
               f"  elastic-dew train ... {train_flags(best)}"]
     counts = (1, 4, 16, 64, 256, 1024, 4096, 10000)
     lines += ["", f"goodput / useful work by slices ({cluster.spares} spares):",
-              "  " + f"{'slices':>7s}" + "".join(f" {policy:>22s}" for policy in ("restart", "pause_resume", "replica_resize"))]
+              "  " + f"{'slices':>7s}"
+              + "".join(f" {policy:>22s}" for policy in ("restart", "pause_resume", "replica_resize"))]
     for n in counts:
         cells = []
         for policy in ("restart", "pause_resume", "replica_resize"):

@@ -2,6 +2,10 @@
 
 - :mod:`~elastic_dew.plan.inputs`: the run's costs and the cluster, each figure with its
   origin (measured from a run directory, given, or a stated default);
+- :mod:`~elastic_dew.plan.policy`: a recovery policy and its settings
+  (:class:`PolicySettings`), what the model and its checks take;
+- :mod:`~elastic_dew.plan.pool`: the cluster's pool of slices (its rates, the slices down,
+  the spares it needs);
 - :mod:`~elastic_dew.plan.model`: the analytic model of each policy's goodput and useful
   work, and the cadence and floor it recommends;
 - :mod:`~elastic_dew.plan.des`: a discrete-event simulation of the same cluster, the
@@ -20,10 +24,10 @@
 
 from __future__ import annotations
 
-from elastic_dew._deprecation import moved_names
 from elastic_dew.plan.faults import draw_schedule, compressed, compression
 from elastic_dew.plan.inputs import Cluster, Costs, Input, measured_costs
-from elastic_dew.plan.model import POLICIES, PolicyOutcome, evaluate
+from elastic_dew.plan.model import PolicyOutcome, evaluate
+from elastic_dew.plan.policy import POLICIES, PolicySettings
 from elastic_dew.plan.planner import Plan, PolicyPlan, SLICE_GRID, plan
 from elastic_dew.plan.retry import RetryBudget
 
@@ -38,9 +42,7 @@ __all__ = [
     "Plan",
     "PolicyPlan",
     "evaluate",
+    "PolicySettings",
     "PolicyOutcome",
     "draw_schedule",
 ]
-
-#: Renamed in 0.2.0, served with a warning until 0.3.
-__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.plan.model.PolicyOutcome"})

@@ -27,8 +27,9 @@ import statistics
 from pathlib import Path
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.plan import model
+from elastic_dew.plan import model, pool, validity
 from elastic_dew.plan.inputs import Cluster, Costs, known
+from elastic_dew.plan.policy import PolicySettings
 
 __all__ = ["Measured", "Comparison", "measure", "by_settings", "compare", "check_frame", "expected_losses",
            "FRAME_TAIL"]
@@ -82,13 +83,16 @@ class Measured:
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """Runs of one policy and settings: their mean goodput, its standard error (``None``
-    for one run) and the model's prediction."""
+    for one run) and the model's prediction; ``outside_checked_range``: why the runs' rates
+    are outside the range the model was checked over (:func:`~elastic_dew.plan.validity.outside`),
+    empty inside it."""
 
     policy: str
     runs: int
     measured: float
     standard_error: float | None
     predicted: float
+    outside_checked_range: tuple[str, ...] = ()
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -213,16 +217,18 @@ def compare(runs: list[Measured], costs: Costs, cluster: Cluster) -> Comparison:
     steps = round(statistics.fmean(r.steps for r in runs))
     # A floor no command line gave is the fewest slices any of the runs stepped on.
     floor = first.min_slices if first.floor_given else min((r.min_slices for r in runs if r.min_slices), default=None)
-    predicted = model.evaluate(known(costs), _frame(cluster, first), first.policy, snapshot_every=first.snapshot_every,
-                               checkpoint_every=first.checkpoint_every, min_slices=floor, steps=steps).goodput
-    return Comparison(first.policy, len(runs), statistics.fmean(values), se, predicted)
+    settings = PolicySettings(first.policy, first.snapshot_every, first.checkpoint_every, floor)
+    frame = _frame(cluster, first)
+    predicted = model.evaluate(known(costs), frame, settings, steps=steps).goodput
+    return Comparison(first.policy, len(runs), statistics.fmean(values), se, predicted,
+                      validity.outside(known(costs), frame, settings))
 
 
 def expected_losses(run: Measured, cluster: Cluster) -> float:
     """The slice losses the cluster's rates give over the run's measured stretch: each of
     its slices fails at the cluster's rate while it is up (a loss that ends the program
     leaves no slice down)."""
-    r = model.rates(_frame(cluster, run))
+    r = pool.rates(_frame(cluster, run))
     up = 1.0 if run.ends_process else 1.0 - r.q
     return run.slices * r.alpha * up * run.wall_seconds
 

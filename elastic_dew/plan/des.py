@@ -1,13 +1,15 @@
 """A discrete-event simulation of the cluster the analytic model describes, event by event.
 
-The same pool as :mod:`elastic_dew.plan.model` (``slices + spares`` slices failing and
+The same pool as :mod:`elastic_dew.plan.pool` (``slices + spares`` slices failing and
 returning independently, exponentially; preemptions as a Poisson process while the job
-runs) and the same policies, followed one fault at a time: which slice fails is drawn
-among the healthy ones (a working slice, or an idle spare), a recovery that a working
-slice's loss falls in is followed, when it ends, by a whole recovery more (the model's and
-the simulator's rule: one such loss a recovery, since the next fault counts from it), lost work is the running time since the last restore
-point, and the wall time, the productive step time and the examples trained add up as the
-run goes. Seeded and deterministic: the same inputs and seed give the same figures.
+runs) and the same policies as :mod:`elastic_dew.plan.model`, followed one fault at a
+time: which slice fails is drawn among the healthy ones (a working slice, or an idle
+spare), a recovery that a working slice's loss falls in is followed, when it ends, by a
+whole recovery more (the model's and the simulator's rule: one such loss a recovery,
+since the next fault counts from it), lost work is the running time since the last
+restore point, and the wall time, the productive step time and the examples trained add
+up as the run goes. Seeded and deterministic: the same inputs and seed give the same
+figures.
 
 It also follows the retry budget of ``elastic_retry`` as
 :class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit` counts it (:func:`give_up_share`):
@@ -26,8 +28,9 @@ from __future__ import annotations
 import math
 import random
 
-from elastic_dew.plan import model
+from elastic_dew.plan import model, pool
 from elastic_dew.plan.inputs import Cluster, KnownCosts
+from elastic_dew.plan.policy import PolicySettings, efficiency, running_per_step
 
 __all__ = ["simulate", "give_up_share"]
 
@@ -39,31 +42,24 @@ _EVENTS_PER_FAULT = 50
 def simulate(
     costs: KnownCosts,
     cluster: Cluster,
-    policy: str,
+    settings: PolicySettings,
     *,
-    snapshot_every: int | None,
-    checkpoint_every: int | None,
-    min_slices: int | None = None,
     seed: int = 0,
     faults: int = 20000,
 ) -> model.PolicyOutcome:
-    """Run ``policy`` on ``cluster`` until ``faults`` slice losses and preemptions have met
-    the run (or :data:`_EVENTS_PER_FAULT` times as many events have passed); the
+    """Run the policy at its ``settings`` on ``cluster`` until ``faults`` slice losses and
+    preemptions have met the run (or :data:`_EVENTS_PER_FAULT` times as many events have passed); the
     :class:`~elastic_dew.plan.model.PolicyOutcome` measured (``lost_seconds`` and
     ``downtime_seconds`` averaged over the losses)."""
-    outcome, _ = _simulate(costs, cluster, policy, snapshot_every=snapshot_every, checkpoint_every=checkpoint_every,
-                           min_slices=min_slices, seed=seed, faults=faults)
+    outcome, _ = _simulate(costs, cluster, settings, seed=seed, faults=faults)
     return outcome
 
 
 def give_up_share(
     costs: KnownCosts,
     cluster: Cluster,
-    policy: str,
+    settings: PolicySettings,
     *,
-    snapshot_every: int | None,
-    checkpoint_every: int | None,
-    min_slices: int | None = None,
     max_attempts: int,
     retry_reset_steps: int,
     steps: int,
@@ -77,12 +73,12 @@ def give_up_share(
     Raises ``ValueError`` for the restart policy (a slice loss ends its process, whose count
     starts again) or an unknown one.
     """
-    if policy not in ("pause_resume", "replica_resize"):
-        raise ValueError(f"policy {policy!r} has no in-process retry budget; give pause_resume or replica_resize")
+    if settings.policy not in ("pause_resume", "replica_resize"):
+        raise ValueError(f"policy {settings.policy!r} has no in-process retry budget; give pause_resume or "
+                         "replica_resize")
     gave_up = 0
     for i in range(runs):
-        _, ended = _simulate(costs, cluster, policy, snapshot_every=snapshot_every, checkpoint_every=checkpoint_every,
-                             min_slices=min_slices, seed=seed + i, faults=10**9,
+        _, ended = _simulate(costs, cluster, settings, seed=seed + i, faults=10**9,
                              budget=(max_attempts, retry_reset_steps, steps))
         gave_up += ended
     return gave_up / runs
@@ -91,34 +87,31 @@ def give_up_share(
 def _simulate(
     costs: KnownCosts,
     cluster: Cluster,
-    policy: str,
+    settings: PolicySettings,
     *,
-    snapshot_every: int | None,
-    checkpoint_every: int | None,
-    min_slices: int | None,
     seed: int,
     faults: int,
     budget: tuple[int, int, int] | None = None,
 ) -> tuple[model.PolicyOutcome, bool]:
     """The simulation; with ``budget`` (``max_attempts``, ``retry_reset_steps``, steps) it
     ends at the run's last step or where the budget gives up, and says whether it did."""
-    if policy not in model.POLICIES:
-        raise ValueError(f"policy {policy!r} is not one of {', '.join(model.POLICIES)}")
+    policy = settings.policy
     rng = random.Random(seed)
-    r = model.rates(cluster)
+    r = pool.rates(cluster)
     n, spares = cluster.slices, cluster.spares
-    pool = n + spares
-    e, tau_s, tau_c = model._efficiency(costs, snapshot_every, checkpoint_every)
-    per_step = model._running_per_step(costs, snapshot_every, checkpoint_every)
+    size = n + spares
+    e, tau_s, tau_c = efficiency(costs, settings)
+    per_step = running_per_step(costs, settings)
     restart = policy == "restart"
     tau = tau_c if restart else tau_s
-    floor = (min_slices or n) if policy == "replica_resize" else n
+    floor = (settings.min_slices or n) if policy == "replica_resize" else n
     c = (costs.restart_seconds + costs.checkpoint_restore_seconds) if restart else (
         costs.recovery_seconds + costs.snapshot_restore_seconds)
-    preempt_cost = (costs.checkpoint_seconds or 0.0) + r.reschedule + costs.restart_seconds + costs.checkpoint_restore_seconds
+    preempt_cost = ((costs.checkpoint_seconds or 0.0) + r.reschedule + costs.restart_seconds
+                    + costs.checkpoint_restore_seconds)
     instant_return = not math.isfinite(r.mu)
     # The pool starts in its stationary state: each slice down with probability q.
-    down = 0 if instant_return else sum(1 for _ in range(pool) if rng.random() < r.q)
+    down = 0 if instant_return else sum(1 for _ in range(size) if rng.random() < r.q)
 
     t = 0.0
     end = math.inf  # when the current phase ends (recover, reschedule, preempted, scale-up)
@@ -151,7 +144,7 @@ def _simulate(
             gave_up = True
 
     def healthy() -> int:
-        return pool - down
+        return size - down
 
     def enough() -> bool:
         return healthy() >= floor

@@ -32,6 +32,7 @@ __all__ = [
     "Costs",
     "KnownCosts",
     "known",
+    "unknown",
     "Cluster",
     "Input",
     "COST_FIELDS",
@@ -96,16 +97,9 @@ class Costs:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if value is not None and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
+                raise SettingError(type(self), field.name, value,
+                                   problem=f"{mention(field.name, value)} must be finite")
 
-    def missing(self) -> list[str]:
-        """The fields no one has given or measured (every one but ``data_wait_seconds``,
-        ``loop_overhead_seconds`` and ``new_mesh_seconds``, 0 unless measured or given, is
-        needed).
-
-        Returns:
-            Their names, in field order."""
-        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
 
 
 class KnownCosts(Protocol):
@@ -145,6 +139,13 @@ class KnownCosts(Protocol):
     def new_mesh_seconds(self) -> float: ...
 
 
+def unknown(costs: Costs) -> list[str]:
+    """The fields of ``costs`` no one has given or measured (every one but
+    ``data_wait_seconds``, ``loop_overhead_seconds`` and ``new_mesh_seconds``, 0 unless
+    measured or given, is needed), in field order."""
+    return [f.name for f in dataclasses.fields(costs) if getattr(costs, f.name) is None]
+
+
 def known(costs: Costs) -> KnownCosts:
     """``costs`` as the model reads it, every figure known.
 
@@ -155,9 +156,9 @@ def known(costs: Costs) -> KnownCosts:
         The same costs.
 
     Raises:
-        ValueError: a figure is not known yet (:meth:`Costs.missing`).
+        ValueError: a figure is not known yet (:func:`unknown`).
     """
-    missing = costs.missing()
+    missing = unknown(costs)
     if missing:
         raise ValueError(f"a plan needs every cost; not known: {', '.join(missing)}")
     return cast(KnownCosts, costs)
@@ -196,7 +197,8 @@ class Cluster:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value, problem=f"{mention(field.name, value)} must be finite")
+                raise SettingError(type(self), field.name, value,
+                                   problem=f"{mention(field.name, value)} must be finite")
 
 
 #: The fields of each configuration, in the order a report lists them.

@@ -1,14 +1,12 @@
 """The analytic model of a run's goodput on a cluster whose slices fail: per policy, per cadence.
 
-The cluster (:class:`~elastic_dew.plan.inputs.Cluster`) is a pool of ``slices + spares``
-slices, each failing independently after an exponential time of mean ``slice_mtbf_hours`` and
-returning after an exponential time of mean ``return_minutes``; so the number of slices down
-at any moment is binomial, ``Binomial(pool, q)`` with ``q = return / (mtbf + return)``
-(whatever the job does). Whole-job preemptions come at ``preemptions_per_day``, as a Poisson
-process, while the job runs; each ends in a checkpoint at SIGTERM (no work lost) and a
-restart after ``reschedule_minutes``.
+The cluster is the pool of :mod:`~elastic_dew.plan.pool`: ``slices + spares`` slices failing
+and returning independently, so the slices down at any moment are binomial. Whole-job
+preemptions each end in a checkpoint at SIGTERM (no work lost) and a restart after
+``reschedule_minutes``.
 
-The policies (:data:`POLICIES`):
+The policies (:data:`~elastic_dew.plan.policy.POLICIES`), each at its
+:class:`~elastic_dew.plan.policy.PolicySettings`:
 
 - ``restart``: what a JobSet does without elastic training: a slice lost ends the whole job;
   it is rescheduled, restarted on ``slices`` healthy slices (a spare's, or it waits for the
@@ -31,7 +29,7 @@ differ only in the part of the interrupted recovery already spent, second order 
 A pause-resume pause in which every other slice is lost too, before enough slices are
 healthy again, has lost every copy of the in-memory snapshot (a returned slice holds
 none): the run restores the newest checkpoint and redoes the steps since it
-(:func:`snapshot_lost`).
+(:func:`~elastic_dew.plan.pool.snapshot_lost`).
 
 Two figures per policy (:class:`PolicyOutcome`): ``goodput``, as ml-goodput-measurement defines it
 (the productive step time over the wall time: a step on three of four slices is productive
@@ -55,7 +53,7 @@ the two agree within a point of goodput from 1 to 10,000 slices (``benchmarks``)
 A recovery or scale-up of replica-resize onto a set of slices the process has not run on
 compiles the step for its mesh, ``new_mesh_seconds`` more: given the run's ``steps``,
 :func:`evaluate` adds the expected compiles of the sets it meets first over that run
-(:func:`new_meshes`) to its wall time.
+(:func:`~elastic_dew.plan.pool.new_meshes`) to its wall time.
 
 The cadences (:func:`best_cadence`): Young's first-order optimum ``sqrt(2 delta M)`` (``delta``
 the save's cost, ``M`` the mean time between the faults that go back to that tier) is where
@@ -66,38 +64,26 @@ the derivative of goodput in the cadence changes sign there.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-from elastic_dew._deprecation import moved_names
+from elastic_dew.plan import pool
 from elastic_dew.plan.inputs import Cluster, KnownCosts
+from elastic_dew.plan.policy import PolicySettings, efficiency, running_per_step
 
 __all__ = [
-    "POLICIES",
     "PolicyOutcome",
-    "Rates",
-    "rates",
     "evaluate",
     "lost_running",
+    "snapshot_gone",
+    "checkpoint_restores",
     "young",
     "best_cadence",
     "recommend_min_slices",
-    "recommend_spares",
-    "new_meshes",
-    "snapshot_lost",
-    "SPARE_SHORTAGE",
     "MIN_SLICES_TOLERANCE",
 ]
-
-#: The policies a plan compares, in the order it lists them.
-POLICIES: tuple[str, ...] = ("restart", "pause_resume", "replica_resize")
-
-#: The spare count recommended when none is given keeps the pool short of healthy slices
-#: at most this share of the time.
-SPARE_SHORTAGE = 0.01
 
 #: The recommended ``min_slices`` is the highest floor whose useful work is within this
 #: much of the lowest floor's (1 slice).
@@ -129,28 +115,6 @@ class PolicyOutcome:
     faults_per_day: float
 
 
-@dataclasses.dataclass(frozen=True)
-class Rates:
-    """The cluster's rates in seconds: ``alpha`` a slice's failure rate, ``mu`` its return
-    rate (``inf``: at once), ``preempt`` whole-job preemptions, ``q`` the share of time a
-    slice is down, ``reschedule`` seconds."""
-
-    alpha: float
-    mu: float
-    preempt: float
-    q: float
-    reschedule: float
-
-
-def rates(cluster: Cluster) -> Rates:
-    """The cluster's rates per second."""
-    alpha = 1.0 / (cluster.slice_mtbf_hours * 3600.0)
-    back = cluster.return_minutes * 60.0
-    mu = math.inf if back == 0 else 1.0 / back
-    q = back / (cluster.slice_mtbf_hours * 3600.0 + back)
-    return Rates(alpha, mu, cluster.preemptions_per_day / 86400.0, q, cluster.reschedule_minutes * 60.0)
-
-
 def lost_running(tau: float, rate: float) -> float:
     """``E[X mod tau]`` for ``X`` exponential of ``rate``: the running time since the last
     restore point when a fault ends the run (``tau``: running time between restore points;
@@ -178,118 +142,51 @@ def _cascade(c: float, h: float) -> tuple[float, float]:
     return c * math.exp(x), math.expm1(x)
 
 
-@functools.lru_cache(maxsize=256)
-def _binomial(n: int, q: float) -> np.ndarray:
-    """The pmf of ``Binomial(n, q)`` over 0..n (cached: read-only)."""
-    k = np.arange(n + 1, dtype=float)
-    if q <= 0 or q >= 1:
-        out = np.zeros(n + 1)
-        out[0 if q <= 0 else -1] = 1.0
-        out.flags.writeable = False
-        return out
-    log_factorial = np.array([math.lgamma(i + 1.0) for i in range(n + 1)])
-    log_pmf = log_factorial[n] - log_factorial - log_factorial[::-1] + k * math.log(q) + (n - k) * math.log1p(-q)
-    out = np.exp(log_pmf)
-    out.flags.writeable = False
-    return out
-
-
-def _shortage(pool: int, spares: int, r: Rates) -> tuple[float, float, float]:
-    """The pool's shortage of healthy slices: the share of time it has at least ``slices``
-    healthy, the probability that a working slice's loss leaves it short, and the mean
-    length of a shortage (the time until enough slices are healthy again)."""
-    pmf = _binomial(pool, r.q)
-    ok = float(pmf[: spares + 1].sum())
-    if ok <= 0:
-        return 0.0, 1.0, math.inf
-    at_edge = float(pmf[spares])
-    short = max(0.0, 1.0 - ok)
-    u = at_edge / ok
-    if at_edge <= 0 or short <= 0:
-        return ok, u, 0.0
-    length = short / (at_edge * (pool - spares) * r.alpha)
-    return ok, u, length
-
-
-def _loop_seconds(costs: KnownCosts) -> float:
-    """The running time of one step of the loop, without saves: the step, its wait for the
-    batch and the loop's own time between steps."""
-    return costs.step_seconds + costs.data_wait_seconds + costs.loop_overhead_seconds
-
-
-def _running_per_step(costs: KnownCosts, snapshot_every: int | None, checkpoint_every: int | None) -> float:
-    """The running time of one step of the loop with its share of the saves."""
-    per_step = _loop_seconds(costs)
-    if snapshot_every:
-        per_step += costs.snapshot_seconds / snapshot_every
-    if checkpoint_every:
-        per_step += costs.checkpoint_seconds / checkpoint_every
-    return per_step
-
-
-def _efficiency(costs: KnownCosts, snapshot_every: int | None, checkpoint_every: int | None) -> tuple[float, float, float]:
-    """The share of running time that is productive step time (not the wait for a batch,
-    not the loop's own time between steps, not a save), and the running time between
-    snapshots and between checkpoints (``inf`` when off)."""
-    step = costs.step_seconds
-    per_step = _running_per_step(costs, snapshot_every, checkpoint_every)
-    e = step / per_step
-    tau_s = snapshot_every * per_step if snapshot_every else math.inf
-    tau_c = checkpoint_every * per_step if checkpoint_every else math.inf
-    return e, tau_s, tau_c
-
-
 def evaluate(
     costs: KnownCosts,
     cluster: Cluster,
-    policy: str,
+    settings: PolicySettings,
     *,
-    snapshot_every: int | None,
-    checkpoint_every: int | None,
-    min_slices: int | None = None,
     steps: int | None = None,
 ) -> PolicyOutcome:
-    """The expected :class:`PolicyOutcome` of ``policy`` on ``cluster`` with these cadences (steps
-    between saves; ``None`` or 0: never) and, for replica-resize, ``min_slices``, over a run
-    of ``steps`` steps (``None``: the steady state, where a new set of slices' compile is
-    paid once and counts for nothing).
+    """The expected :class:`PolicyOutcome` of a policy at its ``settings`` on ``cluster``, over
+    a run of ``steps`` steps (``None``: the steady state, where a new set of slices' compile
+    is paid once and counts for nothing).
 
     Args:
         costs: what the run's program costs.
         cluster: the cluster it runs on.
-        policy: the recovery policy.
-        snapshot_every: steps between snapshots (``None`` or 0: never).
-        checkpoint_every: steps between checkpoints (``None`` or 0: never).
-        min_slices: replica-resize's floor of slices.
+        settings: the recovery policy, its cadences and, for replica-resize, its floor.
+        steps: the run's length in steps (``None``: the steady state).
 
     Returns:
         The policy's expected figures.
 
     Raises:
-        ValueError: an unknown policy, a cost the policy needs that is not known, or a
-            ``min_slices`` outside ``1..slices``.
+        ValueError: a cost the policy needs that is not known, or a ``min_slices`` outside
+            ``1..slices``.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy {policy!r} is not one of {', '.join(POLICIES)}")
+    policy, min_slices = settings.policy, settings.min_slices
     missing = [name for name in _NEEDS[policy] if getattr(costs, name) is None]
     if missing:
         raise ValueError(f"the {policy} policy needs {', '.join(missing)}; give or measure them")
-    r = rates(cluster)
+    r = pool.rates(cluster)
     n, spares = cluster.slices, cluster.spares
-    pool = n + spares
-    e, tau_s, tau_c = _efficiency(costs, snapshot_every, checkpoint_every)
+    e, tau_s, tau_c = efficiency(costs, settings)
     preempt_cost = (
         (costs.checkpoint_seconds or 0.0) + r.reschedule + costs.restart_seconds + costs.checkpoint_restore_seconds
     )
     if policy == "replica_resize":
-        out = _replica_resize(costs, cluster, r, e, tau_s, preempt_cost, min_slices or n)
+        # A run shorter than the checkpoint cadence goes back to its start at the most.
+        reach = min(tau_c, steps * running_per_step(costs, settings)) if steps is not None else tau_c
+        out = _replica_resize(costs, cluster, r, e, (tau_s, reach), preempt_cost, min_slices or n)
         if steps is None or not costs.new_mesh_seconds or out.goodput <= 0:
             return out
-        wall = steps * _running_per_step(costs, snapshot_every, checkpoint_every) * e / out.goodput
-        extra = costs.new_mesh_seconds * new_meshes(cluster, r, min_slices or n, wall)
+        wall = steps * running_per_step(costs, settings) * e / out.goodput
+        extra = costs.new_mesh_seconds * pool.new_meshes(cluster, r, min_slices or n, wall)
         share = wall / (wall + extra)
         return dataclasses.replace(out, goodput=out.goodput * share, useful_work=out.useful_work * share)
-    ok, u, shortage = _shortage(pool, spares, r)
+    ok, u, shortage = pool.shortage(n + spares, spares, r)
     if ok <= 0:
         return PolicyOutcome(0.0, 0.0, 0.0, math.inf, 0.0)
     h = n * r.alpha
@@ -302,7 +199,7 @@ def evaluate(
     else:
         # A pause in which every slice that held the snapshot is lost too restores the
         # newest checkpoint instead.
-        gone = u * snapshot_lost(n, spares, r)
+        gone = u * pool.snapshot_lost(n, spares, r)
         restore = (1 - gone) * costs.snapshot_restore_seconds + gone * costs.checkpoint_restore_seconds
         tau, c = tau_s, costs.recovery_seconds + restore
         wait = u * shortage
@@ -330,129 +227,114 @@ def _clip(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
+def snapshot_gone(costs: KnownCosts, cluster: Cluster, floor: int, tau_s: float) -> np.ndarray:
+    """Replica-resize's share of a working slice's losses that lose every copy of the
+    in-memory snapshot, per count of slices down (0 to ``slices + spares``), so the run
+    restores the newest checkpoint and does again every step since it.
+
+    Two ways: a loss that leaves fewer than ``floor`` slices healthy, after which the
+    ``floor - 1`` left, which hold the snapshot, are lost too before enough slices are
+    healthy again (:func:`~elastic_dew.plan.pool.snapshot_lost`; at a floor of one slice,
+    always: the one slice held it); and, at a floor of one, the loss of one of two slices
+    while the other, scaled up from the one, holds no snapshot yet: the scale-up and half
+    a snapshot interval (``tau_s`` seconds of running) on average.
+
+    Args:
+        costs: what the run's program costs.
+        cluster: the cluster it runs on.
+        floor: replica-resize's ``min_slices``.
+        tau_s: the running time between snapshots.
+
+    Returns:
+        The share, per count of slices down.
+    """
+    n, size = cluster.slices, cluster.slices + cluster.spares
+    r = pool.rates(cluster)
+    gone = np.zeros(size + 1)
+    gone[size - floor] = pool.snapshot_lost(floor, size - floor, r)
+    if floor == 1 and n >= 2 and math.isfinite(r.mu) and r.alpha > 0:
+        pmf = pool.binomial(size, r.q)
+        one, two = size - 1, size - 2
+        if pmf[two] > 0:
+            window = costs.scale_up_seconds + tau_s / 2
+            # Scale-ups from one slice to two, per second, each open for `window`.
+            risky = pmf[one] * one * r.mu * -math.expm1(-r.alpha * window)
+            gone[two] += risky / (pmf[two] * 2 * r.alpha)
+    return np.clip(gone, 0.0, 1.0)
+
+
+def checkpoint_restores(costs: KnownCosts, cluster: Cluster, settings: PolicySettings) -> float:
+    """How often, per second, a slice loss makes the policy restore the newest checkpoint:
+    every loss for restart; for pause-resume and replica-resize, a loss that takes every
+    copy of the in-memory snapshot (:func:`~elastic_dew.plan.pool.snapshot_lost`,
+    :func:`snapshot_gone`). Preemptions, whose checkpoint is taken at SIGTERM, are not
+    counted.
+
+    Args:
+        costs: what the run's program costs.
+        cluster: the cluster it runs on.
+        settings: the policy, its snapshot cadence and floor.
+
+    Returns:
+        Checkpoint restores per second of the run.
+    """
+    r = pool.rates(cluster)
+    n, spares = cluster.slices, cluster.spares
+    if settings.policy == "restart":
+        return n * r.alpha
+    if settings.policy == "pause_resume":
+        _, u, _ = pool.shortage(n + spares, spares, r)
+        return n * r.alpha * u * pool.snapshot_lost(n, spares, r)
+    floor = settings.min_slices or n
+    size = n + spares
+    active = np.minimum(n, size - np.arange(size + 1))
+    weight = np.where(active >= floor, pool.binomial(size, r.q), 0.0)
+    _, tau_s, _ = efficiency(costs, settings)
+    gone = snapshot_gone(costs, cluster, floor, tau_s)
+    return float((weight * active * r.alpha * gone).sum() / max(weight.sum(), 1e-300))
+
+
 def _replica_resize(
-    costs: KnownCosts, cluster: Cluster, r: Rates, e: float, tau_s: float, preempt_cost: float, floor: int
+    costs: KnownCosts, cluster: Cluster, r: pool.Rates, e: float, taus: tuple[float, float], preempt_cost: float,
+    floor: int
 ) -> PolicyOutcome:
     n, spares = cluster.slices, cluster.spares
     if not 1 <= floor <= n:
         raise ValueError(f"min_slices={floor} must be between 1 and slices={n}")
-    pool = n + spares
-    pmf = _binomial(pool, r.q)
-    down = np.arange(pool + 1)
-    active = np.minimum(n, pool - down)
+    tau_s, reach = taus
+    size = n + spares
+    pmf = pool.binomial(size, r.q)
+    down = np.arange(size + 1)
+    active = np.minimum(n, size - down)
     runnable = active >= floor
-    c = costs.recovery_seconds + costs.snapshot_restore_seconds
     h = active * r.alpha
+    # A loss that takes every copy of the snapshot restores the checkpoint and does again
+    # the steps since it (at most the run's own, ``reach``).
+    gone = snapshot_gone(costs, cluster, floor, tau_s)
+    held = 1.0 - gone
+    c = costs.recovery_seconds + held * costs.snapshot_restore_seconds + gone * costs.checkpoint_restore_seconds
     total = h + r.preempt
     x = np.minimum(h * c, 700.0)
     recovery = c * np.exp(x)
     # A return while the run is short of slices is scaled up into it.
     returns = np.where(active < n, down * (r.mu if math.isfinite(r.mu) else 0.0), 0.0)
+    weight = np.where(runnable, pmf, 0.0)
+    back = float((weight * h * gone).sum() / max(weight.sum(), 1e-300))  # as checkpoint_restores
+    redone = lost_running(reach, back) if back > 0 else 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        lost = np.array([lost_running(tau_s, t) for t in total])
+        lost = held * np.array([lost_running(tau_s, t) for t in total]) + np.where(gone > 0, gone * redone, 0.0)
     # A slice lost during a scale-up ends it (the time so far is spent) in a recovery.
     cut = -np.expm1(-h * costs.scale_up_seconds)
     scale_up = np.where(h > 0, cut / np.where(h > 0, h, 1.0), costs.scale_up_seconds)
     with np.errstate(over="ignore"):  # a recovery that never ends: no goodput at that count
         overhead = h * recovery + returns * (scale_up + cut * recovery) + r.preempt * preempt_cost
     local = e * np.clip(1.0 - (h + returns * cut) * lost, 0.0, 1.0) / (1.0 + overhead)
-    weight = np.where(runnable, pmf, 0.0)
     goodput = float((weight * local).sum())
     useful = float((weight * local * active / n).sum())
     faults = float((weight * total).sum()) * 86400.0
     lost_mean = float((weight * h * lost).sum() / max((weight * h).sum(), 1e-300)) * e
     down_mean = float((weight * h * recovery).sum() / max((weight * h).sum(), 1e-300))
     return PolicyOutcome(_clip(goodput), _clip(useful), lost_mean, down_mean, faults)
-
-
-#: Above this many slices a pause that loses every holder of the snapshot is taken as
-#: impossible (it needs every one of them lost within one pause).
-SNAPSHOT_LOSS_SLICES = 64
-
-
-@functools.lru_cache(maxsize=256)
-def _snapshot_lost(n: int, spares: int, alpha: float, mu: float) -> float:
-    if n <= 1:
-        return 1.0  # the one slice held it
-    if n > SNAPSHOT_LOSS_SLICES or not math.isfinite(mu) or alpha <= 0:
-        return 0.0
-    pool = n + spares
-    # States (down, holders intact) while the pool is short (down > spares), holders >= 1.
-    states = [(d, h) for d in range(spares + 1, pool + 1) for h in range(1, n) if d + h <= pool]
-    index = {state: i for i, state in enumerate(states)}
-    a = np.eye(len(states))
-    b = np.zeros(len(states))
-    for (d, h), i in index.items():
-        others = pool - d - h  # up, but without the snapshot (returned, or spares)
-        rates = {"holder": h * alpha, "other": others * alpha, "back": d * mu}
-        total = sum(rates.values())
-        for kind, rate in rates.items():
-            if rate <= 0:
-                continue
-            share = rate / total
-            if kind == "holder":
-                target = (d + 1, h - 1)
-                if h - 1 == 0:
-                    b[i] += share  # the last holder lost: the snapshot is gone
-                    continue
-            elif kind == "other":
-                target = (d + 1, h)
-            else:
-                target = (d - 1, h)
-                if d - 1 <= spares:
-                    continue  # enough slices again: the pause ends with the snapshot
-            a[i, index[target]] -= share
-    solved = np.linalg.solve(a, b)
-    return float(solved[index[(spares + 1, n - 1)]])
-
-
-def snapshot_lost(n: int, spares: int, r: Rates) -> float:
-    """The probability that a pause-resume pause (a working slice lost leaving the pool
-    short of ``n`` healthy slices) also loses every other slice that held the in-memory
-    snapshot before enough slices are healthy again, so the run restores the newest
-    checkpoint: each of the ``n - 1`` holders fails at the slices' rate while the pool's
-    slices fail and return; a slice that returns holds nothing. 0 above
-    :data:`SNAPSHOT_LOSS_SLICES` slices or with returns at once."""
-    return _snapshot_lost(n, spares, r.alpha, r.mu)
-
-
-def new_meshes(cluster: Cluster, r: Rates, floor: int, wall: float) -> float:
-    """The expected recoveries and scale-ups of replica-resize over ``wall`` seconds that land
-    on a set of slices the process has not yet run on (each compiles the step for its mesh).
-
-    The pool moves as the binomial model has it; every move between slice counts the run
-    may take (``floor`` and above) lands on a set of that count, each of the ``C(pool, k)``
-    sets of ``k`` slices as likely as another (slices fail alike); ``L`` landings on ``M``
-    sets meet ``M (1 - (1 - 1/M)^L)`` of them, less the set the run started on.
-    """
-    n, pool = cluster.slices, cluster.slices + cluster.spares
-    pmf = _binomial(pool, r.q)
-    mu = r.mu if math.isfinite(r.mu) else 0.0
-    landings = np.zeros(n + 1)
-    for d in range(pool + 1):
-        a = min(n, pool - d)
-        if d + 1 <= pool:
-            to = min(n, pool - d - 1)
-            if to != a and to >= floor:
-                landings[to] += pmf[d] * a * r.alpha
-        if d >= 1:
-            to = min(n, pool - d + 1)
-            if to != a and to >= floor:
-                landings[to] += pmf[d] * d * mu
-    met = 0.0
-    for k in range(floor, n + 1):
-        count = landings[k] * wall
-        if count <= 0:
-            continue
-        log_sets = math.lgamma(pool + 1.0) - math.lgamma(k + 1.0) - math.lgamma(pool - k + 1.0)
-        if log_sets > 35.0:  # more sets than landings could ever repeat: each is new
-            met += count
-            continue
-        sets = round(math.exp(log_sets)) - (1 if k == n else 0)
-        if sets <= 0:
-            continue
-        met += sets * -math.expm1(count * math.log1p(-1.0 / sets)) if sets > 1 else min(1.0, count)
-    return met
 
 
 def young(save_seconds: float, mean_between_faults: float) -> float:
@@ -504,18 +386,3 @@ def recommend_min_slices(useful: Callable[[int], float], slices: int) -> int:
             hi = mid - 1
     return lo
 
-
-def recommend_spares(cluster: Cluster) -> int:
-    """The fewest spares that keep the pool short of ``slices`` healthy slices at most
-    :data:`SPARE_SHORTAGE` of the time."""
-    r = rates(cluster)
-    spares = 0
-    while True:
-        pmf = _binomial(cluster.slices + spares, r.q)
-        if 1.0 - pmf[: spares + 1].sum() <= SPARE_SHORTAGE or spares > 10 * cluster.slices:
-            return spares
-        spares += max(1, spares // 8)
-
-
-#: Renamed in 0.2.0, served with a warning until 0.3.
-__getattr__ = moved_names(__name__, {"Outcome": "elastic_dew.plan.model.PolicyOutcome"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from elastic_dew.plan.model import POLICIES
+from elastic_dew.plan.policy import POLICIES
 from elastic_dew.plan.planner import Plan
 
 __all__ = ["draw_plan", "require_matplotlib"]

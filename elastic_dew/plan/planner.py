@@ -19,8 +19,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from elastic_dew.plan import model, retry
+from elastic_dew.plan import model, pool, retry, validity
 from elastic_dew.plan.inputs import Cluster, Costs, KnownCosts, known
+from elastic_dew.plan.policy import POLICIES, PolicySettings, loop_seconds, running_per_step
 
 __all__ = ["PolicyPlan", "Plan", "plan", "plan_policy", "planned_steps", "SLICE_GRID", "UNRIDDEN_PER_DAY",
            "PLANNED_SECONDS", "with_retry"]
@@ -45,7 +46,9 @@ class PolicyPlan:
     ``young_checkpoint_every`` are Young's first-order optima, beside the model's.
     ``lost_steps``: steps done again per slice loss. ``retry``: the retry budget
     (:class:`~elastic_dew.plan.retry.RetryBudget`; ``None`` for restart, whose slice
-    loss ends the process, or a row planned without one).
+    loss ends the process, or a row planned without one). ``outside_checked_range``: why
+    the row's rates are outside the range the model was checked over against real runs
+    (:func:`~elastic_dew.plan.validity.outside`); empty inside it.
 
     Args:
         policy: the recovery policy (``restart``, ``pause-resume``, ``replica-resize``).
@@ -62,6 +65,7 @@ class PolicyPlan:
         young_snapshot_every: Young's optimum of the snapshot cadence.
         young_checkpoint_every: Young's optimum of the checkpoint cadence.
         retry: the retry budget.
+        outside_checked_range: why the figures are outside the checked range, if they are.
     """
 
     policy: str
@@ -78,6 +82,7 @@ class PolicyPlan:
     young_snapshot_every: int | None
     young_checkpoint_every: int
     retry: retry.RetryBudget | None = None
+    outside_checked_range: tuple[str, ...] = ()
 
     def elastic_settings(self) -> dict[str, Any]:
         """The row's settings as :class:`~elastic_dew.elastic.config.ElasticConfig` fields:
@@ -103,6 +108,7 @@ class PolicyPlan:
         out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in dataclasses.asdict(self).items() if k != "retry"}
         out["retry"] = None if self.retry is None else self.retry.to_json()
+        out["outside_checked_range"] = list(self.outside_checked_range)
         out["elastic_settings"] = self.elastic_settings()
         return out
 
@@ -134,62 +140,73 @@ def plan_policy(costs: KnownCosts, cluster: Cluster, policy: str, steps: int | N
     ``steps`` steps (``None``: :data:`PLANNED_SECONDS` of running): replica-resize's
     recoveries onto a set of slices new to the process cost ``new_mesh_seconds`` more."""
     if steps is None:
-        steps = max(1, round(PLANNED_SECONDS / model._loop_seconds(costs)))
-    r = model.rates(cluster)
-    step = costs.step_seconds
-    running = model._loop_seconds(costs)  # a step's running time: Young's optimum in steps
+        steps = max(1, round(PLANNED_SECONDS / loop_seconds(costs)))
+    r = pool.rates(cluster)
+    running = loop_seconds(costs)  # a step's running time: Young's optimum in steps
     losses = cluster.slices * r.alpha
     between_losses = 1.0 / losses
     if policy == "restart":
         young_c = _steps(model.young(costs.checkpoint_seconds, between_losses), running)
 
         def score_c(k: int) -> float:
-            return model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=k).goodput
+            return model.evaluate(costs, cluster, PolicySettings(policy, checkpoint_every=k)).goodput
 
         every_c = model.best_cadence(score_c, young_c)
-        outcome = model.evaluate(costs, cluster, policy, snapshot_every=None, checkpoint_every=every_c)
-        return _row(policy, cluster, outcome, None, every_c, None, None, young_c, step)
+        settings = PolicySettings(policy, checkpoint_every=every_c)
+        outcome = model.evaluate(costs, cluster, settings)
+        return _row(costs, cluster, settings, outcome, None, young_c)
     unridden = r.preempt if r.preempt > 0 else UNRIDDEN_PER_DAY / 86400.0
-    every_c = young_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), running)
+    every_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / unridden), running)
     young_s = _steps(model.young(costs.snapshot_seconds, between_losses), running)
     floor = None
     if policy == "replica_resize":
         floor = _floor(costs, cluster, young_s, every_c, steps)
+    # A slice loss that takes every copy of the snapshot goes back to the checkpoint too.
+    back = model.checkpoint_restores(costs, cluster, PolicySettings(policy, young_s, every_c, floor))
+    if back > 0:
+        every_c = _steps(model.young(costs.checkpoint_seconds, 1.0 / (unridden + back)), running)
+        if policy == "replica_resize":
+            floor = _floor(costs, cluster, young_s, every_c, steps)
+    young_c = every_c
 
     def score_s(k: int) -> float:
-        outcome = model.evaluate(costs, cluster, policy, snapshot_every=k, checkpoint_every=every_c, min_slices=floor,
-                                 steps=steps)
-        return outcome.useful_work
+        return model.evaluate(costs, cluster, PolicySettings(policy, k, every_c, floor), steps=steps).useful_work
 
     every_s = model.best_cadence(score_s, young_s)
     if policy == "replica_resize":
         floor = _floor(costs, cluster, every_s, every_c, steps)
-    outcome = model.evaluate(costs, cluster, policy, snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor,
-                             steps=steps)
-    return _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step)
+    settings = PolicySettings(policy, every_s, every_c, floor)
+    outcome = model.evaluate(costs, cluster, settings, steps=steps)
+    return _row(costs, cluster, settings, outcome, young_s, young_c)
 
 
 def _floor(costs: KnownCosts, cluster: Cluster, every_s: int, every_c: int, steps: int | None = None) -> int:
     def useful(m: int) -> float:
-        return model.evaluate(costs, cluster, "replica_resize", snapshot_every=every_s, checkpoint_every=every_c,
-                              min_slices=m, steps=steps).useful_work
+        return model.evaluate(costs, cluster, PolicySettings("replica_resize", every_s, every_c, m),
+                              steps=steps).useful_work
 
     return model.recommend_min_slices(useful, cluster.slices)
 
 
-def _row(policy, cluster, outcome, every_s, every_c, floor, young_s, young_c, step) -> PolicyPlan:
+def _row(costs: KnownCosts, cluster: Cluster, settings: PolicySettings, outcome: model.PolicyOutcome,
+         young_s: int | None, young_c: int) -> PolicyPlan:
     return PolicyPlan(
-        policy=policy, spares=cluster.spares, goodput=outcome.goodput, useful_work=outcome.useful_work,
-        snapshot_every=every_s, checkpoint_every=every_c, min_slices=floor, lost_seconds=outcome.lost_seconds,
-        lost_steps=outcome.lost_seconds / step, downtime_seconds=outcome.downtime_seconds,
+        policy=settings.policy, spares=cluster.spares, goodput=outcome.goodput, useful_work=outcome.useful_work,
+        snapshot_every=settings.snapshot_every, checkpoint_every=settings.checkpoint_every or 0,
+        min_slices=settings.min_slices, lost_seconds=outcome.lost_seconds,
+        lost_steps=outcome.lost_seconds / costs.step_seconds, downtime_seconds=outcome.downtime_seconds,
         faults_per_day=outcome.faults_per_day, young_snapshot_every=young_s, young_checkpoint_every=young_c,
+        outside_checked_range=validity.outside(costs, cluster, settings),
     )
+
+
+def _settings(row: PolicyPlan) -> PolicySettings:
+    return PolicySettings(row.policy, row.snapshot_every, row.checkpoint_every, row.min_slices)
 
 
 def planned_steps(costs: KnownCosts, row: PolicyPlan) -> int:
     """The steps of :data:`PLANNED_SECONDS` of running at ``row``'s cadences."""
-    per_step = model._running_per_step(costs, row.snapshot_every, row.checkpoint_every)
-    return max(1, round(PLANNED_SECONDS / per_step))
+    return max(1, round(PLANNED_SECONDS / running_per_step(costs, _settings(row))))
 
 
 def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: int | None = None,
@@ -199,9 +216,7 @@ def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: i
     :func:`planned_steps`); restart's row as it is."""
     if row.policy not in retry.RETRIED_POLICIES:
         return row
-    budget = retry.recommend(costs, cluster, row.policy, snapshot_every=row.snapshot_every,
-                             checkpoint_every=row.checkpoint_every, min_slices=row.min_slices,
-                             steps=steps or planned_steps(costs, row), bound=bound,
+    budget = retry.recommend(costs, cluster, _settings(row), steps=steps or planned_steps(costs, row), bound=bound,
                              retry_reset_steps=retry_reset_steps)
     return dataclasses.replace(row, retry=budget)
 
@@ -209,7 +224,7 @@ def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: i
 def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, steps: int | None = None,
          bound: float = retry.GIVE_UP_BOUND, retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> Plan:
     """Each policy without spares and with ``cluster.spares`` of them (or, when none are
-    given, with :func:`~elastic_dew.plan.model.recommend_spares`), each in-process policy
+    given, with :func:`~elastic_dew.plan.pool.recommend_spares`), each in-process policy
     with its retry budget for a run of ``steps`` steps (``None``: a day's,
     :func:`planned_steps`) that gives up with probability at most ``bound``, counting over
     ``retry_reset_steps``; the recommended row, and each policy over ``grid`` with the
@@ -230,18 +245,18 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
         ValueError: a cost a policy needs is not known, or a ``bound`` outside (0, 1).
     """
     ready = known(costs)
-    spares = cluster.spares or model.recommend_spares(cluster)
+    spares = cluster.spares or pool.recommend_spares(cluster)
     counts = sorted({0, spares})
     rows = tuple(
         with_retry(ready, dataclasses.replace(cluster, spares=k), plan_policy(ready, dataclasses.replace(
             cluster, spares=k), policy, steps), steps=steps, bound=bound, retry_reset_steps=retry_reset_steps)
-        for k in counts for policy in model.POLICIES
+        for k in counts for policy in POLICIES
     )
     best = max(rows, key=lambda row: (row.useful_work, -row.spares))
     by_slices = []
     for n in grid:
         sized = dataclasses.replace(cluster, slices=n)
-        for policy in model.POLICIES:
+        for policy in POLICIES:
             row = plan_policy(ready, sized, policy, steps)
             by_slices.append({"slices": n, "policy": policy, "goodput": row.goodput, "useful_work": row.useful_work,
                               "snapshot_every": row.snapshot_every, "checkpoint_every": row.checkpoint_every,

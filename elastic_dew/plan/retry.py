@@ -1,4 +1,4 @@
-"""The retry budget a plan recommends: ``max_attempts`` and ``retry_reset_steps`` for a run that rides slice losses in process.
+"""The retry budget a plan recommends: ``max_attempts`` and ``retry_reset_steps`` for a run riding losses in process.
 
 ``elastic_retry``'s policy (:class:`~elastic_dew.elastic.slices.retry.SliceLossRetryLimit`)
 counts the slice losses the run meets and gives up at the ``max_attempts``-th loss of one
@@ -10,7 +10,7 @@ run waits for slices raises nothing and is not counted. Progress is the furthest
 the steps done again after a restore are none.
 
 So the losses of one count (a *window*) are, under the model's Poisson losses at rate
-``h`` (the working slices' rate, :mod:`elastic_dew.plan.model`):
+``h`` (the working slices' rate, :mod:`elastic_dew.plan.pool`):
 
 - its first loss and the *primary* losses of ``R = retry_reset_steps`` steps of progress
   after it, Poisson with mean ``h R t`` (``t``: a step's running time, saves and, for
@@ -50,8 +50,9 @@ from typing import Any
 import numpy as np
 
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.plan import model
+from elastic_dew.plan import pool
 from elastic_dew.plan.inputs import Cluster, KnownCosts
+from elastic_dew.plan.policy import PolicySettings, efficiency, running_per_step
 
 __all__ = [
     "RetryBudget",
@@ -128,21 +129,21 @@ class _Window:
     tau: float
 
 
-def _window(costs: KnownCosts, cluster: Cluster, policy: str, snapshot_every: int | None, checkpoint_every: int | None,
-            min_slices: int | None, reset_steps: int, steps: int) -> _Window:
+def _window(costs: KnownCosts, cluster: Cluster, settings: PolicySettings, reset_steps: int, steps: int) -> _Window:
+    policy = settings.policy
     if policy not in RETRIED_POLICIES:
         raise ValueError(f"policy {policy!r} has no in-process retry budget (one of {', '.join(RETRIED_POLICIES)})")
     if reset_steps < 0 or steps < 1:
         raise ValueError(f"retry_reset_steps={reset_steps} must be >= 0 and steps={steps} >= 1")
-    r = model.rates(cluster)
-    n, pool = cluster.slices, cluster.slices + cluster.spares
-    t = model._running_per_step(costs, snapshot_every, checkpoint_every)
+    r = pool.rates(cluster)
+    n, size = cluster.slices, cluster.slices + cluster.spares
+    t = running_per_step(costs, settings)
     scale_ups = 0.0
     if policy == "replica_resize":
-        floor = min_slices or n
-        pmf = model._binomial(pool, r.q)
-        down = np.arange(pool + 1)
-        active = np.minimum(n, pool - down)
+        floor = settings.min_slices or n
+        pmf = pool.binomial(size, r.q)
+        down = np.arange(size + 1)
+        active = np.minimum(n, size - down)
         weight = np.where(active >= floor, pmf, 0.0)
         if weight.sum() <= 0:
             return _Window(0.0, 0.0, 0.0, 0.0, math.inf)
@@ -155,8 +156,7 @@ def _window(costs: KnownCosts, cluster: Cluster, policy: str, snapshot_every: in
     window = steps if reset_steps == 0 else min(reset_steps, steps)
     primaries = rate * window * t
     windows = 1.0 if window >= steps or rate <= 0 else steps * t / (window * t + 1.0 / rate)
-    tau = snapshot_every * model._running_per_step(costs, snapshot_every, checkpoint_every) if snapshot_every \
-        else math.inf
+    _, tau, _ = efficiency(costs, settings)
     return _Window(rate, primaries, max(1.0, windows), costs.recovery_seconds + costs.snapshot_restore_seconds, tau)
 
 
@@ -186,11 +186,8 @@ def _cluster_pmf(w: _Window, largest: int) -> np.ndarray:
 def window_losses(
     costs: KnownCosts,
     cluster: Cluster,
-    policy: str,
+    settings: PolicySettings,
     *,
-    snapshot_every: int | None,
-    checkpoint_every: int | None,
-    min_slices: int | None = None,
     retry_reset_steps: int = DEFAULT_RETRY_RESET_STEPS,
     steps: int,
     largest: int = LARGEST_MAX_ATTEMPTS,
@@ -201,7 +198,7 @@ def window_losses(
     Raises ``ValueError`` for the restart policy (no in-process budget), an unknown one,
     or a negative ``retry_reset_steps``.
     """
-    w = _window(costs, cluster, policy, snapshot_every, checkpoint_every, min_slices, retry_reset_steps, steps)
+    w = _window(costs, cluster, settings, retry_reset_steps, steps)
     out = np.zeros(largest + 1)
     if w.rate <= 0:
         out[1] = 1.0
@@ -230,36 +227,29 @@ def _run_give_up(pmf: np.ndarray, windows: float, max_attempts: int) -> float:
 def give_up_probability(
     costs: KnownCosts,
     cluster: Cluster,
-    policy: str,
+    settings: PolicySettings,
     *,
-    snapshot_every: int | None,
-    checkpoint_every: int | None,
-    min_slices: int | None = None,
     max_attempts: int,
     retry_reset_steps: int,
     steps: int,
 ) -> float:
-    """The probability that a run of ``steps`` steps under ``policy`` gives up: some count
+    """The probability that a run of ``steps`` steps at ``settings`` gives up: some count
     reaches ``max_attempts`` slice losses within ``retry_reset_steps`` steps of progress.
 
     Raises ``ValueError`` as :func:`window_losses`, or for ``max_attempts`` below 1.
     """
     if max_attempts < 1:
         raise ValueError(f"max_attempts={max_attempts} must be >= 1")
-    pmf, windows = window_losses(costs, cluster, policy, snapshot_every=snapshot_every,
-                                 checkpoint_every=checkpoint_every, min_slices=min_slices,
-                                 retry_reset_steps=retry_reset_steps, steps=steps, largest=max_attempts)
+    pmf, windows = window_losses(costs, cluster, settings, retry_reset_steps=retry_reset_steps, steps=steps,
+                                 largest=max_attempts)
     return _run_give_up(pmf, windows, max_attempts)
 
 
 def recommend(
     costs: KnownCosts,
     cluster: Cluster,
-    policy: str,
+    settings: PolicySettings,
     *,
-    snapshot_every: int | None,
-    checkpoint_every: int | None,
-    min_slices: int | None = None,
     steps: int,
     bound: float = GIVE_UP_BOUND,
     retry_reset_steps: int = DEFAULT_RETRY_RESET_STEPS,
@@ -272,21 +262,18 @@ def recommend(
     """
     if not 0 < bound < 1:
         raise ValueError(f"bound={bound} must be between 0 and 1")
-    pmf, windows = window_losses(costs, cluster, policy, snapshot_every=snapshot_every,
-                                 checkpoint_every=checkpoint_every, min_slices=min_slices,
-                                 retry_reset_steps=retry_reset_steps, steps=steps)
+    pmf, windows = window_losses(costs, cluster, settings, retry_reset_steps=retry_reset_steps, steps=steps)
     if retry_reset_steps == DEFAULT_RETRY_RESET_STEPS:
         default_pmf, default_windows = pmf, windows
     else:
-        default_pmf, default_windows = window_losses(
-            costs, cluster, policy, snapshot_every=snapshot_every, checkpoint_every=checkpoint_every,
-            min_slices=min_slices, retry_reset_steps=DEFAULT_RETRY_RESET_STEPS, steps=steps)
+        default_pmf, default_windows = window_losses(costs, cluster, settings,
+                                                     retry_reset_steps=DEFAULT_RETRY_RESET_STEPS, steps=steps)
     chosen: int | None = None
     for attempts in range(DEFAULT_MAX_ATTEMPTS, LARGEST_MAX_ATTEMPTS + 1):
         if _run_give_up(pmf, windows, attempts) <= bound:
             chosen = attempts
             break
-    w = _window(costs, cluster, policy, snapshot_every, checkpoint_every, min_slices, retry_reset_steps, steps)
+    w = _window(costs, cluster, settings, retry_reset_steps, steps)
     return RetryBudget(
         max_attempts=chosen,
         retry_reset_steps=retry_reset_steps,
