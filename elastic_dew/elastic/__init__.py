@@ -16,7 +16,9 @@ Its public names:
   ``ElasticRun``: the stop/resume protocol around your ``Program`` (``abstract_state``,
   ``init_state``, ``compile``), which ends with ``Finished``; ``Stop``, ``Resume``: its
   typed events (:mod:`~elastic_dew.elastic.events`); ``Notice``: the preemption notice it
-  asks (``elastic_dew.runtime.PreemptionNotice`` is one).
+  asks (``elastic_dew.runtime.PreemptionNotice`` is one); ``Evaluation``: its evaluation
+  passes; ``MeshSpec``: your mesh's axes and a slice's shape; ``SliceManager``: what it reads
+  of pathwaysutils' ``Manager``.
 - ``ElasticData``: Grain's ``ElasticIterator`` with the attempt's global batch;
   ``Snapshots``: in-memory snapshots (Orbax ``Snapshotter``); ``Checkpoints``: persistent
   checkpoints (Orbax ``CheckpointManager`` or the multi-tier replicator).
@@ -44,6 +46,9 @@ _EXPORTS = {
     "Program": "loop.program",
     "Finished": "loop.program",
     "Notice": "loop.program",
+    "Evaluation": "loop.evaluation",
+    "MeshSpec": "slices.mesh",
+    "SliceManager": "slices.manager",
     "AXES": "slices.mesh",
     "batch_sharding": "slices.mesh",
     "replicated": "slices.mesh",

@@ -42,10 +42,12 @@ class Attempt:
     #: Whether the restored state's evaluation pass was cut short by a preemption (its
     #: meta's :data:`~elastic_dew.elastic.loop.evaluation.EVALUATION_OWED_KEY`): the attempt runs it first.
     owed: bool = False
+    #: The axes a batch is split over (the run's :class:`~elastic_dew.elastic.MeshSpec`; ``None``: the default).
+    batch_axes: tuple[str, ...] | None = None
     in_batch: jax.sharding.NamedSharding = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        self.in_batch = batch_sharding(self.mesh)
+        self.in_batch = batch_sharding(self.mesh, self.batch_axes)
 
 
 @dataclasses.dataclass(eq=False)

@@ -39,7 +39,7 @@ import jax
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.program import Program, StepFn
 from elastic_dew.elastic.slices.manager import SliceManager
-from elastic_dew.elastic.slices.mesh import global_batch_for, mesh_of
+from elastic_dew.elastic.slices.mesh import MeshSpec, global_batch_for, spec_mesh
 
 __all__ = ["StepFn", "StepCompiler"]
 
@@ -60,16 +60,18 @@ class StepCompiler:
         manager: the process's ``Manager``.
         config: the :class:`~elastic_dew.elastic.config.ElasticConfig`.
         also: ``also(mesh)`` compiles the rest of a resume onto ``mesh``, or ``None``.
+        mesh_spec: the run's mesh (its axes and a slice's shape), ``None`` for the default.
     """
 
     def __init__(
         self, program: Program, manager: SliceManager, config: ElasticConfig,
-        also: Callable[[jax.sharding.Mesh], None] | None = None,
+        also: Callable[[jax.sharding.Mesh], None] | None = None, *, mesh_spec: MeshSpec | None = None,
     ) -> None:
         self.program = program
         self.manager = manager
         self.config = config
         self.also = also
+        self.mesh_spec = MeshSpec() if mesh_spec is None else mesh_spec
         self._compiled: dict[tuple, StepFn] = {}
         self._guard = threading.Lock()
         self._locks: dict[tuple, threading.Lock] = {}
@@ -115,13 +117,13 @@ class StepCompiler:
         lowest = self.config.minimum_slice_count
         if lowest is None or len(active) - 1 < lowest:
             return []  # pause-resume never runs on fewer slices
-        model = self.config.model_axis or 1
+        model = self.config.model_axis
         total = self.manager.total_slice_count
         batch = global_batch_for(self.config.global_batch, self.config.batch_policy, len(active) - 1, total)
         layouts = []
         for lost in active:
             devices = [d for i in active if i != lost for d in self.manager.slice_to_devices[i]]
-            layouts.append((mesh_of(devices, len(active) - 1, model), batch))
+            layouts.append((spec_mesh(self.mesh_spec, devices, len(active) - 1, model), batch))
         return layouts
 
     def pause_precompiling(self) -> None:

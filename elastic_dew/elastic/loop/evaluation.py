@@ -41,7 +41,7 @@ import numpy as np
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Eval
-from elastic_dew.elastic.slices.mesh import batch_sharding, check_eval_batch
+from elastic_dew.elastic.slices.mesh import MeshSpec, batch_sharding, check_eval_batch
 
 __all__ = ["EVALUATION_OWED_KEY", "Evaluation", "EvalFn"]
 
@@ -57,15 +57,18 @@ EVALUATION_OWED_KEY = "evaluation_owed"
 
 
 class Evaluation:
-    """An evaluation set and how often to evaluate it.
+    """An evaluation set and how often :class:`~elastic_dew.elastic.ElasticRun` evaluates it
+    (its ``evaluation=``); the program then also has ``compile_eval(mesh, batch_size)``.
 
-    Arguments:
-      dataset: a ``grain.MapDataset`` (or any sequence) of examples with the training
-        examples' structure.
-      every: steps between passes (a pass after every step that is a multiple of it).
-      batch_size: examples per batch; ``None``: the configuration's ``global_batch``.
+    Args:
+        dataset: a ``grain.MapDataset`` (or any sequence) of examples with the training
+            examples' structure.
+        every: steps between passes (a pass after every step that is a multiple of it).
+        batch_size: examples per batch; ``None``: the configuration's ``global_batch``.
 
-    Raises ``ValueError`` for an ``every`` below 1 or a set smaller than one batch.
+    Raises:
+        ValueError: an ``every`` or ``batch_size`` below 1 (a set smaller than one batch is
+            refused by :meth:`check`, as the run is built).
     """
 
     def __init__(self, dataset: Any, every: int, batch_size: int | None = None) -> None:
@@ -78,28 +81,46 @@ class Evaluation:
         self.batch_size = batch_size
         self._compiled: dict[tuple, EvalFn] = {}
 
-    def size(self, config: ElasticConfig) -> int:
+    def _size(self, config: ElasticConfig) -> int:
         """The examples per batch under ``config``."""
         return self.batch_size if self.batch_size is not None else config.global_batch
 
-    def batches(self, config: ElasticConfig) -> int:
+    def _batches(self, config: ElasticConfig) -> int:
         """How many batches a pass runs."""
-        return len(self.dataset) // self.size(config)
+        return len(self.dataset) // self._size(config)
 
-    def check(self, config: ElasticConfig, total_slices: int, devices_per_slice: int) -> None:
+    def check(self, config: ElasticConfig, total_slices: int, devices_per_slice: int,
+              mesh_spec: MeshSpec | None = None) -> None:
         """Refuse, before anything runs, a set smaller than a batch, or a batch that some
         reachable slice count's data-parallel devices cannot divide (the evaluation batch is
-        fixed: it does not follow the batch policy)."""
-        size = self.size(config)
-        if self.batches(config) < 1:
+        fixed: it does not follow the batch policy).
+
+        Args:
+            config: the run's configuration.
+            total_slices: the allocation's slices.
+            devices_per_slice: devices in each slice.
+            mesh_spec: the run's mesh, ``None`` for the default axes.
+
+        Raises:
+            ValueError: the set is smaller than a batch, or a batch does not divide.
+        """
+        size = self._size(config)
+        if self._batches(config) < 1:
             raise ValueError(
                 f"the evaluation set has {len(self.dataset)} examples, fewer than one evaluation "
                 f"batch of {size}; give a larger eval_dataset or a smaller eval batch"
             )
-        check_eval_batch(size, config, total_slices, devices_per_slice)
+        check_eval_batch(size, config, total_slices, devices_per_slice, mesh_spec)
 
     def due(self, step: int) -> bool:
-        """Whether a pass follows ``step``."""
+        """Whether a pass follows ``step``.
+
+        Args:
+            step: the step just completed.
+
+        Returns:
+            Whether ``step`` is a positive multiple of ``every``.
+        """
         return step > 0 and step % self.every == 0
 
     def _eval_fn(self, program: Any, mesh: jax.sharding.Mesh, size: int) -> EvalFn:
@@ -118,19 +139,33 @@ class Evaluation:
         slices: int,
         read: Callable[[Callable[[], Any], int, Callable[[], bool] | None], Any],
         interrupted: Callable[[], bool] = lambda: False,
+        batch_axes: tuple[str, ...] | None = None,
     ) -> Eval | None:
-        """One pass over the set on ``mesh`` from ``state`` (the state after ``step``).
+        """One pass over the set on ``mesh`` from ``state`` (the state after ``step``), as the
+        protocol runs it.
 
-        ``read`` is the protocol's bounded read (``StepDeadline.read``). ``interrupted`` is
-        asked before each batch and before the read: when it says yes (a preemption notice),
-        the pass stops there and returns ``None``. Raises what a lost or hung slice raises,
-        with nothing emitted.
+        Raises what a lost or hung slice raises (at the read), with nothing emitted.
+
+        Args:
+            program: the run's program (its ``compile_eval(mesh, batch_size)``).
+            config: the run's configuration.
+            mesh: the attempt's mesh.
+            state: the state after ``step``.
+            step: the step evaluated.
+            slices: the active slices.
+            read: the protocol's bounded read (``StepDeadline.read``).
+            interrupted: asked before each batch and before the read: when it says yes (a
+                preemption notice), the pass stops there.
+            batch_axes: the axes a batch is split over (the run's ``MeshSpec``; ``None``: the default).
+
+        Returns:
+            The pass's :class:`~elastic_dew.elastic.events.Eval`, or ``None`` when ``interrupted`` cut it short.
         """
         started = time.monotonic()
-        size = self.size(config)
-        count = self.batches(config)
+        size = self._size(config)
+        count = self._batches(config)
         eval_fn = self._eval_fn(program, mesh, size)
-        in_batch = batch_sharding(mesh)
+        in_batch = batch_sharding(mesh, batch_axes)
         sums = None
         for index in range(count):
             if interrupted():

@@ -44,7 +44,7 @@ class Program(Protocol):
         """The state's shapes and target shardings on ``mesh``, computing nothing.
 
         Args:
-            mesh: the attempt's mesh (``replica``, ``data``, ``model``).
+            mesh: the attempt's mesh (``replica``, ``data``, ``model``, or the run's ``MeshSpec``'s axes).
 
         Returns:
             A pytree of ``jax.ShapeDtypeStruct`` carrying their shardings.

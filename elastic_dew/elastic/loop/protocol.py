@@ -62,6 +62,7 @@ from elastic_dew.elastic.loop.program import Finished, InterruptingNotice, Notic
 from elastic_dew.elastic.loop.recovery import Recovery, RecoveryTimer
 from elastic_dew.elastic.loop.stopping import Stopping
 from elastic_dew.elastic.slices.mesh import (
+    MeshSpec,
     batch_sharding,
     build_mesh,
     check_batch,
@@ -108,13 +109,17 @@ class ElasticRun:
         checkpoints: the persistent tier to use (:class:`~elastic_dew.elastic.Checkpoints`),
             or ``None`` to build it from ``config``.
         run_name: the run's name, for multi-tier checkpointing's backups.
-        evaluation: the evaluation passes, or ``None`` for none.
+        evaluation: the evaluation passes (:class:`~elastic_dew.elastic.Evaluation`), or
+            ``None`` for none.
         run_dir: the run directory, or ``None``.
+        mesh_spec: the mesh's axes, a slice's shape and the batch's axes your program's
+            shardings name (:class:`~elastic_dew.elastic.MeshSpec`), or ``None`` for the
+            default axes (``replica``, ``data``, ``model``, sized by ``config.model_axis``).
 
     Raises:
-        ValueError: slices of unequal device counts, or a global batch, microbatch,
-            minimum slice count or evaluation batch some reachable slice count cannot run;
-            refused before anything runs.
+        ValueError: slices of unequal device counts, a ``mesh_spec`` that cannot lay out a
+            slice, or a global batch, microbatch, minimum slice count or evaluation batch
+            some reachable slice count cannot run; refused before anything runs.
     """
 
     def __init__(
@@ -131,6 +136,7 @@ class ElasticRun:
         run_name: str | None = None,
         evaluation: Evaluation | None = None,
         run_dir: str | os.PathLike[str] | None = None,
+        mesh_spec: MeshSpec | None = None,
     ) -> None:
         self.program = program
         self.evaluation = evaluation
@@ -145,11 +151,13 @@ class ElasticRun:
         if len(sizes) != 1:
             raise ValueError(f"slices have unequal device counts {sorted(sizes)}; elastic meshes need equal slices")
         self.devices_per_slice = sizes.pop()
+        #: The mesh every attempt builds over the active slices (your axes, or the default ones).
+        self.mesh_spec = MeshSpec() if mesh_spec is None else mesh_spec
         check_batch_for_every_slice_count(
-            config, self.manager.total_slice_count, self.devices_per_slice, program.microbatch
+            config, self.manager.total_slice_count, self.devices_per_slice, program.microbatch, mesh_spec
         )
         if evaluation is not None:
-            evaluation.check(config, self.manager.total_slice_count, self.devices_per_slice)
+            evaluation.check(config, self.manager.total_slice_count, self.devices_per_slice, mesh_spec)
         self.tiers = Tiers.from_config(
             config,
             slices=self.manager.total_slice_count,
@@ -161,9 +169,10 @@ class ElasticRun:
         )
         self.compiler = StepCompiler(
             program, self.manager, config,
-            also=lambda mesh: self.tiers.precompile_resume(mesh, program.abstract_state),
+            also=lambda mesh: self.tiers.precompile_resume(mesh, program.abstract_state), mesh_spec=self.mesh_spec,
         )
-        self.stopping = Stopping(program, self.manager, self.tiers, notice, config, lambda event: self.emit(event))
+        self.stopping = Stopping(program, self.manager, self.tiers, notice, config, lambda event: self.emit(event),
+                                 mesh_spec=self.mesh_spec)
         self.timer = RecoveryTimer()
         self.deadline = StepDeadline(config.step_timeout,
                                      waits_for_every_slice=config.minimum_slice_count is None)
@@ -258,14 +267,15 @@ class ElasticRun:
                 self.tiers.close()
 
     def _layout(self) -> tuple[jax.sharding.Mesh, int]:
-        mesh = build_mesh(self.manager, self.config.model_axis)
+        spec = self.mesh_spec
+        mesh = build_mesh(self.manager, self.config.model_axis, axes=spec.axes, slice_shape=spec.slice_shape)
         batch = global_batch_for(
             self.config.global_batch,
             self.config.batch_policy,
             self.manager.active_slice_count,
             self.manager.total_slice_count,
         )
-        check_batch(batch, mesh)
+        check_batch(batch, mesh, self.mesh_spec.batch_axes)
         return mesh, batch
 
     def _attempt(self, final_step: int) -> Finished:
@@ -347,7 +357,8 @@ class ElasticRun:
         self.emit(Resume(source=source, step=step + 1, durations=recovery.durations))
         self.compiler.start_precompiling()
         owed = bool(meta.get(EVALUATION_OWED_KEY)) and self.evaluation is not None
-        return Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed)
+        return Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed,
+                       batch_axes=self.mesh_spec.batch_axes)
 
     def _dispatch(self, attempt: Attempt, state: Any, step: int) -> InFlight:
         """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
@@ -407,6 +418,7 @@ class ElasticRun:
             self.program, self.config, attempt.mesh, attempt.state, attempt.step,
             self.manager.active_slice_count, self.deadline.read,
             interrupted=interrupts if interrupts is not None else (lambda: False),
+            batch_axes=self.mesh_spec.batch_axes,
         )
         if done is None:
             logger.warning("preemption notice during the evaluation pass of step %d: it runs again after the resume", attempt.step)
@@ -445,7 +457,7 @@ class ElasticRun:
         shardings = jax.tree.map(lambda a: a.sharding, abstract)
         attempt.state = jax.block_until_ready(jax.device_put(attempt.state, shardings))
         attempt.mesh, attempt.batch_size, attempt.step_fn = mesh, batch_size, step_fn
-        attempt.in_batch = batch_sharding(mesh)
+        attempt.in_batch = batch_sharding(mesh, self.mesh_spec.batch_axes)
         self.data.start(batch_size, attempt.data)  # the position after ``step``, not the step in flight
         recovery.lap("restore")
         self.tiers.precompile_saves(attempt.state, mesh)

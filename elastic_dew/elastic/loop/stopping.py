@@ -26,7 +26,7 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Event, Stop
 from elastic_dew.elastic.loop.program import Notice, Program, ReceivedNotice
 from elastic_dew.elastic.slices.manager import SliceManager
-from elastic_dew.elastic.slices.mesh import build_mesh
+from elastic_dew.elastic.slices.mesh import MeshSpec, build_mesh
 from elastic_dew.elastic.slices.retry import SliceLossRetryLimit
 from elastic_dew.elastic.state import storage
 from elastic_dew.elastic.state.tiers import Tiers
@@ -47,11 +47,12 @@ class Stopping:
         notice: the preemption notice, or ``None``.
         config: the run's configuration (the grace period, the timeout, the model axis).
         emit: called with each event of a stop.
+        mesh_spec: the run's mesh (its axes and a slice's shape), ``None`` for the default.
     """
 
     def __init__(
         self, program: Program, manager: SliceManager, tiers: Tiers, notice: Notice | None,
-        config: ElasticConfig, emit: Callable[[Event], None],
+        config: ElasticConfig, emit: Callable[[Event], None], *, mesh_spec: MeshSpec | None = None,
     ) -> None:
         self.program = program
         self.manager = manager
@@ -59,6 +60,7 @@ class Stopping:
         self.notice = notice
         self.config = config
         self.emit = emit
+        self.mesh_spec = MeshSpec() if mesh_spec is None else mesh_spec
 
     def bound(self) -> float:
         """Seconds a preemption's stop may spend on storage: what is left of the grace
@@ -142,7 +144,8 @@ class Stopping:
         within ``bound`` seconds; its step, or ``None`` when no snapshot could be loaded or
         committed."""
         self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
-        mesh = build_mesh(self.manager, self.config.model_axis)
+        spec = self.mesh_spec
+        mesh = build_mesh(self.manager, self.config.model_axis, axes=spec.axes, slice_shape=spec.slice_shape)
         self.tiers.on_active_slices_changed(mesh)
         restored = self.tiers.restore(self.program.abstract_state(mesh))
         if restored is None or restored.source != "snapshot":

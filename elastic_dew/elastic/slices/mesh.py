@@ -12,14 +12,16 @@ the client, lost slices included. Everything here therefore starts from the Mana
 ``model``
     model parallelism inside a slice (``model_axis`` devices).
 
-The batch is sharded over ``("replica", "data")``; state is replicated or sharded over
-``model`` only, never over ``replica``. Whether a batch fits is decided here, once: for one
+Those are the default axes; a :class:`MeshSpec` names your own (``replica`` stays first) and
+one slice's shape along them. The batch is sharded over ``("replica", "data")`` (a spec's
+``batch_axes``); state is replicated or sharded inside a slice, never over ``replica``. Whether a batch fits is decided here, once: for one
 mesh (:func:`check_batch`) and, before a run, for every slice count it can reach
 (:func:`check_batch_for_every_slice_count`, :class:`BatchError`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +36,7 @@ from elastic_dew.settings import SettingError, mention
 
 __all__ = [
     "AXES",
+    "MeshSpec",
     "active_devices",
     "build_mesh",
     "mesh_of",
@@ -50,6 +53,90 @@ __all__ = [
 
 #: Mesh axis names; the replica axis (slices) is index 0.
 AXES: tuple[str, str, str] = ("replica", "data", "model")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """The mesh a run builds over its active slices on every attempt: its axes, one slice's
+    shape along them, and the axes a batch is split over.
+
+    The default is :data:`AXES` with a slice of ``(devices // model_axis, model_axis)``
+    (``ElasticConfig.model_axis``) and the batch over ``("replica", "data")``. Your own
+    program's shardings may name other axes: ``MeshSpec(axes=("replica", "fsdp", "tensor"),
+    slice_shape=(-1, 2))`` lays each slice out as ``fsdp`` x 2 ``tensor`` devices and splits a
+    batch over ``("replica", "fsdp")``. The meshes are built as :func:`build_mesh` builds them.
+
+    Args:
+        axes: the mesh's axis names, ``replica`` first (the axis across slices, along which
+            snapshots are replicated).
+        slice_shape: one slice's devices along ``axes[1:]``, at most one of them ``-1`` (what
+            is left of a slice's devices); ``None``: ``(-1, model_axis)`` for three axes,
+            ``(-1,)`` for two.
+        batch_axes: the axes a batch's leading dimension is split over, ``replica`` first;
+            ``None``: the first two axes.
+
+    Raises:
+        ValueError: axes that do not start with ``replica`` or name one twice, a
+            ``slice_shape`` with another number of dimensions than ``axes[1:]``, or batch
+            axes that do not start with ``replica`` or are not among ``axes``.
+    """
+
+    axes: tuple[str, ...] = AXES
+    slice_shape: tuple[int, ...] | None = None
+    batch_axes: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        names = tuple(self.axes)
+        if not names or names[0] != AXES[0] or len(set(names)) != len(names):
+            raise ValueError(f"axes={names} must be distinct names starting with {AXES[0]!r}, the axis "
+                             "across slices (snapshots are replicated along it)")
+        shape = None if self.slice_shape is None else tuple(int(n) for n in self.slice_shape)
+        if shape is not None and len(shape) != len(names) - 1:
+            raise ValueError(f"slice_shape={shape} has {len(shape)} dimensions; axes={names} need "
+                             f"{len(names) - 1} (one per axis after {names[0]!r})")
+        batch = names[:2] if self.batch_axes is None else tuple(self.batch_axes)
+        if not batch or batch[0] != AXES[0] or len(set(batch)) != len(batch) or not set(batch) <= set(names):
+            raise ValueError(f"batch_axes={batch} must be distinct axes of {names} starting with "
+                             f"{AXES[0]!r}: every slice takes its part of a batch")
+        object.__setattr__(self, "axes", names)
+        object.__setattr__(self, "slice_shape", shape)
+        object.__setattr__(self, "batch_axes", batch)
+
+
+def spec_slice_shape(spec: MeshSpec, per_slice: int, model_axis: int | None = None) -> tuple[int, ...]:
+    """One slice's shape along ``spec.axes[1:]`` for slices of ``per_slice`` devices, as
+    :func:`build_mesh` lays it out (``ValueError`` when it cannot)."""
+    if model_axis is not None and model_axis < 1:
+        raise ValueError(f"model_axis={model_axis} must be >= 1, or None for 1")
+    if model_axis is not None and spec.slice_shape is not None:
+        raise ValueError(f"give model_axis={model_axis} or slice_shape={spec.slice_shape}, not both: "
+                         "slice_shape says every axis inside a slice")
+    model = 1 if model_axis is None else model_axis
+    if per_slice % model:
+        raise ValueError(
+            f"model_axis={model} does not divide the {per_slice} devices of a slice; "
+            f"use a divisor of {per_slice} "
+            f"({', '.join(str(d) for d in range(1, per_slice + 1) if per_slice % d == 0)})"
+        )
+    names, slice_shape = spec.axes, spec.slice_shape
+    if slice_shape is None:
+        if len(names) not in (2, 3) or (len(names) == 2 and model != 1):
+            raise ValueError(f"axes={names} need slice_shape: one slice's devices along {names[1:]}")
+        slice_shape = (-1, model) if len(names) == 3 else (-1,)
+    return _slice_shape(tuple(int(n) for n in slice_shape), per_slice, names)
+
+
+def spec_mesh(spec: MeshSpec, devices: Sequence[jax.Device], slices: int, model_axis: int | None = None) -> Mesh:
+    """``spec``'s mesh over ``devices``, ordered slice by slice, of ``slices`` equal slices."""
+    shape = spec_slice_shape(spec, len(devices) // slices, model_axis)
+    return Mesh(np.asarray(devices, dtype=object).reshape(slices, *shape), spec.axes)
+
+
+def spec_batch_devices(spec: MeshSpec, per_slice: int, model_axis: int | None = None) -> int:
+    """The devices of one slice a batch is split over (its batch axes inside a slice)."""
+    shape = spec_slice_shape(spec, per_slice, model_axis)
+    assert spec.batch_axes is not None  # set by MeshSpec.__post_init__
+    return math.prod(shape[spec.axes.index(axis) - 1] for axis in spec.batch_axes[1:])
 
 
 def active_devices(manager: SliceManager) -> list[jax.Device]:
@@ -117,37 +204,16 @@ def build_mesh(manager: SliceManager, model_axis: int | None = None, *, axes: Se
             start with ``replica`` or do not match ``slice_shape``, or a shape that does
             not lay out a slice's devices.
     """
-    if model_axis is not None and model_axis < 1:
-        raise ValueError(f"model_axis={model_axis} must be >= 1, or None for 1")
-    if model_axis is not None and slice_shape is not None:
-        raise ValueError(f"give model_axis={model_axis} or slice_shape={tuple(slice_shape)}, not both: "
-                         "slice_shape says every axis inside a slice")
     names = tuple(AXES if axes is None else axes)
-    if not names or names[0] != AXES[0] or len(set(names)) != len(names):
-        raise ValueError(f"axes={names} must be distinct names starting with {AXES[0]!r}, the axis across "
-                         "slices (snapshots are replicated along it)")
-    per_slice = _devices_per_active_slice(manager)
-    model = 1 if model_axis is None else model_axis
-    if per_slice % model:
-        raise ValueError(
-            f"model_axis={model} does not divide the {per_slice} devices of a slice; "
-            f"use a divisor of {per_slice} "
-            f"({', '.join(str(d) for d in range(1, per_slice + 1) if per_slice % d == 0)})"
-        )
-    if slice_shape is None:
-        if len(names) not in (2, 3) or (len(names) == 2 and model != 1):
-            raise ValueError(f"axes={names} need slice_shape: one slice's devices along {names[1:]}")
-        slice_shape = (-1, model) if len(names) == 3 else (-1,)
-    shape = _slice_shape(tuple(int(n) for n in slice_shape), per_slice, names)
+    spec = MeshSpec(names, None if slice_shape is None else tuple(slice_shape), names[:1])
+    shape = spec_slice_shape(spec, _devices_per_active_slice(manager), model_axis)
     devices = np.asarray(active_devices(manager), dtype=object)
     return Mesh(devices.reshape(manager.active_slice_count, *shape), names)
 
 
 def _slice_shape(shape: tuple[int, ...], per_slice: int, names: tuple[str, ...]) -> tuple[int, ...]:
-    """``shape`` with its ``-1`` resolved, checked against a slice's ``per_slice`` devices."""
-    if len(shape) != len(names) - 1:
-        raise ValueError(f"slice_shape={shape} has {len(shape)} dimensions; axes={names} need "
-                         f"{len(names) - 1} (one per axis after {names[0]!r})")
+    """``shape`` (as many dimensions as ``names[1:]``, :class:`MeshSpec` checks) with its ``-1``
+    resolved, checked against a slice's ``per_slice`` devices."""
     known = math.prod(n for n in shape if n != -1)
     if shape.count(-1) > 1 or any(n < 1 and n != -1 for n in shape) or known == 0 or per_slice % known:
         divisors = ", ".join(str(d) for d in range(1, per_slice + 1) if per_slice % d == 0)
@@ -161,9 +227,7 @@ def _slice_shape(shape: tuple[int, ...], per_slice: int, names: tuple[str, ...])
 
 def mesh_of(devices: Sequence[jax.Device], slices: int, model_axis: int = 1) -> Mesh:
     """The mesh :func:`build_mesh` makes with its default axes, over ``devices`` ordered slice by slice."""
-    per_slice = len(devices) // slices
-    grid = np.asarray(devices, dtype=object).reshape(slices, per_slice // model_axis, model_axis)
-    return Mesh(grid, AXES)
+    return spec_mesh(MeshSpec(), devices, slices, model_axis)
 
 
 def global_batch_for(global_batch: int, policy: str, active_slices: int, total_slices: int) -> int:
@@ -208,35 +272,37 @@ def global_batch_for(global_batch: int, policy: str, active_slices: int, total_s
     return scaled
 
 
-def check_batch(global_batch: int, mesh: Mesh) -> None:
+def check_batch(global_batch: int, mesh: Mesh, axes: Sequence[str] | None = None) -> None:
     """Refuse a global batch the mesh's batch-parallel devices (replica x data) cannot divide.
 
     Args:
         global_batch: the attempt's global batch.
         mesh: its mesh.
+        axes: the axes the batch is split over (default ``("replica", "data")``).
 
     Raises:
         ValueError: the batch does not divide (saying which batches would).
     """
-    replicas = mesh.shape[AXES[0]]
-    data = mesh.shape[AXES[1]]
-    shards = replicas * data
+    names = AXES[:2] if axes is None else tuple(axes)
+    shards = math.prod(mesh.shape[name] for name in names)
     if global_batch < 1 or global_batch % shards:
         lower = (global_batch // shards) * shards
         upper = lower + shards
         nearest = f"{upper}" if lower < 1 else f"{lower} or {upper}"
+        layout = " x ".join(f"{name}={mesh.shape[name]}" for name in names)
         raise ValueError(
             f"global_batch={global_batch} does not divide over the {shards} batch-parallel "
-            f"devices of the mesh (replica={replicas} x data={data}); use a multiple of "
-            f"{shards}, e.g. {nearest}, or a larger model_axis"
+            f"devices of the mesh ({layout}); use a multiple of "
+            f"{shards}, e.g. {nearest}, or {'a larger model_axis' if names == AXES[:2] else 'another slice_shape'}"
         )
 
 
-def check_eval_batch(size: int, config: ElasticConfig, total_slices: int, devices_per_slice: int) -> None:
+def check_eval_batch(size: int, config: ElasticConfig, total_slices: int, devices_per_slice: int,
+                     spec: MeshSpec | None = None) -> None:
     """Refuse (``ValueError``), before anything runs, an evaluation batch of ``size`` examples
     that the data-parallel devices of some reachable slice count cannot divide (an evaluation
-    batch is fixed: it does not follow the batch policy)."""
-    shard_counts = reachable_shards(config, total_slices, devices_per_slice)
+    batch is fixed: it does not follow the batch policy); ``spec`` the run's mesh (default axes)."""
+    shard_counts = reachable_shards(config, total_slices, devices_per_slice, spec)
     lowest = min(shard_counts)
     for active, shards in shard_counts.items():
         if size % shards:
@@ -313,16 +379,21 @@ class BatchError(SettingError):
         super().__init__(ElasticConfig, field, value, problem=message)
 
 
-def reachable_shards(config: ElasticConfig, total_slices: int, devices_per_slice: int) -> dict[int, int]:
-    """The data-parallel devices (replica x data) of every active slice count a run can reach:
-    ``minimum_slice_count`` (all of them in pause-resume) up to ``total_slices``."""
-    model = config.model_axis or 1
+def reachable_shards(config: ElasticConfig, total_slices: int, devices_per_slice: int,
+                     spec: MeshSpec | None = None) -> dict[int, int]:
+    """The data-parallel devices (replica x data, or ``spec``'s batch axes) of every active slice
+    count a run can reach: ``minimum_slice_count`` (all of them in pause-resume) up to ``total_slices``."""
+    if spec is None:
+        per_slice = devices_per_slice // (config.model_axis or 1)
+    else:
+        per_slice = spec_batch_devices(spec, devices_per_slice, config.model_axis)
     lowest = total_slices if config.minimum_slice_count is None else config.minimum_slice_count
-    return {active: active * (devices_per_slice // model) for active in range(lowest, total_slices + 1)}
+    return {active: active * per_slice for active in range(lowest, total_slices + 1)}
 
 
 def check_batch_for_every_slice_count(
-    config: ElasticConfig, total_slices: int, devices_per_slice: int, microbatch: int | None = None
+    config: ElasticConfig, total_slices: int, devices_per_slice: int, microbatch: int | None = None,
+    spec: MeshSpec | None = None,
 ) -> None:
     """Refuse, before anything runs, a global batch some reachable slice count cannot divide.
 
@@ -332,7 +403,8 @@ def check_batch_for_every_slice_count(
     ``microbatch`` (examples per data-parallel device per micro-step), every reachable
     per-device batch must also be a multiple of it (and the microbatch within
     :data:`~elastic_dew.elastic.config.MICROBATCH`); the refusal names the values that are.
-    Every refusal is a :class:`BatchError`.
+    Every refusal is a :class:`BatchError`, but for a ``spec`` (the run's mesh; default axes)
+    that cannot lay out a slice (``ValueError``, as :func:`build_mesh` says).
     """
     try:
         config.check_slices(total_slices)
@@ -340,13 +412,13 @@ def check_batch_for_every_slice_count(
         # the problem as given (its mentions still marked), so each surface names them its way
         raise BatchError(err.marked_problem or str(err), field=err.field, value=err.value) from None
     model = config.model_axis or 1
-    if devices_per_slice % model:
+    if devices_per_slice % model and (spec is None or spec.slice_shape is None):
         raise BatchError(
             f"{mention('model_axis', model)} does not divide the {devices_per_slice} devices of a slice; "
             f"choose a model axis that divides {devices_per_slice}",
             field="model_axis", value=config.model_axis,
         )
-    shard_counts = reachable_shards(config, total_slices, devices_per_slice)
+    shard_counts = reachable_shards(config, total_slices, devices_per_slice, spec)
     lowest = min(shard_counts)
     per_device: dict[int, int] = {}
     for active, shards in shard_counts.items():
