@@ -14,9 +14,9 @@ the client, lost slices included. Everything here therefore starts from the Mana
 
 Those are the default axes; a :class:`MeshSpec` names your own (``replica`` stays first) and
 one slice's shape along them. The batch is sharded over ``("replica", "data")`` (a spec's
-``batch_axes``); state is replicated or sharded inside a slice, never over ``replica``. Whether a batch fits is decided here, once: for one
-mesh (:func:`check_batch`) and, before a run, for every slice count it can reach
-(:func:`check_batch_for_every_slice_count`, :class:`BatchError`).
+``batch_axes``); state is replicated or sharded inside a slice, never over ``replica``.
+Whether a batch fits is decided here, once: for one mesh (:func:`check_batch`) and, before
+a run, for every slice count it can reach (:func:`check_batch_for_every_slice_count`, :class:`BatchError`).
 """
 
 from __future__ import annotations
