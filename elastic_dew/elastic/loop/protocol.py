@@ -294,7 +294,7 @@ class ElasticRun:
                 taken.append(current)
             ahead = None
             if current.step < final_step:
-                ahead = self._dispatch(attempt, current.state, current.step + 1)
+                ahead = self._dispatch(attempt, current.state, current.step + 1, behind=current)
                 taken.append(ahead)
             self._complete(attempt, current, started, sum(t.data_seconds for t in taken), held)
             meta = {"step": attempt.step, "data": attempt.data}
@@ -349,11 +349,20 @@ class ElasticRun:
         owed = bool(meta.get(EVALUATION_OWED_KEY)) and self.evaluation is not None
         return Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed)
 
-    def _dispatch(self, attempt: Attempt, state: Any, step: int) -> InFlight:
-        """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
+    def _dispatch(self, attempt: Attempt, state: Any, step: int, behind: InFlight | None = None) -> InFlight:
+        """Take step ``step``'s batch and dispatch it from ``state``; nothing is read.
+
+        ``behind`` is the step in flight while the batch is read. The step's
+        ``data_seconds`` is the time the loop waited for data: the read's time, or 0 when
+        ``behind``'s result was still not ready as the read ended (the device was computing
+        all along, so the read overlapped it and held nothing up).
+        """
         started = time.monotonic()
         batch, examples = read_within(self.data, step, self.config.storage_timeout)
         data_seconds = time.monotonic() - started
+        computing = getattr(behind.metrics.get("loss"), "is_ready", None) if behind is not None else None
+        if computing is not None and not computing():
+            data_seconds = 0.0
         hooks.phase("dispatch", step)
         new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
         return InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),
