@@ -322,7 +322,7 @@ class ElasticRun:
         self.compiler.pause_precompiling()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
         self.tiers.on_active_slices_changed(mesh)
-        _, saved_guess = self.tiers.newest()
+        _, saved_guess = self.tiers.newest_known()
         hooks.phase("compile", (saved_guess or 0) + 1)
         abstract = self.program.abstract_state(mesh)
         step_fn = self.compiler.compile(mesh, batch_size)
