@@ -339,6 +339,9 @@ class ElasticRun:
         self.furthest_step = max(self.furthest_step, step)
         # The saves' programs for this layout, compiled here: the first save compiles nothing.
         self.tiers.precompile_saves(state, mesh)
+        # A slice lost since the restore surfaces here, inside the retry and before the resume
+        # is recorded: a finished run's resume runs no step that would read the state.
+        jax.block_until_ready(state)
         recovery.lap("mesh_and_compile")
         logger.info(
             "resume from %s at step %d on %d slices (global batch %d)",

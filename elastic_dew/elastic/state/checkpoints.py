@@ -228,11 +228,18 @@ class Checkpoints(Commits):
         return self._newest(self._call("listing", None, backend.committed_steps, bound))
 
     def _newest_committed(self) -> int | None:
-        """The newest committed step, the storage listed only the first time (for the tiers'
-        restore; :meth:`newest_known` states the rule). Raises what :meth:`latest_step` raises."""
-        if self._listed:
+        """The newest committed step, the storage listed only the first time and while no
+        save is in flight (for the tiers' restore; :meth:`newest_known` states the rule).
+        Raises what :meth:`latest_step` raises."""
+        if self._listed and self._inflight is None:
             return self._known
         return self.latest_step()
+
+    def _none_newer_than(self, step: int) -> bool:
+        """Whether, by what this process knows, no committed checkpoint and no save in flight
+        is of a step after ``step`` (the storage not asked; ``False`` before any listing)."""
+        inflight = self.saving
+        return self._listed and (self._known or 0) <= step and (inflight is None or inflight <= step)
 
     def newest_known(self) -> int | None:
         """The newest committed step as this process knows it, without asking a storage that
@@ -240,14 +247,15 @@ class Checkpoints(Commits):
 
         The process is the only writer of an ``orbax`` checkpoint directory, so once it has
         listed it, its own commits are all that adds a step: the storage is listed the first
-        time only (and again after a :meth:`quarantine`; the ``multi_tier`` kind, whose
-        replicator writes too, lists every time).
+        time only (and again while a save is in flight, which may have committed, and after
+        a :meth:`quarantine`; the ``multi_tier`` kind, whose replicator writes too, lists
+        every time).
 
         Returns:
             The step last seen committed when :attr:`stalled` or already listed; otherwise
             :meth:`latest_step` (the step last seen if that fails too); ``None`` for none.
         """
-        if self.stalled or self._listed:
+        if self.stalled or (self._listed and self._inflight is None):
             return self._known
         try:
             return self.latest_step()

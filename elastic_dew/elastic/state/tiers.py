@@ -324,13 +324,12 @@ class Tiers(CheckpointSaves):
         snapshot = snapshots.latest_step() if snapshots is not None else None
         if checkpoints is not None:
             self.drop_queued("the attempt ended before its save could start")
-            inflight = checkpoints.saving
-            if inflight is not None and snapshot is not None and inflight <= snapshot:
-                logger.info("resuming from the snapshot of step %d without waiting for the checkpoint of step %d "
-                            "in flight", snapshot, inflight)
-            else:
-                self._land_inflight()
-        source, saved = choose(snapshot, checkpoints._newest_committed() if checkpoints is not None else None)
+        if checkpoints is not None and snapshot is not None and checkpoints._none_newer_than(snapshot):
+            # Nothing on tier 2 can be newer: the checkpoint in flight, if any, commits in its own time.
+            source, saved = Newest("snapshot", snapshot)
+        else:
+            self._land_inflight()
+            source, saved = choose(snapshot, checkpoints._newest_committed() if checkpoints is not None else None)
         if source == "snapshot" and snapshots is not None and saved is not None:
             hooks.phase("snapshot_load", saved + 1)
             try:
