@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 import time
 import weakref
@@ -15,6 +16,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic import events, hooks
@@ -480,16 +482,18 @@ class _GatedProgram(LinearProgram):
 
     def __init__(self, final: int) -> None:
         self.final, self.permits = final, threading.Semaphore(0)
+        self.ran: list = []  # one entry per step run to its end
 
     def on_phase(self, name, step):
         if (name == "dispatch" and step >= 2) or (name == "step" and step == self.final):
             self.permits.release()
 
     def compile(self, mesh, global_batch):
-        permits = self.permits
+        permits, ran = self.permits, self.ran
 
         def held(seen):
             permits.acquire(timeout=30)
+            ran.append(seen)
             return seen
 
         def step(state, batch):
@@ -525,3 +529,47 @@ def test_a_batch_read_while_the_step_before_it_computes_is_not_charged_as_data_l
     assert sorted(charged) == [1, 2, 3, 4, 5]
     assert charged[1] >= 0.05
     assert [charged[s] for s in (2, 3, 4, 5)] == [0.0] * 4
+
+
+def test_a_preemption_saves_without_waiting_for_the_step_in_flight_or_listing_what_it_knows(tmp_path, monkeypatch):
+    """A SIGTERM at step 3 while step 4 is in flight (held until a dispatch that never comes):
+    the stop's checkpoint is written and committed while step 4 still runs, and the stop
+    lists the checkpoint directory no more (the resume listed it; its own commits are known)."""
+    from etils import epath
+
+    from elastic_dew.runtime import Preempted, PreemptionNotice
+
+    program = _GatedProgram(final=12)
+    directory = tmp_path / "checkpoints"
+    stopping, listings, at_save = [False], [0], []
+    path_type = type(epath.Path(directory))
+    iterdir = path_type.iterdir
+
+    def counted_iterdir(self):
+        if stopping[0] and os.fspath(self) == os.fspath(directory):
+            listings[0] += 1
+        return iterdir(self)
+
+    def on_phase(name, step):
+        program.on_phase(name, step)
+        stopping[0] = stopping[0] or name == "stop"
+
+    def on_event(event):
+        if isinstance(event, events.Save) and event.tier == "checkpoint":
+            at_save.append(len(program.ran))
+
+    monkeypatch.setattr(path_type, "iterdir", counted_iterdir)
+    hooks.add_listener(on_phase)
+    notice = PreemptionNotice()
+    try:
+        with SimulatedSlices(4, 2, schedule="preempt@3"), pytest.raises(Preempted) as stopped:
+            config = _config(tmp_path, snapshot_every=0, checkpoint_every=100)
+            ElasticRun(program, ElasticData(_dataset()), config, emit=on_event, notice=notice).run(12)
+    finally:
+        hooks.remove_listener(on_phase)
+        notice.close()
+        for _ in range(4):
+            program.permits.release()  # let the dropped step end
+    step = stopped.value.step
+    assert step >= 3 and at_save == [step]  # the steps up to the stop's had run, the one after it had not
+    assert listings == [0]

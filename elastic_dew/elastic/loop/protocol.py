@@ -281,7 +281,7 @@ class ElasticRun:
         attempt = self._resume(self.timer.recover())
         if attempt.owed and not self._evaluate(attempt):
             owed = {"step": attempt.step, "data": attempt.data, EVALUATION_OWED_KEY: True}
-            self.stopping.at_step(attempt.step, attempt.state, owed, None)
+            self.stopping.at_step(attempt.step, attempt.state, owed)
         current: InFlight | None = None
         last_saves: StepSaves | None = None  # the last step's saves (see _complete)
         while attempt.step < final_step:
@@ -300,9 +300,9 @@ class ElasticRun:
             meta = {"step": attempt.step, "data": attempt.data}
             wait_step = ahead.wait(self.deadline) if ahead is not None else None  # off the saves' clocks
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
-                self.stopping.at_step(attempt.step, attempt.state, {**meta, EVALUATION_OWED_KEY: True}, wait_step)
+                self.stopping.at_step(attempt.step, attempt.state, {**meta, EVALUATION_OWED_KEY: True})
             if self.notice is not None and self.notice.reached(attempt.step):
-                self.stopping.at_step(attempt.step, attempt.state, meta, wait_step)
+                self.stopping.at_step(attempt.step, attempt.state, meta)
             # The saves' own seconds are not the next step's time; the wait before them is.
             last_saves = self.tiers.on_step(attempt.step, attempt.state, meta, attempt.mesh, wait_step)
             current = ahead

@@ -179,7 +179,12 @@ class Checkpoints(Commits):
         counters = progress.METER.counters()
 
         def start() -> bool:
-            latest = self.backend.latest_step() if not self.abandoned else self._newest(self.backend.committed_steps())
+            if self._listed:  # the process is the directory's only writer: see newest_known
+                latest = self._known
+            elif not self.abandoned:
+                latest = self.backend.latest_step()
+            else:
+                latest = self._newest(self.backend.committed_steps())
             if latest is not None and step <= latest:
                 logger.info("checkpoint of step %d skipped: step %d is already committed", step, latest)
                 return False

@@ -194,16 +194,12 @@ class OrbaxBackend:
             except Exception:  # noqa: BLE001 - the failure is already reported
                 logger.debug("closing the checkpoint manager of a failed save failed", exc_info=True)
 
-    def _steps_on_disk(self) -> list[int]:
-        if not self.path.exists():
-            return []
-        return sorted(int(p.name) for p in self.path.iterdir() if p.name.isdigit())
-
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
         self.precompiler.stop()
         self._found = None
-        if step in self._steps_on_disk():
-            # A partial <step> directory (never committed): clear it so the step can be written.
+        if (self.path / str(step)).exists() or os.path.islink(os.fspath(self.path / str(step))):
+            # A partial <step> directory (never committed, as the step is newer than the newest
+            # committed one): clear it so the step can be written.
             self.manager.wait_until_finished()
             partial = self.path / str(step)
             logger.warning("removing uncommitted checkpoint directory %s", partial)
