@@ -133,7 +133,7 @@ class ElasticData:
         #: Whether a read was given up on (:func:`read_within`): its reader is stuck, so
         #: :meth:`close` leaves it.
         self._stuck = False
-        self._reader: _Reader | None = None  # read_within's thread, started by its first read
+        self._reader: _DataReadThread | None = None  # read_within's thread, started by its first read
 
     def start(self, global_batch: int, state: dict | None = None) -> None:
         """(Re)create the iterator for this attempt's ``global_batch``, at ``state``'s position.
@@ -260,7 +260,7 @@ class ElasticData:
             self._close_iterator()
 
 
-class _Reader:
+class _DataReadThread:
     """One daemon thread that runs :func:`read_within`'s reads one after another, for the
     life of an :class:`ElasticData` (a thread per batch would start one every step)."""
 
@@ -297,7 +297,7 @@ def read_within(data: ElasticData, step: int, timeout: float | None) -> DataBatc
         StorageTimeout: the read did not finish within the bound.
     """
     if data._reader is None:
-        data._reader = _Reader()
+        data._reader = _DataReadThread()
     try:
         return storage.bounded("read", "the training data", step, timeout or storage.FLOOR_SECONDS, data.next,
                                noun="data", progress=None, runner=data._reader)
