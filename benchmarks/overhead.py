@@ -16,7 +16,7 @@ Beside the wall time, the host CPU time per step, which load on the machine does
 the way it moves wall time: for the bare loop, the CPU time of its thread from one step's
 read to the next (``time.thread_time``); for ``Trainer.fit``, the same on the loop's thread
 (between consecutive step events) plus the CPU time of every thread elastic_dew starts (each
-is named ``elastic-dew-*``: the step deadline's reader, each bounded storage call's thread, the
+is named ``elastic-dew-*``: the step deadline's reader, the data reader, each bounded storage call's thread, the
 snapshot worker, the checkpoint preparation, the precompilers) over the same interval, read
 from each thread's CPU clock, a thread that ended within the interval included. XLA's compute
 threads and Grain's read-ahead threads are counted in neither. The figure is the p50 over

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -535,3 +536,77 @@ def test_the_elastic_configs_choices_are_its_fields_types():
     hints = typing.get_type_hints(ElasticConfig)
     assert typing.get_args(hints["batch_policy"]) == BATCH_POLICIES == ("constant", "scale_by_active_slices")
     assert typing.get_args(hints["checkpoint_kind"]) == CHECKPOINT_KINDS == ("orbax", "multi_tier")
+
+
+def _counting_reads(monkeypatch, directory: Path) -> dict:
+    """Count the listings of ``directory`` by any caller (Orbax's included), and the reads of a
+    step's commit metadata (Orbax's ``_CHECKPOINT_METADATA``) on the caller's thread and
+    elastic_dew's (not those of the commit Orbax finishes in its own background thread)."""
+    from etils import epath
+
+    from elastic_dew.elastic.state import orbax_step
+
+    counts = {"listings": 0, "commit_reads": 0}
+    path_type = type(epath.Path(directory))
+    iterdir, read_text = path_type.iterdir, path_type.read_text
+
+    def counted_iterdir(self):
+        if os.fspath(self) == os.fspath(directory):
+            counts["listings"] += 1
+        return iterdir(self)
+
+    def counted_read_text(self, *args, **kwargs):
+        reader = threading.current_thread()
+        if self.name == orbax_step.ORBAX_METADATA and (reader is threading.main_thread()
+                                                        or reader.name.startswith("elastic-dew")):
+            counts["commit_reads"] += 1
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(path_type, "iterdir", counted_iterdir)
+    monkeypatch.setattr(path_type, "read_text", counted_read_text)
+    return counts
+
+
+def test_a_resume_from_a_checkpoint_lists_the_directory_once_and_reads_one_commit(tmp_path, monkeypatch):
+    """A new process (a new Checkpoints) over three committed steps: the resume's guess and
+    its restore together list the directory once and read the newest step's commit once."""
+    from elastic_dew.elastic.state.tiers import Tiers
+
+    mesh = mesh_of(2)
+    directory = tmp_path / "ck"
+    writer = Checkpoints(str(directory), max_to_keep=5)
+    for step in (1, 2, 3):
+        assert writer.save(step, state_on(mesh, scale=step), {"step": step})
+        writer.wait()
+    writer.close()
+    tiers = Tiers(None, Checkpoints(str(directory), max_to_keep=5), checkpoint_every=5)
+    counts = _counting_reads(monkeypatch, directory)
+    assert tiers.newest_known() == ("checkpoint", 3)  # the resume's guess, for its phase
+    restored = tiers.restore(abstract_on(state_on(mesh), mesh))
+    assert restored is not None and (restored.source, restored.step, restored.meta) == ("checkpoint", 3, {"step": 3})
+    assert_same(restored.state, state_on(mesh, scale=3))
+    assert counts == {"listings": 1, "commit_reads": 1}
+
+
+def test_a_snapshot_newer_than_the_checkpoint_in_flight_resumes_without_waiting_for_it_or_listing(tmp_path, monkeypatch):
+    from elastic_dew.elastic.state.snapshots import Snapshots
+    from elastic_dew.elastic.state.tiers import Tiers
+
+    mesh = mesh_of(2)
+    directory = tmp_path / "ck"
+    checkpoints = Checkpoints(str(directory))
+    tiers = Tiers(Snapshots(), checkpoints, snapshot_every=1, checkpoint_every=2)
+    assert tiers.newest_known() == ("fresh", None)  # the first resume's listing
+    assert checkpoints.save(2, state_on(mesh, scale=2), {"step": 2})
+    assert checkpoints.saving == 2
+    assert tiers.snapshots.save(3, state_on(mesh, scale=3), {"step": 3}, mesh)
+    counts = _counting_reads(monkeypatch, directory)
+    waits: list = []
+    monkeypatch.setattr(checkpoints, "wait", lambda *a, **k: waits.append(a))
+    restored = tiers.restore(abstract_on(state_on(mesh), mesh))
+    assert restored is not None and (restored.source, restored.step) == ("snapshot", 3)
+    assert waits == [] and counts == {"listings": 0, "commit_reads": 0}
+    monkeypatch.undo()
+    checkpoints.wait()  # the older checkpoint still commits, in its own time
+    assert checkpoints.latest_step() == 2
+    checkpoints.close()

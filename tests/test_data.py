@@ -122,3 +122,60 @@ def test_reading_before_start_and_an_empty_dataset_are_clear_errors():
         ElasticData([1, 2, 3])
     with pytest.raises(RuntimeError, match="before start"):
         ElasticData(indexed(3)).next()
+
+
+def test_reads_within_the_storage_bound_start_one_reader_thread_for_all_the_steps(monkeypatch):
+    """read_within runs every step's read on one long-lived thread: over 20 steps after the
+    first, no thread is started (Grain's read-ahead included), and close ends the reader."""
+    import threading
+
+    from elastic_dew.elastic.loop.data import read_within
+
+    data = ElasticData(indexed(1000))
+    data.start(4)
+    first = read_within(data, 1, 30.0)
+    started: list[str] = []
+    original = threading.Thread.start
+
+    def counted(thread):
+        started.append(thread.name)
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    spans = [read_within(data, step, 30.0).examples for step in range(2, 22)]
+    monkeypatch.undo()
+    assert started == []
+    assert first.examples == (0, 4) and spans[-1] == (80, 84)
+    (reader,) = [t for t in threading.enumerate() if t.name == "elastic-dew-data-reader"]
+    data.close()
+    reader.join(10)
+    assert not reader.is_alive()
+
+
+def test_a_read_that_makes_no_progress_still_ends_in_a_storage_timeout_and_its_reader_then_ends():
+    import threading
+
+    from elastic_dew.elastic.loop.data import read_within
+    from elastic_dew.elastic.state import storage
+
+    release = threading.Event()
+
+    def read(i):
+        if i == 8:
+            release.wait(30)
+        return {"index": np.int64(i)}
+
+    data = ElasticData(grain.MapDataset.range(100).map(read),
+                       read_options=grain.ReadOptions(num_threads=1, prefetch_buffer_size=1))
+    data.start(4)
+    assert read_within(data, 1, 30.0).examples == (0, 4)
+    reader = data._reader.thread
+    read_within(data, 2, 30.0)
+    with pytest.raises(storage.StorageTimeout) as stalled:
+        read_within(data, 3, 0.3)
+    assert str(stalled.value).startswith("data read of step 3 in the training data did not finish within")
+    assert reader in storage.stuck() and data._stuck
+    release.set()
+    reader.join(30)
+    assert not reader.is_alive() and reader not in storage.stuck()
+    data.close()  # leaves the iterator of the given-up read (close would wait on it)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
+import time
 import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic import events, hooks
@@ -471,3 +474,102 @@ def test_the_runtimes_preemption_notice_is_every_part_of_the_notice_the_loop_ask
             assert isinstance(notice, part), part.__name__
     assert not any(isinstance(Minimal(), part) for part in (
         program.WaitingNotice, program.InterruptingNotice, program.ReceivedNotice))
+
+
+class _GatedProgram(LinearProgram):
+    """A :class:`LinearProgram` whose step k runs on until the loop dispatches step k + 1
+    (the last step, until the loop reads it): a device that is always busy."""
+
+    def __init__(self, final: int) -> None:
+        self.final, self.permits = final, threading.Semaphore(0)
+        self.ran: list = []  # one entry per step run to its end
+
+    def on_phase(self, name, step):
+        if (name == "dispatch" and step >= 2) or (name == "step" and step == self.final):
+            self.permits.release()
+
+    def compile(self, mesh, global_batch):
+        permits, ran = self.permits, self.ran
+
+        def held(seen):
+            permits.acquire(timeout=30)
+            ran.append(seen)
+            return seen
+
+        def step(state, batch):
+            value, grad = jax.value_and_grad(lambda w: jnp.mean((batch["x"] @ w - batch["y"]) ** 2))(state["w"])
+            seen = state["seen"] + jnp.sum(batch["index"])
+            seen = jax.pure_callback(held, jax.ShapeDtypeStruct((), jnp.int32), seen)
+            return {"w": state["w"] - 0.05 * grad, "seen": seen}, {"loss": value + 0.0 * seen}
+
+        replicated = NamedSharding(mesh, P())
+        return jax.jit(step, out_shardings=(replicated, replicated))
+
+
+class _SlowData(ElasticData):
+    def next(self):
+        time.sleep(0.05)
+        return super().next()
+
+
+def test_a_batch_read_while_the_step_before_it_computes_is_not_charged_as_data_loading(tmp_path):
+    """data_seconds is the time the loop waited for data: the first step's read (nothing in
+    flight) is charged; each later read ends while the step before it still computes
+    (held until the next dispatch), so it overlapped the device and is charged 0."""
+    program = _GatedProgram(final=5)
+    emitted: list = []
+    hooks.add_listener(program.on_phase)
+    try:
+        with SimulatedSlices(4, 2):
+            config = _config(tmp_path, snapshot_every=0, checkpoint_every=0)
+            ElasticRun(program, _SlowData(_dataset()), config, emit=emitted.append).run(5)
+    finally:
+        hooks.remove_listener(program.on_phase)
+    charged = {e.step: e.data_seconds for e in emitted if isinstance(e, events.Step)}
+    assert sorted(charged) == [1, 2, 3, 4, 5]
+    assert charged[1] >= 0.05
+    assert [charged[s] for s in (2, 3, 4, 5)] == [0.0] * 4
+
+
+def test_a_preemption_saves_without_waiting_for_the_step_in_flight_or_listing_what_it_knows(tmp_path, monkeypatch):
+    """A SIGTERM at step 3 while step 4 is in flight (held until a dispatch that never comes):
+    the stop's checkpoint is written and committed while step 4 still runs, and the stop
+    lists the checkpoint directory no more (the resume listed it; its own commits are known)."""
+    from etils import epath
+
+    from elastic_dew.runtime import Preempted, PreemptionNotice
+
+    program = _GatedProgram(final=12)
+    directory = tmp_path / "checkpoints"
+    stopping, listings, at_save = [False], [0], []
+    path_type = type(epath.Path(directory))
+    iterdir = path_type.iterdir
+
+    def counted_iterdir(self):
+        if stopping[0] and os.fspath(self) == os.fspath(directory):
+            listings[0] += 1
+        return iterdir(self)
+
+    def on_phase(name, step):
+        program.on_phase(name, step)
+        stopping[0] = stopping[0] or name == "stop"
+
+    def on_event(event):
+        if isinstance(event, events.Save) and event.tier == "checkpoint":
+            at_save.append(len(program.ran))
+
+    monkeypatch.setattr(path_type, "iterdir", counted_iterdir)
+    hooks.add_listener(on_phase)
+    notice = PreemptionNotice()
+    try:
+        with SimulatedSlices(4, 2, schedule="preempt@3"), pytest.raises(Preempted) as stopped:
+            config = _config(tmp_path, snapshot_every=0, checkpoint_every=100)
+            ElasticRun(program, ElasticData(_dataset()), config, emit=on_event, notice=notice).run(12)
+    finally:
+        hooks.remove_listener(on_phase)
+        notice.close()
+        for _ in range(4):
+            program.permits.release()  # let the dropped step end
+    step = stopped.value.step
+    assert step >= 3 and at_save == [step]  # the steps up to the stop's had run, the one after it had not
+    assert listings == [0]

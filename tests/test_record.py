@@ -327,3 +327,24 @@ def test_an_owed_evaluation_run_twice_from_the_same_checkpoint_counts_once_the_l
         _resume(4, 8.0, "checkpoint"), _eval(9.0, 0.8), _step(4, 10.0),
     ]
     assert [(e.step, e.wall) for e in committed_evals(lines)] == [(3, 9.0)]
+
+
+def test_a_snapshot_save_line_is_not_fsynced_on_its_own_and_is_durable_with_the_next_checkpoint_save(tmp_path,
+                                                                                                      monkeypatch):
+    from elastic_dew.record import log as record_log
+
+    fsyncs: list = []
+    real_fsync = record_log.os.fsync
+    rec = RunRecord(tmp_path)
+    monkeypatch.setattr(record_log.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    for step in (1, 2, 3):
+        rec.append(_step(step, float(step)))
+        rec.append({"event": "save", "tier": "snapshot", "step": step, "taken": True, "seconds": 0.01,
+                    "wall": step + 0.5})
+    assert fsyncs == []  # three snapshot saves: no fsync
+    rec.append({"event": "save", "tier": "checkpoint", "step": 3, "taken": True, "seconds": 0.2, "wall": 3.6})
+    assert len(fsyncs) == 1
+    on_disk = read_events(tmp_path)  # read without the writer: what the checkpoint's fsync made durable
+    assert [(e["event"], e.get("tier")) for e in on_disk].count(("save", "snapshot")) == 3
+    assert on_disk[-1]["tier"] == "checkpoint"
+    rec.close()

@@ -288,6 +288,65 @@ def test_a_load_onto_a_precompiled_mesh_and_the_save_after_it_compile_nothing():
     np.testing.assert_array_equal(np.asarray(loaded["params"]["proj"]), np.asarray(state["params"]["proj"]))
 
 
+def counted_packs(monkeypatch) -> list:
+    """Each run of a pack program on the devices appends to the returned list (a host
+    callback inside the program, so it counts executions, not Python calls)."""
+    from elastic_dew.elastic.state import packing
+
+    runs: list = []
+    original = packing._pack_fn
+
+    def counted(layout, mesh, replica_axis_index):
+        inner = original(layout, mesh, replica_axis_index).__wrapped__
+
+        def pack(*leaves):
+            jax.debug.callback(lambda: runs.append(1))
+            return inner(*leaves)
+
+        shardings = [packing._group_sharding(mesh, replica_axis_index, g) for g in layout["groups"]]
+        return jax.jit(pack, out_shardings=shardings)
+
+    monkeypatch.setattr(packing, "_pack_fn", counted)
+    return runs
+
+
+def test_precompiling_the_saves_of_a_resume_onto_a_covered_mesh_runs_no_pack_and_compiles_nothing(monkeypatch):
+    """The resume window's precompile_saves, after the precompiler covered the mesh (or a
+    save there compiled the pack), neither runs the pack on the devices nor compiles it
+    again; the next save runs the kept executable."""
+    runs = counted_packs(monkeypatch)
+    four, three = model_mesh_of(4), model_mesh_of(3)
+    state = mixed_state_on(four)
+    snapshots = Snapshots()
+    assert snapshots.save(5, state, {"step": 5}, four)
+    snapshots.join()
+    saved_runs = len(runs)
+    assert saved_runs > 0  # the counter sees the pack run by a save
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(three, x.sharding.spec)), state
+    )
+    snapshots.precompile_resume(abstract, three)
+    loaded, _, _ = snapshots.load(abstract)
+    compiles: list = []
+
+    def on_compile(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    try:
+        snapshots.precompile_saves(loaded, three)  # covered by the precompiler
+        snapshots.precompile_saves(state, four)  # compiled by the first save's call
+        jax.effects_barrier()
+        assert len(runs) == saved_runs and compiles == []
+        assert snapshots.save(6, loaded, {"step": 6}, three)
+        snapshots.join()
+        jax.effects_barrier()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_compile)
+    assert len(runs) > saved_runs and compiles == []
+
+
 def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_compiling_it_again():
     from elastic_dew.elastic.state.snapshots import _PrecompiledFunction
 

@@ -209,7 +209,9 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
       committed;
     - ``infrastructure_recovery_from_disruption``: from each process's last event to the
       next process's start;
-    - ``data_loading_sync``: the ``data_seconds`` of committed steps;
+    - ``data_loading_sync``: the ``data_seconds`` of committed steps (the time the loop
+      waited for a batch; a read that ended while the step before it still computed
+      overlapped the device and is not in it);
     - ``custom_badput_events``: the ``seconds`` of ``eval`` events (every evaluation pass
       that finished; a pass cut short by a fault is in the time it was lost in), split by
       type in :attr:`Goodput.custom` (``eval_step``);

@@ -1,13 +1,13 @@
 """``events.jsonl``: the run record's writer and readers.
 
 The file is append-only, one JSON object per line. The lines a restarted process depends
-on (start, save, stop, resume, fault) are durable: each is written, with every line before
-it, flushed and fsynced before ``append`` returns. The other lines (a step, an evaluation)
-are written in batches: at the next durable line, once the oldest waiting line is
+on (start, a checkpoint's save, stop, resume, fault) are durable: each is written, with every
+line before it, flushed and fsynced before ``append`` returns. The other lines (a step, an
+evaluation, a snapshot's save, which does not outlive the process) are written in batches: at the next durable line, once the oldest waiting line is
 :data:`BATCH_SECONDS` old, and at ``close``; so a step costs the loop no system call. A
 process killed with SIGKILL therefore keeps every line up to its last durable one (its
-last save, stop or resume) and may lose the step lines after it, which are never
-committed (a restart resumes at or before that save), and can leave a torn last line; the
+last checkpoint save, stop or resume) and may lose the step and snapshot save lines after
+it, which are never committed (a restart resumes at or before that checkpoint), and can leave a torn last line; the
 next writer starts on a fresh line and readers skip the torn one, so no durable line, and
 no line before one, is ever lost.
 
@@ -46,7 +46,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Events a restarted process relies on; they reach the disk, with every line before them,
-#: before ``append`` returns.
+#: before ``append`` returns (a ``save`` only of tier 2: a snapshot dies with its process).
 _DURABLE_EVENTS = frozenset({"start", "save", "stop", "resume", "fault"})
 
 #: The longest a written line waits in memory before it is handed to the OS (at the next
@@ -132,7 +132,7 @@ class RunRecord:
             if not self._waiting:
                 self._oldest = time.monotonic()
             self._waiting.append(data)
-            if line["event"] in _DURABLE_EVENTS:
+            if line["event"] in _DURABLE_EVENTS and not (line["event"] == "save" and line.get("tier") == "snapshot"):
                 self._write_waiting()
                 os.fsync(self._file.fileno())
             elif time.monotonic() - self._oldest >= BATCH_SECONDS:

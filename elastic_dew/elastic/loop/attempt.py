@@ -54,7 +54,8 @@ class Attempt:
 class InFlight:
     """A dispatched step whose result has not been read: its state, metrics and data range.
 
-    ``data`` is the data position after the step; ``data_seconds`` the time its batch took.
+    ``data`` is the data position after the step; ``data_seconds`` the time the loop
+    waited for its batch (0 when the step before it was still computing as the read ended).
     """
 
     step: int

@@ -291,7 +291,7 @@ class ElasticRun:
         attempt = self._resume(self.timer.recover())
         if attempt.owed and not self._evaluate(attempt):
             owed = {"step": attempt.step, "data": attempt.data, EVALUATION_OWED_KEY: True}
-            self.stopping.at_step(attempt.step, attempt.state, owed, None)
+            self.stopping.at_step(attempt.step, attempt.state, owed)
         current: InFlight | None = None
         last_saves: StepSaves | None = None  # the last step's saves (see _complete)
         while attempt.step < final_step:
@@ -304,15 +304,15 @@ class ElasticRun:
                 taken.append(current)
             ahead = None
             if current.step < final_step:
-                ahead = self._dispatch(attempt, current.state, current.step + 1)
+                ahead = self._dispatch(attempt, current.state, current.step + 1, behind=current)
                 taken.append(ahead)
             self._complete(attempt, current, started, sum(t.data_seconds for t in taken), held)
             meta = {"step": attempt.step, "data": attempt.data}
             wait_step = ahead.wait(self.deadline) if ahead is not None else None  # off the saves' clocks
             if self.evaluation is not None and self.evaluation.due(attempt.step) and not self._evaluate(attempt):
-                self.stopping.at_step(attempt.step, attempt.state, {**meta, EVALUATION_OWED_KEY: True}, wait_step)
+                self.stopping.at_step(attempt.step, attempt.state, {**meta, EVALUATION_OWED_KEY: True})
             if self.notice is not None and self.notice.reached(attempt.step):
-                self.stopping.at_step(attempt.step, attempt.state, meta, wait_step)
+                self.stopping.at_step(attempt.step, attempt.state, meta)
             # The saves' own seconds are not the next step's time; the wait before them is.
             last_saves = self.tiers.on_step(attempt.step, attempt.state, meta, attempt.mesh, wait_step)
             current = ahead
@@ -332,7 +332,7 @@ class ElasticRun:
         self.compiler.pause_precompiling()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
         self.tiers.on_active_slices_changed(mesh)
-        _, saved_guess = self.tiers.newest()
+        _, saved_guess = self.tiers.newest_known()
         hooks.phase("compile", (saved_guess or 0) + 1)
         abstract = self.program.abstract_state(mesh)
         step_fn = self.compiler.compile(mesh, batch_size)
@@ -349,6 +349,9 @@ class ElasticRun:
         self.furthest_step = max(self.furthest_step, step)
         # The saves' programs for this layout, compiled here: the first save compiles nothing.
         self.tiers.precompile_saves(state, mesh)
+        # A slice lost since the restore surfaces here, inside the retry and before the resume
+        # is recorded: a finished run's resume runs no step that would read the state.
+        jax.block_until_ready(state)
         recovery.lap("mesh_and_compile")
         logger.info(
             "resume from %s at step %d on %d slices (global batch %d)",
@@ -360,11 +363,20 @@ class ElasticRun:
         return Attempt(mesh, batch_size, step_fn, state, step, self.data.get_state(), owed=owed,
                        batch_axes=self.mesh_spec.batch_axes)
 
-    def _dispatch(self, attempt: Attempt, state: Any, step: int) -> InFlight:
-        """Take step ``step``'s batch and dispatch it from ``state``; nothing is read."""
+    def _dispatch(self, attempt: Attempt, state: Any, step: int, behind: InFlight | None = None) -> InFlight:
+        """Take step ``step``'s batch and dispatch it from ``state``; nothing is read.
+
+        ``behind`` is the step in flight while the batch is read. The step's
+        ``data_seconds`` is the time the loop waited for data: the read's time, or 0 when
+        ``behind``'s result was still not ready as the read ended (the device was computing
+        all along, so the read overlapped it and held nothing up).
+        """
         started = time.monotonic()
         batch, examples = read_within(self.data, step, self.config.storage_timeout)
         data_seconds = time.monotonic() - started
+        computing = getattr(behind.metrics.get("loss"), "is_ready", None) if behind is not None else None
+        if computing is not None and not computing():
+            data_seconds = 0.0
         hooks.phase("dispatch", step)
         new_state, metrics = attempt.step_fn(state, jax.device_put(batch, attempt.in_batch))
         return InFlight(step, new_state, metrics, (int(examples[0]), int(examples[1])),

@@ -68,12 +68,13 @@ class Stopping:
         noticed = self.notice.received if isinstance(self.notice, ReceivedNotice) else None
         return storage.stop_bound(storage.grace_seconds(self.config.grace_period), noticed)
 
-    def at_step(self, step: int, state: Any, meta: dict, wait_step: Callable[[], None] | None) -> NoReturn:
+    def at_step(self, step: int, state: Any, meta: dict) -> NoReturn:
         """Write the agreed step's checkpoint, commit it, and raise ``Preempted`` of it.
 
-        ``wait_step`` waits for the step in flight first (that step is dropped; its wait is
-        not the checkpoint's). With no checkpoint directory nothing outlives the process,
-        so the stop (and ``Preempted``) is of step 0: the step a re-run resumes after.
+        The save starts at once: the step in flight, if any, is dropped, so nothing waits
+        for its result (``state`` is the agreed step's, which that step only reads). With
+        no checkpoint directory nothing outlives the process, so the stop (and
+        ``Preempted``) is of step 0: the step a re-run resumes after.
 
         Raises:
             Preempted: always, of the step a re-run resumes after.
@@ -81,7 +82,7 @@ class Stopping:
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
         bound = self.bound()
-        saved = self.tiers.save_preemption(step, state, meta, wait_step, bound=bound)
+        saved = self.tiers.save_preemption(step, state, meta, bound=bound)
         if saved is None:
             step = 0  # commit logged that nothing is saved
         elif not saved.taken:  # not committed inside the grace window: the newest committed is the stop

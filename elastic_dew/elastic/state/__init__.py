@@ -16,8 +16,8 @@ module                 its job
 ``persistence``        where tier 2 may write under Pathways persistence
 =====================  ===========================================================
 
-:func:`newest`, the choice of the newest state across the tiers, is defined here, and
-:class:`Newest` is what it returns. Nothing else is imported here: ``persistence`` stays
+:func:`newest`, the choice of the newest state across the tiers, is defined here (its
+rule, :func:`choose`), and :class:`Newest` is what it returns. Nothing else is imported here: ``persistence`` stays
 cheap to import (the manifests read it).
 """
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the tiers themselves import JAX and Orbax; the rule needs n
     from elastic_dew.elastic.state.checkpoints import Checkpoints
     from elastic_dew.elastic.state.snapshots import Snapshots
 
-__all__ = ["Newest", "newest"]
+__all__ = ["Newest", "newest", "choose"]
 
 class Newest(NamedTuple):
     """Where the newest complete state is: ``source`` ``"snapshot"``, ``"checkpoint"`` or
@@ -56,6 +56,12 @@ def newest(snapshots: Snapshots | None, checkpoints: Checkpoints | None) -> Newe
     """
     snapshot = snapshots.latest_step() if snapshots is not None else None
     checkpoint = checkpoints.latest_step() if checkpoints is not None else None
+    return choose(snapshot, checkpoint)
+
+
+def choose(snapshot: int | None, checkpoint: int | None) -> Newest:
+    """The rule of :func:`newest` over steps already known: the newest ``snapshot`` step
+    landed and the newest ``checkpoint`` step committed (``None``: none)."""
     if snapshot is not None and (checkpoint is None or snapshot >= checkpoint):
         return Newest("snapshot", snapshot)
     if checkpoint is not None:

@@ -274,14 +274,13 @@ class CheckpointSaves:
             self.emit(saved)
         return saved
 
-    def save_preemption(
-        self, step: int, state: Any, meta: dict, wait_step: StepWait | None = None, bound: float | None = None
-    ) -> Save | None:
-        """Write and commit the checkpoint of the step a preemption agreed on (``wait_step``:
-        the wait for the step in flight, off the save's clock), all of it within ``bound``
-        seconds (the grace window's share; default: no bound but the storage timeout's
-        no-progress deadline). The commit in flight is let finish first; a queued checkpoint
-        is superseded; the agreed step's is taken only when what ``bound`` leaves is at least
+    def save_preemption(self, step: int, state: Any, meta: dict, bound: float | None = None) -> Save | None:
+        """Write and commit the checkpoint of the step a preemption agreed on, all of it
+        within ``bound`` seconds (the grace window's share; default: no bound but the
+        storage timeout's no-progress deadline). It does not wait for a step in flight (its
+        result is dropped). The commit in flight is let finish first; a queued checkpoint
+        is superseded; a step this process already knows committed is not written or listed
+        again; the agreed step's is taken only when what ``bound`` leaves is at least
         the slowest of the last commits (``Checkpoints.commit_seconds``; else a
         ``storage`` event says why). The event (emitted) says in ``taken`` whether it committed.
 
@@ -291,8 +290,6 @@ class CheckpointSaves:
         if checkpoints is None:
             logger.error("no checkpoint directory is configured: step %d is not saved", step)
             return None
-        if wait_step is not None:
-            wait_step()
         self.drop_queued(f"the preemption's checkpoint of step {step} supersedes it")
         limit = bound
         deadline = None if bound is None else time.monotonic() + bound
@@ -302,12 +299,8 @@ class CheckpointSaves:
 
         def write() -> bool:
             checkpoints.wait_or_abandon(left())  # the commit in flight finishes first, while it progresses
-            try:
-                if checkpoints.latest_step(left()) == step:
-                    return True
-            except StorageError as error:
-                logger.error("the preemption checkpoint of step %d is not written: %s", step, error)
-                return False
+            if checkpoints.newest_known() == step:  # what this process knows: not listed again
+                return True
             remaining, needs = left(), max(checkpoints.commit_seconds, default=None)
             if remaining is not None and needs is not None and remaining < needs:
                 why = (f"{remaining:.1f} s of the grace window are left and the last commits took up to "

@@ -179,7 +179,12 @@ class Checkpoints(Commits):
         counters = progress.METER.counters()
 
         def start() -> bool:
-            latest = self.backend.latest_step() if not self.abandoned else self._newest(self.backend.committed_steps())
+            if self._listed:  # the process is the directory's only writer: see newest_known
+                latest = self._known
+            elif not self.abandoned:
+                latest = self.backend.latest_step()
+            else:
+                latest = self._newest(self.backend.committed_steps())
             if latest is not None and step <= latest:
                 logger.info("checkpoint of step %d skipped: step %d is already committed", step, latest)
                 return False
@@ -218,18 +223,44 @@ class Checkpoints(Commits):
         Raises:
             StorageTimeout: the listing did not finish within ``bound``.
         """
-        if not self.abandoned and self.kind == "multi_tier":
-            return self._call("listing", None, self.backend.latest_step, bound)
-        return self._newest(self._call("listing", None, self.backend.committed_steps, bound))
+        backend = self.backend
+        if isinstance(backend, OrbaxBackend):
+            newest = self._call("listing", None, lambda: backend.latest_step(self.abandoned), bound)
+            self._listed = True
+            return self._newest([] if newest is None else [newest])
+        if not self.abandoned:
+            return self._call("listing", None, backend.latest_step, bound)
+        return self._newest(self._call("listing", None, backend.committed_steps, bound))
+
+    def _newest_committed(self) -> int | None:
+        """The newest committed step, the storage listed only the first time and while no
+        save is in flight (for the tiers' restore; :meth:`newest_known` states the rule).
+        Raises what :meth:`latest_step` raises."""
+        if self._listed and self._inflight is None:
+            return self._known
+        return self.latest_step()
+
+    def _none_newer_than(self, step: int) -> bool:
+        """Whether, by what this process knows, no committed checkpoint and no save in flight
+        is of a step after ``step`` (the storage not asked; ``False`` before any listing)."""
+        inflight = self.saving
+        return self._listed and (self._known or 0) <= step and (inflight is None or inflight <= step)
 
     def newest_known(self) -> int | None:
-        """The newest committed step, without asking a storage that just stalled.
+        """The newest committed step as this process knows it, without asking a storage that
+        just stalled.
+
+        The process is the only writer of an ``orbax`` checkpoint directory, so once it has
+        listed it, its own commits are all that adds a step: the storage is listed the first
+        time only (and again while a save is in flight, which may have committed, and after
+        a :meth:`quarantine`; the ``multi_tier`` kind, whose replicator writes too, lists
+        every time).
 
         Returns:
-            The step last seen committed when :attr:`stalled`; otherwise
+            The step last seen committed when :attr:`stalled` or already listed; otherwise
             :meth:`latest_step` (the step last seen if that fails too); ``None`` for none.
         """
-        if self.stalled:
+        if self.stalled or (self._listed and self._inflight is None):
             return self._known
         try:
             return self.latest_step()
@@ -277,6 +308,7 @@ class Checkpoints(Commits):
             NotImplementedError: the backend never moves a step (``multi_tier``).
             StorageTimeout: the rename did not finish within the storage timeout.
         """
+        self._listed = False  # the newest known step may be the one moved aside
         return self._call("quarantine", int(step), lambda: self.backend.quarantine(int(step)))
 
     def precompile_saves(self, state: Any) -> None:

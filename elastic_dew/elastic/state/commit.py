@@ -78,6 +78,8 @@ class Commits:
         #: When the save in flight started (a ``time.monotonic()``), or ``None``.
         self.saving_since: float | None = None
         self._known: int | None = None
+        #: Whether a listing answered (:meth:`~elastic_dew.elastic.state.checkpoints.Checkpoints.newest_known`).
+        self._listed = False
         self._stalled_until = 0.0
         #: Saves committed by this object.
         self.commits = 0

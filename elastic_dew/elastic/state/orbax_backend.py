@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -136,6 +137,9 @@ class OrbaxBackend:
         self._arrays = orbax_private.replica_parallel_array_handler()
         self._manager: ocp.CheckpointManager | None = None
         self.precompiler = SavePrecompiler(self._arrays)
+        #: The step the last :meth:`latest_step` found committed, until a save or a
+        #: quarantine changes the directory: its restore does not read its commit again.
+        self._found: int | None = None
 
     @property
     def manager(self) -> ocp.CheckpointManager:
@@ -170,9 +174,11 @@ class OrbaxBackend:
     def committed_steps(self) -> list[int]:
         return orbax_step.committed_checkpoint_steps(self.path)
 
-    def latest_step(self) -> int | None:
-        steps = self.committed_steps()
-        return steps[-1] if steps else None
+    def latest_step(self, abandoned: Collection[int] = ()) -> int | None:
+        """The newest committed step less ``abandoned`` (one listing, one metadata read when
+        the newest step directory is committed)."""
+        self._found = orbax_step.newest_committed_step(self.path, abandoned=abandoned)
+        return self._found
 
     def saving(self) -> bool:
         return self._manager is not None and self._manager.is_saving_in_progress()
@@ -188,15 +194,12 @@ class OrbaxBackend:
             except Exception:  # noqa: BLE001 - the failure is already reported
                 logger.debug("closing the checkpoint manager of a failed save failed", exc_info=True)
 
-    def _steps_on_disk(self) -> list[int]:
-        if not self.path.exists():
-            return []
-        return sorted(int(p.name) for p in self.path.iterdir() if p.name.isdigit())
-
     def save(self, step: int, state: Any, meta_json: str, force: bool) -> None:
         self.precompiler.stop()
-        if step in self._steps_on_disk():
-            # A partial <step> directory (never committed): clear it so the step can be written.
+        self._found = None
+        if (self.path / str(step)).exists() or os.path.islink(os.fspath(self.path / str(step))):
+            # A partial <step> directory (never committed, as the step is newer than the newest
+            # committed one): clear it so the step can be written.
             self.manager.wait_until_finished()
             partial = self.path / str(step)
             logger.warning("removing uncommitted checkpoint directory %s", partial)
@@ -224,7 +227,7 @@ class OrbaxBackend:
         self._manager.check_for_errors()
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
-        if not orbax_step.committed(self.path / str(step)):
+        if step != self._found and not orbax_step.committed(self.path / str(step)):
             raise ValueError(
                 f"checkpoint step {step} is not committed in {self.directory}; "
                 f"the newest committed step is {self.latest_step()}"
@@ -262,6 +265,7 @@ class OrbaxBackend:
         self.precompiler.stop()
 
     def quarantine(self, step: int) -> str:
+        self._found = None
         return str(quarantine(self.path, step))
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "COMMIT_SUCCESS",
     "committed",
     "committed_checkpoint_steps",
+    "newest_committed_step",
     "ABANDONED_FILE",
     "read_abandoned",
     "record_abandoned",
@@ -75,6 +76,17 @@ def committed_checkpoint_steps(directory: Any, *, abandoned: Iterable[int] = ())
     fenced = set(abandoned)
     steps = (int(p.name) for p in directory.iterdir() if p.name.isdigit())
     return sorted(step for step in steps if step not in fenced and committed(directory / str(step)))
+
+
+def newest_committed_step(directory: Any, *, abandoned: Iterable[int] = ()) -> int | None:
+    """The newest committed Orbax step under a checkpoint directory, less the steps
+    ``abandoned`` names, or ``None``: one listing, and the step metadata read from the
+    newest step down until one is committed (one read when the newest is)."""
+    if not directory.exists():
+        return None
+    fenced = set(abandoned)
+    steps = sorted((int(p.name) for p in directory.iterdir() if p.name.isdigit()), reverse=True)
+    return next((step for step in steps if step not in fenced and committed(directory / str(step))), None)
 
 
 def read_abandoned(run_dir: str | os.PathLike[str] | None) -> set[int]:

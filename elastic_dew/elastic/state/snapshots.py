@@ -59,13 +59,13 @@ _LEAVES = "leaves"
 class _PrecompiledFunction:
     """A jitted function whose compile the precompiler and the function's first call share.
 
-    :meth:`compile` (the precompiler's, ahead of need) keeps the executable and calls run it
-    directly: jit's own cache would not serve them, since JAX keys it by the calling
-    thread's context and pathwaysutils runs each attempt under its own
-    ``jax.default_device``. Both hold the function's lock while they compile, so whoever
-    comes second waits for the first instead of compiling it again (a load that finds its
-    unpack being precompiled waits for it). Once it has been compiled or called, calls take
-    no lock.
+    :meth:`compile` (the precompiler's, ahead of need) and the first call each keep the
+    executable they compile, and calls run it directly: jit's own cache would not serve
+    them, since JAX keys it by the calling thread's context and pathwaysutils runs each
+    attempt under its own ``jax.default_device``. Both hold the function's lock while they
+    compile, so whoever comes second waits for the first instead of compiling it again (a
+    load that finds its unpack being precompiled waits for it), and a :meth:`compile` after
+    the first call does nothing. Once it has been compiled or called, calls take no lock.
     """
 
     def __init__(self, jitted: Any) -> None:
@@ -78,9 +78,8 @@ class _PrecompiledFunction:
         if not self._ready:
             with self._lock:
                 if not self._ready:
-                    out = self.jitted(*args)
+                    self._compiled = self.jitted.lower(*args).compile()
                     self._ready = True
-                    return out
         compiled = self._compiled
         if compiled is not None:
             try:
@@ -191,9 +190,9 @@ class Snapshots:
         of that layout compiles nothing.
 
         The protocol calls this in the resume window (a resume's ``mesh_and_compile``), on
-        the state it resumes from, which has the layout of every step's output. The pack
-        runs once on the devices (its groups are dropped at once); nothing reaches Orbax or
-        the host.
+        the state it resumes from, which has the layout of every step's output. The pack is
+        compiled, not run, and only when neither the precompiler nor an earlier save
+        compiled it already; nothing reaches Orbax or the host.
 
         Args:
             state: the state the loop will save, on ``mesh``.
@@ -206,7 +205,9 @@ class Snapshots:
         packer = self._packer(paths, treedef, placed, mesh)
         to_pack = [leaf for leaf, p in zip(placed, packer.packed) if p]
         if to_pack:
-            jax.block_until_ready(packer.pack(*to_pack))
+            pack = packer.pack
+            assert isinstance(pack, _PrecompiledFunction), "this tier's packers are precompilable (_packer)"
+            pack.compile(*to_pack)
 
     def precompile_resume(self, abstract_state: Any, mesh: Mesh) -> None:
         """Compile, running nothing, the programs a resume onto ``mesh`` would compile: the

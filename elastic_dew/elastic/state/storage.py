@@ -339,7 +339,8 @@ def timed_out(what: str, *, operation: str, storage: str, step: int | None, boun
 
 def bounded(operation: str, storage: str, step: int | None, bound: float, call: Callable[[], T],
             *, noun: str = "checkpoint", progress: Meter | None = METER, since: float | None = None,
-            total: float | None = None) -> T:
+            total: float | None = None,
+            runner: Callable[[Callable[[], None]], threading.Thread] | None = None) -> T:
     """``call()``, given up on with :class:`StorageTimeout` once the storage made no progress
     for ``bound`` seconds (worded as ``noun`` ``operation``, e.g. ``checkpoint save``).
 
@@ -351,9 +352,11 @@ def bounded(operation: str, storage: str, step: int | None, bound: float, call: 
     began, for a wait on one that started earlier (a commit in flight); ``total``, when
     given, bounds the wait itself, progress or not (a grace window's share).
 
-    The call runs in a daemon thread of its own; its result is returned and its exception
-    raised as they are (a slice lost while a save reads the arrays stays a ``JaxRuntimeError``).
-    A call given up on keeps running, listed by :func:`stuck`.
+    The call runs in a daemon thread of its own, or on the long-lived thread ``runner``
+    hands it to (``runner(job)`` runs ``job`` there and returns that thread, for a call
+    made every step); its result is returned and its exception raised as they are (a slice
+    lost while a save reads the arrays stays a ``JaxRuntimeError``). A call given up on
+    keeps running, its thread listed by :func:`stuck` while alive.
 
     Raises:
         StorageTimeout: no progress for ``bound`` seconds, or ``total`` passed.
@@ -373,8 +376,11 @@ def bounded(operation: str, storage: str, step: int | None, bound: float, call: 
 
     started = time.monotonic()
     origin = started if since is None else min(since, started)
-    thread = threading.Thread(target=target, name=f"elastic-dew-storage-{operation}", daemon=True)
-    thread.start()
+    if runner is None:
+        thread = threading.Thread(target=target, name=f"elastic-dew-storage-{operation}", daemon=True)
+        thread.start()
+    else:
+        thread = runner(target)
     while not done.is_set():
         now = time.monotonic()
         last = origin if progress is None else max(origin, progress.last_progress())

@@ -42,7 +42,7 @@ import jax
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Event, Storage
-from elastic_dew.elastic.state import Newest, newest
+from elastic_dew.elastic.state import Newest, choose, newest
 from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing, StepWait, timed_save
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
@@ -227,6 +227,13 @@ class Tiers(CheckpointSaves):
         """
         return newest(self.snapshots, self.checkpoints)
 
+    def newest_known(self) -> Newest:
+        """:meth:`newest`, with tier 2's step as this process knows it: the checkpoint
+        directory is listed once per process
+        (:meth:`~elastic_dew.elastic.state.checkpoints.Checkpoints.newest_known`)."""
+        snapshot = self.snapshots.latest_step() if self.snapshots is not None else None
+        return choose(snapshot, self.checkpoints._newest_committed() if self.checkpoints is not None else None)
+
     def precompile_saves(self, state: Any, mesh: jax.sharding.Mesh) -> None:
         """Precompile the first saves of ``state``'s layout on ``mesh`` before the loop saves.
 
@@ -289,9 +296,12 @@ class Tiers(CheckpointSaves):
         when neither tier holds one (a fresh start).
 
         A queued checkpoint is dropped (the attempt that queued it ended). A checkpoint still
-        being written when the attempt ended is waited for first: its state is already on the
-        host, and once committed it may be the newest one. Then :func:`~elastic_dew.elastic.state.newest`
-        chooses the tier: a snapshot is loaded from a replica on the surviving slices (tier 1),
+        being written when the attempt ended is waited for first, unless a snapshot of its
+        step or a newer one landed: its state is already on the host, and once committed it
+        may be the newest one. Then :func:`~elastic_dew.elastic.state.choose` picks the tier
+        from the newest snapshot and the newest committed checkpoint (the checkpoint
+        directory listed once per process,
+        :meth:`~elastic_dew.elastic.state.checkpoints.Checkpoints.newest_known`): a snapshot is loaded from a replica on the surviving slices (tier 1),
         else the newest committed checkpoint (tier 2); a committed checkpoint that cannot be
         read is, with :attr:`quarantine`, moved aside (a ``storage`` event) and the previous one
         restored. Each load announces its phase (:mod:`~elastic_dew.elastic.hooks`) first, so
@@ -311,13 +321,15 @@ class Tiers(CheckpointSaves):
             StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
         snapshots, checkpoints = self.snapshots, self.checkpoints
+        snapshot = snapshots.latest_step() if snapshots is not None else None
         if checkpoints is not None:
             self.drop_queued("the attempt ended before its save could start")
-            try:
-                checkpoints.wait()
-            except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
-                logger.warning("the checkpoint in flight when the attempt ended did not commit: %s", error)
-        source, saved = self.newest()
+        if checkpoints is not None and snapshot is not None and checkpoints._none_newer_than(snapshot):
+            # Nothing on tier 2 can be newer: the checkpoint in flight, if any, commits in its own time.
+            source, saved = Newest("snapshot", snapshot)
+        else:
+            self._land_inflight()
+            source, saved = choose(snapshot, checkpoints._newest_committed() if checkpoints is not None else None)
         if source == "snapshot" and snapshots is not None and saved is not None:
             hooks.phase("snapshot_load", saved + 1)
             try:
@@ -327,7 +339,8 @@ class Tiers(CheckpointSaves):
                 raise  # a slice lost during the load: the next attempt retries it
             except RuntimeError as error:  # every replica was on a lost slice
                 logger.warning("no snapshot replica survived (%s); trying the checkpoint", error)
-                saved = checkpoints.latest_step() if checkpoints is not None else None
+                self._land_inflight()
+                saved = checkpoints._newest_committed() if checkpoints is not None else None
                 source = "checkpoint" if saved is not None else "fresh"
         while source == "checkpoint" and checkpoints is not None and saved is not None:
             hooks.phase("checkpoint_restore", saved + 1)
@@ -350,6 +363,15 @@ class Tiers(CheckpointSaves):
             state, meta, step = snapshots.load(abstract)
             return Restored("snapshot", step, state, meta)
         return None
+
+    def _land_inflight(self) -> None:
+        """Wait for the checkpoint in flight, if any, to commit (or fail: it is then not committed)."""
+        if self.checkpoints is None or self.checkpoints.saving is None:
+            return
+        try:
+            self.checkpoints.wait()
+        except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
+            logger.warning("the checkpoint in flight when the attempt ended did not commit: %s", error)
 
     def resume_from_text(self) -> str:
         """What a run that gave up leaves to resume from, for its error message (not
