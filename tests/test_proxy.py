@@ -79,23 +79,37 @@ def test_the_version_rule_takes_the_highest_shared_version_and_refuses_with_both
         protocol.choose_version(26, 30)
 
 
-def test_the_step_counter_takes_as_carried_state_only_the_arguments_a_program_made_itself():
-    """An eager op fed one scalar of its own earlier result beside a large array (jax 0.12's
-    ``random.normal`` runs ``multiply`` twice during a model's initialisation) is not the loop's
-    step; the step function, whose whole state comes back to it, is, counted from its first
-    dispatch."""
-    from elastic_dew.proxy.faults import StepCounter
+def test_the_step_rule_at_the_backend_takes_as_carried_state_only_the_arguments_a_program_made_itself():
+    """An eager op fed its own earlier result (jax 0.12's ``random.normal`` runs ``multiply``
+    twice during a model's initialisation; an eager counter ``x + 1``) is JAX's dispatch, not the
+    loop's step; the step function, whose whole state comes back to it, is, counted from its
+    first dispatch."""
+    from elastic_dew.simulate.step_count import StepCount
 
-    counter = StepCounter()
+    count = StepCount()
     state = 57608
     init = []
     for _ in range(6):  # each weight: x * scalar, erf_inv, scalar-of-the-first * the result
-        init.append(counter.count("jit_multiply", 8, 4))
-        init.append(counter.count("jit_multiply", 16388, 16384, chained=4))
+        init.append(count.chained("jit_multiply", 8, 4, 0))
+        init.append(count.chained("jit_multiply", 16388, 16384, 4))
     assert init == [None] * 12
-    assert counter.count("jit_update_step", state + 124, state) is None  # the initial state: not yet known
-    assert [counter.count("jit_update_step", state + 124, state, chained=state) for _ in range(3)] == [2, 3, 4]
-    assert counter.count("jit_multiply", 16388, 16384, chained=4) is None
+    assert count.chained("jit_update_step", state + 124, state, 0) is None  # the initial state: not yet known
+    assert [count.chained("jit_update_step", state + 124, state, state) for _ in range(3)] == [2, 3, 4]
+    assert [count.chained("jit_add", 8, 4, 4 if n else 0) for n in range(4)] == [None] * 4  # an eager x + 1
+    assert count.chained("jit_multiply", 16388, 16384, 4) is None
+
+
+def test_the_step_rule_has_no_byte_threshold_a_loop_carrying_two_float32_scalars_falls_under():
+    """A loop whose whole state is two float32 scalars (8 bytes) has steps through either
+    boundary's evidence: chaining its own results at the backend, its own frame in-process."""
+    from elastic_dew.simulate.step_count import StepCount
+
+    at_backend = StepCount()
+    assert [at_backend.chained("jit_train_step", 8 + 4, 8, 8 if n else 0) for n in range(4)] == [None, 2, 3, 4]
+    in_process = StepCount()
+    assert [in_process.count("train_step", 8) for _ in range(3)] == [1, 2, 3]
+    named = StepCount("train_step")
+    assert [named.chained("jit_train_step", 8, 8, 0), named.count("train_step", 0)] == [1, 2]
 
 
 @pytest.fixture(scope="module")

@@ -378,13 +378,6 @@ def run(args: argparse.Namespace) -> int:
             check_fault_slices(schedule, sim.slices)
         except ValueError as err:
             raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
-        if args.boundary == "proxy":
-            from elastic_dew.proxy.faults import check_served
-
-            try:
-                check_served(schedule)
-            except ValueError as err:
-                raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
         allow = check_allowed(args.allow)
         program = resolve(command)
         if args.boundary == "in-process":

@@ -2,22 +2,26 @@
 
 Through the proxy nothing runs in the program's process but the program, so the steps are
 counted where Pathways would see them: at the backend, from the programs it is asked to
-run. :class:`StepCounter` is the simulator's step rule read at the boundary (a program's
-carried bytes are those of its arguments that are its own earlier results, at most its
-results'; the loop's step is the
-program that carries the most, or the one named with ``step_function``: see
-:meth:`elastic_dew.simulate.SimulatedSlices.step_of`), without the caller frame the
-boundary cannot see. :class:`StepSchedule` fires a fault schedule with the simulator's
-:class:`~elastic_dew.simulate.schedule.ScheduleRunner` at those counted dispatches
-(``dispatch`` before a step runs, ``step`` after), on the backend's slices, and records each
-run attempt's slices: a step whose program spans other slices than the previous one starts
-a new attempt (the retry on a smaller mesh, the scale-up). It also records when the program
-first met a loss that fired (the backend answered one of its requests with ``DATA_LOSS``),
-so the verdict can tell a loss the program handled from one it never saw.
+run, by the simulator's one step rule (:meth:`elastic_dew.simulate.step_count.StepCount.chained`:
+the program that carries the loop's state from one dispatch to the next, or the one named
+with ``step_function``). :class:`StepSchedule` fires a fault schedule with the simulator's
+:class:`~elastic_dew.simulate.runner.ScheduleRunner` at those counted dispatches
+(``dispatch`` before a step runs, ``step`` after), on the backend's slices (the fault state
+machine both boundaries share, :class:`~elastic_dew.simulate.slice_states.SliceStates`), and
+records each run attempt's slices: a step whose program spans other slices than the
+previous one starts a new attempt (the retry on a smaller mesh, the scale-up). It also
+records when the program first met a loss that fired (the backend answered one of its
+requests with a slice-down error), so the verdict can tell a loss the program handled from
+one it never saw.
 
-The boundary serves the slice faults (``lose``, ``restore``) and, to a program that announced
-its process, ``preempt`` and ``kill``; a schedule with any other action is refused with the
-reason (:func:`check_served`).
+Every schedule action is served: ``lose``, ``restore``, ``hang`` (the program's reads of the
+slice's results never answer until the slice is lost or restored), ``suspend`` and ``wake``
+at the backend's slices; ``error`` as the failure of the request that dispatches the step
+(a runtime error that is not a slice loss, ``INVALID_ARGUMENT``); ``preempt`` and ``kill``
+to the program's process, once it announced itself (:mod:`elastic_dew.proxy.exec_program`).
+A time-keyed fault fires while the program can reach no step: while one of its reads waits
+on a hung slice, and from the first slice-down error it meets until its next step (it waits
+for slices, as pathwaysutils' ``elastic_retry`` does after a loss).
 """
 
 from __future__ import annotations
@@ -27,93 +31,16 @@ import threading
 import time
 from typing import Any, cast
 
-__all__ = ["MIN_STEP_BYTES", "SERVED_ACTIONS", "StepCounter", "StepSchedule", "check_served"]
+from elastic_dew.simulate.step_count import StepCount
+
+__all__ = ["StepSchedule"]
 
 logger = logging.getLogger(__name__)
 
-#: The fewest bytes a step carries: less is a counter or a PRNG key carried along (4-16 bytes).
-MIN_STEP_BYTES = 64
-
-#: The schedule actions the proxy boundary fires: slice losses and returns at the backend, a
-#: preemption (SIGTERM) or a kill (SIGKILL) to the program's process, once it announced itself
-#: (:mod:`elastic_dew.proxy.exec_program`).
-SERVED_ACTIONS = ("lose", "restore", "preempt", "kill")
-
-
-def check_served(schedule: Any) -> None:
-    """Refuse a schedule with an action the proxy boundary does not serve.
-
-    Raises:
-        ValueError: naming the action and what the boundary serves.
-    """
-    for fault in schedule:
-        if fault.action not in SERVED_ACTIONS:
-            raise ValueError(
-                f"fault {str(fault)!r}: the proxy boundary fires {', '.join(SERVED_ACTIONS)} only "
-                f"(a {fault.action} acts inside the program's process; run it in-process, without --boundary proxy)")
-
-
-class StepCounter:
-    """Which dispatches are the loop's steps, read from the programs alone.
-
-    The boundary sees no caller, so it tells the loop's step from an initialiser's or a
-    library's programs by what a training step does: it carries its state from one dispatch
-    to the next. A program becomes the step when a dispatch of it takes a result of its own
-    earlier dispatch (the state) and that state (the bytes of those arguments, at most its
-    results') is at least half the bytes of the largest step so far; its earlier dispatches count too (the first step took the initial state). From
-    then on every dispatch of a program of that name counts (a retry recompiles it for the
-    smaller mesh under the same name, and its first dispatch takes a restored state). A
-    program that chains carrying more than twice the largest so far supersedes the steps
-    counted before (a data generator's key, split step by step): only its name counts from
-    then on, with the count its own dispatches give. The rule reads only the programs and
-    their arrays, never the time, so the same loop counts the same steps. A program that
-    carries fewer than :data:`MIN_STEP_BYTES` (a step counter, a PRNG key) is never the step.
-
-    Args:
-        step_function: count every dispatch of the function of this name (``train_step``
-            for ``jax.jit(train_step)``, whose program is ``jit_train_step``) instead.
-    """
-
-    def __init__(self, step_function: str | None = None):
-        self.step_function = step_function
-        self.steps = 0
-        self._largest = 0
-        self._names: set[str] = set()
-        self._dispatches: dict[str, int] = {}
-
-    def count(self, name: str, in_bytes: int, out_bytes: int, chained: int = 0) -> int | None:
-        """The step number of this dispatch of program ``name``, or ``None`` when it is not one.
-
-        ``chained`` is how many bytes of its arguments are results of its own earlier
-        dispatches (the state it carries; 0: none). Only those count as carried: an eager
-        op fed one scalar of its own earlier result (jax 0.12's ``random.normal`` runs
-        ``multiply`` twice, the second on the first's scalar) carries that scalar, not
-        the array beside it."""
-        carried = min(chained, out_bytes) if chained else min(in_bytes, out_bytes)
-        seen = self._dispatches[name] = self._dispatches.get(name, 0) + 1
-        if self.step_function is not None:
-            if name not in (self.step_function, f"jit_{self.step_function}"):
-                return None
-            self.steps += 1
-        elif name in self._names:
-            self.steps += 1
-        elif chained and carried >= MIN_STEP_BYTES and 2 * carried >= self._largest:
-            if self._names and carried > 2 * self._largest:
-                logger.info("program %s carries %d bytes, more than twice %s: it is the step function",
-                            name, carried, sorted(self._names))
-                self._names, self.steps = set(), 0
-            self._names.add(name)
-            self.steps += seen
-        else:
-            return None
-        self._largest = max(self._largest, carried)
-        logger.info("step %d: program %s carries %d bytes", self.steps, name, carried)
-        return self.steps
-
 
 class _Target:
-    """The schedule runner's target: the backend's slices (a loss reads as DATA_LOSS), and the
-    program's process for a preemption or a kill."""
+    """The schedule runner's target: the backend's slices, and the program's process for a
+    preemption or a kill."""
 
     def __init__(self, slices: Any, pid: Any, lost: Any):
         self.slices = slices
@@ -131,15 +58,24 @@ class _Target:
         os.kill(pid, signum)
 
     def lose(self, i: int, code: str = "DATA_LOSS") -> None:
-        self.slices.lose(i)
+        self.slices.lose(i, code)
         self._lost()
 
     def restore(self, i: int) -> None:
         self.slices.restore(i)
 
+    def hang(self, i: int) -> None:
+        self.slices.hang(i)
+
+    def suspend(self, i: int) -> None:
+        self.slices.suspend(i)
+
+    def wake(self, i: int) -> None:
+        self.slices.wake(i)
+
     @property
     def hung(self) -> frozenset[int]:
-        return frozenset()
+        return frozenset(self.slices.states.hung)
 
 
 class StepSchedule:
@@ -147,11 +83,11 @@ class StepSchedule:
 
     Args:
         schedule: the schedule's text (``lose:1@6,restore:1@12``).
-        step_function: as :class:`StepCounter`'s.
+        step_function: the loop's step function, as :class:`~elastic_dew.simulate.step_count.StepCount`'s.
         fault_log: the fault log's path, or ``None``.
 
     Raises:
-        ValueError: a schedule that does not parse, or that the boundary does not serve.
+        ValueError: a schedule that does not parse.
     """
 
     def __init__(self, schedule: str, step_function: str | None = None, fault_log: str | None = None,
@@ -159,15 +95,16 @@ class StepSchedule:
         from elastic_dew.simulate.schedule import parse_schedule
 
         self.schedule = parse_schedule(schedule)
-        check_served(self.schedule)
         self.step_function = step_function
-        self.counter = StepCounter(step_function)
+        self.counter = StepCount(step_function)
         self.fault_log = fault_log
         self.attempts_file = attempts
         self.runner: Any = None
         self.attempts: list[dict[str, Any]] = []
         self.pid: int | None = None
-        self._unmet = False  # a loss fired and no DATA_LOSS has been answered since
+        self._unmet = False  # a loss fired and no slice-down error has been answered since
+        self._met_since_step = False  # the program met a slice-down error since its last step
+        self._slices: Any = None
         self._lock = threading.Lock()
 
     def process_started(self, pid: int) -> None:
@@ -175,7 +112,8 @@ class StepSchedule:
         keeps what fired), its start and attempts are recorded under ``pid``."""
         with self._lock:
             self.pid = pid
-            self.counter = StepCounter(self.step_function)
+            self.counter = StepCount(self.step_function)
+            self._met_since_step = False
             self.attempts = []
             self._record({"pid": pid, "start": True, "wall": time.time()})
 
@@ -200,9 +138,9 @@ class StepSchedule:
         from elastic_dew.simulate.schedule import Target
 
         log = FaultLog(self.fault_log) if self.fault_log else None
-        # A Target for the actions this boundary serves: check_served refused the others.
+        self._slices = backend.slices
         target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss))
-        self.runner = ScheduleRunner(self.schedule, target, log)
+        self.runner = ScheduleRunner(self.schedule, target, log, idle=self.idle)
         self.runner.__enter__()
         backend.stepper = self
 
@@ -210,10 +148,16 @@ class StepSchedule:
         with self._lock:
             self._unmet = True
 
+    def idle(self) -> bool:
+        """Whether the program can reach no step now: a read of it waits on a hung slice, or it
+        met a slice-down error since its last step (it waits for slices)."""
+        return self._met_since_step or (self._slices is not None and self._slices.states.idle())
+
     def met_loss(self) -> None:
-        """The backend answered a request of the program with ``DATA_LOSS``: the first such
-        answer after a loss fired is recorded (``{"pid", "met": true, "wall"}``)."""
+        """The backend answered a request of the program with a slice-down error: the first
+        such answer after a loss fired is recorded (``{"pid", "met": true, "wall"}``)."""
         with self._lock:
+            self._met_since_step = True
             if not self._unmet:
                 return
             self._unmet = False
@@ -224,21 +168,33 @@ class StepSchedule:
         """Count this dispatch; fire what is due at its ``dispatch``. Its step, or ``None``."""
         with self._lock:
             before = self.counter.steps
-            step = self.counter.count(program.name, in_bytes, out_bytes, chained)
+            step = self.counter.chained(program.name, in_bytes, out_bytes, chained)
             if step is None:
                 return None
+            self._met_since_step = False
             if step <= before:  # the count started again: a new step function
                 self.attempts = []
             if not self.attempts or set(self.attempts[-1]["active"]) != set(slices):
                 self.attempts.append({"step": step, "active": sorted(slices), "wall": time.time()})
                 self._record({"pid": self.pid, "active": sorted(slices), "step": step, "wall": time.time()})
-        self.runner.on_dispatch("dispatch", step)
+        self._fire("dispatch", step)
         return step
 
     def after(self, step: int | None) -> None:
         """Fire what is due at the ``step`` phase of the dispatch ``before`` counted."""
         if step is not None:
-            self.runner.on_dispatch("step", step)
+            self._fire("step", step)
+
+    def _fire(self, phase: str, step: int) -> None:
+        """Fire what is due; an ``error`` fails the request that dispatched the step."""
+        import jax
+
+        from elastic_dew.proxy.ifrt import INVALID_ARGUMENT, ProxyError
+
+        try:
+            self.runner.on_dispatch(phase, step)
+        except jax.errors.JaxRuntimeError as error:
+            raise ProxyError(INVALID_ARGUMENT, str(error).split(": ", 1)[-1]) from None
 
     def close(self) -> tuple[str, ...]:
         """Stop; the faults that never fired (each recorded in the fault log)."""
