@@ -239,11 +239,13 @@ def test_a_loss_through_the_proxy_that_the_program_never_meets_fails_the_verdict
 
 
 @pytest.mark.slow
-def test_simulate_refuses_a_fault_the_proxy_boundary_cannot_fire_before_anything_runs(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", "proxy", "--schedule", "hang:1@3",
-         "--run-dir", str(tmp_path / "run"), "--", sys.executable, str(PROGRAMS / "pathways_initialized.py"), "4"],
-        capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert "the proxy boundary fires lose, restore, preempt, kill only" in done.stderr
-    assert not (tmp_path / "run").exists()
+def test_an_error_through_the_proxy_fails_the_step_as_a_runtime_error_that_is_not_retried(tmp_path):
+    """The proxy boundary serves every action of the grammar: an ``error`` fails the request
+    that dispatched the step with ``INVALID_ARGUMENT``, which pathwaysutils does not count as a
+    slice loss, so the program ends with it, as in-process."""
+    program = (str(PROGRAMS / "pathways_initialized.py"), "8", "1", "0.1")
+    verdict, out, err = _simulate(tmp_path, "proxy", *program, schedule="error@3")
+    assert [(f["scheduled"], f["step"]) for f in verdict["fired"]] == [("error@3/step", 3)]
+    assert "INVALID_ARGUMENT: simulated runtime error error@3/step" in err
+    assert [p["status"] for p in verdict["processes"]] == [1] and not verdict["ok"]
+    assert "done" not in out.splitlines()

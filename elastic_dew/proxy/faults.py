@@ -9,7 +9,9 @@ with ``step_function``). :class:`StepSchedule` fires a fault schedule with the s
 (``dispatch`` before a step runs, ``step`` after), on the backend's slices (the fault state
 machine both boundaries share, :class:`~elastic_dew.simulate.slice_states.SliceStates`), and
 records each run attempt's slices: a step whose program spans other slices than the
-previous one starts a new attempt (the retry on a smaller mesh, the scale-up). It also
+previous one starts a new attempt (the retry on a smaller mesh, the scale-up), and so does
+the first step after the program met the loss of a slice its last step ran on (the retry,
+on the same slices after a pause). It also
 records when the program first met a loss that fired (the backend answered one of its
 requests with a slice-down error), so the verdict can tell a loss the program handled from
 one it never saw.
@@ -20,8 +22,9 @@ at the backend's slices; ``error`` as the failure of the request that dispatches
 (a runtime error that is not a slice loss, ``INVALID_ARGUMENT``); ``preempt`` and ``kill``
 to the program's process, once it announced itself (:mod:`elastic_dew.proxy.exec_program`).
 A time-keyed fault fires while the program can reach no step: while one of its reads waits
-on a hung slice, and from the first slice-down error it meets until its next step (it waits
-for slices, as pathwaysutils' ``elastic_retry`` does after a loss).
+on a hung slice, and from the first slice-down error it meets while a slice its last step ran
+on is lost until its next step (it waits for slices, as pathwaysutils' ``elastic_retry`` does
+after a loss; a probe of a slice outside its mesh is not such an error).
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ class StepSchedule:
         self.attempts: list[dict[str, Any]] = []
         self.pid: int | None = None
         self._unmet = False  # a loss fired and no slice-down error has been answered since
-        self._met_since_step = False  # the program met a slice-down error since its last step
+        self._met_since_step = False  # since its last step the program met the loss of a slice it ran on
+        self._step_epochs: tuple[tuple[int, int], ...] = ()  # the epochs of the last step's slices
         self._slices: Any = None
         self._lock = threading.Lock()
 
@@ -149,15 +153,17 @@ class StepSchedule:
             self._unmet = True
 
     def idle(self) -> bool:
-        """Whether the program can reach no step now: a read of it waits on a hung slice, or it
-        met a slice-down error since its last step (it waits for slices)."""
+        """Whether the program can reach no step now: a read of it waits on a hung slice, or
+        since its last step it met a slice-down error while a slice that step ran on was lost
+        (it retries: it waits for slices, then starts a new attempt)."""
         return self._met_since_step or (self._slices is not None and self._slices.states.idle())
 
     def met_loss(self) -> None:
         """The backend answered a request of the program with a slice-down error: the first
         such answer after a loss fired is recorded (``{"pid", "met": true, "wall"}``)."""
         with self._lock:
-            self._met_since_step = True
+            if self._slices is not None and self._slices.lost_among(self._step_epochs):
+                self._met_since_step = True  # not a probe of a slice outside the program's mesh
             if not self._unmet:
                 return
             self._unmet = False
@@ -171,10 +177,11 @@ class StepSchedule:
             step = self.counter.chained(program.name, in_bytes, out_bytes, chained)
             if step is None:
                 return None
-            self._met_since_step = False
+            retried, self._met_since_step = self._met_since_step, False
+            self._step_epochs = self._slices.states.epochs_of(slices) if self._slices is not None else ()
             if step <= before:  # the count started again: a new step function
                 self.attempts = []
-            if not self.attempts or set(self.attempts[-1]["active"]) != set(slices):
+            if not self.attempts or set(self.attempts[-1]["active"]) != set(slices) or retried:
                 self.attempts.append({"step": step, "active": sorted(slices), "wall": time.time()})
                 self._record({"pid": self.pid, "active": sorted(slices), "step": step, "wall": time.time()})
         self._fire("dispatch", step)

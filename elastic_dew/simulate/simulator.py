@@ -57,11 +57,10 @@ from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.marks import Marks
 from elastic_dew.simulate.patches import registry
-from elastic_dew.simulate.reads import SliceReads
+from elastic_dew.simulate.reads import SliceFaults
 from elastic_dew.simulate.replicator import Replicator
 from elastic_dew.simulate.runner import ScheduleRunner
 from elastic_dew.simulate.schedule import (
-    SLICE_DOWN_CODES,
     ScheduledFault,
     Schedule,
     action_of,
@@ -81,7 +80,7 @@ __all__ = ["SimulatedSlices", "HUNG_CODE"]
 logger = logging.getLogger(__name__)
 
 
-class SimulatedSlices(SliceReads):
+class SimulatedSlices(SliceFaults):
     """``slices`` slices of ``devices_per_slice`` host CPU devices each, as a context manager.
 
     The host must have ``slices * devices_per_slice`` CPU devices, set before JAX starts
@@ -374,126 +373,6 @@ class SimulatedSlices(SliceReads):
 
     def _health_changed(self) -> None:
         self._lost_device_ids = self.topology.device_ids(set(self.states.codes))
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, or until a slice's health changes (a fault fired).
-
-        A wait for slices inside the simulator sleeps here between its checks (pathwaysutils'
-        ``wait_for_slices``, whatever ``poll_interval`` it was given): a returned slice is
-        seen at once, as the schedule fires it, and the order of events stays the schedule's.
-
-        Args:
-            seconds: the longest sleep.
-        """
-        self.states.sleep(seconds)
-
-    def lose(self, i: int, code: str = SLICE_DOWN_CODES[0]) -> None:
-        """Lose slice ``i``: reads of its arrays, and dispatches onto it, fail with ``code``.
-
-        ``code`` must be one pathwaysutils counts as slice-down (:data:`SLICE_DOWN_CODES`).
-
-        Args:
-            i: the slice's index.
-            code: the error code reads and dispatches fail with.
-
-        Raises:
-            ValueError: ``i`` is not a slice, or ``code`` is not a slice-down code.
-        """
-        self._check_index(i)
-        with self._answered:
-            if not self.states.lose(i, code):
-                logger.info("slice %d is already lost", i)
-                return
-            marked = self._marks.lose_live(self.topology.device_ids({i}), code)
-        logger.warning("simulated loss of slice %d with %s (%d live arrays lose their data)", i, code, marked)
-        registry.refresh_managers()
-
-    def hang(self, i: int) -> None:
-        """Slice ``i`` stops answering: reads of its results, old and new, block.
-
-        Args:
-            i: the slice's index.
-        """
-        self._check_index(i)
-        with self._answered:
-            if not self.states.hang(i):
-                logger.info("slice %d is already lost or hung", i)
-                return
-            marked = self._marks.hang_live(self.topology.device_ids({i}), i)
-        logger.warning("simulated hang of slice %d (%d results stop answering)", i, marked)
-        registry.refresh_managers()
-
-    def suspend(self, i: int) -> None:
-        """Pathways' transparent suspend of slice ``i``: its work stalls (reads of its results,
-        old and new, block, as after :meth:`hang`) until :meth:`wake`, which lets every
-        pending result complete with no error, as Pathways does when it saves a preempted
-        worker's state and resumes it on the rescheduled worker.
-
-        With a multi-tier replicator (``replicator=``: colocated Python is stateful, so
-        Pathways cannot suspend the worker transparently) a suspend is a slice loss
-        (:meth:`lose`) and its wake a return (:meth:`restore`).
-
-        Args:
-          i: the slice, ``0 .. slices - 1``.
-
-        Raises:
-          ValueError: ``i`` is not a slice.
-        """
-        self._check_index(i)
-        if self.replicator is not None:
-            logger.warning("slice %d suspended under multi-tier checkpointing: no transparent suspend, "
-                           "a slice loss", i)
-            self.lose(i, SLICE_DOWN_CODES[0])
-            return
-        with self._answered:
-            if not self.states.suspend(i):
-                logger.info("slice %d is already lost or hung", i)
-                return
-            marked = self._marks.hang_live(self.topology.device_ids({i}), i)
-        logger.warning("simulated suspension of slice %d (%d results stall)", i, marked)
-        registry.refresh_managers()
-
-    def wake(self, i: int) -> None:
-        """Slice ``i``'s suspension ends: its pending results arrive with no error.
-
-        A slice that was not suspended (it was lost meanwhile, or lost under multi-tier
-        checkpointing) comes back as after :meth:`restore`.
-
-        Args:
-          i: the slice, ``0 .. slices - 1``.
-
-        Raises:
-          ValueError: ``i`` is not a slice.
-        """
-        self._check_index(i)
-        with self._answered:
-            if self.states.is_suspended(i):
-                cleared = self._marks.clear_hung(i)
-                self.states.wake(i)
-            else:
-                cleared = None
-        if cleared is None:
-            self.restore(i)
-            return
-        logger.warning("simulated slice %d woke from its suspension (%d pending results complete)", i, cleared)
-        registry.refresh_managers()
-
-    def restore(self, i: int) -> None:
-        """Slice ``i`` is healthy again; arrays that lived on it while lost stay unreadable.
-
-        Args:
-            i: the slice's index.
-        """
-        self._check_index(i)
-        with self._answered:
-            if i not in self.states.codes:
-                logger.info("slice %d is not lost; nothing to restore", i)
-                return
-            # Mark first, then heal: an array made after the slice is healthy is never marked.
-            marked = self._marks.lose_live(self.topology.device_ids({i}), SLICE_DOWN_CODES[0])
-            self.states.restore(i)
-        logger.warning("simulated slice %d healthy again (%d arrays stay lost)", i, marked)
-        registry.refresh_managers()
 
     def group(self, devices: Any) -> dict[int, list[jax.Device]]:
         """``get_slice_to_devices``: ``devices`` grouped by simulated slice.
