@@ -307,8 +307,8 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
     found = diagnose(fired_json, read_records(watched), allow) if watched.exists() else None
     unmet = _unmet_losses(fired_json, records) if boundary == "proxy" else ()
     code = _status_code(statuses[-1])
-    records = FaultLog(fault_log).never_fired() if never else []
-    stepless = bool(records) and code == 0 and all(f.step < 0 for f in records)
+    left = FaultLog(fault_log).never_fired() if never else []
+    stepless = bool(left) and code == 0 and all(f.step < 0 for f in left)
     cause = NO_STEP_FOUND if stepless else ""
     if code == 0 and (never or unmet or (found is not None and found.defects)):
         code = FAILED_EXIT
