@@ -22,7 +22,7 @@ import pytest
 from elastic_dew import Trainer, TrainConfig, cli, simulate
 from elastic_dew._deprecation import REMOVED_IN
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.simulate import SimulatedSlices, schedule, topology
+from elastic_dew.simulate import schedule, topology
 from elastic_dew.testing import pytest_plugin
 
 
@@ -53,16 +53,6 @@ def _nnx_model():
         return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
 
     return (lambda rngs: nnx.Linear(3, 1, rngs=rngs)), loss
-
-
-def test_simulated_slices_takes_num_slices_with_a_warning_naming_slices():
-    with pytest.warns(DeprecationWarning, match=rf"SimulatedSlices\(num_slices=\.\.\.\) is deprecated and will be removed in {REMOVED_IN}; use SimulatedSlices\(slices=\.\.\.\)"):
-        sim = SimulatedSlices(num_slices=3, devices_per_slice=2)
-    assert sim.slices == 3
-    with pytest.warns(DeprecationWarning, match=r"SimulatedSlices\.num_slices .*; use SimulatedSlices\.slices"):
-        assert sim.num_slices == 3
-    with pytest.raises(TypeError, match=r"give slices= only"):
-        SimulatedSlices(num_slices=3, slices=3, devices_per_slice=2)
 
 
 def test_the_slices_marker_takes_num_slices_with_a_warning_naming_slices():

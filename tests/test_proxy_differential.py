@@ -34,6 +34,11 @@ DEFAULT_SCHEDULE = "lose:1@6,restore:1@12"
 #: checkpoint directory and a restart; ``case1`` is three of these at once).
 MISTAKES = ("restored_nothing", "recreated_per_attempt", "held_across_attempts", "mesh_on_lost_slice",
             "data_not_rewound", "returned_slice_ignored")
+#: The mistakes whose attempts the backend cannot see, and why: an attempt is seen there by
+#: the slices its steps span, and these attempts run no step on the Manager's active slices.
+ATTEMPTS_UNSEEN = {
+    "mesh_on_lost_slice": "its mesh spans every slice, the lost one too: each retry dies before its first step",
+}
 
 pytestmark = pytest.mark.libraries  # real processes through jaxlib's proxy client, pathwaysutils
 
@@ -51,6 +56,7 @@ def _cases() -> list:
              for path in sorted(CORPUS.glob("*.py")) for schedule in schedules(path)]
     cases += [pytest.param([PROGRAMS / "guide_loop.py", "--mistake", mistake], DEFAULT_SCHEDULE,
                            id=f"guide_loop-{mistake}") for mistake in MISTAKES]
+    # a correct program fires every fault; a mistake may end the program first, through both
     return cases
 
 
@@ -79,10 +85,12 @@ def test_both_boundaries_fire_the_same_faults_at_the_same_steps_and_start_the_sa
     inside = _simulate(tmp_path, "in-process", command, schedule)
     proxy = _simulate(tmp_path, "proxy", command, schedule)
     assert _fired(proxy) == _fired(inside), (proxy["fired"], inside["fired"])
-    assert proxy["never_fired"] == inside["never_fired"] == []
-    assert proxy["unmet"] == []
-    assert [p["attempts"] for p in proxy["processes"]] == [p["attempts"] for p in inside["processes"]]
+    assert proxy["never_fired"] == inside["never_fired"]
     assert [p["status"] for p in proxy["processes"]] == [p["status"] for p in inside["processes"]]
+    if program[0].parent == CORPUS:  # a correct program: every fault fired and met, exit 0
+        assert proxy["never_fired"] == [] and proxy["unmet"] == [] and proxy["ok"]
+    if program[-1] not in ATTEMPTS_UNSEEN:
+        assert [p["attempts"] for p in proxy["processes"]] == [p["attempts"] for p in inside["processes"]]
 
 
 def test_every_corpus_program_names_its_schedules_or_takes_the_default():

@@ -271,18 +271,28 @@ class ProxyBackend:
         """Run ``program`` on ``args``; its results, and why they are lost (or ``None``).
 
         With a :attr:`stepper` (a :class:`~elastic_dew.proxy.faults.StepSchedule`), a dispatch
-        it counts as a step fires what is due before it runs and after.
+        it counts as a step fires what is due before it runs and after; a fault that fails the
+        step (``error``) travels in its results, as a lost slice's error does.
         """
+        if self.stepper is None:
+            return self._execute(program, args)
         in_bytes = sum(_nbytes(h) for h in args)
         slices = frozenset(self.slices.slice_of(d) for d in program.device_ids)
         chained = sum(_nbytes(h) for h in args if h.producer == program.name)  # the state it carries
-        step = None if self.stepper is None else self.stepper.before(
-            program, in_bytes, program.output_bytes, slices, chained)
+        failed: tuple[int, str] | None = None
+        step = None
         try:
-            return self._execute(program, args)
-        finally:
-            if self.stepper is not None:
-                self.stepper.after(step)
+            step = self.stepper.before(program, in_bytes, program.output_bytes, slices, chained)
+        except ProxyError as error:
+            failed = (error.code, str(error))
+        results, lost = self._execute(program, args)
+        try:
+            self.stepper.after(step)
+        except ProxyError as error:
+            failed = failed or (error.code, str(error))
+        if failed is None:
+            return results, lost
+        return [dataclasses.replace(held, error=failed) for held in results], failed
 
     def _execute(self, program: ProxyProgram, args: list[ProxyArray]) -> tuple[list[ProxyArray], tuple[int, str] | None]:
         error = None

@@ -8,10 +8,15 @@ with ``step_function``). :class:`StepSchedule` fires a fault schedule with the s
 :class:`~elastic_dew.simulate.runner.ScheduleRunner` at those counted dispatches
 (``dispatch`` before a step runs, ``step`` after), on the backend's slices (the fault state
 machine both boundaries share, :class:`~elastic_dew.simulate.slice_states.SliceStates`), and
-records each run attempt's slices: a step whose program spans other slices than the
-previous one starts a new attempt (the retry on a smaller mesh, the scale-up), and so does
-the first step after the program met the loss of a slice its last step ran on (the retry,
-on the same slices after a pause). It also
+records each run attempt's slices: ``elastic_retry`` starts an attempt by waiting for
+slices, whose health check probes every slice, those the program runs on too (a ``pmap`` on
+each), while the ``Manager``'s monitor probes only the inactive ones; so the first step after
+a probe of a slice the last step ran on starts an attempt (the retry on a smaller mesh, the
+scale-up by ``ScaleUpSignalError``, a retry onto the same slices after a pause), and so does
+the first step after the program met the loss of a slice its last step ran on. A loop that
+takes a returned slice up in place, at a step boundary, starts none. (With a health check
+whose probes the backend does not see, a step on other slices than the previous one starts
+an attempt.) It also
 records when the program first met a loss that fired (the backend answered one of its
 requests with a slice-down error), so the verdict can tell a loss the program handled from
 one it never saw.
@@ -29,7 +34,9 @@ after a loss; a probe of a slice outside its mesh is not such an error).
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import threading
 import time
 from typing import Any, cast
@@ -39,6 +46,18 @@ from elastic_dew.simulate.step_count import StepCount
 __all__ = ["StepSchedule"]
 
 logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=1)
+def pmap_program() -> str:
+    """The name a ``jax.pmap``'s program reaches the backend by (all pmaps share it): the
+    program pathwaysutils' health check probes each slice with."""
+    import jax
+    import numpy as np
+
+    text = jax.pmap(lambda x: x, devices=jax.devices()[:1]).lower(np.zeros(1)).as_text()
+    match = re.match(r"module @([\w.$-]+)", text)
+    return match.group(1) if match else ""
 
 
 class _Target:
@@ -108,6 +127,9 @@ class StepSchedule:
         self._unmet = False  # a loss fired and no slice-down error has been answered since
         self._met_since_step = False  # since its last step the program met the loss of a slice it ran on
         self._step_epochs: tuple[tuple[int, int], ...] = ()  # the epochs of the last step's slices
+        self._step_slices: frozenset[int] = frozenset()  # the last step's slices
+        self._probed = False  # since its last step the program probed a slice that step ran on
+        self._probes_seen = False  # the program's health check probes were seen
         self._slices: Any = None
         self._lock = threading.Lock()
 
@@ -117,7 +139,8 @@ class StepSchedule:
         with self._lock:
             self.pid = pid
             self.counter = StepCount(self.step_function)
-            self._met_since_step = False
+            self._met_since_step = self._probed = self._probes_seen = False
+            self._step_slices = frozenset()
             self.attempts = []
             self._record({"pid": pid, "start": True, "wall": time.time()})
 
@@ -176,12 +199,18 @@ class StepSchedule:
             before = self.counter.steps
             step = self.counter.chained(program.name, in_bytes, out_bytes, chained)
             if step is None:
+                if len(slices) == 1 and program.name == pmap_program():
+                    self._probes_seen = True  # pathwaysutils' health check probes each slice with a pmap
+                    self._probed = self._probed or slices <= self._step_slices
                 return None
             retried, self._met_since_step = self._met_since_step, False
+            probed, self._probed = self._probed, False
             self._step_epochs = self._slices.states.epochs_of(slices) if self._slices is not None else ()
+            self._step_slices = slices
             if step <= before:  # the count started again: a new step function
                 self.attempts = []
-            if not self.attempts or set(self.attempts[-1]["active"]) != set(slices) or retried:
+            moved = set(self.attempts[-1]["active"]) != set(slices) if self.attempts else True
+            if not self.attempts or retried or probed or (moved and not self._probes_seen):
                 self.attempts.append({"step": step, "active": sorted(slices), "wall": time.time()})
                 self._record({"pid": self.pid, "active": sorted(slices), "step": step, "wall": time.time()})
         self._fire("dispatch", step)
