@@ -60,16 +60,27 @@ def _cases() -> list:
     return cases
 
 
-def _simulate(run_dir: Path, boundary: str, command: list, schedule: str) -> dict:
-    report = run_dir / f"{boundary}.json"
+def _simulate_both(run_dir: Path, command: list, schedule: str) -> tuple[dict, dict]:
+    """``elastic-dew simulate`` of ``command`` in-process and through the proxy, side by side:
+    the two verdicts (JSON)."""
     restarts = ["--restarts", "1"] if any(a in schedule for a in ("preempt", "kill")) else []
-    done = subprocess.run(
-        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", boundary, "--slices", "4",
-         "--devices-per-slice", "2", "--schedule", schedule, *restarts, "--report", str(report),
-         "--run-dir", str(run_dir / boundary), "--", sys.executable, *map(str, command)],
-        capture_output=True, text=True, timeout=300, cwd=PROGRAMS)
-    assert report.exists(), done.stderr[-3000:]
-    return json.loads(report.read_text())
+    runs, logs = {}, []
+    for boundary in ("in-process", "proxy"):
+        logs.append(open(run_dir / f"{boundary}.err", "w"))
+        runs[boundary] = subprocess.Popen(
+            [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", boundary, "--slices", "4",
+             "--devices-per-slice", "2", "--schedule", schedule, *restarts,
+             "--report", str(run_dir / f"{boundary}.json"), "--run-dir", str(run_dir / boundary), "--",
+             sys.executable, *map(str, command)],
+            stdout=subprocess.DEVNULL, stderr=logs[-1], text=True, cwd=PROGRAMS)
+    verdicts = []
+    for boundary, process in runs.items():
+        process.wait(timeout=300)
+        logs.pop(0).close()
+        report = run_dir / f"{boundary}.json"
+        assert report.exists(), (run_dir / f"{boundary}.err").read_text()[-3000:]
+        verdicts.append(json.loads(report.read_text()))
+    return verdicts[0], verdicts[1]
 
 
 def _fired(verdict: dict) -> list:
@@ -82,8 +93,7 @@ def test_both_boundaries_fire_the_same_faults_at_the_same_steps_and_start_the_sa
         tmp_path, program, schedule):
     source = program[0].read_text()
     command = program if "pathwaysutils.initialize()" in source else [PROGRAMS / "as_pathways_program.py", *program]
-    inside = _simulate(tmp_path, "in-process", command, schedule)
-    proxy = _simulate(tmp_path, "proxy", command, schedule)
+    inside, proxy = _simulate_both(tmp_path, command, schedule)
     assert _fired(proxy) == _fired(inside), (proxy["fired"], inside["fired"])
     assert proxy["never_fired"] == inside["never_fired"]
     assert [p["status"] for p in proxy["processes"]] == [p["status"] for p in inside["processes"]]
@@ -96,5 +106,6 @@ def test_both_boundaries_fire_the_same_faults_at_the_same_steps_and_start_the_sa
 def test_every_corpus_program_names_its_schedules_or_takes_the_default():
     """The schedules line reads as the differential test reads it."""
     assert schedules(CORPUS / "boundary_pause_resume.py") == ["lose:2@9,restore:2@+3"]
-    assert schedules(CORPUS / "boundary_two_scalars.py") == ["lose:1@6,restore:1@12", "hang:1@5,lose:1@+2"]
+    assert schedules(CORPUS / "boundary_two_scalars.py") == ["lose:1@6,restore:1@12", "hang:1@5,lose:1@+2",
+                                                             "suspend:1@5,wake:1@+1", "preempt@6"]
     assert schedules(PROGRAMS / "one_slice.py") == [DEFAULT_SCHEDULE]

@@ -1,6 +1,6 @@
 """A guide-shaped loop whose whole state is two float32 scalars, started as a Pathways program starts.
 
-Schedules: lose:1@6,restore:1@12; hang:1@5,lose:1@+2
+Schedules: lose:1@6,restore:1@12; hang:1@5,lose:1@+2; suspend:1@5,wake:1@+1; preempt@6
 
 ``pathwaysutils.initialize()`` first; one ``Manager`` and one Orbax ``Snapshotter`` made
 once; ``elastic_retry`` around the training; each attempt builds its mesh from the Manager's
