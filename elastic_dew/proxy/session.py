@@ -93,9 +93,6 @@ class Session(ProgramRequests):
             response.response_metadata.status.message = f"{type(error).__name__}: {error}"
         return response
 
-    def _new(self, short: str) -> Any:
-        return protocol.message(short)()
-
     def _take_buffer(self, handle: int) -> bytes:
         return self.buffers.take(handle)
 

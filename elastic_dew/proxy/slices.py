@@ -19,7 +19,8 @@ __all__ = ["Slices", "SLICE_DOWN"]
 logger = logging.getLogger(__name__)
 
 #: ``tensorflow.error.Code`` of each slice-down code a schedule's ``lose`` takes.
-SLICE_DOWN = {"DATA_LOSS": DATA_LOSS, "INTERNAL": INTERNAL, "NOT_FOUND": NOT_FOUND, "DEADLINE_EXCEEDED": DEADLINE_EXCEEDED}
+SLICE_DOWN = {"DATA_LOSS": DATA_LOSS, "INTERNAL": INTERNAL, "NOT_FOUND": NOT_FOUND,
+              "DEADLINE_EXCEEDED": DEADLINE_EXCEEDED}
 
 
 class Slices:
@@ -106,4 +107,5 @@ class Slices:
             if index in self.states.hung:
                 released, _, _ = self.states.await_answer(index)
                 if not released:
-                    raise ProxyError(DEADLINE_EXCEEDED, f"slice {index} stopped answering (elastic-dew local Pathways backend)")
+                    raise ProxyError(DEADLINE_EXCEEDED,
+                                     f"slice {index} stopped answering (elastic-dew local Pathways backend)")

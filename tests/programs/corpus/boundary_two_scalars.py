@@ -7,7 +7,9 @@ once; ``elastic_retry`` around the training; each attempt builds its mesh from t
 active slices, loads the newest snapshot, puts Grain's ``ElasticIterator`` at its step,
 trains a line ``y = w * x + b`` (8 bytes of state) and snapshots every step, and raises
 ``ScaleUpSignalError`` at a step boundary once a slice is back. It imports nothing of
-elastic_dew: its steps are found by the step rule through either boundary.
+elastic_dew: its steps are found by the step rule through either boundary. Its 24 steps
+leave a dozen after the return at step 12 for the ``Manager``'s monitor to find the slice back
+(through the proxy it polls, as on Pathways).
 
     python boundary_two_scalars.py [--steps N]
 
@@ -49,7 +51,7 @@ def examples():
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=24)
     args = parser.parse_args(argv)
     manager = pw_manager.Manager()
     snapshotter = Snapshotter(replica_axis_index=0)
