@@ -19,7 +19,7 @@ health check, Orbax's ``Snapshotter`` and a user's own loop run unchanged:
   :meth:`~SimulatedSlices.wake` (Pathways' transparent suspend; a loss and a return under a
   multi-tier replicator, whose colocated Python is stateful) and
   :meth:`~SimulatedSlices.restore` (arrays that lived on it while it was down stay
-  unreadable). What a read or a dispatch meets under it is :mod:`elastic_dew.simulate.reads`:
+  unreadable). What a read or a dispatch meets under it is :mod:`elastic_dew.simulate.slice_faults`:
   work dispatched before a loss fails when read, a dispatch after it with an input on the lost
   slice fails at once, a copy of a lost array is lost too, and the health check's probe and
   pinned host snapshot replicas on the slice fail the same way.
@@ -57,7 +57,7 @@ from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
 from elastic_dew.simulate.marks import Marks
 from elastic_dew.simulate.patches import registry
-from elastic_dew.simulate.reads import SliceFaults
+from elastic_dew.simulate.slice_faults import SliceFaults
 from elastic_dew.simulate.replicator import Replicator
 from elastic_dew.simulate.runner import ScheduleRunner
 from elastic_dew.simulate.schedule import (
