@@ -61,18 +61,20 @@ def _cases() -> list:
 
 
 def _simulate_both(run_dir: Path, command: list, schedule: str) -> tuple[dict, dict]:
-    """``elastic-dew simulate`` of ``command`` in-process and through the proxy, side by side:
-    the two verdicts (JSON)."""
+    """``elastic-dew simulate`` of ``command`` in-process and through the proxy, side by side,
+    each in a working directory of its own: the two verdicts (JSON)."""
     restarts = ["--restarts", "1"] if any(a in schedule for a in ("preempt", "kill")) else []
     runs, logs = {}, []
     for boundary in ("in-process", "proxy"):
         logs.append(open(run_dir / f"{boundary}.err", "w"))
+        cwd = run_dir / f"{boundary}.cwd"  # what a program writes to its working directory stays its own
+        cwd.mkdir()
         runs[boundary] = subprocess.Popen(
             [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", boundary, "--slices", "4",
              "--devices-per-slice", "2", "--schedule", schedule, *restarts,
              "--report", str(run_dir / f"{boundary}.json"), "--run-dir", str(run_dir / boundary), "--",
              sys.executable, *map(str, command)],
-            stdout=subprocess.DEVNULL, stderr=logs[-1], text=True, cwd=PROGRAMS)
+            stdout=subprocess.DEVNULL, stderr=logs[-1], text=True, cwd=cwd)
     verdicts = []
     for boundary, process in runs.items():
         process.wait(timeout=300)

@@ -47,6 +47,10 @@ __all__ = ["StepSchedule"]
 
 logger = logging.getLogger(__name__)
 
+#: The longest a read of a step's results waits for the program's ``Manager`` to see a
+#: returned slice (its monitor's probes) before it is answered anyway.
+TAKE_UP_WAIT_S = 10.0
+
 
 @functools.lru_cache(maxsize=1)
 def pmap_program() -> str:
@@ -64,10 +68,11 @@ class _Target:
     """The schedule runner's target: the backend's slices, and the program's process for a
     preemption or a kill."""
 
-    def __init__(self, slices: Any, pid: Any, lost: Any):
+    def __init__(self, slices: Any, pid: Any, lost: Any, back: Any):
         self.slices = slices
         self._pid = pid
         self._lost = lost
+        self._back = back
 
     def end_process(self, signum: int) -> None:
         import os
@@ -81,10 +86,11 @@ class _Target:
 
     def lose(self, i: int, code: str = "DATA_LOSS") -> None:
         self.slices.lose(i, code)
-        self._lost()
+        self._lost(i)
 
     def restore(self, i: int) -> None:
         self.slices.restore(i)
+        self._back(i)
 
     def hang(self, i: int) -> None:
         self.slices.hang(i)
@@ -94,6 +100,7 @@ class _Target:
 
     def wake(self, i: int) -> None:
         self.slices.wake(i)
+        self._back(i)
 
     @property
     def hung(self) -> frozenset[int]:
@@ -132,6 +139,8 @@ class StepSchedule:
         self._probes_seen = False  # the program's health check probes were seen
         self._slices: Any = None
         self._lock = threading.Lock()
+        self._taken = threading.Condition(self._lock)  # notified as a returned slice is seen or taken
+        self._returned: dict[int, int] = {}  # each returned slice not yet seen: its probes since
 
     def process_started(self, pid: int) -> None:
         """A new process of the run starts (``pid``): its steps count from 1 (the fault log
@@ -140,6 +149,8 @@ class StepSchedule:
             self.pid = pid
             self.counter = StepCount(self.step_function)
             self._met_since_step = self._probed = self._probes_seen = False
+            self._returned.clear()
+            self._taken.notify_all()
             self._step_slices = frozenset()
             self.attempts = []
             self._record({"pid": pid, "start": True, "wall": time.time()})
@@ -166,14 +177,43 @@ class StepSchedule:
 
         log = FaultLog(self.fault_log) if self.fault_log else None
         self._slices = backend.slices
-        target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss))
+        target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss, self._slice_back))
         self.runner = ScheduleRunner(self.schedule, target, log, idle=self.idle)
         self.runner.__enter__()
         backend.stepper = self
 
-    def _fired_loss(self) -> None:
+    def _fired_loss(self, index: int) -> None:
         with self._lock:
             self._unmet = True
+            self._returned.pop(index, None)
+            self._taken.notify_all()
+
+    def _slice_back(self, index: int) -> None:
+        with self._lock:
+            if self._probes_seen:
+                self._returned[index] = 0
+
+    @property
+    def holding(self) -> bool:
+        """Whether a read of a step's results waits for the program to see a returned slice."""
+        return bool(self._returned)
+
+    def hold(self, producer: str | None) -> None:
+        """Before a read of a result of program ``producer`` is answered: when it is the loop's
+        step and a slice came back, wait (at most :data:`TAKE_UP_WAIT_S`) until the program's
+        ``Manager`` has seen it (its monitor probed the slice twice since: the first check
+        finished), the program took it up, or it was lost again. In-process the simulator shows
+        the ``Manager`` a returned slice at once, so a loop sees it at the step boundary the
+        return fired at; the hold gives the proxy boundary the same step."""
+        if producer is None or not self._returned:
+            return
+        with self._taken:
+            if not self.counter.is_step(producer):
+                return
+            if not self._taken.wait_for(lambda: not self._returned, TAKE_UP_WAIT_S):
+                logger.warning("the program's Manager did not probe returned slices %s within %g s: its read "
+                               "is answered", sorted(self._returned), TAKE_UP_WAIT_S)
+                self._returned.clear()
 
     def idle(self) -> bool:
         """Whether the program can reach no step now: a read of it waits on a hung slice, or
@@ -202,7 +242,17 @@ class StepSchedule:
                 if len(slices) == 1 and program.name == pmap_program():
                     self._probes_seen = True  # pathwaysutils' health check probes each slice with a pmap
                     self._probed = self._probed or slices <= self._step_slices
+                    (probed_slice,) = slices
+                    if probed_slice in self._returned:
+                        self._returned[probed_slice] += 1
+                        if self._returned[probed_slice] >= 2:
+                            del self._returned[probed_slice]
+                            self._taken.notify_all()
                 return None
+            if self._returned.keys() & slices:  # taken up
+                for taken in self._returned.keys() & slices:
+                    del self._returned[taken]
+                self._taken.notify_all()
             retried, self._met_since_step = self._met_since_step, False
             probed, self._probed = self._probed, False
             self._step_epochs = self._slices.states.epochs_of(slices) if self._slices is not None else ()

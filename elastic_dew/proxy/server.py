@@ -145,7 +145,9 @@ class ProxyService:
 
 
 #: The requests that read a result: on a hung slice they answer only once it is lost,
-#: restored or woken, so they are answered beside the session's other requests.
+#: restored or woken, and a step's while the program has not yet seen a returned slice
+#: (:meth:`~elastic_dew.proxy.faults.StepSchedule.hold`), so they are answered beside the
+#: session's other requests.
 _READS = frozenset({"check_value_ready_request", "copy_to_host_buffer_request", "check_future_request",
                     "loaded_executable_fetch_execute_result_request"})
 
@@ -159,7 +161,9 @@ def _answers(session: Session, requests: Iterator[Any]) -> Iterator[Any]:
     def read() -> None:
         try:
             for request in requests:
-                if session.backend.slices.states.hung and request.WhichOneof("request") in _READS:
+                stepper = session.backend.stepper
+                waits = session.backend.slices.states.hung or (stepper is not None and stepper.holding)
+                if waits and request.WhichOneof("request") in _READS:
                     threading.Thread(target=lambda r=request: out.put(session.answer(r)), daemon=True,
                                      name="elastic-dew-proxy-read").start()
                 else:

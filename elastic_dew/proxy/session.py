@@ -143,6 +143,8 @@ class Session(ProgramRequests):
             held = self.backend.arrays.get(handle)
             if held is None:
                 continue  # an executable's handle: compiled before it was returned
+            if self.backend.stepper is not None:
+                self.backend.stepper.hold(held.producer)
             self.backend.check_readable(held)
             for shard in held.shards:
                 shard.block_until_ready()
@@ -223,6 +225,8 @@ class Session(ProgramRequests):
 
     def _copy_to_host_buffer_request(self, request: Any) -> Any:
         held = self.backend.get(request.array_handle)
+        if self.backend.stepper is not None:
+            self.backend.stepper.hold(held.producer)
         value = np.ascontiguousarray(self.backend.to_numpy(held))
         strides = tuple(request.byte_strides.strides) if request.HasField("byte_strides") else ()
         data = _with_strides(value, strides) if strides and strides != value.strides else value.tobytes()
@@ -252,7 +256,8 @@ class Session(ProgramRequests):
         handles = list(request.result_handles)
         for index, (device_id, shard) in enumerate(zip(held.device_ids, held.shards)):
             part = ProxyArray(held.kind, tuple(shard.shape), ifrt.single_device_sharding(device_id, held.memory_kind),
-                        (device_id,), held.memory_kind, [shard], self.backend.slices.epochs((device_id,)), held.error)
+                              (device_id,), held.memory_kind, [shard], self.backend.slices.epochs((device_id,)),
+                              held.error, held.producer)
             part.epochs = tuple(e for e in held.epochs if e[0] == self.backend.slices.slice_of(device_id))
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             out.array_handles.append(self.backend.put(handle, part))
@@ -276,7 +281,7 @@ class Session(ProgramRequests):
         held = self.backend.get(request.array_handle)
         device_id = held.device_ids[0]
         part = ProxyArray(held.kind, held.shape, ifrt.single_device_sharding(device_id, held.memory_kind), (device_id,),
-                    held.memory_kind, held.shards[:1], held.epochs, held.error)
+                          held.memory_kind, held.shards[:1], held.epochs, held.error, held.producer)
         handle = request.result_handle or self.backend.new_handle()
         self.backend.put(handle, part)
         out = self._new("FullyReplicatedShardResponse")

@@ -151,6 +151,11 @@ class StepCount:
             self.steps += 1
             return self.steps
 
+    def is_step(self, name: str) -> bool:
+        """Whether the dispatches of program ``name`` count as the loop's steps now."""
+        function = self.step_function
+        return name in (function, f"jit_{function}") if function is not None else name in self._names
+
     def step_of(self, arrays: list[Any], name: str | None, caller: Any, out_bytes: int = 0) -> int | None:
         """:meth:`count` of an in-process dispatch of program ``name`` on ``arrays`` (its
         results holding ``out_bytes`` bytes), called from frame ``caller``: it carries the
