@@ -9,8 +9,8 @@ with ``step_function``). :class:`StepSchedule` fires a fault schedule with the s
 (``dispatch`` before a step runs, ``step`` after), on the backend's slices (the fault state
 machine both boundaries share, :class:`~elastic_dew.simulate.slice_states.SliceStates`), and
 records each run attempt's slices: ``elastic_retry`` starts an attempt by waiting for
-slices, whose health check probes every slice, those the program runs on too (a ``pmap`` on
-each), while the ``Manager``'s monitor probes only the inactive ones; so the first step after
+slices, whose health check probes every slice, those the program runs on too (a program on
+each, :func:`probe_programs`), while the ``Manager``'s monitor probes only the inactive ones; so the first step after
 a probe of a slice the last step ran on starts an attempt (the retry on a smaller mesh, the
 scale-up by ``ScaleUpSignalError``, a retry onto the same slices after a pause), and so does
 the first step after the program met the loss of a slice its last step ran on. A loop that
@@ -62,6 +62,16 @@ def pmap_program() -> str:
     text = jax.pmap(lambda x: x, devices=jax.devices()[:1]).lower(np.zeros(1)).as_text()
     match = re.match(r"module @([\w.$-]+)", text)
     return match.group(1) if match else ""
+
+
+@functools.lru_cache(maxsize=1)
+def probe_programs() -> frozenset[str]:
+    """The names of the programs a health check probes each slice with: pathwaysutils' (a
+    ``pmap``, :func:`pmap_program`) and elastic_dew's own (``jax.jit`` of the probe of
+    :mod:`elastic_dew.elastic.slices.health`, which its loop installs)."""
+    from elastic_dew.elastic.slices import health
+
+    return frozenset({pmap_program(), f"jit_{health._plus_one.__name__}"})
 
 
 class _Target:
@@ -239,8 +249,8 @@ class StepSchedule:
             before = self.counter.steps
             step = self.counter.chained(program.name, in_bytes, out_bytes, chained)
             if step is None:
-                if len(slices) == 1 and program.name == pmap_program():
-                    self._probes_seen = True  # pathwaysutils' health check probes each slice with a pmap
+                if len(slices) == 1 and program.name in probe_programs():
+                    self._probes_seen = True  # the health check probes each slice with a program of its own
                     self._probed = self._probed or slices <= self._step_slices
                     (probed_slice,) = slices
                     if probed_slice in self._returned:
