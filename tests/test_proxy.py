@@ -79,23 +79,37 @@ def test_the_version_rule_takes_the_highest_shared_version_and_refuses_with_both
         protocol.choose_version(26, 30)
 
 
-def test_the_step_counter_takes_as_carried_state_only_the_arguments_a_program_made_itself():
-    """An eager op fed one scalar of its own earlier result beside a large array (jax 0.12's
-    ``random.normal`` runs ``multiply`` twice during a model's initialisation) is not the loop's
-    step; the step function, whose whole state comes back to it, is, counted from its first
-    dispatch."""
-    from elastic_dew.proxy.faults import StepCounter
+def test_the_step_rule_at_the_backend_takes_as_carried_state_only_the_arguments_a_program_made_itself():
+    """An eager op fed its own earlier result (jax 0.12's ``random.normal`` runs ``multiply``
+    twice during a model's initialisation; an eager counter ``x + 1``) is JAX's dispatch, not the
+    loop's step; the step function, whose whole state comes back to it, is, counted from its
+    first dispatch."""
+    from elastic_dew.simulate.step_count import StepCount
 
-    counter = StepCounter()
+    count = StepCount()
     state = 57608
     init = []
     for _ in range(6):  # each weight: x * scalar, erf_inv, scalar-of-the-first * the result
-        init.append(counter.count("jit_multiply", 8, 4))
-        init.append(counter.count("jit_multiply", 16388, 16384, chained=4))
+        init.append(count.chained("jit_multiply", 8, 4, 0))
+        init.append(count.chained("jit_multiply", 16388, 16384, 4))
     assert init == [None] * 12
-    assert counter.count("jit_update_step", state + 124, state) is None  # the initial state: not yet known
-    assert [counter.count("jit_update_step", state + 124, state, chained=state) for _ in range(3)] == [2, 3, 4]
-    assert counter.count("jit_multiply", 16388, 16384, chained=4) is None
+    assert count.chained("jit_update_step", state + 124, state, 0) is None  # the initial state: not yet known
+    assert [count.chained("jit_update_step", state + 124, state, state) for _ in range(3)] == [2, 3, 4]
+    assert [count.chained("jit_add", 8, 4, 4 if n else 0) for n in range(4)] == [None] * 4  # an eager x + 1
+    assert count.chained("jit_multiply", 16388, 16384, 4) is None
+
+
+def test_the_step_rule_has_no_byte_threshold_a_loop_carrying_two_float32_scalars_falls_under():
+    """A loop whose whole state is two float32 scalars (8 bytes) has steps through either
+    boundary's evidence: chaining its own results at the backend, its own frame in-process."""
+    from elastic_dew.simulate.step_count import StepCount
+
+    at_backend = StepCount()
+    assert [at_backend.chained("jit_train_step", 8 + 4, 8, 8 if n else 0) for n in range(4)] == [None, 2, 3, 4]
+    in_process = StepCount()
+    assert [in_process.count("train_step", 8) for _ in range(3)] == [1, 2, 3]
+    named = StepCount("train_step")
+    assert [named.chained("jit_train_step", 8, 8, 0), named.count("train_step", 0)] == [1, 2]
 
 
 @pytest.fixture(scope="module")
@@ -225,11 +239,13 @@ def test_a_loss_through_the_proxy_that_the_program_never_meets_fails_the_verdict
 
 
 @pytest.mark.slow
-def test_simulate_refuses_a_fault_the_proxy_boundary_cannot_fire_before_anything_runs(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", "proxy", "--schedule", "hang:1@3",
-         "--run-dir", str(tmp_path / "run"), "--", sys.executable, str(PROGRAMS / "pathways_initialized.py"), "4"],
-        capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert "the proxy boundary fires lose, restore, preempt, kill only" in done.stderr
-    assert not (tmp_path / "run").exists()
+def test_an_error_through_the_proxy_fails_the_step_as_a_runtime_error_that_is_not_retried(tmp_path):
+    """The proxy boundary serves every action of the grammar: an ``error`` fails the request
+    that dispatched the step with ``INVALID_ARGUMENT``, which pathwaysutils does not count as a
+    slice loss, so the program ends with it, as in-process."""
+    program = (str(PROGRAMS / "pathways_initialized.py"), "8", "1", "0.1")
+    verdict, out, err = _simulate(tmp_path, "proxy", *program, schedule="error@3")
+    assert [(f["scheduled"], f["step"]) for f in verdict["fired"]] == [("error@3/step", 3)]
+    assert "INVALID_ARGUMENT: simulated runtime error error@3/step" in err
+    assert [p["status"] for p in verdict["processes"]] == [1] and not verdict["ok"]
+    assert "done" not in out.splitlines()

@@ -87,3 +87,26 @@ def test_a_step_keyed_loss_fires_at_that_training_step_of_such_a_trainer(evaluat
     # Step 5's loss is never read: the attempt ends after step 4, the next runs all 6 on 3 slices.
     assert steps == [("attempt", 4), 1, 2, 3, 4, ("attempt", 3), 1, 2, 3, 4, 5, 6]
     assert sim.steps == 11 and sim.unfired == ()
+
+
+@pytest.mark.slow
+def test_when_the_step_rule_finds_no_step_the_verdict_says_so_and_names_step_function(tmp_path):
+    """A program that ran to its end without a dispatch the rule takes for a step (its state
+    never goes through a program of its own) gets its step-keyed faults reported never fired
+    with the cause and the fix: name the step function."""
+    import json
+    import subprocess
+    import sys
+
+    program = tmp_path / "no_step.py"
+    program.write_text("import jax.numpy as jnp\nfor _ in range(5):\n    float(jnp.ones(4).sum())\nprint('done')\n")
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "elastic_dew", "simulate", "--slices", "2", "--devices-per-slice", "2",
+         "--schedule", "lose:1@2", "--report", str(report), "--run-dir", str(tmp_path / "run"), "--",
+         sys.executable, str(program)], capture_output=True, text=True, timeout=300)
+    verdict = json.loads(report.read_text())
+    assert verdict["never_fired"] == ["lose:1@2/step"] and verdict["exit"] == 1
+    assert "no dispatch was found to be the loop's step" in verdict["never_cause"]
+    assert "NEVER FIRED lose:1@2/step (no dispatch was found" in done.stderr
+    assert "--step-function NAME" in done.stderr

@@ -49,6 +49,7 @@ from elastic_dew.runtime import run_timestamp
 from elastic_dew.simulate.diagnosis import Diagnosis, check_allowed, diagnose, fault_record
 from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
+from elastic_dew.simulate.step_count import NO_STEP_FOUND
 from elastic_dew.supervisor import supervise
 
 __all__ = ["configure", "run", "ResolvedCommand", "resolve", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE", "WATCH_FILE"]
@@ -236,6 +237,9 @@ class Verdict:
     #: Through the proxy boundary: the losses that fired that the program never met (no
     #: request of its was answered ``DATA_LOSS`` after the loss).
     unmet: tuple[str, ...] = ()
+    #: Why the faults never fired, when the step rule found no step in a program that ran to
+    #: its end (it names ``--step-function``); empty otherwise.
+    never_cause: str = ""
 
     @property
     def ok(self) -> bool:
@@ -265,7 +269,7 @@ class Verdict:
             out.append(f"  fired   {f['scheduled']}: {f['action']}{target} at step {f['step']} ({f['phase']}, "
                        f"pid {f['pid']})")
         for text in self.never_fired:
-            out.append(f"  NEVER FIRED {text}")
+            out.append(f"  NEVER FIRED {text}" + (f" ({self.never_cause})" if self.never_cause else ""))
         for text in self.unmet:
             out.append(f"  NEVER MET {text}: the slice was lost, but no request of the program was answered "
                        "DATA_LOSS after it (the program never read or ran on the lost slice: the fault tested "
@@ -303,10 +307,13 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
     found = diagnose(fired_json, read_records(watched), allow) if watched.exists() else None
     unmet = _unmet_losses(fired_json, records) if boundary == "proxy" else ()
     code = _status_code(statuses[-1])
+    left = FaultLog(fault_log).never_fired() if never else []
+    stepless = bool(left) and code == 0 and all(f.step < 0 for f in left)
+    cause = NO_STEP_FOUND if stepless else ""
     if code == 0 and (never or unmet or (found is not None and found.defects)):
         code = FAILED_EXIT
     return Verdict(tuple(command), sim.slices, sim.devices_per_slice, schedule_text, str(run_dir),
-                   tuple(processes), fired_json, never, code, found, unmet)
+                   tuple(processes), fired_json, never, code, found, unmet, cause)
 
 
 def _unmet_losses(fired: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> tuple[str, ...]:
@@ -378,13 +385,6 @@ def run(args: argparse.Namespace) -> int:
             check_fault_slices(schedule, sim.slices)
         except ValueError as err:
             raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
-        if args.boundary == "proxy":
-            from elastic_dew.proxy.faults import check_served
-
-            try:
-                check_served(schedule)
-            except ValueError as err:
-                raise SettingError(SimConfig, "schedule", sim.schedule, problem=str(err)) from None
         allow = check_allowed(args.allow)
         program = resolve(command)
         if args.boundary == "in-process":

@@ -68,7 +68,8 @@ class LocalPathways:
         devices_per_slice: CPU devices in each (at least 1).
         port: the loopback port (0: a free one).
         schedule: a fault schedule fired at the steps the backend counts (``lose:1@6,restore:1@12``;
-            ``lose`` and ``restore`` only).
+            every action of the grammar; ``preempt`` and ``kill`` reach a program that announced
+            its process, :meth:`exec_prefix`).
         step_function: count the dispatches of this function as the steps.
         fault_log: the fault log a restarted program shares (``faults.jsonl``).
         attempts: where each process's start and each run attempt's slices are appended (JSON
@@ -89,12 +90,9 @@ class LocalPathways:
         if not 0 <= port < 65536:
             raise ValueError(f"port={port} must be in 0..65535 (0: a free one)")
         if schedule:
-            from elastic_dew.proxy.faults import check_served
             from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 
-            parsed = parse_schedule(schedule)
-            check_served(parsed)
-            check_fault_slices(parsed, slices)
+            check_fault_slices(parse_schedule(schedule), slices)
         self.slices, self.devices_per_slice, self.port = slices, devices_per_slice, port
         self.schedule, self.step_function = schedule, step_function
         self.fault_log = None if fault_log is None else str(fault_log)

@@ -6,7 +6,7 @@ names. On the local Pathways backend the schedule runs in the backend's process;
 :data:`CONTROL_ENV` names the backend's control address, :func:`forwarding` passes each
 announcement of this process there (one loopback call each), so the faults fire at the
 same steps as in-process. A program that announces nothing is counted at the backend
-instead (:class:`~elastic_dew.proxy.faults.StepCounter`).
+instead (:meth:`~elastic_dew.simulate.step_count.StepCount.chained`).
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ starts: :func:`cpu_flags`). Each array is held as its single-device shards (each
 ``jax.Array`` on one CPU device) with the dtype, shape and IFRT sharding the client knows it
 by; each program is compiled on the CPU client from the MLIR and options the client sends.
 
-Slices fail as Pathways reports it (:class:`Slices`): after :meth:`Slices.lose`, every array
-with a shard on the lost slice (held before the loss or made after it) reads as
-``DATA_LOSS``, and every program run on its devices gives results that do (a dispatch itself
-never fails: the error travels in the results, where pathwaysutils' health check and
-``elastic_retry`` look for it). :meth:`Slices.restore` makes the slice's devices whole again
-for what is made after; what it held before stays lost.
+Slices fail as Pathways reports it (:class:`~elastic_dew.proxy.slices.Slices`, the fault state
+machine both boundaries share): after a loss every array with a shard on the lost slice (held
+before the loss or made after it) reads as ``DATA_LOSS`` (or the loss's code), and every
+program run on its devices gives results that do (a dispatch itself never fails: the error
+travels in the results, where pathwaysutils' health check and ``elastic_retry`` look for
+it); a read of a hung slice's result waits. What the protocol describes (dtypes, shardings,
+modules, error codes) is :mod:`elastic_dew.proxy.ifrt`.
 """
 
 from __future__ import annotations
@@ -25,110 +26,33 @@ from typing import Any
 import numpy as np
 
 from elastic_dew.proxy import protocol
+from elastic_dew.proxy.ifrt import (
+    CONCRETE_EVEN,
+    HLO,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    UNIMPLEMENTED,
+    ProxyError,
+    dtype_kind,
+    hlo_sharding,
+    numpy_dtype,
+    parse_sharding,
+    read_module,
+    replicated,
+    sharding_devices,
+    single_device_sharding,
+)
+from elastic_dew.proxy.slices import Slices
 
-__all__ = ["ProxyBackend", "ProxyArray", "ProxyError", "Slices", "cpu_flags", "DTYPES"]
+__all__ = ["ProxyBackend", "ProxyArray", "ProxyProgram", "cpu_flags"]
 
 logger = logging.getLogger(__name__)
-
-#: ``tensorflow.error.Code`` values the backend reports.
-OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL, DATA_LOSS = 0, 3, 5, 9, 12, 13, 15
-
-#: IFRT DType kinds and the numpy dtypes they are (``DTypeProto.Kind``).
-DTYPES: dict[int, str] = {
-    1: "bool", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "uint8", 7: "uint16", 8: "uint32",
-    9: "uint64", 10: "float16", 11: "float32", 12: "float64", 15: "complex64", 16: "bfloat16",
-    18: "complex128", 19: "float8_e5m2", 20: "float8_e4m3fn", 21: "int4", 22: "uint4",
-}
-_KINDS = {name: kind for kind, name in DTYPES.items()}
-
-
-class ProxyError(Exception):
-    """A request the backend refuses or fails; :attr:`code` is its ``tensorflow.error.Code``."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 def cpu_flags(devices: int, flags: str = "") -> str:
     """``XLA_FLAGS`` for a server process with ``devices`` CPU devices (other flags kept)."""
     kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
-
-
-def numpy_dtype(kind: int) -> np.dtype:
-    name = DTYPES.get(kind)
-    if name is None:
-        raise ProxyError(UNIMPLEMENTED, f"the local Pathways backend holds no arrays of IFRT dtype kind {kind}")
-    if name in ("bfloat16", "float8_e5m2", "float8_e4m3fn", "int4", "uint4"):
-        import ml_dtypes
-
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(name)
-
-
-def dtype_kind(dtype: Any) -> int:
-    name = np.dtype(dtype).name
-    if name not in _KINDS:
-        raise ProxyError(UNIMPLEMENTED, f"the local Pathways backend cannot describe dtype {name} to the client")
-    return _KINDS[name]
-
-
-class Slices:
-    """Which slices of the backend are lost, and since when.
-
-    Each slice has an epoch, counted up at each loss: an array remembers the epochs of the
-    slices it lives on when it was made, and is lost when one of them is lost now or was lost
-    since (its data went with the slice).
-    """
-
-    def __init__(self, count: int, devices_per_slice: int):
-        self.count, self.devices_per_slice = count, devices_per_slice
-        self._lock = threading.Lock()
-        self._lost: set[int] = set()
-        self._epochs = [0] * count
-        self.events: list[tuple[str, int]] = []
-
-    def slice_of(self, device_id: int) -> int:
-        return device_id // self.devices_per_slice
-
-    def _check(self, index: int) -> None:
-        if not 0 <= index < self.count:
-            raise ValueError(f"slice {index} does not exist: the backend has slices 0..{self.count - 1}")
-
-    def lose(self, index: int) -> None:
-        """Lose slice ``index``: what it holds and what runs on it from now on reads as DATA_LOSS."""
-        self._check(index)
-        with self._lock:
-            if index not in self._lost:
-                self._lost.add(index)
-                self._epochs[index] += 1
-                self.events.append(("lose", index))
-        logger.info("slice %d lost", index)
-
-    def restore(self, index: int) -> None:
-        """Give slice ``index`` back: arrays and results made on it from now on are whole."""
-        self._check(index)
-        with self._lock:
-            if index in self._lost:
-                self._lost.discard(index)
-                self.events.append(("restore", index))
-        logger.info("slice %d restored", index)
-
-    @property
-    def lost(self) -> frozenset[int]:
-        with self._lock:
-            return frozenset(self._lost)
-
-    def epochs(self, device_ids: Sequence[int]) -> tuple[tuple[int, int], ...]:
-        """The epochs of the slices ``device_ids`` lie on (sorted ``(slice, epoch)`` pairs)."""
-        with self._lock:
-            return tuple((s, self._epochs[s]) for s in sorted({self.slice_of(d) for d in device_ids}))
-
-    def lost_among(self, epochs: tuple[tuple[int, int], ...]) -> list[int]:
-        """The slices of ``epochs`` lost now or since those epochs."""
-        with self._lock:
-            return [s for s, epoch in epochs if s in self._lost or self._epochs[s] != epoch]
 
 
 @dataclasses.dataclass
@@ -161,74 +85,6 @@ class ProxyProgram:
     outputs: list[tuple[int, tuple[int, ...], Any, str | None]] | None = None  # each result's spec, once run
 
 
-# IFRT serialisation names of the shardings the client sends and reads.
-SINGLE = "xla::ifrt::SingleDeviceSharding"
-HLO = "xla::ifrt::HloSharding"
-CONCRETE_EVEN = "xla::ifrt::ConcreteEvenSharding"
-OPAQUE = "xla::ifrt::OpaqueSharding"
-_SHARDING_MESSAGES = {
-    SINGLE: "xla.ifrt.SingleDeviceShardingProto",
-    HLO: "xla.ifrt.HloShardingProto",
-    CONCRETE_EVEN: "xla.ifrt.ConcreteEvenShardingProto",
-    OPAQUE: "xla.ifrt.OpaqueShardingProto",
-}
-
-
-def parse_sharding(proto: Any) -> tuple[str, Any]:
-    """The serialisation type and the decoded message of an IFRT ``ShardingProto``."""
-    serialized = proto.serialized_sharding
-    name = _SHARDING_MESSAGES.get(serialized.type_name)
-    if name is None:
-        raise ProxyError(UNIMPLEMENTED, f"the local Pathways backend does not serve arrays with an IFRT sharding "
-                                        f"of type {serialized.type_name!r}")
-    return serialized.type_name, protocol.message(name).FromString(serialized.data)
-
-
-def sharding_devices(proto: Any) -> tuple[tuple[int, ...], str | None]:
-    """The device ids and memory kind of an IFRT ``ShardingProto``."""
-    kind, inner = parse_sharding(proto)
-    memory = inner.memory_kind if inner.HasField("memory_kind") else None
-    if kind == SINGLE:
-        return (inner.device_id,), memory
-    return tuple(inner.devices.device_ids), memory
-
-
-def single_device_sharding(device_id: int, memory_kind: str | None) -> Any:
-    inner = protocol.message("xla.ifrt.SingleDeviceShardingProto")(device_id=device_id)
-    if memory_kind is not None:
-        inner.memory_kind = memory_kind
-    return _wrap(SINGLE, inner)
-
-
-def hlo_sharding(device_ids: Sequence[int], memory_kind: str | None, op_sharding: bytes) -> Any:
-    inner = protocol.message("xla.ifrt.HloShardingProto")()
-    inner.devices.device_ids.extend(device_ids)
-    inner.xla_op_sharding.ParseFromString(op_sharding)
-    if memory_kind is not None:
-        inner.memory_kind = memory_kind
-    return _wrap(HLO, inner)
-
-
-def moved_sharding(proto: Any, device_ids: Sequence[int], memory_kind: str | None) -> Any:
-    """``proto`` with its devices replaced by ``device_ids`` and its memory kind by ``memory_kind``."""
-    kind, inner = parse_sharding(proto)
-    if kind == SINGLE:
-        inner.device_id = device_ids[0]
-    else:
-        del inner.devices.device_ids[:]
-        inner.devices.device_ids.extend(device_ids)
-    if memory_kind is not None:
-        inner.memory_kind = memory_kind
-    return _wrap(kind, inner)
-
-
-def _wrap(kind: str, inner: Any) -> Any:
-    proto = protocol.message("xla.ifrt.ShardingProto")()
-    proto.serialized_sharding.type_name = kind
-    proto.serialized_sharding.data = inner.SerializeToString()
-    return proto
-
-
 class ProxyBackend:
     """The CPU client's side of every session: devices, slices, arrays, programs, futures.
 
@@ -258,6 +114,8 @@ class ProxyBackend:
         self.arrays: dict[int, ProxyArray] = {}
         self.programs: dict[int, ProxyProgram] = {}
         self.futures: dict[int, tuple[int, str] | None] = {}
+        #: The epochs of the slices each run's status future waits on (a hung slice's run).
+        self.pending: dict[int, tuple[tuple[int, int], ...]] = {}
         self._next_handle = 1 << 63  # above every handle the client makes itself
         self.dispatches = 0
         self.stepper: Any = None  # a StepSchedule, set by its attach()
@@ -300,11 +158,14 @@ class ProxyBackend:
             return held.error
         lost = self.slices.lost_among(held.epochs)
         if lost:
-            return (DATA_LOSS, f"the array's data was on slice {lost[0]}, which is lost "
-                               f"(elastic-dew local Pathways backend)")
+            return (self.slices.code_of(lost[0]), f"the array's data was on slice {lost[0]}, which is lost "
+                                                  f"(elastic-dew local Pathways backend)")
         return None
 
     def check_readable(self, held: ProxyArray) -> None:
+        """Wait while ``held`` is a hung slice's (not in host memory); raise when it is lost."""
+        if held.memory_kind != "pinned_host":
+            self.slices.await_answer(held.epochs)
         status = self.status(held)
         if status is not None:
             raise ProxyError(*status)
@@ -410,33 +271,44 @@ class ProxyBackend:
         """Run ``program`` on ``args``; its results, and why they are lost (or ``None``).
 
         With a :attr:`stepper` (a :class:`~elastic_dew.proxy.faults.StepSchedule`), a dispatch
-        it counts as a step fires what is due before it runs and after.
+        it counts as a step fires what is due before it runs and after; a fault that fails the
+        step (``error``) travels in its results, as a lost slice's error does.
         """
+        if self.stepper is None:
+            return self._execute(program, args)
         in_bytes = sum(_nbytes(h) for h in args)
         slices = frozenset(self.slices.slice_of(d) for d in program.device_ids)
         chained = sum(_nbytes(h) for h in args if h.producer == program.name)  # the state it carries
-        step = None if self.stepper is None else self.stepper.before(
-            program, in_bytes, program.output_bytes, slices, chained)
+        failed: tuple[int, str] | None = None
+        step = None
         try:
-            return self._execute(program, args)
-        finally:
-            if self.stepper is not None:
-                self.stepper.after(step)
+            step = self.stepper.before(program, in_bytes, program.output_bytes, slices, chained)
+        except ProxyError as error:
+            failed = (error.code, str(error))
+        results, lost = self._execute(program, args)
+        try:
+            self.stepper.after(step)
+        except ProxyError as error:
+            failed = failed or (error.code, str(error))
+        if failed is None:
+            return results, lost
+        return [dataclasses.replace(held, error=failed) for held in results], failed
 
     def _execute(self, program: ProxyProgram, args: list[ProxyArray]) -> tuple[list[ProxyArray], tuple[int, str] | None]:
         error = None
         for held in args:
             error = error or self.status(held)
-        lost = [s for s in sorted({self.slices.slice_of(d) for d in program.device_ids}) if s in self.slices.lost]
+        down = self.slices.states.down
+        lost = [s for s in sorted({self.slices.slice_of(d) for d in program.device_ids}) if s in down]
         if lost and error is None:
-            error = (DATA_LOSS, f"program {program.name} ran on slice {lost[0]}, which is lost "
-                                f"(elastic-dew local Pathways backend)")
+            error = (self.slices.code_of(lost[0]), f"program {program.name} ran on slice {lost[0]}, which is lost "
+                                                   f"(elastic-dew local Pathways backend)")
         inputs = []
         for index, held in enumerate(args):
             op = program.parameter_shardings[index] if index < len(program.parameter_shardings) else None
             if op is None or len(program.device_ids) == 1:
                 inputs.append(held.shards[0] if len(held.shards) == 1 else self.assembled(
-                    held, program.device_ids, _replicated(), held.memory_kind))
+                    held, program.device_ids, replicated(), held.memory_kind))
             else:
                 inputs.append(self.assembled(held, program.device_ids, op, held.memory_kind))
         results = program.executable.execute_sharded(inputs)
@@ -456,51 +328,10 @@ class ProxyBackend:
         if len(program.device_ids) == 1:
             sharding = single_device_sharding(program.device_ids[0], memory)
         else:
-            op = program.output_shardings[index] if index < len(program.output_shardings) else _replicated()
+            op = program.output_shardings[index] if index < len(program.output_shardings) else replicated()
             sharding = hlo_sharding(program.device_ids, memory, op.SerializeToString())
         shape = program.output_shapes[index] if index < len(program.output_shapes) else tuple(first.shape)
         return dtype_kind(first.dtype), shape, sharding, memory
-
-
-def read_module(mlir: bytes) -> tuple[str, list[tuple[int, ...]], int]:
-    """The module's name, the global shapes of its ``main`` function's results and their bytes."""
-    from elastic_dew._compat import jax as jax_private
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import stablehlo
-
-    with jax_private.MLIR_CONTEXT.get()() as context:
-        if mlir[:4] == b"ML\xefR" and b"StableHLO_v" in mlir[:64]:
-            module = stablehlo.deserialize_portable_artifact(context, mlir)
-        else:
-            module = ir.Module.parse(mlir)
-        attributes = module.operation.attributes
-        name = ir.StringAttr(attributes["sym_name"]).value if "sym_name" in attributes else "program"
-        for op in module.body.operations:
-            if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == "main":
-                function = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-                types = [ir.RankedTensorType(t) for t in function.results]
-                size = sum(int(np.prod(t.shape, dtype=np.int64)) * _element_bytes(str(t.element_type))
-                           for t in types)
-                return name, [tuple(t.shape) for t in types], size
-    raise ProxyError(INVALID_ARGUMENT, f"program {name} has no main function")
-
-
-def _element_bytes(element: str) -> int:
-    """The bytes of one element of MLIR element type ``element`` (``f32``, ``bf16``, ``i1``)."""
-    import re
-
-    if element.startswith("complex<"):
-        return 2 * _element_bytes(element[len("complex<"):-1])
-    match = re.search(r"\d+", element)
-    return max(1, int(match.group()) // 8) if match else 1
-
-
-def _replicated() -> Any:
-    from elastic_dew._compat import jax as jax_private
-
-    op = jax_private.XLA_OP_SHARDING.get()()
-    op.type = op.type.REPLICATED if hasattr(op.type, "REPLICATED") else 1
-    return op
 
 
 def _nbytes(held: ProxyArray) -> int:

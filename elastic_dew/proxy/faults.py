@@ -2,123 +2,87 @@
 
 Through the proxy nothing runs in the program's process but the program, so the steps are
 counted where Pathways would see them: at the backend, from the programs it is asked to
-run. :class:`StepCounter` is the simulator's step rule read at the boundary (a program's
-carried bytes are those of its arguments that are its own earlier results, at most its
-results'; the loop's step is the
-program that carries the most, or the one named with ``step_function``: see
-:meth:`elastic_dew.simulate.SimulatedSlices.step_of`), without the caller frame the
-boundary cannot see. :class:`StepSchedule` fires a fault schedule with the simulator's
-:class:`~elastic_dew.simulate.schedule.ScheduleRunner` at those counted dispatches
-(``dispatch`` before a step runs, ``step`` after), on the backend's slices, and records each
-run attempt's slices: a step whose program spans other slices than the previous one starts
-a new attempt (the retry on a smaller mesh, the scale-up). It also records when the program
-first met a loss that fired (the backend answered one of its requests with ``DATA_LOSS``),
-so the verdict can tell a loss the program handled from one it never saw.
+run, by the simulator's one step rule (:meth:`elastic_dew.simulate.step_count.StepCount.chained`:
+the program that carries the loop's state from one dispatch to the next, or the one named
+with ``step_function``). :class:`StepSchedule` fires a fault schedule with the simulator's
+:class:`~elastic_dew.simulate.runner.ScheduleRunner` at those counted dispatches
+(``dispatch`` before a step runs, ``step`` after), on the backend's slices (the fault state
+machine both boundaries share, :class:`~elastic_dew.simulate.slice_states.SliceStates`), and
+records each run attempt's slices: ``elastic_retry`` starts an attempt by waiting for
+slices, whose health check probes every slice, those the program runs on too (a program on
+each, :func:`probe_programs`), while the ``Manager``'s monitor probes only the inactive ones; so the first step after
+a probe of a slice the last step ran on starts an attempt (the retry on a smaller mesh, the
+scale-up by ``ScaleUpSignalError``, a retry onto the same slices after a pause), and so does
+the first step after the program met the loss of a slice its last step ran on. A loop that
+takes a returned slice up in place, at a step boundary, starts none. (With a health check
+whose probes the backend does not see, a step on other slices than the previous one starts
+an attempt.) It also
+records when the program first met a loss that fired (the backend answered one of its
+requests with a slice-down error), so the verdict can tell a loss the program handled from
+one it never saw.
 
-The boundary serves the slice faults (``lose``, ``restore``) and, to a program that announced
-its process, ``preempt`` and ``kill``; a schedule with any other action is refused with the
-reason (:func:`check_served`).
+Every schedule action is served: ``lose``, ``restore``, ``hang`` (the program's reads of the
+slice's results never answer until the slice is lost or restored), ``suspend`` and ``wake``
+at the backend's slices; ``error`` as the failure of the request that dispatches the step
+(a runtime error that is not a slice loss, ``INVALID_ARGUMENT``); ``preempt`` and ``kill``
+to the program's process, once it announced itself (:mod:`elastic_dew.proxy.exec_program`).
+A time-keyed fault fires while the program can reach no step: while one of its reads waits
+on a hung slice, and from the first slice-down error it meets while a slice its last step ran
+on is lost until its next step (it waits for slices, as pathwaysutils' ``elastic_retry`` does
+after a loss; a probe of a slice outside its mesh is not such an error).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import threading
 import time
 from typing import Any, cast
 
-__all__ = ["MIN_STEP_BYTES", "SERVED_ACTIONS", "StepCounter", "StepSchedule", "check_served"]
+from elastic_dew.simulate.step_count import StepCount
+
+__all__ = ["StepSchedule"]
 
 logger = logging.getLogger(__name__)
 
-#: The fewest bytes a step carries: less is a counter or a PRNG key carried along (4-16 bytes).
-MIN_STEP_BYTES = 64
-
-#: The schedule actions the proxy boundary fires: slice losses and returns at the backend, a
-#: preemption (SIGTERM) or a kill (SIGKILL) to the program's process, once it announced itself
-#: (:mod:`elastic_dew.proxy.exec_program`).
-SERVED_ACTIONS = ("lose", "restore", "preempt", "kill")
+#: The longest a read of a step's results waits for the program's ``Manager`` to see a
+#: returned slice (its monitor's probes) before it is answered anyway.
+TAKE_UP_WAIT_S = 10.0
 
 
-def check_served(schedule: Any) -> None:
-    """Refuse a schedule with an action the proxy boundary does not serve.
+@functools.lru_cache(maxsize=1)
+def pmap_program() -> str:
+    """The name a ``jax.pmap``'s program reaches the backend by (all pmaps share it): the
+    program pathwaysutils' health check probes each slice with."""
+    import jax
+    import numpy as np
 
-    Raises:
-        ValueError: naming the action and what the boundary serves.
-    """
-    for fault in schedule:
-        if fault.action not in SERVED_ACTIONS:
-            raise ValueError(
-                f"fault {str(fault)!r}: the proxy boundary fires {', '.join(SERVED_ACTIONS)} only "
-                f"(a {fault.action} acts inside the program's process; run it in-process, without --boundary proxy)")
+    text = jax.pmap(lambda x: x, devices=jax.devices()[:1]).lower(np.zeros(1)).as_text()
+    match = re.match(r"module @([\w.$-]+)", text)
+    return match.group(1) if match else ""
 
 
-class StepCounter:
-    """Which dispatches are the loop's steps, read from the programs alone.
+@functools.lru_cache(maxsize=1)
+def probe_programs() -> frozenset[str]:
+    """The names of the programs a health check probes each slice with: pathwaysutils' (a
+    ``pmap``, :func:`pmap_program`) and elastic_dew's own (``jax.jit`` of the probe of
+    :mod:`elastic_dew.elastic.slices.health`, which its loop installs)."""
+    from elastic_dew.elastic.slices import health
 
-    The boundary sees no caller, so it tells the loop's step from an initialiser's or a
-    library's programs by what a training step does: it carries its state from one dispatch
-    to the next. A program becomes the step when a dispatch of it takes a result of its own
-    earlier dispatch (the state) and that state (the bytes of those arguments, at most its
-    results') is at least half the bytes of the largest step so far; its earlier dispatches count too (the first step took the initial state). From
-    then on every dispatch of a program of that name counts (a retry recompiles it for the
-    smaller mesh under the same name, and its first dispatch takes a restored state). A
-    program that chains carrying more than twice the largest so far supersedes the steps
-    counted before (a data generator's key, split step by step): only its name counts from
-    then on, with the count its own dispatches give. The rule reads only the programs and
-    their arrays, never the time, so the same loop counts the same steps. A program that
-    carries fewer than :data:`MIN_STEP_BYTES` (a step counter, a PRNG key) is never the step.
-
-    Args:
-        step_function: count every dispatch of the function of this name (``train_step``
-            for ``jax.jit(train_step)``, whose program is ``jit_train_step``) instead.
-    """
-
-    def __init__(self, step_function: str | None = None):
-        self.step_function = step_function
-        self.steps = 0
-        self._largest = 0
-        self._names: set[str] = set()
-        self._dispatches: dict[str, int] = {}
-
-    def count(self, name: str, in_bytes: int, out_bytes: int, chained: int = 0) -> int | None:
-        """The step number of this dispatch of program ``name``, or ``None`` when it is not one.
-
-        ``chained`` is how many bytes of its arguments are results of its own earlier
-        dispatches (the state it carries; 0: none). Only those count as carried: an eager
-        op fed one scalar of its own earlier result (jax 0.12's ``random.normal`` runs
-        ``multiply`` twice, the second on the first's scalar) carries that scalar, not
-        the array beside it."""
-        carried = min(chained, out_bytes) if chained else min(in_bytes, out_bytes)
-        seen = self._dispatches[name] = self._dispatches.get(name, 0) + 1
-        if self.step_function is not None:
-            if name not in (self.step_function, f"jit_{self.step_function}"):
-                return None
-            self.steps += 1
-        elif name in self._names:
-            self.steps += 1
-        elif chained and carried >= MIN_STEP_BYTES and 2 * carried >= self._largest:
-            if self._names and carried > 2 * self._largest:
-                logger.info("program %s carries %d bytes, more than twice %s: it is the step function",
-                            name, carried, sorted(self._names))
-                self._names, self.steps = set(), 0
-            self._names.add(name)
-            self.steps += seen
-        else:
-            return None
-        self._largest = max(self._largest, carried)
-        logger.info("step %d: program %s carries %d bytes", self.steps, name, carried)
-        return self.steps
+    return frozenset({pmap_program(), f"jit_{health._plus_one.__name__}"})
 
 
 class _Target:
-    """The schedule runner's target: the backend's slices (a loss reads as DATA_LOSS), and the
-    program's process for a preemption or a kill."""
+    """The schedule runner's target: the backend's slices, and the program's process for a
+    preemption or a kill."""
 
-    def __init__(self, slices: Any, pid: Any, lost: Any):
+    def __init__(self, slices: Any, pid: Any, lost: Any, back: Any):
         self.slices = slices
         self._pid = pid
         self._lost = lost
+        self._back = back
 
     def end_process(self, signum: int) -> None:
         import os
@@ -131,15 +95,26 @@ class _Target:
         os.kill(pid, signum)
 
     def lose(self, i: int, code: str = "DATA_LOSS") -> None:
-        self.slices.lose(i)
-        self._lost()
+        self.slices.lose(i, code)
+        self._lost(i)
 
     def restore(self, i: int) -> None:
         self.slices.restore(i)
+        self._back(i)
+
+    def hang(self, i: int) -> None:
+        self.slices.hang(i)
+
+    def suspend(self, i: int) -> None:
+        self.slices.suspend(i)
+
+    def wake(self, i: int) -> None:
+        self.slices.wake(i)
+        self._back(i)
 
     @property
     def hung(self) -> frozenset[int]:
-        return frozenset()
+        return frozenset(self.slices.states.hung)
 
 
 class StepSchedule:
@@ -147,11 +122,11 @@ class StepSchedule:
 
     Args:
         schedule: the schedule's text (``lose:1@6,restore:1@12``).
-        step_function: as :class:`StepCounter`'s.
+        step_function: the loop's step function, as :class:`~elastic_dew.simulate.step_count.StepCount`'s.
         fault_log: the fault log's path, or ``None``.
 
     Raises:
-        ValueError: a schedule that does not parse, or that the boundary does not serve.
+        ValueError: a schedule that does not parse.
     """
 
     def __init__(self, schedule: str, step_function: str | None = None, fault_log: str | None = None,
@@ -159,23 +134,34 @@ class StepSchedule:
         from elastic_dew.simulate.schedule import parse_schedule
 
         self.schedule = parse_schedule(schedule)
-        check_served(self.schedule)
         self.step_function = step_function
-        self.counter = StepCounter(step_function)
+        self.counter = StepCount(step_function)
         self.fault_log = fault_log
         self.attempts_file = attempts
         self.runner: Any = None
         self.attempts: list[dict[str, Any]] = []
         self.pid: int | None = None
-        self._unmet = False  # a loss fired and no DATA_LOSS has been answered since
+        self._unmet = False  # a loss fired and no slice-down error has been answered since
+        self._met_since_step = False  # since its last step the program met the loss of a slice it ran on
+        self._step_epochs: tuple[tuple[int, int], ...] = ()  # the epochs of the last step's slices
+        self._step_slices: frozenset[int] = frozenset()  # the last step's slices
+        self._probed = False  # since its last step the program probed a slice that step ran on
+        self._probes_seen = False  # the program's health check probes were seen
+        self._slices: Any = None
         self._lock = threading.Lock()
+        self._taken = threading.Condition(self._lock)  # notified as a returned slice is seen or taken
+        self._returned: dict[int, int] = {}  # each returned slice not yet seen: its probes since
 
     def process_started(self, pid: int) -> None:
         """A new process of the run starts (``pid``): its steps count from 1 (the fault log
         keeps what fired), its start and attempts are recorded under ``pid``."""
         with self._lock:
             self.pid = pid
-            self.counter = StepCounter(self.step_function)
+            self.counter = StepCount(self.step_function)
+            self._met_since_step = self._probed = self._probes_seen = False
+            self._returned.clear()
+            self._taken.notify_all()
+            self._step_slices = frozenset()
             self.attempts = []
             self._record({"pid": pid, "start": True, "wall": time.time()})
 
@@ -200,20 +186,57 @@ class StepSchedule:
         from elastic_dew.simulate.schedule import Target
 
         log = FaultLog(self.fault_log) if self.fault_log else None
-        # A Target for the actions this boundary serves: check_served refused the others.
-        target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss))
-        self.runner = ScheduleRunner(self.schedule, target, log)
+        self._slices = backend.slices
+        target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss, self._slice_back))
+        self.runner = ScheduleRunner(self.schedule, target, log, idle=self.idle)
         self.runner.__enter__()
         backend.stepper = self
 
-    def _fired_loss(self) -> None:
+    def _fired_loss(self, index: int) -> None:
         with self._lock:
             self._unmet = True
+            self._returned.pop(index, None)
+            self._taken.notify_all()
+
+    def _slice_back(self, index: int) -> None:
+        with self._lock:
+            if self._probes_seen:
+                self._returned[index] = 0
+
+    @property
+    def holding(self) -> bool:
+        """Whether a read of a step's results waits for the program to see a returned slice."""
+        return bool(self._returned)
+
+    def hold(self, producer: str | None) -> None:
+        """Before a read of a result of program ``producer`` is answered: when it is the loop's
+        step and a slice came back, wait (at most :data:`TAKE_UP_WAIT_S`) until the program's
+        ``Manager`` has seen it (its monitor probed the slice twice since: the first check
+        finished), the program took it up, or it was lost again. In-process the simulator shows
+        the ``Manager`` a returned slice at once, so a loop sees it at the step boundary the
+        return fired at; the hold gives the proxy boundary the same step."""
+        if producer is None or not self._returned:
+            return
+        with self._taken:
+            if not self.counter.is_step(producer):
+                return
+            if not self._taken.wait_for(lambda: not self._returned, TAKE_UP_WAIT_S):
+                logger.warning("the program's Manager did not probe returned slices %s within %g s: its read "
+                               "is answered", sorted(self._returned), TAKE_UP_WAIT_S)
+                self._returned.clear()
+
+    def idle(self) -> bool:
+        """Whether the program can reach no step now: a read of it waits on a hung slice, or
+        since its last step it met a slice-down error while a slice that step ran on was lost
+        (it retries: it waits for slices, then starts a new attempt)."""
+        return self._met_since_step or (self._slices is not None and self._slices.states.idle())
 
     def met_loss(self) -> None:
-        """The backend answered a request of the program with ``DATA_LOSS``: the first such
-        answer after a loss fired is recorded (``{"pid", "met": true, "wall"}``)."""
+        """The backend answered a request of the program with a slice-down error: the first
+        such answer after a loss fired is recorded (``{"pid", "met": true, "wall"}``)."""
         with self._lock:
+            if self._slices is not None and self._slices.lost_among(self._step_epochs):
+                self._met_since_step = True  # not a probe of a slice outside the program's mesh
             if not self._unmet:
                 return
             self._unmet = False
@@ -224,21 +247,50 @@ class StepSchedule:
         """Count this dispatch; fire what is due at its ``dispatch``. Its step, or ``None``."""
         with self._lock:
             before = self.counter.steps
-            step = self.counter.count(program.name, in_bytes, out_bytes, chained)
+            step = self.counter.chained(program.name, in_bytes, out_bytes, chained)
             if step is None:
+                if len(slices) == 1 and program.name in probe_programs():
+                    self._probes_seen = True  # the health check probes each slice with a program of its own
+                    self._probed = self._probed or slices <= self._step_slices
+                    (probed_slice,) = slices
+                    if probed_slice in self._returned:
+                        self._returned[probed_slice] += 1
+                        if self._returned[probed_slice] >= 2:
+                            del self._returned[probed_slice]
+                            self._taken.notify_all()
                 return None
+            if self._returned.keys() & slices:  # taken up
+                for taken in self._returned.keys() & slices:
+                    del self._returned[taken]
+                self._taken.notify_all()
+            retried, self._met_since_step = self._met_since_step, False
+            probed, self._probed = self._probed, False
+            self._step_epochs = self._slices.states.epochs_of(slices) if self._slices is not None else ()
+            self._step_slices = slices
             if step <= before:  # the count started again: a new step function
                 self.attempts = []
-            if not self.attempts or set(self.attempts[-1]["active"]) != set(slices):
+            moved = set(self.attempts[-1]["active"]) != set(slices) if self.attempts else True
+            if not self.attempts or retried or probed or (moved and not self._probes_seen):
                 self.attempts.append({"step": step, "active": sorted(slices), "wall": time.time()})
                 self._record({"pid": self.pid, "active": sorted(slices), "step": step, "wall": time.time()})
-        self.runner.on_dispatch("dispatch", step)
+        self._fire("dispatch", step)
         return step
 
     def after(self, step: int | None) -> None:
         """Fire what is due at the ``step`` phase of the dispatch ``before`` counted."""
         if step is not None:
-            self.runner.on_dispatch("step", step)
+            self._fire("step", step)
+
+    def _fire(self, phase: str, step: int) -> None:
+        """Fire what is due; an ``error`` fails the request that dispatched the step."""
+        import jax
+
+        from elastic_dew.proxy.ifrt import INVALID_ARGUMENT, ProxyError
+
+        try:
+            self.runner.on_dispatch(phase, step)
+        except jax.errors.JaxRuntimeError as error:
+            raise ProxyError(INVALID_ARGUMENT, str(error).split(": ", 1)[-1]) from None
 
     def close(self) -> tuple[str, ...]:
         """Stop; the faults that never fired (each recorded in the fault log)."""

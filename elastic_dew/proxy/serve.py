@@ -2,7 +2,7 @@
 
 It sets up ``slices * devices_per_slice`` CPU devices before JAX starts, serves the IFRT
 proxy service (:class:`~elastic_dew.proxy.server.ProxyService`) and a small control
-service (lose, restore, status; JSON over gRPC, :data:`CONTROL`) on one loopback port,
+service (lose, restore, hang, suspend, wake, status; JSON over gRPC, :data:`CONTROL`) on one loopback port,
 prints one line ``elastic-dew proxy listening on 127.0.0.1:PORT`` once both serve, and
 serves until SIGTERM or SIGINT. ``SIGUSR1`` loses the lowest-numbered slice still whole,
 ``SIGUSR2`` restores the lowest-numbered lost one. The control service's ``Started`` (from
@@ -60,6 +60,13 @@ def start(slices: int, devices_per_slice: int, port: int = 0, schedule: Any = No
         backend.slices.restore(int(request["slice"]))
         return status(request, context)
 
+    def slice_action(action: str) -> Any:
+        def act(request: dict, context: Any) -> dict:
+            getattr(backend.slices, action)(int(request["slice"]))
+            return status(request, context)
+
+        return act
+
     def status(request: dict, context: Any) -> dict:
         return {"slices": slices, "devices_per_slice": devices_per_slice, "lost": sorted(backend.slices.lost),
                 "events": backend.slices.events, "dispatches": backend.dispatches, "sessions": service.sessions,
@@ -81,6 +88,8 @@ def start(slices: int, devices_per_slice: int, port: int = 0, schedule: Any = No
     control = grpc.method_handlers_generic_handler(CONTROL, {
         "Announce": _json_handler(announce),
         "Lose": _json_handler(lose), "Restore": _json_handler(restore), "Status": _json_handler(status),
+        "Hang": _json_handler(slice_action("hang")), "Suspend": _json_handler(slice_action("suspend")),
+        "Wake": _json_handler(slice_action("wake")),
         "Started": _json_handler(started)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="elastic-dew-proxy"), options=[
         ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])

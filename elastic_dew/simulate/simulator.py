@@ -10,40 +10,28 @@ health check, Orbax's ``Snapshotter`` and a user's own loop run unchanged:
   leave the outside devices out), Orbax groups its Pathways workers one per slice, and
   ``pathwaysutils.is_pathways_backend_used()`` and Orbax's ``multihost.is_pathways_backend()``
   answer ``True``.
-* :meth:`SimulatedSlices.lose` makes a slice fail as on Pathways, with one of the error codes
-  pathwaysutils counts as slice-down (``DATA_LOSS`` by default; a schedule's ``lose`` faults
-  take ``DATA_LOSS``, ``INTERNAL``, ``NOT_FOUND``, ``DEADLINE_EXCEEDED`` in turn). Work
-  dispatched before the loss fails when its result is read; a compiled program dispatched
-  after it with an input on the lost slice, or an input whose data was lost, fails at the
-  dispatch. A copy of a lost array (``jax.device_put``) onto healthy devices is lost too:
-  results derived from a lost slice's data fail until they are replaced. The health check's
-  probe of the slice fails the same way, so it reports the slice down; pinned host snapshot
-  replicas on the slice become unreadable while the survivors stay readable.
-* :meth:`SimulatedSlices.hang` makes a slice stop answering: reading a result that was on
-  it, computed from one, or produced there afterwards (the health check's probe) blocks
-  until the slice is lost, restored or the simulator exits, as a read from a Pathways
-  worker that stopped answering does. Only a bound on the read (the step deadline, the
-  health check's probe timeout) ends such a wait.
-* :meth:`SimulatedSlices.suspend` is Pathways' transparent suspend: the slice's work stalls
-  as after ``hang`` until :meth:`SimulatedSlices.wake`, when every pending result arrives
-  with no error. With a multi-tier replicator (colocated Python is stateful, so Pathways
-  cannot suspend transparently) a suspend is a slice loss and its wake a return.
-* :meth:`SimulatedSlices.restore` makes the slice healthy again. Arrays that lived on it
-  while it was lost stay unreadable: their data is gone. The Manager sees a returned slice at
-  once: every lose, hang and restore re-runs the Manager's own check of its inactive slices
-  (``Manager._check_inactive_slices``, the monitor thread's body), and the monitor thread's
-  own checks run under the simulator's lock, so a restore fired at a step's announcement is
-  in ``available_inactive_slices`` at that step's boundary, whatever the step time.
+* The slices move through one fault state machine, shared with the local Pathways backend
+  (:mod:`elastic_dew.simulate.slice_states`): :meth:`SimulatedSlices.lose` (one of the error
+  codes pathwaysutils counts as slice-down; a schedule's ``lose`` faults take ``DATA_LOSS``,
+  ``INTERNAL``, ``NOT_FOUND``, ``DEADLINE_EXCEEDED`` in turn), :meth:`~SimulatedSlices.hang`
+  (reads of its results block until it is lost, restored or the simulator exits; only a bound
+  on the read ends such a wait), :meth:`~SimulatedSlices.suspend` and
+  :meth:`~SimulatedSlices.wake` (Pathways' transparent suspend; a loss and a return under a
+  multi-tier replicator, whose colocated Python is stateful) and
+  :meth:`~SimulatedSlices.restore` (arrays that lived on it while it was down stay
+  unreadable). What a read or a dispatch meets under it is :mod:`elastic_dew.simulate.slice_faults`:
+  work dispatched before a loss fails when read, a dispatch after it with an input on the lost
+  slice fails at once, a copy of a lost array is lost too, and the health check's probe and
+  pinned host snapshot replicas on the slice fail the same way.
+* The Manager sees a returned slice at once: every change re-runs the Manager's own check of
+  its inactive slices (``Manager._check_inactive_slices``), and the monitor thread's checks
+  run under the simulator's lock, so a restore fired at a step's announcement is in
+  ``available_inactive_slices`` at that step's boundary, whatever the step time.
 
 Reads and dispatches are intercepted where JAX funnels them
 (:mod:`elastic_dew.simulate.patches`); every patch is undone when the context exits. Which
 devices form which slice is :mod:`elastic_dew.simulate.topology`; the schedule and its fault
 log are :mod:`elastic_dew.simulate.schedule`.
-
-Arrays are never tracked by ``id()`` (Python reuses ids; pathwaysutils' own test mock does,
-and misreports healthy slices and fresh arrays). An array fails while any of its devices is
-on a lost slice; at ``lose``, ``hang`` and ``restore`` every live array on the slice is
-marked, on the array object itself. Arrays created after ``restore`` carry no mark.
 
 Faults fire in any loop: at elastic_dew's phase announcements in its own loop, and at the
 dispatches of the step function in a loop that announces nothing (:meth:`SimulatedSlices.step_of`
@@ -51,18 +39,12 @@ says which dispatch is a step; ``docs/simulator.md``, "Loops elastic_dew did not
 A fault that never fired is reported when the context exits normally (a warning,
 :attr:`SimulatedSlices.unfired`, a ``never_fired`` line in the fault log). While the context
 is active pathwaysutils' health check is elastic_dew's (:mod:`elastic_dew.elastic.slices.health`).
-
-Limits (see ``docs/simulator.md``'s fidelity table): CPU computations really run; primitives
-applied one by one outside ``jit`` keep JAX's C++ fast path, so their errors surface at the
-read rather than the dispatch; NumPy functions that convert a single-device array
-internally in C (``np.add(x, 1)``) bypass the read check.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,22 +52,22 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from elastic_dew._deprecation import renamed_keywords, warn
 from elastic_dew.elastic import events, hooks
 from elastic_dew.elastic.slices import health
 from elastic_dew.rundir import FaultLog
-from elastic_dew.simulate.marks import HUNG, LOST, Marks
+from elastic_dew.simulate.marks import Marks
 from elastic_dew.simulate.patches import registry
+from elastic_dew.simulate.slice_faults import SliceFaults
 from elastic_dew.simulate.replicator import Replicator
 from elastic_dew.simulate.runner import ScheduleRunner
 from elastic_dew.simulate.schedule import (
-    SLICE_DOWN_CODES,
     ScheduledFault,
     Schedule,
     action_of,
     as_schedule,
     check_fault_slices,
 )
+from elastic_dew.simulate.slice_states import HUNG_CODE, SliceStates
 from elastic_dew.simulate.step_count import StepCount
 from elastic_dew.simulate.topology import Topology, check_slice_index
 from elastic_dew.simulate.watch import Watch
@@ -97,17 +79,8 @@ __all__ = ["SimulatedSlices", "HUNG_CODE"]
 
 logger = logging.getLogger(__name__)
 
-#: The code a read blocked on a hung slice fails with when the simulator exits under it
-#: (a worker that stopped answering).
-HUNG_CODE = "DEADLINE_EXCEEDED"
 
-
-
-def _error(code: str, what: str) -> jax.errors.JaxRuntimeError:
-    return jax.errors.JaxRuntimeError(f"{code}: simulated slice failure: {what} (elastic_dew.simulate)")
-
-
-class SimulatedSlices:
+class SimulatedSlices(SliceFaults):
     """``slices`` slices of ``devices_per_slice`` host CPU devices each, as a context manager.
 
     The host must have ``slices * devices_per_slice`` CPU devices, set before JAX starts
@@ -142,8 +115,6 @@ class SimulatedSlices:
         watch_log: a JSON-lines file the watch's records of what the program does are
             appended to (:attr:`watch`; ``elastic-dew simulate`` keeps its processes' there),
             or ``None`` to keep them in memory only.
-        num_slices: deprecated (goes in 0.3): ``slices``.
-        step_program: deprecated (goes in 0.3): ``step_function``.
 
     Raises:
         ValueError: a shape below one slice or one device, a schedule that does not parse or
@@ -153,7 +124,6 @@ class SimulatedSlices:
             devices (the error says how to set them before JAX starts).
     """
 
-    @renamed_keywords("SimulatedSlices", num_slices="slices", step_program="step_function")
     def __init__(
         self,
         slices: int,
@@ -185,9 +155,7 @@ class SimulatedSlices:
             idle=self._idle, land=registry.land_snapshots,
         )
         self.step_function = step_function
-        self._count = StepCount()
-        self._blocked_reads = 0
-        self._waits = 0
+        self._count = StepCount(step_function)
         self._installed_health = False
         #: The active slices of each attempt pathwaysutils' ``elastic_retry`` started (the
         #: answer of each of its waits for slices), in order.
@@ -200,16 +168,13 @@ class SimulatedSlices:
                 "its faults again; pass fault_log= to fire each once per run",
                 schedule,
             )
+        #: The slices' health (:class:`~elastic_dew.simulate.slice_states.SliceStates`, the
+        #: fault state machine the proxy backend shares).
+        self.states = SliceStates(slices, self._health_changed, active=False)
         #: Held while slice health changes and while the Manager checks its inactive slices.
-        self.lock = threading.RLock()
-        self._answered = threading.Condition(self.lock)
-        self._changes = 0  # slice health changes so far (lose, hang, restore)
+        self.lock = self.states.lock
+        self._answered = self.states.answered
         self._marks = Marks()
-        self._active = False
-        self._codes: dict[int, str] = {}
-        self._hung: frozenset[int] = frozenset()
-        self._suspended: frozenset[int] = frozenset()  # the hung slices that are suspended
-        self._wakes: dict[int, int] = {}  # each slice's wakes from a suspension so far
         self._lost_device_ids: frozenset[int] = frozenset()
         self._topology: Topology | None = None
         self._skipped_logged = False
@@ -220,17 +185,14 @@ class SimulatedSlices:
         topology = Topology.from_host(self.slices, self.devices_per_slice)
         registry.install(self)
         self._topology = topology
-        self._codes, self._hung = {}, frozenset()
-        self._suspended, self._wakes = frozenset(), {}
+        self.states.reset()
         self._lost_device_ids = frozenset()
         self._count.reset()
-        self._blocked_reads, self._waits = 0, 0
         self.attempts = []
         self.watch.reset()
         self._faults = []
         hooks.add_listener(self.watch.announced)  # before the runner's: a step is seen before its fault
         hooks.add_listener(events=self._fired)  # the faults fired, told on the loop's channel
-        self._active = True
         if not health.installed():
             health.install()
             self._installed_health = True
@@ -258,27 +220,12 @@ class SimulatedSlices:
         if self._installed_health:
             health.uninstall()
             self._installed_health = False
-        with self._answered:
-            self._active = False
-            self._answered.notify_all()  # readers blocked on a hung slice give up
+        self.states.stop()  # readers blocked on a hung slice give up
         registry.uninstall(self)
-        self._codes, self._hung = {}, frozenset()
-        self._suspended, self._wakes = frozenset(), {}
+        self.states.reset(active=False)
         self._lost_device_ids = frozenset()
 
     # ----------------------------------------------------------------- slices
-
-    @property
-    def num_slices(self) -> int:
-        """Deprecated (goes in 0.3): :attr:`slices`."""
-        warn("SimulatedSlices.num_slices", "SimulatedSlices.slices")
-        return self.slices
-
-    @property
-    def step_program(self) -> str | None:
-        """Deprecated (goes in 0.3): :attr:`step_function`."""
-        warn("SimulatedSlices.step_program", "SimulatedSlices.step_function")
-        return self.step_function
 
     @property
     def topology(self) -> Topology:
@@ -300,12 +247,12 @@ class SimulatedSlices:
     @property
     def lost(self) -> frozenset[int]:
         """The slices lost (or hung) now."""
-        return frozenset(self._codes)
+        return self.states.lost
 
     @property
     def hung(self) -> frozenset[int]:
         """The slices that stopped answering now."""
-        return self._hung
+        return self.states.hung
 
     @property
     def fired(self) -> frozenset[ScheduledFault]:
@@ -370,7 +317,7 @@ class SimulatedSlices:
         Returns:
             The step's number, or ``None`` when the dispatch is not a step.
         """
-        return self._count.step_of(arrays, name, caller, out_bytes, step_function=self.step_function)
+        return self._count.step_of(arrays, name, caller, out_bytes)
 
     def on_dispatch(self, phase: str, step: int) -> None:
         """Fire what is due at ``phase`` (``dispatch`` or ``step``) of counted step ``step``.
@@ -387,8 +334,7 @@ class SimulatedSlices:
         Args:
             delta: ``+1`` as a wait begins, ``-1`` as it ends.
         """
-        with self._answered:
-            self._waits += delta
+        self.states.waiting_for_slices(delta)
 
     def attempted(self, active: Any) -> None:
         """pathwaysutils' wait for slices returned ``active``: an ``elastic_retry`` attempt starts.
@@ -405,7 +351,7 @@ class SimulatedSlices:
     def _idle(self) -> bool:
         """Whether the loop can reach no step boundary now: a read waits on a hung slice, or
         pathwaysutils waits for slices."""
-        return self._blocked_reads > 0 or self._waits > 0
+        return self.states.idle()
 
     def slice_of(self, device: jax.Device) -> int | None:
         """The simulated slice a device belongs to, or None for a device outside every slice.
@@ -421,262 +367,8 @@ class SimulatedSlices:
     def _check_index(self, index: int) -> None:
         check_slice_index(index, self.slices)
 
-    def _set(self, codes: dict[int, str], hung: frozenset[int]) -> None:
-        self._codes, self._hung = codes, hung
-        self._lost_device_ids = self.topology.device_ids(set(codes))
-        self._changes += 1
-        self._answered.notify_all()
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, or until a slice's health changes (a fault fired).
-
-        A wait for slices inside the simulator sleeps here between its checks (pathwaysutils'
-        ``wait_for_slices``, whatever ``poll_interval`` it was given): a returned slice is
-        seen at once, as the schedule fires it, and the order of events stays the schedule's.
-
-        Args:
-            seconds: the longest sleep.
-        """
-        with self._answered:
-            seen = self._changes
-            deadline = time.monotonic() + max(0.0, seconds)
-            while self._active and self._changes == seen:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._answered.wait(left)
-
-    def lose(self, i: int, code: str = SLICE_DOWN_CODES[0]) -> None:
-        """Lose slice ``i``: reads of its arrays, and dispatches onto it, fail with ``code``.
-
-        ``code`` must be one pathwaysutils counts as slice-down (:data:`SLICE_DOWN_CODES`).
-
-        Args:
-            i: the slice's index.
-            code: the error code reads and dispatches fail with.
-
-        Raises:
-            ValueError: ``i`` is not a slice, or ``code`` is not a slice-down code.
-        """
-        self._check_index(i)
-        if code not in SLICE_DOWN_CODES:
-            raise ValueError(f"code {code!r} is not a slice-down code; use one of {', '.join(SLICE_DOWN_CODES)}")
-        with self._answered:
-            if i in self._codes and i not in self._hung:
-                logger.info("slice %d is already lost", i)
-                return
-            self._suspended = self._suspended - {i}
-            self._set({**self._codes, i: code}, self._hung - {i})
-            marked = self._marks.lose_live(self.topology.device_ids({i}), code)
-        logger.warning("simulated loss of slice %d with %s (%d live arrays lose their data)", i, code, marked)
-        registry.refresh_managers()
-
-    def hang(self, i: int) -> None:
-        """Slice ``i`` stops answering: reads of its results, old and new, block.
-
-        Args:
-            i: the slice's index.
-        """
-        self._check_index(i)
-        with self._answered:
-            if i in self._codes:
-                logger.info("slice %d is already lost or hung", i)
-                return
-            self._set({**self._codes, i: HUNG_CODE}, self._hung | {i})
-            marked = self._marks.hang_live(self.topology.device_ids({i}), i)
-        logger.warning("simulated hang of slice %d (%d results stop answering)", i, marked)
-        registry.refresh_managers()
-
-    def suspend(self, i: int) -> None:
-        """Pathways' transparent suspend of slice ``i``: its work stalls (reads of its results,
-        old and new, block, as after :meth:`hang`) until :meth:`wake`, which lets every
-        pending result complete with no error, as Pathways does when it saves a preempted
-        worker's state and resumes it on the rescheduled worker.
-
-        With a multi-tier replicator (``replicator=``: colocated Python is stateful, so
-        Pathways cannot suspend the worker transparently) a suspend is a slice loss
-        (:meth:`lose`) and its wake a return (:meth:`restore`).
-
-        Args:
-          i: the slice, ``0 .. slices - 1``.
-
-        Raises:
-          ValueError: ``i`` is not a slice.
-        """
-        self._check_index(i)
-        if self.replicator is not None:
-            logger.warning("slice %d suspended under multi-tier checkpointing: no transparent suspend, "
-                           "a slice loss", i)
-            self.lose(i, SLICE_DOWN_CODES[0])
-            return
-        self.hang(i)
-        with self._answered:
-            if i in self._hung:
-                self._suspended = self._suspended | {i}
-
-    def wake(self, i: int) -> None:
-        """Slice ``i``'s suspension ends: its pending results arrive with no error.
-
-        A slice that was not suspended (it was lost meanwhile, or lost under multi-tier
-        checkpointing) comes back as after :meth:`restore`.
-
-        Args:
-          i: the slice, ``0 .. slices - 1``.
-
-        Raises:
-          ValueError: ``i`` is not a slice.
-        """
-        self._check_index(i)
-        with self._answered:
-            suspended = i in self._suspended and i in self._hung
-        if not suspended:
-            self.restore(i)
-            return
-        with self._answered:
-            cleared = self._marks.clear_hung(i)
-            self._suspended = self._suspended - {i}
-            self._wakes[i] = self._wakes.get(i, 0) + 1
-            codes = dict(self._codes)
-            del codes[i]
-            self._set(codes, self._hung - {i})
-        logger.warning("simulated slice %d woke from its suspension (%d pending results complete)", i, cleared)
-        registry.refresh_managers()
-
-    def restore(self, i: int) -> None:
-        """Slice ``i`` is healthy again; arrays that lived on it while lost stay unreadable.
-
-        Args:
-            i: the slice's index.
-        """
-        self._check_index(i)
-        with self._answered:
-            if i not in self._codes:
-                logger.info("slice %d is not lost; nothing to restore", i)
-                return
-            # Mark first, then heal: an array made after the slice is healthy is never marked.
-            marked = self._marks.lose_live(self.topology.device_ids({i}), SLICE_DOWN_CODES[0])
-            codes = dict(self._codes)
-            del codes[i]
-            self._suspended = self._suspended - {i}
-            self._set(codes, self._hung - {i})
-        logger.warning("simulated slice %d healthy again (%d arrays stay lost)", i, marked)
-        registry.refresh_managers()
-
-    # ----------------------------------------------------------------- what the patches ask
-
-    def inherit_mark(self, parent: Any, child: Any) -> None:
-        """A shard or a copy (``child``) of an array whose data is lost or hung is too.
-
-        Args:
-            parent: the original array.
-            child: its shard or copy.
-        """
-        self._marks.inherit(parent, child)
-
-    def _touched(self, array: Any) -> dict[int, str]:
-        lost_ids = self._lost_device_ids
-        if not lost_ids:
-            return {}
-        device_slice = self.topology.device_slice
-        return {
-            device_slice[d.id]: self._codes[device_slice[d.id]]
-            for d in array.sharding.device_set
-            if d.id in lost_ids
-        }
-
-    def _hung_slice_of(self, array: Any) -> int | None:
-        """A hung slice holding part of ``array`` in device memory, or None."""
-        hung = self._hung
-        if not hung or array.sharding.memory_kind == "pinned_host":
-            return None  # host memory has no computation in flight: it fails at once
-        device_slice = self.topology.device_slice
-        return next((device_slice[d.id] for d in array.sharding.device_set
-                     if device_slice.get(d.id) in hung), None)
-
-    def check_readable(self, array: Any) -> None:
-        """Block while ``array`` is a hung slice's result or lives on a hung slice; raise the
-        slice-down error Pathways raises when its data is lost or it is on a lost slice.
-
-        Args:
-            array: the array being read.
-
-        Raises:
-            jax.errors.JaxRuntimeError: the slice-down error Pathways raises (its code first).
-        """
-        hung = self._marks.of(array, HUNG)
-        if hung is None:
-            hung = self._hung_slice_of(array)
-        if hung is not None:
-            with self._answered:
-                wakes = self._wakes.get(hung, 0)
-                self._blocked_reads += 1
-                try:
-                    while self._active and hung in self._hung:
-                        self._answered.wait()
-                finally:
-                    self._blocked_reads -= 1
-                released = self._active
-                ended = self._codes.get(hung, SLICE_DOWN_CODES[0])
-                if released and self._wakes.get(hung, 0) > wakes and self._marks.of(array, HUNG) is None:
-                    hung = None  # the slice woke from a suspension: the result arrived
-        code = self._marks.of(array, LOST)
-        if code is not None:
-            raise _error(code, "this array's data was on a slice that was lost")
-        if hung is not None:
-            # The hung slice was lost (with the loss's code) or restored (its results never
-            # came), or the simulator exited while this read waited.
-            raise _error(ended if released else HUNG_CODE,
-                         f"the result waited on slice {hung}, which stopped answering")
-        touched = self._touched(array)
-        if touched:
-            slices = ", ".join(map(str, sorted(touched)))
-            raise _error(touched[min(touched)], f"slice {slices} holding this array is lost")
-
-    def answering(self, array: Any) -> bool:
-        """Whether ``array``'s result can arrive: not while it waits on a hung slice.
-
-        ``jax.Array.is_ready()`` says ``False`` for such an array, as on Pathways, where a
-        result a stopped worker owes never becomes ready.
-
-        Args:
-            array: a ``jax.Array``.
-
-        Returns:
-            Whether it can become ready.
-        """
-        hung = self._marks.of(array, HUNG)
-        if hung is None:
-            hung = self._hung_slice_of(array)
-        return hung is None or hung not in self._hung
-
-    def check_dispatch(self, arrays: list[Any]) -> None:
-        """Raise at dispatch when an input's data is lost or it is on a lost (not hung) slice.
-
-        A hung slice accepts work (its results then block when read), as Pathways queues it.
-
-        Args:
-            arrays: the dispatch's input arrays.
-
-        Raises:
-            jax.errors.JaxRuntimeError: the slice-down error Pathways raises (its code first).
-        """
-        for array in arrays:
-            code = self._marks.of(array, LOST)
-            if code is not None:
-                raise _error(code, "a program was dispatched with an input whose data was on a lost slice")
-            touched = {s: c for s, c in self._touched(array).items() if s not in self._hung}
-            if touched:
-                slices = ", ".join(map(str, sorted(touched)))
-                raise _error(touched[min(touched)], f"a program was dispatched onto lost slice {slices}")
-
-    def derive(self, inputs: list[Any], outputs: list[Any]) -> None:
-        """Results computed from a hung slice's results are hung too (they wait on them).
-
-        Args:
-            inputs: a dispatch's input arrays.
-            outputs: its results.
-        """
-        self._marks.derive(inputs, outputs)
+    def _health_changed(self) -> None:
+        self._lost_device_ids = self.topology.device_ids(set(self.states.codes))
 
     def group(self, devices: Any) -> dict[int, list[jax.Device]]:
         """``get_slice_to_devices``: ``devices`` grouped by simulated slice.
