@@ -14,11 +14,18 @@ proxy it could reach no device otherwise; in-process it changes nothing).
 What the proxy boundary cannot see is not compared: it runs no code in the program's
 process, so it records no costs and evaluates no problem rule (``docs/pathways-boundary.md``,
 "What each boundary can see"); the in-process verdict's problems are the verdict tests'.
+
+Each run of both boundaries costs about 15 s on two cores, so the suite compares each corpus
+program under its first schedule and every mistake (the in-process corpus test runs every
+schedule); ``ELASTIC_DEW_DIFFERENTIAL=all`` compares every schedule of every program (about
+ten minutes). CI's other environments (the ``libraries`` tier, where jaxlib's proxy client
+differs by version) compare the programs of :data:`ACROSS_VERSIONS`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +47,11 @@ ATTEMPTS_UNSEEN = {
     "mesh_on_lost_slice": "its mesh spans every slice, the lost one too: each retry dies before its first step",
 }
 
-pytestmark = pytest.mark.libraries  # real processes through jaxlib's proxy client, pathwaysutils
+#: Every schedule of every corpus program, not only each program's first.
+EVERY_SCHEDULE = os.environ.get("ELASTIC_DEW_DIFFERENTIAL") == "all"
+#: The programs compared in every CI environment: real processes through each jaxlib's proxy
+#: client and pathwaysutils (a loop carrying two scalars, and the guide's own example).
+ACROSS_VERSIONS = ("boundary_two_scalars", "guide_example")
 
 
 def schedules(path: Path) -> list[str]:
@@ -52,8 +63,10 @@ def schedules(path: Path) -> list[str]:
 
 
 def _cases() -> list:
-    cases = [pytest.param([path], schedule, id=f"{path.stem}-{schedule}")
-             for path in sorted(CORPUS.glob("*.py")) for schedule in schedules(path)]
+    cases = [pytest.param([path], schedule, id=f"{path.stem}-{schedule}",
+                          marks=[pytest.mark.libraries] if path.stem in ACROSS_VERSIONS else [])
+             for path in sorted(CORPUS.glob("*.py"))
+             for schedule in (schedules(path) if EVERY_SCHEDULE else schedules(path)[:1])]
     cases += [pytest.param([PROGRAMS / "guide_loop.py", "--mistake", mistake], DEFAULT_SCHEDULE,
                            id=f"guide_loop-{mistake}") for mistake in MISTAKES]
     # a correct program fires every fault; a mistake may end the program first, through both
