@@ -70,8 +70,8 @@ PROBLEMS: Mapping[str, ProblemKind] = {
         ProblemKind(
             "restored_nothing",
             rule="an attempt after a slice loss, or the first of a restarted process, ran its first step on a "
-                 "freshly initialised state although a snapshot (in this process) or a checkpoint of a later step "
-                 "had been saved",
+                 "freshly initialised state although a snapshot (in this process) or a checkpoint had landed "
+                 "(its copy to host memory finished, its commit finished)",
             cost="every step since the start is trained again after each fault",
             fix="at the start of every attempt load the newest snapshot (if snapshotter.latest is not None: "
                 "state = snapshotter.load(abstract_state)) or restore the newest checkpoint "
@@ -79,12 +79,13 @@ PROBLEMS: Mapping[str, ProblemKind] = {
         ),
         ProblemKind(
             "recreated_per_attempt",
-            rule="a pathwaysutils Manager, an Orbax Snapshotter or CheckpointManager was made inside the function "
-                 "given to elastic_retry, again in a later attempt",
-            cost="its slice tracking or its snapshots do not survive the attempt: the next attempt starts with "
-                 "none of them",
-            fix="make the Manager, the Snapshotter and the CheckpointManager once, before the function "
-                "elastic_retry wraps, and use them inside it",
+            rule="a pathwaysutils Manager or an Orbax Snapshotter was made inside the function given to "
+                 "elastic_retry, again in a later attempt (a CheckpointManager made per attempt over the same "
+                 "directory finds every committed step, and is not this mistake)",
+            cost="its slice tracking or its in-memory snapshots do not survive the attempt: the next attempt "
+                 "starts with none of them",
+            fix="make the Manager and the Snapshotter once, before the function elastic_retry wraps, and use "
+                "them inside it",
         ),
         ProblemKind(
             "held_across_attempts",
@@ -99,7 +100,8 @@ PROBLEMS: Mapping[str, ProblemKind] = {
         ProblemKind(
             "mesh_on_lost_slice",
             rule="inside an elastic_retry attempt, the program put a computation or a transfer on devices of a "
-                 "slice that is not among the attempt's active slices",
+                 "slice that was down at that moment and not among the active slices it had (the attempt's, or "
+                 "the set it gave manager.active_slice_indices)",
             cost="on Pathways the work fails on the lost slice (or, once it is back, runs outside what the Manager "
                  "tracks): the attempt fails again and again",
             fix="build the mesh from the Manager's active slices, [d for i in sorted(manager.active_slice_indices) "
@@ -410,11 +412,13 @@ def _detection(run: _Run, fault: Mapping[str, Any], until: float | None,
 def _costs(run: _Run) -> list[Cost]:
     costs: list[Cost] = []
     claimed: dict[int, str] = {}  # a resume's index -> the fault whose recovery it is
+    returned: list[tuple[int, Mapping[str, Any]]] = []
     for fault in run.faults:
         base = {"fault": fault["scheduled"], "action": fault["action"], "slice": fault.get("slice"),
                 "process": run.process(fault["pid"]), "step": fault["step"]}
         if fault["action"] in _RETURNS:
-            costs.append(Cost(**base, **_take_up(run, fault)))
+            returned.append((len(costs), fault))
+            costs.append(Cost(**base))
             continue
         resume = run.next_resume(fault["wall"])
         key = run.resumes.index(resume) if resume is not None else -1
@@ -439,15 +443,18 @@ def _costs(run: _Run) -> list[Cost]:
                           resumed_step=resume["step"] if resume["origin"] != "nothing" else None,
                           redone_steps=max(0, at - resume["p"]),
                           recovery_seconds=round(resume["w"] - fault["wall"], 3)))
+    for index, fault in returned:  # after the stops: a resume a stop's recovery holds counts its steps there
+        costs[index] = dataclasses.replace(costs[index], **_take_up(run, fault, claimed))
     return costs
 
 
-def _take_up(run: _Run, fault: Mapping[str, Any]) -> dict[str, Any]:
+def _take_up(run: _Run, fault: Mapping[str, Any], claimed: Mapping[int, str]) -> dict[str, Any]:
     back, wall = fault.get("slice"), fault["wall"]
     current = [a for a in run.attempts if a["w"] <= wall]
     if current and back in current[-1]["active"] and not _ended_after(run, current[-1], wall):
         return {"taken_up_after_steps": 0, "taken_up_after_seconds": 0.0}
-    in_place = next((e for e in run.of("scaled_up") if e["w"] > wall), None)  # elastic_dew's loop, in place
+    in_place = next((e for e in run.events if e["w"] > wall and (  # taken up in place, no new attempt
+        e["e"] == "scaled_up" or (e["e"] == "active" and back in e.get("added", ())))), None)
     for attempt in run.attempts:
         if in_place is not None and in_place["w"] < attempt["w"]:
             break
@@ -457,8 +464,9 @@ def _take_up(run: _Run, fault: Mapping[str, Any]) -> dict[str, Any]:
                 continue
             steps = sum(1 for s in run.steps if wall < s["w"] < first["w"])
             at = run.position_at(first["w"], first["pid"])
+            redone = 0 if run.resumes.index(first) in claimed else max(0, at - first["p"])
             return {"taken_up_after_steps": steps, "taken_up_after_seconds": round(first["w"] - wall, 3),
-                    "resumed_from": first["origin"], "redone_steps": max(0, at - first["p"]),
+                    "resumed_from": first["origin"], "redone_steps": redone,
                     "resumed_step": first["step"] if first["origin"] != "nothing" else None}
     if in_place is not None:
         steps = sum(1 for s in run.steps if wall < s["w"] < in_place["w"])
@@ -492,7 +500,8 @@ def _recreated_per_attempt(run: _Run) -> list[Problem]:
     out = []
     seen: set[tuple[int, str]] = set()
     for made in run.of("created"):
-        if not made.get("in_retry") or made["n"] < 2 or (made["pid"], made["what"]) in seen:
+        if (not made.get("in_retry") or made["n"] < 2 or (made["pid"], made["what"]) in seen
+                or made["what"] not in ("Manager", "Snapshotter")):
             continue
         seen.add((made["pid"], made["what"]))
         again = sorted({m["n"] for m in run.of("created") if m["pid"] == made["pid"] and m["what"] == made["what"]
@@ -505,7 +514,19 @@ def _recreated_per_attempt(run: _Run) -> list[Problem]:
 
 def _recreated(run: _Run, pid: int, attempt: int) -> bool:
     return any(m["pid"] == pid and m["n"] == attempt and m.get("in_retry") and m["n"] >= 2
-               and m["what"] in ("Snapshotter", "CheckpointManager") for m in run.of("created"))
+               and m["what"] == "Snapshotter" for m in run.of("created"))
+
+
+def _landed(run: _Run, save: Mapping[str, Any], resume: Mapping[str, Any]) -> bool:
+    """Whether ``save`` had landed by ``resume``, as the ``landed`` record before it says (the
+    newest snapshot of the resume's process, the newest committed checkpoint); a save whose
+    tier that record does not cover cannot be told, and is not counted."""
+    landed = next((e for e in reversed(run.of("landed")) if e["pid"] == resume["pid"] and e["w"] <= resume["w"]),
+                  None)
+    if landed is None or save["kind"] not in landed:
+        return False
+    newest = landed[save["kind"]]
+    return newest is not None and save["step"] <= newest
 
 
 def _restored_nothing(run: _Run) -> list[Problem]:
@@ -515,7 +536,7 @@ def _restored_nothing(run: _Run) -> list[Problem]:
         if resume["origin"] != "nothing" or (resume["n"] < 2 and resume["pid"] == first_pid):
             continue
         kept = [s for s in run.saves if s["w"] < resume["w"] and s["p"] > 0
-                and (s["kind"] == "checkpoint" or s["pid"] == resume["pid"])]
+                and (s["kind"] == "checkpoint" or s["pid"] == resume["pid"]) and _landed(run, s, resume)]
         if not kept or _recreated(run, resume["pid"], resume["n"]):
             continue  # nothing to restore, or the cause is named: the Snapshotter was made again
         newest = max(kept, key=lambda s: s["p"])
@@ -569,10 +590,10 @@ def _no_save_at_preemption(run: _Run) -> list[Problem]:
     for fault in run.faults:
         if fault["action"] != "preempt":
             continue
-        if any(s["kind"] == "checkpoint" and s["pid"] == fault["pid"] and s["w"] >= fault["wall"]
-               for s in run.saves):
-            continue
         resume = next((r for r in run.resumes if r["w"] > fault["wall"] and r["pid"] != fault["pid"]), None)
+        if any(s["kind"] == "checkpoint" and s["pid"] == fault["pid"] and s["w"] >= fault["wall"]
+               and (resume is None or _landed(run, s, resume)) for s in run.saves):
+            continue
         at = run.position_at(fault["wall"], fault["pid"])
         if resume is None or resume["p"] >= at:
             continue
@@ -590,7 +611,8 @@ def _returned_slice_ignored(run: _Run) -> list[Problem]:
         pid, slices, wall = back["pid"], set(back["slices"]), back["w"]
         if any(e["pid"] == pid and e["w"] >= wall and slices & set(e["slices"]) for e in run.of("looked")):
             continue
-        if any(a["pid"] == pid and a["w"] >= wall and slices & set(a["active"]) for a in run.attempts):
+        if any(a["pid"] == pid and a["w"] >= wall and slices & set(a["active"])
+               for a in [*run.attempts, *run.of("active")]):
             continue
         after = sum(1 for s in run.steps if s["pid"] == pid and s["w"] > wall)
         if after == 0:

@@ -317,6 +317,7 @@ class Registry:
         manager = _pw_manager.Manager
         self._replace(manager, "elastic_retry", watching.tracking_retry(self, vars(manager)["elastic_retry"]))
         self._replace(manager, watching.AVAILABLE, watching.available_property(self))
+        self._replace(manager, watching.ACTIVE, watching.active_property(self, vars(manager)[watching.ACTIVE]))
         snapshotter = orbax_private.Snapshotter
         self._replace(snapshotter, "__init__", watching.made(self, "Snapshotter", vars(snapshotter)["__init__"]))
         self._replace(snapshotter, "save", watching.snapshot_save(self, vars(snapshotter)["save"]))

@@ -181,6 +181,9 @@ class Watch:
         self._lock = threading.RLock()
         self._token = object()
         self._snapshotters: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Every Snapshotter and CheckpointManager of the process (elastic_dew's own loop's
+        #: too): what has landed in them is read at each resume.
+        self._tiers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.reset()
 
     def reset(self) -> None:
@@ -294,6 +297,7 @@ class Watch:
         if phase == "step":
             if not self._stepped:
                 self._stepped = True
+                self._landed()
                 if self._restored is not None:
                     kind, saved, position = self._restored
                     self._emit("resume", origin=kind, step=saved, p=position)
@@ -314,7 +318,30 @@ class Watch:
             self._restored = (kind, step - 1, step - 1)
             self._emit("restore", kind=kind, step=step - 1, p=step - 1)
 
+    def _landed(self) -> None:
+        """What has landed now, recorded before a resume: the newest snapshot in host memory
+        (its copy finished) and the newest committed checkpoint, over the process's
+        Snapshotters and CheckpointManagers (``landed``; a tier it cannot read is left out)."""
+        snapshot = checkpoint = None
+        read = {"snapshot": False, "checkpoint": False}
+        for tier in list(self._tiers):
+            try:
+                if hasattr(tier, "all_steps"):
+                    steps = list(tier.all_steps(read=True))
+                    read["checkpoint"] = True
+                    checkpoint = max([*steps, *([checkpoint] if checkpoint is not None else [])], default=None)
+                else:
+                    latest = tier.latest
+                    read["snapshot"] = True
+                    if latest is not None and (snapshot is None or int(latest.step) > snapshot):
+                        snapshot = int(latest.step)
+            except Exception:  # noqa: BLE001 - a tier that cannot say what landed says nothing
+                logger.debug("could not read what landed in %r", tier, exc_info=True)
+        self._emit("landed", **{kind: (snapshot if kind == "snapshot" else checkpoint)
+                                for kind, known in read.items() if known})
+
     def _resumed(self, newest: tuple[Any, ...] | None, inputs: list[Any]) -> None:
+        self._landed()
         if newest is None:
             origin, saved, position = "nothing", None, 0
         elif newest[3] in ("snapshot", "checkpoint") and newest[2] == self._attempt:
@@ -375,18 +402,35 @@ class Watch:
         inactive = frozenset(range(self._simulator.slices)) - set(active)
         return inactive or None
 
+    def active_set(self, active: frozenset[int]) -> None:
+        """The program (not pathwaysutils) set a ``Manager``'s ``active_slice_indices`` to
+        ``active`` inside an attempt (the guide's in-place scale-up): placements are judged
+        against it from now on, and a returned slice it adds is taken up now."""
+        with self._lock:
+            if self._active is None or self._retry_depth == 0:
+                return
+            before = set(self._active)
+            self._active = tuple(sorted(active))
+        if set(active) != before:
+            self._emit("active", active=sorted(active), added=sorted(set(active) - before))
+
     def placing(self, arrays: list[Any], api: str, caller: Any) -> None:
         """``arrays`` (inputs, results or a copy's target) were placed by ``api``, called from
-        frame ``caller``: record it when user code put them on a slice the attempt has not."""
+        frame ``caller``: record it when user code put them on a slice that is down now and
+        outside the active slices the program has (a placement on a healthy slice, or on a
+        slice the program still counts active and is about to learn is lost, is not a mistake)."""
         inactive = self.inactive_slices()
         if inactive is None or not arrays:
+            return
+        down = inactive & self._simulator.lost
+        if not down:
             return
         frame = user_frame(caller)
         if frame is None:
             return
         device_slice = self._simulator.topology.device_slice
         slices = sorted({device_slice[d.id] for a in arrays for d in a.sharding.device_set
-                         if device_slice.get(d.id) in inactive})
+                         if device_slice.get(d.id) in down})
         key = (self._attempt, tuple(slices))
         if not slices or key in self._placed:
             return
@@ -405,6 +449,8 @@ class Watch:
 
     def created(self, what: str, instance: Any = None) -> None:
         """A ``Manager``, ``Snapshotter`` or ``CheckpointManager`` (``instance``) was made."""
+        if what in ("Snapshotter", "CheckpointManager") and instance is not None:
+            self._tiers.add(instance)
         if _own_loop_on_stack():
             return
         if what == "Snapshotter" and instance is not None:

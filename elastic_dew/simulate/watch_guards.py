@@ -26,7 +26,7 @@ from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate.watch import LANDING_SECONDS, own_loop_on_stack, placed_leaves
 
 __all__ = [
-    "AVAILABLE", "LANDING_SECONDS", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
+    "ACTIVE", "AVAILABLE", "LANDING_SECONDS", "active_property", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
     "data_call", "elastic_iterator", "made", "snapshot_load", "snapshot_save", "tracking_retry",
 ]
 
@@ -120,6 +120,24 @@ def available_property(reg: Any) -> property:
             watch.available(frozenset(value))
 
     return property(get, set_, doc="the Manager's returned slices not yet in use")
+
+
+#: The Manager's attribute that holds the slices in use; pathwaysutils sets it at each
+#: attempt's start, and a program that scales up in place sets it too.
+ACTIVE = "active_slice_indices"
+
+
+def active_property(reg: Any, original: property) -> property:
+    """``Manager.active_slice_indices``, its setter telling the watch when the program (not
+    pathwaysutils) changed the active slices inside an attempt."""
+
+    def set_(self, value):
+        original.__set__(self, value)
+        watch = _watch(reg)
+        if watch is not None and not _module(_caller()).startswith(("pathwaysutils", "elastic_dew.simulate")):
+            watch.active_set(frozenset(original.__get__(self, type(self))))
+
+    return property(original.fget, set_, original.fdel, doc=original.__doc__)
 
 
 def made(reg: Any, what: str, original: Callable[..., Any]) -> Callable[..., Any]:
