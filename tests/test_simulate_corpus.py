@@ -47,6 +47,8 @@ CASES = [
     ("orbax_per_attempt", "lose:2@9,restore:2@17", [("checkpoint", 8, 1), ("taken up after", 0)]),
     ("orbax_per_attempt", "lose:1@4,lose:2@8", [("checkpoint", 2, 2), ("checkpoint", 4, 2)]),
     ("orbax_per_attempt", "hang:1@5,lose:1@+2", [("checkpoint", 4, 1), ("part of", "hang:1@5/step")]),
+    ("orbax_v1_checkpointer", "lose:1@5", [("checkpoint", 4, 1)]),
+    ("orbax_v1_checkpointer", "lose:1@4,lose:2@8", [("checkpoint", 2, 2), ("checkpoint", 4, 2)]),
     ("tiny_state", "lose:1@6,restore:1@12", [("snapshot", 5, 1), ("taken up after", 0)]),
     ("tiny_state", "hang:1@5,lose:1@+2", [("snapshot", 4, 1), ("part of", "hang:1@5/step")]),
     ("own_loop_page", "lose:3@8,restore:3@16", [("snapshot", 5, 3), ("taken up after", 0)]),
@@ -91,6 +93,8 @@ def test_every_corpus_program_names_the_schedules_it_is_meant_for_and_each_is_ru
 def test_a_correct_program_gets_every_fault_fired_no_problem_and_costs_of_what_it_did(name, schedule, costs, tmp_path):
     program = importlib.import_module(f"programs.corpus.{name}")
     argv = {"orbax_per_attempt": ["--checkpoints", str(tmp_path / "checkpoints")],
+            "orbax_v1_checkpointer": ["--checkpoints", str(tmp_path / "checkpoints")]
+            + (["--by-path"] if "," in schedule else []),  # both ways Orbax v1 loads
             "own_loop_page": [str(tmp_path / "own")]}.get(name, [])
     with SimulatedSlices(4, 2, schedule=schedule) as sim:
         program.main(argv)  # returns: the program finished

@@ -326,6 +326,7 @@ class Registry:
         self._replace(checkpoints, "__init__", watching.made(self, "CheckpointManager", vars(checkpoints)["__init__"]))
         self._replace(checkpoints, "save", watching.checkpoint_save(self, vars(checkpoints)["save"]))
         self._replace(checkpoints, "restore", watching.checkpoint_restore(self, vars(checkpoints)["restore"]))
+        watching.install_restore_paths(self, self._replace)
         data = watching.elastic_iterator()
         for name, what in (("__init__", "made"), ("set_state", "set_state"), ("__next__", "next")):
             self._replace(data, name, watching.data_call(self, what, vars(data)[name]))

@@ -74,6 +74,9 @@ _THROUGH = ("jax", "jaxlib", "numpy", "flax", "optax", "functools", "contextlib"
 #: Modules whose calls are never the program's own: the libraries that place and read on
 #: the program's behalf (Orbax, Grain, pathwaysutils, etils) and elastic_dew itself.
 _LIBRARIES = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew")
+#: The objects whose landed state is read at each resume, by the name ``created`` gets, and
+#: the tier each holds.
+_TIERS = {"Snapshotter": "snapshot", "CheckpointManager": "checkpoint", "Checkpointer": "checkpoint"}
 #: How many held arrays get their holders named (finding them scans the heap).
 _DESCRIBED = 3
 
@@ -183,7 +186,7 @@ class Watch:
         self._snapshotters: weakref.WeakSet[Any] = weakref.WeakSet()
         #: Every Snapshotter and CheckpointManager of the process (elastic_dew's own loop's
         #: too): what has landed in them is read at each resume.
-        self._tiers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._tiers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.reset()
 
     def reset(self) -> None:
@@ -324,17 +327,18 @@ class Watch:
         Snapshotters and CheckpointManagers (``landed``; a tier it cannot read is left out)."""
         snapshot = checkpoint = None
         read = {"snapshot": False, "checkpoint": False}
-        for tier in list(self._tiers):
+        for tier, kind in list(self._tiers.items()):
             try:
-                if hasattr(tier, "all_steps"):
-                    steps = list(tier.all_steps(read=True))
-                    read["checkpoint"] = True
-                    checkpoint = max([*steps, *([checkpoint] if checkpoint is not None else [])], default=None)
-                else:
+                if hasattr(tier, "all_steps"):  # a v0 CheckpointManager: the steps committed on storage
+                    newest = max(tier.all_steps(read=True), default=None)
+                else:  # a Snapshotter (its copy landed), a v1 Checkpointer (committed)
                     latest = tier.latest
-                    read["snapshot"] = True
-                    if latest is not None and (snapshot is None or int(latest.step) > snapshot):
-                        snapshot = int(latest.step)
+                    newest = int(latest.step) if latest is not None else None
+                read[kind] = True
+                if kind == "snapshot" and newest is not None and (snapshot is None or newest > snapshot):
+                    snapshot = newest
+                if kind == "checkpoint" and newest is not None and (checkpoint is None or newest > checkpoint):
+                    checkpoint = newest
             except Exception:  # noqa: BLE001 - a tier that cannot say what landed says nothing
                 logger.debug("could not read what landed in %r", tier, exc_info=True)
         self._emit("landed", **{kind: (snapshot if kind == "snapshot" else checkpoint)
@@ -449,8 +453,11 @@ class Watch:
 
     def created(self, what: str, instance: Any = None) -> None:
         """A ``Manager``, ``Snapshotter`` or ``CheckpointManager`` (``instance``) was made."""
-        if what in ("Snapshotter", "CheckpointManager") and instance is not None:
-            self._tiers.add(instance)
+        if what in _TIERS and instance is not None:
+            try:
+                self._tiers[instance] = _TIERS[what]
+            except TypeError:
+                pass  # an object that cannot be weakly referenced is not read at resumes
         if _own_loop_on_stack():
             return
         if what == "Snapshotter" and instance is not None:
