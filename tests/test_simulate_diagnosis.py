@@ -44,11 +44,12 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _simulate(tmp_path: Path, *args: str, schedule: str = SCHEDULE, slices: int = 4):
+def _simulate(tmp_path: Path, *args: str, schedule: str = SCHEDULE, slices: int = 4, boundary: str = "in-process"):
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_dew", "simulate", "--run-dir", str(tmp_path / "run"), "--report", str(report),
-         "--slices", str(slices), "--schedule", schedule, "--", sys.executable, str(PROGRAM), *args],
+         "--slices", str(slices), "--schedule", schedule, "--boundary", boundary,
+         "--", sys.executable, str(PROGRAM), *args],
         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
     )
     return proc, json.loads(report.read_text()) if report.exists() else None
@@ -119,7 +120,7 @@ def _run(mistake: str | None, schedule: str = SCHEDULE, steps: int = 24):
     with SimulatedSlices(4, 2, schedule=schedule) as sim:
         try:
             guide_loop.main(argv)
-        except RuntimeError:
+        except (RuntimeError, ValueError):
             pass  # a program that fails: its diagnosis says why
         finally:
             guide_loop.KEPT.clear()
@@ -128,7 +129,7 @@ def _run(mistake: str | None, schedule: str = SCHEDULE, steps: int = 24):
 
 @pytest.mark.libraries
 @pytest.mark.parametrize("mistake", ["restored_nothing", "recreated_per_attempt", "held_across_attempts",
-                                     "data_not_rewound", "returned_slice_ignored"])
+                                     "data_not_rewound", "returned_slice_ignored", "batch_not_divisible"])
 def test_each_mistake_of_the_gallery_is_diagnosed_by_its_name_and_nothing_else(mistake):
     found = _run(mistake)
     assert _kinds(found.problems) and set(_kinds(found.problems)) == {mistake}
@@ -208,3 +209,38 @@ def test_the_watch_reads_placements_past_orbax_argument_objects_that_answer_unkn
     array = jax.numpy.asarray(np.arange(4.0))
     composite = ocp.args.Composite(state=ocp.args.StandardRestore({"w": array}))
     assert any(leaf is array for leaf in placed_leaves(((composite,), {})))
+
+
+@pytest.mark.libraries
+def test_a_global_batch_that_does_not_divide_among_the_slices_left_is_named_with_its_fix():
+    found = _run("batch_not_divisible")
+    (problem,) = found.problems
+    assert problem.kind == "batch_not_divisible" and problem.attempt == 2
+    assert "slices [0,1,3]" in problem.detail and "partitioned 6 times" in problem.detail
+    assert "divisible" in problem.fix and "per-replica batch" in problem.fix
+    (lose,) = found.costs  # it died before step 17: the return never fired
+    assert lose.resumed_from is None  # never resumed, and the problem says why
+
+
+def test_a_cause_in_the_programs_error_output_is_named_once_and_only_when_the_output_names_it():
+    from elastic_dew.simulate.diagnosis import with_output_causes
+
+    output = ("Traceback (most recent call last):\n  ...\nRuntimeError: Unable to initialize backend 'proxy': "
+              "Backend 'proxy' is not in the list of known backends: ['cpu', 'tpu'].\n")
+    found = with_output_causes(None, output, 1)
+    assert found is not None and [(p.kind, p.process) for p in found.problems] == [("not_initialized", 1)]
+    assert "pathwaysutils.initialize()" in found.problems[0].fix and "before its first JAX call" in found.problems[0].fix
+    assert with_output_causes(None, "Traceback ...\nValueError: something else\n", 1) is None
+    indivisible = "jax._src.sharding.IndivisibleError: Sharding ... is partitioned 6 times, but the dimension size is 16"
+    named = with_output_causes(found, indivisible, 2, allow=("batch_not_divisible",))
+    assert [(p.kind, p.allowed) for p in named.problems] == [("not_initialized", False), ("batch_not_divisible", True)]
+    assert [p.kind for p in with_output_causes(named, indivisible, 2).problems].count("batch_not_divisible") == 1
+
+
+@pytest.mark.slow
+def test_a_program_that_never_initializes_pathwaysutils_is_named_not_initialized_through_the_proxy(tmp_path):
+    proc, verdict = _simulate(tmp_path, "--mistake", "not_initialized", schedule="lose:2@9", boundary="proxy")
+    assert proc.returncode == 1, _explain(proc)
+    assert _kinds(verdict["problems"]) == ["not_initialized"]
+    assert "PROBLEM not_initialized" in proc.stderr and "pathwaysutils.initialize()" in proc.stderr
+    assert "Backend 'proxy' is not in the list of known backends" in proc.stderr  # its own output, passed through

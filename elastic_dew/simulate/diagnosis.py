@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import statistics
 from pathlib import Path
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["PROBLEMS", "ProblemKind", "Problem", "Cost", "Totals", "Diagnosis", "diagnose", "diagnose_run",
-           "check_allowed", "fault_record"]
+           "check_allowed", "fault_record", "with_output_causes"]
 
 #: Faults that stop the program's work; faults that give a slice back.
 _STOPS = ("lose", "hang", "suspend", "error", "preempt", "kill")
@@ -143,6 +144,23 @@ PROBLEMS: Mapping[str, ProblemKind] = {
             cost="the rest of the run trains on fewer slices than the allocation holds",
             fix="at each step boundary, after that step's snapshot: if manager.available_inactive_slices: raise "
                 "pathwaysutils.elastic.manager.ScaleUpSignalError(), so elastic_retry starts an attempt with it",
+        ),
+        ProblemKind(
+            "batch_not_divisible",
+            rule="an attempt ended with JAX's IndivisibleError: an array (the global batch) does not divide among the "
+                 "devices of the attempt's mesh, fewer after a slice loss",
+            cost="the program cannot train on the slices left after a loss: it dies instead of resuming",
+            fix="a global batch divisible by the data-parallel width of every slice count from "
+                "minimum_slice_count up (replicas x devices per slice), or a per-replica batch (global batch = "
+                "per-replica batch x manager.active_slice_count)",
+        ),
+        ProblemKind(
+            "not_initialized",
+            rule="the program died with JAX's \"Backend 'proxy' is not in the list of known backends\": it made "
+                 "its first JAX call before pathwaysutils.initialize() registered the Pathways (IFRT proxy) backend",
+            cost="on Pathways the program fails the same way at its first JAX call: it never starts",
+            fix="call pathwaysutils.initialize() at the start of the program, before its first JAX call "
+                "(import jax may come first; jax.devices(), an array or a jit call may not)",
         ),
     )
 }
@@ -645,8 +663,21 @@ def _data_not_rewound(run: _Run) -> list[Problem]:
     return out
 
 
+def _batch_not_divisible(run: _Run) -> list[Problem]:
+    out = []
+    for ended in run.of("attempt_end"):
+        if ended.get("error") != "other" or not str(ended.get("error_type", "")).endswith(".IndivisibleError"):
+            continue
+        attempt = next((a for a in run.attempts if a["pid"] == ended["pid"] and a["n"] == ended["n"]), None)
+        slices = f" on slices [{','.join(map(str, attempt['active']))}]" if attempt is not None else ""
+        out.append(Problem("batch_not_divisible", run.process(ended["pid"]), ended["n"],
+                           f"attempt {ended['n']}{slices} ended with IndivisibleError: "
+                           f"{str(ended.get('message', ''))[:200]}"))
+    return out
+
+
 _RULES = (_restored_nothing, _recreated_per_attempt, _held_across_attempts, _mesh_on_lost_slice, _snapshot_skipped,
-          _no_save_at_preemption, _data_not_rewound, _returned_slice_ignored)
+          _no_save_at_preemption, _data_not_rewound, _returned_slice_ignored, _batch_not_divisible)
 
 
 def _bytes(count: int) -> str:
@@ -682,6 +713,45 @@ def diagnose(faults: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, 
     problems.sort(key=lambda p: (p.process, p.attempt, order.index(p.kind)))
     problems = [dataclasses.replace(p, allowed=p.kind in allowed) for p in problems]
     return Diagnosis(tuple(costs), _totals(run, costs), tuple(problems))
+
+
+#: Causes read in the program's own output (its error output's tail), for a boundary that
+#: sees no record of them: a pattern, and the kind it names.
+_OUTPUT_CAUSES = (
+    (re.compile(r"Backend 'proxy' is not in the list of known backends"), "not_initialized"),
+    (re.compile(r"IndivisibleError: (.*)"), "batch_not_divisible"),
+)
+
+
+def with_output_causes(diagnosis: Diagnosis | None, output: str, process: int,
+                       allow: Iterable[str] = ()) -> Diagnosis | None:
+    """``diagnosis`` with the causes the program's error output names (:data:`_OUTPUT_CAUSES`)
+    that its records did not already name, each as a problem of ``process``.
+
+    Args:
+        diagnosis: the diagnosis from the records, or ``None`` (no records).
+        output: the tail of the program's error output.
+        process: the process the output's failure is charged to (the last one).
+        allow: problem kinds accepted.
+
+    Returns:
+        The diagnosis with those problems added (``None`` when there was none and the output
+        names nothing).
+    """
+    allowed = set(check_allowed(allow))
+    named = {p.kind for p in diagnosis.problems} if diagnosis is not None else set()
+    found: list[Problem] = []
+    for pattern, kind in _OUTPUT_CAUSES:
+        match = pattern.search(output)
+        if match is None or kind in named:
+            continue
+        detail = match.group(1)[:200] if match.groups() else match.group(0)
+        found.append(Problem(kind, process, 0, f"the program's error output: {detail}", allowed=kind in allowed))
+    if not found:
+        return diagnosis
+    if diagnosis is None:
+        return Diagnosis((), Totals(0, 0, 0.0, None, 0), tuple(found))
+    return dataclasses.replace(diagnosis, problems=diagnosis.problems + tuple(found))
 
 
 #: A fired fault's fields the rules read (of its ``fault`` event, as the fault log holds it).

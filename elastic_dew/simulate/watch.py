@@ -77,6 +77,8 @@ _LIBRARIES = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew")
 #: The objects whose landed state is read at each resume, by the name ``created`` gets, and
 #: the tier each holds.
 _TIERS = {"Snapshotter": "snapshot", "CheckpointManager": "checkpoint", "Checkpointer": "checkpoint"}
+#: How much of an error's message an ``attempt_end`` record keeps.
+_MESSAGE = 400
 #: How many held arrays get their holders named (finding them scans the heap).
 _DESCRIBED = 3
 
@@ -276,7 +278,12 @@ class Watch:
                 kind = "slice_down"
             else:
                 kind = "other"
-        self._emit("attempt_end", error=kind)
+        if kind == "other":
+            assert error is not None
+            self._emit("attempt_end", error=kind, error_type=f"{type(error).__module__}.{type(error).__qualname__}",
+                       message=str(error)[:_MESSAGE])
+        else:
+            self._emit("attempt_end", error=kind)
 
     def in_retry(self) -> bool:
         """Whether the program is inside the retried function now."""
