@@ -204,7 +204,7 @@ def test_the_watch_reads_placements_past_orbax_argument_objects_that_answer_unkn
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from elastic_dew.simulate.watch import placed_leaves
+    from elastic_dew.simulate.leaves import placed_leaves
 
     array = jax.numpy.asarray(np.arange(4.0))
     composite = ocp.args.Composite(state=ocp.args.StandardRestore({"w": array}))

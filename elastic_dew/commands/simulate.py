@@ -356,8 +356,8 @@ def _unmet_losses(fired: Sequence[dict[str, Any]], records: Sequence[dict[str, A
     return tuple(f["scheduled"] for f in fired if f["action"] == "lose" and not any(w >= f["wall"] for w in met))
 
 
-def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path, max_processes: int,
-                   restarting: Any, stderr: int | None = None) -> list[int]:
+def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path,
+                   max_processes: int, restarting: Any, stderr: int | None = None) -> list[int]:
     """Run ``program`` as it is (its own interpreter, ``JAX_PLATFORMS=proxy``) on a local
     Pathways backend that fires the schedule at the steps it counts, restarted as in-process;
     each process announces itself to the backend (:mod:`elastic_dew.proxy.exec_program`)."""

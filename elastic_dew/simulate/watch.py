@@ -42,12 +42,9 @@ they hold for any boundary that can produce the same records.
 
 from __future__ import annotations
 
-import gc
-import inspect
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -57,23 +54,18 @@ from typing import Any
 import jax
 
 from elastic_dew._compat import orbax as orbax_private
-from elastic_dew._compat import python as python_private
 from elastic_dew.rundir import read_records
-from elastic_dew.simulate.step_count import OWN_LOOP_MODULES
+from elastic_dew.simulate import watch_heap
+from elastic_dew.simulate.frames import caller, own_loop_on_stack, user_frame
+from elastic_dew.simulate.leaves import arrays_in
 
-__all__ = ["LANDING_SECONDS", "OWN_LOOP_MODULES", "Watch", "own_loop_on_stack", "placed_leaves", "user_frame"]
+__all__ = ["LANDING_SECONDS", "Watch"]
 
 logger = logging.getLogger(__name__)
 
 #: The attribute a step's output (or a restored or derived array) carries: ``(token,
 #: position, attempt, origin, saved_step)``.
 _POSITION = "_elastic_dew_position"
-#: Modules whose frames are passed over to find the code that made a call (JAX itself and
-#: the libraries a model is written with).
-_THROUGH = ("jax", "jaxlib", "numpy", "flax", "optax", "functools", "contextlib", "elastic_dew._compat")
-#: Modules whose calls are never the program's own: the libraries that place and read on
-#: the program's behalf (Orbax, Grain, pathwaysutils, etils) and elastic_dew itself.
-_LIBRARIES = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew")
 #: The objects whose landed state is read at each resume, by the name ``created`` gets, and
 #: the tier each holds.
 _TIERS = {"Snapshotter": "snapshot", "CheckpointManager": "checkpoint", "Checkpointer": "checkpoint"}
@@ -91,85 +83,8 @@ _DESCRIBED = 3
 LANDING_SECONDS = 0.5
 
 
-def _in(name: str, modules: tuple[str, ...]) -> bool:
-    return any(name == module or name.startswith(module + ".") for module in modules)
-
-
-def user_frame(frame: Any) -> Any:
-    """The first frame from ``frame`` outwards that is the program's own code, or ``None``
-    when the call was made by a library (Orbax, Grain, pathwaysutils, elastic_dew) or by
-    nothing but JAX.
-
-    Args:
-        frame: the innermost frame of the call.
-
-    Returns:
-        The program's frame, or ``None``.
-    """
-    while frame is not None and _in(frame.f_globals.get("__name__", ""), _THROUGH):
-        frame = frame.f_back
-    if frame is None or _in(frame.f_globals.get("__name__", ""), _LIBRARIES):
-        return None
-    return frame
-
-
-def own_loop_on_stack(frame: Any) -> bool:
-    """Whether elastic_dew's own loop (:data:`OWN_LOOP_MODULES`) is on the stack from
-    ``frame`` outwards: it announces its steps and its tiers itself.
-
-    Args:
-        frame: the innermost frame to look from.
-
-    Returns:
-        Whether one of its frames is there.
-    """
-    while frame is not None:
-        if _in(frame.f_globals.get("__name__", ""), OWN_LOOP_MODULES):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _own_loop_on_stack() -> bool:
-    frame = inspect.currentframe()
-    try:
-        return own_loop_on_stack(frame.f_back.f_back if frame is not None and frame.f_back is not None else None)
-    finally:
-        del frame  # a frame kept in its own local is a cycle
-
-
-def _arrays(tree: Any, depth: int = 0) -> list[Any]:
-    """The ``jax.Array`` leaves of ``tree``, looking inside Orbax's argument objects (a
-    dataclass or an object with attributes holding the tree) too."""
-    out: list[Any] = []
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if isinstance(leaf, jax.Array):
-            out.append(leaf)
-        elif depth < 3 and hasattr(leaf, "__dict__") and not isinstance(leaf, type):
-            out.extend(_arrays(list(vars(leaf).values()), depth + 1))
-    return out
-
-
-def _sharding_of(leaf: Any) -> Any:
-    """``leaf.sharding``, or None where it has none: Orbax's argument objects
-    (``args.Composite``) answer an unknown attribute with a ``KeyError``, not an
-    ``AttributeError``."""
-    try:
-        return getattr(leaf, "sharding", None)
-    except KeyError:
-        return None
-
-
-def placed_leaves(tree: Any) -> list[Any]:
-    """The leaves of ``tree`` that say where they go: arrays, and abstract leaves
-    (``jax.ShapeDtypeStruct``) with a sharding, looking inside Orbax's argument objects."""
-    out: list[Any] = []
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if isinstance(leaf, jax.Array) or isinstance(_sharding_of(leaf), jax.sharding.Sharding):
-            out.append(leaf)
-        elif hasattr(leaf, "__dict__") and not isinstance(leaf, type):
-            out.extend(a for a in _arrays(list(vars(leaf).values())))
-    return out
+    return own_loop_on_stack(caller())  # from the watch's caller outwards
 
 
 class Watch:
@@ -378,29 +293,13 @@ class Watch:
 
     def _check_held(self, inputs: list[Any]) -> None:
         """Arrays an earlier attempt's steps made, still referenced at this attempt's first step."""
-        gc.collect()
-        carried = {id(a) for a in inputs}
-        live_frames = _live_frames()
-        live = jax.live_arrays()
-        candidates = [
-            array for array in live
-            if (mark := self._mark(array)) is not None and mark[2] < self._attempt and id(array) not in carried
-            and not array.is_deleted() and array.sharding.memory_kind != "pinned_host"
-        ]
-        ours = {id(live), id(candidates), id(inputs)}
-        kept = _still_held(candidates, ours, live_frames)
-        held = [array for array in candidates if id(array) in kept]
-        if not held:
-            return
-        described: list[str] = []
-        first = held[:_DESCRIBED]
-        for array in first:
-            for what in _holders(array, ours | {id(held), id(first)}, live_frames):
-                if what not in described:
-                    described.append(what)
-        self._emit("held", arrays=len(held), bytes=int(sum(a.nbytes for a in held)),
-                   attempts=sorted({mark[2] for a in held if (mark := self._mark(a)) is not None}),
-                   holders=described)
+        found = watch_heap.held_arrays(inputs, lambda array: (mark := self._mark(array)) is not None
+                                       and mark[2] < self._attempt, _DESCRIBED)
+        if found is not None:
+            held, described = found
+            self._emit("held", arrays=len(held), bytes=int(sum(a.nbytes for a in held)),
+                       attempts=sorted({mark[2] for a in held if (mark := self._mark(a)) is not None}),
+                       holders=described)
 
     # ----------------------------------------------------------------- placement
 
@@ -486,7 +385,7 @@ class Watch:
         """The program saved ``tree`` as its ``kind`` (``snapshot``/``checkpoint``) of ``step``."""
         if _own_loop_on_stack():
             return  # elastic_dew's loop announces its saves
-        newest = self._newest(_arrays(tree))
+        newest = self._newest(arrays_in(tree))
         position = newest[1] if newest is not None else 0
         if not skipped:
             self._saves[(kind, int(step))] = position
@@ -500,7 +399,7 @@ class Watch:
         position = self._saves.get((kind, step)) if step is not None else None
         if position is None:
             position = self._saved_elsewhere(kind, step)
-        for array in _arrays(tree):
+        for array in arrays_in(tree):
             self._set(array, position, kind, step)
         self._emit("restore", kind=kind, step=step, p=position)
 
@@ -540,128 +439,3 @@ class Watch:
         if slices and slices not in self._looked:
             self._looked.add(slices)
             self._emit("looked", slices=sorted(slices))
-
-
-def _live_frames() -> set[int]:
-    """The ids of every frame running now, on every thread."""
-    return python_private.running_frames()
-
-
-def _is_dead_frame(obj: Any, live_frames: set[int]) -> bool:
-    """A frame no thread runs any more (held by a traceback: a log handler that keeps
-    records keeps the failed attempt's frames; that is not the program holding state)."""
-    return type(obj).__name__ == "frame" and id(obj) not in live_frames
-
-
-def _foreign(obj: Any, ours: set[int], live_frames: set[int]) -> bool:
-    """Whether ``obj`` is a referrer that counts: not a dead frame, not this module's own
-    frames or lists."""
-    if id(obj) in ours or _is_dead_frame(obj, live_frames):
-        return False
-    return not (type(obj).__name__ == "frame" and obj.f_code.co_filename == __file__)
-
-
-def _referrers(*objects: Any) -> list[Any]:
-    """What references any of ``objects`` (``gc.get_referrers``), less the call's own argument
-    tuple: Python 3.13's collector tracks that tuple, which holds every one of ``objects``, so
-    a climb from it would find its own arguments at every level and never end."""
-    found = gc.get_referrers(*objects)
-    return [referrer for referrer in found if referrer is not objects]
-
-
-#: How many levels of referrers :func:`_still_held` climbs before it counts an array as held.
-_LEVELS = 10
-
-
-def _still_held(candidates: list[Any], ours: set[int], live_frames: set[int]) -> set[int]:
-    """The ids of the ``candidates`` something the program can still reach references: a
-    chain of referrers from the array up to a running frame or a module's globals. A chain
-    that ends at a frame no thread runs (a traceback kept by a log handler keeps the failed
-    attempt's frames, their locals and their loops' iterators) holds nothing. One scan of
-    the heap per level, for every candidate at once."""
-    origins: dict[int, set[int]] = {id(c): {id(c)} for c in candidates}
-    frontier: dict[int, Any] = {id(c): c for c in candidates}
-    seen = set(frontier)
-    held: set[int] = set()
-    for _ in range(_LEVELS):
-        if not frontier:
-            return held
-        objects = tuple(frontier.values())
-        found = _referrers(*objects)
-        following: dict[int, Any] = {}
-        mine = ours | {id(objects), id(found), id(frontier), id(following), id(origins), id(candidates)}
-        for referrer in found:
-            if not _foreign(referrer, mine, live_frames):
-                continue
-            via = {id(x) for x in gc.get_referents(referrer)} & frontier.keys()
-            reached = set().union(*(origins[v] for v in via)) if via else set()
-            if type(referrer).__name__ == "frame" or (isinstance(referrer, dict) and _module_of(referrer)):
-                held |= reached
-            elif id(referrer) not in seen:
-                seen.add(id(referrer))
-                origins[id(referrer)] = reached
-                following[id(referrer)] = referrer
-            else:
-                origins.setdefault(id(referrer), set()).update(reached)
-        frontier = following
-        del objects, found
-    for key in frontier:  # still climbing: count it held rather than miss a leak
-        held |= origins[key]
-    return held
-
-
-def _holders(array: Any, ours: set[int], live_frames: set[int]) -> list[str]:
-    """What references ``array``, as a user would name it: a global of a module, a local
-    variable of a running function, a variable of a closure, found outwards through the
-    containers and objects between (breadth first, a few levels)."""
-    ours = set(ours)
-    seen = {id(array)}
-    level: list[tuple[Any, Any]] = [(array, None)]  # (object, the object it references on the way)
-    ours.add(id(level))
-    names: list[str] = []
-    for _ in range(5):
-        following: list[tuple[Any, Any]] = []
-        ours.add(id(following))
-        for obj, _inner in level:
-            found = _referrers(obj)
-            ours.add(id(found))
-            for referrer in found:
-                if id(referrer) in seen or not _foreign(referrer, ours, live_frames):
-                    continue
-                seen.add(id(referrer))
-                name = _named(referrer, obj)
-                if name is not None:
-                    if name and name not in names:
-                        names.append(name)
-                elif isinstance(referrer, (list, dict, tuple, set)) or hasattr(referrer, "__dict__"):
-                    following.append((referrer, obj))
-        if names or not following:
-            break
-        level = following
-    return names[:4]
-
-
-def _module_of(namespace: Any) -> Any:
-    return next((m for m in list(sys.modules.values()) if getattr(m, "__dict__", None) is namespace), None)
-
-
-def _named(referrer: Any, obj: Any) -> str | None:
-    """``referrer`` as a name the user knows, holding ``obj``; ``""`` for a holder that is
-    not the program's (JAX's or elastic_dew's own frames and closures); ``None`` when it is
-    a container or an object to look through."""
-    what = type(obj).__name__
-    if type(referrer).__name__ == "frame":
-        if _in(referrer.f_globals.get("__name__", ""), _THROUGH + _LIBRARIES):
-            return ""
-        key = next((k for k, v in referrer.f_locals.items() if v is obj), "?")
-        return f"the {what} {key}, a local variable of {referrer.f_code.co_name}()"
-    if isinstance(referrer, dict) and (module := _module_of(referrer)) is not None:
-        key = next((k for k, v in referrer.items() if v is obj), "?")
-        return f"the {what} {module.__name__}.{key}"
-    if type(referrer).__name__ == "cell":
-        functions = [f for t in _referrers(referrer) if isinstance(t, tuple)
-                     for f in _referrers(t) if callable(f) and getattr(f, "__closure__", None) is t]
-        if not functions or _in(getattr(functions[0], "__module__", "") or "", _THROUGH + _LIBRARIES):
-            return ""
-        return f"a {what} in the closure of {functions[0].__qualname__}()"
-    return None

@@ -17,33 +17,27 @@ simulator active every wrapper only passes through.
 from __future__ import annotations
 
 import functools
-import inspect
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from elastic_dew._compat import orbax as orbax_private
-from elastic_dew.simulate.watch import LANDING_SECONDS, own_loop_on_stack, placed_leaves
+from elastic_dew.simulate.frames import caller as _caller
+from elastic_dew.simulate.frames import own_loop_on_stack
+from elastic_dew.simulate.leaves import placed_leaves
+from elastic_dew.simulate.watch import LANDING_SECONDS
 
 __all__ = [
-    "ACTIVE", "AVAILABLE", "LANDING_SECONDS", "active_property", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
-    "checkpointer_load", "checkpointer_save", "data_call", "elastic_iterator", "install_restore_paths", "made",
-    "path_restore", "snapshot_load", "snapshot_save", "tracking_retry",
+    "ACTIVE", "AVAILABLE", "LANDING_SECONDS", "active_property", "available_property", "checkpoint_manager",
+    "checkpoint_restore", "checkpoint_save", "checkpointer_load", "checkpointer_save", "data_call", "detected",
+    "elastic_iterator", "install_restore_paths", "made", "path_restore", "snapshot_load", "snapshot_save",
+    "tracking_retry",
 ]
 
 
 def _module(frame: Any) -> str:
     return frame.f_globals.get("__name__", "") if frame is not None else ""
-
-
-def _caller() -> Any:
-    """The frame that called the function calling this (Python's public frame access)."""
-    frame = inspect.currentframe()
-    try:
-        return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
-    finally:
-        del frame  # a frame kept in its own local is a cycle: it would hold the caller's arrays until gc
 
 
 def _watch(reg: Any) -> Any:
@@ -305,13 +299,11 @@ def install_restore_paths(reg: Any, replace: Callable[[Any, str, Any], None]) ->
     v0 ``Checkpointer.restore``, v1 ``load``/``load_pytree`` and v1
     ``training.Checkpointer`` (made, ``save``, ``load``), with ``replace(owner, name, new)``."""
     import orbax.checkpoint as ocp
-    from orbax.checkpoint.experimental.v1._src.loading import loading
 
     replace(ocp.Checkpointer, "restore", path_restore(reg, vars(ocp.Checkpointer)["restore"], method=True))
-    for owner in (ocp.v1, loading):
-        for name in ("load", "load_pytree"):
-            if name in vars(owner):
-                replace(owner, name, path_restore(reg, vars(owner)[name], method=False))
+    for name in ("load", "load_pytree"):  # the public names: a program calls ocp.v1.load(...)
+        if name in vars(ocp.v1):
+            replace(ocp.v1, name, path_restore(reg, vars(ocp.v1)[name], method=False))
     checkpointer = ocp.v1.training.Checkpointer
     replace(checkpointer, "__init__", made(reg, "Checkpointer", vars(checkpointer)["__init__"]))
     for name in ("load", "load_pytree"):  # load_pytree calls load: Orbax's own call is passed over

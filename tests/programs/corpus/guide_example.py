@@ -22,8 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import pathwaysutils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pathwaysutils.elastic import manager
+
+pathwaysutils.initialize()  # before the first JAX call: on Pathways it registers the backend
 
 FEATURES = 8
 BATCH = 24  # divides every data-parallel width of 1 to 4 slices of 2 devices

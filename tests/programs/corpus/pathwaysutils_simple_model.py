@@ -16,6 +16,9 @@ import argparse
 import os
 import sys
 
+import pathwaysutils
+
+pathwaysutils.initialize()  # before the first JAX call: on Pathways it registers the backend
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from simple_model_elastic import main as run  # noqa: E402 - the workload beside this directory

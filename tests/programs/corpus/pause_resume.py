@@ -19,9 +19,12 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pathwaysutils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from orbax.checkpoint.experimental.v1.training.pathways import Snapshotter
 from pathwaysutils.elastic import manager as pw_manager
+
+pathwaysutils.initialize()  # before the first JAX call: on Pathways it registers the backend
 
 FEATURES = 8
 BATCH = 24
