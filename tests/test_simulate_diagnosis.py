@@ -244,3 +244,25 @@ def test_a_program_that_never_initializes_pathwaysutils_is_named_not_initialized
     assert _kinds(verdict["problems"]) == ["not_initialized"]
     assert "PROBLEM not_initialized" in proc.stderr and "pathwaysutils.initialize()" in proc.stderr
     assert "Backend 'proxy' is not in the list of known backends" in proc.stderr  # its own output, passed through
+
+
+def _records_of_a_snapshot_interrupted_by_a_loss(landed):
+    """A loss as the snapshot of step 3 was saved, and the attempt after it starting over;
+    ``landed``: what the watch read as landed before that attempt's first step."""
+    faults = [{"scheduled": "lose:2@3/snapshot", "action": "lose", "slice": 2, "phase": "snapshot", "step": 3,
+               "pid": 1, "wall": 10.5}]
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 1, 2, 3]},
+              *({"e": "step", "pid": 1, "n": 1, "w": 8.0 + i, "p": i + 1} for i in range(3)),
+              {"e": "save", "pid": 1, "n": 1, "w": 10.4, "kind": "snapshot", "step": 3, "p": 3, "skipped": False},
+              {"e": "attempt_end", "pid": 1, "n": 1, "w": 11.0, "error": "slice_down"},
+              {"e": "attempt", "pid": 1, "n": 2, "w": 12.0, "active": [0, 1, 3]},
+              {"e": "landed", "pid": 1, "n": 2, "w": 13.0, "snapshot": landed},
+              {"e": "resume", "pid": 1, "n": 2, "w": 13.0, "origin": "nothing", "step": None, "p": 0},
+              {"e": "step", "pid": 1, "n": 2, "w": 13.0, "p": 1}]
+    return faults, events
+
+
+def test_a_snapshot_a_loss_kept_from_landing_is_not_counted_saved_and_one_that_landed_is():
+    assert diagnose(*_records_of_a_snapshot_interrupted_by_a_loss(None)).problems == ()
+    (problem,) = diagnose(*_records_of_a_snapshot_interrupted_by_a_loss(3)).problems
+    assert problem.kind == "restored_nothing" and "snapshot of step 3" in problem.detail

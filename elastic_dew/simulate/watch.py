@@ -359,12 +359,15 @@ class Watch:
 
     def created(self, what: str, instance: Any = None) -> None:
         """A ``Manager``, ``Snapshotter`` or ``CheckpointManager`` (``instance``) was made."""
-        if what in _TIERS and instance is not None:
+        own = _own_loop_on_stack()
+        if what in _TIERS and instance is not None and (not own or what == "Snapshotter"):
+            # elastic_dew's own loop: only its snapshots are read (in memory); its checkpoints'
+            # storage is its own to bound, never listed from here
             try:
                 self._tiers[instance] = _TIERS[what]
             except TypeError:
                 pass  # an object that cannot be weakly referenced is not read at resumes
-        if _own_loop_on_stack():
+        if own:
             return
         if what == "Snapshotter" and instance is not None:
             self._snapshotters.add(instance)
