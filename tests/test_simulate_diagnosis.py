@@ -109,6 +109,7 @@ def test_a_loop_that_builds_its_mesh_from_jax_devices_fails_naming_mesh_on_lost_
     assert set(_kinds(verdict["problems"])) == {"mesh_on_lost_slice"}
     detail = verdict["problems"][0]["detail"]
     assert "slice 2" in detail and "active slices [0,1,3]" in detail and "guide_loop.py" in detail
+    assert "down at that moment" in detail
     assert "PROBLEM mesh_on_lost_slice" in proc.stderr and "manager.active_slice_indices" in proc.stderr
 
 
@@ -266,3 +267,37 @@ def test_a_snapshot_a_loss_kept_from_landing_is_not_counted_saved_and_one_that_l
     assert diagnose(*_records_of_a_snapshot_interrupted_by_a_loss(None)).problems == ()
     (problem,) = diagnose(*_records_of_a_snapshot_interrupted_by_a_loss(3)).problems
     assert problem.kind == "restored_nothing" and "snapshot of step 3" in problem.detail
+
+
+def _claiming_loop(claim_down: bool):
+    """After slice 2 is lost, each attempt claims every slice (``claim_down``), or only
+    those pathwaysutils found up, builds its mesh from the claimed ones and steps on it."""
+    from pathwaysutils.elastic import manager as pw_manager
+
+    manager = pw_manager.Manager()
+
+    @manager.elastic_retry(minimum_slice_count=1, poll_interval=0.05, timeout=30,
+                           retry_policy=pw_manager.ElasticRetryLimit(max_attempts=3))
+    def train():
+        if claim_down and manager.active_slice_count < manager.total_slice_count:
+            manager.active_slice_indices = manager.all_slice_indices  # slice 2 is down
+        devices = [d for i in sorted(manager.active_slice_indices) for d in manager.slice_to_devices[i]]
+        mesh = Mesh(np.asarray(devices).reshape(manager.active_slice_count, -1), ("replica", "data"))
+        w = jax.device_put(np.zeros(4, np.float32), NamedSharding(mesh, PartitionSpec()))
+        for _ in range(6):
+            w = jax.jit(lambda v: v + 1)(w)
+            float(w[0])
+
+    train()
+
+
+@pytest.mark.libraries
+@pytest.mark.parametrize("claim_down", [True, False])
+def test_work_placed_on_a_slice_the_program_claimed_while_it_was_down_is_mesh_on_lost_slice(claim_down):
+    with SimulatedSlices(4, 2, schedule="lose:2@3") as sim:
+        try:
+            _claiming_loop(claim_down)
+        except Exception:  # noqa: BLE001 - the claiming loop fails every attempt: its diagnosis says why
+            assert claim_down
+    kinds = set(_kinds(sim.diagnose().problems))
+    assert kinds == ({"mesh_on_lost_slice"} if claim_down else set())

@@ -248,8 +248,8 @@ def _mesh_on_lost_slice(run: Records) -> list[Problem]:
         slices = ", ".join(map(str, placed["slices"]))
         active = ",".join(map(str, placed["active"]))
         out.append(Problem("mesh_on_lost_slice", run.process(placed["pid"]), placed["n"],
-                           f"{placed['api']} placed work on slice {slices}, not active in this attempt "
-                           f"(active slices [{active}], manager.active_slice_indices), at {placed['where']}"))
+                           f"{placed['api']} placed work on slice {slices}, down at that moment (the program's "
+                           f"active slices [{active}], manager.active_slice_indices), at {placed['where']}"))
     return out
 
 

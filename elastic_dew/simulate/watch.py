@@ -115,6 +115,7 @@ class Watch:
             self._last: dict[str, Any] | None = None
             self._attempt = 0  # this process's elastic_retry attempt now (0: none yet)
             self._active: tuple[int, ...] | None = None
+            self._claimed_down: frozenset[int] = frozenset()  # slices the program claimed while down
             self._stepped = False  # whether the attempt now has run its first step
             self._retry_depth = 0
             self._saves: dict[tuple[str, int], int] = {}  # (kind, program step) -> position
@@ -172,6 +173,7 @@ class Watch:
         with self._lock:
             self._attempt += 1
             self._active = tuple(active)
+            self._claimed_down = frozenset()
             self._stepped = False
             self._restored = None
             self._data_taken = False
@@ -303,14 +305,16 @@ class Watch:
 
     # ----------------------------------------------------------------- placement
 
-    def inactive_slices(self) -> frozenset[int] | None:
-        """The slices outside the attempt now, or ``None`` outside any attempt or when it
-        has every slice."""
+    def misplaced_slices(self) -> frozenset[int] | None:
+        """The slices no work may go to now: those down and outside the active slices the
+        program has, or down when the program claimed them; ``None`` outside any attempt or
+        when there are none."""
         active = self._active
         if active is None or self._retry_depth == 0:
             return None
-        inactive = frozenset(range(self._simulator.slices)) - set(active)
-        return inactive or None
+        lost = self._simulator.lost
+        wrong = ((frozenset(range(self._simulator.slices)) - set(active)) | self._claimed_down) & lost
+        return wrong or None
 
     def active_set(self, active: frozenset[int]) -> None:
         """The program (not pathwaysutils) set a ``Manager``'s ``active_slice_indices`` to
@@ -321,19 +325,17 @@ class Watch:
                 return
             before = set(self._active)
             self._active = tuple(sorted(active))
+            self._claimed_down = frozenset(set(active) - before) & self._simulator.lost
         if set(active) != before:
             self._emit("active", active=sorted(active), added=sorted(set(active) - before))
 
     def placing(self, arrays: list[Any], api: str, caller: Any) -> None:
         """``arrays`` (inputs, results or a copy's target) were placed by ``api``, called from
-        frame ``caller``: record it when user code put them on a slice that is down now and
-        outside the active slices the program has (a placement on a healthy slice, or on a
-        slice the program still counts active and is about to learn is lost, is not a mistake)."""
-        inactive = self.inactive_slices()
-        if inactive is None or not arrays:
-            return
-        down = inactive & self._simulator.lost
-        if not down:
+        frame ``caller``: record it when user code put them on a slice of
+        :meth:`misplaced_slices` (a placement on a healthy slice, or on a slice the program
+        still counts active and is about to learn is lost, is not a mistake)."""
+        down = self.misplaced_slices()
+        if down is None or not arrays:
             return
         frame = user_frame(caller)
         if frame is None:
