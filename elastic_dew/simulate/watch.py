@@ -9,7 +9,10 @@ comes from the program's calls as the simulator's patches see them
 (:mod:`elastic_dew.simulate.patches`), never from its source text:
 
 * ``attempt``: an ``elastic_retry`` attempt started with these active slices; ``attempt_end``:
-  it ended (``error``: ``slice_down``, ``scale_up``, ``other`` or ``None`` when it returned);
+  it ended (``error``: ``slice_down``, ``scale_up``, ``other`` with the error's
+  ``error_type`` and ``message``, or ``None`` when it returned); ``active``: inside an
+  attempt the program set a ``Manager``'s ``active_slice_indices`` itself (``added``: the
+  slices it took up in place);
 * ``step``: the loop's step function was dispatched (the simulator's count,
   :meth:`SimulatedSlices.step_of`, or elastic_dew's own ``step`` announcement) and its state
   reached position ``p``: the state's *position* is how many steps its data went through
@@ -18,17 +21,24 @@ comes from the program's calls as the simulator's patches see them
   checkpoint save records the position of what it saved, and a restore marks what it
   returns with the saved position. So at each attempt's first step the position of the
   step's inputs says where the program resumed from (``resume``: ``snapshot``,
-  ``checkpoint``, ``live`` for a state carried over, ``nothing`` for a fresh one);
+  ``checkpoint``, ``live`` for a state carried over, ``nothing`` for a fresh one), after a
+  ``landed`` record: the newest snapshot whose copy had finished and the newest committed
+  checkpoint then, in the process's Snapshotters and checkpoint managers (a tier it has
+  none of is left out);
 * ``save`` / ``restore``: an Orbax ``Snapshotter`` save (``skipped`` when Orbax dropped it
-  because the previous one was still queued) or load, a ``CheckpointManager`` save or
-  restore, with the program's step number and the state's position;
-* ``created``: a pathwaysutils ``Manager``, an Orbax ``Snapshotter`` or ``CheckpointManager``
-  made, with the attempt it was made in and whether inside the retried function;
+  because the previous one was still queued; requested, not yet landed) or load, a
+  checkpoint save or restore (``CheckpointManager``, v0 ``Checkpointer.restore``, v1
+  ``load`` and ``training.Checkpointer``), with the program's step number and the state's
+  position;
+* ``created``: a pathwaysutils ``Manager``, an Orbax ``Snapshotter``, ``CheckpointManager``
+  or v1 ``Checkpointer`` made, with the attempt it was made in and whether inside the
+  retried function;
 * ``held``: at an attempt's first step, device arrays an earlier attempt's steps made that
   something other than the failed attempt's own (dead) frames still references, with their
   bytes and what holds them;
 * ``placed``: inside an attempt, user code put a computation or a transfer on devices of a
-  slice outside the attempt's active slices;
+  slice down at that moment and outside the active slices the program has (or claimed
+  while it was down);
 * ``detected``: the simulator raised a slice-down error (at a ``read`` or a ``dispatch``);
 * ``available`` / ``looked``: a ``Manager``'s ``available_inactive_slices`` became non-empty,
   and the program (not pathwaysutils itself) read it while it was;
@@ -249,24 +259,19 @@ class Watch:
         """What has landed now, recorded before a resume: the newest snapshot in host memory
         (its copy finished) and the newest committed checkpoint, over the process's
         Snapshotters and CheckpointManagers (``landed``; a tier it cannot read is left out)."""
-        snapshot = checkpoint = None
-        read = {"snapshot": False, "checkpoint": False}
+        newest: dict[str, int | None] = {}
         for tier, kind in list(self._tiers.items()):
             try:
                 if hasattr(tier, "all_steps"):  # a v0 CheckpointManager: the steps committed on storage
-                    newest = max(tier.all_steps(read=True), default=None)
+                    step = max(tier.all_steps(read=True), default=None)
                 else:  # a Snapshotter (its copy landed), a v1 Checkpointer (committed)
-                    latest = tier.latest
-                    newest = int(latest.step) if latest is not None else None
-                read[kind] = True
-                if kind == "snapshot" and newest is not None and (snapshot is None or newest > snapshot):
-                    snapshot = newest
-                if kind == "checkpoint" and newest is not None and (checkpoint is None or newest > checkpoint):
-                    checkpoint = newest
+                    step = int(tier.latest.step) if tier.latest is not None else None
             except Exception:  # noqa: BLE001 - a tier that cannot say what landed says nothing
                 logger.debug("could not read what landed in %r", tier, exc_info=True)
-        self._emit("landed", **{kind: (snapshot if kind == "snapshot" else checkpoint)
-                                for kind, known in read.items() if known})
+                continue
+            known = newest.get(kind)
+            newest[kind] = step if known is None or (step is not None and step > known) else known
+        self._emit("landed", **newest)
 
     def _resumed(self, newest: tuple[Any, ...] | None, inputs: list[Any]) -> None:
         self._landed()
@@ -377,10 +382,9 @@ class Watch:
 
     def land_snapshots(self) -> None:
         """Give each of the program's Orbax ``Snapshotter``\\ s :data:`LANDING_SECONDS` to finish
-        the request it holds, before a step-keyed fault fires: a copy issued before the fault,
-        and not waiting on unfinished work, then lands first, so which snapshot a recovery
-        loads depends on the schedule, not on whether Orbax's worker thread ran before the
-        fault (elastic_dew's own loop lands its own, :func:`elastic_dew.elastic.relay.finish_in_flight`)."""
+        its request before a step-keyed fault fires, so which snapshot a recovery loads depends
+        on the schedule, not on whether Orbax's worker thread ran before the fault (elastic_dew's
+        own loop lands its own, :func:`elastic_dew.elastic.relay.finish_in_flight`)."""
         deadline = time.monotonic() + LANDING_SECONDS
         for snapshotter in list(self._snapshotters):
             while orbax_private.snapshot_landing(snapshotter) and time.monotonic() < deadline:
