@@ -301,3 +301,27 @@ def test_work_placed_on_a_slice_the_program_claimed_while_it_was_down_is_mesh_on
             assert claim_down
     kinds = set(_kinds(sim.diagnose().problems))
     assert kinds == ({"mesh_on_lost_slice"} if claim_down else set())
+
+
+def _records_of_a_preemption_with_a_save_after_the_signal(landed):
+    """A checkpointing process preempted at step 6 that requests a checkpoint of step 6 after
+    the signal, and a restart; ``landed``: the restart's ``landed`` record (``None``: none)."""
+    faults = [{"scheduled": "preempt@6/step", "action": "preempt", "slice": None, "phase": "step", "step": 6,
+               "pid": 1, "wall": 16.5}]
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 1, 2, 3]},
+              *({"e": "step", "pid": 1, "n": 1, "w": 10.0 + i, "p": i + 1} for i in range(6)),
+              {"e": "save", "pid": 1, "n": 1, "w": 12.5, "kind": "checkpoint", "step": 2, "p": 2, "skipped": False},
+              {"e": "save", "pid": 1, "n": 1, "w": 16.6, "kind": "checkpoint", "step": 6, "p": 6, "skipped": False},
+              {"e": "attempt", "pid": 2, "n": 1, "w": 20.0, "active": [0, 1, 2, 3]},
+              *([{"e": "landed", "pid": 2, "n": 1, "w": 21.0, "checkpoint": landed}] if landed is not None else []),
+              {"e": "resume", "pid": 2, "n": 1, "w": 21.0, "origin": "checkpoint", "step": landed or 2,
+               "p": landed or 2},
+              {"e": "step", "pid": 2, "n": 1, "w": 21.0, "p": (landed or 2) + 1}]
+    return faults, events
+
+
+def test_a_checkpoint_requested_after_the_signal_counts_only_once_committed_and_silence_when_it_cannot_be_told():
+    (problem,) = diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(2)).problems  # never committed
+    assert problem.kind == "no_save_at_preemption" and "redid 4 steps" in problem.detail
+    assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(6)).problems == ()  # committed
+    assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(None)).problems == ()  # cannot tell

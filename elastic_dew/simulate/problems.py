@@ -201,14 +201,14 @@ def _recreated(run: Records, pid: int, attempt: int) -> bool:
                and m["what"] == "Snapshotter" for m in run.of("created"))
 
 
-def _landed(run: Records, save: Mapping[str, Any], resume: Mapping[str, Any]) -> bool:
+def _landed(run: Records, save: Mapping[str, Any], resume: Mapping[str, Any]) -> bool | None:
     """Whether ``save`` had landed by ``resume``, as the ``landed`` record before it says (the
-    newest snapshot of the resume's process, the newest committed checkpoint); a save whose
-    tier that record does not cover cannot be told, and is not counted."""
+    newest snapshot of the resume's process, the newest committed checkpoint); ``None`` when
+    that record does not cover the save's tier: it cannot be told, and each rule stays silent."""
     landed = next((e for e in reversed(run.of("landed")) if e["pid"] == resume["pid"] and e["w"] <= resume["w"]),
                   None)
     if landed is None or save["kind"] not in landed:
-        return False
+        return None
     newest = landed[save["kind"]]
     return newest is not None and save["step"] <= newest
 
@@ -220,7 +220,7 @@ def _restored_nothing(run: Records) -> list[Problem]:
         if resume["origin"] != "nothing" or (resume["n"] < 2 and resume["pid"] == first_pid):
             continue
         kept = [s for s in run.saves if s["w"] < resume["w"] and s["p"] > 0
-                and (s["kind"] == "checkpoint" or s["pid"] == resume["pid"]) and _landed(run, s, resume)]
+                and (s["kind"] == "checkpoint" or s["pid"] == resume["pid"]) and _landed(run, s, resume) is True]
         if not kept or _recreated(run, resume["pid"], resume["n"]):
             continue  # nothing to restore, or the cause is named: the Snapshotter was made again
         newest = max(kept, key=lambda s: s["p"])
@@ -276,7 +276,7 @@ def _no_save_at_preemption(run: Records) -> list[Problem]:
             continue
         resume = next((r for r in run.resumes if r["w"] > fault["wall"] and r["pid"] != fault["pid"]), None)
         if any(s["kind"] == "checkpoint" and s["pid"] == fault["pid"] and s["w"] >= fault["wall"]
-               and (resume is None or _landed(run, s, resume)) for s in run.saves):
+               and (resume is None or _landed(run, s, resume) is not False) for s in run.saves):
             continue
         at = run.position_at(fault["wall"], fault["pid"])
         if resume is None or resume["p"] >= at:
