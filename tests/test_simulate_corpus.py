@@ -135,3 +135,21 @@ def test_a_preempted_correct_program_restarts_with_no_problem_and_resumes_where_
     (cost,) = verdict["costs"]
     assert (cost["resumed_from"], cost["resumed_step"], cost["redone_steps"]) == resumed
     assert "done at step 10" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_guides_example_run_as_a_user_runs_it_exits_0_taking_the_returned_slice_up_in_place(tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastic_dew", "simulate", "--run-dir", str(tmp_path / "run"), "--report", str(report),
+         "--schedule", "lose:2@9,restore:2@17", "--", sys.executable, str(CORPUS / "guide_example.py")],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    verdict = json.loads(report.read_text())
+    assert verdict["problems"] == [] and verdict["never_fired"] == []
+    assert [p["attempts"] for p in verdict["processes"]] == [[[0, 1, 2, 3], [0, 1, 3]]]  # no attempt for the return
+    lose, restore = verdict["costs"]
+    assert (lose["resumed_from"], lose["resumed_step"], lose["redone_steps"]) == ("snapshot", 7, 1)
+    assert restore["taken_up_after_steps"] == 0 and "slice 2 back, taken up after 0 steps" in proc.stderr
+    assert "done at step 24" in proc.stdout
