@@ -325,3 +325,26 @@ def test_a_checkpoint_requested_after_the_signal_counts_only_once_committed_and_
     assert problem.kind == "no_save_at_preemption" and "redid 4 steps" in problem.detail
     assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(6)).problems == ()  # committed
     assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(None)).problems == ()  # cannot tell
+
+
+def _records_of_a_slice_back_and_lost_again(lost_again):
+    """Slice 1 back at step 7 (and, ``lost_again``, lost again at once), then named in the
+    Manager's available_inactive_slices, never read, and 6 more steps trained."""
+    faults = [{"scheduled": "restore:1@7/step", "action": "restore", "slice": 1, "phase": "step", "step": 7,
+               "pid": 1, "wall": 20.0}]
+    if lost_again:
+        faults.append({"scheduled": "lose:1@7/step", "action": "lose", "slice": 1, "phase": "step", "step": 7,
+                       "pid": 1, "wall": 20.001})
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 2]},
+              {"e": "resume", "pid": 1, "n": 1, "w": 2.0, "origin": "nothing", "step": None, "p": 0},
+              *({"e": "step", "pid": 1, "n": 1, "w": 13.0 + i, "p": i + 1} for i in range(7)),
+              {"e": "available", "pid": 1, "n": 1, "w": 20.01, "slices": [1]},
+              *({"e": "step", "pid": 1, "n": 1, "w": 21.0 + i, "p": i + 8} for i in range(6))]
+    return faults, events
+
+
+def test_a_slice_lost_again_as_it_came_back_is_not_a_returned_slice_ignored_and_one_that_stayed_is():
+    found = diagnose(*_records_of_a_slice_back_and_lost_again(True))
+    assert found.problems == () and found.costs[0].steps_short == 0
+    (problem,) = diagnose(*_records_of_a_slice_back_and_lost_again(False)).problems
+    assert problem.kind == "returned_slice_ignored" and "6 steps trained without it" in problem.detail

@@ -239,7 +239,9 @@ def _take_up(run: Records, fault: Mapping[str, Any], claimed: Mapping[int, str])
         steps = sum(1 for s in run.steps if wall < s["w"] < in_place["w"])
         return {"taken_up_after_steps": steps, "taken_up_after_seconds": round(in_place["w"] - wall, 3),
                 "resumed_from": "live", "redone_steps": 0}
-    return {"taken_up_after_steps": None, "steps_short": sum(1 for s in run.steps if s["w"] > wall)}
+    up = run.up_until(back, wall) if back is not None else None
+    until = up if up is not None else wall  # lost again at once: no step trained short of it
+    return {"taken_up_after_steps": None, "steps_short": sum(1 for s in run.steps if wall < s["w"] < until)}
 
 
 def _ended_after(run: Records, attempt: Mapping[str, Any], wall: float) -> bool:

@@ -298,7 +298,11 @@ def _returned_slice_ignored(run: Records) -> list[Problem]:
         if any(a["pid"] == pid and a["w"] >= wall and slices & set(a["active"])
                for a in [*run.attempts, *run.of("active")]):
             continue
-        after = sum(1 for s in run.steps if s["pid"] == pid and s["w"] > wall)
+        ups = [until for i in slices if (until := run.up_until(i, wall)) is not None]
+        if not ups:
+            continue  # down again when the Manager's stale set named it: it never came back to take up
+        up = max(ups)
+        after = sum(1 for s in run.steps if s["pid"] == pid and wall < s["w"] < up)
         if after == 0:
             continue
         names = ", ".join(map(str, sorted(slices)))

@@ -15,6 +15,9 @@ from typing import Any
 
 __all__ = ["FAULT_FIELDS", "Records", "fault_record", "read_run"]
 
+#: The faults that take a slice down.
+_DOWN = ("lose", "hang", "suspend")
+
 
 class Records:
     """The records of a run, indexed for the costs and the rules.
@@ -36,6 +39,16 @@ class Records:
         self.resumes = self.of("resume")
         self.attempts = self.of("attempt")
         self.saves = [e for e in self.of("save") if not e.get("skipped")]
+
+    def up_until(self, slice_index: int, wall: float) -> float | None:
+        """Until when slice ``slice_index``, back at ``wall``, stayed up: the wall time of the
+        next fault that took it down again (``inf``: never); ``None`` when it was down at
+        ``wall`` (the last fault on it before then stopped it)."""
+        on = [f for f in self.faults if f.get("slice") == slice_index]
+        before = [f for f in on if f["wall"] <= wall]
+        if before and before[-1]["action"] in _DOWN:
+            return None
+        return next((f["wall"] for f in on if f["wall"] > wall and f["action"] in _DOWN), float("inf"))
 
     def of(self, kind: str) -> list[Mapping[str, Any]]:
         return [e for e in self.events if e["e"] == kind]
