@@ -44,11 +44,12 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _simulate(tmp_path: Path, *args: str, schedule: str = SCHEDULE, slices: int = 4):
+def _simulate(tmp_path: Path, *args: str, schedule: str = SCHEDULE, slices: int = 4, boundary: str = "in-process"):
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "elastic_dew", "simulate", "--run-dir", str(tmp_path / "run"), "--report", str(report),
-         "--slices", str(slices), "--schedule", schedule, "--", sys.executable, str(PROGRAM), *args],
+         "--slices", str(slices), "--schedule", schedule, "--boundary", boundary,
+         "--", sys.executable, str(PROGRAM), *args],
         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
     )
     return proc, json.loads(report.read_text()) if report.exists() else None
@@ -108,6 +109,7 @@ def test_a_loop_that_builds_its_mesh_from_jax_devices_fails_naming_mesh_on_lost_
     assert set(_kinds(verdict["problems"])) == {"mesh_on_lost_slice"}
     detail = verdict["problems"][0]["detail"]
     assert "slice 2" in detail and "active slices [0,1,3]" in detail and "guide_loop.py" in detail
+    assert "down at that moment" in detail
     assert "PROBLEM mesh_on_lost_slice" in proc.stderr and "manager.active_slice_indices" in proc.stderr
 
 
@@ -119,7 +121,7 @@ def _run(mistake: str | None, schedule: str = SCHEDULE, steps: int = 24):
     with SimulatedSlices(4, 2, schedule=schedule) as sim:
         try:
             guide_loop.main(argv)
-        except RuntimeError:
+        except (RuntimeError, ValueError):
             pass  # a program that fails: its diagnosis says why
         finally:
             guide_loop.KEPT.clear()
@@ -128,7 +130,7 @@ def _run(mistake: str | None, schedule: str = SCHEDULE, steps: int = 24):
 
 @pytest.mark.libraries
 @pytest.mark.parametrize("mistake", ["restored_nothing", "recreated_per_attempt", "held_across_attempts",
-                                     "data_not_rewound", "returned_slice_ignored"])
+                                     "data_not_rewound", "returned_slice_ignored", "batch_not_divisible"])
 def test_each_mistake_of_the_gallery_is_diagnosed_by_its_name_and_nothing_else(mistake):
     found = _run(mistake)
     assert _kinds(found.problems) and set(_kinds(found.problems)) == {mistake}
@@ -203,8 +205,146 @@ def test_the_watch_reads_placements_past_orbax_argument_objects_that_answer_unkn
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from elastic_dew.simulate.watch import placed_leaves
+    from elastic_dew.simulate.leaves import placed_leaves
 
     array = jax.numpy.asarray(np.arange(4.0))
     composite = ocp.args.Composite(state=ocp.args.StandardRestore({"w": array}))
     assert any(leaf is array for leaf in placed_leaves(((composite,), {})))
+
+
+@pytest.mark.libraries
+def test_a_global_batch_that_does_not_divide_among_the_slices_left_is_named_with_its_fix():
+    found = _run("batch_not_divisible")
+    (problem,) = found.problems
+    assert problem.kind == "batch_not_divisible" and problem.attempt == 2
+    assert "slices [0,1,3]" in problem.detail and "partitioned 6 times" in problem.detail
+    assert "divisible" in problem.fix and "per-replica batch" in problem.fix
+    (lose,) = found.costs  # it died before step 17: the return never fired
+    assert lose.resumed_from is None  # never resumed, and the problem says why
+
+
+def test_a_cause_in_the_programs_error_output_is_named_once_and_only_when_the_output_names_it():
+    from elastic_dew.simulate.diagnosis import with_output_causes
+
+    output = ("Traceback (most recent call last):\n  ...\nRuntimeError: Unable to initialize backend 'proxy': "
+              "Backend 'proxy' is not in the list of known backends: ['cpu', 'tpu'].\n")
+    found = with_output_causes(None, output, 1)
+    assert found is not None and [(p.kind, p.process) for p in found.problems] == [("not_initialized", 1)]
+    assert "pathwaysutils.initialize()" in found.problems[0].fix and "before its first JAX call" in found.problems[0].fix
+    assert with_output_causes(None, "Traceback ...\nValueError: something else\n", 1) is None
+    indivisible = "jax._src.sharding.IndivisibleError: Sharding ... is partitioned 6 times, but the dimension size is 16"
+    named = with_output_causes(found, indivisible, 2, allow=("batch_not_divisible",))
+    assert [(p.kind, p.allowed) for p in named.problems] == [("not_initialized", False), ("batch_not_divisible", True)]
+    assert [p.kind for p in with_output_causes(named, indivisible, 2).problems].count("batch_not_divisible") == 1
+
+
+@pytest.mark.slow
+def test_a_program_that_never_initializes_pathwaysutils_is_named_not_initialized_through_the_proxy(tmp_path):
+    proc, verdict = _simulate(tmp_path, "--mistake", "not_initialized", schedule="lose:2@9", boundary="proxy")
+    assert proc.returncode == 1, _explain(proc)
+    assert _kinds(verdict["problems"]) == ["not_initialized"]
+    assert "PROBLEM not_initialized" in proc.stderr and "pathwaysutils.initialize()" in proc.stderr
+    assert "Backend 'proxy' is not in the list of known backends" in proc.stderr  # its own output, passed through
+
+
+def _records_of_a_snapshot_interrupted_by_a_loss(landed):
+    """A loss as the snapshot of step 3 was saved, and the attempt after it starting over;
+    ``landed``: what the watch read as landed before that attempt's first step."""
+    faults = [{"scheduled": "lose:2@3/snapshot", "action": "lose", "slice": 2, "phase": "snapshot", "step": 3,
+               "pid": 1, "wall": 10.5}]
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 1, 2, 3]},
+              *({"e": "step", "pid": 1, "n": 1, "w": 8.0 + i, "p": i + 1} for i in range(3)),
+              {"e": "save", "pid": 1, "n": 1, "w": 10.4, "kind": "snapshot", "step": 3, "p": 3, "skipped": False},
+              {"e": "attempt_end", "pid": 1, "n": 1, "w": 11.0, "error": "slice_down"},
+              {"e": "attempt", "pid": 1, "n": 2, "w": 12.0, "active": [0, 1, 3]},
+              {"e": "landed", "pid": 1, "n": 2, "w": 13.0, "snapshot": landed},
+              {"e": "resume", "pid": 1, "n": 2, "w": 13.0, "origin": "nothing", "step": None, "p": 0},
+              {"e": "step", "pid": 1, "n": 2, "w": 13.0, "p": 1}]
+    return faults, events
+
+
+def test_a_snapshot_a_loss_kept_from_landing_is_not_counted_saved_and_one_that_landed_is():
+    assert diagnose(*_records_of_a_snapshot_interrupted_by_a_loss(None)).problems == ()
+    (problem,) = diagnose(*_records_of_a_snapshot_interrupted_by_a_loss(3)).problems
+    assert problem.kind == "restored_nothing" and "snapshot of step 3" in problem.detail
+
+
+def _claiming_loop(claim_down: bool):
+    """After slice 2 is lost, each attempt claims every slice (``claim_down``), or only
+    those pathwaysutils found up, builds its mesh from the claimed ones and steps on it."""
+    from pathwaysutils.elastic import manager as pw_manager
+
+    manager = pw_manager.Manager()
+
+    @manager.elastic_retry(minimum_slice_count=1, poll_interval=0.05, timeout=30,
+                           retry_policy=pw_manager.ElasticRetryLimit(max_attempts=3))
+    def train():
+        if claim_down and manager.active_slice_count < manager.total_slice_count:
+            manager.active_slice_indices = manager.all_slice_indices  # slice 2 is down
+        devices = [d for i in sorted(manager.active_slice_indices) for d in manager.slice_to_devices[i]]
+        mesh = Mesh(np.asarray(devices).reshape(manager.active_slice_count, -1), ("replica", "data"))
+        w = jax.device_put(np.zeros(4, np.float32), NamedSharding(mesh, PartitionSpec()))
+        for _ in range(6):
+            w = jax.jit(lambda v: v + 1)(w)
+            float(w[0])
+
+    train()
+
+
+@pytest.mark.libraries
+@pytest.mark.parametrize("claim_down", [True, False])
+def test_work_placed_on_a_slice_the_program_claimed_while_it_was_down_is_mesh_on_lost_slice(claim_down):
+    with SimulatedSlices(4, 2, schedule="lose:2@3") as sim:
+        try:
+            _claiming_loop(claim_down)
+        except Exception:  # noqa: BLE001 - the claiming loop fails every attempt: its diagnosis says why
+            assert claim_down
+    kinds = set(_kinds(sim.diagnose().problems))
+    assert kinds == ({"mesh_on_lost_slice"} if claim_down else set())
+
+
+def _records_of_a_preemption_with_a_save_after_the_signal(landed):
+    """A checkpointing process preempted at step 6 that requests a checkpoint of step 6 after
+    the signal, and a restart; ``landed``: the restart's ``landed`` record (``None``: none)."""
+    faults = [{"scheduled": "preempt@6/step", "action": "preempt", "slice": None, "phase": "step", "step": 6,
+               "pid": 1, "wall": 16.5}]
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 1, 2, 3]},
+              *({"e": "step", "pid": 1, "n": 1, "w": 10.0 + i, "p": i + 1} for i in range(6)),
+              {"e": "save", "pid": 1, "n": 1, "w": 12.5, "kind": "checkpoint", "step": 2, "p": 2, "skipped": False},
+              {"e": "save", "pid": 1, "n": 1, "w": 16.6, "kind": "checkpoint", "step": 6, "p": 6, "skipped": False},
+              {"e": "attempt", "pid": 2, "n": 1, "w": 20.0, "active": [0, 1, 2, 3]},
+              *([{"e": "landed", "pid": 2, "n": 1, "w": 21.0, "checkpoint": landed}] if landed is not None else []),
+              {"e": "resume", "pid": 2, "n": 1, "w": 21.0, "origin": "checkpoint", "step": landed or 2,
+               "p": landed or 2},
+              {"e": "step", "pid": 2, "n": 1, "w": 21.0, "p": (landed or 2) + 1}]
+    return faults, events
+
+
+def test_a_checkpoint_requested_after_the_signal_counts_only_once_committed_and_silence_when_it_cannot_be_told():
+    (problem,) = diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(2)).problems  # never committed
+    assert problem.kind == "no_save_at_preemption" and "redid 4 steps" in problem.detail
+    assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(6)).problems == ()  # committed
+    assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(None)).problems == ()  # cannot tell
+
+
+def _records_of_a_slice_back_and_lost_again(lost_again):
+    """Slice 1 back at step 7 (and, ``lost_again``, lost again at once), then named in the
+    Manager's available_inactive_slices, never read, and 6 more steps trained."""
+    faults = [{"scheduled": "restore:1@7/step", "action": "restore", "slice": 1, "phase": "step", "step": 7,
+               "pid": 1, "wall": 20.0}]
+    if lost_again:
+        faults.append({"scheduled": "lose:1@7/step", "action": "lose", "slice": 1, "phase": "step", "step": 7,
+                       "pid": 1, "wall": 20.001})
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 2]},
+              {"e": "resume", "pid": 1, "n": 1, "w": 2.0, "origin": "nothing", "step": None, "p": 0},
+              *({"e": "step", "pid": 1, "n": 1, "w": 13.0 + i, "p": i + 1} for i in range(7)),
+              {"e": "available", "pid": 1, "n": 1, "w": 20.01, "slices": [1]},
+              *({"e": "step", "pid": 1, "n": 1, "w": 21.0 + i, "p": i + 8} for i in range(6))]
+    return faults, events
+
+
+def test_a_slice_lost_again_as_it_came_back_is_not_a_returned_slice_ignored_and_one_that_stayed_is():
+    found = diagnose(*_records_of_a_slice_back_and_lost_again(True))
+    assert found.problems == () and found.costs[0].steps_short == 0
+    (problem,) = diagnose(*_records_of_a_slice_back_and_lost_again(False)).problems
+    assert problem.kind == "returned_slice_ignored" and "6 steps trained without it" in problem.detail

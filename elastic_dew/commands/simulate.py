@@ -34,6 +34,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -46,7 +47,7 @@ from elastic_dew.run import FAILED_EXIT, USAGE_EXIT, SimConfig
 from elastic_dew.run.planning import RUNS_DIR
 from elastic_dew.rundir import FAULTS_FILE, WATCH_FILE, FaultLog, read_records
 from elastic_dew.runtime import run_timestamp
-from elastic_dew.simulate.diagnosis import Diagnosis, check_allowed, diagnose, fault_record
+from elastic_dew.simulate.diagnosis import Diagnosis, check_allowed, diagnose, fault_record, with_output_causes
 from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
 from elastic_dew.simulate.step_count import NO_STEP_FOUND
@@ -280,17 +281,54 @@ class Verdict:
         return out
 
 
+class _ErrorOutput:
+    """The program's error output, passed through to this command's as it comes, its tail
+    kept for the causes the verdict names from it (``fd``: what the program writes to)."""
+
+    TAIL = 64 * 1024
+
+    def __init__(self) -> None:
+        self._read, self.fd = os.pipe()
+        self._tail = bytearray()
+        self._thread = threading.Thread(target=self._pump, name="simulate-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        sink = getattr(sys.stderr, "buffer", None)
+        while chunk := os.read(self._read, 65536):
+            if sink is not None:
+                sink.write(chunk)
+                sink.flush()
+            else:
+                sys.stderr.write(chunk.decode("utf-8", "replace"))
+                sys.stderr.flush()
+            self._tail += chunk
+            del self._tail[:-self.TAIL]
+
+    def close(self) -> str:
+        """Stop passing output through (every process has ended); the tail it kept.
+
+        Returns:
+            The tail, decoded.
+        """
+        os.close(self.fd)
+        self._thread.join(timeout=5)  # a process the program left behind may hold the pipe open
+        if not self._thread.is_alive():
+            os.close(self._read)
+        return self._tail.decode("utf-8", "replace")
+
+
 def _status_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
 def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir: Path, fault_log: Path,
             statuses: Sequence[int], seconds: Sequence[float], allow: Sequence[str] = (),
-            boundary: str = "in-process") -> Verdict:
+            boundary: str = "in-process", output: str = "") -> Verdict:
     """The verdict of a run whose processes ended with ``statuses`` after ``seconds`` each,
-    with the diagnosis of what its processes did (``allow``: problem kinds accepted); through
-    the ``proxy`` boundary, a loss that fired and that the program never met fails it as a
-    fault that never fired does."""
+    with the diagnosis of what its processes did (``allow``: problem kinds accepted) and the
+    causes its error output (``output``, the tail) names; through the ``proxy`` boundary, a
+    loss that fired and that the program never met fails it as a fault that never fired does."""
     records = read_records(run_dir / ATTEMPTS_FILE)
     pids = [r["pid"] for r in records if r.get("start")]
     processes = []
@@ -305,6 +343,8 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
     never = tuple(text for index, text in enumerate(texts) if index not in fired)
     watched = run_dir / WATCH_FILE  # none through the proxy: the program's process has no watch yet
     found = diagnose(fired_json, read_records(watched), allow) if watched.exists() else None
+    if statuses and statuses[-1] != 0:
+        found = with_output_causes(found, output, len(statuses), allow)
     unmet = _unmet_losses(fired_json, records) if boundary == "proxy" else ()
     code = _status_code(statuses[-1])
     left = FaultLog(fault_log).never_fired() if never else []
@@ -323,8 +363,8 @@ def _unmet_losses(fired: Sequence[dict[str, Any]], records: Sequence[dict[str, A
     return tuple(f["scheduled"] for f in fired if f["action"] == "lose" and not any(w >= f["wall"] for w in met))
 
 
-def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path, max_processes: int,
-                   restarting: Any) -> list[int]:
+def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path,
+                   max_processes: int, restarting: Any, stderr: int | None = None) -> list[int]:
     """Run ``program`` as it is (its own interpreter, ``JAX_PLATFORMS=proxy``) on a local
     Pathways backend that fires the schedule at the steps it counts, restarted as in-process;
     each process announces itself to the backend (:mod:`elastic_dew.proxy.exec_program`)."""
@@ -342,7 +382,7 @@ def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSet
         env.update(backend.client_env())
         child = [*backend.exec_prefix(), *own, *program.args]
         logger.info("through the local Pathways backend at %s: %s", backend.target, shlex.join(child))
-        return supervise(child, max_processes=max_processes, on_restart=restarting, env=env)
+        return supervise(child, max_processes=max_processes, on_restart=restarting, env=env, stderr=stderr)
 
 
 def _refuse(problem: str) -> int:
@@ -415,14 +455,19 @@ def run(args: argparse.Namespace) -> int:
                              f"as a JobSet restarts the pod (restart {restarts} of at most {args.restarts})\n")
             sys.stderr.flush()
 
-        if args.boundary == "proxy":
-            statuses = _through_proxy(program, sim, settings, run_dir, args.restarts + 1, restarting)
-        else:
-            statuses = supervise(child, max_processes=args.restarts + 1, on_restart=restarting,
-                                 env=child_environment(sim, settings))
+        errors = _ErrorOutput()
+        try:
+            if args.boundary == "proxy":
+                statuses = _through_proxy(program, sim, settings, run_dir, args.restarts + 1, restarting, errors.fd)
+            else:
+                statuses = supervise(child, max_processes=args.restarts + 1, on_restart=restarting,
+                                     env=child_environment(sim, settings), stderr=errors.fd)
+        finally:
+            output = errors.close()
         ended.append(time.monotonic())
         seconds = [later - earlier for earlier, later in zip(ended, ended[1:])]
-        result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds, allow, args.boundary)
+        result = verdict(command, sim, sim.schedule, run_dir, fault_log, statuses, seconds, allow, args.boundary,
+                         output)
         sys.stderr.write("\n".join(result.lines()) + "\n")
         if args.report:
             Path(args.report).write_text(json.dumps(result.to_json(), indent=2) + "\n")

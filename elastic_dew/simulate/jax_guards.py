@@ -18,7 +18,6 @@ call off JAX's C++ fast path). Each wrapper is installed, and undone, by
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -27,6 +26,7 @@ import jax
 import numpy as np
 
 from elastic_dew._compat import jax as jax_private
+from elastic_dew.simulate.frames import caller as _caller
 from elastic_dew.simulate.pathways_guards import deleted_error, donated
 
 __all__ = [
@@ -127,15 +127,6 @@ def guard_batched(reg: Guarded, original: Callable[..., Any]) -> Callable[..., A
         return original(arrays)
 
     return batched_block_until_ready
-
-
-def _caller() -> Any:
-    """The frame that called the function calling this (Python's public frame access)."""
-    frame = inspect.currentframe()
-    try:
-        return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
-    finally:
-        del frame  # a frame kept in its own local is a cycle: it would hold the caller's arrays until gc
 
 
 def guard_dispatch(reg: Guarded, original: Callable[..., Any]) -> Callable[..., Any]:

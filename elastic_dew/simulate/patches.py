@@ -347,6 +347,7 @@ class Registry:
         manager = _pw_manager.Manager
         self._replace(manager, "elastic_retry", watching.tracking_retry(self, vars(manager)["elastic_retry"]))
         self._replace(manager, watching.AVAILABLE, watching.available_property(self))
+        self._replace(manager, watching.ACTIVE, watching.active_property(self, vars(manager)[watching.ACTIVE]))
         snapshotter = orbax_private.Snapshotter
         self._replace(snapshotter, "__init__", watching.made(self, "Snapshotter", vars(snapshotter)["__init__"]))
         self._replace(snapshotter, "save",
@@ -356,6 +357,7 @@ class Registry:
         self._replace(checkpoints, "__init__", watching.made(self, "CheckpointManager", vars(checkpoints)["__init__"]))
         self._replace(checkpoints, "save", watching.checkpoint_save(self, vars(checkpoints)["save"]))
         self._replace(checkpoints, "restore", watching.checkpoint_restore(self, vars(checkpoints)["restore"]))
+        watching.install_restore_paths(self, self._replace)
         data = watching.elastic_iterator()
         for name, what in (("__init__", "made"), ("set_state", "set_state"), ("__next__", "next")):
             self._replace(data, name, watching.data_call(self, what, vars(data)[name]))

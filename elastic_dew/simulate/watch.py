@@ -9,7 +9,10 @@ comes from the program's calls as the simulator's patches see them
 (:mod:`elastic_dew.simulate.patches`), never from its source text:
 
 * ``attempt``: an ``elastic_retry`` attempt started with these active slices; ``attempt_end``:
-  it ended (``error``: ``slice_down``, ``scale_up``, ``other`` or ``None`` when it returned);
+  it ended (``error``: ``slice_down``, ``scale_up``, ``other`` with the error's
+  ``error_type`` and ``message``, or ``None`` when it returned); ``active``: inside an
+  attempt the program set a ``Manager``'s ``active_slice_indices`` itself (``added``: the
+  slices it took up in place);
 * ``step``: the loop's step function was dispatched (the simulator's count,
   :meth:`SimulatedSlices.step_of`, or elastic_dew's own ``step`` announcement) and its state
   reached position ``p``: the state's *position* is how many steps its data went through
@@ -18,17 +21,24 @@ comes from the program's calls as the simulator's patches see them
   checkpoint save records the position of what it saved, and a restore marks what it
   returns with the saved position. So at each attempt's first step the position of the
   step's inputs says where the program resumed from (``resume``: ``snapshot``,
-  ``checkpoint``, ``live`` for a state carried over, ``nothing`` for a fresh one);
+  ``checkpoint``, ``live`` for a state carried over, ``nothing`` for a fresh one), after a
+  ``landed`` record: the newest snapshot whose copy had finished and the newest committed
+  checkpoint then, in the process's Snapshotters and checkpoint managers (a tier it has
+  none of is left out);
 * ``save`` / ``restore``: an Orbax ``Snapshotter`` save (``skipped`` when Orbax dropped it
-  because the previous one was still queued) or load, a ``CheckpointManager`` save or
-  restore, with the program's step number and the state's position;
-* ``created``: a pathwaysutils ``Manager``, an Orbax ``Snapshotter`` or ``CheckpointManager``
-  made, with the attempt it was made in and whether inside the retried function;
+  because the previous one was still queued; requested, not yet landed) or load, a
+  checkpoint save or restore (``CheckpointManager``, v0 ``Checkpointer.restore``, v1
+  ``load`` and ``training.Checkpointer``), with the program's step number and the state's
+  position;
+* ``created``: a pathwaysutils ``Manager``, an Orbax ``Snapshotter``, ``CheckpointManager``
+  or v1 ``Checkpointer`` made, with the attempt it was made in and whether inside the
+  retried function;
 * ``held``: at an attempt's first step, device arrays an earlier attempt's steps made that
   something other than the failed attempt's own (dead) frames still references, with their
   bytes and what holds them;
 * ``placed``: inside an attempt, user code put a computation or a transfer on devices of a
-  slice outside the attempt's active slices;
+  slice down at that moment and outside the active slices the program has (or claimed
+  while it was down);
 * ``detected``: the simulator raised a slice-down error (at a ``read`` or a ``dispatch``);
 * ``available`` / ``looked``: a ``Manager``'s ``available_inactive_slices`` became non-empty,
   and the program (not pathwaysutils itself) read it while it was;
@@ -42,12 +52,9 @@ they hold for any boundary that can produce the same records.
 
 from __future__ import annotations
 
-import gc
-import inspect
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -57,23 +64,23 @@ from typing import Any
 import jax
 
 from elastic_dew._compat import orbax as orbax_private
-from elastic_dew._compat import python as python_private
 from elastic_dew.rundir import read_records
-from elastic_dew.simulate.step_count import OWN_LOOP_MODULES
+from elastic_dew.simulate import watch_heap
+from elastic_dew.simulate.frames import caller, own_loop_on_stack, user_frame
+from elastic_dew.simulate.leaves import arrays_in
 
-__all__ = ["LANDING_SECONDS", "OWN_LOOP_MODULES", "Watch", "own_loop_on_stack", "placed_leaves", "user_frame"]
+__all__ = ["LANDING_SECONDS", "Watch"]
 
 logger = logging.getLogger(__name__)
 
 #: The attribute a step's output (or a restored or derived array) carries: ``(token,
 #: position, attempt, origin, saved_step)``.
 _POSITION = "_elastic_dew_position"
-#: Modules whose frames are passed over to find the code that made a call (JAX itself and
-#: the libraries a model is written with).
-_THROUGH = ("jax", "jaxlib", "numpy", "flax", "optax", "functools", "contextlib", "elastic_dew._compat")
-#: Modules whose calls are never the program's own: the libraries that place and read on
-#: the program's behalf (Orbax, Grain, pathwaysutils, etils) and elastic_dew itself.
-_LIBRARIES = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew")
+#: The objects whose landed state is read at each resume, by the name ``created`` gets, and
+#: the tier each holds.
+_TIERS = {"Snapshotter": "snapshot", "CheckpointManager": "checkpoint", "Checkpointer": "checkpoint"}
+#: How much of an error's message an ``attempt_end`` record keeps.
+_MESSAGE = 400
 #: How many held arrays get their holders named (finding them scans the heap).
 _DESCRIBED = 3
 
@@ -86,85 +93,8 @@ _DESCRIBED = 3
 LANDING_SECONDS = 0.5
 
 
-def _in(name: str, modules: tuple[str, ...]) -> bool:
-    return any(name == module or name.startswith(module + ".") for module in modules)
-
-
-def user_frame(frame: Any) -> Any:
-    """The first frame from ``frame`` outwards that is the program's own code, or ``None``
-    when the call was made by a library (Orbax, Grain, pathwaysutils, elastic_dew) or by
-    nothing but JAX.
-
-    Args:
-        frame: the innermost frame of the call.
-
-    Returns:
-        The program's frame, or ``None``.
-    """
-    while frame is not None and _in(frame.f_globals.get("__name__", ""), _THROUGH):
-        frame = frame.f_back
-    if frame is None or _in(frame.f_globals.get("__name__", ""), _LIBRARIES):
-        return None
-    return frame
-
-
-def own_loop_on_stack(frame: Any) -> bool:
-    """Whether elastic_dew's own loop (:data:`OWN_LOOP_MODULES`) is on the stack from
-    ``frame`` outwards: it announces its steps and its tiers itself.
-
-    Args:
-        frame: the innermost frame to look from.
-
-    Returns:
-        Whether one of its frames is there.
-    """
-    while frame is not None:
-        if _in(frame.f_globals.get("__name__", ""), OWN_LOOP_MODULES):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _own_loop_on_stack() -> bool:
-    frame = inspect.currentframe()
-    try:
-        return own_loop_on_stack(frame.f_back.f_back if frame is not None and frame.f_back is not None else None)
-    finally:
-        del frame  # a frame kept in its own local is a cycle
-
-
-def _arrays(tree: Any, depth: int = 0) -> list[Any]:
-    """The ``jax.Array`` leaves of ``tree``, looking inside Orbax's argument objects (a
-    dataclass or an object with attributes holding the tree) too."""
-    out: list[Any] = []
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if isinstance(leaf, jax.Array):
-            out.append(leaf)
-        elif depth < 3 and hasattr(leaf, "__dict__") and not isinstance(leaf, type):
-            out.extend(_arrays(list(vars(leaf).values()), depth + 1))
-    return out
-
-
-def _sharding_of(leaf: Any) -> Any:
-    """``leaf.sharding``, or None where it has none: Orbax's argument objects
-    (``args.Composite``) answer an unknown attribute with a ``KeyError``, not an
-    ``AttributeError``."""
-    try:
-        return getattr(leaf, "sharding", None)
-    except KeyError:
-        return None
-
-
-def placed_leaves(tree: Any) -> list[Any]:
-    """The leaves of ``tree`` that say where they go: arrays, and abstract leaves
-    (``jax.ShapeDtypeStruct``) with a sharding, looking inside Orbax's argument objects."""
-    out: list[Any] = []
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if isinstance(leaf, jax.Array) or isinstance(_sharding_of(leaf), jax.sharding.Sharding):
-            out.append(leaf)
-        elif hasattr(leaf, "__dict__") and not isinstance(leaf, type):
-            out.extend(a for a in _arrays(list(vars(leaf).values())))
-    return out
+    return own_loop_on_stack(caller())  # from the watch's caller outwards
 
 
 class Watch:
@@ -181,6 +111,9 @@ class Watch:
         self._lock = threading.RLock()
         self._token = object()
         self._snapshotters: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Every Snapshotter and CheckpointManager of the process (elastic_dew's own loop's
+        #: too): what has landed in them is read at each resume.
+        self._tiers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.reset()
 
     def reset(self) -> None:
@@ -192,6 +125,7 @@ class Watch:
             self._last: dict[str, Any] | None = None
             self._attempt = 0  # this process's elastic_retry attempt now (0: none yet)
             self._active: tuple[int, ...] | None = None
+            self._claimed_down: frozenset[int] = frozenset()  # slices the program claimed while down
             self._stepped = False  # whether the attempt now has run its first step
             self._retry_depth = 0
             self._saves: dict[tuple[str, int], int] = {}  # (kind, program step) -> position
@@ -249,6 +183,7 @@ class Watch:
         with self._lock:
             self._attempt += 1
             self._active = tuple(active)
+            self._claimed_down = frozenset()
             self._stepped = False
             self._restored = None
             self._data_taken = False
@@ -270,7 +205,12 @@ class Watch:
                 kind = "slice_down"
             else:
                 kind = "other"
-        self._emit("attempt_end", error=kind)
+        if kind == "other":
+            assert error is not None
+            self._emit("attempt_end", error=kind, error_type=f"{type(error).__module__}.{type(error).__qualname__}",
+                       message=str(error)[:_MESSAGE])
+        else:
+            self._emit("attempt_end", error=kind)
 
     def in_retry(self) -> bool:
         """Whether the program is inside the retried function now."""
@@ -294,6 +234,7 @@ class Watch:
         if phase == "step":
             if not self._stepped:
                 self._stepped = True
+                self._landed()
                 if self._restored is not None:
                     kind, saved, position = self._restored
                     self._emit("resume", origin=kind, step=saved, p=position)
@@ -314,7 +255,26 @@ class Watch:
             self._restored = (kind, step - 1, step - 1)
             self._emit("restore", kind=kind, step=step - 1, p=step - 1)
 
+    def _landed(self) -> None:
+        """What has landed now, recorded before a resume: the newest snapshot in host memory
+        (its copy finished) and the newest committed checkpoint, over the process's
+        Snapshotters and CheckpointManagers (``landed``; a tier it cannot read is left out)."""
+        newest: dict[str, int | None] = {}
+        for tier, kind in list(self._tiers.items()):
+            try:
+                if hasattr(tier, "all_steps"):  # a v0 CheckpointManager: the steps committed on storage
+                    step = max(tier.all_steps(read=True), default=None)
+                else:  # a Snapshotter (its copy landed), a v1 Checkpointer (committed)
+                    step = int(tier.latest.step) if tier.latest is not None else None
+            except Exception:  # noqa: BLE001 - a tier that cannot say what landed says nothing
+                logger.debug("could not read what landed in %r", tier, exc_info=True)
+                continue
+            known = newest.get(kind)
+            newest[kind] = step if known is None or (step is not None and step > known) else known
+        self._emit("landed", **newest)
+
     def _resumed(self, newest: tuple[Any, ...] | None, inputs: list[Any]) -> None:
+        self._landed()
         if newest is None:
             origin, saved, position = "nothing", None, 0
         elif newest[3] in ("snapshot", "checkpoint") and newest[2] == self._attempt:
@@ -340,53 +300,54 @@ class Watch:
 
     def _check_held(self, inputs: list[Any]) -> None:
         """Arrays an earlier attempt's steps made, still referenced at this attempt's first step."""
-        gc.collect()
-        carried = {id(a) for a in inputs}
-        live_frames = _live_frames()
-        live = jax.live_arrays()
-        candidates = [
-            array for array in live
-            if (mark := self._mark(array)) is not None and mark[2] < self._attempt and id(array) not in carried
-            and not array.is_deleted() and array.sharding.memory_kind != "pinned_host"
-        ]
-        ours = {id(live), id(candidates), id(inputs)}
-        kept = _still_held(candidates, ours, live_frames)
-        held = [array for array in candidates if id(array) in kept]
-        if not held:
-            return
-        described: list[str] = []
-        first = held[:_DESCRIBED]
-        for array in first:
-            for what in _holders(array, ours | {id(held), id(first)}, live_frames):
-                if what not in described:
-                    described.append(what)
-        self._emit("held", arrays=len(held), bytes=int(sum(a.nbytes for a in held)),
-                   attempts=sorted({mark[2] for a in held if (mark := self._mark(a)) is not None}),
-                   holders=described)
+        found = watch_heap.held_arrays(inputs, lambda array: (mark := self._mark(array)) is not None
+                                       and mark[2] < self._attempt, _DESCRIBED)
+        if found is not None:
+            held, described = found
+            self._emit("held", arrays=len(held), bytes=int(sum(a.nbytes for a in held)),
+                       attempts=sorted({mark[2] for a in held if (mark := self._mark(a)) is not None}),
+                       holders=described)
 
     # ----------------------------------------------------------------- placement
 
-    def inactive_slices(self) -> frozenset[int] | None:
-        """The slices outside the attempt now, or ``None`` outside any attempt or when it
-        has every slice."""
+    def misplaced_slices(self) -> frozenset[int] | None:
+        """The slices no work may go to now: those down and outside the active slices the
+        program has, or down when the program claimed them; ``None`` outside any attempt or
+        when there are none."""
         active = self._active
         if active is None or self._retry_depth == 0:
             return None
-        inactive = frozenset(range(self._simulator.slices)) - set(active)
-        return inactive or None
+        lost = self._simulator.lost
+        wrong = ((frozenset(range(self._simulator.slices)) - set(active)) | self._claimed_down) & lost
+        return wrong or None
+
+    def active_set(self, active: frozenset[int]) -> None:
+        """The program (not pathwaysutils) set a ``Manager``'s ``active_slice_indices`` to
+        ``active`` inside an attempt (the guide's in-place scale-up): placements are judged
+        against it from now on, and a returned slice it adds is taken up now."""
+        with self._lock:
+            if self._active is None or self._retry_depth == 0:
+                return
+            before = set(self._active)
+            self._active = tuple(sorted(active))
+            self._claimed_down = frozenset(set(active) - before) & self._simulator.lost
+        if set(active) != before:
+            self._emit("active", active=sorted(active), added=sorted(set(active) - before))
 
     def placing(self, arrays: list[Any], api: str, caller: Any) -> None:
         """``arrays`` (inputs, results or a copy's target) were placed by ``api``, called from
-        frame ``caller``: record it when user code put them on a slice the attempt has not."""
-        inactive = self.inactive_slices()
-        if inactive is None or not arrays:
+        frame ``caller``: record it when user code put them on a slice of
+        :meth:`misplaced_slices` (a placement on a healthy slice, or on a slice the program
+        still counts active and is about to learn is lost, is not a mistake)."""
+        down = self.misplaced_slices()
+        if down is None or not arrays:
             return
         frame = user_frame(caller)
         if frame is None:
             return
         device_slice = self._simulator.topology.device_slice
         slices = sorted({device_slice[d.id] for a in arrays for d in a.sharding.device_set
-                         if device_slice.get(d.id) in inactive})
+                         if device_slice.get(d.id) in down})
         key = (self._attempt, tuple(slices))
         if not slices or key in self._placed:
             return
@@ -405,7 +366,15 @@ class Watch:
 
     def created(self, what: str, instance: Any = None) -> None:
         """A ``Manager``, ``Snapshotter`` or ``CheckpointManager`` (``instance``) was made."""
-        if _own_loop_on_stack():
+        own = _own_loop_on_stack()
+        if what in _TIERS and instance is not None and (not own or what == "Snapshotter"):
+            # elastic_dew's own loop: only its snapshots are read (in memory); its checkpoints'
+            # storage is its own to bound, never listed from here
+            try:
+                self._tiers[instance] = _TIERS[what]
+            except TypeError:
+                pass  # an object that cannot be weakly referenced is not read at resumes
+        if own:
             return
         if what == "Snapshotter" and instance is not None:
             self._snapshotters.add(instance)
@@ -413,10 +382,9 @@ class Watch:
 
     def land_snapshots(self) -> None:
         """Give each of the program's Orbax ``Snapshotter``\\ s :data:`LANDING_SECONDS` to finish
-        the request it holds, before a step-keyed fault fires: a copy issued before the fault,
-        and not waiting on unfinished work, then lands first, so which snapshot a recovery
-        loads depends on the schedule, not on whether Orbax's worker thread ran before the
-        fault (elastic_dew's own loop's are joined: :meth:`elastic_dew.simulate.patches.Registry.land_snapshots`)."""
+        its request before a step-keyed fault fires, so which snapshot a recovery loads depends
+        on the schedule, not on whether Orbax's worker thread ran before the fault (elastic_dew's
+        own loop lands its own, :meth:`~elastic_dew.simulate.patches.Registry.land_snapshots`)."""
         deadline = time.monotonic() + LANDING_SECONDS
         for snapshotter in list(self._snapshotters):
             while orbax_private.snapshot_landing(snapshotter) and time.monotonic() < deadline:
@@ -426,7 +394,7 @@ class Watch:
         """The program saved ``tree`` as its ``kind`` (``snapshot``/``checkpoint``) of ``step``."""
         if _own_loop_on_stack():
             return  # elastic_dew's loop announces its saves
-        newest = self._newest(_arrays(tree))
+        newest = self._newest(arrays_in(tree))
         position = newest[1] if newest is not None else 0
         if not skipped:
             self._saves[(kind, int(step))] = position
@@ -440,7 +408,7 @@ class Watch:
         position = self._saves.get((kind, step)) if step is not None else None
         if position is None:
             position = self._saved_elsewhere(kind, step)
-        for array in _arrays(tree):
+        for array in arrays_in(tree):
             self._set(array, position, kind, step)
         self._emit("restore", kind=kind, step=step, p=position)
 
@@ -480,128 +448,3 @@ class Watch:
         if slices and slices not in self._looked:
             self._looked.add(slices)
             self._emit("looked", slices=sorted(slices))
-
-
-def _live_frames() -> set[int]:
-    """The ids of every frame running now, on every thread."""
-    return python_private.running_frames()
-
-
-def _is_dead_frame(obj: Any, live_frames: set[int]) -> bool:
-    """A frame no thread runs any more (held by a traceback: a log handler that keeps
-    records keeps the failed attempt's frames; that is not the program holding state)."""
-    return type(obj).__name__ == "frame" and id(obj) not in live_frames
-
-
-def _foreign(obj: Any, ours: set[int], live_frames: set[int]) -> bool:
-    """Whether ``obj`` is a referrer that counts: not a dead frame, not this module's own
-    frames or lists."""
-    if id(obj) in ours or _is_dead_frame(obj, live_frames):
-        return False
-    return not (type(obj).__name__ == "frame" and obj.f_code.co_filename == __file__)
-
-
-def _referrers(*objects: Any) -> list[Any]:
-    """What references any of ``objects`` (``gc.get_referrers``), less the call's own argument
-    tuple: Python 3.13's collector tracks that tuple, which holds every one of ``objects``, so
-    a climb from it would find its own arguments at every level and never end."""
-    found = gc.get_referrers(*objects)
-    return [referrer for referrer in found if referrer is not objects]
-
-
-#: How many levels of referrers :func:`_still_held` climbs before it counts an array as held.
-_LEVELS = 10
-
-
-def _still_held(candidates: list[Any], ours: set[int], live_frames: set[int]) -> set[int]:
-    """The ids of the ``candidates`` something the program can still reach references: a
-    chain of referrers from the array up to a running frame or a module's globals. A chain
-    that ends at a frame no thread runs (a traceback kept by a log handler keeps the failed
-    attempt's frames, their locals and their loops' iterators) holds nothing. One scan of
-    the heap per level, for every candidate at once."""
-    origins: dict[int, set[int]] = {id(c): {id(c)} for c in candidates}
-    frontier: dict[int, Any] = {id(c): c for c in candidates}
-    seen = set(frontier)
-    held: set[int] = set()
-    for _ in range(_LEVELS):
-        if not frontier:
-            return held
-        objects = tuple(frontier.values())
-        found = _referrers(*objects)
-        following: dict[int, Any] = {}
-        mine = ours | {id(objects), id(found), id(frontier), id(following), id(origins), id(candidates)}
-        for referrer in found:
-            if not _foreign(referrer, mine, live_frames):
-                continue
-            via = {id(x) for x in gc.get_referents(referrer)} & frontier.keys()
-            reached = set().union(*(origins[v] for v in via)) if via else set()
-            if type(referrer).__name__ == "frame" or (isinstance(referrer, dict) and _module_of(referrer)):
-                held |= reached
-            elif id(referrer) not in seen:
-                seen.add(id(referrer))
-                origins[id(referrer)] = reached
-                following[id(referrer)] = referrer
-            else:
-                origins.setdefault(id(referrer), set()).update(reached)
-        frontier = following
-        del objects, found
-    for key in frontier:  # still climbing: count it held rather than miss a leak
-        held |= origins[key]
-    return held
-
-
-def _holders(array: Any, ours: set[int], live_frames: set[int]) -> list[str]:
-    """What references ``array``, as a user would name it: a global of a module, a local
-    variable of a running function, a variable of a closure, found outwards through the
-    containers and objects between (breadth first, a few levels)."""
-    ours = set(ours)
-    seen = {id(array)}
-    level: list[tuple[Any, Any]] = [(array, None)]  # (object, the object it references on the way)
-    ours.add(id(level))
-    names: list[str] = []
-    for _ in range(5):
-        following: list[tuple[Any, Any]] = []
-        ours.add(id(following))
-        for obj, _inner in level:
-            found = _referrers(obj)
-            ours.add(id(found))
-            for referrer in found:
-                if id(referrer) in seen or not _foreign(referrer, ours, live_frames):
-                    continue
-                seen.add(id(referrer))
-                name = _named(referrer, obj)
-                if name is not None:
-                    if name and name not in names:
-                        names.append(name)
-                elif isinstance(referrer, (list, dict, tuple, set)) or hasattr(referrer, "__dict__"):
-                    following.append((referrer, obj))
-        if names or not following:
-            break
-        level = following
-    return names[:4]
-
-
-def _module_of(namespace: Any) -> Any:
-    return next((m for m in list(sys.modules.values()) if getattr(m, "__dict__", None) is namespace), None)
-
-
-def _named(referrer: Any, obj: Any) -> str | None:
-    """``referrer`` as a name the user knows, holding ``obj``; ``""`` for a holder that is
-    not the program's (JAX's or elastic_dew's own frames and closures); ``None`` when it is
-    a container or an object to look through."""
-    what = type(obj).__name__
-    if type(referrer).__name__ == "frame":
-        if _in(referrer.f_globals.get("__name__", ""), _THROUGH + _LIBRARIES):
-            return ""
-        key = next((k for k, v in referrer.f_locals.items() if v is obj), "?")
-        return f"the {what} {key}, a local variable of {referrer.f_code.co_name}()"
-    if isinstance(referrer, dict) and (module := _module_of(referrer)) is not None:
-        key = next((k for k, v in referrer.items() if v is obj), "?")
-        return f"the {what} {module.__name__}.{key}"
-    if type(referrer).__name__ == "cell":
-        functions = [f for t in _referrers(referrer) if isinstance(t, tuple)
-                     for f in _referrers(t) if callable(f) and getattr(f, "__closure__", None) is t]
-        if not functions or _in(getattr(functions[0], "__module__", "") or "", _THROUGH + _LIBRARIES):
-            return ""
-        return f"a {what} in the closure of {functions[0].__qualname__}()"
-    return None

@@ -17,31 +17,27 @@ simulator active every wrapper only passes through.
 from __future__ import annotations
 
 import functools
-import inspect
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from elastic_dew._compat import orbax as orbax_private
-from elastic_dew.simulate.watch import LANDING_SECONDS, own_loop_on_stack, placed_leaves
+from elastic_dew.simulate.frames import caller as _caller
+from elastic_dew.simulate.frames import own_loop_on_stack
+from elastic_dew.simulate.leaves import placed_leaves
+from elastic_dew.simulate.watch import LANDING_SECONDS
 
 __all__ = [
-    "AVAILABLE", "LANDING_SECONDS", "available_property", "checkpoint_manager", "checkpoint_restore", "checkpoint_save", "detected",
-    "data_call", "elastic_iterator", "made", "snapshot_load", "snapshot_save", "tracking_retry",
+    "ACTIVE", "AVAILABLE", "LANDING_SECONDS", "active_property", "available_property", "checkpoint_manager",
+    "checkpoint_restore", "checkpoint_save", "checkpointer_load", "checkpointer_save", "data_call", "detected",
+    "elastic_iterator", "install_restore_paths", "made", "path_restore", "snapshot_load", "snapshot_save",
+    "tracking_retry",
 ]
 
 
 def _module(frame: Any) -> str:
     return frame.f_globals.get("__name__", "") if frame is not None else ""
-
-
-def _caller() -> Any:
-    """The frame that called the function calling this (Python's public frame access)."""
-    frame = inspect.currentframe()
-    try:
-        return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
-    finally:
-        del frame  # a frame kept in its own local is a cycle: it would hold the caller's arrays until gc
 
 
 def _watch(reg: Any) -> Any:
@@ -120,6 +116,24 @@ def available_property(reg: Any) -> property:
             watch.available(frozenset(value))
 
     return property(get, set_, doc="the Manager's returned slices not yet in use")
+
+
+#: The Manager's attribute that holds the slices in use; pathwaysutils sets it at each
+#: attempt's start, and a program that scales up in place sets it too.
+ACTIVE = "active_slice_indices"
+
+
+def active_property(reg: Any, original: property) -> property:
+    """``Manager.active_slice_indices``, its setter telling the watch when the program (not
+    pathwaysutils) changed the active slices inside an attempt."""
+
+    def set_(self, value):
+        original.__set__(self, value)
+        watch = _watch(reg)
+        if watch is not None and not _module(_caller()).startswith(("pathwaysutils", "elastic_dew.simulate")):
+            watch.active_set(frozenset(original.__get__(self, type(self))))
+
+    return property(original.fget, set_, original.fdel, doc=original.__doc__)
 
 
 def made(reg: Any, what: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -209,6 +223,93 @@ def checkpoint_restore(reg: Any, original: Callable[..., Any]) -> Callable[..., 
         return restored
 
     return restore
+
+
+def _step_in(path: Any) -> int | None:
+    """The step a checkpoint's path names: its innermost part that is a number (Orbax's step
+    directories, ``.../8`` or ``.../8/state``), or ``None``."""
+    for part in reversed(Path(str(path)).parts):
+        if part.isdigit():
+            return int(part)
+    return None
+
+
+def _by_orbax(frame: Any) -> bool:
+    """Whether Orbax itself made the call (a manager's restore reading through a checkpointer)."""
+    return _module(frame).startswith("orbax")
+
+
+def path_restore(reg: Any, original: Callable[..., Any], method: bool) -> Callable[..., Any]:
+    """A restore from a checkpoint's path (``Checkpointer.restore(directory, ...)`` of Orbax's
+    v0 checkpointers, ``ocp.v1.load``/``load_pytree(path, ...)``): what it returns carries
+    the position saved at the step the path names."""
+
+    def restore(*args, **kwargs):
+        watch = _watch(reg)
+        caller = _caller()
+        if watch is None or _by_orbax(caller) or _own_loop(caller):
+            return original(*args, **kwargs)
+        path = (args[1:2] if method else args[:1]) or [kwargs.get("directory", kwargs.get("path"))]
+        restored = original(*args, **kwargs)
+        watch.restored("checkpoint", _step_in(path[0]), restored)
+        return restored
+
+    functools.update_wrapper(restore, original)
+    return restore
+
+
+def checkpointer_load(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``ocp.v1.training.Checkpointer.load`` or ``load_pytree``: what it returns
+    carries the restored step's position."""
+
+    @functools.wraps(original)
+    def load(self, step=None, *args, **kwargs):
+        watch = _watch(reg)
+        caller = _caller()
+        if watch is None or _by_orbax(caller) or _own_loop(caller):
+            return original(self, step, *args, **kwargs)
+        restored = original(self, step, *args, **kwargs)
+        number = getattr(step, "step", step)
+        if number is None:
+            latest = self.latest
+            number = latest.step if latest is not None else None
+        watch.restored("checkpoint", number, restored)
+        return restored
+
+    return load
+
+
+def checkpointer_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``ocp.v1.training.Checkpointer.save`` or ``save_pytree``: each save it took."""
+
+    @functools.wraps(original)
+    def save(self, step, state, *args, **kwargs):
+        saved = original(self, step, state, *args, **kwargs)
+        watch = _watch(reg)
+        caller = _caller()
+        if saved and watch is not None and not _by_orbax(caller) and not _own_loop(caller):
+            watch.saved("checkpoint", step, state)
+        return saved
+
+    return save
+
+
+def install_restore_paths(reg: Any, replace: Callable[[Any, str, Any], None]) -> None:
+    """Wrap Orbax's other ways to save and restore a checkpoint than ``CheckpointManager``:
+    v0 ``Checkpointer.restore``, v1 ``load``/``load_pytree`` and v1
+    ``training.Checkpointer`` (made, ``save``, ``load``), with ``replace(owner, name, new)``."""
+    import orbax.checkpoint as ocp
+
+    replace(ocp.Checkpointer, "restore", path_restore(reg, vars(ocp.Checkpointer)["restore"], method=True))
+    for name in ("load", "load_pytree"):  # the public names: a program calls ocp.v1.load(...)
+        if name in vars(ocp.v1):
+            replace(ocp.v1, name, path_restore(reg, vars(ocp.v1)[name], method=False))
+    checkpointer = ocp.v1.training.Checkpointer
+    replace(checkpointer, "__init__", made(reg, "Checkpointer", vars(checkpointer)["__init__"]))
+    for name in ("load", "load_pytree"):  # load_pytree calls load: Orbax's own call is passed over
+        replace(checkpointer, name, checkpointer_load(reg, vars(checkpointer)[name]))
+    for name in ("save", "save_pytree"):
+        replace(checkpointer, name, checkpointer_save(reg, vars(checkpointer)[name]))
 
 
 def _own_loop(frame: Any) -> bool:

@@ -1,6 +1,6 @@
 """A training loop written as pathwaysutils' resilience guide shows it, with one mistake on request.
 
-One ``Manager`` and one Orbax ``Snapshotter``, made once; ``elastic_retry`` around the
+``pathwaysutils.initialize()`` first; one ``Manager`` and one Orbax ``Snapshotter``, made once; ``elastic_retry`` around the
 training; each attempt builds its mesh from the Manager's active slices, loads the newest
 snapshot, puts Grain's ``ElasticIterator`` at its step, snapshots every step, and raises
 ``ScaleUpSignalError`` at a step boundary once a slice is back. With ``--checkpoints DIR``
@@ -21,6 +21,7 @@ import sys
 
 import grain
 import jax
+import pathwaysutils
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -30,7 +31,10 @@ from pathwaysutils.elastic import manager as pw_manager
 BATCH = 24  # examples per step: divides every data-parallel width of 1 to 4 slices of 2 devices
 FEATURES = 8
 MISTAKES = ("restored_nothing", "recreated_per_attempt", "held_across_attempts", "mesh_on_lost_slice",
-            "no_save_at_preemption", "data_not_rewound", "returned_slice_ignored", "case1")
+            "no_save_at_preemption", "data_not_rewound", "returned_slice_ignored", "batch_not_divisible",
+            "not_initialized", "case1")
+#: The batch_not_divisible mistake: divides 4 slices of 2 devices, not the 3 left after a loss.
+INDIVISIBLE_BATCH = 16
 
 KEPT = []  # the held_across_attempts mistake: every step's state, at module level
 
@@ -63,9 +67,12 @@ def main(argv=None):
     elif args.mistake:
         mistakes = {args.mistake}
 
+    if "not_initialized" not in mistakes:
+        pathwaysutils.initialize()  # before the first JAX call: on Pathways it registers the backend
+    batch_size = INDIVISIBLE_BATCH if "batch_not_divisible" in mistakes else BATCH
     manager = pw_manager.Manager()
     snapshotter = Snapshotter(replica_axis_index=0)
-    data = grain.experimental.ElasticIterator(examples(), BATCH, grain.sharding.ShardOptions(0, 1))
+    data = grain.experimental.ElasticIterator(examples(), batch_size, grain.sharding.ShardOptions(0, 1))
     checkpoints = None
     stop = []
     if args.checkpoints:
@@ -99,7 +106,7 @@ def main(argv=None):
             state = jax.device_put({"w": np.zeros(FEATURES, np.float32), "step": np.int32(0)}, replicated)
         step = int(state["step"])
         if "data_not_rewound" not in mistakes:
-            data.set_state({"global_next_index": step * BATCH})  # the data at the restored step
+            data.set_state({"global_next_index": step * batch_size})  # the data at the restored step
         while step < args.steps:
             batch = jax.device_put(next(data), rows)
             state, loss = train_step(state, batch)

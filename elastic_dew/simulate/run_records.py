@@ -1,0 +1,106 @@
+"""A simulated run's records, read and indexed for the diagnosis's costs and rules.
+
+Two things only: the faults that fired (the fault log's records, each ``scheduled``,
+``action``, ``slice``, ``phase``, ``step``, ``pid``, ``wall``) and what the program's processes
+did (:class:`elastic_dew.simulate.watch.Watch`'s records, in the order they happened). No
+JAX: the diagnosis runs after the program's processes have ended.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FAULT_FIELDS", "Records", "fault_record", "read_run"]
+
+#: The faults that take a slice down.
+_DOWN = ("lose", "hang", "suspend")
+
+
+class Records:
+    """The records of a run, indexed for the costs and the rules.
+
+    Args:
+        faults: the fired faults' records.
+        events: the watch's records of every process, in order.
+    """
+
+    def __init__(self, faults: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]]) -> None:
+        self.faults = sorted(faults, key=lambda f: f["wall"])
+        self.events = list(events)
+        self.pids: list[int] = []
+        for record in [*self.events, *self.faults]:
+            pid = record.get("pid")
+            if pid is not None and pid not in self.pids:
+                self.pids.append(pid)
+        self.steps = self.of("step")
+        self.resumes = self.of("resume")
+        self.attempts = self.of("attempt")
+        self.saves = [e for e in self.of("save") if not e.get("skipped")]
+
+    def up_until(self, slice_index: int, wall: float) -> float | None:
+        """Until when slice ``slice_index``, back at ``wall``, stayed up: the wall time of the
+        next fault that took it down again (``inf``: never); ``None`` when it was down at
+        ``wall`` (the last fault on it before then stopped it)."""
+        on = [f for f in self.faults if f.get("slice") == slice_index]
+        before = [f for f in on if f["wall"] <= wall]
+        if before and before[-1]["action"] in _DOWN:
+            return None
+        return next((f["wall"] for f in on if f["wall"] > wall and f["action"] in _DOWN), float("inf"))
+
+    def of(self, kind: str) -> list[Mapping[str, Any]]:
+        return [e for e in self.events if e["e"] == kind]
+
+    def process(self, pid: int | None) -> int:
+        return self.pids.index(pid) + 1 if pid in self.pids else 0
+
+    def position_at(self, wall: float, pid: int | None = None) -> int:
+        before = [s for s in self.steps if s["w"] <= wall and (pid is None or s["pid"] == pid)]
+        return before[-1]["p"] if before else 0
+
+    def attempt_at(self, wall: float, pid: int) -> int:
+        before = [a for a in self.attempts if a["w"] <= wall and a["pid"] == pid]
+        return before[-1]["n"] if before else 0
+
+    def next_resume(self, wall: float) -> Mapping[str, Any] | None:
+        return next((r for r in self.resumes if r["w"] > wall), None)
+
+
+#: A fired fault's fields the rules read (of its ``fault`` event, as the fault log holds it).
+FAULT_FIELDS = ("scheduled", "action", "slice", "phase", "step", "pid", "wall")
+
+
+def fault_record(event: Any) -> dict[str, Any]:
+    """A fired fault's ``fault`` event (:class:`elastic_dew.elastic.events.Fault`) as the
+    rules read it.
+
+    Args:
+        event: the event.
+
+    Returns:
+        Its ``scheduled``, ``action``, ``slice``, ``phase``, ``step``, ``pid`` and ``wall``.
+    """
+    raw = event.to_json()
+    return {key: raw[key] for key in FAULT_FIELDS}
+
+
+def read_run(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The fired faults and the watch's records a simulated run left in ``run_dir``
+    (``faults.jsonl``, ``watch.jsonl``; no records without a watch file).
+
+    Args:
+        run_dir: the run directory.
+
+    Returns:
+        ``(faults, events)``.
+
+    Raises:
+        ValueError: the fault log holds a bad line.
+    """
+    from elastic_dew import rundir
+
+    base = Path(run_dir)
+    faults = [fault_record(f) for f in rundir.FaultLog(base / rundir.FAULTS_FILE).entries()]
+    return faults, rundir.read_records(base / rundir.WATCH_FILE)
