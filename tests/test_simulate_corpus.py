@@ -54,6 +54,9 @@ CASES = [
     ("own_loop_page", "lose:3@8,restore:3@16", [("snapshot", 5, 3), ("taken up after", 0)]),
     ("own_loop_page", "lose:1@4,lose:2@8", [("nothing", None, 4), ("snapshot", 5, 3)]),
     ("pathwaysutils_simple_model", "lose:2@3,restore:2@5", [("snapshot", 2, 1), ("taken up after", 0)]),
+    ("boundary_two_scalars", "lose:1@6,restore:1@12", [("snapshot", 5, 1), ("taken up after", 0)]),
+    ("boundary_two_scalars", "hang:1@5,lose:1@+2", [("snapshot", 4, 1), ("part of", "hang:1@5/step")]),
+    ("boundary_pause_resume", "lose:2@9,restore:2@+3", [("snapshot", 8, 1), ("taken up after", 0)]),
 ]
 
 
