@@ -24,8 +24,10 @@ from faultlib import assert_all_fired, assert_invariants, events, kinds
 #: slice lost while a finished run's state was restored crashing the caller (fixed); 1012, a
 #: slice lost as the first snapshot's save began, so no snapshot landed and starting over
 #: is the loop's right answer, not a restored_nothing; 1882, a slice back and lost again at
-#: the same step, which the Manager still named available: not a returned slice ignored.
-SEEDS = (0, 1, 2, 3, 21, 26, 1012, 1882)
+#: the same step, which the Manager still named available: not a returned slice ignored;
+#: 2830, a process preempted during its first compile, before it resumed: the next process
+#: is the one the next preemption's resume check pairs with.
+SEEDS = (0, 1, 2, 3, 21, 26, 1012, 1882, 2830)
 
 
 @pytest.fixture(scope="module")

@@ -71,17 +71,17 @@ def _check_params(run_dir: Path, expected: dict[str, Any], full_mesh: bool) -> l
 def _check_resumes(outcome: ScenarioOutcome, events: list[ev.Event]) -> list[str]:
     """Each restart resumes from the checkpoint of the step its preemption stopped at."""
     problems = []
-    resumes_by_process: list[ev.Resume] = []
-    seen_start = False
+    # Each process's first resume, or None for a process preempted before it resumed (during
+    # its first compile, say): the processes pair with the preemptions that ended the ones before.
+    first_resumes: list[ev.Resume | None] = []
     for event in events:
         if isinstance(event, ev.Start):
-            seen_start = True
-        elif isinstance(event, ev.Resume) and seen_start:
-            resumes_by_process.append(event)
-            seen_start = False
-    for stop, resume in zip(outcome.preempted_at, resumes_by_process[1:], strict=False):
+            first_resumes.append(None)
+        elif isinstance(event, ev.Resume) and first_resumes and first_resumes[-1] is None:
+            first_resumes[-1] = event
+    for stop, resume in zip(outcome.preempted_at, first_resumes[1:], strict=False):
         expected = ("checkpoint", stop + 1) if stop else ("fresh", 1)
-        if (resume.source, resume.step) != expected:
+        if resume is not None and (resume.source, resume.step) != expected:
             problems.append(
                 f"the process after the preemption at step {stop} resumed from "
                 f"{resume.source} at {resume.step}, not from {expected[0]} at {expected[1]}"
