@@ -290,7 +290,7 @@ class _ErrorOutput:
     def __init__(self) -> None:
         self._read, self.fd = os.pipe()
         self._tail = bytearray()
-        self._thread = threading.Thread(target=self._pump, name="simulate-stderr", daemon=True)
+        self._thread = threading.Thread(target=self._pump, name="elastic-dew-simulate-stderr", daemon=True)
         self._thread.start()
 
     def _pump(self) -> None:
