@@ -342,8 +342,15 @@ def _batch_not_divisible(run: Records) -> list[Problem]:
         slices = f" on slices [{','.join(map(str, attempt['active']))}]" if attempt is not None else ""
         out.append(Problem("batch_not_divisible", run.process(ended["pid"]), ended["n"],
                            f"attempt {ended['n']}{slices} ended with IndivisibleError: "
-                           f"{str(ended.get('message', ''))[:200]}"))
+                           f"{_indivisible_gist(str(ended.get('message', '')))}"))
     return out
+
+
+def _indivisible_gist(message: str) -> str:
+    """What JAX's IndivisibleError says of the array (its axis, the shards, the size), without
+    the sharding's repr before it, whose length differs between JAX releases."""
+    found = re.search(r"array axis \d+ is partitioned \d+ times[^.]*", message)
+    return found.group(0) if found else message[:200]
 
 
 _RULES = (_restored_nothing, _recreated_per_attempt, _held_across_attempts, _mesh_on_lost_slice, _snapshot_skipped,
@@ -395,6 +402,7 @@ def output_problems(output: str, process: int, named: Iterable[str] = ()) -> lis
         match = pattern.search(output)
         if match is None or kind in set(named):
             continue
-        detail = match.group(1)[:200] if match.groups() else match.group(0)
+        detail = _indivisible_gist(match.group(1)) if kind == "batch_not_divisible" else (
+            match.group(1)[:200] if match.groups() else match.group(0))
         found.append(Problem(kind, process, 0, f"the program's error output: {detail}"))
     return found
