@@ -264,6 +264,11 @@ class StepSchedule:
                     del self._returned[taken]
                 self._taken.notify_all()
             retried, self._met_since_step = self._met_since_step, False
+            if retried and self._slices is not None and slices & self._slices.states.lost:
+                # dispatched before the program learned of the loss (a client that pipelines its
+                # dispatches sends it after the read that failed): the old attempt's, not a retry's,
+                # whose mesh holds no lost slice
+                self._met_since_step, retried = True, False
             probed, self._probed = self._probed, False
             self._step_epochs = self._slices.states.epochs_of(slices) if self._slices is not None else ()
             self._step_slices = slices
