@@ -158,7 +158,8 @@ def model_against_simulation(faults: int) -> dict[str, Any]:
     """The largest gap (points of goodput and of useful work) between the model and the
     discrete-event simulation, each policy at fixed cadences, over :data:`DES_SLICES`, with 0
     and 2 spares; and every row."""
-    from elastic_dew.plan import POLICIES, Cluster, Costs, PolicySettings, des, model
+    from elastic_dew.plan import Cluster, Costs, PolicySettings, des, model
+    from elastic_dew.plan.policy import POLICIES
 
     costs = Costs(**CLUSTER_COSTS)
     rows = []

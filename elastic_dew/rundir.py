@@ -186,8 +186,6 @@ def read_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         raise RunDirError(f"{path} is not valid JSON ({err}); is {path.parent} a run directory?") from None
     if not isinstance(recorded, dict):
         raise RunDirError(f"{path} does not hold a JSON object; is {path.parent} a run directory?")
-    if "chaos" in recorded and "schedule" not in recorded:  # written before the key was "schedule"
-        recorded["schedule"] = recorded.pop("chaos")
     return recorded
 
 
@@ -198,9 +196,7 @@ def write_identity(run_dir: str | os.PathLike[str], identity: Mapping[str, Any])
     if path.exists():
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(dict(identity), indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write((json.dumps(dict(identity), indent=2) + "\n").encode()))
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:

@@ -19,7 +19,9 @@ import yaml
 
 from conftest import REPO
 from elastic_dew.cli import main
-from elastic_dew.k8s import KNOWN_RECIPES, TPU_TYPES, JobSetParams, jobset, lookup_tpu_type
+from elastic_dew.k8s import JobSetParams, jobset
+from elastic_dew.k8s.params import KNOWN_RECIPES
+from elastic_dew.k8s.tpus import TPU_TYPES, lookup_tpu_type
 from elastic_dew.settings import SettingError
 from elastic_dew.k8s import cluster
 from elastic_dew.k8s import render as R

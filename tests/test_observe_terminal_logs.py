@@ -44,12 +44,12 @@ def test_a_terminal_shows_warnings_and_progress_and_the_run_log_gets_every_line(
     terminal = _Terminal()
     logs.setup_logging("auto", terminal)
     _lines()  # before the run directory is known: held
-    assert logs.attach_run_log(tmp_path) == tmp_path / logs.RUN_LOG
+    assert logs.attach_run_log(tmp_path) == tmp_path / logs.RUN_LOG_FILE
     logging.getLogger("jax").info("Resetting cache")
     shown = terminal.getvalue()
     assert "step 10/20" in shown and "firing scheduled fault" in shown
     assert "Unable to initialize backend" not in shown and "precompiled" not in shown
-    written = (tmp_path / logs.RUN_LOG).read_text()
+    written = (tmp_path / logs.RUN_LOG_FILE).read_text()
     for text in ("Unable to initialize backend", "precompiled", "step 10/20", "firing scheduled fault",
                  "Resetting cache"):
         assert text in written

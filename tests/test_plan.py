@@ -290,7 +290,7 @@ def test_plan_prints_each_input_with_its_origin_and_writes_the_json_it_promises(
     (["--slices", "8", "--step-seconds", "2"], "--snapshot-seconds"),
     (["--slices", "8", "--from", "/nonexistent/run", *GIVEN], "--from /nonexistent/run"),
     (["--slices", "8", "--start-step", "100", *GIVEN], "--start-step goes with --draw-schedule"),
-    (["--slices", "8", "--give-up-bound", "2", *GIVEN], "--give-up-bound 2.0 must be between 0 and 1"),
+    (["--slices", "8", "--max-give-up", "2", *GIVEN], "--max-give-up 2.0 must be between 0 and 1"),
     (["--slices", "8", "--compress", "0", *GIVEN], "--compress 0.0 must be a number > 0"),
     (["--slices", "8", "--draw-schedule", "1", *GIVEN], "--draw-schedule needs --steps"),
     (["--slices", "8", "--plot", "/nonexistent/dir/p.png", *GIVEN], "/nonexistent/dir does not exist"),
@@ -352,7 +352,7 @@ def test_the_retry_budgets_give_up_probability_is_what_the_simulation_counting_a
             assert simulated - noise < rule < 5 * simulated + noise, (attempts, rule, simulated)
 
 
-def test_the_recommended_budget_is_the_fewest_attempts_within_the_bound_and_never_below_the_default():
+def test_the_recommended_budget_is_the_fewest_attempts_within_max_give_up_and_never_below_the_default():
     settings = PolicySettings("pause_resume", 7, 250)
     budget = retry.recommend(CPU_COSTS, COMPRESSED, settings, steps=300)
     assert budget.max_attempts > retry.DEFAULT_MAX_ATTEMPTS and budget.defaults_too_low
@@ -361,7 +361,7 @@ def test_the_recommended_budget_is_the_fewest_attempts_within_the_bound_and_neve
         return retry.give_up_probability(CPU_COSTS, COMPRESSED, settings, max_attempts=m, retry_reset_steps=50,
                                          steps=300)
 
-    assert gives_up(budget.max_attempts) <= retry.GIVE_UP_BOUND < gives_up(budget.max_attempts - 1)
+    assert gives_up(budget.max_attempts) <= retry.MAX_GIVE_UP < gives_up(budget.max_attempts - 1)
     assert budget.default_give_up_probability == pytest.approx(gives_up(retry.DEFAULT_MAX_ATTEMPTS))
     assert budget.crash_loop_seconds == pytest.approx(budget.max_attempts * 0.5)  # recovery and restore, each
     # A real cluster's rates: the defaults hold, and the budget stays the guide's.

@@ -9,7 +9,7 @@ flag for each of the run's costs (``--step-seconds``, ``--data-wait-seconds``,
 would measure, or overrides. Prints every input with where it came from, a table of the
 policies at their recommended settings, the retry budget of the in-process policies for a
 run of ``--steps S`` steps (a day's by default) that gives up in at most
-``--give-up-bound`` of runs, the recommendation with the ``elastic-dew train`` flags that
+``--max-give-up`` of runs, the recommendation with the ``elastic-dew train`` flags that
 follow it, and how goodput grows with N; ``--json`` writes the plan for tools and
 ``--plot`` the picture of goodput against N.
 
@@ -90,7 +90,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     for part, (owner, flags) in _flags().items():
         add_flags(parser.add_argument_group(titles[part]), owner, flags, part=part)
     budget = parser.add_argument_group("the retry budget")
-    budget.add_argument("--give-up-bound", metavar="P", type=float, default=None,
+    budget.add_argument("--max-give-up", metavar="P", type=float, default=None,
                         help="the share of runs of --steps steps that may give up (default 0.001)")
     budget.add_argument("--retry-reset-steps", metavar="STEPS", type=int, default=None,
                         help="steps of progress after which the count of slice losses starts again (default 50)")
@@ -167,14 +167,12 @@ def _inputs(args: argparse.Namespace):
 
 
 def _schedule(args: argparse.Namespace, costs, cluster) -> tuple[str, float]:
-    from elastic_dew.plan import compression, draw_schedule
+    from elastic_dew.plan.faults import compression, draw_schedule
 
     if args.steps is None or args.steps < 1:
         raise _Refused(f"--draw-schedule needs --steps S with S >= 1 (got {args.steps})")
     if costs.step_seconds is None:
         raise _Refused("--draw-schedule needs the step time: give --step-seconds or --from RUN_DIR")
-    if args.compress is not None and not (args.compress > 0 and math.isfinite(args.compress)):
-        raise _Refused(f"--compress {args.compress} must be a number > 0")
     factor = args.compress or compression(cluster, costs.step_seconds, args.steps)
     if args.start_step is not None and args.start_step < 0:
         raise _Refused(f"--start-step {args.start_step} must be >= 0")
@@ -188,13 +186,13 @@ def _budget_args(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.steps is not None and args.steps < 1:
         raise _Refused(f"--steps {args.steps} must be >= 1")
-    bound = retry.GIVE_UP_BOUND if args.give_up_bound is None else args.give_up_bound
-    if not 0 < bound < 1:
-        raise _Refused(f"--give-up-bound {args.give_up_bound} must be between 0 and 1 (0.001: 1 run in 1,000)")
+    max_give_up = retry.MAX_GIVE_UP if args.max_give_up is None else args.max_give_up
+    if not 0 < max_give_up < 1:
+        raise _Refused(f"--max-give-up {args.max_give_up} must be between 0 and 1 (0.001: 1 run in 1,000)")
     reset = retry.DEFAULT_RETRY_RESET_STEPS if args.retry_reset_steps is None else args.retry_reset_steps
     if reset < 0:
         raise _Refused(f"--retry-reset-steps {reset} must be >= 0 (0 counts over the whole run)")
-    return {"steps": args.steps, "bound": bound, "retry_reset_steps": reset}
+    return {"steps": args.steps, "max_give_up": max_give_up, "retry_reset_steps": reset}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -337,7 +335,7 @@ def _retry_lines(rows) -> list[str]:
     if not budgets:
         return []
     first = budgets[0].retry
-    lines = ["", f"retry budget (a run of {first.steps:,} steps gives up in at most {_odds(first.bound)}; a count of "
+    lines = ["", f"retry budget (a run of {first.steps:,} steps gives up in at most {_odds(first.max_give_up)}; a count of "
              f"slice losses ends after {first.retry_reset_steps} steps of progress):",
              f"  {'policy':15s} {'spares':>6s} {'max_attempts':>12s} {'gives up':>18s} "
              f"{f'defaults ({retry.DEFAULT_MAX_ATTEMPTS} in {retry.DEFAULT_RETRY_RESET_STEPS}) give up':>32s} "

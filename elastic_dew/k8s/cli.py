@@ -27,8 +27,8 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import yaml
 

@@ -44,16 +44,14 @@ import sys
 import threading
 from typing import Any, Literal, TextIO
 
-from elastic_dew.elastic.slices.loss_log import HandledSliceLossFilter, install_slice_loss_filter
+from elastic_dew.elastic.slices.loss_log import install_slice_loss_filter
 from elastic_dew.rundir import RUN_LOG_FILE
 
 __all__ = [
     "LOG_FORMATS",
     "TEXT_FORMAT",
     "VERBOSE_LOGGERS",
-    "HandledSliceLossFilter",
     "JsonFormatter",
-    "RUN_LOG",
     "RunLog",
     "STORY_LOGGERS",
     "TerminalFilter",
@@ -75,9 +73,6 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The loggers ``-v`` turns to DEBUG: elastic_dew's own. Third-party loggers stay at INFO.
 VERBOSE_LOGGERS = ("elastic_dew",)
 
-#: On a terminal, the run's routine lines (other libraries' INFO lines, elastic_dew's own)
-#: go to this file in the run directory (:class:`RunLog`) instead of the terminal.
-RUN_LOG = RUN_LOG_FILE
 #: On a terminal, the loggers whose INFO lines are the run's story and stay on it: the
 #: progress display's step, fault, stop and resume lines.
 STORY_LOGGERS = ("elastic_dew.observe.progress",)
@@ -191,7 +186,7 @@ class TerminalFilter(logging.Filter):
 
 
 class RunLog(logging.Handler):
-    """Every record, written to ``RUN_DIR/run.log`` (:data:`RUN_LOG`) once the run directory
+    """Every record, written to ``RUN_DIR/run.log`` (``rundir.RUN_LOG_FILE``) once the run directory
     is known (:meth:`attach`); until then the records are held in memory (at most
     :attr:`HELD` of them, the oldest dropped first), so the lines of a process's start
     (JAX's backend, the plan) land in the file too."""
@@ -209,7 +204,7 @@ class RunLog(logging.Handler):
         """Write to ``run_dir``'s run log from now on, starting with the records held."""
         import pathlib
 
-        path = pathlib.Path(run_dir) / RUN_LOG
+        path = pathlib.Path(run_dir) / RUN_LOG_FILE
         if self._file is not None and self.path == path:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,10 +250,6 @@ def attach_run_log(run_dir: Any) -> Any:
     return None
 
 
-def _install_slice_loss_filter() -> None:
-    install_slice_loss_filter()
-
-
 def is_terminal(stream: TextIO) -> bool:
     """Whether ``stream`` is a terminal (``False`` for one without ``isatty`` or closed)."""
     try:
@@ -278,7 +269,7 @@ def setup_logging(
     ``"auto"`` is text when ``stream`` is a terminal and JSON lines otherwise (a pod's log,
     a pipe, CI). Replaces the root logger's handlers, so calling it again switches format.
     ``level`` is the root logger's, so third-party libraries' too; ``-v`` is
-    :func:`set_verbose`. Installs :class:`HandledSliceLossFilter`. Returns the handler.
+    :func:`set_verbose`. Installs the elastic layer's ``HandledSliceLossFilter``. Returns the handler.
 
     Text on a terminal is for a person: without ``-v`` (:func:`is_verbose`, set before this
     call) the terminal shows warnings, errors and the run's story (:class:`TerminalFilter`),
@@ -313,5 +304,5 @@ def setup_logging(
         handler.addFilter(TerminalFilter())
         root.addHandler(RunLog())
     root.setLevel(level)
-    _install_slice_loss_filter()
+    install_slice_loss_filter()
     return handler

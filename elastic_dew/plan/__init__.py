@@ -24,16 +24,13 @@
 
 from __future__ import annotations
 
-from elastic_dew.plan.faults import draw_schedule, compressed, compression
-from elastic_dew.plan.inputs import Cluster, Costs, Input, measured_costs
+from elastic_dew.plan.faults import draw_schedule
+from elastic_dew.plan.inputs import Cluster, Costs, measured_costs
 from elastic_dew.plan.model import PolicyOutcome, evaluate
-from elastic_dew.plan.policy import POLICIES, PolicySettings
-from elastic_dew.plan.planner import Plan, PolicyPlan, SLICE_GRID, plan
-from elastic_dew.plan.retry import RetryBudget
+from elastic_dew.plan.policy import PolicySettings
+from elastic_dew.plan.planner import Plan, PolicyPlan, plan
 
-#: The public names (``docs/api.md``): the plan and what it takes. The model's own parts
-#: (``Input``, ``POLICIES``, ``SLICE_GRID``, ``compression``, ``compressed``, ``RetryBudget``)
-#: stay importable here but may change.
+#: The public names (``docs/api.md``): the plan and what it takes.
 __all__ = [
     "Cluster",
     "Costs",

@@ -40,8 +40,7 @@ __all__ = ["Measured", "Comparison", "measure", "by_settings", "compare", "check
 FRAME_TAIL = 1e-6
 
 #: ``ElasticConfig``'s cadences, for a run that neither gave one nor shows it.
-_DEFAULTS: dict[str, int] = {f.name: f.default for f in dataclasses.fields(ElasticConfig) if f.name in (
-    "snapshot_every", "checkpoint_every") and isinstance(f.default, int)}
+_DEFAULTS = ElasticConfig()
 
 #: The fault actions that are slice losses: ridden in process, or ending the program.
 _LOSSES = ("lose", "kill", "error")
@@ -159,9 +158,9 @@ def measure(run_dir: str | os.PathLike[str]) -> Measured:
         ("min_slices", "--min-slices"))} if argv else {}
     # A setting the command line gave, else the cadence the record shows, else the default.
     snapshot_every = int(text) if (text := given.get("snapshot_every")) else (
-        _cadence(snapshots) or _DEFAULTS["snapshot_every"])
+        _cadence(snapshots) or _DEFAULTS.snapshot_every)
     checkpoint_every = int(text) if (text := given.get("checkpoint_every")) else (
-        _cadence(checkpoint_steps) or _DEFAULTS["checkpoint_every"])
+        _cadence(checkpoint_steps) or _DEFAULTS.checkpoint_every)
     if argv:
         min_slices = int(text) if (text := given.get("min_slices")) else None
         source = "settings from its command line, else its record"

@@ -24,7 +24,7 @@ import os
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 from elastic_dew.settings import Bound, SettingError, check_fields, mention, setting
 
@@ -49,6 +49,15 @@ _POSITIVE_SECONDS = Bound(0, strict=True, unit="seconds")
 #: interruptions in 54 days on 16,384 GPUs (one per GPU every ~50,700 hours); a slice of
 #: 64 accelerators failing as often per accelerator fails every ~790 hours.
 DEFAULT_SLICE_MTBF_HOURS = 790.0
+
+
+def _check_finite(config: Any) -> None:
+    """:func:`~elastic_dew.settings.check_fields`, and every number finite."""
+    check_fields(config)
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise SettingError(type(config), field.name, value, problem=f"{mention(field.name, value)} must be finite")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,50 +102,25 @@ class Costs:
     new_mesh_seconds: float = setting(0.0, bound=_SECONDS)
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is not None and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value,
-                                   problem=f"{mention(field.name, value)} must be finite")
+        _check_finite(self)
 
 
 
-class KnownCosts(Protocol):
+@dataclasses.dataclass(frozen=True)
+class KnownCosts:
     """A :class:`Costs` with every figure known (:func:`known`): what the model computes with."""
 
-    @property
-    def step_seconds(self) -> float: ...
-
-    @property
-    def data_wait_seconds(self) -> float: ...
-
-    @property
-    def loop_overhead_seconds(self) -> float: ...
-
-    @property
-    def snapshot_seconds(self) -> float: ...
-
-    @property
-    def checkpoint_seconds(self) -> float: ...
-
-    @property
-    def snapshot_restore_seconds(self) -> float: ...
-
-    @property
-    def checkpoint_restore_seconds(self) -> float: ...
-
-    @property
-    def recovery_seconds(self) -> float: ...
-
-    @property
-    def restart_seconds(self) -> float: ...
-
-    @property
-    def scale_up_seconds(self) -> float: ...
-
-    @property
-    def new_mesh_seconds(self) -> float: ...
+    step_seconds: float
+    data_wait_seconds: float
+    loop_overhead_seconds: float
+    snapshot_seconds: float
+    checkpoint_seconds: float
+    snapshot_restore_seconds: float
+    checkpoint_restore_seconds: float
+    recovery_seconds: float
+    restart_seconds: float
+    scale_up_seconds: float
+    new_mesh_seconds: float
 
 
 def unknown(costs: Costs) -> list[str]:
@@ -161,7 +145,7 @@ def known(costs: Costs) -> KnownCosts:
     missing = unknown(costs)
     if missing:
         raise ValueError(f"a plan needs every cost; not known: {', '.join(missing)}")
-    return cast(KnownCosts, costs)
+    return KnownCosts(**dataclasses.asdict(costs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,12 +177,7 @@ class Cluster:
     reschedule_minutes: float = setting(5.0, bound=Bound(0, unit="minutes"))
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise SettingError(type(self), field.name, value,
-                                   problem=f"{mention(field.name, value)} must be finite")
+        _check_finite(self)
 
 
 #: The fields of each configuration, in the order a report lists them.

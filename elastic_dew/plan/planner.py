@@ -210,23 +210,24 @@ def planned_steps(costs: KnownCosts, row: PolicyPlan) -> int:
 
 
 def with_retry(costs: KnownCosts, cluster: Cluster, row: PolicyPlan, *, steps: int | None = None,
-               bound: float = retry.GIVE_UP_BOUND,
+               max_give_up: float = retry.MAX_GIVE_UP,
                retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> PolicyPlan:
     """``row`` with its retry budget for a run of ``steps`` steps (``None``:
     :func:`planned_steps`); restart's row as it is."""
     if row.policy not in retry.RETRIED_POLICIES:
         return row
-    budget = retry.recommend(costs, cluster, _settings(row), steps=steps or planned_steps(costs, row), bound=bound,
+    budget = retry.recommend(costs, cluster, _settings(row), steps=steps or planned_steps(costs, row),
+                             max_give_up=max_give_up,
                              retry_reset_steps=retry_reset_steps)
     return dataclasses.replace(row, retry=budget)
 
 
 def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, steps: int | None = None,
-         bound: float = retry.GIVE_UP_BOUND, retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> Plan:
+         max_give_up: float = retry.MAX_GIVE_UP, retry_reset_steps: int = retry.DEFAULT_RETRY_RESET_STEPS) -> Plan:
     """Each policy without spares and with ``cluster.spares`` of them (or, when none are
     given, with :func:`~elastic_dew.plan.pool.recommend_spares`), each in-process policy
     with its retry budget for a run of ``steps`` steps (``None``: a day's,
-    :func:`planned_steps`) that gives up with probability at most ``bound``, counting over
+    :func:`planned_steps`) that gives up with probability at most ``max_give_up``, counting over
     ``retry_reset_steps``; the recommended row, and each policy over ``grid`` with the
     cluster's own spares.
 
@@ -235,21 +236,22 @@ def plan(costs: Costs, cluster: Cluster, *, grid: Sequence[int] = SLICE_GRID, st
         cluster: the cluster it runs on.
         grid: the slice counts of ``by_slices``.
         steps: the run's length for the retry budget (``None``: a day's).
-        bound: the probability at most of giving up that the retry budget allows.
+        max_give_up: the probability at most of giving up that the retry budget allows.
         retry_reset_steps: the steps of progress that reset the retry count.
 
     Returns:
         The :class:`Plan`.
 
     Raises:
-        ValueError: a cost a policy needs is not known, or a ``bound`` outside (0, 1).
+        ValueError: a cost a policy needs is not known, or a ``max_give_up`` outside (0, 1).
     """
     ready = known(costs)
     spares = cluster.spares or pool.recommend_spares(cluster)
     counts = sorted({0, spares})
     rows = tuple(
         with_retry(ready, dataclasses.replace(cluster, spares=k), plan_policy(ready, dataclasses.replace(
-            cluster, spares=k), policy, steps), steps=steps, bound=bound, retry_reset_steps=retry_reset_steps)
+            cluster, spares=k), policy, steps), steps=steps, max_give_up=max_give_up,
+            retry_reset_steps=retry_reset_steps)
         for k in counts for policy in POLICIES
     )
     best = max(rows, key=lambda row: (row.useful_work, -row.spares))

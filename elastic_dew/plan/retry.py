@@ -32,7 +32,7 @@ P(K >= max_attempts))`` to that power. The event-by-event simulation
 
 The recommendation (:func:`recommend`): ``retry_reset_steps`` the configuration's default
 (50 steps), and the fewest ``max_attempts``, never below the default (10, the guide's),
-whose give-up probability over the planned run is at most :data:`GIVE_UP_BOUND`. A crash
+whose give-up probability over the planned run is at most :data:`MAX_GIVE_UP`. A crash
 loop (a recovery that fails every time, a slice that dies again before the run gets
 further) makes no progress and ends after ``max_attempts`` losses whatever the window, so
 the fewest attempts that an honest run needs is also the quickest stop; the floor is there
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -56,7 +56,7 @@ from elastic_dew.plan.policy import PolicySettings, efficiency, running_per_step
 
 __all__ = [
     "RetryBudget",
-    "GIVE_UP_BOUND",
+    "MAX_GIVE_UP",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_RETRY_RESET_STEPS",
     "LARGEST_MAX_ATTEMPTS",
@@ -67,13 +67,11 @@ __all__ = [
 ]
 
 #: The share of runs of the planned length that may give up: one in a thousand.
-GIVE_UP_BOUND = 1e-3
+MAX_GIVE_UP = 1e-3
 
-_DEFAULTS: dict[str, int] = {f.name: f.default for f in dataclasses.fields(ElasticConfig)
-                             if f.name in ("max_attempts", "retry_reset_steps") and isinstance(f.default, int)}
 #: ``ElasticConfig``'s defaults: 10 slice losses within 50 steps of progress.
-DEFAULT_MAX_ATTEMPTS: int = _DEFAULTS["max_attempts"]
-DEFAULT_RETRY_RESET_STEPS: int = _DEFAULTS["retry_reset_steps"]
+DEFAULT_MAX_ATTEMPTS: int = cast(int, ElasticConfig().max_attempts)
+DEFAULT_RETRY_RESET_STEPS: int = ElasticConfig().retry_reset_steps
 
 #: The largest ``max_attempts`` the recommendation searches.
 LARGEST_MAX_ATTEMPTS = 1000
@@ -89,8 +87,8 @@ _NODES = 48
 class RetryBudget:
     """A recommended retry budget and what it and the defaults give.
 
-    ``max_attempts`` (``None``: no budget up to :data:`LARGEST_MAX_ATTEMPTS` meets the
-    bound) and ``retry_reset_steps`` are :class:`~elastic_dew.elastic.config.ElasticConfig`'s
+    ``max_attempts`` (``None``: no budget up to :data:`LARGEST_MAX_ATTEMPTS` gives up at
+    most ``max_give_up``) and ``retry_reset_steps`` are :class:`~elastic_dew.elastic.config.ElasticConfig`'s
     fields. ``give_up_probability``: the chance a run of ``steps`` steps gives up with them;
     ``default_give_up_probability``: with the defaults (``DEFAULT_MAX_ATTEMPTS`` within
     ``DEFAULT_RETRY_RESET_STEPS``). ``window_mean``: the mean losses of one count.
@@ -101,7 +99,7 @@ class RetryBudget:
     max_attempts: int | None
     retry_reset_steps: int
     steps: int
-    bound: float
+    max_give_up: float
     give_up_probability: float
     default_give_up_probability: float
     window_mean: float
@@ -109,8 +107,8 @@ class RetryBudget:
 
     @property
     def defaults_too_low(self) -> bool:
-        """Whether the defaults give up more often than the bound."""
-        return self.default_give_up_probability > self.bound
+        """Whether the defaults give up more often than ``max_give_up``."""
+        return self.default_give_up_probability > self.max_give_up
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -251,17 +249,17 @@ def recommend(
     settings: PolicySettings,
     *,
     steps: int,
-    bound: float = GIVE_UP_BOUND,
+    max_give_up: float = MAX_GIVE_UP,
     retry_reset_steps: int = DEFAULT_RETRY_RESET_STEPS,
 ) -> RetryBudget:
     """The fewest ``max_attempts``, at least :data:`DEFAULT_MAX_ATTEMPTS`, that keep a run
-    of ``steps`` steps from giving up with probability above ``bound``, at
+    of ``steps`` steps from giving up with probability above ``max_give_up``, at
     ``retry_reset_steps``; with what it and the defaults give.
 
-    Raises ``ValueError`` as :func:`window_losses`, or for a ``bound`` outside (0, 1).
+    Raises ``ValueError`` as :func:`window_losses`, or for a ``max_give_up`` outside (0, 1).
     """
-    if not 0 < bound < 1:
-        raise ValueError(f"bound={bound} must be between 0 and 1")
+    if not 0 < max_give_up < 1:
+        raise ValueError(f"max_give_up={max_give_up} must be between 0 and 1")
     pmf, windows = window_losses(costs, cluster, settings, retry_reset_steps=retry_reset_steps, steps=steps)
     if retry_reset_steps == DEFAULT_RETRY_RESET_STEPS:
         default_pmf, default_windows = pmf, windows
@@ -270,7 +268,7 @@ def recommend(
                                                      retry_reset_steps=DEFAULT_RETRY_RESET_STEPS, steps=steps)
     chosen: int | None = None
     for attempts in range(DEFAULT_MAX_ATTEMPTS, LARGEST_MAX_ATTEMPTS + 1):
-        if _run_give_up(pmf, windows, attempts) <= bound:
+        if _run_give_up(pmf, windows, attempts) <= max_give_up:
             chosen = attempts
             break
     w = _window(costs, cluster, settings, retry_reset_steps, steps)
@@ -278,7 +276,7 @@ def recommend(
         max_attempts=chosen,
         retry_reset_steps=retry_reset_steps,
         steps=steps,
-        bound=bound,
+        max_give_up=max_give_up,
         give_up_probability=_run_give_up(pmf, windows, chosen) if chosen is not None else 1.0,
         default_give_up_probability=_run_give_up(default_pmf, default_windows, DEFAULT_MAX_ATTEMPTS),
         window_mean=float((np.arange(len(pmf)) * pmf).sum()),
