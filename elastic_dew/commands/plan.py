@@ -335,8 +335,8 @@ def _retry_lines(rows) -> list[str]:
     if not budgets:
         return []
     first = budgets[0].retry
-    lines = ["", f"retry budget (a run of {first.steps:,} steps gives up in at most {_odds(first.max_give_up)}; a count of "
-             f"slice losses ends after {first.retry_reset_steps} steps of progress):",
+    lines = ["", f"retry budget (a run of {first.steps:,} steps gives up in at most {_odds(first.max_give_up)}; a "
+             f"count of slice losses ends after {first.retry_reset_steps} steps of progress):",
              f"  {'policy':15s} {'spares':>6s} {'max_attempts':>12s} {'gives up':>18s} "
              f"{f'defaults ({retry.DEFAULT_MAX_ATTEMPTS} in {retry.DEFAULT_RETRY_RESET_STEPS}) give up':>32s} "
              f"{'losses/count':>12s} {'crash loop ends':>15s}"]
