@@ -19,13 +19,6 @@ from elastic_dew import rundir
 __all__ = ["flatten_params", "state_digest", "write_params", "load_params"]
 
 
-def _path_part(entry: Any) -> str:
-    for attr in ("key", "idx", "name"):
-        if hasattr(entry, attr):
-            return str(getattr(entry, attr))
-    return str(entry)
-
-
 def flatten_params(params: Any) -> dict[str, np.ndarray]:
     """A parameter pytree as ``{"path/to/leaf": numpy array}``, sorted by path.
 
@@ -46,7 +39,7 @@ def flatten_params(params: Any) -> dict[str, np.ndarray]:
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     flat: dict[str, np.ndarray] = {}
     for path, leaf in leaves:
-        name = "/".join(_path_part(p) for p in path) or "value"
+        name = jax.tree_util.keystr(path, simple=True, separator="/") or "value"
         if name in flat:
             raise ValueError(f"two parameters flatten to the same path {name!r}; rename one")
         flat[name] = np.asarray(jax.device_get(leaf))
