@@ -339,11 +339,10 @@ def test_the_retry_budgets_give_up_probability_is_what_the_simulation_counting_a
         policy, floor):
     settings = PolicySettings(policy, 7, 250, floor)
     for attempts in (6, 8):
-        rule = retry.give_up_probability(CPU_COSTS, COMPRESSED, settings, max_attempts=attempts, retry_reset_steps=50,
-                                         steps=300)
+        budget = retry.RetryRule(max_attempts=attempts, retry_reset_steps=50, steps=300)
+        rule = retry.give_up_probability(CPU_COSTS, COMPRESSED, settings, budget)
         runs = 4000
-        simulated = des.give_up_share(CPU_COSTS, COMPRESSED, settings, max_attempts=attempts, runs=runs, seed=11,
-                                      retry_reset_steps=50, steps=300)
+        simulated = des.give_up_share(CPU_COSTS, COMPRESSED, settings, budget, runs=runs, seed=11)
         noise = 4 * (simulated * (1 - simulated) / runs) ** 0.5 + 2 / runs
         assert 0.005 < simulated < 0.6, (attempts, simulated)  # the rates make the tail matter
         if policy == "pause_resume":  # every loss counted falls while all N slices work: the rule is exact
@@ -358,8 +357,7 @@ def test_the_recommended_budget_is_the_fewest_attempts_within_max_give_up_and_ne
     assert budget.max_attempts > retry.DEFAULT_MAX_ATTEMPTS and budget.defaults_too_low
 
     def gives_up(m):
-        return retry.give_up_probability(CPU_COSTS, COMPRESSED, settings, max_attempts=m, retry_reset_steps=50,
-                                         steps=300)
+        return retry.give_up_probability(CPU_COSTS, COMPRESSED, settings, retry.RetryRule(m, 300, 50))
 
     assert gives_up(budget.max_attempts) <= retry.MAX_GIVE_UP < gives_up(budget.max_attempts - 1)
     assert budget.default_give_up_probability == pytest.approx(gives_up(retry.DEFAULT_MAX_ATTEMPTS))

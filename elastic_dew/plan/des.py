@@ -31,6 +31,7 @@ import random
 from elastic_dew.plan import model, pool
 from elastic_dew.plan.inputs import Cluster, KnownCosts
 from elastic_dew.plan.policy import PolicySettings, efficiency, running_per_step
+from elastic_dew.plan.retry import RetryRule
 
 __all__ = ["simulate", "give_up_share"]
 
@@ -56,19 +57,10 @@ def simulate(
 
 
 def give_up_share(
-    costs: KnownCosts,
-    cluster: Cluster,
-    settings: PolicySettings,
-    *,
-    max_attempts: int,
-    retry_reset_steps: int,
-    steps: int,
-    runs: int,
-    seed: int = 0,
+    costs: KnownCosts, cluster: Cluster, settings: PolicySettings, rule: RetryRule, *, runs: int, seed: int = 0
 ) -> float:
-    """The share of ``runs`` runs of ``steps`` steps (each from the pool's stationary state,
-    seeds ``seed``, ``seed + 1``, ...) whose retry budget (``max_attempts`` slice losses
-    within ``retry_reset_steps`` steps of progress) ends them before their last step.
+    """The share of ``runs`` runs under ``rule`` (each from the pool's stationary state,
+    seeds ``seed``, ``seed + 1``, ...) whose retry budget ends them before their last step.
 
     Raises ``ValueError`` for the restart policy (a slice loss ends its process, whose count
     starts again) or an unknown one.
@@ -78,8 +70,7 @@ def give_up_share(
                          "replica_resize")
     gave_up = 0
     for i in range(runs):
-        _, ended = _simulate(costs, cluster, settings, seed=seed + i, faults=10**9,
-                             budget=(max_attempts, retry_reset_steps, steps))
+        _, ended = _simulate(costs, cluster, settings, seed=seed + i, faults=10**9, rule=rule)
         gave_up += ended
     return gave_up / runs
 
@@ -91,10 +82,10 @@ def _simulate(
     *,
     seed: int,
     faults: int,
-    budget: tuple[int, int, int] | None = None,
+    rule: RetryRule | None = None,
 ) -> tuple[model.PolicyOutcome, bool]:
-    """The simulation; with ``budget`` (``max_attempts``, ``retry_reset_steps``, steps) it
-    ends at the run's last step or where the budget gives up, and says whether it did."""
+    """The simulation; with ``rule`` it ends at the run's last step or where the retry
+    budget gives up, and says whether it did."""
     policy = settings.policy
     rng = random.Random(seed)
     r = pool.rates(cluster)
@@ -126,7 +117,7 @@ def _simulate(
     pending = False  # a working slice was lost during the recovery under way
     # The retry budget: the run's position and furthest point in running seconds, the count.
     position = furthest = 0.0
-    limit, reset, target = budget if budget is not None else (None, 0, math.inf)
+    limit, reset, target = (rule.max_attempts, rule.retry_reset_steps, rule.steps) if rule else (None, 0, math.inf)
     target_seconds = target * per_step
     count = 0
     counted_from = 0

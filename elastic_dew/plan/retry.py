@@ -55,6 +55,7 @@ from elastic_dew.plan.inputs import Cluster, KnownCosts
 from elastic_dew.plan.policy import PolicySettings, efficiency, running_per_step
 
 __all__ = [
+    "RetryRule",
     "RetryBudget",
     "MAX_GIVE_UP",
     "DEFAULT_MAX_ATTEMPTS",
@@ -81,6 +82,25 @@ RETRIED_POLICIES: tuple[str, ...] = ("pause_resume", "replica_resize")
 
 #: Quadrature nodes over the redone steps' time ``Y``.
 _NODES = 48
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryRule:
+    """A run of ``steps`` steps under ``elastic_retry``'s budget: it gives up at the
+    ``max_attempts``-th slice loss of one count, a count ending ``retry_reset_steps`` steps of
+    progress after its first loss (0: the whole run).
+
+    Raises:
+        ValueError: ``max_attempts`` or ``steps`` below 1, or a negative ``retry_reset_steps``.
+    """
+
+    max_attempts: int
+    steps: int
+    retry_reset_steps: int = DEFAULT_RETRY_RESET_STEPS
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1 or self.steps < 1 or self.retry_reset_steps < 0:
+            raise ValueError(f"{self} needs max_attempts >= 1, steps >= 1 and retry_reset_steps >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,25 +242,15 @@ def _run_give_up(pmf: np.ndarray, windows: float, max_attempts: int) -> float:
     return -math.expm1(windows * math.log1p(-window))
 
 
-def give_up_probability(
-    costs: KnownCosts,
-    cluster: Cluster,
-    settings: PolicySettings,
-    *,
-    max_attempts: int,
-    retry_reset_steps: int,
-    steps: int,
-) -> float:
-    """The probability that a run of ``steps`` steps at ``settings`` gives up: some count
-    reaches ``max_attempts`` slice losses within ``retry_reset_steps`` steps of progress.
+def give_up_probability(costs: KnownCosts, cluster: Cluster, settings: PolicySettings, rule: RetryRule) -> float:
+    """The probability that a run at ``settings`` under ``rule`` gives up: some count reaches
+    ``rule.max_attempts`` slice losses.
 
-    Raises ``ValueError`` as :func:`window_losses`, or for ``max_attempts`` below 1.
+    Raises ``ValueError`` as :func:`window_losses`.
     """
-    if max_attempts < 1:
-        raise ValueError(f"max_attempts={max_attempts} must be >= 1")
-    pmf, windows = window_losses(costs, cluster, settings, retry_reset_steps=retry_reset_steps, steps=steps,
-                                 largest=max_attempts)
-    return _run_give_up(pmf, windows, max_attempts)
+    pmf, windows = window_losses(costs, cluster, settings, retry_reset_steps=rule.retry_reset_steps,
+                                 steps=rule.steps, largest=rule.max_attempts)
+    return _run_give_up(pmf, windows, rule.max_attempts)
 
 
 def recommend(
