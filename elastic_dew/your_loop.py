@@ -13,7 +13,7 @@ these pieces one at a time; none of them owns the loop:
 * :func:`save_checkpoint`, :func:`wait_for_checkpoint`, :func:`restore_checkpoint` and
   :func:`save_at_preemption` on your own Orbax ``CheckpointManager``: every wait on the
   storage (the save before, the commit, the listing) under the storage timeout's
-  no-progress deadline (:func:`~elastic_dew.elastic.state.storage.bounded`), each commit
+  no-activity deadline (:func:`~elastic_dew.elastic.state.storage.bounded`), each commit
   returned as a :class:`~elastic_dew.elastic.events.Commit` event, the save at a preemption
   bounded by what is left of the grace window, and the data position
   (``ElasticIterator.get_state()``) saved and restored with the state. Orbax's own
@@ -72,7 +72,7 @@ def _directory(manager: Any) -> str:
     return str(getattr(manager, "directory", "checkpoints"))
 
 
-def _bound(timeout: float | None, state: Any) -> float:
+def _timeout(timeout: float | None, state: Any) -> float:
     return float(timeout) if timeout is not None else storage.automatic_timeout(storage.state_bytes(state))
 
 
@@ -86,7 +86,7 @@ def save_checkpoint(manager: Any, step: int, state: Any, *, data: dict | None = 
                     timeout: float | None = None, total: float | None = None) -> bool:
     """Start saving ``state`` (and the data position ``data``) as ``step`` with your Orbax
     ``CheckpointManager``, once its save before has committed within the storage timeout's
-    no-progress deadline.
+    no-activity deadline.
 
     The save is asynchronous as Orbax makes it; :func:`wait_for_checkpoint` commits it.
 
@@ -97,32 +97,32 @@ def save_checkpoint(manager: Any, step: int, state: Any, *, data: dict | None = 
         data: the data position, ``ElasticIterator.get_state()`` (restored by
             :func:`restore_checkpoint`), or ``None``.
         force: save even where the manager's own interval would skip the step.
-        timeout: seconds the storage may make no progress (default: automatic from the
+        timeout: seconds the storage may show no activity (default: automatic from the
             state's bytes, never under a few minutes).
-        total: the most seconds the wait for the save before may take, progress or not
+        total: the most seconds the wait for the save before may take, activity or not
             (default: none).
 
     Returns:
         Whether the manager started a save (``CheckpointManager.save``'s answer).
 
     Raises:
-        StorageTimeout: no progress for ``timeout`` seconds, or ``total`` passed.
+        StorageTimeout: no activity for ``timeout`` seconds, or ``total`` passed.
         jax.errors.JaxRuntimeError: a slice was lost while the state was read.
     """
-    wait_for_checkpoint(manager, timeout=_bound(timeout, state), total=total)  # the save before, committed
+    wait_for_checkpoint(manager, timeout=_timeout(timeout, state), total=total)  # the save before, committed
     return bool(manager.save(step, args=_args(state, data), force=force))
 
 
 def wait_for_checkpoint(manager: Any, *, timeout: float | None = None, total: float | None = None,
                         sink: Sink | None = None) -> Commit | None:
     """Wait for your ``CheckpointManager``'s save in flight to commit, under the storage
-    timeout's no-progress deadline; return its :class:`~elastic_dew.elastic.events.Commit`.
+    timeout's no-activity deadline; return its :class:`~elastic_dew.elastic.events.Commit`.
 
     Args:
         manager: your ``orbax.checkpoint.CheckpointManager``.
-        timeout: seconds the storage may make no progress (default: automatic, from the
+        timeout: seconds the storage may show no activity (default: automatic, from the
             manager's newest step being unknown: a few minutes).
-        total: the most seconds the wait may take, progress or not (default: none).
+        total: the most seconds the wait may take, activity or not (default: none).
         sink: also given the commit event (a run's event sink), or ``None``.
 
     Returns:
@@ -130,12 +130,12 @@ def wait_for_checkpoint(manager: Any, *, timeout: float | None = None, total: fl
         manager has no committed step.
 
     Raises:
-        StorageTimeout: no progress for ``timeout`` seconds, or ``total`` passed.
+        StorageTimeout: no activity for ``timeout`` seconds, or ``total`` passed.
     """
     started, before = time.monotonic(), progress.METER.counters()
-    bound = float(timeout) if timeout is not None else storage.FLOOR_SECONDS
+    idle = float(timeout) if timeout is not None else storage.FLOOR_SECONDS
     directory = _directory(manager)
-    storage.bounded("commit", directory, None, bound, manager.wait_until_finished, total=total)
+    storage.bounded("commit", directory, None, idle, manager.wait_until_finished, total=total)
     step = manager.latest_step()
     if step is None:
         return None
@@ -150,7 +150,7 @@ def wait_for_checkpoint(manager: Any, *, timeout: float | None = None, total: fl
 def restore_checkpoint(manager: Any, abstract_state: Any, *, step: int | None = None,
                        timeout: float | None = None) -> tuple[Any, dict | None, int] | None:
     """The newest committed checkpoint (or ``step``'s) of your ``CheckpointManager``, as
-    :func:`save_checkpoint` wrote it; the listing under the storage timeout's no-progress
+    :func:`save_checkpoint` wrote it; the listing under the storage timeout's no-activity
     deadline.
 
     Args:
@@ -158,21 +158,21 @@ def restore_checkpoint(manager: Any, abstract_state: Any, *, step: int | None = 
         abstract_state: the state's ``jax.ShapeDtypeStruct`` leaves with their target
             shardings (the attempt's mesh).
         step: the step to restore (default: the newest).
-        timeout: seconds the listing may make no progress (default: automatic from the
+        timeout: seconds the listing may show no activity (default: automatic from the
             state's bytes).
 
     Returns:
         ``(state, data position or None, step)``, or ``None`` when there is no checkpoint.
 
     Raises:
-        StorageTimeout: the listing made no progress for ``timeout`` seconds.
+        StorageTimeout: the listing showed no activity for ``timeout`` seconds.
     """
     import orbax.checkpoint as ocp
 
     directory = _directory(manager)
-    bound = _bound(timeout, abstract_state)
+    idle = _timeout(timeout, abstract_state)
     if step is None:
-        step = storage.bounded("listing", directory, None, bound, manager.latest_step)
+        step = storage.bounded("listing", directory, None, idle, manager.latest_step)
     if step is None:
         return None
     args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract_state), _DATA: ocp.args.JsonRestore()})
@@ -197,18 +197,18 @@ def save_at_preemption(manager: Any, step: int, state: Any, *, data: dict | None
         data: the data position, ``ElasticIterator.get_state()``, or ``None``.
         received: when the notice arrived (a ``time.monotonic()``), or ``None``.
         grace: the grace window in seconds (default: the pod's, else 30).
-        timeout: seconds the storage may make no progress (default: automatic).
+        timeout: seconds the storage may show no activity (default: automatic).
         sink: also given the commit event, or ``None``.
 
     Returns:
         Whether the checkpoint of ``step`` committed inside the window (else the newest
         committed one is what a restart resumes from).
     """
-    bound = storage.stop_bound(storage.grace_seconds(grace), received, timeout)
+    window = storage.stop_bound(storage.grace_seconds(grace), received, timeout)
     started = time.monotonic()
     try:
-        save_checkpoint(manager, step, state, data=data, force=True, timeout=timeout, total=bound)
-        left = max(0.1, bound - (time.monotonic() - started))
+        save_checkpoint(manager, step, state, data=data, force=True, timeout=timeout, total=window)
+        left = max(0.1, window - (time.monotonic() - started))
         commit = wait_for_checkpoint(manager, timeout=timeout, total=left, sink=sink)
     except storage.StorageError as error:
         logger.error("the preemption's checkpoint of step %d did not commit within the grace window: %s",
