@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -92,24 +93,13 @@ def _held_out(cfg: LMConfig) -> int:
     return int(cfg.corpus_chars * cfg.eval_fraction)
 
 
-class _Windows:
+def _windows(tokens: np.ndarray, seq_len: int, stride: int, examples: int) -> Any:
     """Example ``i``: ``seq_len + 1`` tokens of the corpus starting at ``i * stride`` (wrapping)."""
+    import grain  # here, not at the top: the model and its optimizer need no data pipeline
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, stride: int, examples: int) -> None:
-        self._tokens = tokens
-        self._width = seq_len + 1
-        self._stride = stride
-        self._starts = len(tokens) - self._width + 1
-        self._len = examples
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if not 0 <= index < self._len:
-            raise IndexError(f"example {index} is outside [0, {self._len})")
-        start = (index * self._stride) % self._starts
-        return {"tokens": self._tokens[start : start + self._width]}
+    starts = len(tokens) - seq_len
+    return grain.MapDataset.range(examples).map(
+        lambda i: {"tokens": tokens[(i * stride) % starts : (i * stride) % starts + seq_len + 1]})
 
 
 def _dense(key: jax.Array, fan_in: int, fan_out: int) -> jax.Array:
@@ -228,15 +218,13 @@ def build(**overrides) -> dict:
     cfg = make_config(LMConfig, overrides, "lm")
     eval_dataset = None
     if not data:
-        import grain  # here, not at the top: the model and its optimizer need no data pipeline
-
         tokens = encode(corpus(cfg.corpus_chars))
         # The corpus's end (eval_fraction of it) is the evaluation split: never trained on.
         cut = len(tokens) - _held_out(cfg)
         train, held_out = tokens[:cut], tokens[cut:]
-        dataset = grain.MapDataset.source(_Windows(train, cfg.seq_len, cfg.stride, cfg.examples))
+        dataset = _windows(train, cfg.seq_len, cfg.stride, cfg.examples)
         windows = min(cfg.eval_examples, len(held_out) // (cfg.seq_len + 1))
-        eval_dataset = grain.MapDataset.source(_Windows(held_out, cfg.seq_len, cfg.seq_len + 1, windows))
+        eval_dataset = _windows(held_out, cfg.seq_len, cfg.seq_len + 1, windows)
 
     def init(key: jax.Array) -> dict:
         return init_params(key, cfg)

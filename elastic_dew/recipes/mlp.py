@@ -73,15 +73,8 @@ def make_eval_data(cfg: MLPConfig) -> tuple[np.ndarray, np.ndarray]:
     return x, y.astype(np.float32)
 
 
-class _Examples:
-    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
-        self._x, self._y = x, y
-
-    def __len__(self) -> int:
-        return len(self._x)
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {"x": self._x[index], "y": self._y[index]}
+def _examples(x: np.ndarray, y: np.ndarray) -> grain.MapDataset:
+    return grain.MapDataset.range(len(x)).map(lambda i: {"x": x[i], "y": y[i]})
 
 
 def build(**overrides) -> dict:
@@ -115,8 +108,8 @@ def build(**overrides) -> dict:
         "init": init,
         "loss": loss,
         "optimizer": optax.sgd(cfg.learning_rate),
-        "dataset": grain.MapDataset.source(_Examples(x, y)),
-        "eval_dataset": grain.MapDataset.source(_Examples(*make_eval_data(cfg))),
+        "dataset": _examples(x, y),
+        "eval_dataset": _examples(*make_eval_data(cfg)),
     }
 
 
