@@ -37,6 +37,7 @@ __all__ = [
     "check_rfc1123_label",
     "check_quantity",
     "check_subdomain",
+    "pinned",
 ]
 
 #: The recipes shipped with elastic_dew (the run's own list); ``recipe`` also takes a module
@@ -377,12 +378,16 @@ def _check_image(field: str, image: str, what: str) -> None:
     if not image or any(c.isspace() for c in image):
         raise _refused(field, f"{image!r} is not an image reference",
                        f"pass REGISTRY/REPOSITORY:TAG of the {what} image")
-    name, at, _ = image.partition("@")
-    tag = name.rpartition("/")[2].partition(":")[2]
-    if not at and (not tag or tag == "latest"):
+    if not pinned(image):
         raise _refused(field, f"{image!r} is not pinned to a version",
                        f"pass REGISTRY/REPOSITORY:TAG (not :latest) or @sha256:DIGEST of the {what} "
                        "image, so a restarted pod runs the same code (imagePullPolicy is IfNotPresent)")
+
+
+def pinned(image: str) -> bool:
+    """Whether an image reference names a digest, or a tag other than ``latest``."""
+    name, at, _ = image.partition("@")
+    return bool(at) or name.rpartition("/")[2].partition(":")[2] not in ("", "latest")
 
 
 def check_quantity(field: str, value: str) -> None:

@@ -35,7 +35,7 @@ import yaml
 from elastic_dew.console import RUN_FLAGS, flag_of
 from elastic_dew.elastic.state.persistence import checkpoint_dir_problem
 from elastic_dew.k8s import render as R
-from elastic_dew.k8s.params import BUCKET, MAX_BACKOFF_LIMIT, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY
+from elastic_dew.k8s.params import BUCKET, MAX_BACKOFF_LIMIT, MIN_SLICE_RESTARTS, PROXY_FLAG_SPELLINGS, QUANTITY, pinned
 from elastic_dew.k8s.tpus import by_accelerator
 from elastic_dew.run import SimConfig
 from elastic_dew.flags import flag_namer
@@ -285,9 +285,7 @@ def _pod_errors(name: str, pod: dict[str, Any]) -> list[str]:
                     "the coordinator's JobSet DNS name")
     for c in (pod.get("initContainers") or []) + (pod.get("containers") or []):
         image = str(c.get("image", ""))
-        ref, at, _ = image.partition("@")
-        tag = ref.rpartition("/")[2].partition(":")[2]
-        if not at and tag in ("", "latest"):
+        if not pinned(image):
             errs.append(f"{name}/{c.get('name')}: image {image} is not pinned to a version: a restarted pod could "
                         "pull another release than the running ones (use a tag other than latest, or a digest)")
     return errs

@@ -116,12 +116,10 @@ def measure(run_dir: str | os.PathLike[str]) -> Measured:
     """
     from elastic_dew import record
     from elastic_dew.elastic import events as ev
-    from elastic_dew.plan.inputs import _closing_saves
+    from elastic_dew.plan.inputs import _closing_saves, _run_events
 
     run_dir = Path(run_dir)
-    if not (run_dir / record.EVENTS_FILE).is_file():
-        raise ValueError(f"{run_dir} holds no {record.EVENTS_FILE}; give the directory a run wrote (runs/NAME)")
-    events = record.as_events(record.read_events(run_dir))
+    events = _run_events(run_dir)
     stops = [e for e in events if isinstance(e, ev.Stop)]
     if not stops or stops[-1].reason != "done":
         last = stops[-1].reason if stops else "none"

@@ -236,9 +236,7 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     from elastic_dew.elastic import events as ev
 
     run_dir = Path(run_dir)
-    if not (run_dir / record.EVENTS_FILE).is_file():
-        raise ValueError(f"{run_dir} holds no {record.EVENTS_FILE}; give the directory a run wrote (runs/NAME)")
-    events = record.as_events(record.read_events(run_dir))
+    events = _run_events(run_dir)
     flags = committed_flags(events)
     steps = [e for e, ok in zip(events, flags, strict=True) if ok and isinstance(e, ev.Step)]
     if not steps:
@@ -314,6 +312,15 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     put("restart_seconds", restarts[1:] or restarts, "restarts" if len(restarts) > 1 else "process starts",
         typical=True)
     return out
+
+
+def _run_events(run_dir: Path) -> list[Any]:
+    """The typed events of ``run_dir``'s record; ``ValueError`` when it holds none."""
+    from elastic_dew import record
+
+    if not (run_dir / record.EVENTS_FILE).is_file():
+        raise ValueError(f"{run_dir} holds no {record.EVENTS_FILE}; give the directory a run wrote (runs/NAME)")
+    return record.as_events(record.read_events(run_dir))
 
 
 def _by_slice_set(events: list[Any]) -> tuple[list[float], list[float]]:

@@ -286,9 +286,7 @@ def checkpoint_restores(costs: KnownCosts, cluster: Cluster, settings: PolicySet
         _, u, _ = pool.shortage(n + spares, spares, r)
         return n * r.alpha * u * pool.snapshot_lost(n, spares, r)
     floor = settings.min_slices or n
-    size = n + spares
-    active = np.minimum(n, size - np.arange(size + 1))
-    weight = np.where(active >= floor, pool.binomial(size, r.q), 0.0)
+    _, active, weight = pool.by_slices_down(cluster, r, floor)
     _, tau_s, _ = efficiency(costs, settings)
     gone = snapshot_gone(costs, cluster, floor, tau_s)
     return float((weight * active * r.alpha * gone).sum() / max(weight.sum(), 1e-300))
@@ -298,15 +296,11 @@ def _replica_resize(
     costs: KnownCosts, cluster: Cluster, r: pool.Rates, e: float, taus: tuple[float, float], preempt_cost: float,
     floor: int
 ) -> PolicyOutcome:
-    n, spares = cluster.slices, cluster.spares
+    n = cluster.slices
     if not 1 <= floor <= n:
         raise ValueError(f"min_slices={floor} must be between 1 and slices={n}")
     tau_s, reach = taus
-    size = n + spares
-    pmf = pool.binomial(size, r.q)
-    down = np.arange(size + 1)
-    active = np.minimum(n, size - down)
-    runnable = active >= floor
+    down, active, weight = pool.by_slices_down(cluster, r, floor)
     h = active * r.alpha
     # A loss that takes every copy of the snapshot restores the checkpoint and does again
     # the steps since it (at most the run's own, ``reach``).
@@ -318,7 +312,6 @@ def _replica_resize(
     recovery = c * np.exp(x)
     # A return while the run is short of slices is scaled up into it.
     returns = np.where(active < n, down * (r.mu if math.isfinite(r.mu) else 0.0), 0.0)
-    weight = np.where(runnable, pmf, 0.0)
     back = float((weight * h * gone).sum() / max(weight.sum(), 1e-300))  # as checkpoint_restores
     redone = lost_running(reach, back) if back > 0 else 0.0
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -63,6 +63,15 @@ def rates(cluster: Cluster) -> Rates:
     return Rates(alpha, mu, cluster.preemptions_per_day / 86400.0, q, cluster.reschedule_minutes * 60.0)
 
 
+def by_slices_down(cluster: Cluster, r: Rates, floor: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per count of slices down (0 to ``slices + spares``): the count, the slices the run
+    works on, and how often the pool has that count where at least ``floor`` work (else 0)."""
+    size = cluster.slices + cluster.spares
+    down = np.arange(size + 1)
+    active = np.minimum(cluster.slices, size - down)
+    return down, active, np.where(active >= floor, binomial(size, r.q), 0.0)
+
+
 @functools.lru_cache(maxsize=256)
 def binomial(n: int, q: float) -> np.ndarray:
     """The pmf of ``Binomial(n, q)`` over 0..n (cached: read-only)."""

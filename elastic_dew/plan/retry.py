@@ -154,15 +154,11 @@ def _window(costs: KnownCosts, cluster: Cluster, settings: PolicySettings, reset
     if reset_steps < 0 or steps < 1:
         raise ValueError(f"retry_reset_steps={reset_steps} must be >= 0 and steps={steps} >= 1")
     r = pool.rates(cluster)
-    n, size = cluster.slices, cluster.slices + cluster.spares
+    n = cluster.slices
     t = running_per_step(costs, settings)
     scale_ups = 0.0
     if policy == "replica_resize":
-        floor = settings.min_slices or n
-        pmf = pool.binomial(size, r.q)
-        down = np.arange(size + 1)
-        active = np.minimum(n, size - down)
-        weight = np.where(active >= floor, pmf, 0.0)
+        down, active, weight = pool.by_slices_down(cluster, r, settings.min_slices or n)
         if weight.sum() <= 0:
             return _Window(0.0, 0.0, 0.0, 0.0, math.inf)
         rate = r.alpha * float((weight * active).sum() / weight.sum())

@@ -38,9 +38,7 @@ class ScenarioOutcome:
     processes: int = 0
     preempted_at: list[int] = dataclasses.field(default_factory=list)
     error: BaseException | None = None
-    #: step -> hash of each committed checkpoint, as first seen during the run.
     checkpoints_seen: dict[int, str] = dataclasses.field(default_factory=dict)
-    #: problems found while the run was going (a committed checkpoint changed or vanished).
     problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
