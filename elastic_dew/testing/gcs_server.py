@@ -22,7 +22,6 @@ import json
 import logging
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -31,6 +30,7 @@ import urllib.request
 import warnings
 from pathlib import Path
 
+from elastic_dew.launch import free_port
 from elastic_dew.runtime.local_bucket import LoopbackServer
 from elastic_dew.testing.waits import poll
 
@@ -61,12 +61,6 @@ def binary_path() -> Path:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # Resolved here, not in the forked child: between fork and exec the child only calls it.
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 _PR_SET_PDEATHSIG = 1
@@ -88,7 +82,7 @@ class GCSServer(LoopbackServer):
     def __init__(self, log_path: str | Path, *, port: int | None = None, root: str | Path | None = None) -> None:
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"port={port} must be in 1..65535")
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log_path = Path(log_path)
         self.root = None if root is None else Path(root)
         self._process: subprocess.Popen | None = None
