@@ -62,11 +62,9 @@ class Scenario:
     snapshot_every: int = 2
     checkpoint_every: int = 4
     max_attempts: int | None = 10
-    #: ``ElasticConfig.retry_reset_steps``; ``None`` keeps the config's default.
     retry_reset_steps: int | None = None
     timeout: float = 60.0
     poll_interval: float = 0.05
-    #: ``ElasticConfig.quarantine_damaged``.
     quarantine_damaged: bool = True
 
     def config(self) -> Any:
