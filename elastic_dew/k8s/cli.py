@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +37,7 @@ from elastic_dew.k8s import render as R
 from elastic_dew.k8s.yaml_text import dump
 from elastic_dew.k8s.params import (CHECKPOINT_DIR_ENV, KNOWN_RECIPES, RUN_DIR_ENV, JobSetParams, check_quantity,
                                     check_subdomain)
+from elastic_dew.rundir import atomic_write
 from elastic_dew.flags import Flag, Flags, add_flags, command_line_text, flag_name, given
 from elastic_dew.settings import SettingError, mention
 from elastic_dew.k8s.tpus import TPU_TYPES, lookup_tpu_type
@@ -187,14 +186,7 @@ def _emit(args: argparse.Namespace, build: Callable[[], tuple[list[dict[str, Any
     if out is None:
         sys.stdout.write(text)
         return 0
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(out, lambda f: f.write(text.encode()))
     log.info("wrote %s", out)
     return 0
 
