@@ -26,12 +26,13 @@ class TpuType:
     """One TPU generation as GKE and Pathways name it."""
 
     name: str
-    aliases: tuple[str, ...]
     gke_accelerator: str
     machine_type: str
     pathways_instance: str
-    chips_per_host: int
     topologies: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
+    #: Every multi-host shape here is built of 4-chip hosts (one worker pod each).
+    chips_per_host: int = 4
     #: What the N of a ``TYPE-N`` name counts per chip: 1 (chips) or 2 (TensorCores).
     cores_per_chip: int = 1
 
@@ -66,11 +67,9 @@ TPU_TYPES: dict[str, TpuType] = {
     for t in (
         TpuType(
             name="v4",
-            aliases=(),
             gke_accelerator="tpu-v4-podslice",
             machine_type="ct4p-hightpu-4t",
             pathways_instance="tpuv4",
-            chips_per_host=4,
             topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8",
                         "8x8x8", "8x8x12", "8x8x16", "8x16x16"),
             cores_per_chip=2,
@@ -81,16 +80,13 @@ TPU_TYPES: dict[str, TpuType] = {
             gke_accelerator="tpu-v5-lite-podslice",
             machine_type="ct5lp-hightpu-4t",
             pathways_instance="tpuv5e",
-            chips_per_host=4,
             topologies=_2D,
         ),
         TpuType(
             name="v5p",
-            aliases=(),
             gke_accelerator="tpu-v5p-slice",
             machine_type="ct5p-hightpu-4t",
             pathways_instance="tpuv5",
-            chips_per_host=4,
             topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8",
                         "8x8x8", "8x8x16", "8x16x16", "16x16x16", "16x16x24"),
             cores_per_chip=2,
@@ -101,7 +97,6 @@ TPU_TYPES: dict[str, TpuType] = {
             gke_accelerator="tpu-v6e-slice",
             machine_type="ct6e-standard-4t",
             pathways_instance="tpuv6e",
-            chips_per_host=4,
             topologies=_2D,
         ),
         TpuType(
@@ -112,7 +107,6 @@ TPU_TYPES: dict[str, TpuType] = {
             gke_accelerator="tpu7x",
             machine_type="tpu7x-standard-4t",
             pathways_instance="tpu7x",
-            chips_per_host=4,
             topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8",
                         "8x8x8", "8x8x16", "8x16x16"),
             cores_per_chip=2,
