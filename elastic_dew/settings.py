@@ -149,7 +149,8 @@ class SettingError(ValueError):
         if self._problem is not None:
             text = _mentions.name_mentions(self._problem, name)
             head = flag if flag is not None else (self.field if name is None else None)
-            return text if head is None or self.names_itself else f"{head}: {text}"
+            names_itself = _mentions.mentions_first(self._problem, self.field)  # needs no head naming it
+            return text if head is None or names_itself else f"{head}: {text}"
         if self.bound is not None:
             return self.bound.refusal(self.value, name=self.field, flag=flag)
         allowed = ", ".join(map(str, self.choices or ()))
@@ -173,12 +174,6 @@ class SettingError(ValueError):
         """What is wrong, for a rule other than a range or choices, as Python says it (each
         setting it mentions as ``field=value``); ``None`` for a range or choices."""
         return None if self._problem is None else _mentions.name_mentions(self._problem)
-
-    @property
-    def names_itself(self) -> bool:
-        """Whether the problem's text starts by mentioning the refused field (so it needs
-        no head naming it)."""
-        return self._problem is not None and _mentions.mentions_first(self._problem, self.field)
 
 
 def check_fields(config: Any) -> None:
