@@ -90,7 +90,7 @@ def exit_preempted() -> NoReturn:
     child processes ended, buffers flushed), flushes the logs and the standard streams; then
     it leaves with ``os._exit``. What it skips is the interpreter's finalisation (freeing
     every object and module the run left, the backends' teardown), which writes nothing a
-    re-run reads and would hold the exit inside the grace window for no one.
+    re-run reads and only delays the exit.
     """
     join_threads, run_exitfuncs = _interpreter_shutdown()
     if threading.current_thread() is threading.main_thread():
