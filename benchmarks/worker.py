@@ -191,15 +191,13 @@ def main(argv: list[str]) -> int:
 
     install_exit_hook()
     _prepare()
-    from elastic_dew.runtime import PREEMPTED_EXIT, Preempted
+    from elastic_dew.runtime import Preempted
+    from elastic_dew.runtime.preemption import exit_preempted
 
     try:
         return MODES[argv[0]](*argv[1:])
     except Preempted:
-        # As `elastic-dew train` does: return the status, so the interpreter shuts down its
-        # thread pools itself (runtime's uncaught-Preempted hook joins their idle workers
-        # before it has told them to stop, and waits for ever).
-        return PREEMPTED_EXIT
+        exit_preempted()  # as `elastic-dew train` ends: 143 once the stop is durable
 
 
 if __name__ == "__main__":

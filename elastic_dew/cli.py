@@ -127,8 +127,22 @@ def _end_quickly() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from elastic_dew.runtime import install_exit_hook
+    """Run the command ``argv`` (default: the program's own arguments); its exit status.
 
+    Run as the program (``argv`` not given), a command that stopped at a preemption notice
+    ends the process itself once its stop is durable, with status 143
+    (:func:`~elastic_dew.runtime.preemption.exit_preempted`): the interpreter's
+    finalisation would only hold the exit inside the grace window.
+
+    Args:
+        argv: the command line after the program's name, or ``None`` for ``sys.argv[1:]``.
+
+    Returns:
+        The exit status.
+    """
+    from elastic_dew.runtime import PREEMPTED_EXIT, install_exit_hook
+
+    as_program = argv is None
     install_exit_hook()  # program start: an uncaught Preempted ends any command with 143
     _end_quickly()  # registered first, so it runs after the handlers of the libraries the command imports
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -146,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     before = storage.mark()
     code = int(module.run(args) or 0)
     storage.end_if_stuck(code, since=before)  # a storage call given up on would keep the process alive
+    if as_program and code == PREEMPTED_EXIT:
+        from elastic_dew.runtime.preemption import exit_preempted
+
+        atexit.unregister(_collect_then_freeze)  # it only spares the finalisation, skipped here
+        exit_preempted()
     return code
 
 

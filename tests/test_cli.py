@@ -25,6 +25,7 @@ from elastic_dew.run import execution
 from elastic_dew.run import planning
 from elastic_dew.commands import train
 from elastic_dew.elastic.config import ElasticConfig
+from elastic_dew.elastic.state.orbax_step import committed_checkpoint_steps
 from elastic_dew.simulate.diagnosis import diagnose_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -288,6 +289,36 @@ def test_a_command_finalises_the_garbage_it_leaves_then_spares_the_exits_final_c
     proc = _ok(subprocess.run([sys.executable, "-c", code, *render], capture_output=True, text=True,
                               timeout=60, cwd=tmp_path, env=_env()))
     assert proc.stdout.splitlines()[-2:] == ["finalised", "frozen True"]
+
+
+@pytest.mark.slow
+def test_a_preempted_command_exits_143_once_its_checkpoint_is_committed_and_its_record_closed_skipping_finalisation(
+    tmp_path,
+):
+    """A real SIGTERM (the schedule's ``preempt``) to the command run as the program: it ends
+    with 143 as soon as the stop is durable. The object the program keeps is never finalised
+    (the interpreter's finalisation is skipped); the checkpoint the stop names is committed, and
+    the run record is whole and ends with that stop."""
+    code = (
+        "import sys\n"
+        "class Kept:\n"
+        "    def __del__(self): print('finalised', flush=True)\n"
+        "kept = Kept()\n"
+        "from elastic_dew.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    run_dir = tmp_path / "run"
+    proc = _ok(subprocess.run(
+        [sys.executable, "-c", code, "train", "mlp", "--steps", STEPS, "--schedule", "preempt@8",
+         "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
+    ), 143)
+    assert "finalised" not in proc.stdout
+    assert "preempted at step 8" in proc.stderr  # the log lines before the exit were flushed
+    events = record.read_events(run_dir)  # every line whole
+    assert (events[-1]["event"], events[-1]["reason"], events[-1]["step"]) == ("stop", "preempted", 8)
+    assert 8 in committed_checkpoint_steps(run_dir / rundir.CHECKPOINTS_DIR)
+    assert ("commit", 8) in [(e["event"], e.get("step")) for e in events]
 
 
 def test_a_process_running_many_runs_that_leave_writers_behind_holds_one_diversion_of_their_errors(tmp_path, monkeypatch):

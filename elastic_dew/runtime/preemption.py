@@ -17,11 +17,11 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from elastic_dew._compat import python as python_private
 
-__all__ = ["PREEMPTED_EXIT", "Preempted", "PreemptionNotice", "NoticeInWait", "install_exit_hook"]
+__all__ = ["PREEMPTED_EXIT", "Preempted", "PreemptionNotice", "NoticeInWait", "install_exit_hook", "exit_preempted"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +79,19 @@ def _interpreter_shutdown():
     return python_private.interpreter_shutdown()
 
 
-def _preempted_excepthook(exc_type, exc, tb) -> None:
-    if not (isinstance(exc_type, type) and issubclass(exc_type, Preempted)):
-        _previous_excepthook(exc_type, exc, tb)
-        return
-    logger.info("%s: exiting with status %d", exc, PREEMPTED_EXIT)
+def exit_preempted() -> NoReturn:
+    """End the process now with :data:`PREEMPTED_EXIT`, once the stop is durable.
+
+    Call it only where the process ends anyway (a program's exit path), after the stop's
+    checkpoint was committed and the run record closed. It does what must close for
+    correctness, as the interpreter's shutdown would: in the main thread it joins the
+    non-daemon threads (a writer still writing finishes; idle ``ThreadPoolExecutor``
+    workers are told to stop first), runs every ``atexit`` callback (the libraries' own:
+    child processes ended, buffers flushed), flushes the logs and the standard streams; then
+    it leaves with ``os._exit``. What it skips is the interpreter's finalisation (freeing
+    every object and module the run left, the backends' teardown), which writes nothing a
+    re-run reads and only delays the exit.
+    """
     join_threads, run_exitfuncs = _interpreter_shutdown()
     if threading.current_thread() is threading.main_thread():
         join_threads()
@@ -99,6 +107,14 @@ def _preempted_excepthook(exc_type, exc, tb) -> None:
         os._exit(PREEMPTED_EXIT)
 
 
+def _preempted_excepthook(exc_type, exc, tb) -> None:
+    if not (isinstance(exc_type, type) and issubclass(exc_type, Preempted)):
+        _previous_excepthook(exc_type, exc, tb)
+        return
+    logger.info("%s: exiting with status %d", exc, PREEMPTED_EXIT)
+    exit_preempted()
+
+
 _previous_excepthook = sys.excepthook
 
 
@@ -107,8 +123,8 @@ def install_exit_hook() -> None:
 
     Call it once at program start (the ``elastic-dew`` CLI, each recipe's ``main()`` and
     :func:`~elastic_dew.runtime.prepare_process` do). It replaces ``sys.excepthook`` with
-    a hook that, for ``Preempted``, does what the interpreter's shutdown would (joins
-    non-daemon threads, runs ``atexit`` handlers, flushes the streams) and exits with
+    a hook that, for ``Preempted``, ends the process as :func:`exit_preempted` does
+    (non-daemon threads joined, ``atexit`` handlers run, the streams flushed) with
     status 143 and no traceback; every other exception goes to the hook that was there
     before. Calling it again changes nothing.
     """
