@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Literal, cast
 
 from elastic_dew import run
+from elastic_dew.runtime import PREEMPTED_EXIT
 from elastic_dew.run import recipes
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.observe import sinks as observing
@@ -224,7 +225,12 @@ def main(recipe: str, build: Callable[..., dict], argv: list[str] | None = None)
     )
     add_options(parser, recipe=False)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return train(args, prog, recipe=recipe, build=build)
+    code = train(args, prog, recipe=recipe, build=build)
+    if argv is None and code == PREEMPTED_EXIT:  # the program itself: leave once the stop is durable
+        from elastic_dew.runtime.preemption import exit_preempted
+
+        exit_preempted()
+    return code
 
 
 def train(args: argparse.Namespace, prog: str, *, recipe: str | None = None,

@@ -292,8 +292,9 @@ def test_a_command_finalises_the_garbage_it_leaves_then_spares_the_exits_final_c
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("module, command", [("elastic_dew.cli", ["train", "mlp"]), ("elastic_dew.recipes.mlp", [])])
 def test_a_preempted_command_exits_143_once_its_checkpoint_is_committed_and_its_record_closed_skipping_finalisation(
-    tmp_path,
+    tmp_path, module, command,
 ):
     """A real SIGTERM (the schedule's ``preempt``) to the command run as the program: it ends
     with 143 as soon as the stop is durable. The object the program keeps is never finalised
@@ -304,12 +305,12 @@ def test_a_preempted_command_exits_143_once_its_checkpoint_is_committed_and_its_
         "class Kept:\n"
         "    def __del__(self): print('finalised', flush=True)\n"
         "kept = Kept()\n"
-        "from elastic_dew.cli import main\n"
+        f"from {module} import main\n"
         "sys.exit(main())\n"
     )
     run_dir = tmp_path / "run"
     proc = _ok(subprocess.run(
-        [sys.executable, "-c", code, "train", "mlp", "--steps", STEPS, "--schedule", "preempt@8",
+        [sys.executable, "-c", code, *command, "--steps", STEPS, "--schedule", "preempt@8",
          "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=_env(),
     ), 143)

@@ -264,15 +264,29 @@ def test_the_process_start_time_is_when_this_process_began_not_when_it_was_asked
     assert started < time.time() - 0.05  # pytest ran for a while before this test
 
 
-def test_the_process_start_time_without_psutil_is_read_from_proc_and_a_psutil_failure_is_not_hidden(monkeypatch):
-    import sys
+def test_the_process_start_time_is_read_from_proc_to_the_tick_and_from_psutil_only_where_proc_is_missing(monkeypatch):
+    import builtins
 
     import psutil
 
-    with_psutil = process_start_time()
-    monkeypatch.setitem(sys.modules, "psutil", None)  # not installed: the import fails
-    assert abs(process_start_time() - with_psutil) < 1.0  # /proc's clock ticks
-    monkeypatch.setitem(sys.modules, "psutil", psutil)
+    def unused(pid):
+        raise AssertionError("psutil read although /proc was there")
+
+    from_psutil = psutil.Process().create_time()  # its boot time is whole seconds
+    monkeypatch.setattr(psutil, "Process", unused)
+    from_proc = process_start_time()
+    assert abs(from_proc - from_psutil) < 1.0
+
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    monkeypatch.setattr(psutil, "Process", lambda pid: type("P", (), {"create_time": lambda self: 123.0})())
+    assert process_start_time() == 123.0
 
     def broken(pid):
         raise RuntimeError("a bug in the caller, not a missing library")

@@ -276,18 +276,14 @@ def process_start_time() -> float:
     """When this process started (seconds since the epoch), for a ``start`` event.
 
     Program start-up badput runs from here to the first resume, so it includes the
-    interpreter and the imports. Read from ``/proc/self/stat`` on Linux (psutil where
-    installed); elsewhere the current time, which leaves the imports unmeasured.
+    interpreter and the imports. Read from ``/proc/self/stat`` and ``/proc/uptime`` on Linux
+    (to the clock tick); elsewhere from psutil where installed (whose Linux reading counts
+    from the boot time rounded down to a whole second, so it is not preferred); else the
+    current time, which leaves the imports unmeasured.
 
     Returns:
         Seconds since the epoch.
     """
-    try:
-        import psutil
-
-        return float(psutil.Process(os.getpid()).create_time())
-    except ImportError:  # psutil missing: read /proc directly
-        pass
     try:
         with open("/proc/self/stat", "rb") as f:
             # Field 22 (starttime, in clock ticks since boot) follows the ")" of the name.
@@ -297,4 +293,10 @@ def process_start_time() -> float:
             uptime = float(f.read().split()[0])
         return time.time() - (uptime - started_after_boot)
     except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except ImportError:
         return time.time()
