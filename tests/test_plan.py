@@ -196,6 +196,9 @@ def _record(tmp_path):
            "seconds": 0.5, "data_seconds": 0.1} for i in range(3, 6)],
         {"event": "save", "wall": 116.5, "tier": "checkpoint", "step": 5, "taken": True, "seconds": 0.3},
         {"event": "stop", "wall": 117.0, "reason": "slice_lost", "step": 6},
+        # A slice returns during the recovery's wait: that wait was for the cluster.
+        {"event": "fault", "wall": 119.0, "action": "restore", "slice": 3, "step": 6, "phase": "step",
+         "scheduled": "restore:3@+2/step"},
         {"event": "resume", "wall": 120.0, "source": "snapshot", "step": 6,
          "durations": {"detection": 0.5, "wait_for_slices": 2.0, "mesh_and_compile": 1.5, "restore": 0.25}},
         {"event": "step", "wall": 121.0, "step": 6, "slices": 3, "loss": 1.0, "examples": [6, 7], "seconds": 0.9},
@@ -204,6 +207,41 @@ def _record(tmp_path):
     ]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return tmp_path
+
+
+def test_a_recovery_s_own_wait_for_slices_is_part_of_it_and_a_wait_for_a_returning_slice_is_not(tmp_path):
+    def resume(wall, wait):
+        return {"event": "resume", "wall": wall, "source": "snapshot", "step": 1,
+                "durations": {"detection": 0.1, "wait_for_slices": wait, "mesh_and_compile": 0.2, "restore": 0.05}}
+
+    def fault(wall, action):
+        return {"event": "fault", "wall": wall, "action": action, "slice": 1, "step": 1, "phase": "step",
+                "scheduled": f"{action}:1@+1/step"}
+
+    def stop(wall):
+        return {"event": "stop", "wall": wall, "reason": "slice_lost", "step": 1}
+
+    lines = [
+        {"event": "start", "wall": 0.0, "process_start": 0.0, "pid": 1},
+        {"event": "resume", "wall": 1.0, "source": "fresh", "step": 0,
+         "durations": {"detection": 0, "wait_for_slices": 0, "mesh_and_compile": 0.5, "restore": 0.1}},
+        {"event": "step", "wall": 1.5, "step": 1, "slices": 2, "loss": 1.0, "examples": [0, 1], "seconds": 0.4},
+        # Three recoveries that waited for nothing but the report of the loss: their wait is theirs.
+        fault(2.0, "lose"), stop(2.1), resume(2.6, 0.1), fault(3.0, "restore"),
+        fault(4.0, "lose"), stop(4.1), resume(4.6, 0.1), fault(5.0, "restore"),
+        fault(6.0, "lose"), stop(6.1), resume(6.6, 0.1), fault(7.0, "restore"),
+        # Two that waited for a slice to return: that wait is the cluster's, not the recovery's.
+        fault(8.0, "lose"), stop(8.1), fault(9.0, "restore"), resume(9.5, 1.2),
+        fault(10.0, "lose"), stop(10.1), fault(11.0, "restore"), resume(11.5, 1.2),
+        {"event": "step", "wall": 12.0, "step": 1, "slices": 2, "loss": 1.0, "examples": [0, 1], "seconds": 0.4},
+        {"event": "stop", "wall": 12.1, "reason": "done", "step": 1},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    measured = inputs.measured_costs(tmp_path)["recovery_seconds"]
+    # The median of 0.4, 0.4, 0.4, 0.3, 0.3: detection and mesh with the own wait of 0.1.
+    assert measured.value == pytest.approx(0.4)
+    assert "median of 5 snapshot resumes' detection, mesh and compile, and their wait where no slice returned" in (
+        measured.source)
 
 
 def test_the_costs_a_run_record_measures_name_their_origin(tmp_path):
@@ -217,7 +255,7 @@ def test_the_costs_a_run_record_measures_name_their_origin(tmp_path):
     # The cadence's saves; not the closing checkpoint, which waits for its write before the stop.
     assert measured["snapshot_seconds"].value == 0.02 and measured["checkpoint_seconds"].value == 0.3
     assert measured["snapshot_restore_seconds"].value == 0.25
-    assert measured["recovery_seconds"].value == 2.0  # detection and mesh; the wait is the cluster's
+    assert measured["recovery_seconds"].value == 2.0  # detection and mesh; the wait, for a return, is the cluster's
     assert "checkpoint_restore_seconds" not in measured and "scale_up_seconds" not in measured
     assert measured["restart_seconds"].value == 19.0  # process start to the first resume, less its restore
     # A restart inside the same Python process shares the first's process start: it is timed

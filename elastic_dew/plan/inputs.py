@@ -216,7 +216,8 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
     snapshot and checkpoint saves at the cadence (not an attempt's closing save, before a
     ``stop`` that is ``done`` or ``preempted``: it waits for every write to finish); the restore of
     snapshot and of checkpoint resumes; the detection plus mesh and compile of snapshot
-    resumes (an in-process recovery); the time from each restarted process's start (or the
+    resumes, with their wait for slices where no slice returned during it (an in-process
+    recovery: :func:`_recoveries`); the time from each restarted process's start (or the
     previous process's last event, when that is later: a restart inside one Python process)
     to its first resume less that resume's restore (a restart; the first process's when the
     run never restarted); the ``live`` resume (a scale-up). A figure the run never measured
@@ -281,9 +282,8 @@ def measured_costs(run_dir: str | os.PathLike[str]) -> dict[str, Input]:
         "snapshot resumes", typical=True)
     put("checkpoint_restore_seconds", [e.durations["restore"] for e in resumes if e.source == "checkpoint"],
         "checkpoint resumes", typical=True)
-    put("recovery_seconds",
-        [e.durations["detection"] + e.durations["mesh_and_compile"] for e in resumes if e.source == "snapshot"],
-        "snapshot resumes' detection, mesh and compile", typical=True)
+    put("recovery_seconds", _recoveries(events), "snapshot resumes' detection, mesh and compile, and their wait "
+        "where no slice returned", typical=True)
     put("scale_up_seconds", [sum(e.durations.values()) for e in resumes if e.source == "live"], "scale-ups",
         typical=True)
     new, again = _by_slice_set(events)
@@ -321,6 +321,26 @@ def _run_events(run_dir: Path) -> list[Any]:
     if not (run_dir / record.EVENTS_FILE).is_file():
         raise ValueError(f"{run_dir} holds no {record.EVENTS_FILE}; give the directory a run wrote (runs/NAME)")
     return record.as_events(record.read_events(run_dir))
+
+
+def _recoveries(events: list[Any]) -> list[float]:
+    """Each snapshot resume's in-process recovery less its restore: its detection, its mesh and
+    compile, and its wait for slices where no slice returned between its ``stop`` and it (the
+    recovery's own time from the loss's report to the next attempt). A wait during which a
+    slice returned waited for the cluster, which the model counts as the pool's shortage."""
+    from elastic_dew.elastic import events as ev
+
+    out: list[float] = []
+    returned = False
+    for event in events:
+        if isinstance(event, ev.Stop):
+            returned = False
+        elif isinstance(event, ev.Fault) and event.action == "restore":
+            returned = True
+        elif isinstance(event, ev.Resume) and event.source == "snapshot":
+            d = event.durations
+            out.append(d["detection"] + d["mesh_and_compile"] + (0.0 if returned else d["wait_for_slices"]))
+    return out
 
 
 def _by_slice_set(events: list[Any]) -> tuple[list[float], list[float]]:
