@@ -112,7 +112,7 @@ def test_a_library_error_that_mentions_metadata_abandons_the_save_and_the_run_go
     def broken(*args, **kwargs):
         raise ValueError("could not write the checkpoint's metadata file")
 
-    monkeypatch.setattr(checkpoints.backend, "save", broken)
+    monkeypatch.setattr(checkpoints.manager, "save", broken)
     assert checkpoints.save(1, state_on(mesh), {"step": 1}) is False
     (failure,) = checkpoints.failures()
     assert failure.operation == "save" and "metadata file" in str(failure)
@@ -309,10 +309,10 @@ def test_multi_tier_initialises_again_for_a_new_slice_set_of_the_same_count_and_
         first = slice_mesh(sim, [0, 1])
         bind(checkpoints, first)
         bind(checkpoints, first)  # the same devices again: nothing to do
-        assert checkpoints.backend.initializations == 1
+        assert checkpoints.initializations == 1
         checkpoints.save(1, state_on(first), {"step": 1})
         checkpoints.wait()
-        recorder = checkpoints.backend.manager = _Recorder(checkpoints.backend.manager)
+        recorder = checkpoints.manager = _Recorder(checkpoints.manager)
 
         sim.lose(1)
         checkpoints.on_slice_lost()
@@ -320,7 +320,7 @@ def test_multi_tier_initialises_again_for_a_new_slice_set_of_the_same_count_and_
         other = slice_mesh(sim, [0, 2])
         bind(checkpoints, other)
         assert recorder.asked == []
-        assert checkpoints.backend.initializations == 2
+        assert checkpoints.initializations == 2
         assert checkpoints.latest_step() == 1
         expected = state_on(other)  # the same values, on slices that are not lost
         restored, meta = checkpoints.restore(1, abstract_on(expected, other))
@@ -332,7 +332,7 @@ def test_multi_tier_initialises_again_for_a_new_slice_set_of_the_same_count_and_
         sim.restore(1)
         everything = slice_mesh(sim, [0, 1, 2])
         bind(checkpoints, everything)
-        assert checkpoints.backend.initializations == 3
+        assert checkpoints.initializations == 3
         assert checkpoints.latest_step() == 2
         assert [h.nodes for h in sim.replicator.handshakes] == [2, 2, 2, 2, 3, 3, 3]
         checkpoints.close()
@@ -445,7 +445,7 @@ def test_a_leaf_saved_replica_parallel_is_prepared_so_its_first_save_compiles_no
         checkpoints = Checkpoints(str(tmp_path / "prepared"))
         state = _fresh_state(mesh, 40)
         checkpoints.precompile_saves(state)
-        assert checkpoints.saves_precompiled(timeout=120)
+        assert checkpoints.precompiler.done(timeout=120)
         assert _compiles_during(lambda: checkpoints.save(1, state, {"step": 1})) == 0
         checkpoints.wait()
         checkpoints.close()

@@ -6,11 +6,11 @@ module                 its job
 ``tiers``              ``Tiers``: both tiers of a run as the protocol drives them, their restore
 ``checkpoint_tier``    tier 2's half of ``Tiers``: its cadence, the final and preemption saves; ``timed_save``
 ``snapshots``          tier 1: ``Snapshots`` in pinned host memory (Orbax ``Snapshotter``)
-``packing``            the leaf-packing codec the snapshots use
-``checkpoints``        tier 2: ``Checkpoints``, over one of two backends
-``backend``            the ``Backend`` protocol both tier-2 backends implement
-``orbax_backend``      the ``orbax`` backend: Orbax's ``CheckpointManager``
-``multi_tier``         the ``multi_tier`` backend: Orbax's replicator manager
+``packing``            the leaf-packing codec the snapshots use; typed keys as key data
+``checkpoints``        tier 2: ``Checkpoints``, over Orbax's manager of one of two kinds
+``commit``             ``Checkpoints``' save in flight and its commit, each storage call bounded
+``orbax_kind``         the ``orbax`` kind: Orbax's ``CheckpointManager``'s items, saves, refusals
+``multi_tier``         the ``multi_tier`` kind: Orbax's replicator manager, initialised per devices
 ``save_precompiler``   a layout's first Orbax save precompiled in a background thread
 ``meta``               the JSON ``meta`` saved beside the state, for both tiers
 ``persistence``        where tier 2 may write under Pathways persistence

@@ -6,7 +6,7 @@ storage timeout (:meth:`Commits.bound`, :func:`~elastic_dew.elastic.state.storag
 commits the save in flight when it ends (:meth:`Commits.wait_or_abandon`, :meth:`Commits.poll`),
 and abandons it when it fails or passes its bound: a save that passed its bound is *fenced*
 (its step added to the record of abandoned steps, kept in the run directory and in memory),
-the backend's manager is forgotten without being waited for, and the failure is kept for
+Orbax's manager is forgotten without being waited for, and the failure is kept for
 :meth:`Commits.failures`. ``Checkpoints`` starts the saves, lists, restores and quarantines.
 """
 
@@ -19,7 +19,6 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from elastic_dew.elastic.state import orbax_step, progress, storage
-from elastic_dew.elastic.state.backend import Backend
 from elastic_dew.elastic.state.storage import StorageError, StorageTimeout
 
 __all__ = ["Commits", "Committed"]
@@ -57,8 +56,6 @@ class Commits:
         timeout: the storage timeout in seconds (``None``: automatic, see :meth:`bound`).
         record_dir: the run directory that keeps the record of abandoned steps, or ``None``.
     """
-
-    backend: Backend
 
     def __init__(self, directory: str, timeout: float | None, record_dir: str | os.PathLike[str] | None) -> None:
         self.directory = str(directory)
@@ -114,6 +111,20 @@ class Commits:
         then answer from memory (:meth:`newest_known`) instead of asking it again."""
         return time.monotonic() < self._stalled_until
 
+    # -- Orbax's manager, the subclass's: its save written, waited for, forgotten ----------------
+    def _writing(self) -> bool:
+        """Whether Orbax's manager is still writing a save (without waiting)."""
+        raise NotImplementedError
+
+    def _wait(self) -> None:
+        """Wait for Orbax's manager's save and raise its error, if it failed."""
+        raise NotImplementedError
+
+    def _abandon_manager(self, close: bool = False) -> None:
+        """Forget Orbax's manager of a save given up on without waiting for it (closing it
+        first when ``close``: the save failed and its writers ended); never raises."""
+        raise NotImplementedError
+
     def _begin(self, step: int, started: float, total: float | None, counters: progress.Counters) -> None:
         """The save of ``step`` started at ``started`` is in flight (``total``: the most seconds it was given)."""
         self._inflight = _InFlight(step, started, self._nbytes, total, counters)
@@ -150,7 +161,7 @@ class Commits:
             left = inflight.started + inflight.total - time.monotonic()
             limit = left if limit is None else min(limit, left)
         try:
-            self._call("commit", inflight.step, self.backend.wait,
+            self._call("commit", inflight.step, self._wait,
                        None if limit is None else max(limit, 0.01), since=inflight.started)
         except StorageTimeout as error:
             return self._abandon(inflight.step, self._commit_timeout(inflight, error), inflight.started)
@@ -183,12 +194,12 @@ class Commits:
             The failure of an abandoned save, or ``None``.
         """
         deadline = time.monotonic() + wait
-        while self._inflight is not None and self.backend.saving() and time.monotonic() < deadline:
+        while self._inflight is not None and self._writing() and time.monotonic() < deadline:
             time.sleep(0.005)
         inflight = self._inflight
         if inflight is None:
             return None
-        if self.backend.saving():
+        if self._writing():
             now = time.monotonic()
             idle = progress.METER.idle(inflight.started) >= self.bound()
             over = inflight.total is not None and now - inflight.started >= inflight.total
@@ -251,7 +262,7 @@ class Commits:
                     inflight.step, seconds, moved.retries, moved.nbytes)
 
     def _abandon(self, step: int, error: BaseException, started: float) -> StorageError:
-        """Give up on ``step``'s save: fence it, forget the backend's manager, keep the failure."""
+        """Give up on ``step``'s save: fence it, forget Orbax's manager, keep the failure."""
         self._end()
         waited = time.monotonic() - started
         if isinstance(error, StorageError):
@@ -285,15 +296,6 @@ class Commits:
         logger.warning("checkpoint save of step %d abandoned after %.1f s: %s", step, waited, failure)
         self._failures.append(failure)
         return failure
-
-    def _abandon_manager(self, close: bool = False) -> None:
-        try:
-            if close:
-                self._call("close", None, lambda: self.backend.abandon(close=True))
-            else:
-                self.backend.abandon()
-        except Exception:  # noqa: BLE001 - a fresh manager is built on the next call all the same
-            logger.exception("abandoning the checkpoint manager of the abandoned save failed")
 
 
 def _is_slice_loss(error: BaseException) -> bool:

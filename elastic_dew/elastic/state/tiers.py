@@ -45,7 +45,7 @@ from elastic_dew.elastic.events import Event, Storage
 from elastic_dew.elastic.state import Newest, choose, newest
 from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing, StepWait, timed_save
 from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
+from elastic_dew.elastic.state.orbax_kind import DamagedCheckpoint
 from elastic_dew.elastic.state.snapshots import Snapshots
 
 __all__ = ["Restored", "StepSaves", "Tiers", "SavesFailing", "PATIENCE"]
@@ -317,7 +317,7 @@ class Tiers(CheckpointSaves):
             RuntimeError: from tier 1's load (no replica survived).
             ValueError: from either tier's restore (a state of another layout; an unreadable
                 checkpoint when :attr:`quarantine` is off, a
-                :class:`~elastic_dew.elastic.state.orbax_backend.DamagedCheckpoint`).
+                :class:`~elastic_dew.elastic.state.orbax_kind.DamagedCheckpoint`).
             StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
         snapshots, checkpoints = self.snapshots, self.checkpoints
@@ -395,7 +395,7 @@ class Tiers(CheckpointSaves):
         (after its last save; a manager the caller gave is the caller's to close). Tier 2's
         files stay."""
         if self.checkpoints is not None:
-            self.checkpoints.stop_precompiling()
+            self.checkpoints.precompiler.stop()  # a compile running in XLA at exit aborts the process
             if self.owns_checkpoints:
                 try:
                     self.checkpoints.close()
