@@ -18,16 +18,16 @@ committed one, and saves, lists and restores through the manager.
 start, a restore, and the commit of a save written in the background, by the storage
 timeout (``timeout``; automatic when ``None``: :func:`~elastic_dew.elastic.state.storage.automatic_timeout`
 of the state's bytes and the bandwidth of the saves committed so far). A save that fails or
-passes its bound is *abandoned*: Orbax's manager is forgotten without being waited
+passes its timeout is *abandoned*: Orbax's manager is forgotten without being waited
 for (a fresh one serves the next call), the failure is kept for the caller
 (:meth:`Checkpoints.failures`) and the next save is tried as usual. A save that passed its
-bound may still be written (Orbax cannot cancel it, and on ``gs://`` it writes
+timeout may still be written (Orbax cannot cancel it, and on ``gs://`` it writes
 ``commit_success.txt`` last), so its step is *fenced*: added to the record of abandoned steps
 (kept in ``record_dir``, the run directory, and in memory), which every listing here
 honours, so it is never restored even when its writes land later, and never saved again. A
 save that failed with an error has ended, and its step is not fenced. A restore past its
-bound raises :class:`~elastic_dew.elastic.state.storage.StorageTimeout` and the storage is not
-read again by this object inside that bound (:meth:`Checkpoints.newest_known` answers from
+timeout raises :class:`~elastic_dew.elastic.state.storage.StorageTimeout` and the storage is not
+read again by this object inside that timeout (:meth:`Checkpoints.newest_known` answers from
 memory).
 """
 
@@ -44,7 +44,7 @@ from jax.sharding import Mesh
 
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.config import ElasticConfig
-from elastic_dew.elastic.state import multi_tier, orbax_kind, orbax_step, progress, storage
+from elastic_dew.elastic.state import multi_tier, orbax_kind, orbax_step, activity, storage
 from elastic_dew.elastic.state.commit import Commits
 from elastic_dew.elastic.state.meta import MetaError, meta_json
 from elastic_dew.elastic.state.multi_tier import META_CAPACITY, MultiTierError
@@ -76,7 +76,7 @@ class Checkpoints(Commits):
     each mesh it is given). ``run_name`` names the multi-tier run (default: ``$JOBSET_NAME``);
     ``backup_interval_minutes`` is the replicator's backup cadence and
     ``init_timeout_seconds`` how long one initialisation may wait for it (multi-tier only).
-    ``timeout`` bounds every storage call in seconds (``None``: automatic, see the module);
+    ``timeout`` limits every storage call in seconds (``None``: automatic, see the module);
     ``record_dir`` (the run directory) keeps the record of abandoned steps across processes.
 
     Args:
@@ -162,21 +162,21 @@ class Checkpoints(Commits):
                 raise StorageError.of("listing", self.directory, None, error) from error
 
     # -- saves -----------------------------------------------------------------------------
-    def save(self, step: int, state: Any, meta: dict, *, force: bool = False, bound: float | None = None) -> bool:
+    def save(self, step: int, state: Any, meta: dict, *, force: bool = False, timeout: float | None = None) -> bool:
         """Start saving the state after ``step`` updates (asynchronous); ``wait`` commits it.
 
         A save still in flight is committed first (:meth:`wait_or_abandon`). A step at or below the
         newest committed one is skipped (logged): Orbax would otherwise garbage-collect the
         newer checkpoints in favour of the older step; so is an abandoned step. A start that
-        fails or passes ``bound`` abandons the save (its failure is in :meth:`failures`).
+        fails or passes ``timeout`` abandons the save (its failure is in :meth:`failures`).
 
         Args:
             step: the step whose state this is.
             state: the state.
             meta: its JSON-able meta (step, data position, ...).
             force: save even where Orbax's own policy would skip the step.
-            bound: the most seconds the save may take from its start to its commit, progress
-                or not (default: no such bound; the storage timeout's no-progress deadline
+            timeout: the most seconds the save may take from its start to its commit, active
+                or not (default: no such timeout; the storage timeout's no-activity deadline
                 always holds).
 
         Returns:
@@ -189,12 +189,12 @@ class Checkpoints(Commits):
         _check_step(step)
         encoded = meta_json(meta, "checkpoint")
         self._nbytes = storage.state_bytes(state)
-        self.wait_or_abandon(bound)
+        self.wait_or_abandon(timeout)
         if step in self.abandoned:
             logger.warning("checkpoint of step %d skipped: an earlier save of that step was abandoned", step)
             return False
         started = time.monotonic()
-        counters = progress.METER.counters()
+        counters = activity.METER.counters()
 
         def start() -> bool:
             # The process is the directory's only writer once listed: see newest_known.
@@ -211,14 +211,14 @@ class Checkpoints(Commits):
             return True
 
         try:
-            began = self._call("save", step, start, bound)
+            began = self._call("save", step, start, timeout)
         except MetaError:
             raise  # a meta the kind cannot carry: the caller's bug, not the storage's
         except (StorageError, OSError, ValueError) as error:
             self._abandon(step, error, started)
             return False
         if began:
-            self._begin(int(step), started, bound, counters)
+            self._begin(int(step), started, timeout, counters)
         return began
 
     # -- listings and restores ----------------------------------------------------------
@@ -261,7 +261,7 @@ class Checkpoints(Commits):
 
     def _list(self) -> int | None:
         """The newest committed step less the abandoned ones, asked of the storage (the
-        caller bounds the call): for ``orbax`` one listing, and one metadata read when the
+        caller limits the call): for ``orbax`` one listing, and one metadata read when the
         newest step directory is committed; for ``multi_tier`` the manager's, or the step
         last seen committed while none is bound (after a lost slice)."""
         if self.kind == "orbax":
@@ -277,20 +277,20 @@ class Checkpoints(Commits):
             self._known = newest if self._known is None else max(self._known, newest)
         return newest
 
-    def latest_step(self, bound: float | None = None) -> int | None:
+    def latest_step(self, timeout: float | None = None) -> int | None:
         """The newest committed step; saves still in flight and abandoned steps do not count.
 
         Args:
-            bound: the most seconds the listing may take, progress or not (default: as long
-                as it progresses).
+            timeout: the most seconds the listing may take, active or not (default: as long
+                as it is active).
 
         Returns:
             The step, or ``None``.
 
         Raises:
-            StorageTimeout: the listing did not finish within ``bound``.
+            StorageTimeout: the listing did not finish within ``timeout``.
         """
-        newest = self._call("listing", None, self._list, bound)
+        newest = self._call("listing", None, self._list, timeout)
         self._listed = self.kind == "orbax"
         return self._seen(newest)
 
@@ -329,14 +329,14 @@ class Checkpoints(Commits):
         except Exception:  # noqa: BLE001 - for messages: what was last seen
             return self._known
 
-    def restore(self, step: int, abstract_state: Any, bound: float | None = None) -> tuple[Any, dict]:
+    def restore(self, step: int, abstract_state: Any, timeout: float | None = None) -> tuple[Any, dict]:
         """Return ``(state, meta)`` of committed ``step``, on ``abstract_state``'s shardings.
 
         Args:
             step: a committed step.
             abstract_state: the state's shapes and target shardings.
-            bound: the most seconds the restore may take, progress or not (default: as
-                long as it progresses; the no-progress deadline is :meth:`bound` of the
+            timeout: the most seconds the restore may take, active or not (default: as
+                long as it is active; the no-activity deadline is :meth:`storage_timeout` of the
                 state's bytes).
 
         Returns:
@@ -346,14 +346,14 @@ class Checkpoints(Commits):
             ValueError: ``step`` is not committed (naming the newest that is) or was
                 abandoned; a :class:`DamagedCheckpoint` when a committed step cannot be read
                 (saying what to do).
-            StorageTimeout: the restore did not finish within ``bound``.
+            StorageTimeout: the restore did not finish within ``timeout``.
         """
         _check_step(step)
         if step in self.abandoned:
             raise ValueError(f"checkpoint step {step} in {self.directory} was abandoned while it was saved; it is never restored")
         self._nbytes = storage.state_bytes(abstract_state)
         started = time.monotonic()
-        restored = self._call("restore", int(step), lambda: self._restore(int(step), abstract_state), bound)
+        restored = self._call("restore", int(step), lambda: self._restore(int(step), abstract_state), timeout)
         self.bandwidth.add(self._nbytes, time.monotonic() - started)
         return restored
 
@@ -462,9 +462,9 @@ class Checkpoints(Commits):
             self.manager, self.mesh, self.devices = None, None, None
 
     def close(self) -> None:
-        """Wait for the last save (within its bound) and close Orbax's manager; a save
+        """Wait for the last save (within its timeout) and close Orbax's manager; a save
         abandoned here is in :meth:`failures`, and a manager that does not close within the
-        bound is left to its threads."""
+        timeout is left to its threads."""
         if self.stalled:  # the storage just stalled: do not wait on it a second time
             if self._inflight is not None:
                 self._abandon(self._inflight.step, StorageTimeout(

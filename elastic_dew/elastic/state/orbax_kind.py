@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.packing import abstract_key_data, rewrap_keys, unwrap_keys
-from elastic_dew.elastic.state.storage import diagnose
+from elastic_dew.elastic.state.storage import classify
 
 __all__ = ["DamagedCheckpoint", "another_shape", "unreadable", "quarantine", "manager", "check_bucket", "save",
            "restore"]
@@ -181,7 +181,7 @@ def restore(manager: ocp.CheckpointManager, path: epath.Path, step: int, abstrac
             step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract), _META: ocp.args.JsonRestore()})
         )
     except (ValueError, OSError) as error:
-        if diagnose(error)[0] in ("full", "read_only", "permission"):
+        if classify(error)[0] in ("full", "read_only", "permission"):
             raise  # the storage refused the read: the bytes may be whole
         raise unreadable(path, step, error) from error
     return rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])

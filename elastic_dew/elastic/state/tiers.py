@@ -188,7 +188,7 @@ class Tiers(CheckpointSaves):
         before the next tier is offered it (a fault inside the checkpoint cannot lose the
         snapshot's event); ``wait_step`` waits for the step in flight before the first save.
 
-        A checkpoint save that finished or passed its bound since the last step is settled
+        A checkpoint save that finished or passed its timeout since the last step is settled
         first, without waiting (:meth:`poll`).
 
         Args:
