@@ -90,6 +90,50 @@ def test_a_checkpoint_restores_its_arrays_and_json_meta_onto_another_mesh(tmp_pa
     checkpoints.close()
 
 
+def test_a_resume_lists_the_checkpoints_once_and_reads_the_newest_steps_metadata_once(tmp_path, monkeypatch):
+    """As the protocol resumes (the newest state asked, then restored): the directory is
+    listed once, and the newest step's commit metadata and its arrays' tree metadata are each
+    read once (the tree metadata by Orbax's own restore; nothing reads it again first)."""
+    from collections import Counter
+
+    from etils import epath
+
+    from elastic_dew.elastic.state.tiers import Tiers
+
+    mesh, directory = mesh_of(4), tmp_path / "ckpt"
+    state = state_on(mesh)
+    checkpoints = Checkpoints(str(directory))
+    for step in (1, 2):
+        checkpoints.save(step, state, {"step": step})
+        checkpoints.wait()
+    checkpoints.close()
+    tiers = Tiers(None, Checkpoints(str(directory)), owns_checkpoints=True)  # Orbax's manager lists it as it opens
+    reads: Counter[str] = Counter()
+    listings: Counter[str] = Counter()
+    path_type = type(epath.Path(directory))
+    read_text, iterdir = path_type.read_text, path_type.iterdir
+
+    def counted_read(path, *args, **kwargs):
+        reads[os.path.relpath(path, directory)] += 1
+        return read_text(path, *args, **kwargs)
+
+    def counted_listing(path):
+        listings[os.path.relpath(path, directory)] += 1
+        return iterdir(path)
+
+    monkeypatch.setattr(path_type, "read_text", counted_read)
+    monkeypatch.setattr(path_type, "iterdir", counted_listing)
+    tiers.newest_known()
+    restored = tiers.restore(abstract_on(state, mesh))
+    monkeypatch.undo()
+    assert (restored.source, restored.step, restored.meta) == ("checkpoint", 2, {"step": 2})
+    assert_same(restored.state, state)
+    assert listings["."] == 1, listings
+    assert reads["2/_CHECKPOINT_METADATA"] == 1 and reads["2/state/_METADATA"] == 1, reads
+    assert not [path for path in reads if path.startswith("1")], reads
+    tiers.close()
+
+
 def test_steps_start_at_one_and_bad_meta_is_refused_before_anything_is_written(tmp_path):
     mesh = mesh_of(4)
     checkpoints = Checkpoints(str(tmp_path / "ckpt"))

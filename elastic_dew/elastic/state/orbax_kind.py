@@ -9,9 +9,10 @@ therefore leaves only a temporary directory, which is never listed and never cos
 previous checkpoint. A step directory counts as committed only when Orbax's step metadata
 carries its commit timestamp and both items are present
 (:func:`elastic_dew.elastic.state.orbax_step.committed`), so a partial or corrupt ``<step>`` directory is
-skipped too. A committed step written by a model of another shape is refused from its
-metadata before the restore starts (:func:`another_shape`); one that still cannot be read
-was damaged, and :func:`unreadable` says how to resume without it.
+skipped too. A restore reads the step's metadata once, Orbax's own read: only when it fails
+is the metadata read again, to tell a step written by a model of another shape, refused
+naming its leaves (:func:`another_shape`), from one that was damaged (:func:`unreadable`
+says how to resume without it).
 """
 
 from __future__ import annotations
@@ -54,11 +55,7 @@ def another_shape(directory: epath.Path, step: int, abstract: Any) -> ValueError
     """The refusal of committed ``step`` in ``directory`` when its stored metadata names leaves
     of another shape than ``abstract``'s (a checkpoint of another model: resume it with that
     model, or train in a new run directory); ``None`` when they agree or the metadata cannot
-    be read (then the restore itself finds the damage, :func:`unreadable`).
-
-    Asked before the restore starts: Orbax's restore of a tree of other shapes fails one
-    leaf's read and leaves the reads of the other leaves unstarted on an event loop it then
-    closes, so refusing from the metadata is what leaves nothing half-run.
+    be read (the step was damaged, :func:`unreadable`). Asked once a restore failed.
     """
     try:
         stored_shapes = _leaf_shapes(ocp.StandardCheckpointHandler().metadata(directory / str(step) / _STATE))
@@ -167,15 +164,14 @@ def save(manager: ocp.CheckpointManager, path: epath.Path, step: int, state: Any
 def restore(manager: ocp.CheckpointManager, path: epath.Path, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """``(state, meta)`` of committed ``step`` in ``path`` through ``manager``, on ``abstract_state``'s shardings.
 
+    The step's metadata is read once, by Orbax's restore; again only when that fails.
+
     Raises:
         ValueError: :func:`another_shape`'s refusal; a :class:`DamagedCheckpoint`
             (:func:`unreadable`) when the bytes cannot be read.
         OSError: the storage refused the read (the bytes may be whole).
     """
     abstract = abstract_key_data(abstract_state)
-    refused = another_shape(path, step, abstract)
-    if refused is not None:
-        raise refused
     try:
         restored = manager.restore(
             step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract), _META: ocp.args.JsonRestore()})
@@ -183,5 +179,8 @@ def restore(manager: ocp.CheckpointManager, path: epath.Path, step: int, abstrac
     except (ValueError, OSError) as error:
         if classify(error)[0] in ("full", "read_only", "permission"):
             raise  # the storage refused the read: the bytes may be whole
+        refused = another_shape(path, step, abstract)
+        if refused is not None:
+            raise refused from None
         raise unreadable(path, step, error) from error
     return rewrap_keys(restored[_STATE], abstract_state), dict(restored[_META])
