@@ -40,7 +40,8 @@ from typing import TypeVar
 
 import jax
 
-__all__ = ["StepDeadline", "read_each", "ReadThread", "MULTIPLE", "FLOOR", "PAUSE_FLOOR", "BEFORE_TIMED", "TIMED_STEPS", "WINDOW"]
+__all__ = ["StepDeadline", "read_each", "ReadThread", "MULTIPLE", "FLOOR", "PAUSE_FLOOR", "BEFORE_TIMED", "TIMED_STEPS",
+           "WINDOW"]
 
 logger = logging.getLogger(__name__)
 

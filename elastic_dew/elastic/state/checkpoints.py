@@ -146,9 +146,9 @@ class Checkpoints(Commits):
             check_value(ElasticConfig, "mtc_init_timeout", init_timeout_seconds, owner="Checkpoints",
                         name="init_timeout_seconds")
             multi_tier.require_colocated_python()
-            self.run_name = run_name
-            self.backup_interval_minutes = backup_interval_minutes
-            self.init_timeout_seconds = init_timeout_seconds
+            #: What each initialisation is given (:func:`~elastic_dew.elastic.state.multi_tier.initialize`).
+            self.init_arguments: dict[str, Any] = {"run_name": run_name, "init_timeout_seconds": init_timeout_seconds,
+                                                   "backup_interval_minutes": backup_interval_minutes}
             if mesh is not None:
                 self.on_active_slices_changed(list(mesh.devices.flat), mesh)
         else:
@@ -255,9 +255,9 @@ class Checkpoints(Commits):
                 if mesh is not None and devices is not None:
                     self.on_active_slices_changed(list(devices), mesh)
             elif close and manager is not None:
-                self._call("close", None, manager.close)
-        except Exception:  # noqa: BLE001 - the save's failure is reported; a fresh manager serves the next call
-            logger.warning("abandoning the checkpoint manager of the abandoned save failed", exc_info=True)
+                self._call("close", None, lambda: orbax_kind.close_quietly(manager))
+        except Exception:  # noqa: BLE001 - a fresh manager is built on the next call all the same
+            logger.exception("abandoning the checkpoint manager of the abandoned save failed")
 
     def _list(self) -> int | None:
         """The newest committed step less the abandoned ones, asked of the storage (the
@@ -433,9 +433,7 @@ class Checkpoints(Commits):
         if self.manager is not None:
             self._finish()  # a scale-up: every worker of the old mesh is healthy
         slices = int(mesh.devices.shape[0])
-        multi_tier.initialize(self.directory, list(devices), slices, run_name=self.run_name,
-                              backup_interval_minutes=self.backup_interval_minutes,
-                              init_timeout_seconds=self.init_timeout_seconds)
+        multi_tier.initialize(self.directory, list(devices), slices, **self.init_arguments)
         self.initializations += 1
         self.devices = active
         self.manager, self.mesh = multi_tier.manager(self.directory, mesh), mesh

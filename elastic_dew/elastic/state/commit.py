@@ -100,7 +100,8 @@ class Commits:
         """``call()`` under the storage timeout's no-activity deadline (:func:`storage.bounded`),
         and within ``total`` seconds when given."""
         try:
-            return storage.bounded(operation, self.directory, step, self.storage_timeout(), call, total=total, since=since)
+            return storage.bounded(operation, self.directory, step, self.storage_timeout(), call, total=total,
+                                   since=since)
         except StorageTimeout as error:
             self._stalled_until = time.monotonic() + (error.timeout or 0.0)
             raise

@@ -34,8 +34,8 @@ from elastic_dew.elastic.state import orbax_step
 from elastic_dew.elastic.state.packing import abstract_key_data, rewrap_keys, unwrap_keys
 from elastic_dew.elastic.state.storage import classify
 
-__all__ = ["DamagedCheckpoint", "another_shape", "unreadable", "quarantine", "manager", "check_bucket", "save",
-           "restore"]
+__all__ = ["DamagedCheckpoint", "another_shape", "unreadable", "quarantine", "manager", "close_quietly",
+           "check_bucket", "save", "restore"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,15 @@ def manager(path: epath.Path, arrays: Any, max_to_keep: int) -> ocp.CheckpointMa
         path, options=options,
         item_handlers={_STATE: orbax_private.state_item_handler(arrays), _META: ocp.JsonCheckpointHandler()},
     )
+
+
+def close_quietly(manager: ocp.CheckpointManager) -> None:
+    """Close the manager of a failed save; a failure to close is logged at debug level only
+    (the save's failure is already reported)."""
+    try:
+        manager.close()
+    except Exception:  # noqa: BLE001 - the failure is already reported
+        logger.debug("closing the checkpoint manager of a failed save failed", exc_info=True)
 
 
 def check_bucket(directory: str) -> None:

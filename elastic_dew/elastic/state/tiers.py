@@ -42,7 +42,7 @@ import jax
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Event, Storage
-from elastic_dew.elastic.state import Newest, choose, newest
+from elastic_dew.elastic.state import Newest, choose
 from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing, StepWait, timed_save
 from elastic_dew.elastic.state.checkpoints import Checkpoints
 from elastic_dew.elastic.state.orbax_kind import DamagedCheckpoint
@@ -220,12 +220,16 @@ class Tiers(CheckpointSaves):
         return StepSaves(waited_from, seconds)
 
     def newest(self) -> Newest:
-        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`).
+        """The newest complete state across tiers, by :func:`~elastic_dew.elastic.state.choose`.
+
+        A snapshot counts once it has landed in host memory (this joins the one in flight); a
+        checkpoint counts once committed (the storage listed).
 
         Returns:
             The :class:`~elastic_dew.elastic.state.Newest` ``(source, step)``.
         """
-        return newest(self.snapshots, self.checkpoints)
+        snapshot = self.snapshots.latest_step() if self.snapshots is not None else None
+        return choose(snapshot, self.checkpoints.latest_step() if self.checkpoints is not None else None)
 
     def newest_known(self) -> Newest:
         """:meth:`newest`, with tier 2's step as this process knows it: the checkpoint
