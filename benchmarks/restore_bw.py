@@ -96,7 +96,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
             restored, seconds = _timed(lambda: checkpoints.restore(repeat, abstract)[0])
             ckpt.append(seconds)
             del restored
-            arrays, seconds = _timed(lambda: checkpoints.backend.manager.restore(repeat, args=as_numpy)["state"])
+            arrays, seconds = _timed(lambda: checkpoints.manager.restore(repeat, args=as_numpy)["state"])
             read.append(seconds)
             del arrays
         checkpoints.close()

@@ -36,7 +36,7 @@ from typing import Any
 
 from elastic_dew.elastic.events import Commit, Sink
 from elastic_dew.elastic.slices import health
-from elastic_dew.elastic.state import progress, storage
+from elastic_dew.elastic.state import activity, storage
 
 __all__ = [
     "install_health_checker",
@@ -132,14 +132,14 @@ def wait_for_checkpoint(manager: Any, *, timeout: float | None = None, total: fl
     Raises:
         StorageTimeout: no activity for ``timeout`` seconds, or ``total`` passed.
     """
-    started, before = time.monotonic(), progress.METER.counters()
+    started, before = time.monotonic(), activity.METER.counters()
     idle = float(timeout) if timeout is not None else storage.FLOOR_SECONDS
     directory = _directory(manager)
     storage.bounded("commit", directory, None, idle, manager.wait_until_finished, total=total)
     step = manager.latest_step()
     if step is None:
         return None
-    moved = progress.METER.counters() - before
+    moved = activity.METER.counters() - before
     event = Commit(step=int(step), storage=directory, seconds=round(time.monotonic() - started, 3),
                    retries=moved.retries, nbytes=moved.nbytes)
     if sink is not None:
@@ -204,7 +204,7 @@ def save_at_preemption(manager: Any, step: int, state: Any, *, data: dict | None
         Whether the checkpoint of ``step`` committed inside the window (else the newest
         committed one is what a restart resumes from).
     """
-    window = storage.stop_bound(storage.grace_seconds(grace), received, timeout)
+    window = storage.stop_timeout(storage.grace_seconds(grace), received, timeout)
     started = time.monotonic()
     try:
         save_checkpoint(manager, step, state, data=data, force=True, timeout=timeout, total=window)

@@ -90,6 +90,50 @@ def test_a_checkpoint_restores_its_arrays_and_json_meta_onto_another_mesh(tmp_pa
     checkpoints.close()
 
 
+def test_a_resume_lists_the_checkpoints_once_and_reads_the_newest_steps_metadata_once(tmp_path, monkeypatch):
+    """As the protocol resumes (the newest state asked, then restored): the directory is
+    listed once, and the newest step's commit metadata and its arrays' tree metadata are each
+    read once (the tree metadata by Orbax's own restore; nothing reads it again first)."""
+    from collections import Counter
+
+    from etils import epath
+
+    from elastic_dew.elastic.state.tiers import Tiers
+
+    mesh, directory = mesh_of(4), tmp_path / "ckpt"
+    state = state_on(mesh)
+    checkpoints = Checkpoints(str(directory))
+    for step in (1, 2):
+        checkpoints.save(step, state, {"step": step})
+        checkpoints.wait()
+    checkpoints.close()
+    tiers = Tiers(None, Checkpoints(str(directory)), owns_checkpoints=True)  # Orbax's manager lists it as it opens
+    reads: Counter[str] = Counter()
+    listings: Counter[str] = Counter()
+    path_type = type(epath.Path(directory))
+    read_text, iterdir = path_type.read_text, path_type.iterdir
+
+    def counted_read(path, *args, **kwargs):
+        reads[os.path.relpath(path, directory)] += 1
+        return read_text(path, *args, **kwargs)
+
+    def counted_listing(path):
+        listings[os.path.relpath(path, directory)] += 1
+        return iterdir(path)
+
+    monkeypatch.setattr(path_type, "read_text", counted_read)
+    monkeypatch.setattr(path_type, "iterdir", counted_listing)
+    tiers.newest_known()
+    restored = tiers.restore(abstract_on(state, mesh))
+    monkeypatch.undo()
+    assert (restored.source, restored.step, restored.meta) == ("checkpoint", 2, {"step": 2})
+    assert_same(restored.state, state)
+    assert listings["."] == 1, listings
+    assert reads["2/_CHECKPOINT_METADATA"] == 1 and reads["2/state/_METADATA"] == 1, reads
+    assert not [path for path in reads if path.startswith("1")], reads
+    tiers.close()
+
+
 def test_steps_start_at_one_and_bad_meta_is_refused_before_anything_is_written(tmp_path):
     mesh = mesh_of(4)
     checkpoints = Checkpoints(str(tmp_path / "ckpt"))
@@ -112,7 +156,7 @@ def test_a_library_error_that_mentions_metadata_abandons_the_save_and_the_run_go
     def broken(*args, **kwargs):
         raise ValueError("could not write the checkpoint's metadata file")
 
-    monkeypatch.setattr(checkpoints.backend, "save", broken)
+    monkeypatch.setattr(checkpoints.manager, "save", broken)
     assert checkpoints.save(1, state_on(mesh), {"step": 1}) is False
     (failure,) = checkpoints.failures()
     assert failure.operation == "save" and "metadata file" in str(failure)
@@ -309,10 +353,10 @@ def test_multi_tier_initialises_again_for_a_new_slice_set_of_the_same_count_and_
         first = slice_mesh(sim, [0, 1])
         bind(checkpoints, first)
         bind(checkpoints, first)  # the same devices again: nothing to do
-        assert checkpoints.backend.initializations == 1
+        assert checkpoints.initializations == 1
         checkpoints.save(1, state_on(first), {"step": 1})
         checkpoints.wait()
-        recorder = checkpoints.backend.manager = _Recorder(checkpoints.backend.manager)
+        recorder = checkpoints.manager = _Recorder(checkpoints.manager)
 
         sim.lose(1)
         checkpoints.on_slice_lost()
@@ -320,7 +364,7 @@ def test_multi_tier_initialises_again_for_a_new_slice_set_of_the_same_count_and_
         other = slice_mesh(sim, [0, 2])
         bind(checkpoints, other)
         assert recorder.asked == []
-        assert checkpoints.backend.initializations == 2
+        assert checkpoints.initializations == 2
         assert checkpoints.latest_step() == 1
         expected = state_on(other)  # the same values, on slices that are not lost
         restored, meta = checkpoints.restore(1, abstract_on(expected, other))
@@ -332,7 +376,7 @@ def test_multi_tier_initialises_again_for_a_new_slice_set_of_the_same_count_and_
         sim.restore(1)
         everything = slice_mesh(sim, [0, 1, 2])
         bind(checkpoints, everything)
-        assert checkpoints.backend.initializations == 3
+        assert checkpoints.initializations == 3
         assert checkpoints.latest_step() == 2
         assert [h.nodes for h in sim.replicator.handshakes] == [2, 2, 2, 2, 3, 3, 3]
         checkpoints.close()
@@ -445,7 +489,7 @@ def test_a_leaf_saved_replica_parallel_is_prepared_so_its_first_save_compiles_no
         checkpoints = Checkpoints(str(tmp_path / "prepared"))
         state = _fresh_state(mesh, 40)
         checkpoints.precompile_saves(state)
-        assert checkpoints.saves_precompiled(timeout=120)
+        assert checkpoints.precompiler.done(timeout=120)
         assert _compiles_during(lambda: checkpoints.save(1, state, {"step": 1})) == 0
         checkpoints.wait()
         checkpoints.close()

@@ -13,8 +13,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state import newest
 from elastic_dew.elastic.state.snapshots import Snapshots
+from elastic_dew.elastic.state.tiers import Tiers
 
 pytestmark = pytest.mark.libraries  # Orbax's Snapshotter and pathwaysutils' split and concatenate
 
@@ -451,22 +451,22 @@ def test_resume_takes_the_newest_tier_and_a_tie_goes_to_the_snapshot(tmp_path):
     snapshots = Snapshots()
     checkpoints = Checkpoints(str(tmp_path / "ckpt"))
     try:
-        assert newest(None, None) == ("fresh", None)
-        assert newest(snapshots, checkpoints) == ("fresh", None)
+        assert Tiers(None, None).newest() == ("fresh", None)
+        assert Tiers(snapshots, checkpoints).newest() == ("fresh", None)
 
         checkpoints.save(5, state, {"step": 5})
         checkpoints.wait()
-        assert newest(snapshots, checkpoints) == ("checkpoint", 5)
+        assert Tiers(snapshots, checkpoints).newest() == ("checkpoint", 5)
 
         snapshots.save(5, state, {"step": 5}, mesh)
-        assert newest(snapshots, checkpoints) == ("snapshot", 5)
+        assert Tiers(snapshots, checkpoints).newest() == ("snapshot", 5)
 
         snapshots.save(6, state, {"step": 6}, mesh)
-        assert newest(snapshots, None) == ("snapshot", 6)
+        assert Tiers(snapshots, None).newest() == ("snapshot", 6)
 
         checkpoints.save(8, state, {"step": 8})
         checkpoints.wait()
-        assert newest(snapshots, checkpoints) == ("checkpoint", 8)
+        assert Tiers(snapshots, checkpoints).newest() == ("checkpoint", 8)
     finally:
         checkpoints.close()
 

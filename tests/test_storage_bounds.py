@@ -13,7 +13,7 @@ import time
 import pytest
 
 from elastic_dew import testing as chaos
-from elastic_dew.elastic.state import progress, storage
+from elastic_dew.elastic.state import activity, storage
 from elastic_dew.elastic.state.storage import StorageTimeout
 
 
@@ -33,12 +33,12 @@ def test_the_grace_window_comes_from_the_setting_then_the_manifest_variable_then
     with pytest.raises(ValueError, match="terminationGracePeriodSeconds"):
         storage.grace_seconds(None, {storage.GRACE_ENV: "soon"})
     # a stop noticed 10 s into a 30 s window gets 30 - 3 (margin) - 10 s, never more than the timeout
-    assert storage.stop_bound(30.0, 100.0, 600.0, now=110.0) == pytest.approx(17.0)
-    assert storage.stop_bound(30.0, 100.0, 5.0, now=110.0) == 5.0
+    assert storage.stop_timeout(30.0, 100.0, 600.0, now=110.0) == pytest.approx(17.0)
+    assert storage.stop_timeout(30.0, 100.0, 5.0, now=110.0) == 5.0
 
 
-def test_a_bounded_call_that_keeps_progressing_outlasts_its_bound_and_one_that_stops_is_given_up_on():
-    meter = progress.Meter()
+def test_a_bounded_call_that_stays_active_outlasts_its_timeout_and_one_that_stops_is_given_up_on():
+    meter = activity.Meter()
     moving = threading.Event()
 
     def work(seconds: float, progressing: float) -> str:
@@ -51,34 +51,34 @@ def test_a_bounded_call_that_keeps_progressing_outlasts_its_bound_and_one_that_s
         return "done"
 
     started = time.monotonic()
-    assert storage.bounded("save", "gs://b/ck", 3, 0.4, lambda: work(1.2, 1.2), progress=meter) == "done"
+    assert storage.bounded("save", "gs://b/ck", 3, 0.4, lambda: work(1.2, 1.2), activity=meter) == "done"
     assert time.monotonic() - started >= 1.2  # three times its bound, answered all along
     started = time.monotonic()
     with pytest.raises(StorageTimeout) as stalled:
-        storage.bounded("save", "gs://b/ck", 4, 0.4, lambda: work(5.0, 0.3), progress=meter)
+        storage.bounded("save", "gs://b/ck", 4, 0.4, lambda: work(5.0, 0.3), activity=meter)
     waited = time.monotonic() - started
-    assert 0.2 + 0.4 <= waited < 3.0, waited  # from the last progress (about 0.3 s in), not the call's start
-    assert stalled.value.idle and "made no progress for the storage timeout of 0.4 s" in str(stalled.value)
-    with pytest.raises(StorageTimeout) as given:  # a total bound holds, progress or not
-        storage.bounded("commit", "gs://b/ck", 5, 0.4, lambda: work(3.0, 3.0), progress=meter, total=0.6)
+    assert 0.2 + 0.4 <= waited < 3.0, waited  # from the last activity (about 0.3 s in), not the call's start
+    assert stalled.value.idle and "had no activity for the storage timeout of 0.4 s" in str(stalled.value)
+    with pytest.raises(StorageTimeout) as given:  # a total bound holds, active or not
+        storage.bounded("commit", "gs://b/ck", 5, 0.4, lambda: work(3.0, 3.0), activity=meter, total=0.6)
     assert not given.value.idle and "did not finish within the 0.6 s it was given" in str(given.value)
     started = time.monotonic()
     with pytest.raises(StorageTimeout) as data:  # nothing measured: the bound is the call's whole time
-        storage.bounded("read", "the training data", 6, 0.3, lambda: work(3.0, 3.0), noun="data", progress=None)
+        storage.bounded("read", "the training data", 6, 0.3, lambda: work(3.0, 3.0), noun="data", activity=None)
     assert time.monotonic() - started < 2.0
     assert "data read of step 6 in the training data did not finish within the storage timeout of 0.3 s" in str(data.value)
 
 
-def test_the_progress_meter_counts_what_tensorstore_reads_and_writes(tmp_path):
+def test_the_activity_meter_counts_what_tensorstore_reads_and_writes(tmp_path):
     import tensorstore as ts
 
-    before = progress.METER.counters()
+    before = activity.METER.counters()
     array = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "a")}},
                     create=True, dtype=ts.float32, shape=[64]).result()
     array.write(1.0).result()
-    moved = progress.METER.counters() - before
+    moved = activity.METER.counters() - before
     assert moved.answered >= 1 and moved.nbytes > 0, moved
-    assert progress.METER.idle(time.monotonic() - 60) < 5
+    assert activity.METER.idle(time.monotonic() - 60) < 5
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_the_progress_meter_counts_what_tensorstore_reads_and_writes(tmp_path):
     ],
 )
 def test_a_storage_error_is_worded_by_its_cause_with_the_fix(error, kind):
-    found, what, fix = storage.diagnose(error)
+    found, what, fix = storage.classify(error)
     assert found == kind and what and fix
 
 
@@ -110,7 +110,7 @@ def test_a_storage_error_is_worded_by_its_cause_with_the_fix(error, kind):
 )
 def test_only_a_refused_permission_or_a_missing_bucket_stops_saving_at_the_first_failure(error, directory, for_good):
     assert storage.permanent(storage.StorageError.of("save", directory, 5, error)) is for_good
-    stalled = StorageTimeout("stalled", operation="save", storage=directory, step=5, bound=1.0)
+    stalled = StorageTimeout("stalled", operation="save", storage=directory, step=5, timeout=1.0)
     assert not storage.permanent(stalled)
 
 
@@ -171,13 +171,13 @@ def test_a_storage_operation_given_up_on_is_worded_one_way_for_each_of_its_three
     from elastic_dew.elastic.state.storage import StorageTimeout, timed_out
 
     common = dict(operation="commit", storage="gs://b/ck", step=4, waited=12.34)
-    idle = timed_out("checkpoint save of step 4 in gs://b/ck", bound=10.0, idle=True, verb="commit", **common)
-    unmeasured = timed_out("checkpoint listing in gs://b/ck", bound=10.0, idle=True, measured=False, **common)
-    given = timed_out("checkpoint save of step 4 in gs://b/ck", bound=3.0, idle=False, verb="commit", **common)
-    assert str(idle) == ("checkpoint save of step 4 in gs://b/ck made no progress for the storage timeout of 10 s "
+    idle = timed_out("checkpoint save of step 4 in gs://b/ck", timeout=10.0, idle=True, verb="commit", **common)
+    unmeasured = timed_out("checkpoint listing in gs://b/ck", timeout=10.0, idle=True, measured=False, **common)
+    given = timed_out("checkpoint save of step 4 in gs://b/ck", timeout=3.0, idle=False, verb="commit", **common)
+    assert str(idle) == ("checkpoint save of step 4 in gs://b/ck had no activity for the storage timeout of 10 s "
                          "(no request answered, no byte moved; 12.3 s since it began): the storage is not answering")
     assert str(unmeasured) == ("checkpoint listing in gs://b/ck did not finish within the storage timeout of 10 s: "
                                "the storage is not answering")
     assert str(given) == "checkpoint save of step 4 in gs://b/ck did not commit within the 3 s it was given"
     assert all(isinstance(e, StorageTimeout) for e in (idle, unmeasured, given))
-    assert (idle.idle, unmeasured.idle, given.idle) == (True, True, False) and given.bound == 3.0
+    assert (idle.idle, unmeasured.idle, given.idle) == (True, True, False) and given.timeout == 3.0

@@ -64,7 +64,7 @@ def _through(proxy):
         gcsfs.GCSFileSystem.clear_instance_cache()
 
 
-def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_release_is_never_restored(
+def test_a_save_whose_uploads_stall_is_abandoned_at_its_timeout_and_its_late_release_is_never_restored(
     fault_proxy, bucket, tmp_path
 ):
     directory = f"{bucket}/ck"
@@ -78,7 +78,7 @@ def test_a_save_whose_uploads_stall_is_abandoned_at_its_bound_and_its_late_relea
         started = time.monotonic()
         failure = checkpoints.wait_or_abandon()
         waited = time.monotonic() - started
-        assert isinstance(failure, StorageTimeout) and waited < 2.0 + 5, (failure, waited)  # the bound, not the stall, ended it
+        assert isinstance(failure, StorageTimeout) and waited < 2.0 + 5, (failure, waited)  # the timeout, not the stall, ended it
         assert f"step 2 in {directory}" in str(failure) and "2 s" in str(failure)
         assert checkpoints.failures() == [failure]
         assert orbax_step.read_abandoned(tmp_path) == {2}
@@ -107,7 +107,7 @@ def test_a_commit_whose_uploads_are_slow_but_answered_outlasts_the_storage_timeo
 ):
     """Every upload of step 2's arrays is held 0.5 s before it is answered: the commit takes
     several times the 1.5 s storage timeout, but the storage never goes 1.5 s without
-    answering, so nothing is abandoned (a total bound of 1.5 s would have given it up)."""
+    answering, so nothing is abandoned (a total timeout of 1.5 s would have given it up)."""
     directory = f"{bucket}/ck"
     with _through(fault_proxy):
         checkpoints = Checkpoints(directory, timeout=60, record_dir=tmp_path, max_to_keep=10)
@@ -181,7 +181,7 @@ def test_a_checkpoint_due_during_a_slow_commit_is_queued_not_waited_for_and_one_
     checkpoints.close()
 
 
-def test_a_restore_whose_reads_stall_raises_naming_the_storage_step_and_bound_and_reads_no_more(
+def test_a_restore_whose_reads_stall_raises_naming_the_storage_step_and_timeout_and_reads_no_more(
     fault_proxy, bucket
 ):
     directory = f"{bucket}/ck"
@@ -194,7 +194,7 @@ def test_a_restore_whose_reads_stall_raises_naming_the_storage_step_and_bound_an
         started = time.monotonic()
         with pytest.raises(StorageTimeout) as stalled:
             checkpoints.restore(4, _abstract())
-        assert time.monotonic() - started < 1.5 + 5  # the bound ended it, not the stall
+        assert time.monotonic() - started < 1.5 + 5  # the timeout ended it, not the stall
         message = str(stalled.value)
         assert f"checkpoint restore of step 4 in {directory}" in message and "1.5 s" in message
         held = len(fault_proxy.requests("stall"))

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.libraries]
 
 STEPS = 20
 #: The storage timeout and grace window of the stall scenarios: a healthy save of this state
-#: through the proxy commits in about half a second on a loaded two-core machine, so a bound
+#: through the proxy commits in about half a second on a loaded two-core machine, so a timeout
 #: ten times that is never taken for a stall (the grace window keeps a 2 s margin).
 TIMEOUT = 6
 GRACE = 8
@@ -100,7 +100,7 @@ def _accounted(run_dir: Path, scheduled: list[int]) -> dict[int, str]:
 def test_a_save_whose_uploads_stall_is_abandoned_and_the_run_finishes_with_the_clean_digest(
     fault_proxy, gcs_server, bucket, tmp_path, clean_digest
 ):
-    """Step 10's uploads never answer: the save is abandoned once the storage made no progress
+    """Step 10's uploads never answer: the save is abandoned once the storage had no activity
     for --storage-timeout; the loop never waits for it more than PATIENCE a checkpoint, every
     other checkpoint is committed or skipped with an event (15 may be replaced in the queue by
     20 while 10 is still held), and the run finishes with the clean digest."""
@@ -114,7 +114,7 @@ def test_a_save_whose_uploads_stall_is_abandoned_and_the_run_finishes_with_the_c
     assert done.returncode == 0, done.stderr[-3000:]
     abandoned = [e for e in _events(run_dir, "storage") if e["outcome"] == "abandoned"]
     assert [(e["step"], e["storage"]) for e in abandoned] == [(10, f"{bucket}/ck")]
-    assert abandoned[0]["waited"] < TIMEOUT + 5  # the deadline after its last progress
+    assert abandoned[0]["waited"] < TIMEOUT + 5  # the deadline after its last activity
     fate = _accounted(run_dir, [5, 10, 15, 20])
     assert fate in ({5: "committed", 10: "abandoned", 15: "committed", 20: "committed"},
                     {5: "committed", 10: "abandoned", 15: "skipped", 20: "committed"}), fate
@@ -131,8 +131,8 @@ def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_comm
     fault_proxy, gcs_server, bucket, tmp_path, clean_digest
 ):
     """A preemption at 17 whose save stalls exits 143 inside the grace window naming 15, the
-    newest committed; the restart's reads of 15 stall (exit 1 within the bound, naming the
-    storage, the step and the bound); the bucket healthy again, the same command resumes from
+    newest committed; the restart's reads of 15 stall (exit 1 within the timeout, naming the
+    storage, the step and the timeout); the bucket healthy again, the same command resumes from
     15 to the clean digest, every example once. (A stalled save during training is the test
     above's.)"""
     name = bucket[5:]
@@ -161,7 +161,7 @@ def test_a_stalled_bucket_never_hangs_a_preemption_or_a_restore_and_nothing_comm
     second, seconds = _train(run_dir, *common, env=env)
     assert second.returncode == 1, second.stderr[-3000:]
     assert seconds < TIMEOUT + 60
-    assert (f"checkpoint restore of step 15 in {checkpoints} made no progress for the storage timeout of {TIMEOUT} s"
+    assert (f"checkpoint restore of step 15 in {checkpoints} had no activity for the storage timeout of {TIMEOUT} s"
             in second.stderr)
     assert "Traceback" not in second.stderr
 

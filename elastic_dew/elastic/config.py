@@ -119,12 +119,12 @@ class ElasticConfig:
         ``jax_initialization_timeout_seconds``.
 
     Storage (:mod:`~elastic_dew.elastic.state.storage`):
-      storage_timeout: the longest time in seconds the storage may go without progress (no
+      storage_timeout: the longest time in seconds the storage may go without activity (no
         request answered, no byte moved, retries included) during a checkpoint save, commit,
         restore or listing before it counts as stalled and is given up on: a stalled save is
         abandoned and training goes on; a stalled restore ends the run with an error naming
-        the storage. A commit that keeps progressing is never given up on, however long it
-        takes (:mod:`~elastic_dew.elastic.state.progress` says what counts). A data read,
+        the storage. A commit that stays active is never given up on, however long it
+        takes (:mod:`~elastic_dew.elastic.state.activity` says what counts). A data read,
         which no storage client measures, may take this long in all. ``None`` is automatic:
         ten times the state's transfer time at the bandwidth measured so far, at least 180 s
         (:func:`~elastic_dew.elastic.state.storage.automatic_timeout`).

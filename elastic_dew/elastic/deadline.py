@@ -1,4 +1,4 @@
-"""A bound on how long a step's result may take: a slice that stops answering is a slice loss.
+"""A timeout on how long a step's result may take: a slice that stops answering is a slice loss.
 
 A slice that hangs (a worker that stops answering without an error) makes the read of a
 step's result wait for ever, and pathwaysutils' retry only acts on an error. The
@@ -8,10 +8,10 @@ pathwaysutils counts as a slice down, so the run recovers (waits for slices, res
 newest state) instead of hanging. The worker stuck on the hung read is abandoned (a daemon
 thread) and a fresh one takes the next read.
 
-:func:`read_each` bounds several reads the same way (the slice health check's probes, one
-per slice): a read past the bound is reported late, not waited for.
+:func:`read_each` limits several reads the same way (the slice health check's probes, one
+per slice): a read past the timeout is reported late, not waited for.
 
-The bound is ``ElasticConfig.step_timeout`` when set. Otherwise it follows the run: 20
+The timeout is ``ElasticConfig.step_timeout`` when set. Otherwise it follows the run: 20
 times the median of the last 100 completed steps' times, never under 60 s, or never under
 600 s when the run waits for every slice (pause-resume); until 5 steps have been timed in
 this process (the first steps pay one-time costs) it is 600 s.
@@ -40,11 +40,12 @@ from typing import TypeVar
 
 import jax
 
-__all__ = ["StepDeadline", "read_each", "MULTIPLE", "FLOOR", "PAUSE_FLOOR", "BEFORE_TIMED", "TIMED_STEPS", "WINDOW"]
+__all__ = ["StepDeadline", "read_each", "ReadThread", "MULTIPLE", "FLOOR", "PAUSE_FLOOR", "BEFORE_TIMED", "TIMED_STEPS",
+           "WINDOW"]
 
 logger = logging.getLogger(__name__)
 
-#: The automatic bound: this many times the median step ...
+#: The automatic timeout: this many times the median step ...
 MULTIPLE = 20.0
 #: ... but never under this many seconds (a run that carries on without a slice) ...
 FLOOR = 60.0
@@ -61,15 +62,15 @@ _K = TypeVar("_K", bound=Hashable)
 
 
 class StepDeadline:
-    """Reads a step's result within a bound, else raises ``DEADLINE_EXCEEDED``.
+    """Reads a step's result within a timeout, else raises ``DEADLINE_EXCEEDED``.
 
     ``fixed`` is ``ElasticConfig.step_timeout`` (``None``: automatic, from the steps timed
     with :meth:`observe`). ``waits_for_every_slice``: the run pauses while any slice is
-    down (``minimum_slice_count=None``), so the automatic bound is never under
+    down (``minimum_slice_count=None``), so the automatic timeout is never under
     :data:`PAUSE_FLOOR` instead of :data:`FLOOR`.
 
     Args:
-        fixed: the bound in seconds, or ``None`` for the automatic one.
+        fixed: the timeout in seconds, or ``None`` for the automatic one.
         waits_for_every_slice: the run waits for every slice (pause-resume).
 
     Raises:
@@ -82,11 +83,11 @@ class StepDeadline:
         self.fixed = fixed
         self.floor = PAUSE_FLOOR if waits_for_every_slice else FLOOR
         self._times: deque[float] = deque(maxlen=WINDOW)
-        self._reader: _Reader | None = None
+        self._reader: ReadThread | None = None
         self._lock = threading.Lock()
 
     def observe(self, seconds: float) -> None:
-        """Count one completed step's time towards the automatic bound.
+        """Count one completed step's time towards the automatic timeout.
 
         Args:
             seconds: the step's wall time.
@@ -94,7 +95,7 @@ class StepDeadline:
         self._times.append(seconds)
 
     def seconds(self) -> float:
-        """The bound now.
+        """The timeout now.
 
         Returns:
             Seconds a read may take.
@@ -127,23 +128,23 @@ class StepDeadline:
         """
         if ready is not None and ready():
             return read()
-        bound = self.seconds()
+        timeout = self.seconds()
         with self._lock:
             if self._reader is None:
-                self._reader = _Reader()
+                self._reader = ReadThread()
             reader = self._reader
         future = reader.submit(read)
         del read  # the reader holds it only until it ran: a failed step's arrays must go
         try:
-            return future.result(timeout=bound)
+            return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             with self._lock:
                 if self._reader is reader:
                     self._reader = None  # its thread is stuck on the hung read: leave it behind
             reader.stop()
-            logger.error("step %d's result did not arrive within %.3g s: treating it as a lost slice", step, bound)
+            logger.error("step %d's result did not arrive within %.3g s: treating it as a lost slice", step, timeout)
             raise jax.errors.JaxRuntimeError(
-                f"DEADLINE_EXCEEDED: step {step}'s result did not arrive within {bound:.3g} s "
+                f"DEADLINE_EXCEEDED: step {step}'s result did not arrive within {timeout:.3g} s "
                 "(the step deadline, ElasticConfig.step_timeout): a slice stopped answering (elastic_dew.elastic.deadline)"
             ) from None
         finally:
@@ -174,7 +175,7 @@ def read_each(
     done: dict[_K, concurrent.futures.Future] = {}
     late: list[_K] = []
     while pending:
-        reader = _Reader()
+        reader = ReadThread()
         submitted = [(key, reader.submit(reads[key])) for key in pending]
         pending = []
         try:
@@ -193,21 +194,36 @@ def read_each(
     return done, late
 
 
-class _Reader:
-    """One daemon thread running reads in turn: a read stuck on a hung slice never keeps the
-    process from exiting (``concurrent.futures`` threads are joined at exit)."""
+class ReadThread:
+    """One daemon thread running reads in turn, for as long as its user reads (a thread per
+    read would start one every step): the step deadline's, :func:`read_each`'s, and the
+    training data's (:func:`~elastic_dew.elastic.loop.data.read_within`). A read stuck on a
+    hung slice or a stalled storage never keeps the process from exiting
+    (``concurrent.futures`` threads are joined at exit).
 
-    def __init__(self) -> None:
+    Args:
+        name: the thread's name.
+    """
+
+    def __init__(self, name: str = "elastic-dew-read") -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="elastic-dew-read", daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
 
     def submit(self, read: Callable[[], _T]) -> concurrent.futures.Future:
+        """Run ``read`` after the reads before it; its future."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put((read, future))
         return future
 
+    def __call__(self, job: Callable[[], None]) -> threading.Thread:
+        """Run ``job`` after the reads before it; the thread (a ``runner`` of
+        :func:`~elastic_dew.elastic.state.storage.bounded`)."""
+        self.submit(job)
+        return self.thread
+
     def stop(self) -> None:
+        """End the thread once the read it runs, if any, returns."""
         self._queue.put(None)
 
     def _run(self) -> None:

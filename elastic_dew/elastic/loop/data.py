@@ -40,16 +40,14 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import queue
 import sys
-import threading
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import grain
 import jax
 
 from elastic_dew._compat import grain as grain_private
+from elastic_dew.elastic.deadline import ReadThread
 from elastic_dew.elastic.state import storage
 
 __all__ = ["ElasticData", "DataBatch", "POSITION_KEY", "default_read_options", "read_within"]
@@ -133,7 +131,7 @@ class ElasticData:
         #: Whether a read was given up on (:func:`read_within`): its reader is stuck, so
         #: :meth:`close` leaves it.
         self._stuck = False
-        self._reader: _DataReadThread | None = None  # read_within's thread, started by its first read
+        self._reader: ReadThread | None = None  # read_within's thread, started by its first read
 
     def start(self, global_batch: int, state: dict | None = None) -> None:
         """(Re)create the iterator for this attempt's ``global_batch``, at ``state``'s position.
@@ -254,34 +252,10 @@ class ElasticData:
         given up on: its reader is stuck, and closing would wait on it), and end
         :func:`read_within`'s reader thread once it is idle."""
         if self._reader is not None:
-            self._reader.end()
+            self._reader.stop()
             self._reader = None
         if not self._stuck:
             self._close_iterator()
-
-
-class _DataReadThread:
-    """One daemon thread that runs :func:`read_within`'s reads one after another, for the
-    life of an :class:`ElasticData` (a thread per batch would start one every step)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="elastic-dew-data-reader", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
-
-    def __call__(self, job: Callable[[], None]) -> threading.Thread:
-        """Run ``job`` on the reader thread after the reads before it; the thread (for
-        :func:`~elastic_dew.elastic.state.storage.bounded`)."""
-        self._jobs.put(job)
-        return self.thread
-
-    def end(self) -> None:
-        """End the thread once the read it runs, if any, returns."""
-        self._jobs.put(None)
 
 
 def read_within(data: ElasticData, step: int, timeout: float | None) -> DataBatch:
@@ -294,16 +268,16 @@ def read_within(data: ElasticData, step: int, timeout: float | None) -> DataBatc
     starts another).
 
     Raises:
-        StorageTimeout: the read did not finish within the bound.
+        StorageTimeout: the read did not finish within the timeout.
     """
     if data._reader is None:
-        data._reader = _DataReadThread()
+        data._reader = ReadThread("elastic-dew-data-reader")
     try:
         return storage.bounded("read", "the training data", step, timeout or storage.FLOOR_SECONDS, data.next,
-                               noun="data", progress=None, runner=data._reader)
+                               noun="data", activity=None, runner=data._reader)
     except storage.StorageTimeout:
         data._stuck = True
-        data._reader.end()
+        data._reader.stop()
         data._reader = None
         raise
 

@@ -62,11 +62,11 @@ class Stopping:
         self.emit = emit
         self.mesh_spec = MeshSpec() if mesh_spec is None else mesh_spec
 
-    def bound(self) -> float:
+    def stop_timeout(self) -> float:
         """Seconds a preemption's stop may spend on storage: what is left of the grace
-        window since the notice, less a margin (:func:`~elastic_dew.elastic.state.storage.stop_bound`)."""
+        window since the notice, less a margin (:func:`~elastic_dew.elastic.state.storage.stop_timeout`)."""
         noticed = self.notice.received if isinstance(self.notice, ReceivedNotice) else None
-        return storage.stop_bound(storage.grace_seconds(self.config.grace_period), noticed)
+        return storage.stop_timeout(storage.grace_seconds(self.config.grace_period), noticed)
 
     def at_step(self, step: int, state: Any, meta: dict) -> NoReturn:
         """Write the agreed step's checkpoint, commit it, and raise ``Preempted`` of it.
@@ -81,8 +81,8 @@ class Stopping:
         """
         logger.warning("preemption notice reached at step %d; writing its checkpoint", step)
         hooks.phase("stop", step)
-        bound = self.bound()
-        saved = self.tiers.save_preemption(step, state, meta, bound=bound)
+        timeout = self.stop_timeout()
+        saved = self.tiers.save_preemption(step, state, meta, timeout=timeout)
         if saved is None:
             step = 0  # commit logged that nothing is saved
         elif not saved.taken:  # not committed inside the grace window: the newest committed is the stop
@@ -109,7 +109,7 @@ class Stopping:
         checkpoints = self.tiers.checkpoints
         if checkpoints is not None:
             self.tiers.drop_queued("a preemption notice during a recovery stops the run first")
-            deadline = time.monotonic() + self.bound()
+            deadline = time.monotonic() + self.stop_timeout()
             try:
                 checkpoints.wait(max(0.01, deadline - time.monotonic()))  # one in flight may commit
             except Exception as error:  # noqa: BLE001 - cut short by the fault: not committed
@@ -140,9 +140,9 @@ class Stopping:
         self.emit(Stop(reason="preempted", step=step))
         return Preempted(step)
 
-    def _save_newest_snapshot(self, bound: float | None = None) -> int | None:
+    def _save_newest_snapshot(self, timeout: float | None = None) -> int | None:
         """Load the newest snapshot onto the healthy slices and commit it as a checkpoint
-        within ``bound`` seconds; its step, or ``None`` when no snapshot could be loaded or
+        within ``timeout`` seconds; its step, or ``None`` when no snapshot could be loaded or
         committed."""
         self.manager.active_slice_indices = pw_elastic.get_active_slice_indices(self.manager.slice_to_devices)
         spec = self.mesh_spec
@@ -153,7 +153,7 @@ class Stopping:
             return None
         _, step, state, meta = restored
         logger.warning("writing snapshot %d as a checkpoint before stopping", step)
-        saved = self.tiers.save_preemption(step, state, meta, bound=bound)
+        saved = self.tiers.save_preemption(step, state, meta, timeout=timeout)
         return step if saved is not None and saved.taken else None
 
     def timed_out(self, error: TimeoutError, last_step: int) -> TimeoutError:

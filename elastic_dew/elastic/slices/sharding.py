@@ -113,14 +113,9 @@ def fsdp_spec(path: tuple, leaf: Any, mesh: Mesh, *, base: PartitionSpec = Parti
     return PartitionSpec(*dims)
 
 
-def _is_key(leaf: Any) -> bool:
-    """Whether ``leaf`` holds typed PRNG keys (the one rule: :func:`packing.is_key`)."""
-    return is_key(leaf.dtype)
-
-
 def _splittable(leaf: Any) -> bool:
     """Whether a named policy may split ``leaf``: floating point (or complex) leaves only."""
-    return not _is_key(leaf) and jax.dtypes.issubdtype(leaf.dtype, np.inexact)
+    return not is_key(leaf.dtype) and jax.dtypes.issubdtype(leaf.dtype, np.inexact)
 
 
 def with_model_rule(mode: str, rule: Callable[[tuple, Any, Mesh], PartitionSpec] | None) -> Policy:
@@ -189,7 +184,7 @@ def param_specs(policy: Policy, params: Any, mesh: Mesh) -> Any:
         return jax.tree_util.tree_map_with_path(lambda p, x: fsdp_spec(p, x, mesh), params)
     assert not isinstance(policy, str), "check_policy refuses any other name"
     return jax.tree_util.tree_map_with_path(
-        lambda p, x: PartitionSpec() if _is_key(x) else _checked(policy(p, x, mesh), p, x, mesh), params
+        lambda p, x: PartitionSpec() if is_key(x.dtype) else _checked(policy(p, x, mesh), p, x, mesh), params
     )
 
 

@@ -58,7 +58,7 @@ class SavesFailing(StorageError):
         operation: the last failure's operation, and so are the others.
         storage: the directory or ``gs://`` path.
         step: the last failed step.
-        bound: its bound.
+        timeout: its timeout.
         waited: how long it ran.
         cause: the last failure.
     """
@@ -77,14 +77,14 @@ class CheckpointSaves:
     (:func:`~elastic_dew.elastic.state.storage.permanent`: a refused permission, a missing
     bucket): then :class:`SavesFailing`, naming the storage, the error, the newest committed
     step and the fix. :meth:`poll`, at every step boundary, settles a save that finished or
-    passed its bound without holding the loop.
+    passed its timeout without holding the loop.
 
     Args:
         checkpoints: tier 2, or ``None``.
         checkpoint_every: steps between cadence checkpoints (0: none on a cadence).
         emit: takes every save, commit and abandoned or skipped save event.
         max_failures: abandoned saves in a row that stop the run.
-        max_uncommitted: seconds without a commit, while saves fail, that stop the run (``None``: no such bound).
+        max_uncommitted: seconds without a commit, while saves fail, that stop the run (``None``: no such timeout).
     """
 
     def __init__(
@@ -140,13 +140,13 @@ class CheckpointSaves:
             raise SavesFailing(
                 f"{head}; {kept}. Fix the storage, then run the same command again to resume from it"
                 + ("" if refused else " (or raise --max-failed-saves / --storage-timeout)"),
-                operation=last.operation, storage=last.storage, step=last.step, bound=last.bound,
+                operation=last.operation, storage=last.storage, step=last.step, timeout=last.timeout,
                 waited=last.waited, cause=last,
             )
 
     def poll(self) -> None:
-        """At a step boundary: finish the save in flight if it finished, failed, or made no
-        progress for the storage timeout; never waits."""
+        """At a step boundary: finish the save in flight if it finished, failed, or had no
+        activity for the storage timeout; never waits."""
         if self.checkpoints is None or self.checkpoints.saving is None:
             return
         self.checkpoints.poll()
@@ -274,13 +274,13 @@ class CheckpointSaves:
             self.emit(saved)
         return saved
 
-    def save_preemption(self, step: int, state: Any, meta: dict, bound: float | None = None) -> Save | None:
+    def save_preemption(self, step: int, state: Any, meta: dict, timeout: float | None = None) -> Save | None:
         """Write and commit the checkpoint of the step a preemption agreed on, all of it
-        within ``bound`` seconds (the grace window's share; default: no bound but the
-        storage timeout's no-progress deadline). It does not wait for a step in flight (its
+        within ``timeout`` seconds (the grace window's share; default: no timeout but the
+        storage timeout's no-activity deadline). It does not wait for a step in flight (its
         result is dropped). The commit in flight is let finish first; a queued checkpoint
         is superseded; a step this process already knows committed is not written or listed
-        again; the agreed step's is taken only when what ``bound`` leaves is at least
+        again; the agreed step's is taken only when what ``timeout`` leaves is at least
         the slowest of the last commits (``Checkpoints.commit_seconds``; else a
         ``storage`` event says why). The event (emitted) says in ``taken`` whether it committed.
 
@@ -291,14 +291,14 @@ class CheckpointSaves:
             logger.error("no checkpoint directory is configured: step %d is not saved", step)
             return None
         self.drop_queued(f"the preemption's checkpoint of step {step} supersedes it")
-        limit = bound
-        deadline = None if bound is None else time.monotonic() + bound
+        limit = timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
             return None if deadline is None else max(0.01, deadline - time.monotonic())
 
         def write() -> bool:
-            checkpoints.wait_or_abandon(left())  # the commit in flight finishes first, while it progresses
+            checkpoints.wait_or_abandon(left())  # the commit in flight finishes first, while it is active
             if checkpoints.newest_known() == step:  # what this process knows: not listed again
                 return True
             remaining, needs = left(), max(checkpoints.commit_seconds, default=None)
@@ -309,7 +309,7 @@ class CheckpointSaves:
                 self.emit(Storage(operation="save", outcome="skipped", step=int(step), storage=checkpoints.directory,
                                   waited=0.0, error=why))
                 return False
-            if not checkpoints.save(step, state, meta, force=True, bound=left()):
+            if not checkpoints.save(step, state, meta, force=True, timeout=left()):
                 return False
             return checkpoints.wait_or_abandon(left()) is None
 

@@ -1,12 +1,12 @@
-"""Tier 2's save in flight and its commit, each storage call under its bound.
+"""Tier 2's save in flight and its commit, each storage call under its timeout.
 
 :class:`Commits` is the half of :class:`~elastic_dew.elastic.state.checkpoints.Checkpoints`
 that follows a save written in the background: it runs every storage call under the
-storage timeout (:meth:`Commits.bound`, :func:`~elastic_dew.elastic.state.storage.bounded`),
+storage timeout (:meth:`Commits.storage_timeout`, :func:`~elastic_dew.elastic.state.storage.bounded`),
 commits the save in flight when it ends (:meth:`Commits.wait_or_abandon`, :meth:`Commits.poll`),
-and abandons it when it fails or passes its bound: a save that passed its bound is *fenced*
+and abandons it when it fails or passes its timeout: a save that passed its timeout is *fenced*
 (its step added to the record of abandoned steps, kept in the run directory and in memory),
-the backend's manager is forgotten without being waited for, and the failure is kept for
+Orbax's manager is forgotten without being waited for, and the failure is kept for
 :meth:`Commits.failures`. ``Checkpoints`` starts the saves, lists, restores and quarantines.
 """
 
@@ -18,8 +18,7 @@ import time
 from collections import deque
 from typing import Any, NamedTuple
 
-from elastic_dew.elastic.state import orbax_step, progress, storage
-from elastic_dew.elastic.state.backend import Backend
+from elastic_dew.elastic.state import orbax_step, activity, storage
 from elastic_dew.elastic.state.storage import StorageError, StorageTimeout
 
 __all__ = ["Commits", "Committed"]
@@ -29,14 +28,14 @@ logger = logging.getLogger(__name__)
 
 class _InFlight(NamedTuple):
     """A save written in the background: its step, when it started, its bytes, the most
-    seconds it was given from its start, progress or not (``None``: no such bound, only the
-    storage timeout's no-progress deadline), and the storage clients' counts at its start."""
+    seconds it was given from its start, active or not (``None``: no such timeout, only the
+    storage timeout's no-activity deadline), and the storage clients' counts at its start."""
 
     step: int
     started: float
     nbytes: int
     total: float | None = None
-    counters: progress.Counters = progress.Counters(0, 0, 0)
+    counters: activity.Counters = activity.Counters(0, 0, 0)
 
 
 class Committed(NamedTuple):
@@ -54,11 +53,9 @@ class Commits:
 
     Args:
         directory: the directory or ``gs://`` path.
-        timeout: the storage timeout in seconds (``None``: automatic, see :meth:`bound`).
+        timeout: the storage timeout in seconds (``None``: automatic, see :meth:`storage_timeout`).
         record_dir: the run directory that keeps the record of abandoned steps, or ``None``.
     """
-
-    backend: Backend
 
     def __init__(self, directory: str, timeout: float | None, record_dir: str | os.PathLike[str] | None) -> None:
         self.directory = str(directory)
@@ -84,8 +81,8 @@ class Commits:
         #: Saves committed by this object.
         self.commits = 0
 
-    def bound(self, nbytes: int | None = None) -> float:
-        """Seconds the storage may go without progress (no request answered, no byte moved)
+    def storage_timeout(self, nbytes: int | None = None) -> float:
+        """Seconds the storage may go without activity (no request answered, no byte moved)
         before one operation counts as stalled: the storage timeout.
 
         Args:
@@ -100,21 +97,36 @@ class Commits:
 
     def _call(self, operation: str, step: int | None, call: Any, total: float | None = None,
               since: float | None = None) -> Any:
-        """``call()`` under the storage timeout's no-progress deadline (:func:`storage.bounded`),
+        """``call()`` under the storage timeout's no-activity deadline (:func:`storage.bounded`),
         and within ``total`` seconds when given."""
         try:
-            return storage.bounded(operation, self.directory, step, self.bound(), call, total=total, since=since)
+            return storage.bounded(operation, self.directory, step, self.storage_timeout(), call, total=total,
+                                   since=since)
         except StorageTimeout as error:
-            self._stalled_until = time.monotonic() + (error.bound or 0.0)
+            self._stalled_until = time.monotonic() + (error.timeout or 0.0)
             raise
 
     @property
     def stalled(self) -> bool:
-        """Whether a call to this storage passed its bound less than a bound ago: listings
+        """Whether a call to this storage passed its timeout less than a timeout ago: listings
         then answer from memory (:meth:`newest_known`) instead of asking it again."""
         return time.monotonic() < self._stalled_until
 
-    def _begin(self, step: int, started: float, total: float | None, counters: progress.Counters) -> None:
+    # -- Orbax's manager, the subclass's: its save written, waited for, forgotten ----------------
+    def _writing(self) -> bool:
+        """Whether Orbax's manager is still writing a save (without waiting)."""
+        raise NotImplementedError
+
+    def _wait(self) -> None:
+        """Wait for Orbax's manager's save and raise its error, if it failed."""
+        raise NotImplementedError
+
+    def _abandon_manager(self, close: bool = False) -> None:
+        """Forget Orbax's manager of a save given up on without waiting for it (closing it
+        first when ``close``: the save failed and its writers ended); never raises."""
+        raise NotImplementedError
+
+    def _begin(self, step: int, started: float, total: float | None, counters: activity.Counters) -> None:
         """The save of ``step`` started at ``started`` is in flight (``total``: the most seconds it was given)."""
         self._inflight = _InFlight(step, started, self._nbytes, total, counters)
         self.saving_since = started
@@ -123,15 +135,15 @@ class Commits:
         """No save is in flight any more."""
         self._inflight = self.saving_since = None
 
-    def wait_or_abandon(self, bound: float | None = None) -> StorageError | None:
-        """Wait for the save in flight to commit, for as long as its writes keep progressing.
+    def wait_or_abandon(self, timeout: float | None = None) -> StorageError | None:
+        """Wait for the save in flight to commit, for as long as its writes stay active.
 
-        It is abandoned when the storage made no progress for the storage timeout
-        (:meth:`bound`) since its start or its last progress, or when ``bound`` (or the time
+        It is abandoned when the storage had no activity for the storage timeout
+        (:meth:`storage_timeout`) since its start or its last activity, or when ``timeout`` (or the time
         its save was given) passed.
 
         Args:
-            bound: the most seconds to wait now, progress or not (default: no such bound).
+            timeout: the most seconds to wait now, active or not (default: no such timeout).
 
         Returns:
             ``None`` when it committed (or none was in flight), else the
@@ -145,12 +157,12 @@ class Commits:
         inflight = self._inflight
         if inflight is None:
             return None
-        limit = bound
+        limit = timeout
         if inflight.total is not None:
             left = inflight.started + inflight.total - time.monotonic()
             limit = left if limit is None else min(limit, left)
         try:
-            self._call("commit", inflight.step, self.backend.wait,
+            self._call("commit", inflight.step, self._wait,
                        None if limit is None else max(limit, 0.01), since=inflight.started)
         except StorageTimeout as error:
             return self._abandon(inflight.step, self._commit_timeout(inflight, error), inflight.started)
@@ -163,17 +175,17 @@ class Commits:
         return None
 
     def _commit_timeout(self, inflight: _InFlight, error: StorageTimeout | None) -> StorageTimeout:
-        """The timeout of ``inflight``'s commit: no progress for the storage timeout (``error``
+        """The timeout of ``inflight``'s commit: no activity for the storage timeout (``error``
         ``None`` or idle), or the time it was given passed."""
-        bound = self.bound() if error is None or error.idle else error.bound
+        timeout = self.storage_timeout() if error is None or error.idle else error.timeout
         return storage.timed_out(
             f"checkpoint save of step {inflight.step} in {self.directory}", operation="commit",
-            storage=self.directory, step=inflight.step, bound=bound,
+            storage=self.directory, step=inflight.step, timeout=timeout,
             waited=time.monotonic() - inflight.started, idle=error is None or error.idle, verb="commit")
 
     def poll(self, wait: float = 0.0) -> StorageError | None:
         """Commit the save in flight if it finished, abandon it if it failed or the storage
-        made no progress for the storage timeout (or its given time passed); never waits
+        had no activity for the storage timeout (or its given time passed); never waits
         longer than ``wait`` seconds for it to end, and abandons nothing for that wait.
 
         Args:
@@ -183,35 +195,35 @@ class Commits:
             The failure of an abandoned save, or ``None``.
         """
         deadline = time.monotonic() + wait
-        while self._inflight is not None and self.backend.saving() and time.monotonic() < deadline:
+        while self._inflight is not None and self._writing() and time.monotonic() < deadline:
             time.sleep(0.005)
         inflight = self._inflight
         if inflight is None:
             return None
-        if self.backend.saving():
+        if self._writing():
             now = time.monotonic()
-            idle = progress.METER.idle(inflight.started) >= self.bound()
+            idle = activity.METER.idle(inflight.started) >= self.storage_timeout()
             over = inflight.total is not None and now - inflight.started >= inflight.total
             if not idle and not over:
                 return None
             error = None if idle else StorageTimeout("", operation="commit", storage=self.directory,
-                                                     step=inflight.step, bound=inflight.total, idle=False)
-            timeout = self._commit_timeout(inflight, error)
-            self._stalled_until = now + (timeout.bound or 0.0)
-            return self._abandon(inflight.step, timeout, inflight.started)
+                                                     step=inflight.step, timeout=inflight.total, idle=False)
+            given_up = self._commit_timeout(inflight, error)
+            self._stalled_until = now + (given_up.timeout or 0.0)
+            return self._abandon(inflight.step, given_up, inflight.started)
         return self.wait_or_abandon()
 
-    def wait(self, bound: float | None = None) -> None:
+    def wait(self, timeout: float | None = None) -> None:
         """Block until the last save is committed.
 
         Args:
-            bound: the most seconds to wait, progress or not (default: as long as it progresses).
+            timeout: the most seconds to wait, active or not (default: as long as it is active).
 
         Raises:
             StorageError: the save was abandoned: it failed, or did not commit within
-                ``bound`` or its own bound (:class:`~elastic_dew.elastic.state.storage.StorageTimeout`).
+                ``timeout`` or its own timeout (:class:`~elastic_dew.elastic.state.storage.StorageTimeout`).
         """
-        failure = self.wait_or_abandon(bound)
+        failure = self.wait_or_abandon(timeout)
         if failure is not None:
             raise failure
 
@@ -245,26 +257,26 @@ class Commits:
         seconds = time.monotonic() - inflight.started
         self.bandwidth.add(inflight.nbytes, seconds)
         self.commit_seconds.append(seconds)
-        moved = progress.METER.counters() - inflight.counters
+        moved = activity.METER.counters() - inflight.counters
         self._committed_saves.append(Committed(inflight.step, seconds, moved.retries, moved.nbytes))
         logger.info("checkpoint of step %d committed in %.1f s (%d retries, %d bytes moved meanwhile)",
                     inflight.step, seconds, moved.retries, moved.nbytes)
 
     def _abandon(self, step: int, error: BaseException, started: float) -> StorageError:
-        """Give up on ``step``'s save: fence it, forget the backend's manager, keep the failure."""
+        """Give up on ``step``'s save: fence it, forget Orbax's manager, keep the failure."""
         self._end()
         waited = time.monotonic() - started
         if isinstance(error, StorageError):
             failure = error
             failure.waited = max(failure.waited, waited)
         elif storage.client_timeout(error):
-            # A client's own per-request bound ended a request that got no answer: the
+            # A client's own per-request timeout ended a request that got no answer: the
             # storage stalled, and the save's other writes may still be held (and land later).
             failure = StorageTimeout(
                 f"checkpoint save of step {step} in {self.directory} got no answer within the storage "
-                f"client's own per-request bound ({type(error).__name__}: {storage.short(error)}): "
+                f"client's own per-request timeout ({type(error).__name__}: {storage.short(error)}): "
                 "the storage is not answering",
-                operation="commit", storage=self.directory, step=step, bound=self.bound(), waited=waited,
+                operation="commit", storage=self.directory, step=step, timeout=self.storage_timeout(), waited=waited,
             )
         else:
             failure = StorageError.of("save", self.directory, step, error, waited)
@@ -285,15 +297,6 @@ class Commits:
         logger.warning("checkpoint save of step %d abandoned after %.1f s: %s", step, waited, failure)
         self._failures.append(failure)
         return failure
-
-    def _abandon_manager(self, close: bool = False) -> None:
-        try:
-            if close:
-                self._call("close", None, lambda: self.backend.abandon(close=True))
-            else:
-                self.backend.abandon()
-        except Exception:  # noqa: BLE001 - a fresh manager is built on the next call all the same
-            logger.exception("abandoning the checkpoint manager of the abandoned save failed")
 
 
 def _is_slice_loss(error: BaseException) -> bool:

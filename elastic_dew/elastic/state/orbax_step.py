@@ -1,10 +1,10 @@
 """An Orbax step directory of the persistent tier: its two items, and when it is committed.
 
-The persistent tier (:mod:`~elastic_dew.elastic.state.orbax_backend`) saves each step as two
+The persistent tier (:mod:`~elastic_dew.elastic.state.orbax_kind`) saves each step as two
 items, ``state`` (the arrays) and ``meta`` (JSON). A step directory is *committed* when
 Orbax has written its commit timestamp into ``_CHECKPOINT_METADATA`` and both items exist; a
 step without them is an interrupted save and is never restored. This module is that rule's
-one home: the backend restores by it, and the chaos harness and the benchmarks count steps
+one home: the checkpoints restore by it, and the chaos harness and the benchmarks count steps
 by it. It imports nothing heavier than ``json``, so a reader of a run directory can use it
 without Orbax or JAX.
 """

@@ -43,6 +43,9 @@ __all__ = [
     "unpack_fn",
     "path_name",
     "is_key",
+    "unwrap_keys",
+    "abstract_key_data",
+    "rewrap_keys",
 ]
 
 #: The layout document's format; a layout of another format is refused by :func:`check_layout`.
@@ -62,6 +65,37 @@ def path_name(path: tuple) -> str:
 def is_key(dtype: Any) -> bool:
     """Whether ``dtype`` is a typed PRNG key's (packed as its key data)."""
     return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _holds_keys(x: Any) -> bool:
+    return hasattr(x, "dtype") and is_key(x.dtype)
+
+
+def unwrap_keys(state: Any) -> Any:
+    """``state`` with every typed PRNG key replaced by its key data (Orbax's array handlers,
+    which the checkpoints save through, need plain dtypes)."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _holds_keys(x) else x, state)
+
+
+def abstract_key_data(abstract: Any) -> Any:
+    """``abstract`` with every typed-key leaf replaced by its key data's shape and dtype."""
+
+    def convert(x: Any) -> Any:
+        if not _holds_keys(x):
+            return x
+        shape = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=x.sharding)
+
+    return jax.tree.map(convert, abstract)
+
+
+def rewrap_keys(restored: Any, abstract: Any) -> Any:
+    """Typed keys again where ``abstract`` has them (a key's dtype names its implementation)."""
+    return jax.tree.map(
+        lambda x, a: jax.random.wrap_key_data(x, dtype=a.dtype) if _holds_keys(a) and not _holds_keys(x) else x,
+        restored,
+        abstract,
+    )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from elastic_dew._compat import orbax as orbax_private
-from elastic_dew.elastic.state.backend import unwrap_keys
+from elastic_dew.elastic.state.packing import unwrap_keys
 
 __all__ = ["SavePrecompiler", "precompile_replica_slices"]
 

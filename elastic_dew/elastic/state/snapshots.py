@@ -127,8 +127,8 @@ class Snapshots:
         self._snapshotter = HostSnapshotter(replica_axis_index=replica_axis_index)
         self._lock = threading.Lock()
         self._programs = threading.Lock()  # the two caches below, shared with the precompiler
-        self._packers: dict[tuple, packing.Packer] = {}
-        self._unpackers: dict[tuple, _PrecompiledFunction] = {}
+        self._packer_cache: dict[tuple, packing.Packer] = {}
+        self._unpacker_cache: dict[tuple, _PrecompiledFunction] = {}
         self.requested = 0
         self.taken = 0
         #: The pinned-host bytes of the newest snapshot on its fullest device, measured by
@@ -179,10 +179,10 @@ class Snapshots:
         """The cached packer for this tree structure, these shapes and dtypes, on ``mesh``."""
         key = (treedef, tuple((leaf.shape, leaf.dtype, leaf.sharding) for leaf in leaves), mesh)
         with self._programs:
-            packer = self._packers.get(key)
+            packer = self._packer_cache.get(key)
             if packer is None:
                 made = packing.make_packer(paths, leaves, mesh, self.replica_axis_index)
-                packer = self._packers[key] = dataclasses.replace(made, pack=_PrecompiledFunction(made.pack))
+                packer = self._packer_cache[key] = dataclasses.replace(made, pack=_PrecompiledFunction(made.pack))
         return packer
 
     def precompile_saves(self, state: Any, mesh: Mesh) -> None:
@@ -419,7 +419,7 @@ class Snapshots:
     def _unpacker(self, layout: dict, targets: tuple) -> _PrecompiledFunction:
         key = (json.dumps(layout, sort_keys=True), targets)
         with self._programs:
-            unpack = self._unpackers.get(key)
+            unpack = self._unpacker_cache.get(key)
             if unpack is None:
-                unpack = self._unpackers[key] = _PrecompiledFunction(packing.unpack_fn(layout, targets))
+                unpack = self._unpacker_cache[key] = _PrecompiledFunction(packing.unpack_fn(layout, targets))
         return unpack

@@ -1,26 +1,26 @@
 """Bounds on the persistent tier's storage: every save, commit, restore and listing ends.
 
 A bucket that stops answering (or a FUSE mount, or a full or read-only disk) must never hold
-the training loop for longer than a known bound, and must never leave a save that was given
+the training loop for longer than a known timeout, and must never leave a save that was given
 up as the step a restore reads. This module is the one home of:
 
-- the bound itself, the longest time without progress: :func:`automatic_timeout` (when
+- the timeout itself, the longest time without activity: :func:`automatic_timeout` (when
   ``storage_timeout`` is not given) sizes it from the state's bytes and the bandwidth the
-  run measured so far (:class:`Bandwidth`: progress is counted a request at a time, so the
-  bound must outlast the largest object's transfer), never below :data:`FLOOR_SECONDS`;
+  run measured so far (:class:`Bandwidth`: activity is counted a request at a time, so the
+  timeout must outlast the largest object's transfer), never below :data:`FLOOR_SECONDS`;
   during a preemption's stop the stop's own time is also bounded by what is left of the
-  grace window (:func:`grace_seconds`, :func:`stop_bound`);
+  grace window (:func:`grace_seconds`, :func:`stop_timeout`);
 - :func:`bounded`: run one blocking storage call in a thread of its own and give up on it
-  with :class:`StorageTimeout` once the storage made **no progress** for the bound (no
+  with :class:`StorageTimeout` once the storage made **no activity** for the timeout (no
   request answered, no byte moved, retries included: what
-  :mod:`~elastic_dew.elastic.state.progress` reads from the storage clients), so a slow
+  :mod:`~elastic_dew.elastic.state.activity` reads from the storage clients), so a slow
   bucket that keeps answering is never taken for a stalled one. Python cannot cancel a
   thread, and neither Orbax nor the Cloud Storage clients can cancel a request, so the call
   is left running (:func:`stuck`), the caller stops using whatever it held (a fresh Orbax
   manager), and a command line run ends its process at once when it is done
   (:func:`end_if_stuck`);
-- :class:`StorageError`: what failed (the operation, the storage, the step, the bound, the
-  cause) and :func:`diagnose`, the wording of a cause (no space, read-only, permission, a
+- :class:`StorageError`: what failed (the operation, the storage, the step, the timeout, the
+  cause) and :func:`classify`, the wording of a cause (no space, read-only, permission, a
   missing bucket) with its fix;
 - the storage libraries' own settings and logs are apart
   (:mod:`~elastic_dew.elastic.state.storage_clients`).
@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from elastic_dew.elastic.state.progress import METER, Meter
+from elastic_dew.elastic.state.activity import METER, Meter
 
 __all__ = [
     "FLOOR_SECONDS",
@@ -54,14 +54,14 @@ __all__ = [
     "automatic_timeout",
     "state_bytes",
     "grace_seconds",
-    "stop_bound",
+    "stop_timeout",
     "bounded",
     "timed_out",
     "stuck",
     "abandoned_write",
     "mark",
     "end_if_stuck",
-    "diagnose",
+    "classify",
     "permanent",
     "client_timeout",
     "short",
@@ -87,23 +87,23 @@ DEFAULT_GRACE = 30.0
 
 
 class StorageError(RuntimeError):
-    """A persistent-tier operation that failed or passed its bound.
+    """A persistent-tier operation that failed or passed its timeout.
 
     Args:
         message: what happened, with the fix.
         operation: ``save``, ``commit``, ``restore``, ``listing`` (or ``read`` of data).
         storage: the directory or ``gs://`` path.
         step: the step (``None`` for a listing).
-        bound: the seconds it was allowed.
+        timeout: the seconds it was allowed.
         waited: how long it ran.
         cause: the library's error (``None`` for a timeout).
     """
 
     def __init__(self, message: str, *, operation: str, storage: str, step: int | None,
-                 bound: float | None = None, waited: float = 0.0, cause: BaseException | None = None) -> None:
+                 timeout: float | None = None, waited: float = 0.0, cause: BaseException | None = None) -> None:
         super().__init__(message)
         self.operation, self.storage, self.step = operation, storage, step
-        self.bound, self.waited, self.cause = bound, waited, cause
+        self.timeout, self.waited, self.cause = timeout, waited, cause
 
     @classmethod
     def of(cls, operation: str, storage: str, step: int | None, error: BaseException,
@@ -114,13 +114,13 @@ class StorageError(RuntimeError):
             operation: what was done (``save``, ``commit``, ...).
             storage: the directory or ``gs://`` path.
             step: the step (``None`` for a listing).
-            error: the library's error, worded by :func:`diagnose`.
+            error: the library's error, worded by :func:`classify`.
             waited: how long it ran.
 
         Returns:
             The error, naming the storage, the step, the cause and its fix.
         """
-        _, what, fix = diagnose(error)
+        _, what, fix = classify(error)
         of_step = f" of step {step}" if step is not None else ""
         return cls(
             f"checkpoint {operation}{of_step} in {storage} failed: {what} "
@@ -130,7 +130,7 @@ class StorageError(RuntimeError):
 
 
 class StorageTimeout(StorageError):
-    """A persistent-tier operation whose storage made no progress for the storage timeout (a
+    """A persistent-tier operation whose storage had no activity for the storage timeout (a
     stalled bucket), or that did not finish within the time it was given (a grace window's share).
 
     Args:
@@ -138,16 +138,16 @@ class StorageTimeout(StorageError):
         operation: as :class:`StorageError`'s, and so are the others.
         storage: the directory or ``gs://`` path.
         step: the step (``None`` for a listing).
-        bound: the storage timeout (``idle``), or the seconds it was given.
+        timeout: the storage timeout (``idle``), or the seconds it was given.
         waited: how long it ran.
         cause: ``None``.
-        idle: whether it made no progress for ``bound`` (else its given time passed).
+        idle: whether it had no activity for ``timeout`` (else its given time passed).
     """
 
     def __init__(self, message: str, *, operation: str, storage: str, step: int | None,
-                 bound: float | None = None, waited: float = 0.0, cause: BaseException | None = None,
+                 timeout: float | None = None, waited: float = 0.0, cause: BaseException | None = None,
                  idle: bool = True) -> None:
-        super().__init__(message, operation=operation, storage=storage, step=step, bound=bound,
+        super().__init__(message, operation=operation, storage=storage, step=step, timeout=timeout,
                          waited=waited, cause=cause)
         self.idle = idle
 
@@ -158,7 +158,7 @@ def short(error: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def diagnose(error: BaseException) -> tuple[str, str, str]:
+def classify(error: BaseException) -> tuple[str, str, str]:
     """``(kind, what happened, the fix)`` for a storage error raised by Orbax, TensorStore,
     gcsfs, google-cloud-storage or the file system, from its errno or its text; ``kind`` is
     ``full``, ``read_only``, ``permission``, ``missing`` or ``other``."""
@@ -181,7 +181,7 @@ def diagnose(error: BaseException) -> tuple[str, str, str]:
 
 
 def client_timeout(error: BaseException) -> bool:
-    """Whether ``error`` is a storage client's own per-request bound ending a request that
+    """Whether ``error`` is a storage client's own per-request timeout ending a request that
     got no answer (gcsfs's ``FSTimeoutError``, an ``aiohttp`` or socket timeout,
     TensorStore's ``DEADLINE_EXCEEDED``): the storage stalled, it did not refuse."""
     seen: list[BaseException] = []
@@ -198,13 +198,13 @@ def permanent(failure: StorageError) -> bool:
     count towards ``max_failed_saves``; a timeout never does (the storage may answer again)."""
     if isinstance(failure, StorageTimeout) or failure.cause is None:
         return False
-    kind = diagnose(failure.cause)[0]
+    kind = classify(failure.cause)[0]
     return kind == "permission" or (kind == "missing" and failure.storage.startswith("gs://"))
 
 
 class Bandwidth:
     """Bytes per second of the saves committed so far (the slowest of the last few, so a
-    bucket's bad minute sizes the bound, not its best one)."""
+    bucket's bad minute sizes the timeout, not its best one)."""
 
     KEEP = 5
 
@@ -262,13 +262,13 @@ def grace_seconds(setting: float | None = None, env: dict[str, str] | None = Non
     return seconds
 
 
-def stop_bound(grace: float, noticed: float | None, storage_timeout: float | None = None,
+def stop_timeout(grace: float, noticed: float | None, storage_timeout: float | None = None,
                now: float | None = None) -> float:
-    """The bound on a preemption stop's save: what is left of the grace window, from the
+    """The timeout on a preemption stop's save: what is left of the grace window, from the
     notice (``noticed``, a ``time.monotonic()``; now when unknown) less a margin for the
     process to exit (a tenth of the window, at least 2 s), and never above ``storage_timeout``
     when one is given (the stop's storage calls are also under the storage timeout's
-    no-progress deadline, which :func:`bounded` applies on its own). At least 0.1 s, so the
+    no-activity deadline, which :func:`bounded` applies on its own). At least 0.1 s, so the
     save is at least tried."""
     now = time.monotonic() if now is None else now
     margin = max(2.0, 0.1 * grace)
@@ -294,7 +294,7 @@ def stuck() -> list[threading.Thread]:
 
 def abandoned_write() -> None:
     """Note a write given up on whose library threads may never end (an Orbax save past its
-    bound, forgotten without being waited for), or a run stopped by a storage error whose
+    timeout, forgotten without being waited for), or a run stopped by a storage error whose
     writers' shutdown would only add noise: :func:`end_if_stuck` then ends the process."""
     global _abandoned_writes
     with _stuck_lock:
@@ -307,50 +307,50 @@ def mark() -> tuple[frozenset[threading.Thread], int]:
         return frozenset(_stuck), _abandoned_writes
 
 
-def timed_out(what: str, *, operation: str, storage: str, step: int | None, bound: float | None,
+def timed_out(what: str, *, operation: str, storage: str, step: int | None, timeout: float | None,
               waited: float, idle: bool, measured: bool = True, verb: str = "finish") -> StorageTimeout:
-    """The one wording of a storage operation given up on: no progress for the storage timeout
-    (``idle``; without a progress meter, not finished within it), or past the time it was given.
+    """The one wording of a storage operation given up on: no activity for the storage timeout
+    (``idle``; without a activity meter, not finished within it), or past the time it was given.
 
     Args:
         what: the operation, as the message names it (``checkpoint save of step 4 in DIR``).
         operation: as :class:`StorageTimeout`'s.
         storage: as :class:`StorageTimeout`'s.
         step: as :class:`StorageTimeout`'s.
-        bound: the storage timeout (``idle``) or the time it was given.
+        timeout: the storage timeout (``idle``) or the time it was given.
         waited: seconds since it began.
-        idle: whether it made no progress for ``bound``.
-        measured: whether progress was measured (else an idle bound reads as not finished).
+        idle: whether it had no activity for ``timeout``.
+        measured: whether activity was measured (else an idle timeout reads as not finished).
         verb: what it did not do in time (``finish``, ``commit``).
 
     Returns:
         The error, to raise or to record.
     """
     if idle and not measured:
-        message = f"{what} did not {verb} within the storage timeout of {bound:g} s: the storage is not answering"
+        message = f"{what} did not {verb} within the storage timeout of {timeout:g} s: the storage is not answering"
     elif idle:
-        message = (f"{what} made no progress for the storage timeout of {bound:g} s (no request answered, "
+        message = (f"{what} had no activity for the storage timeout of {timeout:g} s (no request answered, "
                    f"no byte moved; {waited:.1f} s since it began): the storage is not answering")
     else:
-        message = f"{what} did not {verb} within the {bound:.3g} s it was given"
-    return StorageTimeout(message, operation=operation, storage=storage, step=step, bound=bound, waited=waited,
+        message = f"{what} did not {verb} within the {timeout:.3g} s it was given"
+    return StorageTimeout(message, operation=operation, storage=storage, step=step, timeout=timeout, waited=waited,
                           idle=idle)
 
 
-def bounded(operation: str, storage: str, step: int | None, bound: float, call: Callable[[], T],
-            *, noun: str = "checkpoint", progress: Meter | None = METER, since: float | None = None,
+def bounded(operation: str, storage: str, step: int | None, timeout: float, call: Callable[[], T],
+            *, noun: str = "checkpoint", activity: Meter | None = METER, since: float | None = None,
             total: float | None = None,
             runner: Callable[[Callable[[], None]], threading.Thread] | None = None) -> T:
-    """``call()``, given up on with :class:`StorageTimeout` once the storage made no progress
-    for ``bound`` seconds (worded as ``noun`` ``operation``, e.g. ``checkpoint save``).
+    """``call()``, given up on with :class:`StorageTimeout` once the storage had no activity
+    for ``timeout`` seconds (worded as ``noun`` ``operation``, e.g. ``checkpoint save``).
 
-    Progress is what ``progress`` (:data:`~elastic_dew.elastic.state.progress.METER`, the
+    Activity is what ``activity`` (:data:`~elastic_dew.elastic.state.activity.METER`, the
     process's storage clients) counts: a request answered, a byte moved, retries included.
-    A call that keeps progressing is never given up on for its length. With ``progress``
-    ``None`` (a read nothing measures, such as the training data's) ``bound`` is the call's
+    A call that stays active is never given up on for its length. With ``activity``
+    ``None`` (a read nothing measures, such as the training data's) ``timeout`` is the call's
     whole duration. ``since`` (a ``time.monotonic()``, default now) is when the operation
     began, for a wait on one that started earlier (a commit in flight); ``total``, when
-    given, bounds the wait itself, progress or not (a grace window's share).
+    given, limits the wait itself, active or not (a grace window's share).
 
     The call runs in a daemon thread of its own, or on the long-lived thread ``runner``
     hands it to (``runner(job)`` runs ``job`` there and returns that thread, for a call
@@ -359,7 +359,7 @@ def bounded(operation: str, storage: str, step: int | None, bound: float, call: 
     keeps running, its thread listed by :func:`stuck` while alive.
 
     Raises:
-        StorageTimeout: no progress for ``bound`` seconds, or ``total`` passed.
+        StorageTimeout: no activity for ``timeout`` seconds, or ``total`` passed.
     """
     box: dict[str, Any] = {}
     done = threading.Event()
@@ -383,23 +383,23 @@ def bounded(operation: str, storage: str, step: int | None, bound: float, call: 
         thread = runner(target)
     while not done.is_set():
         now = time.monotonic()
-        last = origin if progress is None else max(origin, progress.last_progress())
-        idle_left = last + bound - now
+        last = origin if activity is None else max(origin, activity.last_activity())
+        idle_left = last + timeout - now
         total_left = math.inf if total is None else started + total - now
         if idle_left <= 0 or total_left <= 0:
             with _stuck_lock:
                 _stuck.append(thread)
             of_step = f" of step {step}" if step is not None else ""
             raise timed_out(f"{noun} {operation}{of_step} in {storage}", operation=operation, storage=storage,
-                            step=step, bound=bound if idle_left <= 0 else total, waited=now - origin,
-                            idle=idle_left <= 0, measured=progress is not None)
+                            step=step, timeout=timeout if idle_left <= 0 else total, waited=now - origin,
+                            idle=idle_left <= 0, measured=activity is not None)
         done.wait(max(0.005, min(idle_left, total_left, _TICK)))
     if "error" in box:
         raise box.pop("error")
     return box.pop("value")
 
 
-#: The most seconds a bounded call waits between two looks at the progress clock.
+#: The most seconds a bounded call waits between two looks at the activity clock.
 _TICK = 0.25
 
 

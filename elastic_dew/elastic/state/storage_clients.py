@@ -1,6 +1,6 @@
-"""What the storage libraries are told: their own per-request bounds, and where their error logs go.
+"""What the storage libraries are told: their own per-request timeouts, and where their error logs go.
 
-- :func:`configure_clients` gives the Cloud Storage clients' per-request bounds the storage
+- :func:`configure_clients` gives the Cloud Storage clients' per-request timeouts the storage
   timeout (:data:`CLIENT_SETTINGS` says what it sets), so that a request a bounded call
   (:func:`~elastic_dew.elastic.state.storage.bounded`) gave up on ends as well;
 - :func:`divert_library_errors`: Orbax's asynchronous writers log each failed write with
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from elastic_dew.elastic.state.progress import trace_config as progress_trace_config
+from elastic_dew.elastic.state.activity import trace_config as activity_trace_config
 from elastic_dew.elastic.state.storage import FLOOR_SECONDS
 
 __all__ = ["CLIENT_SETTINGS", "configure_clients", "divert_library_errors"]
@@ -34,14 +34,14 @@ CLIENT_SETTINGS = {
     "gcsfs (directories, metadata, commit_success.txt)": "requests_timeout=<timeout> in fsspec's "
     "configuration for gs://: each request ends after that long and gcsfs retries it (6 tries, "
     "backoff up to 32 s); and an aiohttp trace config in its session_kwargs that tells the "
-    "progress meter (elastic_dew.elastic.state.progress) of every answer and body chunk",
+    "activity meter (elastic_dew.elastic.state.activity) of every answer and body chunk",
     "google-cloud-storage (Orbax's bucket-layout question)": "nothing: its DEFAULT_RETRY already "
     "gives up after 120 s",
 }
 
 
 def configure_clients(timeout: float | None) -> dict[str, str]:
-    """Give the Cloud Storage clients' own per-request bounds the storage timeout (``None``:
+    """Give the Cloud Storage clients' own per-request timeouts the storage timeout (``None``:
     :data:`FLOOR_SECONDS`), so that a request a bounded call gave up on ends as well instead
     of holding its connection for ever; their retries of 429 and 5xx answers stay theirs
     (:data:`CLIENT_SETTINGS`). Call it before the first Cloud Storage request (TensorStore
@@ -54,7 +54,7 @@ def configure_clients(timeout: float | None) -> dict[str, str]:
         from fsspec.config import conf
     except ImportError:  # pragma: no cover - fsspec comes with the base install
         return applied
-    trace = progress_trace_config()
+    trace = activity_trace_config()
     for protocol in ("gs", "gcs"):
         if "requests_timeout" not in conf.setdefault(protocol, {}):
             conf[protocol]["requests_timeout"] = float(seconds)
@@ -62,7 +62,7 @@ def configure_clients(timeout: float | None) -> dict[str, str]:
         traces = conf[protocol].setdefault("session_kwargs", {}).setdefault("trace_configs", [])
         if trace is not None and trace not in traces:
             traces.append(trace)
-            applied[f"fsspec {protocol} session_kwargs trace_configs"] = "the storage progress meter"
+            applied[f"fsspec {protocol} session_kwargs trace_configs"] = "the storage activity meter"
     return applied
 
 

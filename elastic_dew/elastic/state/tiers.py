@@ -42,10 +42,10 @@ import jax
 from elastic_dew.elastic import hooks
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.events import Event, Storage
-from elastic_dew.elastic.state import Newest, choose, newest
+from elastic_dew.elastic.state import Newest, choose
 from elastic_dew.elastic.state.checkpoint_tier import PATIENCE, CheckpointSaves, SavesFailing, StepWait, timed_save
 from elastic_dew.elastic.state.checkpoints import Checkpoints
-from elastic_dew.elastic.state.orbax_backend import DamagedCheckpoint
+from elastic_dew.elastic.state.orbax_kind import DamagedCheckpoint
 from elastic_dew.elastic.state.snapshots import Snapshots
 
 __all__ = ["Restored", "StepSaves", "Tiers", "SavesFailing", "PATIENCE"]
@@ -188,7 +188,7 @@ class Tiers(CheckpointSaves):
         before the next tier is offered it (a fault inside the checkpoint cannot lose the
         snapshot's event); ``wait_step`` waits for the step in flight before the first save.
 
-        A checkpoint save that finished or passed its bound since the last step is settled
+        A checkpoint save that finished or passed its timeout since the last step is settled
         first, without waiting (:meth:`poll`).
 
         Args:
@@ -220,12 +220,16 @@ class Tiers(CheckpointSaves):
         return StepSaves(waited_from, seconds)
 
     def newest(self) -> Newest:
-        """The newest complete state across tiers (:func:`~elastic_dew.elastic.state.newest`).
+        """The newest complete state across tiers, by :func:`~elastic_dew.elastic.state.choose`.
+
+        A snapshot counts once it has landed in host memory (this joins the one in flight); a
+        checkpoint counts once committed (the storage listed).
 
         Returns:
             The :class:`~elastic_dew.elastic.state.Newest` ``(source, step)``.
         """
-        return newest(self.snapshots, self.checkpoints)
+        snapshot = self.snapshots.latest_step() if self.snapshots is not None else None
+        return choose(snapshot, self.checkpoints.latest_step() if self.checkpoints is not None else None)
 
     def newest_known(self) -> Newest:
         """:meth:`newest`, with tier 2's step as this process knows it: the checkpoint
@@ -317,7 +321,7 @@ class Tiers(CheckpointSaves):
             RuntimeError: from tier 1's load (no replica survived).
             ValueError: from either tier's restore (a state of another layout; an unreadable
                 checkpoint when :attr:`quarantine` is off, a
-                :class:`~elastic_dew.elastic.state.orbax_backend.DamagedCheckpoint`).
+                :class:`~elastic_dew.elastic.state.orbax_kind.DamagedCheckpoint`).
             StorageTimeout: a restore or listing past the storage timeout, never tried again here.
         """
         snapshots, checkpoints = self.snapshots, self.checkpoints
@@ -395,7 +399,7 @@ class Tiers(CheckpointSaves):
         (after its last save; a manager the caller gave is the caller's to close). Tier 2's
         files stay."""
         if self.checkpoints is not None:
-            self.checkpoints.stop_precompiling()
+            self.checkpoints.precompiler.stop()  # a compile running in XLA at exit aborts the process
             if self.owns_checkpoints:
                 try:
                     self.checkpoints.close()

@@ -1,8 +1,8 @@
 """Whether this process's storage traffic is moving: the clock the storage deadline reads.
 
 The storage timeout (``ElasticConfig.storage_timeout``, ``--storage-timeout``) is the longest
-time the storage may go **without progress** before an operation counts as stalled; a commit
-that keeps moving is never given up on, however long it takes. Progress is measured where
+time the storage may go **without activity** before an operation counts as stalled; a commit
+that keeps moving is never given up on, however long it takes. Activity is measured where
 the storage clients already count it, never by polling the bucket:
 
 - **TensorStore** (a checkpoint's arrays, on ``gs://`` and on local disks) keeps process-wide
@@ -18,16 +18,16 @@ the storage clients already count it, never by polling the bucket:
   :func:`~elastic_dew.elastic.state.storage_clients.configure_clients` through fsspec's
   configuration): each answer (its status; 429 and 5xx are the answers gcsfs retries) and
   each chunk of a body read. The bytes of an upload count once it is answered: a body sent
-  again after a timeout is not progress.
+  again after a timeout is not activity.
 
 Orbax's own hooks (its ``jax.monitoring`` durations, ``AsyncOptions`` callbacks) fire only
 when a phase ends, so they cannot tell a forty-second commit that is moving from one that
-is stuck; they are not used here. Progress is per process, not per request: one request
-held while others move is ended by its client's own per-request bound, which
+is stuck; they are not used here. Activity is per process, not per request: one request
+held while others move is ended by its client's own per-request timeout, which
 :func:`~elastic_dew.elastic.state.storage_clients.configure_clients` sets to the same timeout, and
 retried by the client. Writes through plain Python file calls (Orbax's metadata on a local
 disk) are seen by nobody: on such storage the deadline measures the operation's time since
-the last progress TensorStore saw, at worst its whole duration.
+the last activity TensorStore saw, at worst its whole duration.
 
 The granularity is one request: bytes of a request still in flight are counted when it
 completes, so the deadline must exceed the transfer time of the largest single object
@@ -97,11 +97,11 @@ def _tensorstore() -> Counters:
 
 
 class Meter:
-    """The time of the last progress of this process's storage clients, and their counts.
+    """The time of the last activity of this process's storage clients, and their counts.
 
     :meth:`note` takes what a client's hook reports (pushed); TensorStore's metrics are read
     (pulled) when :meth:`counters` is asked, and at most every :data:`POLL_SECONDS` when
-    :meth:`last_progress` is. Thread-safe.
+    :meth:`last_activity` is. Thread-safe.
     """
 
     def __init__(self) -> None:
@@ -137,22 +137,22 @@ class Meter:
                 self._last = max(self._last, now)
             self._pulled = pulled
 
-    def last_progress(self) -> float:
+    def last_activity(self) -> float:
         """The ``time.monotonic()`` of the last request answered or byte moved seen so far."""
         self._pull()
         with self._lock:
             return self._last
 
     def idle(self, since: float) -> float:
-        """Seconds without progress, counted from ``since`` (a ``time.monotonic()``) at the earliest.
+        """Seconds without activity, counted from ``since`` (a ``time.monotonic()``) at the earliest.
 
         Args:
-            since: when the operation began (progress before it does not count).
+            since: when the operation began (activity before it does not count).
 
         Returns:
-            The seconds since the later of ``since`` and the last progress.
+            The seconds since the later of ``since`` and the last activity.
         """
-        return time.monotonic() - max(since, self.last_progress())
+        return time.monotonic() - max(since, self.last_activity())
 
     def counters(self) -> Counters:
         """The clients' counts so far (take two and subtract for one operation's)."""
@@ -161,7 +161,7 @@ class Meter:
             return Counters(*(a + b for a, b in zip(self._pushed, self._pulled)))
 
 
-#: The process's meter: the one the storage bounds read.
+#: The process's meter: the one the storage calls read.
 METER = Meter()
 
 _trace: Any = None
