@@ -21,7 +21,7 @@ stop       ``reason`` (:data:`STOP_REASONS`), ``step`` (the last completed step)
 resume     ``source`` (:data:`RESUME_SOURCES`), ``step`` (the first step run next),
            ``durations`` (seconds under :data:`DURATION_KEYS`)
 storage    ``operation`` (``save``, ``commit``, ``restore``), ``outcome`` (``abandoned``: a
-           save that failed or made no progress for the storage timeout, never restored;
+           save that failed or had no storage activity for the storage timeout, never restored;
            ``skipped``: a checkpoint not taken, because the commit before it was still in
            flight or the grace window left was shorter than the commits measured;
            ``quarantined``: a damaged committed step moved aside), ``step``, ``storage``
@@ -281,7 +281,7 @@ class Eval(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Storage(Event):
-    """The persistent tier's storage failed a step: a save abandoned (failed, or no progress
+    """The persistent tier's storage failed a step: a save abandoned (failed, or no storage activity
     for the storage timeout; the loop's time held by it is in the ``save`` events' seconds),
     a checkpoint skipped (the commit before it still in flight, or too little of the grace
     window left for the commit times measured), or a damaged committed step quarantined.
