@@ -22,6 +22,17 @@ use would otherwise compile then (the steps here; the tiers' saves and loads,
 :meth:`~elastic_dew.elastic.state.tiers.Tiers.precompile_saves` and
 :meth:`~elastic_dew.elastic.state.tiers.Tiers.precompile_resume`).
 
+A stop after which the process exits (a preemption) does not wait for the compile in
+progress (:meth:`StepCompiler.stop_precompiling` with ``exiting``): it compiles for a later
+loss, which this process will not see. JAX writes a persistent compilation cache entry in
+place (the file is opened, then written), so an exit during that write would leave a cut
+entry that every later process fails to read and never replaces. The precompiler's writes
+therefore go through a gate (:class:`_CacheWrites`, on ``jax.monitoring``'s
+``/jax/compilation_cache/cache_misses`` event, which JAX records in the compiling thread
+just before it writes): the stop lets a write in progress finish and holds every later one
+until a compiler of this process starts again (at most the grace window), so the exit
+finds no entry half-written.
+
 Compiled steps are executables, not device arrays: keeping them does not keep any attempt's
 state alive.
 """
@@ -40,10 +51,83 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.program import Program, StepFn
 from elastic_dew.elastic.slices.manager import SliceManager
 from elastic_dew.elastic.slices.mesh import MeshSpec, global_batch_for, spec_mesh
+from elastic_dew.elastic.state import storage
 
 __all__ = ["StepFn", "StepCompiler"]
 
 logger = logging.getLogger(__name__)
+
+#: JAX records this event in the compiling thread right before it writes a persistent cache entry.
+CACHE_WRITE_EVENT = "/jax/compilation_cache/cache_misses"
+#: JAX records this duration in the compiling thread once a compile (and its cache write) returned.
+COMPILED_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class _CacheWrites:
+    """The gate on the precompiler threads' persistent cache writes (one per process).
+
+    A thread marked by :meth:`mark` that reaches JAX's cache write counts as writing until
+    its compile returns; while the gate is closed (:meth:`close`) it waits before writing
+    until :meth:`open`, at most ``hold`` seconds. Other threads pass untouched.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._open = True
+        self._writing = 0
+        self._local = threading.local()
+        self._listening = False
+        self._hold = 0.0
+        self.held = 0  # writes that waited at a closed gate (for tests and logs)
+
+    def mark(self) -> None:
+        """The calling thread is a precompiler's: its cache writes go through the gate."""
+        with self._changed:
+            if not self._listening:
+                self._listening = True
+                jax.monitoring.register_event_listener(self._on_event)
+                jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        self._local.marked = True
+
+    def _on_event(self, event: str, **kwargs: str | int) -> None:
+        if event != CACHE_WRITE_EVENT or not getattr(self._local, "marked", False):
+            return
+        with self._changed:
+            if not self._open:
+                self.held += 1
+                logger.info("holding a compilation cache write: the process is stopping")
+                self._changed.wait_for(lambda: self._open, timeout=self._hold)
+            self._writing += 1
+            self._local.writing = True
+
+    def _on_duration(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event == COMPILED_EVENT:
+            self.done()
+
+    def done(self) -> None:
+        """The calling thread's compile returned: its write, if any, is over."""
+        if getattr(self._local, "writing", False):
+            self._local.writing = False
+            with self._changed:
+                self._writing -= 1
+                self._changed.notify_all()
+
+    def close(self, bound: float, hold: float) -> bool:
+        """Hold every later write (each at most ``hold`` s: a process still alive then was
+        not ended by the stop); wait (at most ``bound`` s) for those in progress. ``False``
+        when one is still being written."""
+        with self._changed:
+            self._open, self._hold = False, hold
+            return self._changed.wait_for(lambda: self._writing == 0, timeout=bound)
+
+    def open(self) -> None:
+        """Let held and later writes go ahead."""
+        with self._changed:
+            self._open = True
+            self._changed.notify_all()
+
+
+_WRITES = _CacheWrites()
 
 
 class StepCompiler:
@@ -83,6 +167,7 @@ class StepCompiler:
         self._stop = threading.Event()
         self._go = threading.Event()  # clear while a resume is in progress (pause_precompiling)
         self._go.set()
+        _WRITES.open()  # an earlier run's held writes go ahead: this process did not exit
 
     def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
         """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.
@@ -141,6 +226,7 @@ class StepCompiler:
         starts.
         """
         self._stop.clear()
+        _WRITES.open()
         if self.config.precompile_smaller_meshes:
             layouts = [layout for layout in self.smaller_layouts() if _key(*layout) not in self._covered]
             with self._guard:
@@ -164,6 +250,7 @@ class StepCompiler:
 
     def _precompile(self) -> None:
         """The precompiler thread: each queued layout's step, then its other programs."""
+        _WRITES.mark()
         while (layout := self._next()) is not None:
             mesh, batch = layout
             jobs: list[tuple[str, Callable[[], object]]] = [("step", functools.partial(self.compile, mesh, batch))]
@@ -182,18 +269,34 @@ class StepCompiler:
                 except Exception:  # a compile that fails here fails again, visibly, when needed
                     logger.warning("precompiling the %s for %s failed", what, mesh.devices.shape, exc_info=True)
                     continue
+                finally:
+                    _WRITES.done()
                 logger.info(
                     "precompiled the %s for devices %s in %.2f s",
                     what, [d.id for d in mesh.devices.flat], time.monotonic() - started,
                 )
             self._covered.add(_key(mesh, batch))
 
-    def stop_precompiling(self) -> None:
-        """Let the compile in progress finish and start no other."""
+    def stop_precompiling(self, *, exiting: bool = False, bound: float = 10.0) -> None:
+        """Start no other compile, and let the compile in progress finish.
+
+        With ``exiting`` (the process exits next, as after a preemption) the compile in
+        progress is not waited for: a persistent cache write it already began is waited
+        for (at most ``bound`` seconds), and its later writes are held, so the exit leaves
+        no cache entry half-written (see the module's docstring).
+
+        Args:
+            exiting: the process exits after this stop.
+            bound: with ``exiting``, the most seconds to wait for a cache write in progress.
+        """
         self._stop.set()
         with self._guard:
             self._queue = []
         self._go.set()  # a held precompiler sees the stop
+        if exiting:
+            if not _WRITES.close(bound, storage.grace_seconds(self.config.grace_period)):
+                logger.warning("a compilation cache write was still in progress after %.1f s of the stop", bound)
+            return
         if self._precompiler is not None:
             self._precompiler.join()
             self._precompiler = None
