@@ -190,3 +190,31 @@ def test_a_preempted_run_ends_without_waiting_for_the_precompilers_compile(tmp_p
     compiler_module._WRITES.open()  # the process goes on
     thread.join(120)
     assert not thread.is_alive() and program.finished == 1  # the stop started no other compile
+
+
+def test_the_precompiler_queues_compiled_steps_first_then_the_slices_lost_before_most_recent_first():
+    """On four slices after slice 2 came back: the layout whose step the loop compiled
+    (without slice 3) is covered first, then the one without slice 2 (lost before), then
+    slices 0 and 1; each step not compiled yet is compiled once."""
+    steps: list[tuple] = []
+    covered: list[tuple] = []
+    ids = lambda mesh: tuple(d.id for d in mesh.devices.flat)  # noqa: E731
+    program = type("Program", (), {
+        "compile": lambda self, mesh, batch: steps.append(ids(mesh)) or (lambda s, b: (s, {})),
+    })()
+    manager = _manager({0, 1, 3}, slices=4)
+    compiler = StepCompiler(
+        program, manager, ElasticConfig(global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True),
+        also=lambda mesh: covered.append(ids(mesh)),
+    )
+    compiler.start_precompiling()  # slice 2 is down: the layouts of {0, 1, 3}
+    compiler._precompiler.join(30)
+    assert len(steps) == 3
+    manager.active_slice_indices = {0, 1, 2, 3}  # slice 2 is back
+    by_lost = dict(compiler._smaller())
+    compiler.compile(*by_lost[3])  # the loop ran on the slices less slice 3 (say, before a scale-up)
+    del steps[:], covered[:]
+    compiler.start_precompiling()
+    compiler._precompiler.join(30)
+    assert covered == [ids(by_lost[i][0]) for i in (3, 2, 0, 1)]
+    assert sorted(steps) == sorted(ids(by_lost[i][0]) for i in (2, 0, 1))  # slice 3's step was compiled

@@ -7,8 +7,8 @@ pause-resume attempt on the same slices reuses it; and, with
 what a lost slice would need (the active slices less any one): each mesh's step and, with
 it, the other programs a resume onto that mesh runs (``also``: the snapshot's unpack and
 pack), so recovery onto a covered mesh compiles nothing. Each
-:meth:`StepCompiler.start_precompiling` queues the meshes of the slices active then, also
-while the thread is still at work (it takes them up next); the meshes of an earlier set of
+:meth:`StepCompiler.start_precompiling` queues the meshes of the slices active then, the
+likeliest next first, also while the thread is still at work (it takes them up next); the meshes of an earlier set of
 active slices not yet begun are dropped, since no single loss leads to them any more. The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
@@ -164,6 +164,8 @@ class StepCompiler:
         self._queue: list[tuple[jax.sharding.Mesh, int]] = []  # the layouts still to cover, in order
         self._working = False  # a precompiler thread takes from the queue (set and cleared under _guard)
         self._covered: set[tuple] = set()  # the layouts whose step and other programs were compiled
+        self._starts = 0  # start_precompiling calls so far
+        self._missing: dict[int, int] = {}  # each slice once inactive: the last start it was missing at
         self._stop = threading.Event()
         self._go = threading.Event()  # clear while a resume is in progress (pause_precompiling)
         self._go.set()
@@ -198,6 +200,10 @@ class StepCompiler:
         Returns:
             Each mesh and its global batch.
         """
+        return [layout for _, layout in self._smaller()]
+
+    def _smaller(self) -> list[tuple[int, tuple[jax.sharding.Mesh, int]]]:
+        """Each slice whose loss :meth:`smaller_layouts` covers, with that layout."""
         active = sorted(self.manager.active_slice_indices)
         lowest = self.config.minimum_slice_count
         if lowest is None or len(active) - 1 < lowest:
@@ -208,8 +214,22 @@ class StepCompiler:
         layouts = []
         for lost in active:
             devices = [d for i in active if i != lost for d in self.manager.slice_to_devices[i]]
-            layouts.append((spec_mesh(self.mesh_spec, devices, len(active) - 1, model), batch))
+            layouts.append((lost, (spec_mesh(self.mesh_spec, devices, len(active) - 1, model), batch)))
         return layouts
+
+    def _likeliest_first(self) -> list[tuple[jax.sharding.Mesh, int]]:
+        """The smaller layouts not covered yet, in the order that covers the likeliest next
+        meshes soonest: those whose step is compiled already (only their other programs are
+        left), then those that lose a slice lost before in this process, the most recently
+        lost first (a slice that failed is likelier to fail again), then the rest in slice order."""
+        self._starts += 1
+        for index in set(self.manager.slice_to_devices) - set(self.manager.active_slice_indices):
+            self._missing[index] = self._starts  # the last start at which it was missing
+        ordered = sorted(
+            (layout for layout in self._smaller() if _key(*layout[1]) not in self._covered),
+            key=lambda item: (_key(*item[1]) not in self._compiled, -self._missing.get(item[0], 0), item[0]),
+        )
+        return [layout for _, layout in ordered]
 
     def pause_precompiling(self) -> None:
         """A resume begins: the precompiler starts no compile until :meth:`start_precompiling`."""
@@ -220,15 +240,17 @@ class StepCompiler:
 
         Ends a :meth:`pause_precompiling`, and starts again after a
         :meth:`stop_precompiling`. Does nothing unless ``config.precompile_smaller_meshes``.
-        Queues every layout of the active slices less one that is not covered yet, in place
-        of the queued layouts of earlier active slices not begun yet; a precompiler thread
+        Queues every layout of the active slices less one that is not covered yet, the
+        likeliest next first (those whose step is compiled already, then those losing a
+        slice that was lost before, the most recent first), in place of the queued layouts
+        of earlier active slices not begun yet; a precompiler thread
         still at work goes on with them (the compile in progress finishes first), else one
         starts.
         """
         self._stop.clear()
         _WRITES.open()
         if self.config.precompile_smaller_meshes:
-            layouts = [layout for layout in self.smaller_layouts() if _key(*layout) not in self._covered]
+            layouts = self._likeliest_first()
             with self._guard:
                 self._queue = layouts
                 if layouts and not self._working:
