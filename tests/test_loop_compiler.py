@@ -218,3 +218,48 @@ def test_the_precompiler_queues_compiled_steps_first_then_the_slices_lost_before
     compiler._precompiler.join(30)
     assert covered == [ids(by_lost[i][0]) for i in (3, 2, 0, 1)]
     assert sorted(steps) == sorted(ids(by_lost[i][0]) for i in (2, 0, 1))  # slice 3's step was compiled
+
+
+def test_a_resume_from_a_snapshot_compiles_its_meshs_other_programs_beside_the_step_unless_covered():
+    """``with_others``: ``also`` runs once, in another thread, while the step's compile is
+    still held; not at all without it, nor for a layout the precompiler covered."""
+    program = CountingHeld()
+    calls: list[tuple[bool, int]] = []  # (in the caller's thread, steps compiled when it ran)
+    caller = threading.current_thread()
+
+    def also(mesh):
+        calls.append((threading.current_thread() is caller, program.finished))
+        program.release.set()  # the step's compile goes on once the others began
+
+    manager = _manager({0, 1, 2})
+    compiler = StepCompiler(program, manager, ElasticConfig(
+        global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True,
+    ), also=also)
+    [first, second, third] = compiler.smaller_layouts()
+    compiler.compile(*first, with_others=True)
+    assert calls == [(False, 0)]  # beside the step, before it was compiled
+    compiler.compile(*second)
+    assert len(calls) == 1  # no snapshot to load: nothing beside the step
+    compiler._covered.add(_key_of(third))  # as the precompiler does once it covered a layout
+    compiler.compile(*third, with_others=True)
+    compiler.stop_precompiling()
+    assert len(calls) == 1 and program.compiles == 3
+
+
+class CountingHeld:
+    """A program whose compiles wait for ``release`` (bounded) and count."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.compiles = 0
+        self.finished = 0
+
+    def compile(self, mesh, global_batch):
+        self.compiles += 1
+        self.release.wait(60)
+        self.finished += 1
+        return lambda state, batch: (state, {})
+
+
+def _key_of(layout) -> tuple:
+    return compiler_module._key(*layout)

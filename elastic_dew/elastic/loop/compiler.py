@@ -164,6 +164,7 @@ class StepCompiler:
         self._queue: list[tuple[jax.sharding.Mesh, int]] = []  # the layouts still to cover, in order
         self._working = False  # a precompiler thread takes from the queue (set and cleared under _guard)
         self._covered: set[tuple] = set()  # the layouts whose step and other programs were compiled
+        self._helpers: list[threading.Thread] = []  # compile(with_others=True)'s threads
         self._starts = 0  # start_precompiling calls so far
         self._missing: dict[int, int] = {}  # each slice once inactive: the last start it was missing at
         self._stop = threading.Event()
@@ -171,20 +172,28 @@ class StepCompiler:
         self._go.set()
         _WRITES.open()  # an earlier run's held writes go ahead: this process did not exit
 
-    def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
+    def compile(self, mesh: jax.sharding.Mesh, global_batch: int, *, with_others: bool = False) -> StepFn:
         """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.
 
         The background precompiler may be compiling the same step: then this waits for it
-        instead of compiling it a second time.
+        instead of compiling it a second time. ``with_others`` (a resume that will load a
+        snapshot onto ``mesh``) compiles the layout's other programs (``also``) in a helper
+        thread while this compiles the step, unless the precompiler covered the layout; a
+        load or save that needs one of them first waits for its compile.
 
         Args:
             mesh: the attempt's mesh.
             global_batch: the attempt's global batch.
+            with_others: compile ``also(mesh)`` beside the step.
 
         Returns:
             The compiled step.
         """
         key = _key(mesh, global_batch)
+        if with_others and self.also is not None and key not in self._covered:
+            helper = threading.Thread(target=self._others, args=(mesh,), name="elastic-dew-compile-others", daemon=True)
+            self._helpers = [*(h for h in self._helpers if h.is_alive()), helper]
+            helper.start()
         with self._guard:
             if key in self._compiled:
                 return self._compiled[key]
@@ -193,6 +202,17 @@ class StepCompiler:
             if key not in self._compiled:
                 self._compiled[key] = self.program.compile(mesh, global_batch)
         return self._compiled[key]
+
+    def _others(self, mesh: jax.sharding.Mesh) -> None:
+        """The helper thread of :meth:`compile`'s ``with_others``."""
+        assert self.also is not None
+        _WRITES.mark()
+        try:
+            self.also(mesh)
+        except Exception:  # noqa: BLE001 - what failed here fails again, visibly, where it runs
+            logger.warning("compiling the other programs for %s failed", mesh.devices.shape, exc_info=True)
+        finally:
+            _WRITES.done()
 
     def smaller_layouts(self) -> list[tuple[jax.sharding.Mesh, int]]:
         """The meshes (and batches) of the active slices less any one of them.
@@ -322,6 +342,9 @@ class StepCompiler:
         if self._precompiler is not None:
             self._precompiler.join()
             self._precompiler = None
+        for helper in self._helpers:
+            helper.join()
+        self._helpers = []
 
 
 def _key(mesh: jax.sharding.Mesh, global_batch: int) -> tuple:

@@ -333,10 +333,10 @@ class ElasticRun:
         self.compiler.pause_precompiling()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
         self.tiers.on_active_slices_changed(mesh)
-        _, saved_guess = self.tiers.newest_known()
+        source_guess, saved_guess = self.tiers.newest_known()
         hooks.phase("compile", (saved_guess or 0) + 1)
         abstract = self.program.abstract_state(mesh)
-        step_fn = self.compiler.compile(mesh, batch_size)
+        step_fn = self.compiler.compile(mesh, batch_size, with_others=source_guess == "snapshot")
         recovery.lap("mesh_and_compile")
         restored = self.tiers.restore(abstract)
         source, step, state, meta = restored if restored is not None else (
