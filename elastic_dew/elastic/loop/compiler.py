@@ -7,8 +7,8 @@ pause-resume attempt on the same slices reuses it; and, with
 what a lost slice would need (the active slices less any one): each mesh's step and, with
 it, the other programs a resume onto that mesh runs (``also``: the snapshot's unpack and
 pack), so recovery onto a covered mesh compiles nothing. Each
-:meth:`StepCompiler.start_precompiling` queues the meshes of the slices active then, also
-while the thread is still at work (it takes them up next); the meshes of an earlier set of
+:meth:`StepCompiler.start_precompiling` queues the meshes of the slices active then, the
+likeliest next first, also while the thread is still at work (it takes them up next); the meshes of an earlier set of
 active slices not yet begun are dropped, since no single loss leads to them any more. The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
@@ -21,6 +21,17 @@ compiles (the one in progress finishes).
 use would otherwise compile then (the steps here; the tiers' saves and loads,
 :meth:`~elastic_dew.elastic.state.tiers.Tiers.precompile_saves` and
 :meth:`~elastic_dew.elastic.state.tiers.Tiers.precompile_resume`).
+
+A stop after which the process exits (a preemption) does not wait for the compile in
+progress (:meth:`StepCompiler.stop_precompiling` with ``exiting``): it compiles for a later
+loss, which this process will not see. JAX writes a persistent compilation cache entry in
+place (the file is opened, then written), so an exit during that write would leave a cut
+entry that every later process fails to read and never replaces. The precompiler's writes
+therefore go through a gate (:class:`_CacheWrites`, on ``jax.monitoring``'s
+``/jax/compilation_cache/cache_misses`` event, which JAX records in the compiling thread
+just before it writes): the stop lets a write in progress finish and holds every later one
+until a compiler of this process starts again (at most the grace window), so the exit
+finds no entry half-written.
 
 Compiled steps are executables, not device arrays: keeping them does not keep any attempt's
 state alive.
@@ -40,10 +51,83 @@ from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.program import Program, StepFn
 from elastic_dew.elastic.slices.manager import SliceManager
 from elastic_dew.elastic.slices.mesh import MeshSpec, global_batch_for, spec_mesh
+from elastic_dew.elastic.state import storage
 
 __all__ = ["StepFn", "StepCompiler"]
 
 logger = logging.getLogger(__name__)
+
+#: JAX records this event in the compiling thread right before it writes a persistent cache entry.
+CACHE_WRITE_EVENT = "/jax/compilation_cache/cache_misses"
+#: JAX records this duration in the compiling thread once a compile (and its cache write) returned.
+COMPILED_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class _CacheWrites:
+    """The gate on the precompiler threads' persistent cache writes (one per process).
+
+    A thread marked by :meth:`mark` that reaches JAX's cache write counts as writing until
+    its compile returns; while the gate is closed (:meth:`close`) it waits before writing
+    until :meth:`open`, at most ``hold`` seconds. Other threads pass untouched.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._open = True
+        self._writing = 0
+        self._local = threading.local()
+        self._listening = False
+        self._hold = 0.0
+        self.held = 0  # writes that waited at a closed gate (for tests and logs)
+
+    def mark(self) -> None:
+        """The calling thread is a precompiler's: its cache writes go through the gate."""
+        with self._changed:
+            if not self._listening:
+                self._listening = True
+                jax.monitoring.register_event_listener(self._on_event)
+                jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        self._local.marked = True
+
+    def _on_event(self, event: str, **kwargs: str | int) -> None:
+        if event != CACHE_WRITE_EVENT or not getattr(self._local, "marked", False):
+            return
+        with self._changed:
+            if not self._open:
+                self.held += 1
+                logger.info("holding a compilation cache write: the process is stopping")
+                self._changed.wait_for(lambda: self._open, timeout=self._hold)
+            self._writing += 1
+            self._local.writing = True
+
+    def _on_duration(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event == COMPILED_EVENT:
+            self.done()
+
+    def done(self) -> None:
+        """The calling thread's compile returned: its write, if any, is over."""
+        if getattr(self._local, "writing", False):
+            self._local.writing = False
+            with self._changed:
+                self._writing -= 1
+                self._changed.notify_all()
+
+    def close(self, bound: float, hold: float) -> bool:
+        """Hold every later write (each at most ``hold`` s: a process still alive then was
+        not ended by the stop); wait (at most ``bound`` s) for those in progress. ``False``
+        when one is still being written."""
+        with self._changed:
+            self._open, self._hold = False, hold
+            return self._changed.wait_for(lambda: self._writing == 0, timeout=bound)
+
+    def open(self) -> None:
+        """Let held and later writes go ahead."""
+        with self._changed:
+            self._open = True
+            self._changed.notify_all()
+
+
+_WRITES = _CacheWrites()
 
 
 class StepCompiler:
@@ -80,24 +164,36 @@ class StepCompiler:
         self._queue: list[tuple[jax.sharding.Mesh, int]] = []  # the layouts still to cover, in order
         self._working = False  # a precompiler thread takes from the queue (set and cleared under _guard)
         self._covered: set[tuple] = set()  # the layouts whose step and other programs were compiled
+        self._helpers: list[threading.Thread] = []  # compile(with_others=True)'s threads
+        self._starts = 0  # start_precompiling calls so far
+        self._missing: dict[int, int] = {}  # each slice once inactive: the last start it was missing at
         self._stop = threading.Event()
         self._go = threading.Event()  # clear while a resume is in progress (pause_precompiling)
         self._go.set()
+        _WRITES.open()  # an earlier run's held writes go ahead: this process did not exit
 
-    def compile(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn:
+    def compile(self, mesh: jax.sharding.Mesh, global_batch: int, *, with_others: bool = False) -> StepFn:
         """The compiled step for ``mesh`` and ``global_batch``, compiled once per process.
 
         The background precompiler may be compiling the same step: then this waits for it
-        instead of compiling it a second time.
+        instead of compiling it a second time. ``with_others`` (a resume that will load a
+        snapshot onto ``mesh``) compiles the layout's other programs (``also``) in a helper
+        thread while this compiles the step, unless the precompiler covered the layout; a
+        load or save that needs one of them first waits for its compile.
 
         Args:
             mesh: the attempt's mesh.
             global_batch: the attempt's global batch.
+            with_others: compile ``also(mesh)`` beside the step.
 
         Returns:
             The compiled step.
         """
         key = _key(mesh, global_batch)
+        if with_others and self.also is not None and key not in self._covered:
+            helper = threading.Thread(target=self._others, args=(mesh,), name="elastic-dew-compile-others", daemon=True)
+            self._helpers = [*(h for h in self._helpers if h.is_alive()), helper]
+            helper.start()
         with self._guard:
             if key in self._compiled:
                 return self._compiled[key]
@@ -107,12 +203,27 @@ class StepCompiler:
                 self._compiled[key] = self.program.compile(mesh, global_batch)
         return self._compiled[key]
 
+    def _others(self, mesh: jax.sharding.Mesh) -> None:
+        """The helper thread of :meth:`compile`'s ``with_others``."""
+        assert self.also is not None
+        _WRITES.mark()
+        try:
+            self.also(mesh)
+        except Exception:  # noqa: BLE001 - what failed here fails again, visibly, where it runs
+            logger.warning("compiling the other programs for %s failed", mesh.devices.shape, exc_info=True)
+        finally:
+            _WRITES.done()
+
     def smaller_layouts(self) -> list[tuple[jax.sharding.Mesh, int]]:
         """The meshes (and batches) of the active slices less any one of them.
 
         Returns:
             Each mesh and its global batch.
         """
+        return [layout for _, layout in self._smaller()]
+
+    def _smaller(self) -> list[tuple[int, tuple[jax.sharding.Mesh, int]]]:
+        """Each slice whose loss :meth:`smaller_layouts` covers, with that layout."""
         active = sorted(self.manager.active_slice_indices)
         lowest = self.config.minimum_slice_count
         if lowest is None or len(active) - 1 < lowest:
@@ -123,8 +234,22 @@ class StepCompiler:
         layouts = []
         for lost in active:
             devices = [d for i in active if i != lost for d in self.manager.slice_to_devices[i]]
-            layouts.append((spec_mesh(self.mesh_spec, devices, len(active) - 1, model), batch))
+            layouts.append((lost, (spec_mesh(self.mesh_spec, devices, len(active) - 1, model), batch)))
         return layouts
+
+    def _likeliest_first(self) -> list[tuple[jax.sharding.Mesh, int]]:
+        """The smaller layouts not covered yet, in the order that covers the likeliest next
+        meshes soonest: those whose step is compiled already (only their other programs are
+        left), then those that lose a slice lost before in this process, the most recently
+        lost first (a slice that failed is likelier to fail again), then the rest in slice order."""
+        self._starts += 1
+        for index in set(self.manager.slice_to_devices) - set(self.manager.active_slice_indices):
+            self._missing[index] = self._starts  # the last start at which it was missing
+        ordered = sorted(
+            (layout for layout in self._smaller() if _key(*layout[1]) not in self._covered),
+            key=lambda item: (_key(*item[1]) not in self._compiled, -self._missing.get(item[0], 0), item[0]),
+        )
+        return [layout for _, layout in ordered]
 
     def pause_precompiling(self) -> None:
         """A resume begins: the precompiler starts no compile until :meth:`start_precompiling`."""
@@ -135,14 +260,17 @@ class StepCompiler:
 
         Ends a :meth:`pause_precompiling`, and starts again after a
         :meth:`stop_precompiling`. Does nothing unless ``config.precompile_smaller_meshes``.
-        Queues every layout of the active slices less one that is not covered yet, in place
-        of the queued layouts of earlier active slices not begun yet; a precompiler thread
+        Queues every layout of the active slices less one that is not covered yet, the
+        likeliest next first (those whose step is compiled already, then those losing a
+        slice that was lost before, the most recent first), in place of the queued layouts
+        of earlier active slices not begun yet; a precompiler thread
         still at work goes on with them (the compile in progress finishes first), else one
         starts.
         """
         self._stop.clear()
+        _WRITES.open()
         if self.config.precompile_smaller_meshes:
-            layouts = [layout for layout in self.smaller_layouts() if _key(*layout) not in self._covered]
+            layouts = self._likeliest_first()
             with self._guard:
                 self._queue = layouts
                 if layouts and not self._working:
@@ -164,6 +292,7 @@ class StepCompiler:
 
     def _precompile(self) -> None:
         """The precompiler thread: each queued layout's step, then its other programs."""
+        _WRITES.mark()
         while (layout := self._next()) is not None:
             mesh, batch = layout
             jobs: list[tuple[str, Callable[[], object]]] = [("step", functools.partial(self.compile, mesh, batch))]
@@ -182,21 +311,40 @@ class StepCompiler:
                 except Exception:  # a compile that fails here fails again, visibly, when needed
                     logger.warning("precompiling the %s for %s failed", what, mesh.devices.shape, exc_info=True)
                     continue
+                finally:
+                    _WRITES.done()
                 logger.info(
                     "precompiled the %s for devices %s in %.2f s",
                     what, [d.id for d in mesh.devices.flat], time.monotonic() - started,
                 )
             self._covered.add(_key(mesh, batch))
 
-    def stop_precompiling(self) -> None:
-        """Let the compile in progress finish and start no other."""
+    def stop_precompiling(self, *, exiting: bool = False, bound: float = 10.0) -> None:
+        """Start no other compile, and let the compile in progress finish.
+
+        With ``exiting`` (the process exits next, as after a preemption) the compile in
+        progress is not waited for: a persistent cache write it already began is waited
+        for (at most ``bound`` seconds), and its later writes are held, so the exit leaves
+        no cache entry half-written (see the module's docstring).
+
+        Args:
+            exiting: the process exits after this stop.
+            bound: with ``exiting``, the most seconds to wait for a cache write in progress.
+        """
         self._stop.set()
         with self._guard:
             self._queue = []
         self._go.set()  # a held precompiler sees the stop
+        if exiting:
+            if not _WRITES.close(bound, storage.grace_seconds(self.config.grace_period)):
+                logger.warning("a compilation cache write was still in progress after %.1f s of the stop", bound)
+            return
         if self._precompiler is not None:
             self._precompiler.join()
             self._precompiler = None
+        for helper in self._helpers:
+            helper.join()
+        self._helpers = []
 
 
 def _key(mesh: jax.sharding.Mesh, global_batch: int) -> tuple:

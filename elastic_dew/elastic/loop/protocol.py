@@ -219,7 +219,8 @@ class ElasticRun:
         """Train until ``final_step`` is complete; return its :class:`Finished` state and step.
 
         Whether it returns or raises, every thread, iterator and Orbax manager the run
-        started is stopped and joined (the pathwaysutils ``Manager`` stops its own monitor).
+        started is stopped and joined (the pathwaysutils ``Manager`` stops its own monitor;
+        after a preemption the precompiler's compile in progress is not waited for).
 
         Args:
             final_step: the step to train to (>= 1).
@@ -261,7 +262,7 @@ class ElasticRun:
             except ElasticRuntimeError as error:
                 raise self.stopping.gave_up(error, self.last_step, policy) from error
             finally:
-                self.compiler.stop_precompiling()
+                self.compiler.stop_precompiling(exiting=self.stopping.preempted, bound=self.stopping.bound())
                 self.deadline.close()
                 self.data.close()
                 self.tiers.close()
@@ -332,10 +333,10 @@ class ElasticRun:
         self.compiler.pause_precompiling()  # the resume has the host to itself until start_precompiling
         mesh, batch_size = self._layout()
         self.tiers.on_active_slices_changed(mesh)
-        _, saved_guess = self.tiers.newest_known()
+        source_guess, saved_guess = self.tiers.newest_known()
         hooks.phase("compile", (saved_guess or 0) + 1)
         abstract = self.program.abstract_state(mesh)
-        step_fn = self.compiler.compile(mesh, batch_size)
+        step_fn = self.compiler.compile(mesh, batch_size, with_others=source_guess == "snapshot")
         recovery.lap("mesh_and_compile")
         restored = self.tiers.restore(abstract)
         source, step, state, meta = restored if restored is not None else (

@@ -61,6 +61,8 @@ class Stopping:
         self.config = config
         self.emit = emit
         self.mesh_spec = MeshSpec() if mesh_spec is None else mesh_spec
+        #: A preemption stop was made: the process exits next (``Preempted`` goes up).
+        self.preempted = False
 
     def stop_timeout(self) -> float:
         """Seconds a preemption's stop may spend on storage: what is left of the grace
@@ -89,6 +91,7 @@ class Stopping:
             checkpoints = self.tiers.checkpoints
             step = (checkpoints.newest_known() if checkpoints is not None else None) or 0
         self.emit(Stop(reason="preempted", step=step))
+        self.preempted = True
         raise Preempted(step)
 
     def in_recovery(self, last_step: int) -> Preempted:
@@ -138,6 +141,7 @@ class Stopping:
         else:
             logger.warning("preemption notice during a recovery: stopping at step %d", step)
         self.emit(Stop(reason="preempted", step=step))
+        self.preempted = True
         return Preempted(step)
 
     def _save_newest_snapshot(self, timeout: float | None = None) -> int | None:
