@@ -88,7 +88,7 @@ def test_a_stop_before_exit_does_not_wait_for_the_compile_in_progress_and_holds_
     compiler.start_precompiling()
     assert program.compiling.wait(30)
     thread = compiler._precompiler
-    compiler.stop_precompiling(exiting=True, bound=5)  # returns with the compile still held
+    compiler.stop_precompiling(exiting=True, timeout=5)  # returns with the compile still held
     assert thread.is_alive() and program.written == 0
     program.compile_release.set()  # the compile ends while the process would be exiting
     _wait_for(lambda: compiler_module._WRITES.held == held_before + 1)
@@ -106,7 +106,7 @@ def test_a_stop_before_exit_lets_a_cache_write_in_progress_finish_first():
     compiler = _precompiling(program)
     compiler.start_precompiling()
     assert program.writing.wait(30)
-    stopper = threading.Thread(target=compiler.stop_precompiling, kwargs={"exiting": True, "bound": 60})
+    stopper = threading.Thread(target=compiler.stop_precompiling, kwargs={"exiting": True, "timeout": 60})
     stopper.start()
     stopper.join(0.5)
     assert stopper.is_alive() and program.written == 0  # the stop waits for the write

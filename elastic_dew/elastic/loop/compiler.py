@@ -112,13 +112,13 @@ class _CacheWrites:
                 self._writing -= 1
                 self._changed.notify_all()
 
-    def close(self, bound: float, hold: float) -> bool:
+    def close(self, timeout: float, hold: float) -> bool:
         """Hold every later write (each at most ``hold`` s: a process still alive then was
-        not ended by the stop); wait (at most ``bound`` s) for those in progress. ``False``
+        not ended by the stop); wait (at most ``timeout`` s) for those in progress. ``False``
         when one is still being written."""
         with self._changed:
             self._open, self._hold = False, hold
-            return self._changed.wait_for(lambda: self._writing == 0, timeout=bound)
+            return self._changed.wait_for(lambda: self._writing == 0, timeout=timeout)
 
     def open(self) -> None:
         """Let held and later writes go ahead."""
@@ -319,25 +319,25 @@ class StepCompiler:
                 )
             self._covered.add(_key(mesh, batch))
 
-    def stop_precompiling(self, *, exiting: bool = False, bound: float = 10.0) -> None:
+    def stop_precompiling(self, *, exiting: bool = False, timeout: float = 10.0) -> None:
         """Start no other compile, and let the compile in progress finish.
 
         With ``exiting`` (the process exits next, as after a preemption) the compile in
         progress is not waited for: a persistent cache write it already began is waited
-        for (at most ``bound`` seconds), and its later writes are held, so the exit leaves
+        for (at most ``timeout`` seconds), and its later writes are held, so the exit leaves
         no cache entry half-written (see the module's docstring).
 
         Args:
             exiting: the process exits after this stop.
-            bound: with ``exiting``, the most seconds to wait for a cache write in progress.
+            timeout: with ``exiting``, the most seconds to wait for a cache write in progress.
         """
         self._stop.set()
         with self._guard:
             self._queue = []
         self._go.set()  # a held precompiler sees the stop
         if exiting:
-            if not _WRITES.close(bound, storage.grace_seconds(self.config.grace_period)):
-                logger.warning("a compilation cache write was still in progress after %.1f s of the stop", bound)
+            if not _WRITES.close(timeout, storage.grace_seconds(self.config.grace_period)):
+                logger.warning("a compilation cache write was still in progress after %.1f s of the stop", timeout)
             return
         if self._precompiler is not None:
             self._precompiler.join()

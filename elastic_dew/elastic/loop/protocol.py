@@ -262,7 +262,7 @@ class ElasticRun:
             except ElasticRuntimeError as error:
                 raise self.stopping.gave_up(error, self.last_step, policy) from error
             finally:
-                self.compiler.stop_precompiling(exiting=self.stopping.preempted, bound=self.stopping.bound())
+                self.compiler.stop_precompiling(exiting=self.stopping.preempted, timeout=self.stopping.stop_timeout())
                 self.deadline.close()
                 self.data.close()
                 self.tiers.close()
