@@ -329,7 +329,8 @@ def _records_of_a_preemption_with_a_save_after_the_signal(landed):
 
 def test_a_checkpoint_requested_after_the_signal_counts_only_once_committed_and_silence_when_it_cannot_be_told():
     (problem,) = diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(2)).problems  # never committed
-    assert problem.kind == "no_save_at_preemption" and "redid 4 steps" in problem.detail
+    assert problem.kind == "no_save_at_preemption" and "resumed from the checkpoint of step 2 and redid 4 steps" in (
+        problem.detail)
     assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(6)).problems == ()  # committed
     assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(None)).problems == ()  # cannot tell
 

@@ -284,9 +284,16 @@ def _no_save_at_preemption(run: Records) -> list[Problem]:
         out.append(Problem("no_save_at_preemption", run.process(fault["pid"]), run.attempt_at(fault["wall"],
                                                                                                fault["pid"]),
                            f"{fault['scheduled']} ended process {run.process(fault['pid'])} with no checkpoint "
-                           f"saved after the signal; the restart resumed at position {resume['p']} and redid "
+                           f"saved after the signal; the restart resumed from {_origin(resume)} and redid "
                            f"{at - resume['p']} steps"))
     return out
+
+
+def _origin(resume: Mapping[str, Any]) -> str:
+    """What ``resume`` resumed from, in the program's step numbers."""
+    if resume["origin"] in ("snapshot", "checkpoint"):
+        return f"the {resume['origin']} of step {resume['step']}"
+    return "its live state" if resume["origin"] == "live" else "nothing (a fresh state)"
 
 
 def _returned_slice_ignored(run: Records) -> list[Problem]:
