@@ -54,8 +54,8 @@ PROBLEMS: Mapping[str, ProblemKind] = {
         ProblemKind(
             "recreated_per_attempt",
             rule="a pathwaysutils Manager or an Orbax Snapshotter was made inside the function given to "
-                 "elastic_retry, again in a later attempt (a CheckpointManager made per attempt over the same "
-                 "directory finds every committed step, and is not this mistake)",
+                 "elastic_retry, again in a later attempt (a CheckpointManager or a v1 Checkpointer made per "
+                 "attempt over the same directory finds every committed step, and is not this mistake)",
             cost="its slice tracking or its in-memory snapshots do not survive the attempt: the next attempt "
                  "starts with none of them",
             fix="make the Manager and the Snapshotter once, before the function elastic_retry wraps, and use "
