@@ -29,8 +29,8 @@ comes from the program's calls as the simulator's patches see them
 * ``save`` / ``restore``: an Orbax ``Snapshotter`` save (``skipped`` when Orbax dropped it
   because the previous one was still queued; requested, not yet landed) or load, a
   checkpoint save or restore (``CheckpointManager``, v0 ``Checkpointer.restore``, v1
-  ``load`` and ``training.Checkpointer``), with the program's step number and the state's
-  position;
+  ``load``/``load_pytree``/``load_checkpointables`` of a path and ``training.Checkpointer``'s
+  saves and loads), with the program's step number and the state's position;
 * ``created``: a pathwaysutils ``Manager``, an Orbax ``Snapshotter``, ``CheckpointManager``
   or v1 ``Checkpointer`` made, with the attempt it was made in and whether inside the
   retried function;
