@@ -267,7 +267,7 @@ def _snapshot_skipped(run: Records) -> list[Problem]:
 
 def _no_save_at_preemption(run: Records) -> list[Problem]:
     checkpoints = any(s["kind"] == "checkpoint" for s in run.saves) or any(
-        m["what"] == "CheckpointManager" for m in run.of("created"))
+        m["what"] in ("CheckpointManager", "Checkpointer") for m in run.of("created"))
     if not checkpoints:
         return []  # a program that writes no checkpoints has chosen to start over
     out = []

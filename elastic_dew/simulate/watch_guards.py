@@ -240,11 +240,11 @@ def _step_in(path: Any) -> int | None:
 
 
 def _in_v1_checkpointer(frame: Any) -> bool:
-    """Whether ``frame`` is a method of Orbax's v1 ``training.Checkpointer`` (its own
+    """Whether ``frame`` is code of Orbax's v1 ``training.Checkpointer``'s module (its own
     ``CheckpointManager``'s making and saves: the Checkpointer's wrappers record them)."""
     import orbax.checkpoint as ocp
 
-    return frame is not None and isinstance(frame.f_locals.get("self"), ocp.v1.training.Checkpointer)
+    return _module(frame) == ocp.v1.training.Checkpointer.__module__
 
 
 def _by_orbax(frame: Any) -> bool:
