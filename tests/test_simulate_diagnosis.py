@@ -329,7 +329,8 @@ def _records_of_a_preemption_with_a_save_after_the_signal(landed):
 
 def test_a_checkpoint_requested_after_the_signal_counts_only_once_committed_and_silence_when_it_cannot_be_told():
     (problem,) = diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(2)).problems  # never committed
-    assert problem.kind == "no_save_at_preemption" and "redid 4 steps" in problem.detail
+    assert problem.kind == "no_save_at_preemption" and "resumed from the checkpoint of step 2 and redid 4 steps" in (
+        problem.detail)
     assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(6)).problems == ()  # committed
     assert diagnose(*_records_of_a_preemption_with_a_save_after_the_signal(None)).problems == ()  # cannot tell
 
@@ -355,3 +356,68 @@ def test_a_slice_lost_again_as_it_came_back_is_not_a_returned_slice_ignored_and_
     assert found.problems == () and found.costs[0].steps_short == 0
     (problem,) = diagnose(*_records_of_a_slice_back_and_lost_again(False)).problems
     assert problem.kind == "returned_slice_ignored" and "6 steps trained without it" in problem.detail
+
+
+@pytest.mark.libraries
+def test_a_loop_checkpointing_through_orbax_v1_that_never_loads_is_named_restored_nothing_and_nothing_else(tmp_path):
+    """The corpus's MaxText-shaped loop with its one mistake: checkpoints committed, never loaded."""
+    from programs.corpus import maxtext_checkpointing
+
+    with SimulatedSlices(4, 2, schedule="lose:1@4,restore:1@7") as sim:
+        maxtext_checkpointing.main(["--checkpoints", str(tmp_path / "c"), "--mistake", "restored_nothing"])
+    problems = sim.diagnose().problems
+    assert _kinds(problems) == ["restored_nothing", "restored_nothing"]
+    assert "although the checkpoint of step 2 had been saved" in problems[0].detail
+
+
+def _records_of_a_restart_after_a_save_in_flight(landed):
+    """A process checkpointing every 2 steps without waiting for the commit, killed at step 4
+    after requesting step 2 (MaxText's steps: the checkpoint of step N holds N+1 steps), and
+    its restart starting over; ``landed``: the newest committed step its ``landed`` record
+    read (``None``: none)."""
+    faults = [{"scheduled": "kill@4/step", "action": "kill", "slice": None, "phase": "step", "step": 4,
+               "pid": 1, "wall": 14.5}]
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 1]},
+              *({"e": "step", "pid": 1, "n": 1, "w": 10.0 + i, "p": i + 1} for i in range(4)),
+              {"e": "save", "pid": 1, "n": 1, "w": 10.1, "kind": "checkpoint", "step": 0, "p": 1, "skipped": False},
+              {"e": "save", "pid": 1, "n": 1, "w": 12.1, "kind": "checkpoint", "step": 2, "p": 3, "skipped": False},
+              {"e": "attempt", "pid": 2, "n": 1, "w": 20.0, "active": [0, 1]},
+              {"e": "landed", "pid": 2, "n": 1, "w": 21.0, "checkpoint": landed},
+              {"e": "resume", "pid": 2, "n": 1, "w": 21.0, "origin": "nothing", "step": None, "p": 0},
+              {"e": "step", "pid": 2, "n": 1, "w": 21.0, "p": 1}]
+    return faults, events
+
+
+def test_a_save_still_in_flight_at_the_end_of_a_process_is_not_counted_saved_by_restored_nothing():
+    assert diagnose(*_records_of_a_restart_after_a_save_in_flight(None)).problems == ()  # nothing had committed
+    (problem,) = diagnose(*_records_of_a_restart_after_a_save_in_flight(0)).problems  # step 0 had, step 2 had not
+    assert problem.kind == "restored_nothing" and "the checkpoint of step 0 had been saved" in problem.detail
+    (problem,) = diagnose(*_records_of_a_restart_after_a_save_in_flight(2)).problems
+    assert "the checkpoint of step 2 had been saved" in problem.detail
+
+
+def test_steps_counted_before_the_simulator_started_its_count_again_are_no_steps_and_no_resume():
+    """A restarted process whose data generator was counted as its first step until its step
+    function, carrying more state, superseded it (MaxText's): the resume is the step
+    function's first, from the checkpoint it restored, not the generator's, from nothing."""
+    faults = [{"scheduled": "preempt@5/step", "action": "preempt", "slice": None, "phase": "step", "step": 5,
+               "pid": 1, "wall": 15.5}]
+    events = [{"e": "attempt", "pid": 1, "n": 1, "w": 1.0, "active": [0, 1]},
+              {"e": "resume", "pid": 1, "n": 1, "w": 9.5, "origin": "nothing", "step": None, "p": 0},
+              *({"e": "step", "pid": 1, "n": 1, "w": 10.0 + i, "p": i + 1} for i in range(6)),
+              {"e": "save", "pid": 1, "n": 1, "w": 15.6, "kind": "checkpoint", "step": 4, "p": 5, "skipped": False},
+              {"e": "attempt", "pid": 2, "n": 1, "w": 20.0, "active": [0, 1]},
+              {"e": "restore", "pid": 2, "n": 1, "w": 20.5, "kind": "checkpoint", "step": 4, "p": 5},
+              {"e": "landed", "pid": 2, "n": 1, "w": 21.0, "checkpoint": 4},
+              {"e": "resume", "pid": 2, "n": 1, "w": 21.0, "origin": "nothing", "step": None, "p": 0},
+              {"e": "step", "pid": 2, "n": 1, "w": 21.0, "p": 1},  # the generator's dispatch
+              {"e": "superseded", "pid": 2, "n": 1, "w": 21.5},
+              {"e": "landed", "pid": 2, "n": 1, "w": 21.6, "checkpoint": 4},
+              {"e": "resume", "pid": 2, "n": 1, "w": 21.6, "origin": "checkpoint", "step": 4, "p": 5},
+              *({"e": "step", "pid": 2, "n": 1, "w": 22.0 + i, "p": i + 6} for i in range(3))]
+    found = diagnose(faults, events)
+    assert found.problems == ()
+    (cost,) = found.costs
+    assert (cost.resumed_from, cost.resumed_step, cost.redone_steps) == ("checkpoint", 4, 1)
+    assert found.totals.steps == 9
+    assert diagnose(faults, [e for e in events if e["e"] != "superseded"]).problems  # counted, it would be one

@@ -207,7 +207,7 @@ class Registry:
         simulator.derive(arrays, results)
         if watch is not None:
             if step is not None:
-                watch.stepped(arrays, results)
+                watch.stepped(arrays, results, step)
             else:
                 watch.derived(arrays, results)
             watch.placing(results, api, caller)

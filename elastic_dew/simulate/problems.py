@@ -54,8 +54,8 @@ PROBLEMS: Mapping[str, ProblemKind] = {
         ProblemKind(
             "recreated_per_attempt",
             rule="a pathwaysutils Manager or an Orbax Snapshotter was made inside the function given to "
-                 "elastic_retry, again in a later attempt (a CheckpointManager made per attempt over the same "
-                 "directory finds every committed step, and is not this mistake)",
+                 "elastic_retry, again in a later attempt (a CheckpointManager or a v1 Checkpointer made per "
+                 "attempt over the same directory finds every committed step, and is not this mistake)",
             cost="its slice tracking or its in-memory snapshots do not survive the attempt: the next attempt "
                  "starts with none of them",
             fix="make the Manager and the Snapshotter once, before the function elastic_retry wraps, and use "
@@ -267,7 +267,7 @@ def _snapshot_skipped(run: Records) -> list[Problem]:
 
 def _no_save_at_preemption(run: Records) -> list[Problem]:
     checkpoints = any(s["kind"] == "checkpoint" for s in run.saves) or any(
-        m["what"] == "CheckpointManager" for m in run.of("created"))
+        m["what"] in ("CheckpointManager", "Checkpointer") for m in run.of("created"))
     if not checkpoints:
         return []  # a program that writes no checkpoints has chosen to start over
     out = []
@@ -284,9 +284,16 @@ def _no_save_at_preemption(run: Records) -> list[Problem]:
         out.append(Problem("no_save_at_preemption", run.process(fault["pid"]), run.attempt_at(fault["wall"],
                                                                                                fault["pid"]),
                            f"{fault['scheduled']} ended process {run.process(fault['pid'])} with no checkpoint "
-                           f"saved after the signal; the restart resumed at position {resume['p']} and redid "
+                           f"saved after the signal; the restart resumed from {_origin(resume)} and redid "
                            f"{at - resume['p']} steps"))
     return out
+
+
+def _origin(resume: Mapping[str, Any]) -> str:
+    """What ``resume`` resumed from, in the program's step numbers."""
+    if resume["origin"] in ("snapshot", "checkpoint"):
+        return f"the {resume['origin']} of step {resume['step']}"
+    return "its live state" if resume["origin"] == "live" else "nothing (a fresh state)"
 
 
 def _returned_slice_ignored(run: Records) -> list[Problem]:

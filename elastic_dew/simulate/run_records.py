@@ -29,7 +29,7 @@ class Records:
 
     def __init__(self, faults: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]]) -> None:
         self.faults = sorted(faults, key=lambda f: f["wall"])
-        self.events = list(events)
+        self.events = _counted(events)
         self.pids: list[int] = []
         for record in [*self.events, *self.faults]:
             pid = record.get("pid")
@@ -66,6 +66,15 @@ class Records:
 
     def next_resume(self, wall: float) -> Mapping[str, Any] | None:
         return next((r for r in self.resumes if r["w"] > wall), None)
+
+
+def _counted(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``events`` less the ``step`` and ``resume`` records a later ``superseded`` record of
+    their process says were no steps (the simulator's count started again at a program that
+    carries more state: a data generator's dispatches had been counted first)."""
+    last = {e["pid"]: i for i, e in enumerate(events) if e["e"] == "superseded"}
+    return [e for i, e in enumerate(events)
+            if not (e["e"] in ("step", "resume") and i < last.get(e["pid"], -1))]
 
 
 #: A fired fault's fields the rules read (of its ``fault`` event, as the fault log holds it).

@@ -24,12 +24,13 @@ comes from the program's calls as the simulator's patches see them
   ``checkpoint``, ``live`` for a state carried over, ``nothing`` for a fresh one), after a
   ``landed`` record: the newest snapshot whose copy had finished and the newest committed
   checkpoint then, in the process's Snapshotters and checkpoint managers (a tier it has
-  none of is left out);
+  none of is left out); ``superseded``: the simulator started its step count again (the
+  step records of the process before it were not steps);
 * ``save`` / ``restore``: an Orbax ``Snapshotter`` save (``skipped`` when Orbax dropped it
   because the previous one was still queued; requested, not yet landed) or load, a
   checkpoint save or restore (``CheckpointManager``, v0 ``Checkpointer.restore``, v1
-  ``load`` and ``training.Checkpointer``), with the program's step number and the state's
-  position;
+  ``load``/``load_pytree``/``load_checkpointables`` of a path and ``training.Checkpointer``'s
+  saves and loads), with the program's step number and the state's position;
 * ``created``: a pathwaysutils ``Manager``, an Orbax ``Snapshotter``, ``CheckpointManager``
   or v1 ``Checkpointer`` made, with the attempt it was made in and whether inside the
   retried function;
@@ -62,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from orbax.checkpoint import utils as ocp_utils
 
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.rundir import read_records
@@ -127,6 +129,8 @@ class Watch:
             self._active: tuple[int, ...] | None = None
             self._claimed_down: frozenset[int] = frozenset()  # slices the program claimed while down
             self._stepped = False  # whether the attempt now has run its first step
+            self._number = 0  # the simulator's number of the newest counted step
+            self._counted = 0  # how often the simulator started its count again (a step's mark carries it)
             self._retry_depth = 0
             self._saves: dict[tuple[str, int], int] = {}  # (kind, program step) -> position
             self._position = 0  # the newest step's position (announced loops)
@@ -160,11 +164,13 @@ class Watch:
 
     def _mark(self, array: Any) -> tuple[Any, ...] | None:
         mark = getattr(array, _POSITION, None)
-        return mark if mark is not None and mark[0] is self._token else None
+        if mark is None or mark[0] is not self._token:
+            return None
+        return None if mark[3] == "step" and mark[5] != self._counted else mark  # a superseded program's: no step
 
     def _set(self, array: Any, position: int, origin: str, saved_step: int | None = None) -> None:
         try:
-            setattr(array, _POSITION, (self._token, position, self._attempt, origin, saved_step))
+            setattr(array, _POSITION, (self._token, position, self._attempt, origin, saved_step, self._counted))
         except AttributeError:
             pass  # an array type without a __dict__ carries no position
 
@@ -218,8 +224,18 @@ class Watch:
 
     # ----------------------------------------------------------------- steps
 
-    def stepped(self, inputs: list[Any], outputs: list[Any]) -> None:
-        """A counted step was dispatched on ``inputs``, giving ``outputs``."""
+    def stepped(self, inputs: list[Any], outputs: list[Any], number: int | None = None) -> None:
+        """A counted step (the simulator's ``number``) was dispatched on ``inputs``, giving
+        ``outputs``. A number not past the last one means the simulator started its count
+        again (a program carrying more state superseded what it had counted, a data
+        generator's): the steps recorded before were none (``superseded``), their outputs
+        carry no position, and this step is the process's first."""
+        if number is not None:
+            if number <= self._number:
+                self._counted += 1
+                self._stepped = False
+                self._emit("superseded")
+            self._number = number
         newest = self._newest(inputs)
         position = (newest[1] if newest is not None else 0) + 1
         if not self._stepped:
@@ -257,14 +273,15 @@ class Watch:
 
     def _landed(self) -> None:
         """What has landed now, recorded before a resume: the newest snapshot in host memory
-        (its copy finished) and the newest committed checkpoint, over the process's
-        Snapshotters and CheckpointManagers (``landed``; a tier it cannot read is left out)."""
+        (its copy finished) and the newest committed checkpoint (finalized on storage: a save
+        still in flight, in a manager's own list already, is not), over the process's
+        Snapshotters and checkpoint managers (``landed``; a tier it cannot read is left out)."""
         newest: dict[str, int | None] = {}
         for tier, kind in list(self._tiers.items()):
             try:
-                if hasattr(tier, "all_steps"):  # a v0 CheckpointManager: the steps committed on storage
-                    step = max(tier.all_steps(read=True), default=None)
-                else:  # a Snapshotter (its copy landed), a v1 Checkpointer (committed)
+                if kind == "checkpoint":  # the steps committed on storage, read without touching the manager
+                    step = max(ocp_utils.checkpoint_steps(tier.directory), default=None)
+                else:  # a Snapshotter: the newest snapshot whose copy landed
                     step = int(tier.latest.step) if tier.latest is not None else None
             except Exception:  # noqa: BLE001 - a tier that cannot say what landed says nothing
                 logger.debug("could not read what landed in %r", tier, exc_info=True)

@@ -6,7 +6,9 @@ simulator's :class:`~elastic_dew.simulate.watch.Watch` what happened: ``Manager.
 (when the retried function runs and how each attempt ended), the ``Manager``'s
 ``available_inactive_slices`` (a property over the instance's own value: when it became
 non-empty, and whether the program, not pathwaysutils, read it), Orbax's ``Snapshotter``
-(made, ``save``, ``load``), ``CheckpointManager`` (made, ``save``, ``restore``) and Grain's
+(made, ``save``, ``load``), ``CheckpointManager`` (made, ``save``, ``restore``), Orbax's other
+restore paths (v0 ``Checkpointer.restore``, v1 ``load``/``load_pytree``/``load_checkpointables``
+of a path) and v1 ``training.Checkpointer`` (made, every save and load form), Grain's
 ``ElasticIterator`` (made, ``set_state``, a batch taken), and the
 slice-down errors the simulator raises at a read or a dispatch the program made. A
 ``Snapshotter.save`` gives the request before it :data:`LANDING_SECONDS` to be taken up, so
@@ -32,7 +34,7 @@ __all__ = [
     "ACTIVE", "AVAILABLE", "LANDING_SECONDS", "active_property", "available_property", "checkpoint_manager",
     "checkpoint_restore", "checkpoint_save", "checkpointer_load", "checkpointer_save", "data_call", "detected",
     "elastic_iterator", "install_restore_paths", "made", "path_restore", "snapshot_load", "snapshot_save",
-    "tracking_retry",
+    "tracking_retry", "V1_LOADS", "V1_SAVES",
 ]
 
 
@@ -137,13 +139,15 @@ def active_property(reg: Any, original: property) -> property:
 
 
 def made(reg: Any, what: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """A class's ``__init__``: the watch sees one made (``Snapshotter``, ``CheckpointManager``)."""
+    """A class's ``__init__``: the watch sees one made (``Snapshotter``, ``CheckpointManager``),
+    but the ``CheckpointManager`` a v1 ``Checkpointer`` makes for itself (the Checkpointer is
+    the program's)."""
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         watch = _watch(reg)
-        if watch is not None:
+        if watch is not None and not _in_v1_checkpointer(_caller()):
             watch.created(what, self)
 
     return __init__
@@ -199,7 +203,8 @@ def checkpoint_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any
     def save(self, step, *args, **kwargs):
         saved = original(self, step, *args, **kwargs)
         watch = _watch(reg)
-        if saved and watch is not None and not _own_loop(_caller()):
+        caller = _caller()
+        if saved and watch is not None and not _in_v1_checkpointer(caller) and not _own_loop(caller):
             watch.saved("checkpoint", step, (args, kwargs))
         return saved
 
@@ -234,6 +239,14 @@ def _step_in(path: Any) -> int | None:
     return None
 
 
+def _in_v1_checkpointer(frame: Any) -> bool:
+    """Whether ``frame`` is code of Orbax's v1 ``training.Checkpointer``'s module (its own
+    ``CheckpointManager``'s making and saves: the Checkpointer's wrappers record them)."""
+    import orbax.checkpoint as ocp
+
+    return _module(frame) == ocp.v1.training.Checkpointer.__module__
+
+
 def _by_orbax(frame: Any) -> bool:
     """Whether Orbax itself made the call (a manager's restore reading through a checkpointer)."""
     return _module(frame).startswith("orbax")
@@ -259,8 +272,8 @@ def path_restore(reg: Any, original: Callable[..., Any], method: bool) -> Callab
 
 
 def checkpointer_load(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``ocp.v1.training.Checkpointer.load`` or ``load_pytree``: what it returns
-    carries the restored step's position."""
+    """``ocp.v1.training.Checkpointer.load``, ``load_pytree`` or ``load_checkpointables``:
+    what it returns carries the restored step's position."""
 
     @functools.wraps(original)
     def load(self, step=None, *args, **kwargs):
@@ -280,36 +293,49 @@ def checkpointer_load(reg: Any, original: Callable[..., Any]) -> Callable[..., A
 
 
 def checkpointer_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``ocp.v1.training.Checkpointer.save`` or ``save_pytree``: each save it took."""
+    """A save of ``ocp.v1.training.Checkpointer`` (``save``, ``save_checkpointables``, their
+    ``_async`` forms, ``save_pytree``): each save it took (requested: what landed is read
+    at each resume)."""
 
     @functools.wraps(original)
     def save(self, step, state, *args, **kwargs):
         saved = original(self, step, state, *args, **kwargs)
         watch = _watch(reg)
         caller = _caller()
-        if saved and watch is not None and not _by_orbax(caller) and not _own_loop(caller):
+        taken = saved is not None and saved is not False  # an _async form returns a response, or None
+        if taken and watch is not None and not _by_orbax(caller) and not _own_loop(caller):
             watch.saved("checkpoint", step, state)
         return saved
 
     return save
 
 
+#: Orbax v1's loads: of a path (``ocp.v1.load(path, ...)``), and of a ``training.Checkpointer``'s step.
+V1_LOADS = ("load", "load_pytree", "load_checkpointables")
+#: A v1 ``training.Checkpointer``'s saves (each form calls the next; Orbax's own call is passed over).
+V1_SAVES = ("save", "save_pytree", "save_async", "save_pytree_async", "save_checkpointables",
+            "save_checkpointables_async")
+
+
 def install_restore_paths(reg: Any, replace: Callable[[Any, str, Any], None]) -> None:
     """Wrap Orbax's other ways to save and restore a checkpoint than ``CheckpointManager``:
-    v0 ``Checkpointer.restore``, v1 ``load``/``load_pytree`` and v1
-    ``training.Checkpointer`` (made, ``save``, ``load``), with ``replace(owner, name, new)``."""
+    v0 ``Checkpointer.restore``, v1 :data:`V1_LOADS` of a path, and v1
+    ``training.Checkpointer`` (made, :data:`V1_SAVES`, :data:`V1_LOADS`), with
+    ``replace(owner, name, new)``."""
     import orbax.checkpoint as ocp
 
     replace(ocp.Checkpointer, "restore", path_restore(reg, vars(ocp.Checkpointer)["restore"], method=True))
-    for name in ("load", "load_pytree"):  # the public names: a program calls ocp.v1.load(...)
+    for name in V1_LOADS:  # the public names: a program calls ocp.v1.load(...)
         if name in vars(ocp.v1):
             replace(ocp.v1, name, path_restore(reg, vars(ocp.v1)[name], method=False))
     checkpointer = ocp.v1.training.Checkpointer
     replace(checkpointer, "__init__", made(reg, "Checkpointer", vars(checkpointer)["__init__"]))
-    for name in ("load", "load_pytree"):  # load_pytree calls load: Orbax's own call is passed over
-        replace(checkpointer, name, checkpointer_load(reg, vars(checkpointer)[name]))
-    for name in ("save", "save_pytree"):
-        replace(checkpointer, name, checkpointer_save(reg, vars(checkpointer)[name]))
+    for name in V1_LOADS:  # load calls load_checkpointables: Orbax's own call is passed over
+        if name in vars(checkpointer):
+            replace(checkpointer, name, checkpointer_load(reg, vars(checkpointer)[name]))
+    for name in V1_SAVES:
+        if name in vars(checkpointer):
+            replace(checkpointer, name, checkpointer_save(reg, vars(checkpointer)[name]))
 
 
 def _own_loop(frame: Any) -> bool:
