@@ -202,12 +202,12 @@ class ReadThread:
     (``concurrent.futures`` threads are joined at exit).
 
     Args:
-        name: the thread's name.
+        role: what the thread reads; it is named ``elastic-dew-ROLE``.
     """
 
-    def __init__(self, name: str = "elastic-dew-read") -> None:
+    def __init__(self, role: str = "read") -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"elastic-dew-{role}", daemon=True)
         self.thread.start()
 
     def submit(self, read: Callable[[], _T]) -> concurrent.futures.Future:

@@ -271,7 +271,7 @@ def read_within(data: ElasticData, step: int, timeout: float | None) -> DataBatc
         StorageTimeout: the read did not finish within the timeout.
     """
     if data._reader is None:
-        data._reader = ReadThread("elastic-dew-data-reader")
+        data._reader = ReadThread("data-reader")
     try:
         return storage.bounded("read", "the training data", step, timeout or storage.FLOOR_SECONDS, data.next,
                                noun="data", activity=None, runner=data._reader)
