@@ -68,6 +68,7 @@ class ProxyArray:
     epochs: tuple[tuple[int, int], ...]
     error: tuple[int, str] | None = None
     producer: str | None = None  # the program whose result it is
+    mark: Any = None  # where its data came from (a proxy.records.Mark), when the backend keeps records
 
 
 @dataclasses.dataclass
@@ -281,11 +282,27 @@ class ProxyBackend:
         chained = sum(_nbytes(h) for h in args if h.producer == program.name)  # the state it carries
         failed: tuple[int, str] | None = None
         step = None
+        marks = [h.mark for h in args]
+        from elastic_dew.proxy.faults import probe_programs
+        from elastic_dew.proxy.records import newest
+
+        if program.name not in probe_programs():
+            self.stepper.placing(program.device_ids, f"program {program.name}")
         try:
-            step = self.stepper.before(program, in_bytes, program.output_bytes, slices, chained)
+            dead = any(self.status(h) is not None for h in args)  # in-process such a dispatch fails at once
+            step = self.stepper.before(program, in_bytes, program.output_bytes, slices, chained,
+                                       None if dead else marks)
         except ProxyError as error:
             failed = (error.code, str(error))
         results, lost = self._execute(program, args)
+        if step is not None:
+            for held in results:
+                held.mark = self.stepper.step_mark
+        else:  # a program that moves its input between memories is a copy (jax.device_put to a memory kind)
+            source = max(args, key=lambda h: h.mark.position if h.mark is not None else -1, default=None)
+            for held in results:
+                held.mark = self.stepper.records.copied(newest(marks), source.memory_kind if source else None,
+                                                        held.memory_kind)
         try:
             self.stepper.after(step)
         except ProxyError as error:
