@@ -69,6 +69,7 @@ class ProxyArray:
     error: tuple[int, str] | None = None
     producer: str | None = None  # the program whose result it is
     mark: Any = None  # where its data came from (a proxy.records.Mark), when the backend keeps records
+    landed_once: bool = False  # a host copy's first readiness check was answered as it finished
 
 
 @dataclasses.dataclass
@@ -162,6 +163,19 @@ class ProxyBackend:
             return (self.slices.code_of(lost[0]), f"the array's data was on slice {lost[0]}, which is lost "
                                                   f"(elastic-dew local Pathways backend)")
         return None
+
+    def landed(self, held: ProxyArray) -> bool:
+        """Whether this readiness check of ``held`` is the first of a copy into host memory that
+        finished before every loss its slices met since: it is answered as the copy finished
+        (the program's snapshot worker learns that its copy landed, as in-process the simulator
+        lands a snapshot's copy before a step-keyed fault fires); every later check, and every
+        read of its data, fails."""
+        if held.memory_kind not in ("pinned_host", "unpinned_host") or held.error is not None or held.landed_once:
+            return False
+        held.landed_once = True
+        states = self.slices.states
+        gone = set(self.slices.lost_among(held.epochs))
+        return bool(gone) and all(states.epochs[s] != epoch for s, epoch in held.epochs if s in gone)
 
     def check_readable(self, held: ProxyArray) -> None:
         """Wait while ``held`` is a hung slice's (not in host memory); raise when it is lost."""

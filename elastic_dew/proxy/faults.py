@@ -50,9 +50,6 @@ logger = logging.getLogger(__name__)
 #: The longest a read of a step's results waits for the program's ``Manager`` to see a
 #: returned slice (its monitor's probes) before it is answered anyway.
 TAKE_UP_WAIT_S = 10.0
-#: How long after the answer to the monitor's probe of a returned slice the ``Manager``'s
-#: thread is given to record what its check found, when no second probe comes first.
-CHECK_GRACE_S = 0.5
 
 
 @functools.lru_cache(maxsize=1)
@@ -158,7 +155,6 @@ class StepSchedule:
         self._lock = threading.Lock()
         self._taken = threading.Condition(self._lock)  # notified as a returned slice is seen or taken
         self._returned: dict[int, int] = {}  # each returned slice not yet seen: its probes since
-        self._checked: dict[int, float] = {}  # a returned slice: when a probe of it since was answered
         #: What the backend sees of the program's state, as the in-process watch's records.
         self.records = StateRecords(watch)
         self.step_mark: Any = None  # the mark of the results of the step ``before`` counted
@@ -173,7 +169,6 @@ class StepSchedule:
             self.counter = StepCount(self.step_function)
             self._met_since_step = self._probed = self._probes_seen = False
             self._returned.clear()
-            self._checked.clear()
             self._taken.notify_all()
             self._step_slices = frozenset()
             self._waited = False
@@ -219,14 +214,12 @@ class StepSchedule:
             self._unmet = True
             self._waited = False
             self._returned.pop(index, None)
-            self._checked.pop(index, None)
             self._taken.notify_all()
 
     def _slice_back(self, index: int) -> None:
         with self._lock:
             if self._probes_seen:
                 self._returned[index] = 0
-                self._checked.pop(index, None)
 
     @property
     def holding(self) -> bool:
@@ -235,45 +228,23 @@ class StepSchedule:
 
     def hold(self, producer: str | None, mark: Any = None) -> None:
         """Before a read of a result of program ``producer`` (its data marked ``mark``) is
-        answered: when it is the loop's step, or made from one, and a slice came back, wait
-        until the program's ``Manager`` has seen the slice, the program took it up, or it was
-        lost again. The ``Manager`` has seen it once its monitor's first check after the return
-        has finished: a second probe of the slice (the monitor polls again only after its
-        check), or :data:`CHECK_GRACE_S` after the answer to a probe of it dispatched after the
-        return (the check's own thread records what it found); at most :data:`TAKE_UP_WAIT_S`.
-        In-process the simulator shows the ``Manager`` a returned slice at once, so a loop sees
-        it at the step boundary the return fired at; the hold gives the proxy boundary the same
-        step (``docs/pathways-boundary.md``, "Which dispatches are steps")."""
+        answered: when it is the loop's step, or made from one, and a slice came back, wait (at
+        most :data:`TAKE_UP_WAIT_S`) until the program's ``Manager`` has seen it (its monitor
+        probed the slice twice since: its monitor polls again only once its first check after
+        the return has finished and recorded the slice), the program took it up, or it was lost
+        again. In-process the simulator shows the ``Manager`` a returned slice at once, so a
+        loop sees it at the step boundary the return fired at; the hold gives the proxy boundary
+        the same step (``docs/pathways-boundary.md``, "The hold after a return")."""
         if not self._returned:
             return
         with self._taken:
             if not ((producer is not None and self.counter.is_step(producer))
                     or (mark is not None and mark.origin == "step")):
                 return
-            deadline = time.monotonic() + TAKE_UP_WAIT_S
-            while self._returned and time.monotonic() < deadline:
-                now = time.monotonic()
-                for index, answered in list(self._checked.items()):
-                    if now - answered >= CHECK_GRACE_S:
-                        self._returned.pop(index, None)
-                        del self._checked[index]
-                self._taken.wait(min(CHECK_GRACE_S / 4, max(0.0, deadline - now)))
-            if self._returned:
+            if not self._taken.wait_for(lambda: not self._returned, TAKE_UP_WAIT_S):
                 logger.warning("the program's Manager did not probe returned slices %s within %g s: its read "
                                "is answered", sorted(self._returned), TAKE_UP_WAIT_S)
                 self._returned.clear()
-            self._checked.clear()
-
-    def probe_answered(self, device_ids: Any) -> None:
-        """A read of a health check probe's result on ``device_ids`` was answered: when it
-        probed a returned slice after its return, the check that probed it is finishing."""
-        if self._slices is None or not self._returned:
-            return
-        with self._taken:
-            for index in {self._slices.slice_of(d) for d in device_ids}:
-                if self._returned.get(index, 0) >= 1 and index not in self._checked:
-                    self._checked[index] = time.monotonic()
-                    self._taken.notify_all()
 
     def idle(self) -> bool:
         """Whether the program can reach no step now: a read of it waits on a hung slice, or

@@ -103,12 +103,6 @@ class Session(ProgramRequests):
         stepper = self.backend.stepper
         return stepper.records if stepper is not None else None
 
-    def _probe_answered(self, held: ProxyArray) -> None:
-        from elastic_dew.proxy.faults import probe_programs
-
-        if self.backend.stepper is not None and held.producer in probe_programs():
-            self.backend.stepper.probe_answered(held.device_ids)
-
     def _placing(self, device_ids: Any, api: str) -> None:
         if self.backend.stepper is not None:
             self.backend.stepper.placing(device_ids, api)
@@ -173,10 +167,10 @@ class Session(ProgramRequests):
                 continue  # an executable's handle: compiled before it was returned
             if self.backend.stepper is not None:
                 self.backend.stepper.hold(held.producer, held.mark)
-            self.backend.check_readable(held)
+            if not self.backend.landed(held):
+                self.backend.check_readable(held)
             for shard in held.shards:
                 shard.block_until_ready()
-            self._probe_answered(held)
         return self._new("CheckValueReadyResponse")
 
     # ------------------------------------------------------------------ arrays from and to the host
@@ -261,7 +255,6 @@ class Session(ProgramRequests):
         if self.backend.stepper is not None:
             self.backend.stepper.hold(held.producer, held.mark)
         value = np.ascontiguousarray(self.backend.to_numpy(held))
-        self._probe_answered(held)
         if self._records is not None:
             self._records.read(held.mark, value.tobytes(), held.memory_kind)
         strides = tuple(request.byte_strides.strides) if request.HasField("byte_strides") else ()
