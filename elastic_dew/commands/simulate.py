@@ -42,6 +42,7 @@ from typing import Any
 
 from elastic_dew.console import add_flag, refusal
 from elastic_dew.observe.logs import TEXT_FORMAT
+from elastic_dew.proxy import records as proxy_records
 from elastic_dew.settings import SettingError
 from elastic_dew.run import FAILED_EXIT, USAGE_EXIT, SimConfig
 from elastic_dew.run.planning import RUNS_DIR
@@ -241,6 +242,9 @@ class Verdict:
     #: Why the faults never fired, when the step rule found no step in a program that ran to
     #: its end (it names ``--step-function``); empty otherwise.
     never_cause: str = ""
+    #: The problem kinds the boundary cannot evaluate (through the proxy: those that need the
+    #: program's process), each with what it needs.
+    unseen: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -255,6 +259,7 @@ class Verdict:
         out["costs"] = [c.to_json() for c in diagnosis.costs] if diagnosis else []
         out["totals"] = diagnosis.totals.to_json() if diagnosis else None
         out["problems"] = [p.to_json() for p in diagnosis.problems] if diagnosis else []
+        out["unseen"] = [{"kind": kind, "needs": needs} for kind, needs in self.unseen]
         out["ok"] = self.ok
         return out
 
@@ -277,6 +282,9 @@ class Verdict:
                        "nothing; fire it at a later step)")
         if self.diagnosis is not None:
             out.extend(self.diagnosis.lines())
+        if self.unseen:
+            out.append(f"  unseen  {', '.join(kind for kind, _ in self.unseen)}: not evaluated through the proxy "
+                       "(each needs the program's process: its heap, its Manager, Orbax or Grain objects)")
         out.append(f"{_PROG}: {'ok' if self.ok else 'FAILED'}, exit {self.exit}; run directory {self.run_dir}")
         return out
 
@@ -341,26 +349,21 @@ def verdict(command: Sequence[str], sim: SimConfig, schedule_text: str, run_dir:
     fired = FaultLog(fault_log).fired(texts) if schedule else {}
     fired_json = tuple(fault_record(record) for _, record in sorted(fired.items(), key=lambda item: item[1].wall))
     never = tuple(text for index, text in enumerate(texts) if index not in fired)
-    watched = run_dir / WATCH_FILE  # none through the proxy: the program's process has no watch yet
-    found = diagnose(fired_json, read_records(watched), allow) if watched.exists() else None
+    watched = run_dir / WATCH_FILE  # through the proxy, the backend's records (elastic_dew.proxy.records)
+    by_program = proxy_records.charged_to_programs(fired_json, records) if boundary == "proxy" else fired_json
+    found = diagnose(by_program, read_records(watched), allow) if watched.exists() else None
     if statuses and statuses[-1] != 0:
         found = with_output_causes(found, output, len(statuses), allow)
-    unmet = _unmet_losses(fired_json, records) if boundary == "proxy" else ()
+    unmet = proxy_records.unmet_losses(fired_json, records) if boundary == "proxy" else ()
     code = _status_code(statuses[-1])
     left = FaultLog(fault_log).never_fired() if never else []
     stepless = bool(left) and code == 0 and all(f.step < 0 for f in left)
     cause = NO_STEP_FOUND if stepless else ""
     if code == 0 and (never or unmet or (found is not None and found.defects)):
         code = FAILED_EXIT
+    unseen = tuple(proxy_records.UNSEEN.items()) if boundary == "proxy" else ()
     return Verdict(tuple(command), sim.slices, sim.devices_per_slice, schedule_text, str(run_dir),
-                   tuple(processes), fired_json, never, code, found, unmet, cause)
-
-
-def _unmet_losses(fired: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> tuple[str, ...]:
-    """The fired ``lose`` faults after which the backend answered no request ``DATA_LOSS``
-    (its ``met`` records in the attempts file)."""
-    met = [r["wall"] for r in records if r.get("met")]
-    return tuple(f["scheduled"] for f in fired if f["action"] == "lose" and not any(w >= f["wall"] for w in met))
+                   tuple(processes), fired_json, never, code, found, unmet, cause, unseen)
 
 
 def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSettings, run_dir: Path,
@@ -374,7 +377,7 @@ def _through_proxy(program: ResolvedCommand, sim: SimConfig, settings: LaunchSet
         [*program.interpreter, program.target]
     backend = LocalPathways(sim.slices, sim.devices_per_slice, schedule=sim.schedule,
                             step_function=settings.step_function, fault_log=settings.fault_log,
-                            attempts=settings.attempts, log=run_dir / "proxy.log")
+                            attempts=settings.attempts, log=run_dir / "proxy.log", watch=settings.watch)
     env = {k: v for k, v in os.environ.items() if k != ENVIRONMENT}
     env.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
     env.setdefault("NO_GCE_CHECK", "True")

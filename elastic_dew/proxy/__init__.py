@@ -76,6 +76,9 @@ class LocalPathways:
             lines ``{"pid", "start"}`` and ``{"pid", "active", "step"}``, as ``elastic-dew
             simulate`` reads them; a process announces itself with
             ``python -m elastic_dew.proxy.exec_program``).
+        watch: where what the backend sees of the program's state is appended, as the
+            in-process watch's records (``watch.jsonl``, :mod:`elastic_dew.proxy.records`), for the
+            verdict's costs and the problem rules the boundary can evaluate.
         log: where the server's log goes (a path; default: discarded).
 
     Raises:
@@ -84,7 +87,8 @@ class LocalPathways:
 
     def __init__(self, slices: int = 2, devices_per_slice: int = 4, *, port: int = 0, schedule: str = "",
                  step_function: str | None = None, fault_log: str | os.PathLike[str] | None = None,
-                 attempts: str | os.PathLike[str] | None = None, log: str | os.PathLike[str] | None = None):
+                 attempts: str | os.PathLike[str] | None = None, log: str | os.PathLike[str] | None = None,
+                 watch: str | os.PathLike[str] | None = None):
         if slices < 1 or devices_per_slice < 1:
             raise ValueError(f"slices={slices}, devices_per_slice={devices_per_slice}: each must be at least 1")
         if not 0 <= port < 65536:
@@ -97,6 +101,7 @@ class LocalPathways:
         self.schedule, self.step_function = schedule, step_function
         self.fault_log = None if fault_log is None else str(fault_log)
         self.attempts = None if attempts is None else str(attempts)
+        self.watch = None if watch is None else str(watch)
         self.log = None if log is None else Path(log)
         self._process: subprocess.Popen[str] | None = None
         self._channel: Any = None
@@ -129,6 +134,8 @@ class LocalPathways:
             command += ["--fault-log", self.fault_log]
         if self.attempts:
             command += ["--attempts", self.attempts]
+        if self.watch:
+            command += ["--watch", self.watch]
         env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_BACKEND_TARGET")}
         self._log_file = open(self.log, "a", encoding="utf-8") if self.log else open(os.devnull, "w")
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env=env)

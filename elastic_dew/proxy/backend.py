@@ -68,6 +68,8 @@ class ProxyArray:
     epochs: tuple[tuple[int, int], ...]
     error: tuple[int, str] | None = None
     producer: str | None = None  # the program whose result it is
+    mark: Any = None  # where its data came from (a proxy.records.Mark), when the backend keeps records
+    landed_once: bool = False  # a host copy's first readiness check was answered as it finished
 
 
 @dataclasses.dataclass
@@ -161,6 +163,19 @@ class ProxyBackend:
             return (self.slices.code_of(lost[0]), f"the array's data was on slice {lost[0]}, which is lost "
                                                   f"(elastic-dew local Pathways backend)")
         return None
+
+    def landed(self, held: ProxyArray) -> bool:
+        """Whether this readiness check of ``held`` is the first of a copy into host memory that
+        finished before every loss its slices met since: it is answered as the copy finished
+        (the program's snapshot worker learns that its copy landed, as in-process the simulator
+        lands a snapshot's copy before a step-keyed fault fires); every later check, and every
+        read of its data, fails."""
+        if held.memory_kind not in ("pinned_host", "unpinned_host") or held.error is not None or held.landed_once:
+            return False
+        held.landed_once = True
+        states = self.slices.states
+        gone = set(self.slices.lost_among(held.epochs))
+        return bool(gone) and all(states.epochs[s] != epoch for s, epoch in held.epochs if s in gone)
 
     def check_readable(self, held: ProxyArray) -> None:
         """Wait while ``held`` is a hung slice's (not in host memory); raise when it is lost."""
@@ -281,11 +296,27 @@ class ProxyBackend:
         chained = sum(_nbytes(h) for h in args if h.producer == program.name)  # the state it carries
         failed: tuple[int, str] | None = None
         step = None
+        marks = [h.mark for h in args]
+        from elastic_dew.proxy.faults import probe_programs
+        from elastic_dew.proxy.records import newest
+
+        if program.name not in probe_programs():
+            self.stepper.placing(program.device_ids, f"program {program.name}")
         try:
-            step = self.stepper.before(program, in_bytes, program.output_bytes, slices, chained)
+            dead = any(self.status(h) is not None for h in args)  # in-process such a dispatch fails at once
+            step = self.stepper.before(program, in_bytes, program.output_bytes, slices, chained,
+                                       None if dead else marks)
         except ProxyError as error:
             failed = (error.code, str(error))
         results, lost = self._execute(program, args)
+        if step is not None:
+            for held in results:
+                held.mark = self.stepper.step_mark
+        else:  # a program that moves its input between memories is a copy (jax.device_put to a memory kind)
+            source = max(args, key=lambda h: h.mark.position if h.mark is not None else -1, default=None)
+            for held in results:
+                held.mark = self.stepper.records.copied(newest(marks), source.memory_kind if source else None,
+                                                        held.memory_kind)
         try:
             self.stepper.after(step)
         except ProxyError as error:

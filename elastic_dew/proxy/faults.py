@@ -78,11 +78,12 @@ class _Target:
     """The schedule runner's target: the backend's slices, and the program's process for a
     preemption or a kill."""
 
-    def __init__(self, slices: Any, pid: Any, lost: Any, back: Any):
+    def __init__(self, slices: Any, pid: Any, lost: Any, back: Any, down: Any):
         self.slices = slices
         self._pid = pid
         self._lost = lost
         self._back = back
+        self._down = down
 
     def end_process(self, signum: int) -> None:
         import os
@@ -104,9 +105,11 @@ class _Target:
 
     def hang(self, i: int) -> None:
         self.slices.hang(i)
+        self._down()
 
     def suspend(self, i: int) -> None:
         self.slices.suspend(i)
+        self._down()
 
     def wake(self, i: int) -> None:
         self.slices.wake(i)
@@ -130,7 +133,8 @@ class StepSchedule:
     """
 
     def __init__(self, schedule: str, step_function: str | None = None, fault_log: str | None = None,
-                 attempts: str | None = None):
+                 attempts: str | None = None, watch: str | None = None):
+        from elastic_dew.proxy.records import StateRecords
         from elastic_dew.simulate.schedule import parse_schedule
 
         self.schedule = parse_schedule(schedule)
@@ -151,6 +155,11 @@ class StepSchedule:
         self._lock = threading.Lock()
         self._taken = threading.Condition(self._lock)  # notified as a returned slice is seen or taken
         self._returned: dict[int, int] = {}  # each returned slice not yet seen: its probes since
+        #: What the backend sees of the program's state, as the in-process watch's records.
+        self.records = StateRecords(watch)
+        self.step_mark: Any = None  # the mark of the results of the step ``before`` counted
+        self._waited = False  # since the last slice went down the program met it and probed the slices
+        self._backend: Any = None
 
     def process_started(self, pid: int) -> None:
         """A new process of the run starts (``pid``): its steps count from 1 (the fault log
@@ -162,7 +171,9 @@ class StepSchedule:
             self._returned.clear()
             self._taken.notify_all()
             self._step_slices = frozenset()
+            self._waited = False
             self.attempts = []
+            self.records.process_started(pid)
             self._record({"pid": pid, "start": True, "wall": time.time()})
 
     def _record(self, line: dict[str, Any]) -> None:
@@ -187,14 +198,21 @@ class StepSchedule:
 
         log = FaultLog(self.fault_log) if self.fault_log else None
         self._slices = backend.slices
-        target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss, self._slice_back))
+        self._backend = backend
+        target = cast(Target, _Target(backend.slices, lambda: self.pid, self._fired_loss, self._slice_back,
+                                      self._slice_down))
         self.runner = ScheduleRunner(self.schedule, target, log, idle=self.idle)
         self.runner.__enter__()
         backend.stepper = self
 
+    def _slice_down(self) -> None:
+        with self._lock:
+            self._waited = False
+
     def _fired_loss(self, index: int) -> None:
         with self._lock:
             self._unmet = True
+            self._waited = False
             self._returned.pop(index, None)
             self._taken.notify_all()
 
@@ -208,17 +226,20 @@ class StepSchedule:
         """Whether a read of a step's results waits for the program to see a returned slice."""
         return bool(self._returned)
 
-    def hold(self, producer: str | None) -> None:
-        """Before a read of a result of program ``producer`` is answered: when it is the loop's
-        step and a slice came back, wait (at most :data:`TAKE_UP_WAIT_S`) until the program's
-        ``Manager`` has seen it (its monitor probed the slice twice since: the first check
-        finished), the program took it up, or it was lost again. In-process the simulator shows
-        the ``Manager`` a returned slice at once, so a loop sees it at the step boundary the
-        return fired at; the hold gives the proxy boundary the same step."""
-        if producer is None or not self._returned:
+    def hold(self, producer: str | None, mark: Any = None) -> None:
+        """Before a read of a result of program ``producer`` (its data marked ``mark``) is
+        answered: when it is the loop's step, or made from one, and a slice came back, wait (at
+        most :data:`TAKE_UP_WAIT_S`) until the program's ``Manager`` has seen it (its monitor
+        probed the slice twice since: its monitor polls again only once its first check after
+        the return has finished and recorded the slice), the program took it up, or it was lost
+        again. In-process the simulator shows the ``Manager`` a returned slice at once, so a
+        loop sees it at the step boundary the return fired at; the hold gives the proxy boundary
+        the same step (``docs/pathways-boundary.md``, "The hold after a return")."""
+        if not self._returned:
             return
         with self._taken:
-            if not self.counter.is_step(producer):
+            if not ((producer is not None and self.counter.is_step(producer))
+                    or (mark is not None and mark.origin == "step")):
                 return
             if not self._taken.wait_for(lambda: not self._returned, TAKE_UP_WAIT_S):
                 logger.warning("the program's Manager did not probe returned slices %s within %g s: its read "
@@ -237,20 +258,24 @@ class StepSchedule:
         with self._lock:
             if self._slices is not None and self._slices.lost_among(self._step_epochs):
                 self._met_since_step = True  # not a probe of a slice outside the program's mesh
+                self.records.detected()
             if not self._unmet:
                 return
             self._unmet = False
             self._record({"pid": self.pid, "met": True, "wall": time.time()})
 
     def before(self, program: Any, in_bytes: int, out_bytes: int, slices: frozenset[int],
-               chained: int = 0) -> int | None:
-        """Count this dispatch; fire what is due at its ``dispatch``. Its step, or ``None``."""
+               chained: int = 0, marks: Any = ()) -> int | None:
+        """Count this dispatch; fire what is due at its ``dispatch``. Its step, or ``None``
+        (a step's results' mark is then :attr:`step_mark`; ``marks``: its inputs', ``None``
+        when an input was lost before the dispatch)."""
         with self._lock:
             before = self.counter.steps
             step = self.counter.chained(program.name, in_bytes, out_bytes, chained)
             if step is None:
                 if len(slices) == 1 and program.name in probe_programs():
                     self._probes_seen = True  # the health check probes each slice with a program of its own
+                    self._waited = self._waited or self._met_since_step
                     self._probed = self._probed or slices <= self._step_slices
                     (probed_slice,) = slices
                     if probed_slice in self._returned:
@@ -271,15 +296,44 @@ class StepSchedule:
                 self._met_since_step, retried = True, False
             probed, self._probed = self._probed, False
             self._step_epochs = self._slices.states.epochs_of(slices) if self._slices is not None else ()
-            self._step_slices = slices
+            last_slices, self._step_slices = self._step_slices, slices
             if step <= before:  # the count started again: a new step function
                 self.attempts = []
             moved = set(self.attempts[-1]["active"]) != set(slices) if self.attempts else True
             if not self.attempts or retried or probed or (moved and not self._probes_seen):
                 self.attempts.append({"step": step, "active": sorted(slices), "wall": time.time()})
                 self._record({"pid": self.pid, "active": sorted(slices), "step": step, "wall": time.time()})
+                self.records.attempt_started(slices)
+            elif slices - last_slices:  # a returned slice taken up in place: no new attempt
+                self.records.taken_up(slices, slices - last_slices)
+            # ``marks`` None: its inputs were lost before it was dispatched, so it is no step the
+            # program's state went through (in-process such a dispatch fails at once)
+            self.step_mark = None if marks is None else self.records.stepped(
+                marks, self._snapshot_held, step - before if step > before else 1)
         self._fire("dispatch", step)
         return step
+
+    def _snapshot_held(self, pid: int | None) -> int | None:
+        """The newest position of a state process ``pid`` copied into host memory that the
+        backend still holds readable, or ``None``."""
+        backend = self._backend
+        if backend is None:
+            return None
+        held = [a.mark.position for a in list(backend.arrays.values())
+                if a.mark is not None and a.mark.origin == "snapshot" and a.mark.restored is None
+                and a.mark.pid == pid and a.memory_kind in ("pinned_host", "unpinned_host")
+                and backend.status(a) is None]
+        return max(held, default=None)
+
+    def placing(self, device_ids: Any, api: str) -> None:
+        """``api`` puts work on ``device_ids``: recorded (``placed``) when, after the program met
+        a loss and its retry probed the slices, it spans several slices, one of them down."""
+        if not self._waited or self._slices is None:
+            return
+        slices = {self._slices.slice_of(d) for d in device_ids}
+        down = slices & set(self._slices.states.down)
+        if len(slices) > 1 and down:
+            self.records.placed(down, api)
 
     def after(self, step: int | None) -> None:
         """Fire what is due at the ``step`` phase of the dispatch ``before`` counted."""

@@ -82,6 +82,7 @@ def start(slices: int, devices_per_slice: int, port: int = 0, schedule: Any = No
 
     def announce(request: dict, context: Any) -> dict:
         if schedule is not None and schedule.runner is not None:
+            schedule.records.announced(str(request["phase"]), int(request["step"]))  # a step before its fault
             schedule.runner.on_phase(str(request["phase"]), int(request["step"]))
         return {}
 
@@ -112,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--step-function", default=None)
     parser.add_argument("--fault-log", default=None)
     parser.add_argument("--attempts", default=None, help="append each process's start and attempts here (JSON lines)")
+    parser.add_argument("--watch", default=None,
+                        help="append what the backend sees of the program's state here (the watch's JSON lines)")
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--versions", default=None, metavar="LOW-HIGH",
                         help="speak only these protocol versions (within the server's own)")
@@ -126,11 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["XLA_FLAGS"] = cpu_flags(args.slices * args.devices_per_slice, os.environ.get("XLA_FLAGS", ""))
     os.environ["JAX_PLATFORMS"] = "cpu"
     schedule = None
-    if args.schedule or args.attempts:
+    if args.schedule or args.attempts or args.watch:
         from elastic_dew.proxy.faults import StepSchedule
 
         schedule = StepSchedule(args.schedule, step_function=args.step_function, fault_log=args.fault_log,
-                                attempts=args.attempts)
+                                attempts=args.attempts, watch=args.watch)
     server, port, backend = start(args.slices, args.devices_per_slice, args.port, schedule)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

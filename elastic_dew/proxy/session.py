@@ -96,6 +96,28 @@ class Session(ProgramRequests):
     def _take_buffer(self, handle: int) -> bytes:
         return self.buffers.take(handle)
 
+    @property
+    def _records(self) -> Any:
+        """The backend's records of the program's state (:class:`~elastic_dew.proxy.records.StateRecords`),
+        or ``None`` when it keeps none."""
+        stepper = self.backend.stepper
+        return stepper.records if stepper is not None else None
+
+    def _placing(self, device_ids: Any, api: str) -> None:
+        if self.backend.stepper is not None:
+            self.backend.stepper.placing(device_ids, api)
+
+    def _sent(self, values: Any, memory: str | None) -> Any:
+        """The mark of arrays made from host ``values`` into ``memory`` (a state read to the host earlier)."""
+        from elastic_dew.proxy.records import newest
+
+        records = self._records
+        return newest(records.sent(np.ascontiguousarray(v).tobytes(), memory) for v in values) if records else None
+
+    def _copied(self, held: ProxyArray, memory: str | None) -> Any:
+        records = self._records
+        return records.copied(held.mark, held.memory_kind, memory) if records is not None else None
+
     # ------------------------------------------------------------------ session
 
     def _init_request(self, request: Any) -> Any:
@@ -144,8 +166,9 @@ class Session(ProgramRequests):
             if held is None:
                 continue  # an executable's handle: compiled before it was returned
             if self.backend.stepper is not None:
-                self.backend.stepper.hold(held.producer)
-            self.backend.check_readable(held)
+                self.backend.stepper.hold(held.producer, held.mark)
+            if not self.backend.landed(held):
+                self.backend.check_readable(held)
             for shard in held.shards:
                 shard.block_until_ready()
         return self._new("CheckValueReadyResponse")
@@ -166,6 +189,7 @@ class Session(ProgramRequests):
         value = self._host_array(request.dtype.kind, shape, self._take_buffer(request.host_buffer_handle),
                                  request.byte_strides if request.HasField("byte_strides") else None)
         device_ids, memory = ifrt.sharding_devices(request.sharding)
+        self._placing(device_ids, "a transfer from the host")
         kind, inner = ifrt.parse_sharding(request.sharding)
         if kind == ifrt.HLO and len(device_ids) > 1:
             # a whole array for a sharded layout: each device takes its own part
@@ -173,6 +197,7 @@ class Session(ProgramRequests):
         else:
             shards = self.backend.shards_on([value] * len(device_ids), device_ids, memory)
             held = self.backend.make_held(request.dtype.kind, shape, request.sharding, shards)
+        held.mark = self._sent([value], memory)
         handle = request.array_handle if request.HasField("array_handle") else self.backend.new_handle()
         self.backend.put(handle, held)
         out = self._new("MakeArrayFromHostBufferResponse")
@@ -198,6 +223,7 @@ class Session(ProgramRequests):
             array_spec = spec.array_spec
             shape = tuple(array_spec.shape.dims)
             device_ids, memory = ifrt.sharding_devices(array_spec.sharding)
+            self._placing(device_ids, "a transfer from the host")
             values: dict[int, np.ndarray] = {}
             for indices, buffer in zip(spec.addressable_shard_indices, spec.host_buffers):
                 value = self._host_array(buffer.dtype.kind, tuple(buffer.shape.dims),
@@ -208,6 +234,7 @@ class Session(ProgramRequests):
             positions = sorted(values)
             shards = self.backend.shards_on([values[p] for p in positions], [device_ids[p] for p in positions], memory)
             held = self.backend.make_held(array_spec.dtype.kind, shape, array_spec.sharding, shards)
+            held.mark = self._sent(values.values(), memory)
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             self.backend.put(handle, held)
             out.array_handles.append(handle)
@@ -226,8 +253,10 @@ class Session(ProgramRequests):
     def _copy_to_host_buffer_request(self, request: Any) -> Any:
         held = self.backend.get(request.array_handle)
         if self.backend.stepper is not None:
-            self.backend.stepper.hold(held.producer)
+            self.backend.stepper.hold(held.producer, held.mark)
         value = np.ascontiguousarray(self.backend.to_numpy(held))
+        if self._records is not None:
+            self._records.read(held.mark, value.tobytes(), held.memory_kind)
         strides = tuple(request.byte_strides.strides) if request.HasField("byte_strides") else ()
         data = _with_strides(value, strides) if strides and strides != value.strides else value.tobytes()
         self.buffers.put(request.host_buffer_handle, data)
@@ -244,6 +273,7 @@ class Session(ProgramRequests):
         error = next((e for e in (self.backend.status(p) for p in parts) if e is not None), None)
         held = self.backend.make_held(kind, tuple(request.shape.dims), request.sharding, shards, error)
         held.epochs = tuple(sorted({e for p in parts for e in p.epochs}))
+        held.mark = _newest(p.mark for p in parts)
         handle = request.result_handle or self.backend.new_handle()
         self.backend.put(handle, held)
         out = self._new("AssembleArrayFromSingleDeviceArraysResponse")
@@ -259,6 +289,7 @@ class Session(ProgramRequests):
                               (device_id,), held.memory_kind, [shard], self.backend.slices.epochs((device_id,)),
                               held.error, held.producer)
             part.epochs = tuple(e for e in held.epochs if e[0] == self.backend.slices.slice_of(device_id))
+            part.mark = held.mark
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             out.array_handles.append(self.backend.put(handle, part))
         return out
@@ -268,11 +299,13 @@ class Session(ProgramRequests):
         handles = list(request.result_handles)
         memory = request.memory_kind if request.HasField("memory_kind") else None
         targets = list(request.device_ids)
+        self._placing(targets, "a copy")
         for index, source in enumerate(request.array_handles):
             held = self.backend.get(source)
             shards = self.backend.shards_on(held.shards, targets[:len(held.shards)], memory)
             moved = ifrt.moved_sharding(held.sharding, targets, memory)
             copy = self.backend.make_held(held.kind, held.shape, moved, shards, self.backend.status(held))
+            copy.mark = self._copied(held, memory)
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             out.array_handles.append(self.backend.put(handle, copy))
         return out
@@ -281,7 +314,7 @@ class Session(ProgramRequests):
         held = self.backend.get(request.array_handle)
         device_id = held.device_ids[0]
         part = ProxyArray(held.kind, held.shape, ifrt.single_device_sharding(device_id, held.memory_kind), (device_id,),
-                          held.memory_kind, held.shards[:1], held.epochs, held.error, held.producer)
+                          held.memory_kind, held.shards[:1], held.epochs, held.error, held.producer, held.mark)
         handle = request.result_handle or self.backend.new_handle()
         self.backend.put(handle, part)
         out = self._new("FullyReplicatedShardResponse")
@@ -293,6 +326,7 @@ class Session(ProgramRequests):
         handles = list(request.result_handles)
         for index, (source, spec) in enumerate(zip(request.array_handles, request.array_specs)):
             held = self.backend.get(source)
+            self._placing(ifrt.sharding_devices(spec.sharding)[0], "a reshard")
             value = self.backend.to_numpy(held) if self.backend.status(held) is None else None
             shape = tuple(spec.shape.dims)
             if value is None:
@@ -305,6 +339,7 @@ class Session(ProgramRequests):
                     device_ids, memory = ifrt.sharding_devices(spec.sharding)
                     copy = self.backend.make_held(spec.dtype.kind, shape, spec.sharding,
                                                   self.backend.shards_on([value] * len(device_ids), device_ids, memory))
+            copy.mark = self._copied(held, ifrt.sharding_devices(spec.sharding)[1])
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             out.array_handles.append(self.backend.put(handle, copy))
         return out
@@ -316,8 +351,10 @@ class Session(ProgramRequests):
         inputs = [self.backend.get(h) for h in request.array_handles]
         outputs: list[dict[int, Any]] = [{} for _ in plan.output_specs]
         errors: list[list[tuple[int, str]]] = [[] for _ in plan.output_specs]
+        marks: list[list[Any]] = [[] for _ in plan.output_specs]
         for mapping in plan.mappings:
             source = inputs[mapping.in_array]
+            marks[mapping.out_array].append(source.mark)
             status = self.backend.status(source)
             if status is not None:
                 errors[mapping.out_array].append(status)
@@ -332,6 +369,7 @@ class Session(ProgramRequests):
             shards = [outputs[index][t] for t in sorted(outputs[index])]
             held = self.backend.make_held(spec.dtype.kind, tuple(spec.shape.dims), spec.sharding,
                                           [s for s in shards if s is not None], errors[index][0] if errors[index] else None)
+            held.mark = _newest(marks[index])
             handle = handles[index] if index < len(handles) else self.backend.new_handle()
             out.array_handles.append(self.backend.put(handle, held))
         return out
@@ -352,6 +390,12 @@ class Session(ProgramRequests):
         for handle in request.array_handle:
             self.backend.arrays.pop(handle, None)
         return self._new("DestructArrayResponse")
+
+
+def _newest(marks: Any) -> Any:
+    from elastic_dew.proxy.records import newest
+
+    return newest(marks)
 
 
 def _with_strides(value: np.ndarray, strides: tuple[int, ...]) -> bytes:

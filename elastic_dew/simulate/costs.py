@@ -104,6 +104,8 @@ class Cost:
         what = {"snapshot": "the snapshot of step", "checkpoint": "the checkpoint of step",
                 "live": "its live state at position", "nothing": "nothing (a fresh state)"}[self.resumed_from]
         where = what if self.resumed_from == "nothing" else f"{what} {self.resumed_step}"
+        if self.resumed_from in ("snapshot", "checkpoint") and self.resumed_step is None:  # the proxy boundary's
+            where = f"a {self.resumed_from} (its step number is the program's, not seen through the proxy)"
         return (f"{self.fault}: {seen}; resumed from {where}, {self.redone_steps} steps redone, "
                 f"{self.recovery_seconds:.1f} s to the next step")
 

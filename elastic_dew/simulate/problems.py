@@ -246,10 +246,12 @@ def _mesh_on_lost_slice(run: Records) -> list[Problem]:
     out = []
     for placed in run.of("placed"):
         slices = ", ".join(map(str, placed["slices"]))
-        active = ",".join(map(str, placed["active"]))
+        active = (f"the program's active slices [{','.join(map(str, placed['active']))}], "
+                  "manager.active_slice_indices" if placed["active"] is not None  # None: the proxy boundary's
+                  else "after the program met the loss and probed the slices")
         out.append(Problem("mesh_on_lost_slice", run.process(placed["pid"]), placed["n"],
-                           f"{placed['api']} placed work on slice {slices}, down at that moment (the program's "
-                           f"active slices [{active}], manager.active_slice_indices), at {placed['where']}"))
+                           f"{placed['api']} placed work on slice {slices}, down at that moment ({active}), "
+                           f"at {placed['where']}"))
     return out
 
 
