@@ -86,7 +86,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--boundary", choices=BOUNDARIES, default="in-process",
                         help="in-process: the simulator inside the program's process; proxy: the program runs with "
                              "JAX_PLATFORMS=proxy on a local Pathways backend and calls pathwaysutils.initialize() "
-                             "itself, nothing patched (docs/pathways-boundary.md; lose and restore faults only)")
+                             "itself, nothing patched (docs/pathways-boundary.md: every fault; the rules it can see)")
     parser.add_argument("--report", metavar="FILE", help="write the verdict as JSON to FILE")
     parser.add_argument("--allow", action="append", default=[], metavar="KIND",
                         help="accept problems of this kind (reported, not failing the run); repeatable "
