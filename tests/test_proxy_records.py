@@ -144,3 +144,34 @@ def test_faults_the_backend_fired_are_charged_to_the_program_process_that_ran_th
 def test_every_rule_the_proxy_cannot_see_is_a_problem_kind():
     assert set(UNSEEN) < set(PROBLEMS)
     assert {"restored_nothing", "mesh_on_lost_slice", "batch_not_divisible", "not_initialized"}.isdisjoint(UNSEEN)
+
+
+def test_a_monitor_probe_of_a_slice_just_taken_up_that_lands_after_the_scale_up_starts_no_attempt():
+    """``elastic_retry``'s health check probes every slice; the ``Manager``'s monitor probes the
+    inactive ones, and one of its probes may land after the step that took that slice up."""
+    from types import SimpleNamespace
+
+    from elastic_dew.proxy.faults import StepSchedule, probe_programs
+
+    schedule = StepSchedule("lose:2@100", step_function="train_step")
+    schedule.runner = SimpleNamespace(on_dispatch=lambda phase, step: None)  # nothing due (no backend here)
+    schedule.process_started(41)
+    step, probe = SimpleNamespace(name="train_step"), SimpleNamespace(name=sorted(probe_programs())[0])
+
+    def probes(*slices):
+        for index in slices:
+            assert schedule.before(probe, 4, 4, frozenset({index})) is None
+
+    def steps(*slices, times=2):
+        for _ in range(times):
+            schedule.before(step, 64, 64, frozenset(slices), chained=64)
+
+    probes(0, 1, 2, 3)
+    steps(0, 1, 3)  # the first attempt, on three slices
+    probes(2)  # the monitor: slice 2 is back
+    steps(0, 1, 3)
+    probes(0, 1, 2, 3)  # the retry's health check after ScaleUpSignalError
+    steps(0, 1, 2, 3)
+    probes(2)  # a monitor probe begun while slice 2 was inactive
+    steps(0, 1, 2, 3)
+    assert [attempt["active"] for attempt in schedule.attempts] == [[0, 1, 3], [0, 1, 2, 3]]

@@ -11,7 +11,7 @@ machine both boundaries share, :class:`~elastic_dew.simulate.slice_states.SliceS
 records each run attempt's slices: ``elastic_retry`` starts an attempt by waiting for
 slices, whose health check probes every slice, those the program runs on too (a program on
 each, :func:`probe_programs`), while the ``Manager``'s monitor probes only the inactive ones; so the first step after
-a probe of a slice the last step ran on starts an attempt (the retry on a smaller mesh, the
+probes of every slice the last step ran on starts an attempt (the retry on a smaller mesh, the
 scale-up by ``ScaleUpSignalError``, a retry onto the same slices after a pause), and so does
 the first step after the program met the loss of a slice its last step ran on. A loop that
 takes a returned slice up in place, at a step boundary, starts none. (With a health check
@@ -149,7 +149,7 @@ class StepSchedule:
         self._met_since_step = False  # since its last step the program met the loss of a slice it ran on
         self._step_epochs: tuple[tuple[int, int], ...] = ()  # the epochs of the last step's slices
         self._step_slices: frozenset[int] = frozenset()  # the last step's slices
-        self._probed = False  # since its last step the program probed a slice that step ran on
+        self._probed: set[int] = set()  # the slices the program probed since its last step
         self._probes_seen = False  # the program's health check probes were seen
         self._slices: Any = None
         self._lock = threading.Lock()
@@ -167,7 +167,8 @@ class StepSchedule:
         with self._lock:
             self.pid = pid
             self.counter = StepCount(self.step_function)
-            self._met_since_step = self._probed = self._probes_seen = False
+            self._met_since_step = self._probes_seen = False
+            self._probed = set()
             self._returned.clear()
             self._taken.notify_all()
             self._step_slices = frozenset()
@@ -276,7 +277,7 @@ class StepSchedule:
                 if len(slices) == 1 and program.name in probe_programs():
                     self._probes_seen = True  # the health check probes each slice with a program of its own
                     self._waited = self._waited or self._met_since_step
-                    self._probed = self._probed or slices <= self._step_slices
+                    self._probed |= slices
                     (probed_slice,) = slices
                     if probed_slice in self._returned:
                         self._returned[probed_slice] += 1
@@ -294,7 +295,11 @@ class StepSchedule:
                 # dispatches sends it after the read that failed): the old attempt's, not a retry's,
                 # whose mesh holds no lost slice
                 self._met_since_step, retried = True, False
-            probed, self._probed = self._probed, False
+            # elastic_retry's health check probes every slice, those the last step ran on among
+            # them; the Manager's monitor probes only inactive ones, and one of its probes that
+            # lands after an in-place take-up (a slice just made active) starts no attempt
+            probed = bool(self._step_slices) and self._step_slices <= self._probed
+            self._probed = set()
             self._step_epochs = self._slices.states.epochs_of(slices) if self._slices is not None else ()
             last_slices, self._step_slices = self._step_slices, slices
             if step <= before:  # the count started again: a new step function
