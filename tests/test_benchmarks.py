@@ -104,6 +104,7 @@ def test_the_tiny_mode_writes_results_json_and_a_markdown_table(tiny):
         "reposition_ratio", "reposition_s_step10", "reposition_s_step1e6",
         "snapshot_restore_bw_over_memcpy", "checkpoint_restore_bw_over_memcpy", "memcpy_gib_s",
         "snapshot_restore_bw_over_host_to_device", "checkpoint_restore_bw_over_numpy_read",
+        "checkpoint_restore_bw_over_read_then_copy",
         "preempt_save_s_16MB", "preempt_checkpoint_s_16MB", "save_bw_over_disk",
         "checkpoint_save_gcs_gib_s", "checkpoint_restore_gcs_gib_s", "checkpoint_save_gcs_over_disk",
     ):
