@@ -90,6 +90,11 @@ def test_the_activity_meter_counts_what_tensorstore_reads_and_writes(tmp_path):
         (ValueError("PERMISSION_DENIED: [http_response_code='403']"), "permission"),
         (FileNotFoundError("http://127.0.0.1:1/upload/storage/v1/b/nope/o"), "missing"),
         (ConnectionResetError("reset by peer"), "other"),
+        (RuntimeError("gcsfs.retry.HttpError: Forbidden, 403"), "permission"),
+        (RuntimeError("404 GET http://127.0.0.1:1/storage/v1/b/nope"), "missing"),
+        # a damaged checkpoint's read: "403" and "404" only inside a uuid and a directory's name
+        (ValueError('DATA_LOSS: Error reading "params.w/.zarray" in OCDBT database at '
+                    '{"uuid":"78e36dcdc4403d8f7852595a404e1ab7","path":"/tmp/pytest-404/ck/8/state/"}'), "other"),
     ],
 )
 def test_a_storage_error_is_worded_by_its_cause_with_the_fix(error, kind):

@@ -33,6 +33,7 @@ import errno
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -172,12 +173,18 @@ def classify(error: BaseException) -> tuple[str, str, str]:
         return "full", "the disk is full", "free space there (or give --checkpoint-dir on a larger disk)"
     if errno.EROFS in codes or "read-only file system" in text:
         return "read_only", "the file system is read-only", "remount it writable or give --checkpoint-dir on a writable one"
-    if errno.EACCES in codes or errno.EPERM in codes or "permission" in text or "403" in text or "forbidden" in text:
+    if errno.EACCES in codes or errno.EPERM in codes or "permission" in text or _status(text, 403) or "forbidden" in text:
         return ("permission", "permission was refused",
                 "grant the job's service account write access (roles/storage.objectUser) or fix the directory's owner")
-    if any(isinstance(e, FileNotFoundError) for e in seen) or errno.ENOENT in codes or "404" in text or "not found" in text or "notfound" in text or "does not exist" in text:
+    if any(isinstance(e, FileNotFoundError) for e in seen) or errno.ENOENT in codes or _status(text, 404) or "not found" in text or "notfound" in text or "does not exist" in text:
         return "missing", "the bucket or directory does not exist", "create it, or give the --checkpoint-dir that exists"
     return "other", "the storage refused or dropped the request", "check the storage's health and run the same command again"
+
+
+def _status(text: str, code: int) -> bool:
+    """Whether ``text`` holds HTTP status ``code`` as a number of its own, not three digits
+    inside a path, a temporary directory's name or a hex id (a TensorStore spec's uuid)."""
+    return re.search(rf"(?<![0-9a-z_/.\-]){code}(?![0-9a-z_/.\-])", text) is not None
 
 
 def client_timeout(error: BaseException) -> bool:
