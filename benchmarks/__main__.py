@@ -7,6 +7,8 @@ starts, through ``elastic_dew.runtime.prepare_process``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -27,6 +29,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only", default="", help=f"comma-separated subset of {', '.join(MODULES)} (default: all)"
     )
+    parser.add_argument("--plan-cases", default="",
+                        help="comma-separated plan_validation cases (default: the mode's; the rate grid: "
+                             "mlp_4x1,mlp_4x1_x3,mlp_4x1_x10,lm_4x2,lm_4x2_x3,lm_4x2_x10)")
+    parser.add_argument("--plan-schedules", type=int, default=0, help="runs per policy and plan_validation case")
+    parser.add_argument("--scratch", default="", help="keep every run's directory here (default: a temporary one)")
     args = parser.parse_args(argv)
     only = [name for name in args.only.split(",") if name]
     unknown = sorted(set(only) - set(MODULES))
@@ -46,11 +53,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     sizes = SIZES[mode]
+    if args.plan_cases:
+        from benchmarks.plan_validation import CASES
+
+        cases = tuple(name for name in args.plan_cases.split(",") if name)
+        if set(cases) - set(CASES):
+            sys.exit(f"--plan-cases names {', '.join(sorted(set(cases) - set(CASES)))}; choose from {', '.join(CASES)}")
+        sizes = dataclasses.replace(sizes, plan_cases=cases)
+    if args.plan_schedules:
+        sizes = dataclasses.replace(sizes, plan_schedules=args.plan_schedules)
     out = Path(args.out)
     results: dict = {"mode": mode, "machine": machine(), "seconds": {}}
     notes: list[str] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="elastic-dew-bench-") as scratch:
+    with contextlib.nullcontext(args.scratch) if args.scratch else \
+            tempfile.TemporaryDirectory(prefix="elastic-dew-bench-") as scratch:
         for name in args.only:
             module = importlib.import_module(f"benchmarks.{name}")
             t = time.monotonic()

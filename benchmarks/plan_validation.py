@@ -77,6 +77,7 @@ class Case:
     snapshot_every: int
     checkpoint_every: int
     global_batch: int | None = None
+    label: str = ""
 
     @property
     def start_step(self) -> int:
@@ -85,7 +86,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.recipe}_{self.slices}x{self.devices_per_slice}"
+        return f"{self.recipe}_{self.slices}x{self.devices_per_slice}{self.label}"
 
 
 #: The validated cases: ``mlp`` on slices of one device (the project's own case, every
@@ -102,6 +103,14 @@ CASES = {
                    policies=("pause_resume", "replica_resize"), snapshot_every=7, checkpoint_every=50,
                    global_batch=48),
 }
+#: The grid of failure rates: each validated case again with losses (and returns) three and
+#: ten times as frequent, up to a loss every 15 to 40 steps, snapshots closer together.
+CASES.update({
+    f"{base}_x{times}": dataclasses.replace(
+        CASES[base], loss_every_s=CASES[base].loss_every_s / times, return_s=CASES[base].return_s / times,
+        policies=("pause_resume", "replica_resize"), snapshot_every=snapshot_every, label=f"_x{times}")
+    for base, times, snapshot_every in (("mlp_4x1", 3, 10), ("mlp_4x1", 10, 5), ("lm_4x2", 3, 5), ("lm_4x2", 10, 3))
+})
 #: A calibration run steps this many times as long as a measured run after its start
 #: step, so its medians rest on several recoveries.
 CALIBRATION_LENGTH = 2
@@ -447,6 +456,7 @@ def _run_child(case: str, schedules: int, stepping_scale: float, workdir: Path) 
     result = next((line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
     if done.returncode != 0 or result is None:
         raise RuntimeError(f"plan_validation {case} exited {done.returncode}: {log.read_text()[-3000:]}")
+    (workdir / f"result-{case}.json").write_text(result)
     return json.loads(result)
 
 
@@ -454,7 +464,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     """One case's figures: per policy the prediction, the finished runs' mean, its standard
     error and the gap, the runs that gave up, the retry budget, what the runs paid."""
     case = run["case"]
-    name = f"{case['recipe']}_{case['slices']}x{case['devices_per_slice']}"
+    name = f"{case['recipe']}_{case['slices']}x{case['devices_per_slice']}{case.get('label', '')}"
     out: dict[str, Any] = {f"plan_validation_costs_{name}": run["costs"], f"plan_validation_steps_{name}": run["steps"],
                            f"plan_validation_min_slices_{name}": run["min_slices"],
                            f"plan_validation_load_{name}": [round(x, 2) for x in run["load"]]}
