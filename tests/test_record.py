@@ -201,6 +201,26 @@ def test_the_data_time_inside_committed_steps_is_data_loading_sync_not_goodput()
     assert summary["goodput"] == pytest.approx(1.5 / 2.0)
 
 
+def test_a_process_restarted_inside_one_python_process_starts_up_from_the_last_ones_end_not_its_process_start():
+    # An in-process supervisor's second attempt shares the first's process start (100 s
+    # earlier); its start-up is from the first attempt's last event (at 103) to its resume.
+    events = [
+        {"event": "start", "wall": 101.0, "process_start": 100.0, "pid": 1},
+        _resume(0, 101.5, "fresh"),
+        _step(1, 102.5), _step(2, 103.0, seconds=0.5),
+        {"event": "start", "wall": 103.5, "process_start": 100.0, "pid": 1},
+        _resume(2, 104.5, "checkpoint", restore=0.5),
+        _step(3, 105.5),
+    ]
+    summary = summarize(events)
+    b = summary["badput"]
+    assert summary["wall_seconds"] == pytest.approx(5.5)
+    assert b["program_startup"] == pytest.approx(1.5 + 1.0)
+    assert b["infrastructure_recovery_from_disruption"] == pytest.approx(0.0)
+    assert b["other"] == pytest.approx(0.0)
+    assert summary["productive_seconds"] + sum(b.values()) == pytest.approx(5.5)
+
+
 def test_the_state_digest_is_the_same_for_equal_parameters_in_any_key_order_and_changes_with_one_bit():
     a = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": {"x": np.ones(3, np.float32)}}
     b = {"b": {"x": np.ones(3, np.float32)}, "w": np.arange(6, dtype=np.float32).reshape(2, 3)}

@@ -234,8 +234,13 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
     processes = _processes(list(zip(events, flags, strict=True)))
     for process in processes:
         span = _span([event for event, _ in process])
+        began: float | None = None
         if span is not None:
             begin, end = span
+            # A process restarted inside one Python process (an in-process supervisor)
+            # shares its process start with the first: it began after the last one's end.
+            begin = begin if last_end is None else max(begin, last_end)
+            began = begin
             if first_begin is None:
                 first_begin = begin
             if last_end is not None:
@@ -266,7 +271,6 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
                         badput["elastic_slice_down"] += d["detection"] + d["wait_for_slices"]
                 if not first_resume_seen and start is not None:
                     first_resume_seen = True
-                    began = _begin(start)
                     if began is not None and has_wall(event):
                         # The resume's own durations are counted in their own categories.
                         startup = event.wall - began - sum(d.values())
