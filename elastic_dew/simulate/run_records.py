@@ -8,12 +8,10 @@ JAX: the diagnosis runs after the program's processes have ended.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-__all__ = ["FAULT_FIELDS", "Records", "announced_records", "fault_record", "read_run"]
+__all__ = ["FAULT_FIELDS", "Records", "announced_records", "fault_record"]
 
 #: The faults that take a slice down.
 _DOWN = ("lose", "hang", "suspend")
@@ -130,23 +128,3 @@ def fault_record(event: Any) -> dict[str, Any]:
     """
     raw = event.to_json()
     return {key: raw[key] for key in FAULT_FIELDS}
-
-
-def read_run(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The fired faults and the watch's records a simulated run left in ``run_dir``
-    (``faults.jsonl``, ``watch.jsonl``; no records without a watch file).
-
-    Args:
-        run_dir: the run directory.
-
-    Returns:
-        ``(faults, events)``.
-
-    Raises:
-        ValueError: the fault log holds a bad line.
-    """
-    from elastic_dew import rundir
-
-    base = Path(run_dir)
-    faults = [fault_record(f) for f in rundir.FaultLog(base / rundir.FAULTS_FILE).entries()]
-    return faults, rundir.read_records(base / rundir.WATCH_FILE)
