@@ -53,6 +53,7 @@ they hold for any boundary that can produce the same records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -97,6 +98,11 @@ LANDING_SECONDS = 0.5
 
 def _own_loop_on_stack() -> bool:
     return own_loop_on_stack(caller())  # from the watch's caller outwards
+
+
+def _tag(array: Any, mark: tuple[Any, ...]) -> None:
+    with contextlib.suppress(AttributeError):  # an array type without a __dict__ carries no position
+        setattr(array, _POSITION, mark)
 
 
 class Watch:
@@ -168,10 +174,7 @@ class Watch:
         return None if mark[3] == "step" and mark[5] != self._counted else mark  # a superseded program's: no step
 
     def _set(self, array: Any, position: int, origin: str, saved_step: int | None = None) -> None:
-        try:
-            setattr(array, _POSITION, (self._token, position, self._attempt, origin, saved_step, self._counted))
-        except AttributeError:
-            pass  # an array type without a __dict__ carries no position
+        _tag(array, (self._token, position, self._attempt, origin, saved_step, self._counted))
 
     def _newest(self, arrays: list[Any]) -> tuple[Any, ...] | None:
         best = None
@@ -291,10 +294,7 @@ class Watch:
         if newest is not None:
             for array in outputs:
                 if self._mark(array) is None:
-                    try:
-                        setattr(array, _POSITION, newest)
-                    except AttributeError:
-                        pass
+                    _tag(array, newest)
 
     # ----------------------------------------------------------------- held arrays
 
@@ -370,10 +370,8 @@ class Watch:
         if what in _TIERS and instance is not None and (not own or what == "Snapshotter"):
             # elastic_dew's own loop: only its snapshots are read (in memory); its checkpoints'
             # storage is its own to bound, never listed from here
-            try:
+            with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced is not read at resumes
                 self._tiers[instance] = _TIERS[what]
-            except TypeError:
-                pass  # an object that cannot be weakly referenced is not read at resumes
         if own:
             return
         if what == "Snapshotter" and instance is not None:
