@@ -11,12 +11,19 @@ and the Kubernetes renderer.
 
 from __future__ import annotations
 
-from elastic_dew._lazy import lazy_exports
-
 #: The installed version of elastic_dew (as in its package metadata).
 __version__ = "0.2.0"
 
 __all__ = ["Trainer", "TrainConfig", "__version__"]
 
 
-__getattr__ = lazy_exports(__name__, {"Trainer": "trainer", "TrainConfig": "train_config"})
+def __getattr__(name: str):
+    if name == "Trainer":
+        from elastic_dew.trainer import Trainer
+
+        return Trainer
+    if name == "TrainConfig":
+        from elastic_dew.train_config import TrainConfig
+
+        return TrainConfig
+    raise AttributeError(f"module 'elastic_dew' has no attribute {name!r}")

@@ -31,11 +31,10 @@ from conftest import REPO
 LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the one seam for other libraries' internals: imports only the libraries
     "compat": (("elastic_dew._compat",), ()),
-    # (and the deprecation shims' one wording and the packages' lazy exports, which import
-    # nothing of elastic_dew; the settings' declarations, the mentions inside their refusals,
-    # and the command line's one builder of flags from them, which launch uses)
-    "runtime": (("elastic_dew.runtime", "elastic_dew.launch", "elastic_dew._deprecation", "elastic_dew._lazy",
-                 "elastic_dew.settings",
+    # (and the deprecation shims' one wording, which imports nothing of elastic_dew; the
+    # settings' declarations, the mentions inside their refusals, and the command line's one
+    # builder of flags from them, which launch uses)
+    "runtime": (("elastic_dew.runtime", "elastic_dew.launch", "elastic_dew._deprecation", "elastic_dew.settings",
                  "elastic_dew.mentions", "elastic_dew.flags"),
                 ("compat",)),
     # the elastic layer and the run directory's formats: below everything that reads them

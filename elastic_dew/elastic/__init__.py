@@ -36,7 +36,7 @@ Its public names:
 
 from __future__ import annotations
 
-from elastic_dew._lazy import lazy_exports
+import importlib
 
 _EXPORTS = {
     "ElasticConfig": "config",
@@ -68,7 +68,14 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+def _lazy(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elastic_dew.elastic' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"elastic_dew.elastic.{module}"), name)
+
+
+__getattr__ = _lazy
 
 
 def __dir__() -> list[str]:

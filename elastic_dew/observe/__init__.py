@@ -13,18 +13,23 @@ public names (the sinks a caller gives ``Trainer(sinks=...)``: TensorBoard and t
 export; the observability options; the log setup) are imported from their modules when first asked for.
 """
 
-from elastic_dew._lazy import lazy_exports
+import importlib
+from typing import Any
 
 #: The public names (``docs/api.md``), each from the module that holds it, imported when
 #: first asked for.
 _HOMES = {
-    "ObserveOptions": "sinks",
-    "TensorBoardSink": "tensorboard",
-    "GoodputExport": "goodput_export",
-    "setup_logging": "logs",
+    "ObserveOptions": "elastic_dew.observe.sinks",
+    "TensorBoardSink": "elastic_dew.observe.tensorboard",
+    "GoodputExport": "elastic_dew.observe.goodput_export",
+    "setup_logging": "elastic_dew.observe.logs",
 }
 
 __all__ = list(_HOMES)
 
 
-__getattr__ = lazy_exports(__name__, _HOMES)
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'elastic_dew.observe' has no attribute {name!r}")
+

@@ -23,7 +23,7 @@ Names are imported lazily: the grammar is read without starting JAX.
 
 from __future__ import annotations
 
-from elastic_dew._lazy import lazy_exports
+import importlib
 
 _EXPORTS = {
     "ACTIONS": "schedule",
@@ -41,9 +41,13 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-# Lazily, so the grammar and the launcher's settings are read without starting JAX
-# (``elastic-dew simulate`` checks a schedule before the program's process starts).
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+def __getattr__(name: str):
+    # Lazily, so the grammar and the launcher's settings are read without starting JAX
+    # (``elastic-dew simulate`` checks a schedule before the program's process starts).
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elastic_dew.simulate' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"elastic_dew.simulate.{module}"), name)
 
 
 def __dir__() -> list[str]:
