@@ -26,7 +26,7 @@ from elastic_dew.run import planning
 from elastic_dew.commands import train
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.state.orbax_step import committed_checkpoint_steps
-from elastic_dew.simulate.diagnosis import diagnose_run
+from elastic_dew.simulate.diagnosis import diagnose, fault_record
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = "30"
@@ -167,7 +167,8 @@ def test_the_quick_demo_survives_a_slice_loss_its_return_and_a_preemption_with_e
     assert ranges[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
     assert ranges[-1][1] == summary["examples_consumed"] == 40 * 24
     # The simulator's diagnosis of elastic_dew's own loop names no problem (watch.jsonl of both processes).
-    found = diagnose_run(run_dir)
+    faults = [fault_record(f) for f in rundir.FaultLog(run_dir / rundir.FAULTS_FILE).entries()]
+    found = diagnose(faults, rundir.read_records(run_dir / rundir.WATCH_FILE))
     assert found.problems == (), found.lines()
     assert [c.action for c in found.costs] == ["lose", "restore", "preempt"]
     assert found.costs[0].resumed_from in ("snapshot", "live") and found.costs[2].resumed_from == "checkpoint"

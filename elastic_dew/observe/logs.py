@@ -42,6 +42,7 @@ import json
 import logging
 import sys
 import threading
+from collections import deque
 from typing import Any, Literal, TextIO
 
 from elastic_dew.elastic.slices.loss_log import install_slice_loss_filter
@@ -196,7 +197,7 @@ class RunLog(logging.Handler):
     def __init__(self, level: int = logging.NOTSET) -> None:
         super().__init__(level)
         self.setFormatter(logging.Formatter(TEXT_FORMAT))
-        self._held: list[logging.LogRecord] = []
+        self._held: deque[logging.LogRecord] = deque(maxlen=self.HELD)  # the oldest dropped first
         self._file: logging.FileHandler | None = None
         self.path: Any = None
 
@@ -215,9 +216,8 @@ class RunLog(logging.Handler):
             self._file = logging.FileHandler(path, encoding="utf-8")
             self._file.setFormatter(self.formatter)
             self.path = path
-            held, self._held = self._held, []
-            for record in held:
-                self._file.emit(record)
+            while self._held:
+                self._file.emit(self._held.popleft())
         finally:
             self.release()
 
@@ -226,8 +226,6 @@ class RunLog(logging.Handler):
             self._file.emit(record)
             return
         self._held.append(record)
-        if len(self._held) > self.HELD:
-            del self._held[0]
 
     def close(self) -> None:
         self.acquire()

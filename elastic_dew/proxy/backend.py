@@ -200,10 +200,6 @@ class ProxyBackend:
                                                                               memory_kind=memory_kind)
         return sharding
 
-    def shard_on(self, value: Any, device_id: int, memory_kind: str | None) -> Any:
-        """``value`` (a host array or a single-device ``jax.Array``) on device ``device_id``."""
-        return self.shards_on([value], [device_id], memory_kind)[0]
-
     def shards_on(self, values: Sequence[Any], device_ids: Sequence[int], memory_kind: str | None) -> list[Any]:
         """Each of ``values`` on the device of the same place in ``device_ids``, in one batched put."""
         import jax

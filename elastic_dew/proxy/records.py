@@ -51,6 +51,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from elastic_dew.simulate import run_records
+
 __all__ = ["Mark", "StateRecords", "UNSEEN", "charged_to_programs", "unmet_losses"]
 
 #: The problem rules the proxy boundary cannot evaluate, and what each needs.
@@ -249,28 +251,12 @@ class StateRecords:
         (:meth:`elastic_dew.simulate.watch.Watch.announced`; what landed is not seen)."""
         with self._lock:
             self.announcing = True
-            if phase == "step":
-                if not self._stepped:
-                    self._stepped = True
-                    self._emit("landed")
-                    if self._restored is not None:
-                        kind, saved = self._restored
-                        self._emit("resume", origin=kind, step=saved, p=saved)
-                    elif step > 1:
-                        self._emit("resume", origin="live", step=step - 1, p=step - 1)
-                    else:
-                        self._emit("resume", origin="nothing", step=None, p=0)
-                    self._restored = None
-                self.steps += 1
-                self._emit("step", p=step)
-            elif phase in ("snapshot", "checkpoint"):
-                self._emit("save", kind=phase, step=step, p=step, skipped=False)
-            elif phase == "scale_up":
-                self._emit("scaled_up", step=step)
-            elif phase in ("snapshot_load", "checkpoint_restore"):
-                kind = "snapshot" if phase == "snapshot_load" else "checkpoint"
-                self._restored = (kind, step - 1)
-                self._emit("restore", kind=kind, step=step - 1, p=step - 1)
+            first = phase == "step" and not self._stepped
+            if first:
+                self._stepped = True
+                self._emit("landed")
+            self.steps += phase == "step"
+            self._restored = run_records.announced_records(phase, step, first, self._restored, self._emit)
 
     def placed(self, slices: Iterable[int], api: str) -> None:
         """After the program met a loss and probed the slices, ``api`` placed work on

@@ -12,15 +12,14 @@ The costs are :mod:`elastic_dew.simulate.costs`; the problems and their rules
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from elastic_dew.simulate.costs import Cost, Totals, costs_of, totals_of
 from elastic_dew.simulate.problems import PROBLEMS, Problem, ProblemKind, check_allowed, output_problems, problems_in
-from elastic_dew.simulate.run_records import Records, fault_record, read_run
+from elastic_dew.simulate.run_records import Records, fault_record
 
-__all__ = ["PROBLEMS", "ProblemKind", "Problem", "Cost", "Totals", "Diagnosis", "diagnose", "diagnose_run",
+__all__ = ["PROBLEMS", "ProblemKind", "Problem", "Cost", "Totals", "Diagnosis", "diagnose",
            "check_allowed", "fault_record", "with_output_causes"]
 
 
@@ -113,21 +112,3 @@ def with_output_causes(diagnosis: Diagnosis | None, output: str, process: int,
     if diagnosis is None:
         return Diagnosis((), Totals(0, 0, 0.0, None, 0), tuple(found))
     return dataclasses.replace(diagnosis, problems=diagnosis.problems + tuple(found))
-
-
-def diagnose_run(run_dir: str | os.PathLike[str], allow: Iterable[str] = ()) -> Diagnosis:
-    """The diagnosis of a run directory a simulated run left: its fault log and the watch's
-    records of every process (``faults.jsonl``, ``watch.jsonl``).
-
-    Args:
-        run_dir: the run directory.
-        allow: problem kinds accepted.
-
-    Returns:
-        The :class:`Diagnosis` (no costs nor problems without a watch file).
-
-    Raises:
-        ValueError: ``allow`` names an unknown kind, or the fault log holds a bad line.
-    """
-    faults, events = read_run(run_dir)
-    return diagnose(faults, events, allow)

@@ -11,16 +11,23 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from elastic_dew.simulate.step_count import OWN_LOOP_MODULES
+__all__ = ["LIBRARIES", "OWN_LOOP_MODULES", "THROUGH", "caller", "in_modules", "module_of", "own_loop_on_stack",
+           "user_frame"]
 
-__all__ = ["LIBRARIES", "OWN_LOOP_MODULES", "THROUGH", "caller", "in_modules", "own_loop_on_stack", "user_frame"]
-
+#: elastic_dew's own loop and what runs it (it announces its steps): a dispatch with any
+#: of these on the stack is never a counted step.
+OWN_LOOP_MODULES: tuple[str, ...] = ("elastic_dew.elastic", "elastic_dew.trainer", "elastic_dew.run")
 #: Modules whose frames are passed over to find the code that made a call (JAX itself and
 #: the libraries a model is written with).
 THROUGH = ("jax", "jaxlib", "numpy", "flax", "optax", "functools", "contextlib", "elastic_dew._compat")
 #: Modules whose calls are never the program's own: the libraries that place and read on
 #: the program's behalf (Orbax, Grain, pathwaysutils, etils) and elastic_dew itself.
 LIBRARIES = ("orbax", "grain", "pathwaysutils", "etils", "elastic_dew")
+
+
+def module_of(frame: Any) -> str:
+    """The name of the module whose code ``frame`` runs (``""`` for none)."""
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
 
 
 def in_modules(name: str, modules: tuple[str, ...]) -> bool:
@@ -48,9 +55,9 @@ def user_frame(frame: Any) -> Any:
     Returns:
         The program's frame, or ``None``.
     """
-    while frame is not None and in_modules(frame.f_globals.get("__name__", ""), THROUGH):
+    while frame is not None and in_modules(module_of(frame), THROUGH):
         frame = frame.f_back
-    if frame is None or in_modules(frame.f_globals.get("__name__", ""), LIBRARIES):
+    if frame is None or in_modules(module_of(frame), LIBRARIES):
         return None
     return frame
 
@@ -66,7 +73,7 @@ def own_loop_on_stack(frame: Any) -> bool:
         Whether one of its frames is there.
     """
     while frame is not None:
-        if in_modules(frame.f_globals.get("__name__", ""), OWN_LOOP_MODULES):
+        if in_modules(module_of(frame), OWN_LOOP_MODULES):
             return True
         frame = frame.f_back
     return False

@@ -27,6 +27,7 @@ import numpy as np
 
 from elastic_dew._compat import jax as jax_private
 from elastic_dew.simulate.frames import caller as _caller
+from elastic_dew.simulate.frames import module_of
 from elastic_dew.simulate.pathways_guards import deleted_error, donated
 
 __all__ = [
@@ -188,7 +189,7 @@ def jit_dispatch(reg: Guarded, original: Callable[..., Any]) -> Callable[..., An
     def _run_python_pjit(p, args_flat, fun, args, kwargs):
         caller = _jit_caller(_caller())
         if (reg.active is None or not jax_private.trace_state_clean() or caller is None
-                or _module(caller).startswith(("jax.", "jaxlib."))):
+                or module_of(caller).startswith(("jax.", "jaxlib."))):
             # JAX's own calls (a primitive applied outside jit, jax.numpy's helpers) keep
             # the fast path: they are not a loop's dispatches.
             return original(p, args_flat, fun, args, kwargs)
@@ -203,13 +204,9 @@ def jit_dispatch(reg: Guarded, original: Callable[..., Any]) -> Callable[..., An
     return _run_python_pjit
 
 
-def _module(frame: Any) -> str:
-    return frame.f_globals.get("__name__", "")
-
-
 def _jit_caller(frame: Any) -> Any:
     """The frame that called the ``jax.jit`` function whose cache miss is ``frame``'s."""
-    while frame is not None and _module(frame) in jax_private.JIT_FRAME_MODULES:
+    while frame is not None and module_of(frame) in jax_private.JIT_FRAME_MODULES:
         frame = frame.f_back
     return frame
 

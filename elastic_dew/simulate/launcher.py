@@ -68,12 +68,10 @@ class LaunchSettings:
 
 
 def _append(path: str | None, record: dict[str, Any]) -> None:
-    if path is None:
-        return
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(json.dumps(record) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
+    from elastic_dew.rundir import fsync_append  # after JAX starts: the run directory's formats read Orbax
+
+    if path is not None:
+        fsync_append(Path(path), json.dumps(record))
 
 
 def _exit_status(code: Any) -> int:

@@ -8,12 +8,10 @@ JAX: the diagnosis runs after the program's processes have ended.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["FAULT_FIELDS", "Records", "fault_record", "read_run"]
+__all__ = ["FAULT_FIELDS", "Records", "announced_records", "fault_record"]
 
 #: The faults that take a slice down.
 _DOWN = ("lose", "hang", "suspend")
@@ -77,6 +75,43 @@ def _counted(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
             if not (e["e"] in ("step", "resume") and i < last.get(e["pid"], -1))]
 
 
+#: The announced restore phases and the tier each loads from.
+_RESTORES = {"snapshot_load": "snapshot", "checkpoint_restore": "checkpoint"}
+
+
+def announced_records(phase: str, step: int, first: bool, restored: tuple[str, int] | None,
+                      emit: Callable[..., object]) -> tuple[str, int] | None:
+    """Record elastic_dew's loop's announcement ``phase`` of ``step`` as the watch's records
+    (the in-process watch's and the proxy backend's alike): ``resume`` before an attempt's
+    first ``step``, ``save``, ``scaled_up`` (returned slices join in place) and ``restore``,
+    each through ``emit(event, **fields)``.
+
+    Args:
+        phase: the announced phase.
+        step: its step.
+        first: whether it is the attempt's first ``step`` (the caller records ``landed`` before).
+        restored: the tier and step of a restore announced since the attempt's last step, or ``None``.
+        emit: writes one record.
+
+    Returns:
+        The restore announced since the attempt's last step, after this announcement.
+    """
+    if phase == "step":
+        if first:
+            origin, saved = restored or (("live", step - 1) if step > 1 else ("nothing", None))
+            emit("resume", origin=origin, step=saved, p=saved or 0)
+            restored = None
+        emit("step", p=step)
+    elif phase in ("snapshot", "checkpoint"):
+        emit("save", kind=phase, step=step, p=step, skipped=False)
+    elif phase == "scale_up":
+        emit("scaled_up", step=step)
+    elif phase in _RESTORES:
+        restored = (_RESTORES[phase], step - 1)
+        emit("restore", kind=restored[0], step=step - 1, p=step - 1)
+    return restored
+
+
 #: A fired fault's fields the rules read (of its ``fault`` event, as the fault log holds it).
 FAULT_FIELDS = ("scheduled", "action", "slice", "phase", "step", "pid", "wall")
 
@@ -93,23 +128,3 @@ def fault_record(event: Any) -> dict[str, Any]:
     """
     raw = event.to_json()
     return {key: raw[key] for key in FAULT_FIELDS}
-
-
-def read_run(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The fired faults and the watch's records a simulated run left in ``run_dir``
-    (``faults.jsonl``, ``watch.jsonl``; no records without a watch file).
-
-    Args:
-        run_dir: the run directory.
-
-    Returns:
-        ``(faults, events)``.
-
-    Raises:
-        ValueError: the fault log holds a bad line.
-    """
-    from elastic_dew import rundir
-
-    base = Path(run_dir)
-    faults = [fault_record(f) for f in rundir.FaultLog(base / rundir.FAULTS_FILE).entries()]
-    return faults, rundir.read_records(base / rundir.WATCH_FILE)

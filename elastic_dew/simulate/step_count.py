@@ -20,13 +20,12 @@ import logging
 import threading
 from typing import Any
 
-__all__ = ["OWN_LOOP_MODULES", "LIBRARY_MODULES", "NO_STEP_FOUND", "StepCount"]
+from elastic_dew.simulate.frames import in_modules, module_of, own_loop_on_stack
+
+__all__ = ["LIBRARY_MODULES", "NO_STEP_FOUND", "StepCount"]
 
 logger = logging.getLogger(__name__)
 
-#: elastic_dew's own loop and what runs it (it announces its steps): a dispatch with any
-#: of these on the stack is never a counted step.
-OWN_LOOP_MODULES: tuple[str, ...] = ("elastic_dew.elastic", "elastic_dew.trainer", "elastic_dew.run")
 #: Callers whose dispatches are never a step: JAX itself (a primitive applied outside
 #: ``jit``, ``jax.numpy``'s own helpers), and libraries a step may call that dispatch
 #: programs of their own (Orbax's saves and loads, Grain, pathwaysutils' health probes).
@@ -58,22 +57,11 @@ def _library_programs() -> frozenset[str]:
     return frozenset(f"jit_{name}" for name in names if name and not name.startswith("_"))
 
 
-def _in(name: str, modules: tuple[str, ...]) -> bool:
-    return any(name == module or name.startswith(module + ".") for module in modules)
-
-
 def _not_a_step_caller(caller: Any) -> bool:
     """Whether a dispatch whose caller is frame ``caller`` is made by a library
     (:data:`LIBRARY_MODULES`) or inside elastic_dew's own loop (:data:`OWN_LOOP_MODULES`,
     anywhere on the stack)."""
-    if caller is None or _in(caller.f_globals.get("__name__", ""), LIBRARY_MODULES):
-        return True
-    frame = caller
-    while frame is not None:
-        if _in(frame.f_globals.get("__name__", ""), OWN_LOOP_MODULES):
-            return True
-        frame = frame.f_back
-    return False
+    return caller is None or in_modules(module_of(caller), LIBRARY_MODULES) or own_loop_on_stack(caller)
 
 
 class StepCount:

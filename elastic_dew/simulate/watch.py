@@ -53,6 +53,7 @@ they hold for any boundary that can produce the same records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -67,7 +68,7 @@ from orbax.checkpoint import utils as ocp_utils
 
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.rundir import read_records
-from elastic_dew.simulate import watch_heap
+from elastic_dew.simulate import run_records, watch_heap
 from elastic_dew.simulate.frames import caller, own_loop_on_stack, user_frame
 from elastic_dew.simulate.leaves import arrays_in
 
@@ -97,6 +98,11 @@ LANDING_SECONDS = 0.5
 
 def _own_loop_on_stack() -> bool:
     return own_loop_on_stack(caller())  # from the watch's caller outwards
+
+
+def _tag(array: Any, mark: tuple[Any, ...]) -> None:
+    with contextlib.suppress(AttributeError):  # an array type without a __dict__ carries no position
+        setattr(array, _POSITION, mark)
 
 
 class Watch:
@@ -133,8 +139,7 @@ class Watch:
             self._counted = 0  # how often the simulator started its count again (a step's mark carries it)
             self._retry_depth = 0
             self._saves: dict[tuple[str, int], int] = {}  # (kind, program step) -> position
-            self._position = 0  # the newest step's position (announced loops)
-            self._restored: tuple[str, int, int] | None = None  # announced loops: kind, step, position
+            self._restored: tuple[str, int] | None = None  # announced loops: an announced restore's kind, step
             self._placed: set[tuple[int, tuple[int, ...]]] = set()
             self._looked: set[frozenset[int]] = set()
             self._data_taken = False
@@ -169,10 +174,7 @@ class Watch:
         return None if mark[3] == "step" and mark[5] != self._counted else mark  # a superseded program's: no step
 
     def _set(self, array: Any, position: int, origin: str, saved_step: int | None = None) -> None:
-        try:
-            setattr(array, _POSITION, (self._token, position, self._attempt, origin, saved_step, self._counted))
-        except AttributeError:
-            pass  # an array type without a __dict__ carries no position
+        _tag(array, (self._token, position, self._attempt, origin, saved_step, self._counted))
 
     def _newest(self, arrays: list[Any]) -> tuple[Any, ...] | None:
         best = None
@@ -247,29 +249,13 @@ class Watch:
 
     def announced(self, phase: str, step: int) -> None:
         """elastic_dew's own loop announced ``phase`` of ``step`` (its steps and its tiers)."""
-        if phase == "step":
-            if not self._stepped:
-                self._stepped = True
-                self._landed()
-                if self._restored is not None:
-                    kind, saved, position = self._restored
-                    self._emit("resume", origin=kind, step=saved, p=position)
-                elif step > 1:
-                    self._emit("resume", origin="live", step=step - 1, p=step - 1)
-                else:
-                    self._emit("resume", origin="nothing", step=None, p=0)
-            self._position = step
-            self._emit("step", p=step)
+        first = phase == "step" and not self._stepped
+        if first:
+            self._stepped = True
+            self._landed()
         elif phase in ("snapshot", "checkpoint"):
-            kind = "snapshot" if phase == "snapshot" else "checkpoint"
-            self._saves[(kind, step)] = step
-            self._emit("save", kind=kind, step=step, p=step, skipped=False)
-        elif phase == "scale_up":
-            self._emit("scaled_up", step=step)  # in place: returned slices join, no new attempt
-        elif phase in ("snapshot_load", "checkpoint_restore"):
-            kind = "snapshot" if phase == "snapshot_load" else "checkpoint"
-            self._restored = (kind, step - 1, step - 1)
-            self._emit("restore", kind=kind, step=step - 1, p=step - 1)
+            self._saves[(phase, step)] = step
+        self._restored = run_records.announced_records(phase, step, first, self._restored, self._emit)
 
     def _landed(self) -> None:
         """What has landed now, recorded before a resume: the newest snapshot in host memory
@@ -308,10 +294,7 @@ class Watch:
         if newest is not None:
             for array in outputs:
                 if self._mark(array) is None:
-                    try:
-                        setattr(array, _POSITION, newest)
-                    except AttributeError:
-                        pass
+                    _tag(array, newest)
 
     # ----------------------------------------------------------------- held arrays
 
@@ -387,10 +370,8 @@ class Watch:
         if what in _TIERS and instance is not None and (not own or what == "Snapshotter"):
             # elastic_dew's own loop: only its snapshots are read (in memory); its checkpoints'
             # storage is its own to bound, never listed from here
-            try:
+            with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced is not read at resumes
                 self._tiers[instance] = _TIERS[what]
-            except TypeError:
-                pass  # an object that cannot be weakly referenced is not read at resumes
         if own:
             return
         if what == "Snapshotter" and instance is not None:

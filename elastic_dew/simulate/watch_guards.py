@@ -26,7 +26,7 @@ from typing import Any
 
 from elastic_dew._compat import orbax as orbax_private
 from elastic_dew.simulate.frames import caller as _caller
-from elastic_dew.simulate.frames import own_loop_on_stack
+from elastic_dew.simulate.frames import module_of, own_loop_on_stack
 from elastic_dew.simulate.leaves import placed_leaves
 from elastic_dew.simulate.watch import LANDING_SECONDS
 
@@ -36,10 +36,6 @@ __all__ = [
     "elastic_iterator", "install_restore_paths", "made", "path_restore", "snapshot_load", "snapshot_save",
     "tracking_retry", "V1_LOADS", "V1_SAVES",
 ]
-
-
-def _module(frame: Any) -> str:
-    return frame.f_globals.get("__name__", "") if frame is not None else ""
 
 
 def _watch(reg: Any) -> Any:
@@ -59,9 +55,9 @@ def detected(simulator: Any, how: str, frame: Any) -> None:
     watch = getattr(simulator, "watch", None)
     if watch is None:
         return
-    while frame is not None and _module(frame).startswith(("jax", "numpy", "elastic_dew.simulate")):
+    while frame is not None and module_of(frame).startswith(("jax", "numpy", "elastic_dew.simulate")):
         frame = frame.f_back
-    if frame is None or _module(frame).startswith(_PROBING):
+    if frame is None or module_of(frame).startswith(_PROBING):
         return
     watch.detected(how)
 
@@ -106,7 +102,7 @@ def available_property(reg: Any) -> property:
     def get(self):
         value = vars(self).get(AVAILABLE, frozenset())
         watch = _watch(reg)
-        if watch is not None and value and not _module(_caller()).startswith(
+        if watch is not None and value and not module_of(_caller()).startswith(
                 ("pathwaysutils", "elastic_dew.simulate")):
             watch.looked(frozenset(value))
         return value
@@ -132,7 +128,7 @@ def active_property(reg: Any, original: property) -> property:
     def set_(self, value):
         original.__set__(self, value)
         watch = _watch(reg)
-        if watch is not None and not _module(_caller()).startswith(("pathwaysutils", "elastic_dew.simulate")):
+        if watch is not None and not module_of(_caller()).startswith(("pathwaysutils", "elastic_dew.simulate")):
             watch.active_set(frozenset(original.__get__(self, type(self))))
 
     return property(original.fget, set_, original.fdel, doc=original.__doc__)
@@ -161,7 +157,7 @@ def snapshot_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def save(self, step, state):
         watch = _watch(reg)
-        if watch is None or _own_loop(_caller()):
+        if watch is None or own_loop_on_stack(_caller()):
             return original(self, step, state)
         deadline = time.monotonic() + LANDING_SECONDS
         while orbax_private.snapshot_busy(self) and time.monotonic() < deadline:
@@ -178,7 +174,7 @@ def snapshot_load(reg: Any, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(self, *args, **kwargs):
         watch = _watch(reg)
-        if watch is None or _own_loop(_caller()):
+        if watch is None or own_loop_on_stack(_caller()):
             return original(self, *args, **kwargs)
         abstract = args[0] if args else kwargs.get("abstract_state")
         watch.placing(placed_leaves(abstract), "Snapshotter.load (the abstract state's shardings)", _caller())
@@ -204,7 +200,7 @@ def checkpoint_save(reg: Any, original: Callable[..., Any]) -> Callable[..., Any
         saved = original(self, step, *args, **kwargs)
         watch = _watch(reg)
         caller = _caller()
-        if saved and watch is not None and not _in_v1_checkpointer(caller) and not _own_loop(caller):
+        if saved and watch is not None and not _in_v1_checkpointer(caller) and not own_loop_on_stack(caller):
             watch.saved("checkpoint", step, (args, kwargs))
         return saved
 
@@ -217,7 +213,7 @@ def checkpoint_restore(reg: Any, original: Callable[..., Any]) -> Callable[..., 
     @functools.wraps(original)
     def restore(self, step=None, *args, **kwargs):
         watch = _watch(reg)
-        if watch is None or _own_loop(_caller()):
+        if watch is None or own_loop_on_stack(_caller()):
             return original(self, step, *args, **kwargs)
         watch.placing(placed_leaves((args, kwargs)), "CheckpointManager.restore (the abstract state's shardings)",
                       _caller())
@@ -244,12 +240,12 @@ def _in_v1_checkpointer(frame: Any) -> bool:
     ``CheckpointManager``'s making and saves: the Checkpointer's wrappers record them)."""
     import orbax.checkpoint as ocp
 
-    return _module(frame) == ocp.v1.training.Checkpointer.__module__
+    return module_of(frame) == ocp.v1.training.Checkpointer.__module__
 
 
 def _by_orbax(frame: Any) -> bool:
     """Whether Orbax itself made the call (a manager's restore reading through a checkpointer)."""
-    return _module(frame).startswith("orbax")
+    return module_of(frame).startswith("orbax")
 
 
 def path_restore(reg: Any, original: Callable[..., Any], method: bool) -> Callable[..., Any]:
@@ -260,7 +256,7 @@ def path_restore(reg: Any, original: Callable[..., Any], method: bool) -> Callab
     def restore(*args, **kwargs):
         watch = _watch(reg)
         caller = _caller()
-        if watch is None or _by_orbax(caller) or _own_loop(caller):
+        if watch is None or _by_orbax(caller) or own_loop_on_stack(caller):
             return original(*args, **kwargs)
         path = (args[1:2] if method else args[:1]) or [kwargs.get("directory", kwargs.get("path"))]
         restored = original(*args, **kwargs)
@@ -279,7 +275,7 @@ def checkpointer_load(reg: Any, original: Callable[..., Any]) -> Callable[..., A
     def load(self, step=None, *args, **kwargs):
         watch = _watch(reg)
         caller = _caller()
-        if watch is None or _by_orbax(caller) or _own_loop(caller):
+        if watch is None or _by_orbax(caller) or own_loop_on_stack(caller):
             return original(self, step, *args, **kwargs)
         restored = original(self, step, *args, **kwargs)
         number = getattr(step, "step", step)
@@ -303,7 +299,7 @@ def checkpointer_save(reg: Any, original: Callable[..., Any]) -> Callable[..., A
         watch = _watch(reg)
         caller = _caller()
         taken = saved is not None and saved is not False  # an _async form returns a response, or None
-        if taken and watch is not None and not _by_orbax(caller) and not _own_loop(caller):
+        if taken and watch is not None and not _by_orbax(caller) and not own_loop_on_stack(caller):
             watch.saved("checkpoint", step, state)
         return saved
 
@@ -338,11 +334,6 @@ def install_restore_paths(reg: Any, replace: Callable[[Any, str, Any], None]) ->
             replace(checkpointer, name, checkpointer_save(reg, vars(checkpointer)[name]))
 
 
-def _own_loop(frame: Any) -> bool:
-    """Whether elastic_dew's own loop is on the stack from ``frame`` (it announces its tiers)."""
-    return own_loop_on_stack(frame)
-
-
 def elastic_iterator() -> type:
     """Grain's ``ElasticIterator`` (its public name, ``grain.experimental``)."""
     import grain.experimental
@@ -358,7 +349,7 @@ def data_call(reg: Any, what: str, original: Callable[..., Any]) -> Callable[...
     def call(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         watch = _watch(reg)
-        if watch is not None and not _own_loop(_caller()):
+        if watch is not None and not own_loop_on_stack(_caller()):
             if what == "next":
                 watch.data_taken()
             else:

@@ -31,6 +31,7 @@ the upstream's address in answers (a resumable upload's ``Location``, an object'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import email.message
@@ -314,10 +315,8 @@ class FaultProxy(LoopbackServer):
                 self.connection.close()
 
             def finish(self) -> None:
-                try:
+                with contextlib.suppress(OSError):  # the connection was reset on purpose, or the client went away
                     super().finish()
-                except OSError:
-                    pass  # the connection was reset on purpose, or the client went away
 
             def _forward(self, body: bytes) -> None:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}

@@ -12,6 +12,7 @@ Orbax's manager is forgotten without being waited for, and the failure is kept f
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import time
@@ -48,7 +49,7 @@ class Committed(NamedTuple):
     nbytes: int
 
 
-class Commits:
+class Commits(abc.ABC):
     """The save in flight in ``directory`` and its commit, every storage call bounded.
 
     Args:
@@ -113,18 +114,18 @@ class Commits:
         return time.monotonic() < self._stalled_until
 
     # -- Orbax's manager, the subclass's: its save written, waited for, forgotten ----------------
+    @abc.abstractmethod
     def _writing(self) -> bool:
         """Whether Orbax's manager is still writing a save (without waiting)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _wait(self) -> None:
         """Wait for Orbax's manager's save and raise its error, if it failed."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _abandon_manager(self, close: bool = False) -> None:
         """Forget Orbax's manager of a save given up on without waiting for it (closing it
         first when ``close``: the save failed and its writers ended); never raises."""
-        raise NotImplementedError
 
     def _begin(self, step: int, started: float, total: float | None, counters: activity.Counters) -> None:
         """The save of ``step`` started at ``started`` is in flight (``total``: the most seconds it was given)."""
