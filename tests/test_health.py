@@ -8,6 +8,7 @@ event (``jax.monitoring``), which fires for every program XLA compiles.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import jax
@@ -112,6 +113,59 @@ def test_a_slice_down_error_at_dispatch_marks_only_that_slice_down(sim, probes, 
 
     monkeypatch.setattr(probes, "start", failing_on_slice_1)
     assert _check(sim, probes) == {0, 2, 3}
+
+
+_MAY_OR_MAY_NOT = "may or may not be due to slice down"
+
+
+def _may_or_may_not(caplog) -> int:
+    """pathwaysutils' WARNING for an INTERNAL, NOT_FOUND or DEADLINE_EXCEEDED error, counted."""
+    return sum(_MAY_OR_MAY_NOT in r.getMessage() for r in caplog.records if r.name.startswith("pathwaysutils"))
+
+
+def test_a_slice_lost_with_an_internal_error_is_warned_of_once_per_outage_however_many_polls(sim, probes, caplog):
+    caplog.set_level(logging.WARNING, logger="pathwaysutils")
+    sim.lose(1, "INTERNAL")
+    for _ in range(20):
+        assert _check(sim, probes) == {0, 2, 3}
+    assert _may_or_may_not(caplog) == 1
+    sim.restore(1)
+    assert _check(sim, probes) == {0, 1, 2, 3}
+    sim.lose(1, "INTERNAL")  # a new outage: pathwaysutils is asked again
+    for _ in range(5):
+        assert _check(sim, probes) == {0, 2, 3}
+    assert _may_or_may_not(caplog) == 2
+
+
+def test_an_error_of_another_kind_on_a_slice_already_down_is_still_judged_by_pathwaysutils(sim, probes, monkeypatch):
+    sim.lose(1, "INTERNAL")
+    assert _check(sim, probes) == {0, 2, 3}
+    start = probes.start
+
+    def failing_on_slice_1(devices):
+        if devices == sim.slice_to_devices[1]:
+            raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: not a slice loss")
+        return start(devices)
+
+    monkeypatch.setattr(probes, "start", failing_on_slice_1)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):
+        _check(sim, probes)
+
+
+def test_the_managers_monitor_and_wait_warn_once_for_a_slice_lost_with_an_internal_error(sim, caplog):
+    manager = make_manager()
+    health.PROBES.clear()  # no outage remembered from an earlier test of this process
+    caplog.set_level(logging.WARNING, logger="pathwaysutils")
+    sim.lose(1, "INTERNAL")
+    manager.active_slice_indices = pw_elastic.wait_for_slices(3, poll_interval=0.01, timeout=30,
+                                                              slice_to_devices=manager.slice_to_devices)
+    assert manager.active_slice_indices == {0, 2, 3}
+    for _ in range(10):
+        pw_private.check_inactive_slices(manager)  # the monitor thread's poll
+    assert manager.available_inactive_slices == frozenset()
+    with pytest.raises(TimeoutError):
+        pw_elastic.wait_for_slices(None, poll_interval=0.01, timeout=0.2, slice_to_devices=manager.slice_to_devices)
+    assert _may_or_may_not(caplog) == 1
 
 
 def test_a_wrong_answer_from_a_slice_is_refused_with_the_slice_named(sim, probes, monkeypatch):

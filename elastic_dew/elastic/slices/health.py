@@ -13,7 +13,10 @@ with an error pathwaysutils counts as slice-down is down, any other error is rai
 differs is the cost. Each slice's probe (``x + 1`` over the slice's devices) is compiled
 ahead of time once, the first time that slice is checked, and kept in :class:`SliceProbes`
 for the life of the process; a poll only copies a few numbers to each slice and runs the
-compiled programs, all of them dispatched before any is awaited.
+compiled programs, all of them dispatched before any is awaited. A slice that stays down
+fails its probe at every poll; pathwaysutils' verdict on its error is asked once per outage
+and error code (:meth:`SliceProbes.is_down`), since pathwaysutils logs a WARNING at each call
+for the codes that "may or may not" mean a slice loss (``INTERNAL`` among them).
 
 The seam. pathwaysutils 0.1.13 accepts a ``checker`` in
 ``pathwaysutils.elastic.elastic.get_active_slice_indices`` and ``wait_for_slices``, but its
@@ -84,13 +87,16 @@ class SliceProbes:
 
     A slice is keyed by its devices' ids, so the cache holds one entry per slice of the
     allocation whatever the number of polls: the controller's memory stays flat while it
-    waits. ``compilations`` counts the probes compiled (the cache's misses). Safe to use
-    from the Manager's monitor thread and the main thread at once.
+    waits. ``compilations`` counts the probes compiled (the cache's misses). It also keeps,
+    per slice, the error codes pathwaysutils accepted as slice-down during the slice's
+    current outage (:meth:`is_down`). Safe to use from the Manager's monitor thread and the
+    main thread at once.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._compiled: dict[tuple[int, ...], tuple[Any, NamedSharding]] = {}
+        self._down: dict[tuple[int, ...], set[str]] = {}
         self.compilations = 0
 
     def __len__(self) -> int:
@@ -130,19 +136,61 @@ class SliceProbes:
         value = jax.device_put(np.full(len(devices), _VALUE, dtype=np.float32), sharding)
         return compiled(value)
 
+    def is_down(self, devices: Sequence[jax.Device], error: Exception) -> bool:
+        """Whether ``error``, met by the probe of the slice on ``devices``, means the slice is down.
+
+        The verdict is pathwaysutils' (``is_error_due_to_slice_down``), asked once per slice,
+        outage and error code: that function logs a WARNING at every call for the codes that
+        "may or may not" mean a slice loss (``INTERNAL``, ``NOT_FOUND``, ``DEADLINE_EXCEEDED``),
+        and a slice that stays down fails its probe at every poll of the wait and of the
+        Manager's monitor thread. While the slice stays down (until :meth:`answered`), a later
+        error with a code pathwaysutils already accepted for it is down without asking again;
+        an error with another code, or none, is asked about.
+
+        Args:
+            devices: the slice's devices.
+            error: the error its probe raised.
+
+        Returns:
+            True when pathwaysutils counts the error as slice-down.
+        """
+        key, code = tuple(device.id for device in devices), _code(error)
+        with self._lock:
+            if code is not None and code in self._down.get(key, ()):
+                return True
+        if not pw_elastic.is_error_due_to_slice_down(error, log_traceback=False):
+            return False
+        if code is not None:
+            with self._lock:
+                self._down.setdefault(key, set()).add(code)
+        return True
+
+    def answered(self, devices: Sequence[jax.Device]) -> None:
+        """The slice on ``devices`` answered its probe: its outage is over (the next error is asked about)."""
+        key = tuple(device.id for device in devices)
+        with self._lock:
+            self._down.pop(key, None)
+
     def clear(self) -> None:
-        """Forget every compiled probe (the next check of each slice compiles again)."""
+        """Forget every compiled probe (the next check of each slice compiles again) and every outage."""
         with self._lock:
             self._compiled.clear()
+            self._down.clear()
 
 
 #: The process's probes: one per slice, shared by every checker pathwaysutils constructs.
 PROBES = SliceProbes()
 
 
-def _down_or_raise(slice_index: int, error: Exception) -> None:
+def _code(error: Exception) -> str | None:
+    """The status code that starts a runtime error's message (``INTERNAL: ...``), else None."""
+    code = str(error).split(":", 1)[0].strip()
+    return code if code and code.replace("_", "").isalpha() and code.isupper() else None
+
+
+def _down_or_raise(probes: SliceProbes, slice_index: int, devices: Sequence[jax.Device], error: Exception) -> None:
     """Return for an error pathwaysutils counts as slice-down; raise any other."""
-    if not pw_elastic.is_error_due_to_slice_down(error, log_traceback=False):
+    if not probes.is_down(devices, error):
         raise error
     logger.debug("slice %d is down: %s", slice_index, error)
 
@@ -185,7 +233,7 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
             try:
                 results[slice_index] = self.probes.start(devices)
             except jax.errors.JaxRuntimeError as error:
-                _down_or_raise(slice_index, error)
+                _down_or_raise(self.probes, slice_index, devices, error)
         self.results = results
 
     def validate(self) -> Set[int]:
@@ -216,13 +264,14 @@ class ReusableSliceHealthChecker(pw_elastic.SliceHealthChecker):
             try:
                 answer = future.result()
             except jax.errors.JaxRuntimeError as error:
-                _down_or_raise(slice_index, error)
+                _down_or_raise(self.probes, slice_index, self.slice_to_devices[slice_index], error)
                 continue
             if not np.allclose(answer, _EXPECTED):
                 raise ValueError(
                     f"the health probe of slice {slice_index} answered {answer!r}, expected "
                     f"{_EXPECTED} on each of its {len(answer)} devices: the slice computes wrongly"
                 )
+            self.probes.answered(self.slice_to_devices[slice_index])
             healthy.add(slice_index)
         return frozenset(healthy)
 
