@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -149,6 +152,82 @@ def test_a_lost_slice_fails_its_results_with_data_loss_on_read_and_a_restored_on
     assert restored["fresh"] == {"value": [2, 2, 2, 2]}
     assert restored["old"]["error"] == "DATA_LOSS"  # its data went with the slice
     assert restored["active"] == [0, 1]
+
+
+def _next_check(lines: queue.Queue, process, name: str) -> dict:
+    """The client's next JSON line, which must be check ``name`` (bounded: 120 s without one)."""
+    try:
+        line = json.loads(lines.get(timeout=120))
+    except queue.Empty:
+        process.kill()
+        raise AssertionError(f"the client printed no {name!r} check in 120 s: {process.stderr.read()[-3000:]}")
+    assert line.pop("check") == name, line
+    return line
+
+
+@pytest.mark.slow
+def test_lose_slice_fails_what_the_slice_holds_and_makes_with_data_loss_and_restore_slice_serves_it_again(backend):
+    """A running program, and the slice lost and given back by the backend's own methods."""
+    client = subprocess.Popen([sys.executable, str(PROGRAMS / "proxy_client.py"), "paced"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **backend.client_env(10)})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in client.stdout if line.startswith("{")],
+                     daemon=True).start()
+    try:
+        assert _next_check(lines, client, "before") == {"active": [0, 1]}
+        status = backend.lose_slice(1)
+        assert status["lost"] == [1] and status["events"][-1] == ["lose", 1]  # its status after the loss
+        client.stdin.write("lost\n")
+        client.stdin.flush()
+        lost = _next_check(lines, client, "lost")
+        data_loss = {"error": "DATA_LOSS", "slice_down": True}
+        assert lost == {"held": data_loss, "later": data_loss, "other": {"value": [2, 2]}, "active": [0]}
+        status = backend.restore_slice(1)
+        assert status["lost"] == [] and status["events"][-1] == ["restore", 1]
+        client.stdin.write("restored\n")
+        client.stdin.flush()
+        restored = _next_check(lines, client, "restored")
+        assert restored == {"fresh": {"value": [2, 2, 2, 2]}, "held": data_loss, "active": [0, 1]}
+        client.stdin.close()
+        assert client.wait(60) == 0, client.stderr.read()[-3000:]
+    finally:
+        if client.poll() is None:
+            client.kill()
+        client.wait()
+        client.stdout.close()
+        client.stderr.close()
+
+
+@pytest.mark.parametrize("index", [2, -1, "1", 1.0, True])
+def test_lose_slice_and_restore_slice_refuse_a_slice_the_backend_does_not_have_naming_the_valid_ones(index):
+    from elastic_dew.proxy import LocalPathways
+
+    backend = LocalPathways(slices=2, devices_per_slice=1)  # refused before anything is sent
+    for method in (backend.lose_slice, backend.restore_slice):
+        with pytest.raises(ValueError, match=r"does not exist: this backend has slices 0\.\.1"):
+            method(index)
+
+
+@pytest.mark.slow
+def test_lose_slice_and_restore_slice_raise_runtime_error_before_start_after_stop_and_once_the_server_died(tmp_path):
+    from elastic_dew.proxy import LocalPathways
+
+    backend = LocalPathways(slices=2, devices_per_slice=1, log=tmp_path / "server.log")
+    with pytest.raises(RuntimeError, match="not running: start"):
+        backend.lose_slice(1)
+    backend.start()
+    try:
+        assert backend.lose_slice(1)["lost"] == [1]
+        os.kill(backend.pid, signal.SIGKILL)
+        assert backend._process.wait(30) == -signal.SIGKILL  # the server's end, awaited (the test's own child)
+        for method in (backend.lose_slice, backend.restore_slice):
+            with pytest.raises(RuntimeError, match=f"not running: its server exited with status -9 .*{tmp_path.name}"):
+                method(1)
+    finally:
+        backend.stop()
+    with pytest.raises(RuntimeError, match="not running: start"):
+        backend.restore_slice(1)
 
 
 @pytest.mark.slow

@@ -228,11 +228,19 @@ class LocalPathways:
 
         if self._process is None:
             raise RuntimeError("the local Pathways backend is not running: start() it first")
+        if self._process.poll() is not None:
+            raise RuntimeError(f"the local Pathways backend is not running: its server exited with status "
+                               f"{self._process.returncode} (its log: {self.log or 'discarded; pass log='}); "
+                               "stop() it and start() a new one")
         if self._channel is None:
             self._channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         call = self._channel.unary_unary(f"/{CONTROL}/{method}", request_serializer=lambda o: json.dumps(o).encode(),
                                          response_deserializer=json.loads)
         return call(request, timeout=timeout)
+
+    def _check_slice(self, index: int) -> None:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.slices:
+            raise ValueError(f"slice {index!r} does not exist: this backend has slices 0..{self.slices - 1}")
 
     def lose_slice(self, index: int) -> dict[str, Any]:
         """Lose slice ``index``: what it holds and every later result on it reads as DATA_LOSS.
@@ -244,8 +252,10 @@ class LocalPathways:
             The server's :meth:`status` after the loss.
 
         Raises:
+            ValueError: the backend has no slice ``index`` (nothing is sent).
             RuntimeError: the server is not running.
         """
+        self._check_slice(index)
         return self._call("Lose", {"slice": index})
 
     def restore_slice(self, index: int) -> dict[str, Any]:
@@ -258,8 +268,10 @@ class LocalPathways:
             The server's :meth:`status` after the return.
 
         Raises:
+            ValueError: the backend has no slice ``index`` (nothing is sent).
             RuntimeError: the server is not running.
         """
+        self._check_slice(index)
         return self._call("Restore", {"slice": index})
 
     def status(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ printed as one JSON line ``{"check": NAME, ...}``.
 
     python proxy_client.py basics
     python proxy_client.py faults CONTROL_ADDRESS
+    python proxy_client.py paced    (the test loses and restores slice 1 between the lines it sends)
 """
 
 import json
@@ -76,8 +77,34 @@ def faults(address):
     say("restored", fresh=read(fresh), old=read(on_1), active=sorted(elastic.get_active_slice_indices()))
 
 
+def paced():
+    """Reads slice 1's arrays before a loss, during it and after the return; the test loses and
+    restores the slice (``LocalPathways.lose_slice``, ``restore_slice``) and then sends a line."""
+    from pathwaysutils.elastic import elastic
+
+    def read(array):
+        try:
+            return {"value": np.asarray(array).tolist()}
+        except jax.errors.JaxRuntimeError as error:
+            return {"error": str(error).split(":")[0], "slice_down": elastic.is_error_due_to_slice_down(error)}
+
+    devices = jax.devices()
+    held = jax.device_put(np.ones(4, np.float32), devices[4])  # slice 1, never read before the loss
+    held.block_until_ready()
+    say("before", active=sorted(elastic.get_active_slice_indices()))
+    sys.stdin.readline()  # slice 1 is lost
+    later = jax.jit(lambda a: a + 1)(jax.device_put(np.ones(4, np.float32), devices[4]))
+    say("lost", held=read(held), later=read(later), other=read(jax.jit(lambda a: a + 1)(
+        jax.device_put(np.ones(2, np.float32), devices[0]))), active=sorted(elastic.get_active_slice_indices()))
+    sys.stdin.readline()  # slice 1 is back
+    fresh = jax.jit(lambda a: a + 1)(jax.device_put(np.ones(4, np.float32), devices[4]))
+    say("restored", fresh=read(fresh), held=read(held), active=sorted(elastic.get_active_slice_indices()))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "basics":
         basics()
+    elif sys.argv[1] == "paced":
+        paced()
     else:
         faults(sys.argv[2])
