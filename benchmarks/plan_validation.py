@@ -99,13 +99,13 @@ CASES = {
                     policies=("restart", "pause_resume", "replica_resize"), snapshot_every=25, checkpoint_every=250),
     "mlp_8x1": Case("mlp", 8, 1, loss_every_s=1.0, return_s=1.0, stepping_s=5.0,
                     policies=("restart", "pause_resume", "replica_resize"), snapshot_every=25, checkpoint_every=250),
-    "lm_4x2": Case("lm", 4, 2, loss_every_s=2.5, return_s=2.5, stepping_s=15.0,
+    "lm_4x2": Case("lm", 4, 2, loss_every_s=2.5, return_s=2.5, stepping_s=8.0,
                    policies=("pause_resume", "replica_resize"), snapshot_every=7, checkpoint_every=50,
                    global_batch=48),
 }
 #: The grid of failure rates: each validated case again with losses (and returns) three and
 #: ten times as frequent, up to a loss every few dozen steps, snapshots closer together
-#: (``lm``'s runs with 8 s of steps each).
+#: (``lm``'s runs with 8 s of steps each, as its base case's).
 CASES.update({
     f"{base}_x{times}": dataclasses.replace(
         CASES[base], loss_every_s=CASES[base].loss_every_s / times, return_s=CASES[base].return_s / times,
