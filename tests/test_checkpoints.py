@@ -90,6 +90,41 @@ def test_a_checkpoint_restores_its_arrays_and_json_meta_onto_another_mesh(tmp_pa
     checkpoints.close()
 
 
+def _array_codec(step_dir: Path, leaf: str) -> dict | None:
+    """The compressor a leaf's zarr metadata names, read from the step's OCDBT store."""
+    import tensorstore as ts
+
+    store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{step_dir / 'state'}/"}).result()
+    return json.loads(store.read(f"{leaf}/.zarray").result().value)["compressor"]
+
+
+def test_checkpoints_written_uncompressed_and_with_orbaxs_zstd_default_both_restore(tmp_path, monkeypatch):
+    """Tier 2 writes its arrays uncompressed (``USE_COMPRESSION``); a checkpoint written with
+    Orbax's default zstd compression (an earlier build, or another writer) restores all the
+    same: each array's codec is read from its own metadata."""
+    mesh = mesh_of(4)
+    state, meta = state_on(mesh), {"step": 1}
+    monkeypatch.setattr(orbax_private, "USE_COMPRESSION", True)
+    written = Checkpoints(str(tmp_path))
+    written.save(1, state, meta)
+    written.wait()
+    written.close()
+    monkeypatch.undo()
+    written = Checkpoints(str(tmp_path))
+    written.save(2, jax.tree.map(lambda x: x, state), {"step": 2})
+    written.wait()
+    written.close()
+    assert _array_codec(tmp_path / "1", "params") == {"id": "zstd", "level": 1}
+    assert _array_codec(tmp_path / "2", "params") is None
+
+    reader = Checkpoints(str(tmp_path))
+    for step in (1, 2):
+        restored, restored_meta = reader.restore(step, abstract_on(state, mesh_of(3)))
+        assert restored_meta == {"step": step}
+        assert_same(restored, state)
+    reader.close()
+
+
 def test_a_resume_lists_the_checkpoints_once_and_reads_the_newest_steps_metadata_once(tmp_path, monkeypatch):
     """As the protocol resumes (the newest state asked, then restored): the directory is
     listed once, and the newest step's commit metadata and its arrays' tree metadata are each
