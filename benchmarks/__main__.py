@@ -40,6 +40,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--only names {', '.join(unknown)}; choose from {', '.join(MODULES)}")
     args.only = only or list(MODULES)
+    from benchmarks.plan_validation import CASES
+
+    args.plan_cases = tuple(name for name in args.plan_cases.split(",") if name)
+    unknown = sorted(set(args.plan_cases) - set(CASES))
+    if unknown:
+        parser.error(f"--plan-cases names {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    if args.plan_schedules < 0:
+        parser.error(f"--plan-schedules is {args.plan_schedules}; give a number of runs, at least 1")
     return args
 
 
@@ -54,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     sizes = SIZES[mode]
     if args.plan_cases:
-        from benchmarks.plan_validation import CASES
-
-        cases = tuple(name for name in args.plan_cases.split(",") if name)
-        if set(cases) - set(CASES):
-            sys.exit(f"--plan-cases names {', '.join(sorted(set(cases) - set(CASES)))}; choose from {', '.join(CASES)}")
-        sizes = dataclasses.replace(sizes, plan_cases=cases)
+        sizes = dataclasses.replace(sizes, plan_cases=args.plan_cases)
     if args.plan_schedules:
         sizes = dataclasses.replace(sizes, plan_schedules=args.plan_schedules)
     out = Path(args.out)

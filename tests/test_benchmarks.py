@@ -163,6 +163,15 @@ def test_an_unknown_benchmark_name_is_refused_with_the_choices(capsys):
     assert "warp_speed" in err and ", ".join(MODULES) in err
 
 
+def test_the_plan_grid_is_chosen_by_case_name_and_an_unknown_case_is_refused_with_the_choices(capsys):
+    args = parse(["--only", "plan_validation", "--plan-cases", "mlp_4x1,lm_4x2_x10", "--plan-schedules", "12"])
+    assert args.plan_cases == ("mlp_4x1", "lm_4x2_x10") and args.plan_schedules == 12
+    with pytest.raises(SystemExit):
+        parse(["--plan-cases", "mlp_4x1,mlp_4x1_x100"])
+    err = capsys.readouterr().err
+    assert "mlp_4x1_x100" in err and "lm_4x2_x3" in err
+
+
 @pytest.mark.timeout(HANG)
 @pytest.mark.slow
 def test_the_recovery_scaling_benchmark_measures_both_slice_counts_and_their_ratio(tiny):
