@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,13 +61,23 @@ def _stopped_and_rerun(kind: str, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory):
-    return _stopped_and_rerun("killed", tmp_path_factory)
+def runs(tmp_path_factory) -> dict:
+    """Both scenarios of :data:`SCHEDULES`, run side by side (each in its own run directory,
+    its processes one after the other, their sleeps overlapping): ``{kind: finished future}``,
+    whose result is ``(events, stderr, run_dir)``; a scenario that failed fails only the
+    tests that read it."""
+    with ThreadPoolExecutor(len(SCHEDULES)) as pool:
+        return {kind: pool.submit(_stopped_and_rerun, kind, tmp_path_factory) for kind in SCHEDULES}
 
 
 @pytest.fixture(scope="module")
-def preempted(tmp_path_factory):
-    return _stopped_and_rerun("preempted", tmp_path_factory)
+def killed(runs):
+    return runs["killed"].result()
+
+
+@pytest.fixture(scope="module")
+def preempted(runs):
+    return runs["preempted"].result()
 
 
 @pytest.mark.parametrize("kind", sorted(SCHEDULES))

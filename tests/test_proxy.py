@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from boundarylib import assert_boundaries_agree
 from conftest import REPO
 
 PROGRAMS = REPO / "tests" / "programs"
@@ -259,29 +260,55 @@ def test_a_client_whose_protocol_the_server_does_not_speak_gets_one_clear_refusa
     assert "this client offers 16-25" in refusal[0] or "this client offers" in refusal[0]
 
 
+def _simulate_each(tmp_path, boundaries, *program, schedule="lose:1@4,restore:1@8"):
+    """``elastic-dew simulate --boundary BOUNDARY`` of ``program`` for each of ``boundaries``,
+    side by side (separate processes, run directories and reports): for each, in order, its
+    verdict (JSON), stdout and stderr."""
+    runs = []
+    for boundary in boundaries:
+        out, err = (open(tmp_path / f"{boundary}.{name}", "w+") for name in ("out", "err"))
+        runs.append((boundary, out, err, subprocess.Popen(
+            [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", boundary, "--slices", "2",
+             "--devices-per-slice", "2", "--schedule", schedule, "--report", str(tmp_path / f"{boundary}.json"),
+             "--run-dir", str(tmp_path / boundary), "--", sys.executable, *program],
+            stdout=out, stderr=err, text=True, cwd=PROGRAMS)))
+    results = []
+    for boundary, out, err, process in runs:
+        try:
+            process.wait(timeout=300)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        texts = []
+        for stream in (out, err):
+            stream.seek(0)
+            texts.append(stream.read())
+            stream.close()
+        report = tmp_path / f"{boundary}.json"
+        assert report.exists(), texts[1][-3000:]
+        results.append((json.loads(report.read_text()), *texts))
+    return results
+
+
 def _simulate(tmp_path, boundary, *program, schedule="lose:1@4,restore:1@8"):
     """``elastic-dew simulate --boundary BOUNDARY`` of ``program``: its verdict (JSON), stdout, stderr."""
-    report = tmp_path / f"{boundary}.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "elastic_dew", "simulate", "--boundary", boundary, "--slices", "2",
-         "--devices-per-slice", "2", "--schedule", schedule, "--report", str(report),
-         "--run-dir", str(tmp_path / boundary), "--", sys.executable, *program],
-        capture_output=True, text=True, timeout=300, cwd=PROGRAMS)
-    assert report.exists(), done.stderr[-3000:]
-    return json.loads(report.read_text()), done.stdout, done.stderr
+    return _simulate_each(tmp_path, [boundary], *program, schedule=schedule)[0]
 
 
 @pytest.mark.slow
 def test_simulate_through_the_proxy_gives_pathwaysutils_own_workload_the_in_process_verdict(tmp_path):
     """The unmodified workload (``pathwaysutils.initialize()`` first) meets the loss as
     ``DATA_LOSS`` from jaxlib's proxy client, retries on the smaller mesh from its snapshot and
-    takes the slice up again: the verdict is the in-process simulator's."""
+    takes the slice up again: the verdict is the in-process simulator's, in every property
+    the differential test compares for the corpus (``tests/test_proxy_differential.py``, which
+    leaves this workload to this test)."""
     # the Manager's monitor polls every 0.1 s: the 8 steps after the restore take 0.3-0.8 s
     # here, and at 0.5 s a fast run could end before the monitor found the slice back
     program = (str(PROGRAMS / "pathways_initialized.py"), "16", "1", "0.1")
-    proxy, proxy_out, proxy_err = _simulate(tmp_path, "proxy", *program)
-    inside, inside_out, _ = _simulate(tmp_path, "in-process", *program)
+    both = _simulate_each(tmp_path, ["proxy", "in-process"], *program)  # side by side, as the differential test runs
+    (proxy, proxy_out, proxy_err), (inside, inside_out, _) = both
     assert proxy["ok"] and inside["ok"], proxy_err[-3000:]
+    assert_boundaries_agree(proxy, inside, correct=True)
     assert proxy["unmet"] == [] and inside["unmet"] == []  # the program met the loss, as DATA_LOSS
     assert [p["attempts"] for p in proxy["processes"]] == [p["attempts"] for p in inside["processes"]] \
         == [[[0, 1], [0], [0, 1]]]

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from etils import epath
 from conftest import REPO
 from elastic_dew import record, rundir
 from elastic_dew.elastic.state import orbax_step
-from elastic_dew.testing.fault_proxy import ProxyFault
+from elastic_dew.testing.fault_proxy import FaultProxy, ProxyFault
 
 pytestmark = [pytest.mark.slow, pytest.mark.libraries]
 
@@ -76,6 +77,33 @@ def clean_digest(tmp_path_factory) -> str:
     done, _ = _train(run_dir, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return _digest(run_dir)
+
+
+ENDLESS_STORM = "test_an_endless_503_and_429_storm_abandons_nothing_and_the_preemption_keeps_the_commit_in_flight"
+#: The endless storm's first process: a preemption at 12 under a 10 s no-progress deadline.
+ENDLESS_STORM_ARGS = ("--storage-timeout", "10", "--grace-period", "60", "--schedule", "preempt@12")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def endless_storm(request, gcs_server, tmp_path_factory):
+    """The endless storm's first process, started with this module's first test when its test
+    is selected: it spends about half a minute waiting out its clients' backoffs, so it runs
+    beside the tests before its own (in a bucket, run directory and fault proxy of its own),
+    and its test reads it. ``(proxy, uploads rule, reads rule, bucket, run_dir, future of
+    (CompletedProcess, seconds))``, or ``None`` when its test is not selected."""
+    if not any(getattr(item, "module", None) is request.module and getattr(item, "originalname", None) == ENDLESS_STORM
+               for item in request.session.items):
+        yield None
+        return
+    bucket = gcs_server.create_bucket("endless-storm")
+    run_dir = tmp_path_factory.mktemp("endless-storm") / "run"
+    with FaultProxy(gcs_server.url) as proxy, ThreadPoolExecutor(1) as pool:
+        objects = f"{bucket[5:]}/ck/*"
+        uploads = proxy.add(ProxyFault("error", method="POST", path=objects, status=503, every=3))
+        reads = proxy.add(ProxyFault("error", method="GET", path=objects, status=429, every=4))
+        first: Future = pool.submit(_train, run_dir, "--checkpoint-dir", f"{bucket}/ck", *ENDLESS_STORM_ARGS,
+                                    env=_env(**proxy.env))
+        yield proxy, uploads, reads, bucket, run_dir, first
 
 
 def _objects(gcs_server, bucket: str, prefix: str) -> dict[str, str]:
@@ -213,23 +241,20 @@ def test_a_503_and_429_storm_through_a_preemption_and_a_resume_ends_at_the_clean
 
 
 def test_an_endless_503_and_429_storm_abandons_nothing_and_the_preemption_keeps_the_commit_in_flight(
-    fault_proxy, bucket, tmp_path, clean_digest
+    endless_storm, clean_digest
 ):
     """The storm issue 40 reported, without end: every 3rd upload of the checkpoint's objects
     503, every 4th read 429, each retried by its client after a backoff, so commits take tens
     of seconds while every request is answered within seconds. Under a 10 s no-progress
     deadline nothing is abandoned; every scheduled checkpoint is committed or skipped with an
     event; the preemption at 12 lets the commit in flight finish and its stop names the newest
-    committed step, which the re-run (the storm over) resumes from to the clean digest."""
-    run_dir = tmp_path / "run"
+    committed step, which the re-run (the storm over) resumes from to the clean digest. (The
+    first process starts with the module: :func:`endless_storm`.)"""
+    fault_proxy, uploads, reads, bucket, run_dir, started = endless_storm
     env = _env(**fault_proxy.env)
     checkpoints = f"{bucket}/ck"
-    args = ("--checkpoint-dir", checkpoints, "--storage-timeout", "10", "--grace-period", "60",
-            "--schedule", "preempt@12")
-    objects = f"{bucket[5:]}/ck/*"
-    uploads = fault_proxy.add(ProxyFault("error", method="POST", path=objects, status=503, every=3))
-    reads = fault_proxy.add(ProxyFault("error", method="GET", path=objects, status=429, every=4))
-    first, seconds = _train(run_dir, *args, env=env)
+    args = ("--checkpoint-dir", checkpoints, *ENDLESS_STORM_ARGS)
+    first, seconds = started.result()
     assert first.returncode == 143, first.stderr[-3000:]
     fault_proxy.clear()
     assert uploads.fired >= 10 and reads.fired >= 1, (uploads.fired, reads.fired)
