@@ -651,7 +651,7 @@ def test_a_plan_flags_rates_outside_the_range_the_model_was_checked_over_and_say
     assert validity.steps_between_losses(CPU_COSTS, fast, settings) == pytest.approx(
         2.5 / policy_running(CPU_COSTS, settings))
     reasons = validity.outside(CPU_COSTS, fast, settings)
-    assert len(reasons) == 1 and "every 22.5 steps" in reasons[0] and "100 steps or more" in reasons[0]
+    assert len(reasons) == 1 and "every 22.5 steps" in reasons[0] and "45 steps or more" in reasons[0]
     slow_recovery = dataclasses.replace(CPU_COSTS, recovery_seconds=2.0)
     assert any("(h c)" in reason for reason in validity.outside(slow_recovery, fast, settings))
     # A real cluster's rates are inside it: nothing is flagged.
@@ -676,4 +676,4 @@ def test_a_plan_flags_rates_outside_the_range_the_model_was_checked_over_and_say
                            "0.02", "--check", str(run)], capsys)
     assert code == 0, printed.err
     row = next(line for line in printed.out.splitlines() if line.strip().startswith("replica_resize"))
-    assert row.endswith(" *") and "the model was checked against runs that met one every 100 steps" in printed.out
+    assert row.endswith(" *") and "the model was checked against runs that met one every 45 steps" in printed.out
