@@ -432,9 +432,11 @@ def _train(case: Case, policy: str, floor: int | None, schedule: str, steps: int
     # under the elastic policies one is the budget giving up, and the run ends there.
     restarts = policy == "restart" or budget is None
     restart_on = (Preempted, jax.errors.JaxRuntimeError) if restarts else (Preempted,)
+    from pathwaysutils.elastic.manager import ElasticRuntimeError
+
     try:
         outcomes = supervise_in_process(process, max_processes=500, restart_on=restart_on)
-    except jax.errors.JaxRuntimeError as error:
+    except (jax.errors.JaxRuntimeError, ElasticRuntimeError) as error:  # the retry budget gave up
         if budget is None:
             raise
         return f"{type(error).__name__}: {error}"
