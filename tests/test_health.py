@@ -101,17 +101,22 @@ def test_an_error_that_is_not_a_slice_loss_is_raised_not_counted_as_down(sim, pr
         _check(sim, probes)
 
 
-def test_a_slice_down_error_at_dispatch_marks_only_that_slice_down(sim, probes, monkeypatch):
-    """Pathways may fail the dispatch itself on a lost slice; the simulator fails at reads,
-    so the dispatch failure is injected here."""
+def _fail_slice_1_at_dispatch(sim, probes, monkeypatch, message):
+    """Slice 1's probe fails at its dispatch with ``message``; the others run."""
     start = probes.start
 
     def failing_on_slice_1(devices):
         if devices == sim.slice_to_devices[1]:
-            raise jax.errors.JaxRuntimeError("NOT_FOUND: slice 1 is gone")
+            raise jax.errors.JaxRuntimeError(message)
         return start(devices)
 
     monkeypatch.setattr(probes, "start", failing_on_slice_1)
+
+
+def test_a_slice_down_error_at_dispatch_marks_only_that_slice_down(sim, probes, monkeypatch):
+    """Pathways may fail the dispatch itself on a lost slice; the simulator fails at reads,
+    so the dispatch failure is injected here."""
+    _fail_slice_1_at_dispatch(sim, probes, monkeypatch, "NOT_FOUND: slice 1 is gone")
     assert _check(sim, probes) == {0, 2, 3}
 
 
@@ -140,14 +145,7 @@ def test_a_slice_lost_with_an_internal_error_is_warned_of_once_per_outage_howeve
 def test_an_error_of_another_kind_on_a_slice_already_down_is_still_judged_by_pathwaysutils(sim, probes, monkeypatch):
     sim.lose(1, "INTERNAL")
     assert _check(sim, probes) == {0, 2, 3}
-    start = probes.start
-
-    def failing_on_slice_1(devices):
-        if devices == sim.slice_to_devices[1]:
-            raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: not a slice loss")
-        return start(devices)
-
-    monkeypatch.setattr(probes, "start", failing_on_slice_1)
+    _fail_slice_1_at_dispatch(sim, probes, monkeypatch, "INVALID_ARGUMENT: not a slice loss")
     with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT"):
         _check(sim, probes)
 

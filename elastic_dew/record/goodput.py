@@ -236,15 +236,14 @@ def account(events: Iterable[ev.Event | Mapping[str, Any]]) -> Goodput:
         span = _span([event for event, _ in process])
         began: float | None = None
         if span is not None:
-            begin, end = span
-            # A process restarted inside one Python process (an in-process supervisor)
-            # shares its process start with the first: it began after the last one's end.
-            begin = begin if last_end is None else max(begin, last_end)
-            began = begin
+            began, end = span
             if first_begin is None:
-                first_begin = begin
+                first_begin = began
             if last_end is not None:
-                badput["infrastructure_recovery_from_disruption"] += max(0.0, begin - last_end)
+                # A process restarted inside one Python process (an in-process supervisor)
+                # shares its process start with the first: it began after the last one's end.
+                badput["infrastructure_recovery_from_disruption"] += max(0.0, began - last_end)
+                began = max(began, last_end)
             last_end = end if last_end is None else max(last_end, end)
         start = process[0][0] if isinstance(process[0][0], ev.Start) else None
         last_stop: ev.Stop | None = None

@@ -56,12 +56,6 @@ def faults(address):
                                    response_deserializer=json.loads)
         return call(request, timeout=10)
 
-    def read(array):
-        try:
-            return {"value": np.asarray(array).tolist()}
-        except jax.errors.JaxRuntimeError as error:
-            return {"error": str(error).split(":")[0], "slice_down": elastic.is_error_due_to_slice_down(error)}
-
     devices = jax.devices()
     on_1 = jax.device_put(np.ones(4, np.float32), devices[4])  # slice 1, never read before the loss
     on_1.block_until_ready()  # (a read would keep a host copy in this process)
@@ -77,16 +71,20 @@ def faults(address):
     say("restored", fresh=read(fresh), old=read(on_1), active=sorted(elastic.get_active_slice_indices()))
 
 
+def read(array):
+    """An array's value, or its error's code and whether pathwaysutils counts it as slice-down."""
+    from pathwaysutils.elastic import elastic
+
+    try:
+        return {"value": np.asarray(array).tolist()}
+    except jax.errors.JaxRuntimeError as error:
+        return {"error": str(error).split(":")[0], "slice_down": elastic.is_error_due_to_slice_down(error)}
+
+
 def paced():
     """Reads slice 1's arrays before a loss, during it and after the return; the test loses and
     restores the slice (``LocalPathways.lose_slice``, ``restore_slice``) and then sends a line."""
     from pathwaysutils.elastic import elastic
-
-    def read(array):
-        try:
-            return {"value": np.asarray(array).tolist()}
-        except jax.errors.JaxRuntimeError as error:
-            return {"error": str(error).split(":")[0], "slice_down": elastic.is_error_due_to_slice_down(error)}
 
     devices = jax.devices()
     held = jax.device_put(np.ones(4, np.float32), devices[4])  # slice 1, never read before the loss
