@@ -263,3 +263,27 @@ class CountingHeld:
 
 def _key_of(layout) -> tuple:
     return compiler_module._key(*layout)
+
+
+def test_a_layout_the_active_slices_left_behind_compiles_none_of_its_other_programs():
+    """Slice 1 comes back while the precompiler compiles the step of a layout of {0, 2} (a
+    loss from {0, 1, 2} no longer leads there): that compile finishes, its other programs are
+    left out and it is not counted covered; the layouts of {0, 1, 2} are covered next."""
+    program = CountingHeld()
+    covered: list[tuple] = []
+    ids = lambda mesh: tuple(d.id for d in mesh.devices.flat)  # noqa: E731
+    manager = _manager({0, 2})
+    compiler = StepCompiler(program, manager, ElasticConfig(
+        global_batch=8, minimum_slice_count=1, precompile_smaller_meshes=True,
+    ), also=lambda mesh: covered.append(ids(mesh)))
+    compiler.start_precompiling()  # two layouts of one slice each
+    _wait_for(lambda: program.compiles == 1)
+    [(_, stale), _] = compiler._smaller()
+    manager.active_slice_indices = {0, 1, 2}  # slice 1 is back (a scale-up) while the step compiles
+    compiler.start_precompiling()
+    program.release.set()
+    compiler._precompiler.join(30)
+    now = [ids(mesh) for mesh, _ in compiler.smaller_layouts()]
+    assert ids(stale[0]) not in covered and _key_of(stale) not in compiler._covered
+    assert sorted(covered) == sorted(now)  # every layout of the slices active now, each once
+    assert program.compiles == 1 + 3

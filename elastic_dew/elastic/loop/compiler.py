@@ -9,7 +9,8 @@ it, the other programs a resume onto that mesh runs (``also``: the snapshot's un
 pack), so recovery onto a covered mesh compiles nothing. Each
 :meth:`StepCompiler.start_precompiling` queues the meshes of the slices active then, the
 likeliest next first, also while the thread is still at work (it takes them up next); the meshes of an earlier set of
-active slices not yet begun are dropped, since no single loss leads to them any more. The
+active slices not yet begun are dropped, since no single loss leads to them any more (and
+one begun compiles no more than the program in progress). The
 background thread and the training loop share one compile of a layout: whoever comes second
 waits for the first instead of compiling it again. The background thread yields to a
 recovery: between :meth:`StepCompiler.pause_precompiling` (a resume begins) and the next
@@ -164,6 +165,7 @@ class StepCompiler:
         self._queue: list[tuple[jax.sharding.Mesh, int]] = []  # the layouts still to cover, in order
         self._working = False  # a precompiler thread takes from the queue (set and cleared under _guard)
         self._covered: set[tuple] = set()  # the layouts whose step and other programs were compiled
+        self._wanted: set[tuple] = set()  # the layouts of the latest start: a loss from the active slices
         self._helpers: list[threading.Thread] = []  # compile(with_others=True)'s threads
         self._starts = 0  # start_precompiling calls so far
         self._missing: dict[int, int] = {}  # each slice once inactive: the last start it was missing at
@@ -245,8 +247,10 @@ class StepCompiler:
         self._starts += 1
         for index in set(self.manager.slice_to_devices) - set(self.manager.active_slice_indices):
             self._missing[index] = self._starts  # the last start at which it was missing
+        smaller = self._smaller()
+        self._wanted = {_key(*layout) for _, layout in smaller}
         ordered = sorted(
-            (layout for layout in self._smaller() if _key(*layout[1]) not in self._covered),
+            (layout for layout in smaller if _key(*layout[1]) not in self._covered),
             key=lambda item: (_key(*item[1]) not in self._compiled, -self._missing.get(item[0], 0), item[0]),
         )
         return [layout for _, layout in ordered]
@@ -264,8 +268,9 @@ class StepCompiler:
         likeliest next first (those whose step is compiled already, then those losing a
         slice that was lost before, the most recent first), in place of the queued layouts
         of earlier active slices not begun yet; a precompiler thread
-        still at work goes on with them (the compile in progress finishes first), else one
-        starts.
+        still at work goes on with them (the compile in progress finishes first; the rest
+        of its layout's programs are left out unless a loss from the slices active now
+        leads there), else one starts.
         """
         self._stop.clear()
         _WRITES.open()
@@ -305,6 +310,8 @@ class StepCompiler:
                     with self._guard:
                         self._working = False
                     return
+                if number and _key(mesh, batch) not in self._wanted:
+                    break  # the active slices changed meanwhile: no single loss leads here any more
                 started = time.monotonic()
                 try:
                     job()
@@ -317,7 +324,8 @@ class StepCompiler:
                     "precompiled the %s for devices %s in %.2f s",
                     what, [d.id for d in mesh.devices.flat], time.monotonic() - started,
                 )
-            self._covered.add(_key(mesh, batch))
+            else:
+                self._covered.add(_key(mesh, batch))
 
     def stop_precompiling(self, *, exiting: bool = False, timeout: float = 10.0) -> None:
         """Start no other compile, and let the compile in progress finish.
