@@ -175,3 +175,45 @@ def test_a_monitor_probe_of_a_slice_just_taken_up_that_lands_after_the_scale_up_
     probes(2)  # a monitor probe begun while slice 2 was inactive
     steps(0, 1, 2, 3)
     assert [attempt["active"] for attempt in schedule.attempts] == [[0, 1, 3], [0, 1, 2, 3]]
+
+
+def test_a_monitor_probe_whose_input_reached_the_slice_before_its_return_does_not_count_as_the_monitor_seeing_it():
+    """The hold after a return waits for the ``Manager``'s monitor to have seen the slice: a
+    probe of it that succeeds, then the monitor's next probe (that check has finished and
+    recorded the slice). A probe whose input was sent while the slice was lost and which is
+    dispatched just after the return fails, as on Pathways, so its check records nothing: were
+    it counted, the loop's read would be answered before its ``Manager`` knew of the slice, and
+    the loop would take the slice up one step late."""
+    from types import SimpleNamespace
+
+    from elastic_dew.proxy.faults import StepSchedule, probe_programs
+    from elastic_dew.proxy.slices import Slices
+
+    schedule = StepSchedule("lose:2@2,restore:2@4", step_function="train_step")
+    backend = SimpleNamespace(slices=Slices(4, 2), stepper=None)
+    schedule.attach(backend)
+    try:
+        schedule.process_started(41)
+        step, probe = SimpleNamespace(name="train_step"), SimpleNamespace(name=sorted(probe_programs())[0])
+
+        def probes(*slices, dead=False):
+            for index in slices:
+                assert schedule.before(probe, 4, 4, frozenset({index}), marks=None if dead else ()) is None
+
+        def steps(*slices, times=2):
+            for _ in range(times):
+                schedule.after(schedule.before(step, 64, 64, frozenset(slices), chained=64))
+
+        probes(0, 1, 2, 3)
+        steps(0, 1, 2, 3)  # slice 2 is lost after step 2
+        probes(0, 1, 3)
+        probes(2, dead=True)  # the retry's health check: slice 2 is down
+        steps(0, 1, 3)  # slice 2 is back after step 4
+        assert schedule.holding
+        probes(2, dead=True)  # the monitor's probe, its input sent to slice 2 while it was lost
+        probes(2)  # the monitor's next check sees the slice
+        assert schedule.holding, "a failed probe counted as the monitor seeing the returned slice"
+        probes(2)  # and the one after it begins only once that check recorded the slice
+        assert not schedule.holding
+    finally:
+        schedule.close()

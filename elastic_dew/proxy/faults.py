@@ -154,7 +154,7 @@ class StepSchedule:
         self._slices: Any = None
         self._lock = threading.Lock()
         self._taken = threading.Condition(self._lock)  # notified as a returned slice is seen or taken
-        self._returned: dict[int, int] = {}  # each returned slice not yet seen: its probes since
+        self._returned: dict[int, int] = {}  # each returned slice not yet seen: its live probes since
         #: What the backend sees of the program's state, as the in-process watch's records.
         self.records = StateRecords(watch)
         self.step_mark: Any = None  # the mark of the results of the step ``before`` counted
@@ -231,11 +231,12 @@ class StepSchedule:
         """Before a read of a result of program ``producer`` (its data marked ``mark``) is
         answered: when it is the loop's step, or made from one, and a slice came back, wait (at
         most :data:`TAKE_UP_WAIT_S`) until the program's ``Manager`` has seen it (its monitor
-        probed the slice twice since: its monitor polls again only once its first check after
-        the return has finished and recorded the slice), the program took it up, or it was lost
-        again. In-process the simulator shows the ``Manager`` a returned slice at once, so a
-        loop sees it at the step boundary the return fired at; the hold gives the proxy boundary
-        the same step (``docs/pathways-boundary.md``, "The hold after a return")."""
+        probed the slice twice since with inputs sent after the return: its monitor polls again
+        only once its first check that saw the slice has finished and recorded it; a probe whose
+        input was sent while the slice was lost fails, and its check records nothing), the
+        program took it up, or it was lost again. In-process the simulator shows the ``Manager``
+        a returned slice at once, so a loop sees it at the step boundary the return fired at; the
+        hold gives the proxy boundary the same step (``docs/pathways-boundary.md``, "The hold after a return")."""
         if not self._returned:
             return
         with self._taken:
@@ -279,7 +280,9 @@ class StepSchedule:
                     self._waited = self._waited or self._met_since_step
                     self._probed |= slices
                     (probed_slice,) = slices
-                    if probed_slice in self._returned:
+                    # a probe whose input reached the slice before it came back fails, as on Pathways: its
+                    # check records nothing, so only a probe with live inputs counts as the monitor's
+                    if probed_slice in self._returned and marks is not None:
                         self._returned[probed_slice] += 1
                         if self._returned[probed_slice] >= 2:
                             del self._returned[probed_slice]
