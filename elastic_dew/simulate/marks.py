@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import jax
+from elastic_dew.simulate.pathways_guards import live_arrays
 
 __all__ = ["LOST", "HUNG", "Marks"]
 
@@ -52,7 +52,7 @@ class Marks:
         """Every live array on ``device_ids`` loses its data (with ``code``, unless it already
         had); how many live arrays are on them."""
         marked = 0
-        for array in jax.live_arrays():
+        for array in live_arrays():
             if _on(array, device_ids):
                 if self.of(array, LOST) is None:
                     self.set(array, LOST, code)
@@ -63,7 +63,7 @@ class Marks:
         """Every live device-memory array on ``device_ids`` waits on hung slice ``index`` (host
         memory has no computation in flight: it fails at once instead); how many."""
         marked = 0
-        for array in jax.live_arrays():
+        for array in live_arrays():
             if _on(array, device_ids) and array.sharding.memory_kind != "pinned_host":
                 self.set(array, HUNG, index)
                 marked += 1
@@ -72,7 +72,7 @@ class Marks:
     def clear_hung(self, index: int) -> int:
         """No live array waits on slice ``index`` any more (it woke); how many did."""
         cleared = 0
-        for array in jax.live_arrays():
+        for array in live_arrays():
             if self.of(array, HUNG) == index:
                 self.set(array, HUNG, None)
                 cleared += 1

@@ -4,7 +4,9 @@ While a simulator is active: the Pathways backend tests answer ``True``
 (:func:`pathways_backend`); pathwaysutils' mesh-axis operations that donate their inputs
 (``pathwaysutils.jax``'s ``concatenate_by_mesh_axis`` and ``split_by_mesh_axis``, which
 Orbax's Snapshotter calls) leave a donated input deleted, as on Pathways, instead of broken,
-copy nothing, and give their results a hung input's wait (:func:`donating_views`); pathwaysutils' wait for slices is counted
+copy nothing, and give their results a hung input's wait (:func:`donating_views`), and the
+simulator's walks of every live array never meet such an operation midway (:func:`live_arrays`);
+pathwaysutils' wait for slices is counted
 (:func:`counting_waits`) and its pauses end when slice health changes (:class:`SimulatedSleep`);
 every ``Manager`` is remembered (:func:`remembering`) and its check of its inactive slices
 runs under the simulator's lock (:func:`under_lock`). Each wrapper is installed, and undone,
@@ -13,6 +15,7 @@ by :class:`elastic_dew.simulate.patches.Registry`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,8 +23,12 @@ import jax
 
 __all__ = [
     "DONATED", "Waits", "SimulatedSleep", "counting_waits", "deleted_error", "deleted_if_donated",
-    "donated", "donating_views", "pathways_backend", "remembering", "under_lock",
+    "donated", "donating_views", "live_arrays", "pathways_backend", "remembering", "under_lock",
 ]
+
+#: Held while a donating operation's views exist (:func:`donating_views`): from their making
+#: until they are freed. :func:`live_arrays` takes it.
+_VIEWS_EXIST = threading.RLock()
 
 
 class Waits(Protocol):
@@ -48,6 +55,22 @@ def deleted_error(array: Any) -> RuntimeError:
     return RuntimeError(f"Array has been deleted with shape={array.aval.str_short()}.")
 
 
+def live_arrays() -> list[Any]:
+    """``jax.live_arrays()``, never while a donating operation's views exist.
+
+    The operation takes the views' buffers with the GIL released, and asking a view it broke
+    anything (``jax.live_arrays()`` asks every live array) kills the process with SIGSEGV: a
+    walk on another thread (the fault clock's ``lose`` or ``restore`` marking a slice's
+    arrays) waits here until the operation has ended and its views are freed. The arrays
+    returned are never views (they exist only while the lock is held elsewhere).
+
+    Returns:
+        Every live array, as ``jax.live_arrays()`` lists them.
+    """
+    with _VIEWS_EXIST:
+        return jax.live_arrays()
+
+
 def donated(array: Any) -> bool:
     return getattr(array, DONATED, False) is True
 
@@ -71,7 +94,9 @@ def donating_views(reg: Waits, original: Callable[..., Any]) -> Callable[..., An
     leave the array neither deleted nor whole: asking it anything (``is_deleted()``, and
     ``jax.live_arrays()``, which asks every live array) dereferences a null buffer and
     kills the process with SIGSEGV. With ``donate=True`` this hands the operation views of
-    the inputs (new arrays over the same buffers, freed at once: the broken ones), so the
+    the inputs (new arrays over the same buffers, freed at once: the broken ones; the
+    operation breaks them midway, with the GIL released, so they are made and freed under
+    the lock :func:`live_arrays` takes, and no walk on another thread meets one), so the
     outputs own the inputs' buffers as on Pathways, and marks the inputs themselves
     donated: they stay whole underneath (``jax.live_arrays()`` may ask them anything) but
     read as deleted (``is_deleted()``; a read, a dispatch or a ``device_put`` of one raises
@@ -84,9 +109,12 @@ def donating_views(reg: Waits, original: Callable[..., Any]) -> Callable[..., An
         if not kwargs.get("donate") or arrays is None:
             result = original(*args, **kwargs)
         else:
-            kwargs["arrays"] = jax.tree_util.tree_map(_view, arrays)
-            result = original(*args, **kwargs)
-            del kwargs["arrays"]  # the views, left broken by the donation: freeing them is safe
+            with _VIEWS_EXIST:
+                kwargs["arrays"] = jax.tree_util.tree_map(_view, arrays)
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    del kwargs["arrays"]  # the views, left broken by the donation: freeing them is safe
             for array in jax.tree_util.tree_leaves(arrays):
                 setattr(array, DONATED, True)
         simulator = reg.active

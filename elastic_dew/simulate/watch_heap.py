@@ -14,10 +14,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
 from elastic_dew._compat import python as python_private
 from elastic_dew.simulate.frames import LIBRARIES, THROUGH, in_modules
+from elastic_dew.simulate.pathways_guards import live_arrays
 
 __all__ = ["held_arrays", "holders", "live_frames", "still_held"]
 
@@ -41,7 +40,7 @@ def held_arrays(inputs: list[Any], earlier: Callable[[Any], bool],
     gc.collect()
     carried = {id(a) for a in inputs}
     frames = live_frames()
-    live = jax.live_arrays()
+    live = live_arrays()
     candidates = [array for array in live if earlier(array) and id(array) not in carried
                   and not array.is_deleted() and array.sharding.memory_kind != "pinned_host"]
     ours = {id(live), id(candidates), id(inputs)}
