@@ -15,8 +15,8 @@ eleven losing a slice with ``max_attempts=1``. The memory bound is
 :data:`MB_PER_RUN` a run over the runs after the warm-up, plus 8 MB: a leak of the size
 found (~0.8 MB a run) exceeds it twice over (the runs alone, in a fresh process with two
 malloc arenas, add 15 to 16 MB, most of it at the runs with snapshots and checkpoints);
-``benchmarks/soak.py`` runs a thousand schedules for the long form. Each run with snapshots once left Orbax's worker thread
-behind for good.
+``benchmarks/soak.py`` runs a thousand schedules for the long form. Each run with snapshots
+once left Orbax's worker thread behind for good.
 """
 
 from __future__ import annotations
