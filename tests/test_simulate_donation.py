@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.libraries, pytest.mark.slow]  # starts a process
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.libraries, pytest.mark.slow]  # starts a process
 
 #: One load, with pathwaysutils' join wrapped underneath the simulator's: once jaxlib has
 #: taken the replicas (the views it was handed are broken from there until they are freed),

@@ -300,6 +300,7 @@ class StepCompiler:
         _WRITES.mark()
         while (layout := self._next()) is not None:
             mesh, batch = layout
+            key = _key(mesh, batch)
             jobs: list[tuple[str, Callable[[], object]]] = [("step", functools.partial(self.compile, mesh, batch))]
             if self.also is not None:
                 jobs.append(("other programs", functools.partial(self.also, mesh)))
@@ -310,7 +311,7 @@ class StepCompiler:
                     with self._guard:
                         self._working = False
                     return
-                if number and _key(mesh, batch) not in self._wanted:
+                if number and key not in self._wanted:
                     break  # the active slices changed meanwhile: no single loss leads here any more
                 started = time.monotonic()
                 try:
@@ -325,7 +326,7 @@ class StepCompiler:
                     what, [d.id for d in mesh.devices.flat], time.monotonic() - started,
                 )
             else:
-                self._covered.add(_key(mesh, batch))
+                self._covered.add(key)
 
     def stop_precompiling(self, *, exiting: bool = False, timeout: float = 10.0) -> None:
         """Start no other compile, and let the compile in progress finish.
