@@ -13,8 +13,8 @@ devices, one compiled step shared by all of them), every tenth with in-memory sn
 and a real Orbax checkpoint directory, one in seven preempted by a real SIGTERM and one in
 eleven losing a slice with ``max_attempts=1``. The memory bound is
 :data:`MB_PER_RUN` a run over the runs after the warm-up, plus 8 MB: a leak of the size
-found (~0.8 MB a run) exceeds it twice over (the runs alone, in a fresh process with two
-malloc arenas, add 15 to 16 MB, most of it at the runs with snapshots and checkpoints);
+found (~0.8 MB a run) exceeds it four times over (the runs alone, in a fresh process with
+two malloc arenas and their garbage collected after each, add 1.5 to 6 MB);
 ``benchmarks/soak.py`` runs a thousand schedules for the long form. Each run with snapshots
 once left Orbax's worker thread behind for good.
 """
@@ -45,7 +45,7 @@ RUNS = 100
 #: Runs before the baseline is taken: JAX, Orbax and Grain start their process-wide pools.
 WARM_UP = 12
 #: Resident memory a run may add for good, on average (the leak found was ~0.8 MB a run).
-MB_PER_RUN = 0.25
+MB_PER_RUN = 0.1
 
 
 class _SharedProgram(LinearProgram):
@@ -115,8 +115,12 @@ def _hundred_runs(workdir: Path) -> dict:
     gc.collect()
     threads_before = {t.ident for t in threading.enumerate()}
     rss_before = _rss_mb()
-    endings += [_one_run(n, program, data, workdir) for n in range(WARM_UP, RUNS)]
-    gc.collect()
+    for number in range(WARM_UP, RUNS):
+        endings.append(_one_run(number, program, data, workdir))
+        # A run's objects form reference cycles; collected only now and then, the garbage of
+        # many runs at once fragments the heap (resident memory no object holds). Collected
+        # after each run, what stays is what the runs hold for good.
+        gc.collect()
     left = _left_behind(threads_before)
     return {"endings": endings, "left": left, "handler_kept": signal.getsignal(signal.SIGTERM) == handler,
             "grown": _rss_mb() - rss_before}

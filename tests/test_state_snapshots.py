@@ -348,7 +348,7 @@ def test_precompiling_the_saves_of_a_resume_onto_a_covered_mesh_runs_no_pack_and
 
 
 def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_compiling_it_again():
-    from elastic_dew.elastic.state.snapshots import _PrecompiledFunction
+    from elastic_dew.elastic.state.programs import PrecompiledFunction
 
     class Jitted:  # jax.jit's surface: lower(...).compile() and a call that compiles if need be
         def __init__(self) -> None:
@@ -357,6 +357,9 @@ def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_c
 
         def lower(self, *abstract):
             return self
+
+        def as_text(self):  # the lowered program's text, a new one for each test run
+            return f"the test's program {id(self)}"
 
         def compile(self):
             self.compiles += 1
@@ -384,7 +387,7 @@ def test_a_load_that_needs_a_program_being_precompiled_waits_for_it_instead_of_c
             self.lock.release()
 
     jitted = Jitted()
-    program = _PrecompiledFunction(jitted)
+    program = PrecompiledFunction(jitted, mesh=None)
     program._lock = lock = WatchedLock()
     precompiler = threading.Thread(target=program.compile, args=("abstract",))
     precompiler.start()

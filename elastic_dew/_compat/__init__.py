@@ -2,7 +2,7 @@
 
 elastic_dew wraps jax, Orbax, Grain and pathwaysutils (and uses argparse); where a library
 has no public API for what the project needs, the private name it uses lives here, one
-module per library (:mod:`.jax`, :mod:`.orbax` and its :mod:`.orbax_snapshotter`, :mod:`.grain`, :mod:`.pathwaysutils`,
+module per library (:mod:`.jax` and its :mod:`.jax_executables`, :mod:`.orbax` and its :mod:`.orbax_snapshotter`, :mod:`.grain`, :mod:`.pathwaysutils`,
 :mod:`.argparse`, :mod:`.goodput`, and :mod:`.python` for the interpreter's own), and nowhere else: ``tests/test_layering.py`` refuses a
 private import of those libraries, or an underscore attribute taken from their objects,
 outside this package. The simulator's run-time patches name their targets here too: each
@@ -32,7 +32,7 @@ from typing import Any
 __all__ = ["Private", "all_private", "version"]
 
 #: The seam's modules, one per library (Orbax's experimental Snapshotter has its own).
-MODULES = ("jax", "orbax", "orbax_snapshotter", "grain", "pathwaysutils", "argparse", "goodput", "python")
+MODULES = ("jax", "jax_executables", "orbax", "orbax_snapshotter", "grain", "pathwaysutils", "argparse", "goodput", "python")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,15 @@ recovery: between :meth:`StepCompiler.pause_precompiling` (a resume begins) and 
 layout, restore and programs the resume needs do not share the host with ahead-of-need
 compiles (the one in progress finishes).
 
+A loss of any one slice leaves a mesh of the same shape: the same program on other devices.
+Where the step a program compiled is a ``jax.stages.Compiled`` and the platform's executables
+do not depend on their devices (CPU and GPU; not TPU, where this is unverified), the step
+compiled for one such layout is loaded onto the others' devices instead of compiling them
+(:func:`~elastic_dew._compat.jax_executables.retarget`, a fraction of a compile), and the precompiler
+does so for every queued layout right after the first one's step, before any layout's
+other programs. The snapshot programs share compiles the same way
+(:mod:`elastic_dew.elastic.state.programs`).
+
 *Precompile* is the layer's one word for this: compiling, ahead of its first use, what that
 use would otherwise compile then (the steps here; the tiers' saves and loads,
 :meth:`~elastic_dew.elastic.state.tiers.Tiers.precompile_saves` and
@@ -48,6 +57,7 @@ from collections.abc import Callable
 
 import jax
 
+from elastic_dew._compat.jax_executables import cache_hits, retarget
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.program import Program, StepFn
 from elastic_dew.elastic.slices.manager import SliceManager
@@ -158,6 +168,7 @@ class StepCompiler:
         self.also = also
         self.mesh_spec = MeshSpec() if mesh_spec is None else mesh_spec
         self._compiled: dict[tuple, StepFn] = {}
+        self._meshes: dict[tuple, jax.sharding.Mesh] = {}  # the mesh of each layout compiled (not loaded) here
         self._guard = threading.Lock()
         self._locks: dict[tuple, threading.Lock] = {}
         #: The newest precompiler thread (it ends when its queue is empty).
@@ -202,8 +213,51 @@ class StepCompiler:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._compiled:
-                self._compiled[key] = self.program.compile(mesh, global_batch)
+                step = self._retargeted(mesh, global_batch)
+                if step is None:
+                    loaded = cache_hits()
+                    step = self.program.compile(mesh, global_batch)
+                    if cache_hits() == loaded:  # compiled here: the layouts of its shape may load it
+                        self._meshes[key] = mesh
+                self._compiled[key] = step
         return self._compiled[key]
+
+    def _retargeted(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn | None:
+        """The step compiled for a mesh of the same shape and axes on other devices, loaded
+        onto ``mesh``'s devices without compiling; ``None`` when there is none or it cannot be
+        (:func:`~elastic_dew._compat.jax_executables.retarget`)."""
+        key = _key(mesh, global_batch)
+        with self._guard:
+            siblings = [
+                (self._meshes[k], step) for k, step in self._compiled.items()
+                if k in self._meshes and k[1:] == key[1:] and self._meshes[k].axis_names == mesh.axis_names
+                and isinstance(step, jax.stages.Compiled)
+            ]
+        for sibling, step in siblings:
+            started = time.monotonic()
+            moved = retarget(step, dict(zip((d.id for d in sibling.devices.flat), mesh.devices.flat)))
+            if moved is not None:
+                logger.info(
+                    "loaded the step compiled for devices %s onto devices %s in %.3f s",
+                    [d.id for d in sibling.devices.flat], [d.id for d in mesh.devices.flat], time.monotonic() - started,
+                )
+                return moved
+        return None
+
+    def _retarget_queued(self) -> None:
+        """Each queued layout's step that a compiled one loads as (:meth:`_retargeted`), now:
+        it costs no compile, so every loss is covered before any layout's other programs."""
+        with self._guard:
+            queued = list(self._queue)
+        for mesh, batch in queued:
+            key = _key(mesh, batch)
+            if self._stop.is_set() or key in self._compiled:
+                continue
+            with self._guard:
+                lock = self._locks.setdefault(key, threading.Lock())
+            with lock:
+                if key not in self._compiled and (step := self._retargeted(mesh, batch)) is not None:
+                    self._compiled[key] = step
 
     def _others(self, mesh: jax.sharding.Mesh) -> None:
         """The helper thread of :meth:`compile`'s ``with_others``."""
@@ -325,6 +379,8 @@ class StepCompiler:
                     "precompiled the %s for devices %s in %.2f s",
                     what, [d.id for d in mesh.devices.flat], time.monotonic() - started,
                 )
+                if not number:
+                    self._retarget_queued()
             else:
                 self._covered.add(key)
 

@@ -70,7 +70,10 @@ class Program(Protocol):
             global_batch: the attempt's global batch (its batch policy's, on its slices).
 
         Returns:
-            ``step(state, batch) -> (state, metrics)``, ``metrics`` holding ``loss``.
+            ``step(state, batch) -> (state, metrics)``, ``metrics`` holding ``loss``. A
+            ``jax.stages.Compiled`` compiled for a mesh of the same shape and axes may be
+            loaded onto another mesh's devices in place of compiling for it, so the program
+            must depend on the mesh's devices only through their places in it.
         """
         ...
 

@@ -45,6 +45,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from elastic_dew._compat.orbax_snapshotter import HostSnapshotter
 from elastic_dew.elastic.state import packing
 from elastic_dew.elastic.state.meta import meta_json
+from elastic_dew.elastic.state.programs import PrecompiledFunction
 
 __all__ = ["Snapshots", "LoadedSnapshot"]
 
@@ -54,47 +55,6 @@ _STATE = "state"
 _META = "meta"
 _PACKED = "packed"
 _LEAVES = "leaves"
-
-
-class _PrecompiledFunction:
-    """A jitted function whose compile the precompiler and the function's first call share.
-
-    :meth:`compile` (the precompiler's, ahead of need) and the first call each keep the
-    executable they compile, and calls run it directly: jit's own cache would not serve
-    them, since JAX keys it by the calling thread's context and pathwaysutils runs each
-    attempt under its own ``jax.default_device``. Both hold the function's lock while they
-    compile, so whoever comes second waits for the first instead of compiling it again (a
-    load that finds its unpack being precompiled waits for it), and a :meth:`compile` after
-    the first call does nothing. Once it has been compiled or called, calls take no lock.
-    """
-
-    def __init__(self, jitted: Any) -> None:
-        self.jitted = jitted
-        self._compiled: Any = None
-        self._lock = threading.Lock()
-        self._ready = False
-
-    def __call__(self, *args: Any) -> Any:
-        if not self._ready:
-            with self._lock:
-                if not self._ready:
-                    self._compiled = self.jitted.lower(*args).compile()
-                    self._ready = True
-        compiled = self._compiled
-        if compiled is not None:
-            try:
-                return compiled(*args)
-            except (TypeError, ValueError):
-                # Not the types or shardings it was compiled for: jit compiles what these need.
-                self._compiled = None
-        return self.jitted(*args)
-
-    def compile(self, *abstract: Any) -> None:
-        """Compile for ``abstract`` arguments (running nothing), unless compiled already."""
-        with self._lock:
-            if not self._ready:
-                self._compiled = self.jitted.lower(*abstract).compile()
-                self._ready = True
 
 
 class LoadedSnapshot(NamedTuple):
@@ -128,7 +88,7 @@ class Snapshots:
         self._lock = threading.Lock()
         self._programs = threading.Lock()  # the two caches below, shared with the precompiler
         self._packer_cache: dict[tuple, packing.Packer] = {}
-        self._unpacker_cache: dict[tuple, _PrecompiledFunction] = {}
+        self._unpacker_cache: dict[tuple, PrecompiledFunction] = {}
         self.requested = 0
         self.taken = 0
         #: The pinned-host bytes of the newest snapshot on its fullest device, measured by
@@ -182,7 +142,7 @@ class Snapshots:
             packer = self._packer_cache.get(key)
             if packer is None:
                 made = packing.make_packer(paths, leaves, mesh, self.replica_axis_index)
-                packer = self._packer_cache[key] = dataclasses.replace(made, pack=_PrecompiledFunction(made.pack))
+                packer = self._packer_cache[key] = dataclasses.replace(made, pack=PrecompiledFunction(made.pack, mesh))
         return packer
 
     def precompile_saves(self, state: Any, mesh: Mesh) -> None:
@@ -206,7 +166,7 @@ class Snapshots:
         to_pack = [leaf for leaf, p in zip(placed, packer.packed) if p]
         if to_pack:
             pack = packer.pack
-            assert isinstance(pack, _PrecompiledFunction), "this tier's packers are precompilable (_packer)"
+            assert isinstance(pack, PrecompiledFunction), "this tier's packers are precompilable (_packer)"
             pack.compile(*to_pack)
 
     def precompile_resume(self, abstract_state: Any, mesh: Mesh) -> None:
@@ -219,7 +179,7 @@ class Snapshots:
         leave, every leaf a ``jax.ShapeDtypeStruct`` with its ``NamedSharding`` on ``mesh``.
         A snapshot taken on a mesh of the same slice shape has this layout, so its
         :meth:`load` and the first :meth:`save` after it run both programs as compiled
-        here (kept as executables, see :class:`_PrecompiledFunction`); one that starts while this
+        here (kept as executables, see :class:`~elastic_dew.elastic.state.programs.PrecompiledFunction`); one that starts while this
         compiles its program waits for it.
         Holds no lock of the snapshots themselves: saves and loads go on meanwhile.
 
@@ -235,7 +195,7 @@ class Snapshots:
         if not to_pack:
             return
         pack = packer.pack
-        assert isinstance(pack, _PrecompiledFunction), "this tier's packers are precompilable (_packer)"
+        assert isinstance(pack, PrecompiledFunction), "this tier's packers are precompilable (_packer)"
         pack.compile(*to_pack)
         layout = json.loads(packer.layout_json)
         targets = tuple(leaf.sharding for leaf, p in zip(leaves, packer.packed) if p)
@@ -416,10 +376,10 @@ class Snapshots:
                 raise
         return LoadedSnapshot(jax.tree_util.tree_unflatten(treedef, leaves), meta, step)
 
-    def _unpacker(self, layout: dict, targets: tuple) -> _PrecompiledFunction:
+    def _unpacker(self, layout: dict, targets: tuple) -> PrecompiledFunction:
         key = (json.dumps(layout, sort_keys=True), targets)
         with self._programs:
             unpack = self._unpacker_cache.get(key)
             if unpack is None:
-                unpack = self._unpacker_cache[key] = _PrecompiledFunction(packing.unpack_fn(layout, targets))
+                unpack = self._unpacker_cache[key] = PrecompiledFunction(packing.unpack_fn(layout, targets), targets[0].mesh)
         return unpack
