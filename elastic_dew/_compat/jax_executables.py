@@ -68,8 +68,9 @@ PRIVATE: tuple[Private, ...] = (
     _COMPILED_PARAMS,
 )
 
-#: The platforms whose executables do not depend on the devices they were compiled for (JAX's
-#: persistent cache treats GPU executables so; CPU ones are checked by tests/test_compat.py).
+#: The platforms whose executables do not depend on the devices they were compiled for: CPU
+#: (tests/test_retarget.py checks it) and GPU (JAX's persistent cache treats GPU executables
+#: so; unverified here).
 RETARGET_PLATFORMS = ("cpu", "gpu")
 
 #: JAX records this event in the compiling thread when it loads a program from its persistent cache.

@@ -19,12 +19,13 @@ layout, restore and programs the resume needs do not share the host with ahead-o
 compiles (the one in progress finishes).
 
 A loss of any one slice leaves a mesh of the same shape: the same program on other devices.
-Where the step a program compiled is a ``jax.stages.Compiled`` and the platform's executables
-do not depend on their devices (CPU and GPU; not TPU, where this is unverified), the step
-compiled for one such layout is loaded onto the others' devices instead of compiling them
-(:func:`~elastic_dew._compat.jax_executables.retarget`, a fraction of a compile), and the precompiler
-does so for every queued layout right after the first one's step, before any layout's
-other programs. The snapshot programs share compiles the same way
+Where the step a program compiled is a ``jax.stages.Compiled`` and the platform's
+executables do not depend on their devices (CPU; GPU as JAX's compilation cache assumes,
+unverified here; not TPU, unverified), the step compiled for one such layout is loaded onto
+the others' devices instead of compiling them
+(:func:`~elastic_dew._compat.jax_executables.retarget`, a fraction of a compile), and the
+precompiler does so for every queued layout right after the first one's step, before any
+layout's other programs. The snapshot programs share compiles the same way
 (:mod:`elastic_dew.elastic.state.programs`).
 
 *Precompile* is the layer's one word for this: compiling, ahead of its first use, what that
