@@ -109,3 +109,15 @@ def test_the_snapshots_programs_compile_once_for_every_mesh_of_a_shape():
         weights, _ = program(*_inputs(mesh, 48))
         assert sorted(s.device.id for s in weights.addressable_shards) == sorted(_ids(mesh))
         np.testing.assert_array_equal(np.asarray(weights), np.asarray(on_first(*_inputs(first, 48))[0]))
+
+
+def test_the_process_keeps_only_the_most_recently_used_compiled_programs_for_other_meshes(monkeypatch):
+    from elastic_dew.elastic.state import programs
+
+    monkeypatch.setattr(programs, "KEPT", 2)
+    monkeypatch.setattr(programs, "_COMPILED", type(programs._COMPILED)())
+    mesh = _mesh([2, 3, 4, 5, 6, 7])
+    for width in (52, 56, 60):  # three programs no other test compiles
+        load_or_compile(_lowered(mesh, width), mesh)
+    kept = [compiled.args_info[0][0].shape[0] for compiled, _ in programs._COMPILED.values()]
+    assert kept == [56, 60]

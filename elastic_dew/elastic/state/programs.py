@@ -9,6 +9,7 @@ for the life of the process, one compiled program per lowered text (which names 
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import threading
@@ -19,13 +20,16 @@ from jax.sharding import Mesh
 
 from elastic_dew._compat.jax_executables import cache_hits, retarget
 
-__all__ = ["COMPILE_WAIT_S", "PrecompiledFunction", "load_or_compile"]
+__all__ = ["COMPILE_WAIT_S", "KEPT", "PrecompiledFunction", "load_or_compile"]
 
 logger = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
-#: Each lowered program's text digest: the program compiled for it and the mesh it was for.
-_COMPILED: dict[str, tuple[Any, Mesh]] = {}
+#: Each lowered program's text digest: the program compiled for it and the mesh it was for (the
+#: :data:`KEPT` most recently used).
+_COMPILED: collections.OrderedDict[str, tuple[Any, Mesh]] = collections.OrderedDict()
+#: How many compiled programs the process keeps for other meshes to load.
+KEPT = 64
 #: The digests being compiled now, each with the event its compile sets when it ends.
 _PENDING: dict[str, threading.Event] = {}
 #: The most seconds to wait for another thread's compile of the same program.
@@ -55,6 +59,8 @@ def load_or_compile(lowered: Any, mesh: Mesh) -> Any:
     if mine is None:
         with _LOCK:
             known = _COMPILED.get(digest)
+            if known is not None:
+                _COMPILED.move_to_end(digest)
     if known is not None:
         compiled, other = known
         same_client = other.devices.flat[0].client is mesh.devices.flat[0].client
@@ -70,6 +76,8 @@ def load_or_compile(lowered: Any, mesh: Mesh) -> Any:
         if cache_hits() == loaded:  # compiled, not loaded from JAX's persistent cache
             with _LOCK:
                 _COMPILED.setdefault(digest, (compiled, mesh))
+                while len(_COMPILED) > KEPT:
+                    _COMPILED.popitem(last=False)
     finally:
         if mine is not None:
             with _LOCK:
