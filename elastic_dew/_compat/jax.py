@@ -265,6 +265,7 @@ PRIVATE: tuple[Private, ...] = (
     XLA_OP_SHARDING,
 )
 
+
 # ------------------------------------------------------------------ the process pool
 
 

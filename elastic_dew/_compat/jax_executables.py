@@ -3,9 +3,9 @@
 A slice loss leaves a mesh of the same shape as the loss of any other slice would: the same
 program on other devices. :func:`retarget` loads a program compiled for one onto another's
 devices through the pickler of ``jax.experimental.serialize_executable``, mapping each device
-and giving the executable the new devices' compile options; :func:`cache_hits` tells which
-programs came from JAX's persistent cache, which it cannot load elsewhere. Nothing here
-imports JAX until a function is called.
+and giving the executable the new devices' compile options; :func:`compiled_here` tells
+whether a compile loaded anything from JAX's persistent cache, which it cannot load
+elsewhere. Nothing here imports JAX until a function is called.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from elastic_dew._compat import Private
 from elastic_dew._compat.jax import _COMPILED_EXECUTABLE, XLA_DEVICE_LIST, _compiled
 
-__all__ = ["CACHE_HIT_EVENT", "PRIVATE", "RETARGET_PLATFORMS", "cache_hits", "retarget"]
+__all__ = ["CACHE_HIT_EVENT", "PRIVATE", "RETARGET_PLATFORMS", "cache_hits", "compiled_here", "retarget"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +90,7 @@ def _on_event(event: str, **kwargs: Any) -> None:
 
 def cache_hits() -> int:
     """How many programs the calling thread loaded from JAX's persistent compilation cache
-    since its first call here (compare two calls). A program loaded so is not one that
-    :func:`retarget` can load elsewhere: jaxlib's CPU client serializes it without the
-    nested computations it was compiled with."""
+    since its first call here (compare two calls)."""
     global _listening
     import jax
 
@@ -98,6 +99,23 @@ def cache_hits() -> int:
             jax.monitoring.register_event_listener(_on_event)
             _listening = True
     return int(getattr(_HITS, "count", 0))
+
+
+def compiled_here(compiling: Callable[[], T]) -> tuple[T, bool]:
+    """``compiling()``, and whether it compiled everything itself: ``False`` when it loaded a
+    program from JAX's persistent compilation cache, which :func:`retarget` cannot load
+    elsewhere (jaxlib's CPU client serializes it without the nested computations it was
+    compiled with).
+
+    Args:
+        compiling: what compiles, in the calling thread.
+
+    Returns:
+        Its result, and whether nothing came from the cache.
+    """
+    before = cache_hits()
+    result = compiling()
+    return result, cache_hits() == before
 
 
 #: How many loaded programs :func:`retarget` keeps, the most recently used: a process that
@@ -115,7 +133,7 @@ def retarget(compiled: Any, devices: dict[int, Any]) -> Any | None:
     Only where the executable does not depend on its devices (:data:`RETARGET_PLATFORMS`),
     and not for a program with host callbacks or closed-over constants. ``compiled`` must
     have been compiled in this process, not loaded from JAX's persistent cache
-    (:func:`cache_hits` tells).
+    (:func:`compiled_here` tells).
 
     Args:
         compiled: a ``jax.stages.Compiled``.
@@ -138,12 +156,6 @@ def retarget(compiled: Any, devices: dict[int, Any]) -> Any | None:
             return None
     except (AttributeError, TypeError):
         return None
-    client = old[0].client
-    # The backend's own name, not only its platform: an IFRT proxy client (Pathways) says "cpu"
-    # or "tpu" as its platform, and compiles each program on the far side.
-    names = [name for name, backend in jax.extend.backend.backends().items() if backend is client]
-    if client.platform not in RETARGET_PLATFORMS or names != [client.platform]:
-        return None
     if any(d.id not in devices for d in old):
         return None
     new = [devices[d.id] for d in old]
@@ -152,6 +164,12 @@ def retarget(compiled: Any, devices: dict[int, Any]) -> Any | None:
         if key in _LOADED:
             _LOADED.move_to_end(key)
             return _LOADED[key][1]
+    client = old[0].client
+    # The backend's own name, not only its platform: an IFRT proxy client (Pathways) says "cpu"
+    # or "tpu" as its platform, and compiles each program on the far side.
+    names = [name for name, backend in jax.extend.backend.backends().items() if backend is client]
+    if client.platform not in RETARGET_PLATFORMS or names != [client.platform]:
+        return None
     by_id = {d.id: d for d in client.devices()}
 
     class Unpickler(_PJRT_UNPICKLER.get()):  # type: ignore[misc]

@@ -58,7 +58,7 @@ from collections.abc import Callable
 
 import jax
 
-from elastic_dew._compat.jax_executables import cache_hits, retarget
+from elastic_dew._compat.jax_executables import compiled_here, retarget
 from elastic_dew.elastic.config import ElasticConfig
 from elastic_dew.elastic.loop.program import Program, StepFn
 from elastic_dew.elastic.slices.manager import SliceManager
@@ -208,19 +208,31 @@ class StepCompiler:
             helper = threading.Thread(target=self._others, args=(mesh,), name="elastic-dew-compile-others", daemon=True)
             self._helpers = [*(h for h in self._helpers if h.is_alive()), helper]
             helper.start()
+        step = self._step(mesh, global_batch, compiling=True)
+        assert step is not None  # compiling: a step or the compile's exception
+        return step
+
+    def _step(self, mesh: jax.sharding.Mesh, global_batch: int, *, compiling: bool) -> StepFn | None:
+        """The layout's step, kept once made: a step compiled for a mesh of its shape loaded
+        onto its devices (:meth:`_retargeted`), else compiled (``compiling``) or ``None``.
+        Whoever comes second for a layout waits for the first."""
+        key = _key(mesh, global_batch)
         with self._guard:
             if key in self._compiled:
                 return self._compiled[key]
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._compiled:
-                step = self._retargeted(mesh, global_batch)
+                step, fresh = self._retargeted(mesh, global_batch), False
                 if step is None:
-                    loaded = cache_hits()
-                    step = self.program.compile(mesh, global_batch)
-                    if cache_hits() == loaded:  # compiled here: the layouts of its shape may load it
+                    if not compiling:
+                        return None
+                    compiled, fresh = compiled_here(lambda: self.program.compile(mesh, global_batch))
+                    step = compiled
+                with self._guard:
+                    self._compiled[key] = step
+                    if fresh:  # compiled, not loaded from JAX's cache: the layouts of its shape may load it
                         self._meshes[key] = mesh
-                self._compiled[key] = step
         return self._compiled[key]
 
     def _retargeted(self, mesh: jax.sharding.Mesh, global_batch: int) -> StepFn | None:
@@ -230,9 +242,9 @@ class StepCompiler:
         key = _key(mesh, global_batch)
         with self._guard:
             siblings = [
-                (self._meshes[k], step) for k, step in self._compiled.items()
-                if k in self._meshes and k[1:] == key[1:] and self._meshes[k].axis_names == mesh.axis_names
-                and isinstance(step, jax.stages.Compiled)
+                (sibling, self._compiled[k]) for k, sibling in self._meshes.items()
+                if k[1:] == key[1:] and sibling.axis_names == mesh.axis_names
+                and isinstance(self._compiled[k], jax.stages.Compiled)
             ]
         for sibling, step in siblings:
             started = time.monotonic()
@@ -251,14 +263,9 @@ class StepCompiler:
         with self._guard:
             queued = list(self._queue)
         for mesh, batch in queued:
-            key = _key(mesh, batch)
-            if self._stop.is_set() or key in self._compiled:
-                continue
-            with self._guard:
-                lock = self._locks.setdefault(key, threading.Lock())
-            with lock:
-                if key not in self._compiled and (step := self._retargeted(mesh, batch)) is not None:
-                    self._compiled[key] = step
+            if self._stop.is_set():
+                return
+            self._step(mesh, batch, compiling=False)
 
     def _others(self, mesh: jax.sharding.Mesh) -> None:
         """The helper thread of :meth:`compile`'s ``with_others``."""

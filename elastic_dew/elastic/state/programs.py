@@ -18,7 +18,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from elastic_dew._compat.jax_executables import cache_hits, retarget
+from elastic_dew._compat.jax_executables import compiled_here, retarget
 
 __all__ = ["COMPILE_WAIT_S", "KEPT", "PrecompiledFunction", "load_or_compile"]
 
@@ -71,9 +71,8 @@ def load_or_compile(lowered: Any, mesh: Mesh) -> Any:
             if moved is not None:
                 return moved
     try:
-        loaded = cache_hits()
-        compiled = lowered.compile()
-        if cache_hits() == loaded:  # compiled, not loaded from JAX's persistent cache
+        compiled, fresh = compiled_here(lowered.compile)
+        if fresh:  # compiled, not loaded from JAX's persistent cache
             with _LOCK:
                 _COMPILED.setdefault(digest, (compiled, mesh))
                 while len(_COMPILED) > KEPT:
