@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ from elastic_dew.rundir import CHECKPOINTS_DIR
 __all__ = ["measure", "restart_once", "file_parts", "worker_start_and_rewind", "POLICY"]
 
 POLICY = "fsdp"  # the restart baseline's Trainer uses its default, which is the same
+
+#: The event JAX records at the end of each XLA compile (``jax.monitoring``), with the program's name.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 PERIOD_AFTER_RETURN = 6  # steps between a scale-up and the next loss
 #: Grain read-ahead of the variant that shows what the default read-ahead costs a recovery.
@@ -163,6 +167,13 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
                         state["cached"].append(restart_once(checkpoint, where, cache))
                 state["count"], state["phase"] = 0, "lose"
 
+    # Every XLA compile of the run, to count those inside a recovery window.
+    compiles: list[tuple[float, str, str]] = []  # (monotonic time at its end, thread, program)
+
+    def on_duration(event: str, duration: float, **kwargs: Any) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            compiles.append((time.monotonic(), threading.current_thread().name, str(kwargs.get("fun_name", "?"))))
+
     profile_path = os.environ.get("BENCH_PROFILE_RECOVERY")
     if profile_path and precompile:
         box["profile"] = cProfile.Profile()
@@ -176,6 +187,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
             box["profile"].disable()  # the profile covers loss to first step, as recovery does
 
     hooks.add_listener(listener)
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
     try:
         with SimulatedSlices(4, 2) as sim:
             box["sim"] = sim
@@ -188,6 +200,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
                 pass
     finally:
         hooks.remove_listener(listener)
+        jax.monitoring.unregister_event_duration_listener(on_duration)
         if "run" in box:
             box["run"].data.close()  # stops Grain's worker processes
         jax.clear_caches()
@@ -195,8 +208,10 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
             box["profile"].dump_stats(profile_path)
 
     recoveries, parts_by_key = [], {k: [] for k in (*DURATION_KEYS, "first_step")}
+    in_windows: list[tuple[str, str]] = []  # (thread, program) of each compile from a loss to its first step
     for t_loss, (t_resume, resume), t_step in recoveries_after(state["losses"], events):
         recoveries.append(t_step - t_loss)
+        in_windows += [(thread, name) for t, thread, name in compiles if t_loss <= t <= t_step]
         for k in DURATION_KEYS:
             parts_by_key[k].append(resume.durations[k])
         parts_by_key["first_step"].append(t_step - t_resume)
@@ -207,6 +222,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
         "cached": state["cached"],
         "events": [e for _, e in events],
         "sources": sorted({e.source for _, e in events if isinstance(e, Resume)}),
+        "compiles_in_recoveries": in_windows,
     }
 
 
@@ -223,6 +239,8 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     results["recovery_s_all"] = [round(x, 4) for x in r]
     # Each slice's first loss is the first run of that mesh's executable; later ones are warm.
     results["recovery_first_per_slice_s_p50"] = median(r[:4])
+    results["recovery_compiles"] = len(on["compiles_in_recoveries"])
+    results["recovery_compiled_programs"] = sorted({f"{t}: {n}" for t, n in on["compiles_in_recoveries"]})
     results["restart_s_p50"] = median(on["restarts"])
     results["restart_s_p90"] = p90(on["restarts"])
     results["restart_s_all"] = [round(x, 3) for x in on["restarts"]]
@@ -241,6 +259,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         results["recovery_no_precompile_s_p50"] = median(off["recoveries"])
         results["recovery_no_precompile_s_all"] = [round(x, 4) for x in off["recoveries"]]
         results["recovery_no_precompile_mesh_and_compile_s_p50"] = median(off["parts"]["mesh_and_compile"])
+        results["recovery_no_precompile_compiles"] = len(off["compiles_in_recoveries"])
         results["recovery_no_precompile_over_precompile"] = (
             results["recovery_no_precompile_s_p50"] / results["recovery_first_per_slice_s_p50"]
         )
@@ -291,7 +310,10 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         "interleaved with the losses); a scheduler's pod restart would only add to it. Each restart "
         "is followed by the same restart with JAX's persistent compilation cache on (one cache "
         "directory for the run: the first such restart fills it, the later ones load from it; "
-        "restart_cached_s_p50 is the p50 of those later ones)."
+        "restart_cached_s_p50 is the p50 of those later ones). recovery_compiles counts the XLA "
+        "compiles (JAX's backend_compile_duration event, any thread) that ended between a loss and "
+        "the first step after its resume; loading a program compiled for another mesh of the same "
+        "shape is not a compile."
     )
     return results
 

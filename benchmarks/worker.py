@@ -10,7 +10,8 @@
   on four simulated slices under a fault schedule (empty: none; exit 143 after a preemption,
   -9 after a ``kill``); the parent restarts it, as a JobSet would.
 * ``preempt CHECKPOINT_DIR MEGABYTES``: an :class:`ElasticRun` over a state of that size
-  that prints ``READY`` once it is stepping; SIGTERM from the parent must end in a committed
+  that prints ``READY`` once it is stepping and holds its loop there until a line on stdin
+  (the parent sends SIGTERM, then the line); the SIGTERM must end in a committed
   checkpoint and exit 143. It prints ``SAVE seconds`` (the protocol's own save time).
 
 The device count comes from ``BENCH_DEVICES`` and is set before JAX starts. With
@@ -172,6 +173,7 @@ def preempt(checkpoint_dir: str, megabytes: str) -> int:
         if isinstance(event, Step) and event.step == 2 and not ready:
             ready.append(True)
             print("READY", flush=True)
+            sys.stdin.readline()  # the loop waits here until the parent has sent SIGTERM
         if isinstance(event, Save) and event.tier == "checkpoint":
             print(f"SAVE {event.seconds:.6f}", flush=True)
 
