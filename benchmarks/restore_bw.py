@@ -6,11 +6,13 @@ restored onto one device. Bandwidth is the state's bytes over the restore's wall
 compared with ``numpy.copyto`` of the same bytes (a plain memory copy). The checkpoint was
 just written, so it is read from the page cache: this is the restore path's own cost, not
 the disk's. The measurements alternate, and each restore and the primitive set against it
-run in turn first. Each figure is the fastest repeat (every repeat's seconds are in
-``restore_bw_seconds_all``): on the VM of ``docs/performance.md`` filling memory the
-process has not used for a few seconds costs anywhere from nothing to several times the
-copy itself (most likely the host taking freed memory back), which moves a median of five
-by a factor of two between runs; the fastest repeat is the path's own cost.
+run in turn first. On the VM of ``docs/performance.md`` filling memory the process has not
+used for a few seconds costs anywhere from nothing to several times the copy itself (most
+likely the host taking freed memory back), which moved a median of five by a factor of two
+between runs. So before each timed call three times the state's bytes are written and freed
+(the allocations that follow get memory the host backs, as an accelerator's allocator holds
+its own), and each figure is the fastest repeat (every repeat's seconds are in
+``restore_bw_seconds_all``).
 
 A restore has to write its bytes into memory the process has not used before (the new
 arrays' buffers), and ``numpy.copyto`` into a buffer already written does not: on the CPU
@@ -46,6 +48,14 @@ def _timed(call) -> tuple[Any, float]:
     result = call()
     jax.block_until_ready(result)
     return result, time.perf_counter() - start
+
+
+def _touch(nbytes: int) -> None:
+    """Write ``nbytes`` of new memory and free it: the next allocations get pages the host
+    backs (see the module), whichever call comes next."""
+    import numpy as np
+
+    np.ones(nbytes // 8)
 
 
 def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
@@ -98,6 +108,7 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
                 (read, lambda: checkpoints.manager.restore(repeat, args=as_numpy)["state"]),
             ]
             for times, call in pairs if repeat % 2 else [pairs[1], pairs[0], pairs[3], pairs[2]]:
+                _touch(3 * nbytes)
                 result, seconds = _timed(call)
                 times.append(seconds)
                 del result
