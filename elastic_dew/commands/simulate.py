@@ -29,10 +29,7 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shlex
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -53,8 +50,9 @@ from elastic_dew.simulate.schedule import check_fault_slices, parse_schedule
 from elastic_dew.simulate.launcher import ENVIRONMENT, LaunchSettings
 from elastic_dew.simulate.step_count import NO_STEP_FOUND
 from elastic_dew.supervisor import supervise
+from elastic_dew.commands.user_command import CommandError, ResolvedCommand, check_interpreter, resolve
 
-__all__ = ["configure", "run", "ResolvedCommand", "resolve", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE", "WATCH_FILE"]
+__all__ = ["configure", "run", "Verdict", "verdict", "ATTEMPTS_FILE", "LOG_FILE", "WATCH_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +64,6 @@ LOG_FILE = "simulate.log"
 DEFAULT_RESTARTS = 3
 #: Where the simulated slices meet the program: inside its process, or through the IFRT proxy.
 BOUNDARIES = ("in-process", "proxy")
-
-_PYTHON = re.compile(r"python(\d+(\.\d+)?)?(\.exe)?$")
-#: Interpreter options that take a value (``python -W error -m x``).
-_VALUED = ("-W", "-X", "-Q")
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     # The simulated slices and the schedule: the run's own settings, built from their declarations.
@@ -95,106 +88,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                                           "log go (default runs/simulate_TIMESTAMP)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
                         help="the program: python -m MODULE ..., python SCRIPT.py ... or a console script")
-
-
-class CommandError(ValueError):
-    """COMMAND is not a Python program this command can run."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ResolvedCommand:
-    """COMMAND resolved: the interpreter (with its options) that runs it, and what it runs.
-
-    ``form`` is ``module`` (``python -m``) or ``path`` (a script, or a console script's file).
-    """
-
-    interpreter: tuple[str, ...]
-    form: str
-    target: str
-    args: tuple[str, ...]
-
-    def launcher(self) -> list[str]:
-        """The child's command: the launcher running this program under the simulator."""
-        return [*self.interpreter, "-m", "elastic_dew.simulate.launcher", f"--{self.form}", self.target, *self.args]
-
-
-def _which(word: str) -> str | None:
-    if os.sep in word:
-        return word if Path(word).is_file() else None
-    return shutil.which(word)
-
-
-def _shebang_interpreter(path: str) -> list[str] | None:
-    """The Python interpreter a script's ``#!`` line names, or None."""
-    try:
-        with open(path, "rb") as source:
-            first = source.readline(512).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    if not first.startswith("#!"):
-        return None
-    words = shlex.split(first[2:])
-    if words and Path(words[0]).name == "env":
-        words = [w for w in words[1:] if not w.startswith("-")]
-    if not words or not _PYTHON.match(Path(words[0]).name):
-        return None
-    found = _which(words[0])
-    return [found] if found else None
-
-
-def resolve(command: Sequence[str]) -> ResolvedCommand:
-    """What COMMAND runs; raises :class:`CommandError` saying what is wrong and what works."""
-    forms = "python -m MODULE ..., python SCRIPT.py ... or a Python package's console script"
-    if not command:
-        raise CommandError(f"give the program after --: {_PROG} -- COMMAND (COMMAND: {forms})")
-    word, rest = command[0], list(command[1:])
-    if _PYTHON.match(Path(word).name):
-        interpreter = _which(word)
-        if interpreter is None:
-            raise CommandError(f"{word} is not on PATH")
-        options: list[str] = []
-        while rest and rest[0].startswith("-") and rest[0] != "-":
-            option = rest.pop(0)
-            if option == "-m":
-                if not rest:
-                    raise CommandError(f"{word} -m needs a module name")
-                return ResolvedCommand((interpreter, *options), "module", rest[0], tuple(rest[1:]))
-            if option.startswith("-m"):
-                return ResolvedCommand((interpreter, *options), "module", option[2:], tuple(rest))
-            if option.startswith("-c"):
-                raise CommandError(f"{word} -c runs no program file; put the code in a script: {forms}")
-            options.append(option)
-            if option in _VALUED and rest:
-                options.append(rest.pop(0))
-        if not rest or rest[0] == "-":
-            raise CommandError(f"{shlex.join(command)} names no program; COMMAND must be {forms}")
-        if not Path(rest[0]).is_file():
-            raise CommandError(f"{rest[0]}: no such file")
-        return ResolvedCommand((interpreter, *options), "path", rest[0], tuple(rest[1:]))
-    path = _which(word)
-    if path is None:
-        raise CommandError(f"{word}: command not found (COMMAND must be {forms})")
-    named = _shebang_interpreter(path)
-    if named is None:
-        if path.endswith(".py"):
-            named = [sys.executable]
-        else:
-            raise CommandError(f"{path} is not a Python program (no python #! line); COMMAND must be {forms}")
-    return ResolvedCommand(tuple(named), "path", path, tuple(rest))
-
-
-def _check_interpreter(program: ResolvedCommand) -> None:
-    """Refuse an interpreter that cannot import elastic_dew (the launcher is part of it)."""
-    if os.path.realpath(program.interpreter[0]) == os.path.realpath(sys.executable):
-        return
-    probe = subprocess.run(
-        [program.interpreter[0], "-c", "import importlib.util, sys; "
-                                       "sys.exit(importlib.util.find_spec('elastic_dew') is None)"],
-        capture_output=True, timeout=60, check=False,
-    )
-    if probe.returncode != 0:
-        raise CommandError(f"{program.interpreter[0]} cannot import elastic_dew; install elastic_dew in the "
-                           "environment that runs the program")
 
 
 def child_environment(sim: SimConfig, settings: LaunchSettings, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -431,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         allow = check_allowed(args.allow)
         program = resolve(command)
         if args.boundary == "in-process":
-            _check_interpreter(program)
+            check_interpreter(program)
     except ValueError as err:  # a SettingError among them, worded with its flags
         return _refuse(refusal(err))
     run_dir = Path(args.run_dir) if args.run_dir else RUNS_DIR / f"simulate_{run_timestamp()}"
