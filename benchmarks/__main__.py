@@ -23,7 +23,7 @@ MODULES = ("reposition", "restore_bw", "storage_bw", "snapshot_cost", "overhead"
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the quick mode (under 5 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="the quick mode (about 13 minutes on 2 cores, 7 of them the plan validation)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test's mode
     parser.add_argument("--out", default="benchmark-results", help="where results.json and results.md go")
     parser.add_argument(
