@@ -183,19 +183,22 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     fit, bare = [], []
     cpu_fit, cpu_bare, cpu_own = [], [], []
+    def run_bare() -> None:
+        wall, cpu = _bare(parts, sizes.overhead_steps, workdir)
+        bare.append(wall)
+        cpu_bare.append(cpu)
+
+    def run_fit() -> None:
+        wall, cpu, own = _trainer(parts, sizes.overhead_steps, workdir)
+        fit.append(wall)
+        cpu_fit.append(cpu)
+        cpu_own.append(own)
+
     with SimulatedSlices(4, 2):
         for round_ in range(sizes.overhead_rounds):
             # Each round runs both loops, in turn first, so neither always follows the other.
-            for side in ("bare", "fit") if round_ % 2 == 0 else ("fit", "bare"):
-                if side == "bare":
-                    wall, cpu = _bare(parts, sizes.overhead_steps, workdir)
-                    bare.append(wall)
-                    cpu_bare.append(cpu)
-                else:
-                    wall, cpu, own = _trainer(parts, sizes.overhead_steps, workdir)
-                    fit.append(wall)
-                    cpu_fit.append(cpu)
-                    cpu_own.append(own)
+            for run in (run_bare, run_fit) if round_ % 2 == 0 else (run_fit, run_bare):
+                run()
                 jax.clear_caches()
     notes.append(
         f"Framework overhead: {lm_label(sizes)} under {POLICY}, {sizes.overhead_steps} steps per run, steady "

@@ -103,7 +103,6 @@ def preempt_once(directory: Path, megabytes: int, not_before: float = 0.0) -> tu
 
 def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    ratios = []
     for megabytes in sizes.preempt_mb:
         totals, saves, disks = [], [], []
         last = time.monotonic()  # the end of the last large write
@@ -126,7 +125,6 @@ def measure(sizes, workdir: Path, notes: list[str]) -> dict[str, Any]:
         results[f"preempt_over_disk_s_{megabytes}MB"] = median([t - d for t, d in zip(totals, disks, strict=True)])
         results[f"preempt_over_disk_s_{megabytes}MB_fastest"] = min(totals) - min(disks)
         results[f"save_bw_over_disk_{megabytes}MB"] = median(disks) / median(saves)
-        ratios.append(results[f"save_bw_over_disk_{megabytes}MB"])
     largest = max(sizes.preempt_mb)
     results["save_bw_over_disk"] = results[f"save_bw_over_disk_{largest}MB"]
     results["preempt_grace_window_s"] = GRACE_S

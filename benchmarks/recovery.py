@@ -40,9 +40,6 @@ __all__ = ["measure", "restart_once", "file_parts", "worker_start_and_rewind", "
 
 POLICY = "fsdp"  # the restart baseline's Trainer uses its default, which is the same
 
-#: The event JAX records at the end of each XLA compile (``jax.monitoring``), with the program's name.
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
 PERIOD_AFTER_RETURN = 6  # steps between a scale-up and the next loss
 #: Grain read-ahead of the variant that shows what the default read-ahead costs a recovery.
 SMALL_READAHEAD = (2, 96)
@@ -112,6 +109,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     from benchmarks.worker import lm_parts, lm_program
     from elastic_dew.elastic import hooks
     from elastic_dew.elastic.config import ElasticConfig
+    from elastic_dew.elastic.loop.compiler import COMPILED_EVENT
     from elastic_dew.elastic.loop.data import ElasticData
     from elastic_dew.elastic.loop.protocol import ElasticRun
     from elastic_dew.simulate import SimulatedSlices
@@ -171,7 +169,7 @@ def _elastic(losses: int, restarts: int, precompile: bool, workdir: Path, read_o
     compiles: list[tuple[float, str, str]] = []  # (monotonic time at its end, thread, program)
 
     def on_duration(event: str, duration: float, **kwargs: Any) -> None:
-        if event == BACKEND_COMPILE_EVENT:
+        if event == COMPILED_EVENT:
             compiles.append((time.monotonic(), threading.current_thread().name, str(kwargs.get("fun_name", "?"))))
 
     profile_path = os.environ.get("BENCH_PROFILE_RECOVERY")

@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 __all__ = ["measure"]
 
 

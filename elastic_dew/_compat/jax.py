@@ -265,7 +265,6 @@ PRIVATE: tuple[Private, ...] = (
     XLA_OP_SHARDING,
 )
 
-
 # ------------------------------------------------------------------ the process pool
 
 
